@@ -1,0 +1,1 @@
+"""Types, errors and helpers shared by every layer. Pure: no I/O."""

@@ -1,0 +1,1 @@
+"""Routing core (pure): routing keys, hash ring, prefix index and strategies."""

@@ -1,0 +1,51 @@
+"""The one plugin interface every routing strategy implements.
+
+The same strategy objects run in the live gateway and in the virtual-time simulator. A strategy
+is synchronous and pure apart from its own state (its prefix index, its round-robin cursor) and
+the seeded ``random.Random`` it was built with. Load (in-flight requests and tokens) is tracked
+by the caller and passed in a ``FleetSnapshot``; the strategy never reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """Chooses one instance of a variant for one request."""
+
+    name: str
+
+    def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
+        """Pick an instance among ``fleet.instances`` (never empty). Must not mutate state that
+        ``on_routed`` is meant to update, so a caller may discard a decision."""
+        ...
+
+    def on_routed(self, key: RoutingKey, decision: Decision) -> None:
+        """The request was sent to ``decision.instance_id``: learn from it (prefix index)."""
+        ...
+
+    def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
+        """The variant's instance set is now ``instance_ids``: purge state of removed ones."""
+        ...
+
+
+@runtime_checkable
+class KvEventSink(Protocol):
+    """Exact knowledge of engine caches, fed by engine KV events (BlockStored/BlockRemoved).
+
+    Block hashes here are the *router's* chained hashes of the same token blocks; adapters that
+    receive engine-native hashes translate them before calling in.
+    """
+
+    def on_blocks_stored(self, instance_id: InstanceId, block_hashes: Sequence[int]) -> None: ...
+
+    def on_blocks_removed(self, instance_id: InstanceId, block_hashes: Sequence[int]) -> None: ...
+
+    def on_instance_cleared(self, instance_id: InstanceId) -> None:
+        """All of the instance's cache is gone (restart, reset, or an event gap: resync)."""
+        ...

@@ -1,0 +1,1 @@
+"""Virtual-time fleet simulator and workloads (pure)."""

@@ -1,0 +1,1 @@
+"""Workloads shared by the simulator and the live load generator."""
