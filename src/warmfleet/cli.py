@@ -7,7 +7,23 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="warmfleet: keep an LLM fleet warm.")
+from warmfleet.agent.cli import cache_app
+from warmfleet.bench import conformance, loadgen_cli, sim_cli
+from warmfleet.emulator import cli as emulator_cli
+from warmfleet.gateway import cli as gateway_cli
+from warmfleet.operator import cli as fleet_cli
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="warmfleet: keep an LLM fleet warm."
+)
+
+sim_cli.register(app)
+conformance.register(app)
+loadgen_cli.register(app)
+gateway_cli.register(app)
+fleet_cli.register(app)
+emulator_cli.register(app)
+app.add_typer(cache_app, name="cache")
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ workload drives both.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from warmfleet.core.hashing import chain_seed, hash_bytes
@@ -90,13 +90,58 @@ def render_prompt_text(segments: Sequence[Segment]) -> str:
     return " ".join(render_segment_text(s) for s in segments)
 
 
-def default_seed(salt: str = "warmfleet-sim", model: str = "model", tenant: str | None = None) -> int:
+def default_seed(
+    salt: str = "warmfleet-sim", model: str = "model", tenant: str | None = None
+) -> int:
     return chain_seed(salt, model, None, tenant)
 
 
-def iter_sessions(requests: Sequence[WorkloadRequest]) -> Iterator[tuple[int | None, list[WorkloadRequest]]]:
-    """Group requests by session, keeping arrival order within each session."""
-    by_session: dict[int | None, list[WorkloadRequest]] = {}
-    for req in requests:
-        by_session.setdefault(req.session_id, []).append(req)
-    yield from by_session.items()
+class PrefixBlockHasher:
+    """``prompt_blocks`` with memoised chain state at segment boundaries.
+
+    Workloads share long prefixes (a system prompt, a growing conversation), so hashing every
+    prompt from scratch repeats work; this object remembers the hashing state after each distinct
+    segment prefix (keyed by a 64-bit chained id of the segments so far) and resumes from the
+    longest one seen. Results equal ``prompt_blocks(segments, block_tokens, seed)``.
+    """
+
+    def __init__(self, block_tokens: int, seed: int, max_states: int = 1 << 18) -> None:
+        self.block_tokens = block_tokens
+        self.seed = seed
+        self._max_states = max_states
+        # segment-prefix id -> (blocks so far, chain value, pending pieces, tokens pending)
+        self._states: dict[int, tuple[tuple[int, ...], int, tuple[bytes, ...], int]] = {}
+
+    def blocks(self, segments: Sequence[Segment]) -> tuple[int, ...]:
+        ids: list[int] = []
+        prefix_id = self.seed
+        for seg in segments:
+            prefix_id = hash_bytes(b"%d:%d" % (seg.content_id, seg.tokens), prefix_id)
+            ids.append(prefix_id)
+        start = len(segments)
+        state: tuple[tuple[int, ...], int, tuple[bytes, ...], int] = ((), self.seed, (), 0)
+        while start > 0:
+            found = self._states.get(ids[start - 1])
+            if found is not None:
+                state = found
+                break
+            start -= 1
+        out, prev, pieces_t, filled = state
+        out_l = list(out)
+        pieces = list(pieces_t)
+        for index in range(start, len(segments)):
+            seg = segments[index]
+            offset = 0
+            while offset < seg.tokens:
+                take = min(seg.tokens - offset, self.block_tokens - filled)
+                pieces.append(b"%d:%d:%d;" % (seg.content_id, offset, offset + take))
+                offset += take
+                filled += take
+                if filled == self.block_tokens:
+                    prev = hash_bytes(b"".join(pieces), prev)
+                    out_l.append(prev)
+                    pieces.clear()
+                    filled = 0
+            if len(self._states) < self._max_states:
+                self._states[ids[index]] = (tuple(out_l), prev, tuple(pieces), filled)
+        return tuple(out_l)

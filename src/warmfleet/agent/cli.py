@@ -1,0 +1,266 @@
+"""``warmfleet cache ...``: prefetch, ls, verify, pin, unpin, gc, agent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from warmfleet.agent.manager import CacheManager
+from warmfleet.agent.node_agent import NodeAgent
+from warmfleet.agent.sourceset import SourceSet
+from warmfleet.agent.store import Store
+from warmfleet.cache.config import (
+    CapacitySpec,
+    DownloadSpec,
+    NodeCacheConfig,
+    NodeCacheSpec,
+    load_node_config,
+    parse_size,
+)
+from warmfleet.core.errors import ConfigError, WarmfleetError
+
+cache_app = typer.Typer(no_args_is_help=True, help="Node-local model and image cache.")
+T = TypeVar("T")
+
+DestOpt = Annotated[
+    Path | None, typer.Option("--dest", help="Cache root (default $WARMFLEET_CACHE_ROOT)")
+]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="node.yaml (NodeCacheConfig)")]
+BudgetOpt = Annotated[str | None, typer.Option("--budget", help="Cache budget, e.g. 200GiB")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
+
+
+def default_root() -> Path:
+    env = os.environ.get("WARMFLEET_CACHE_ROOT")
+    return Path(env) if env else Path.home() / ".cache" / "warmfleet"
+
+
+def build_spec(
+    dest: Path | None, config: Path | None, budget: str | None = None, **download: Any
+) -> NodeCacheSpec:
+    """From node.yaml if given, else defaults: budget = file system size, reserve = 5%."""
+    if config is not None:
+        try:
+            text = config.read_text()
+        except OSError as err:
+            raise ConfigError(f"{config}: {err}") from err
+        spec = load_node_config(text, str(config)).spec
+        if dest is not None:
+            spec = spec.model_copy(update={"root": str(dest)})
+        return spec
+    root = dest or default_root()
+    root.mkdir(parents=True, exist_ok=True)
+    st = os.statvfs(root)
+    total = st.f_blocks * st.f_frsize
+    capacity = CapacitySpec(
+        budget=parse_size(budget) if budget else total, reserve=min(total // 20, 10 * 2**30)
+    )
+    dl = DownloadSpec(**{k: v for k, v in download.items() if v is not None})
+    return NodeCacheSpec(root=str(root), capacity=capacity, download=dl)
+
+
+def _run(fn: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return asyncio.run(fn())  # type: ignore[arg-type]
+    except WarmfleetError as err:
+        Console(stderr=True).print(f"[red]error:[/red] {err}")
+        raise typer.Exit(1) from None
+
+
+async def _with_manager(spec: NodeCacheSpec, fn: Callable[[CacheManager], Awaitable[T]]) -> T:
+    async with SourceSet(spec.sources, spec.download) as sources:
+        manager = CacheManager(Store(Path(spec.root)), spec, sources)
+        return await fn(manager)
+
+
+@cache_app.command()
+def prefetch(  # noqa: PLR0917 (typer maps parameters to options)
+    uri: Annotated[str, typer.Argument(help="path, http(s)://, s3://, hf://org/model, oci://")],
+    revision: Annotated[str | None, typer.Option(help="HF revision (pinned to a commit)")] = None,
+    dest: DestOpt = None,
+    config: ConfigOpt = None,
+    budget: BudgetOpt = None,
+    name: Annotated[str | None, typer.Option(help="Artifact name")] = None,
+    ref: Annotated[str | None, typer.Option(help="Holder that references it")] = None,
+    pin: Annotated[bool, typer.Option(help="Pin it (never evicted)")] = False,
+    concurrency: Annotated[int | None, typer.Option(help="Parallel ranged requests")] = None,
+    chunk: Annotated[str | None, typer.Option(help="Chunk size, e.g. 8MiB")] = None,
+    bandwidth_limit: Annotated[str | None, typer.Option(help="Bytes/s cap, e.g. 200MB")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Resolve, admit, download, verify and publish one artifact."""
+    spec = build_spec(
+        dest, config, budget, concurrency=concurrency, chunk=chunk, bandwidth_limit=bandwidth_limit
+    )
+
+    async def go(manager: CacheManager) -> dict[str, Any]:
+        task = asyncio.create_task(
+            manager.prefetch(uri, revision=revision, name=name, holder=ref, pin=pin)
+        )
+        if not as_json:
+            await _progress(manager, task)
+        rec = await task
+        return rec.to_json()
+
+    doc = _run(lambda: _with_manager(spec, go))
+    if as_json:
+        typer.echo(json.dumps(doc))
+    else:
+        Console().print(
+            f"[green]ready[/green] {doc['name']} {doc['key'][:16]} -> "
+            f"{Path(spec.root) / 'objects' / doc['key']}"
+        )
+
+
+async def _progress(manager: CacheManager, task: asyncio.Task[Any]) -> None:
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[state]}"),
+    )
+    with Progress(*columns, transient=False) as bar:
+        ids: dict[str, Any] = {}
+        while not task.done():
+            for st in manager.live():
+                if st.key not in ids:
+                    ids[st.key] = bar.add_task(st.name, total=st.bytes_total, state="")
+                bar.update(ids[st.key], completed=st.bytes_done, state=st.state.value)
+            await asyncio.wait([task], timeout=0.2)
+        for st in manager.live():
+            if st.key in ids:
+                bar.update(ids[st.key], completed=st.bytes_done, state=st.state.value)
+
+
+@cache_app.command("ls")
+def list_artifacts(
+    dest: DestOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False
+) -> None:
+    """List cached artifacts with state, size, refs and pins."""
+    spec = build_spec(dest, config)
+
+    async def go(manager: CacheManager) -> list[dict[str, Any]]:
+        recs = {r.key: r for r in manager.records()}
+        out = []
+        for st in manager.statuses():
+            doc = {**recs[st.key].to_json(), **st.to_json()}
+            out.append(doc)
+        return out
+
+    docs = _run(lambda: _with_manager(spec, go))
+    if as_json:
+        typer.echo(json.dumps(docs))
+        return
+    table = Table("key", "name", "state", "size", "done", "refs", "pinned", "revision/reason")
+    for d in docs:
+        table.add_row(
+            d["key"][:16],
+            d["name"],
+            d["state"],
+            str(d["size_bytes"]),
+            str(d["bytes_done"]),
+            ",".join(d["refs"]),
+            "yes" if d["pinned"] else "",
+            d["reason"] or d["extra"].get("revision", "") or d["extra"].get("digest", ""),
+        )
+    Console().print(table)
+
+
+@cache_app.command()
+def verify(
+    keys: Annotated[list[str] | None, typer.Argument(help="Keys (default: all ready)")] = None,
+    full: Annotated[bool, typer.Option("--full", help="Re-hash every file")] = False,
+    dest: DestOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Check published artifacts (sizes + markers, or full re-hash); bad ones are unpublished."""
+    spec = build_spec(dest, config)
+
+    async def go(manager: CacheManager) -> list[Any]:
+        resolved = [manager.store.read_index().resolve(k).key for k in keys or []]
+        return await manager.verify(full=full, keys=resolved or None)
+
+    results = _run(lambda: _with_manager(spec, go))
+    for res in results:
+        mark = "[green]ok[/green]" if res.ok else f"[red]FAILED[/red] {res.reason}"
+        Console().print(f"{res.key[:16]} {mark}")
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+def _set_pin(key: str, pinned: bool, dest: Path | None, config: Path | None) -> None:
+    spec = build_spec(dest, config)
+
+    async def go(manager: CacheManager) -> str:
+        return manager.set_pinned(key, pinned).key
+
+    done = _run(lambda: _with_manager(spec, go))
+    Console().print(f"{'pinned' if pinned else 'unpinned'} {done[:16]}")
+
+
+@cache_app.command()
+def pin(key: str, dest: DestOpt = None, config: ConfigOpt = None) -> None:
+    """Pin an artifact (key, key prefix or name): it is never evicted."""
+    _set_pin(key, True, dest, config)
+
+
+@cache_app.command()
+def unpin(key: str, dest: DestOpt = None, config: ConfigOpt = None) -> None:
+    """Remove a pin."""
+    _set_pin(key, False, dest, config)
+
+
+@cache_app.command()
+def gc(
+    evict_all: Annotated[bool, typer.Option("--all", help="Evict every unreferenced")] = False,
+    dest: DestOpt = None,
+    config: ConfigOpt = None,
+    budget: BudgetOpt = None,
+) -> None:
+    """Evict unreferenced, unpinned artifacts (LRU, down to the low watermark)."""
+    spec = build_spec(dest, config, budget)
+
+    async def go(manager: CacheManager) -> Any:
+        return manager.gc(evict_all_unreferenced=evict_all)
+
+    plan = _run(lambda: _with_manager(spec, go))
+    Console().print(f"evicted {len(plan.evict)} artifacts, {plan.freed_bytes} bytes")
+
+
+@cache_app.command()
+def agent(config: Annotated[Path, typer.Option("--config", help="node.yaml")]) -> None:
+    """Run the node agent until SIGTERM / SIGINT."""
+    try:
+        cfg: NodeCacheConfig = load_node_config(config.read_text(), str(config))
+    except OSError as err:
+        raise typer.BadParameter(str(err)) from err
+
+    async def go() -> None:
+        node = NodeAgent(cfg)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, node.stop_event.set)
+        await node.run()
+
+    _run(go)

@@ -1,0 +1,77 @@
+"""Digest helpers: hash with every algorithm a manifest entry gives, compare, explain."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from warmfleet.cache.manifest import FileEntry
+from warmfleet.core.errors import IntegrityError
+
+HASH_BLOCK_BYTES = 4 << 20
+
+
+def new_hashers(entry: FileEntry) -> dict[str, Any]:
+    """sha256 (given, or computed to be recorded), md5 (S3 ETag), git blob sha1 (HF)."""
+    hashers: dict[str, Any] = {}
+    if entry.sha256 or not entry.has_digest():
+        hashers["sha256"] = hashlib.sha256()
+    if entry.md5:
+        hashers["md5"] = hashlib.md5(usedforsecurity=False)
+    if entry.git_sha1:
+        git = hashlib.sha1(usedforsecurity=False)
+        git.update(b"blob %d\0" % entry.size_bytes)
+        hashers["git_sha1"] = git
+    return hashers
+
+
+def file_digests(path: Path, entry: FileEntry) -> dict[str, str]:
+    hashers = new_hashers(entry)
+    hash_into(path, list(hashers.values()))
+    return {name: h.hexdigest() for name, h in hashers.items()}
+
+
+def hash_into(path: Path, hashers: list[Any]) -> None:
+    """Feed a file to hashers through one reused buffer."""
+    buf = bytearray(HASH_BLOCK_BYTES)
+    view = memoryview(buf)
+    with path.open("rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            for h in hashers:
+                h.update(view[:n])
+
+
+def check_digests(
+    entry: FileEntry, got: dict[str, str], recorded: dict[str, str] | None = None
+) -> None:
+    expected: dict[str, str | None] = {
+        "sha256": entry.sha256,
+        "md5": entry.md5,
+        "git_sha1": entry.git_sha1,
+    }
+    for name, value in (recorded or {}).items():
+        expected[name] = expected.get(name) or value
+    for name, digest in got.items():
+        want = expected.get(name)
+        if want is not None and want.lower() != digest:
+            raise IntegrityError(f"{entry.path}: {name} {digest} != expected {want}")
+
+
+def check_size(path: Path, entry: FileEntry) -> None:
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        raise IntegrityError(f"{entry.path}: missing ({err})") from err
+    if size != entry.size_bytes:
+        raise IntegrityError(f"{entry.path}: size {size} != expected {entry.size_bytes}")
+
+
+def check_file(
+    path: Path, entry: FileEntry, recorded: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Verify size and digests of one staged or published file; return the digests."""
+    check_size(path, entry)
+    got = file_digests(path, entry)
+    check_digests(entry, got, recorded)
+    return got

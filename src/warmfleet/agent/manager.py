@@ -1,0 +1,401 @@
+"""Cache manager: resolve -> admit -> download -> verify -> publish, plus pins, refs, GC.
+
+Used by the CLI (one-shot) and by the node agent (long-running). Several processes may share
+one cache root: the index is guarded by a file lock and each download by a per-key lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import replace
+
+from warmfleet.agent.digests import check_digests, check_file, check_size
+from warmfleet.agent.downloader import Downloader
+from warmfleet.agent.metrics import CacheMetrics
+from warmfleet.agent.sources.base import TransientSourceError
+from warmfleet.agent.sourceset import SourceSet
+from warmfleet.agent.status import ArtifactStatus, WallClock
+from warmfleet.agent.store import Store, VerifyResult
+from warmfleet.cache.capacity import EvictionPlan, occupied_bytes, plan_admission, plan_gc
+from warmfleet.cache.config import NodeCacheSpec
+from warmfleet.cache.index import CacheIndex
+from warmfleet.cache.manifest import FileEntry, Manifest
+from warmfleet.cache.state import ArtifactRecord, ArtifactState
+from warmfleet.cache.transfer import RateMeter, TokenBucket
+from warmfleet.cache.uri import parse_uri
+from warmfleet.core.clock import Clock, MonotonicClock
+from warmfleet.core.errors import IntegrityError, WarmfleetError
+
+IN_PROGRESS = frozenset({ArtifactState.PENDING, ArtifactState.DOWNLOADING, ArtifactState.VERIFYING})
+LOCK_POLL_S = 0.2
+
+
+class CacheManager:
+    def __init__(
+        self,
+        store: Store,
+        spec: NodeCacheSpec,
+        sources: SourceSet,
+        *,
+        metrics: CacheMetrics | None = None,
+        wall: Clock | None = None,
+        mono: Clock | None = None,
+        free_bytes_fn: Callable[[], int] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.spec = spec
+        self.policy = spec.capacity.policy()
+        self.sources = sources
+        self.metrics = metrics or CacheMetrics()
+        self._wall = wall or WallClock()
+        self._mono = mono or MonotonicClock()
+        self._free_bytes = free_bytes_fn or store.free_bytes
+        self._rng = rng or random.Random(0)
+        limit = spec.download.bandwidth_limit
+        self._limiter = TokenBucket(self._mono, limit) if limit else None
+        self._live: dict[str, ArtifactStatus] = {}
+        self.metrics.budget_bytes.set(self.policy.budget_bytes)
+
+    # ----- resolve / prefetch ---------------------------------------------------------------
+    async def resolve(self, uri: str, revision: str | None = None) -> Manifest:
+        parsed = parse_uri(uri)
+        return await self.sources.get(parsed.kind).resolve(parsed, revision)
+
+    async def prefetch(
+        self,
+        uri: str,
+        *,
+        revision: str | None = None,
+        name: str | None = None,
+        holder: str | None = None,
+        pin: bool = False,
+    ) -> ArtifactRecord:
+        manifest = await self.resolve(uri, revision)
+        return await self.ensure(manifest, name or parse_uri(uri).default_name(), holder, pin)
+
+    async def ensure(
+        self, manifest: Manifest, name: str, holder: str | None = None, pin: bool = False
+    ) -> ArtifactRecord:
+        key = manifest.key()
+        done = self._admit(manifest, name, holder, pin)
+        if done is not None:
+            return done
+        while True:
+            with self.store.download_lock(key, blocking=False) as got:
+                if got:
+                    return await self._fill(manifest, name, holder)
+            await asyncio.sleep(LOCK_POLL_S)  # another process is downloading this key
+            rec = self.store.read_index().get(key)
+            if rec is not None and rec.state == ArtifactState.READY:
+                return rec
+
+    def _admit(
+        self, manifest: Manifest, name: str, holder: str | None, pin: bool
+    ) -> ArtifactRecord | None:
+        key, now = manifest.key(), self._wall.now_s()
+        with self.store.index_txn() as idx:
+            rec = idx.get(key)
+            if rec is not None and rec.state == ArtifactState.READY:
+                if self.store.is_published(key):
+                    self._hold(idx, key, holder, pin, now)
+                    return idx.get(key)
+                idx.set_state(key, ArtifactState.FAILED, "published directory vanished")
+            plan = plan_admission(
+                idx,
+                key=key,
+                name=name,
+                size_bytes=manifest.size_bytes,
+                disk_free_bytes=self._free_for_admission(idx, key),
+                policy=self.policy,
+            )
+            self._evict(idx, plan)
+            cur = idx.get(key)
+            if cur is None:
+                idx.put(self._new_record(manifest, name, now))
+            elif cur.state == ArtifactState.FAILED:
+                idx.set_state(key, ArtifactState.PENDING)
+            self._hold(idx, key, holder, pin, now)
+            self._update_gauges(idx)
+        return None
+
+    @staticmethod
+    def _new_record(manifest: Manifest, name: str, now: float) -> ArtifactRecord:
+        extra = {"kind": manifest.kind.value, **manifest.extra}
+        if manifest.revision:
+            extra["revision"] = manifest.revision
+        return ArtifactRecord(
+            manifest.key(),
+            name,
+            manifest.uri,
+            manifest.size_bytes,
+            created_s=now,
+            last_used_s=now,
+            extra=extra,
+        )
+
+    def _hold(self, idx: CacheIndex, key: str, holder: str | None, pin: bool, now: float) -> None:
+        idx.touch(key, now)
+        if holder:
+            idx.add_ref(key, holder)
+        if pin:
+            idx.set_pinned(key, True)
+
+    def _free_for_admission(self, idx: CacheIndex, new_key: str) -> int:
+        """File system free space minus what other in-flight downloads still must write."""
+        outstanding = sum(
+            max(r.size_bytes - self.store.staged_bytes(r.key), 0)
+            for r in idx
+            if r.state in IN_PROGRESS and r.key != new_key
+        )
+        return self._free_bytes() - outstanding
+
+    def _evict(self, idx: CacheIndex, plan: EvictionPlan) -> None:
+        for rec in idx.check_evictions(plan):
+            self.store.delete_object(rec.key)
+            idx.remove(rec.key)
+            self.metrics.evictions.inc()
+            self.metrics.evicted_bytes.inc(rec.size_bytes)
+
+    def _set_state(self, key: str, state: ArtifactState, reason: str = "") -> None:
+        with self.store.index_txn() as idx:
+            if idx.get(key) is not None:
+                idx.set_state(key, state, reason)
+            self._update_gauges(idx)
+        live = self._live.get(key)
+        if live is not None:
+            live.state, live.reason = state, reason
+            if state in (ArtifactState.READY, ArtifactState.FAILED):
+                live.finished_at = self._wall.now_s()
+
+    async def _fill(self, manifest: Manifest, name: str, holder: str | None) -> ArtifactRecord:
+        key = manifest.key()
+        rec = self.store.read_index().get(key)
+        if rec is not None and rec.state == ArtifactState.READY and self.store.is_published(key):
+            return rec
+        if rec is None or rec.state == ArtifactState.FAILED:
+            # another process failed (or GC dropped its record) while we waited for the lock
+            done = self._admit(manifest, name, holder, pin=False)
+            if done is not None:
+                return done
+        status = ArtifactStatus(
+            key,
+            name,
+            manifest.uri,
+            ArtifactState.PENDING,
+            0,
+            manifest.size_bytes,
+            started_at=self._wall.now_s(),
+        )
+        self._live[key] = status
+        started = self._mono.now_s()
+        kind = manifest.kind.value
+        try:
+            await self._download_and_verify(manifest, status)
+        except WarmfleetError as err:
+            if not isinstance(err, TransientSourceError):
+                self.store.discard_staging(key)  # resumable faults keep their staging data
+            if isinstance(err, IntegrityError):
+                self.metrics.integrity_failures.inc()
+            self._set_state(key, ArtifactState.FAILED, f"{type(err).__name__}: {err}")
+            self.metrics.downloads.labels(kind, "failed").inc()
+            raise
+        self.metrics.downloads.labels(kind, "ok").inc()
+        self.metrics.download_seconds.labels(kind).observe(self._mono.now_s() - started)
+        with self.store.index_txn() as idx:
+            if holder:
+                self._roll_over(idx, key, name, holder)
+            out = idx.get(key)
+        assert out is not None
+        return out
+
+    def _roll_over(self, idx: CacheIndex, key: str, name: str, holder: str) -> None:
+        """An update: the holder now uses ``key``; older versions of ``name`` lose the ref."""
+        for other in list(idx):
+            if other.key != key and other.name == name and holder in other.refs:
+                idx.drop_ref(other.key, holder)
+
+    async def _download_and_verify(self, manifest: Manifest, status: ArtifactStatus) -> None:
+        key = manifest.key()
+        source = self.sources.get(manifest.kind)
+        meter = RateMeter(self._mono, manifest.size_bytes)
+        kind = manifest.kind.value
+
+        def on_bytes(n: int) -> None:
+            meter.add(n)
+            status.bytes_done, status.rate_bps, status.eta_s = (
+                meter.done_bytes,
+                meter.rate_bps(),
+                meter.eta_s(),
+            )
+            if n > 0:
+                self.metrics.downloaded_bytes.labels(kind).inc(n)
+
+        def on_retry(reason: str) -> None:
+            status.retries += 1
+            self.metrics.retries.labels(reason).inc()
+
+        attempts = self.spec.download.verify_attempts
+        for attempt in range(1, attempts + 1):
+            meter.done_bytes = 0
+            staging = await asyncio.to_thread(self.store.prepare_staging, manifest)
+            self._set_state(key, ArtifactState.DOWNLOADING)
+            downloader = Downloader(
+                self.spec.download,
+                self._mono,
+                limiter=self._limiter,
+                rng=self._rng,
+                on_bytes=on_bytes,
+                on_retry=on_retry,
+            )
+            await downloader.download(source, manifest, staging)
+            self._set_state(key, ArtifactState.VERIFYING)
+            try:
+                digests = await self._verify_staged(manifest, downloader.digests)
+            except IntegrityError:
+                self.metrics.integrity_failures.inc()
+                self.store.discard_staging(key)
+                if attempt == attempts:
+                    raise
+                on_retry("IntegrityError")
+                continue
+            await asyncio.to_thread(self.store.publish, manifest, digests, self._wall.now_s())
+            self._set_state(key, ArtifactState.READY)
+            return
+
+    async def _verify_staged(
+        self, manifest: Manifest, inline: dict[str, dict[str, str]]
+    ) -> dict[str, dict[str, str]]:
+        """Sizes + digests; digests computed during the download are reused, the rest are
+        hashed now (two files at a time)."""
+        staging = self.store.staging_dir(manifest.key())
+        sem = asyncio.Semaphore(2)
+
+        async def one(entry: FileEntry) -> dict[str, str]:
+            path = staging / entry.path
+            if entry.path in inline:
+                check_size(path, entry)
+                check_digests(entry, inline[entry.path])
+                return inline[entry.path]
+            async with sem:
+                return await asyncio.to_thread(check_file, path, entry)
+
+        results = await asyncio.gather(*(one(e) for e in manifest.files))
+        return {e.path: r for e, r in zip(manifest.files, results, strict=True)}
+
+    # ----- queries / admin --------------------------------------------------------------------
+    def records(self) -> list[ArtifactRecord]:
+        return list(self.store.read_index())
+
+    def statuses(self, records: list[ArtifactRecord] | None = None) -> list[ArtifactStatus]:
+        out = []
+        for rec in self.records() if records is None else records:
+            live = self._live.get(rec.key)
+            if live is not None:
+                out.append(replace(live, state=rec.state, reason=rec.reason or live.reason))
+                continue
+            done = rec.size_bytes if rec.state == ArtifactState.READY else 0
+            if rec.state in IN_PROGRESS:
+                done = min(self.store.staged_bytes(rec.key), rec.size_bytes)
+            out.append(
+                ArtifactStatus(
+                    rec.key,
+                    rec.name,
+                    rec.uri,
+                    rec.state,
+                    done,
+                    rec.size_bytes,
+                    reason=rec.reason,
+                )
+            )
+        return out
+
+    def live(self) -> list[ArtifactStatus]:
+        """Downloads this process started (for progress bars)."""
+        return list(self._live.values())
+
+    def status_of(self, key: str) -> ArtifactStatus | None:
+        return next((s for s in self.statuses() if s.key == key), None)
+
+    def set_pinned(self, key_or_name: str, pinned: bool) -> ArtifactRecord:
+        with self.store.index_txn() as idx:
+            rec = idx.resolve(key_or_name)
+            return idx.set_pinned(rec.key, pinned)
+
+    def add_ref(self, key_or_name: str, holder: str) -> ArtifactRecord:
+        with self.store.index_txn() as idx:
+            return idx.add_ref(idx.resolve(key_or_name).key, holder)
+
+    def drop_ref(self, key_or_name: str, holder: str) -> ArtifactRecord:
+        with self.store.index_txn() as idx:
+            return idx.drop_ref(idx.resolve(key_or_name).key, holder)
+
+    def gc(self, *, evict_all_unreferenced: bool = False) -> EvictionPlan:
+        """Watermark GC (or everything evictable), plus failed leftovers not being retried."""
+        with self.store.index_txn() as idx:
+            plan = plan_gc(
+                idx,
+                disk_free_bytes=self._free_bytes(),
+                policy=self.policy,
+                evict_all_unreferenced=evict_all_unreferenced,
+            )
+            self._evict(idx, plan)
+            for rec in list(idx):
+                if rec.state == ArtifactState.FAILED and not self.store.is_locked(rec.key):
+                    self.store.discard_staging(rec.key)
+                    idx.remove(rec.key)
+            self._update_gauges(idx)
+        return plan
+
+    async def verify(self, *, full: bool, keys: list[str] | None = None) -> list[VerifyResult]:
+        """Cheap (sizes + markers) or full (re-hash) check; failures are unpublished."""
+        with self.store.index_txn() as idx:
+            wanted = keys or [r.key for r in idx if r.state == ArtifactState.READY]
+            self._adopt_orphans(idx)
+        results = []
+        for key in wanted:
+            res = await asyncio.to_thread(self.store.verify_published, key, full=full)
+            if not res.ok:
+                self.store.delete_object(key)
+                self._set_state(key, ArtifactState.FAILED, f"verification failed: {res.reason}")
+            results.append(res)
+        return results
+
+    def _adopt_orphans(self, idx: CacheIndex) -> None:
+        """Published directories the index lost (crash between rename and index write)."""
+        for key in self.store.published_keys():
+            if key in idx:
+                continue
+            res = self.store.verify_published(key, full=False)
+            if not res.ok:
+                self.store.delete_object(key)
+                continue
+            manifest = Manifest.from_json(self.store.read_marker(key)["manifest"])
+            now = self._wall.now_s()
+            idx.put(
+                ArtifactRecord(
+                    key,
+                    parse_uri(manifest.uri).default_name(),
+                    manifest.uri,
+                    manifest.size_bytes,
+                    ArtifactState.READY,
+                    created_s=now,
+                    last_used_s=now,
+                )
+            )
+
+    def recover(self) -> None:
+        """After a restart: downloads nobody holds a lock for go back to pending."""
+        with self.store.index_txn() as idx:
+            for rec in list(idx):
+                if rec.state in IN_PROGRESS and not self.store.is_locked(rec.key):
+                    idx.put(replace(rec, state=ArtifactState.PENDING))
+            self._update_gauges(idx)
+
+    def _update_gauges(self, idx: CacheIndex) -> None:
+        self.metrics.used_bytes.set(occupied_bytes(idx))
+        self.metrics.free_bytes.set(self._free_bytes())
+        for state in ArtifactState:
+            self.metrics.artifacts.labels(state.value).set(sum(1 for r in idx if r.state == state))

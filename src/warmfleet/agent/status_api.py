@@ -1,0 +1,133 @@
+"""Small HTTP status API of the node agent (for the fleet controller).
+
+``GET /healthz``, ``GET /v1/status`` (node capacity + every artifact), ``GET /v1/artifacts/{key}``
+(key, unique prefix or name), ``POST /v1/prefetch`` (``{"uri", "revision"?, "name"?,
+"holder"?, "pin"?}`` -> 202, runs in the agent's task group), ``POST|DELETE
+/v1/artifacts/{key}/refs/{holder}`` and ``GET /metrics`` (Prometheus text format).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from warmfleet.agent.manager import CacheManager
+from warmfleet.cache.capacity import occupied_bytes
+from warmfleet.core.errors import BadRequestError, NotFoundError, WarmfleetError
+
+Spawn = Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
+MANAGER_KEY = web.AppKey("manager", CacheManager)
+SPAWN_KEY: web.AppKey[Spawn] = web.AppKey("spawn")
+
+
+def build_app(manager: CacheManager, spawn: Spawn) -> web.Application:
+    app = web.Application(middlewares=[_errors])
+    app[MANAGER_KEY] = manager
+    app[SPAWN_KEY] = spawn
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/v1/status", _status)
+    app.router.add_get("/v1/artifacts/{key}", _artifact)
+    app.router.add_post("/v1/prefetch", _prefetch)
+    app.router.add_post("/v1/artifacts/{key}/refs/{holder}", _add_ref)
+    app.router.add_delete("/v1/artifacts/{key}/refs/{holder}", _drop_ref)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except NotFoundError as err:
+        return web.json_response({"error": str(err)}, status=404)
+    except BadRequestError as err:
+        return web.json_response({"error": str(err)}, status=400)
+    except WarmfleetError as err:
+        return web.json_response({"error": str(err)}, status=409)
+
+
+async def _healthz(_request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def _status(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    records = await asyncio.to_thread(manager.records)
+    statuses = await asyncio.to_thread(manager.statuses, records)
+    by_key = {r.key: r for r in records}
+    artifacts = []
+    for status in statuses:
+        rec = by_key[status.key]
+        doc = status.to_json()
+        doc.update(
+            {
+                "pinned": rec.pinned,
+                "refs": sorted(rec.refs),
+                "extra": rec.extra,
+                "last_used_s": rec.last_used_s,
+            }
+        )
+        artifacts.append(doc)
+    policy = manager.policy
+    node = {
+        "root": str(manager.store.root),
+        "budget_bytes": policy.budget_bytes,
+        "reserve_bytes": policy.reserve_bytes,
+        "high_watermark_bytes": policy.high_limit_bytes,
+        "low_watermark_bytes": policy.low_limit_bytes,
+        "used_bytes": occupied_bytes(records),
+        "fs_free_bytes": manager.store.free_bytes(),
+    }
+    return web.json_response({"node": node, "artifacts": artifacts})
+
+
+async def _artifact(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    rec = manager.store.read_index().resolve(request.match_info["key"])
+    status = manager.status_of(rec.key)
+    doc = status.to_json() if status else {}
+    doc.update(rec.to_json())
+    return web.json_response(doc)
+
+
+async def _prefetch(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    try:
+        body = await request.json()
+        uri = str(body["uri"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise BadRequestError("body must be JSON with at least 'uri'") from err
+    coro = manager.prefetch(
+        uri,
+        revision=body.get("revision"),
+        name=body.get("name"),
+        holder=body.get("holder"),
+        pin=bool(body.get("pin", False)),
+    )
+    request.app[SPAWN_KEY](coro)
+    return web.json_response({"accepted": uri}, status=202)
+
+
+async def _add_ref(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    rec = manager.add_ref(request.match_info["key"], request.match_info["holder"])
+    return web.json_response(rec.to_json())
+
+
+async def _drop_ref(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    rec = manager.drop_ref(request.match_info["key"], request.match_info["holder"])
+    return web.json_response(rec.to_json())
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    return web.Response(
+        body=manager.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )

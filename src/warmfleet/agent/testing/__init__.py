@@ -1,0 +1,1 @@
+"""Local origins (HTTP, HF-compatible, OCI registry) for tests and benchmarks."""

@@ -1,0 +1,373 @@
+"""``make bench-cache``: throughput and fault runs of the node cache, written as JSON.
+
+* HTTP: a throttled local origin (separate process); achieved prefetch rate / throttle rate.
+* Local path and S3 (moto server, separate process): GB/s next to baselines measured in the same
+  run (``cp`` for the local path, a plain boto3 ``download_file`` for S3).
+* Faults: kill -9 mid-download (N times in a row), truncated bodies, 503s, a flipped byte at
+  the origin, a full tmpfs, an object changed during and between downloads. Every cache root is
+  audited afterwards; ``corrupt_or_partial_published`` counts what should never exist.
+* Big model (acceptance 3): a sparse synthetic model (default 5 GB) is prefetched, fully
+  verified, evicted by LRU admission and re-fetched within a disk budget; peak disk use sampled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from warmfleet.agent.manager import CacheManager
+from warmfleet.agent.sourceset import SourceSet
+from warmfleet.agent.store import Store
+from warmfleet.agent.testing.faults import run_fault_matrix
+from warmfleet.agent.testing.registry import free_port
+from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, SourcesSpec
+
+MB = 10**6
+GB = 10**9
+
+
+def spec_for(root: Path, budget: int, **download: Any) -> NodeCacheSpec:
+    sources = download.pop("sources", SourcesSpec())
+    dl = {"chunk": 8 << 20, "concurrency": 8, **download}
+    return NodeCacheSpec(
+        root=str(root),
+        capacity=CapacitySpec(budget=budget, high_watermark_frac=1.0, low_watermark_frac=1.0),
+        download=DownloadSpec(**dl),
+        sources=sources,
+    )
+
+
+@contextlib.asynccontextmanager
+async def manager_for(root: Path, budget: int = 100 * GB, **download: Any) -> Any:
+    spec = spec_for(root, budget, **download)
+    async with SourceSet(spec.sources, spec.download) as sources:
+        yield CacheManager(Store(root), spec, sources)
+
+
+def write_pseudo_random(path: Path, size: int) -> None:
+    """Incompressible-looking data without paying urandom for every byte."""
+    block = os.urandom(16 << 20)
+    with path.open("wb") as fh:
+        left = size
+        while left > 0:
+            n = min(len(block), left)
+            fh.write(block[:n])
+            left -= n
+            block = block[1:] + block[:1]
+
+
+def warm(path: Path) -> None:
+    with path.open("rb") as fh:
+        while fh.read(16 << 20):
+            pass
+
+
+@contextlib.contextmanager
+def child(cmd: list[str], ready_url: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        if ready_url is not None:
+            _wait_http(ready_url, proc)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url}: server did not start")
+
+
+# ----- HTTP throttled origin ----------------------------------------------------------------
+async def bench_http(work: Path, size: int, throttle_bps: float, reps: int = 3) -> dict[str, Any]:
+    """Median of ``reps`` prefetches (fresh cache each time) through one throttled origin."""
+    src = work / "http-src.bin"
+    write_pseudo_random(src, size)
+    cmd = [
+        sys.executable,
+        "-m",
+        "warmfleet.agent.testing.origin",
+        "--file",
+        f"w.bin={src}",
+        "--throttle",
+        str(throttle_bps),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    runs = []
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        for _ in range(reps):
+            load = os.getloadavg()[0]
+            cpu0 = time.process_time()
+            async with manager_for(work / "http-cache") as m:
+                t0 = time.perf_counter()
+                await m.prefetch(f"http://127.0.0.1:{port}/files/w.bin")
+                elapsed = time.perf_counter() - t0
+            runs.append(
+                {
+                    "elapsed_s": round(elapsed, 3),
+                    "fraction": round(size / elapsed / throttle_bps, 4),
+                    "client_cpu_s": round(time.process_time() - cpu0, 2),
+                    "loadavg_1m": round(load, 2),
+                }
+            )
+            shutil.rmtree(work / "http-cache", ignore_errors=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    src.unlink()
+    fractions = sorted(r["fraction"] for r in runs)
+    return {
+        "size_bytes": size,
+        "throttle_bps": throttle_bps,
+        "fraction": fractions[len(fractions) // 2],
+        "best_fraction": fractions[-1],
+        "runs": runs,
+        "note": "end to end (resolve + download + verify + publish); median of runs",
+    }
+
+
+# ----- local path vs cp -----------------------------------------------------------------------
+async def bench_local(work: Path, size: int) -> dict[str, Any]:
+    src_dir = work / "local-src"
+    src_dir.mkdir()
+    src = src_dir / "model.safetensors"
+    write_pseudo_random(src, size)
+    warm(src)
+    dst = work / "cp-copy.bin"
+    t0 = time.perf_counter()
+    subprocess.run(["cp", str(src), str(dst)], check=True)
+    cp_s = time.perf_counter() - t0
+    subprocess.run(["sync", str(dst)], check=True)  # do not bill cp's dirty pages to us
+    dst.unlink()
+    warm(src)
+    t0 = time.perf_counter()  # cp + fsync: as durable as a published artifact
+    subprocess.run(["cp", str(src), str(dst)], check=True)
+    subprocess.run(["sync", str(dst)], check=True)
+    cp_sync_s = time.perf_counter() - t0
+    dst.unlink()
+    warm(src)
+    async with manager_for(work / "local-cache") as m:
+        t0 = time.perf_counter()
+        manifest = await m.resolve(str(src_dir))
+        resolve_s = time.perf_counter() - t0
+        await m.ensure(manifest, "local")
+        total_s = time.perf_counter() - t0
+    shutil.rmtree(work / "local-cache", ignore_errors=True)
+    shutil.rmtree(src_dir)
+    return {
+        "size_bytes": size,
+        "prefetch_s": round(total_s, 3),
+        "resolve_sha256_s": round(resolve_s, 3),
+        "download_verify_publish_s": round(total_s - resolve_s, 3),
+        "gbps": round(size / total_s / GB, 3),
+        "gbps_excluding_resolve": round(size / (total_s - resolve_s) / GB, 3),
+        "baseline_cp_s": round(cp_s, 3),
+        "baseline_cp_gbps": round(size / cp_s / GB, 3),
+        "baseline_cp_fsync_s": round(cp_sync_s, 3),
+        "baseline_cp_fsync_gbps": round(size / cp_sync_s / GB, 3),
+        "note": "cp alone leaves dirty pages in RAM; the cache fsyncs before it publishes",
+    }
+
+
+# ----- S3 (moto server) vs boto3 download_file --------------------------------------------------
+async def bench_s3(work: Path, size: int) -> dict[str, Any]:
+    import boto3  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(var, "bench")
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    moto = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    src = work / "s3-src.bin"
+    write_pseudo_random(src, size)
+    with child([moto, "-H", "127.0.0.1", "-p", str(port)], ready_url=endpoint):
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        client.create_bucket(Bucket="bench")
+        client.upload_file(str(src), "bench", "model/w.bin")
+        src.unlink()
+        dst = work / "boto3-copy.bin"
+        t0 = time.perf_counter()
+        client.download_file("bench", "model/w.bin", str(dst))
+        base_s = time.perf_counter() - t0
+        dst.unlink()
+        sources = SourcesSpec(s3_endpoint_url=endpoint)
+        async with manager_for(work / "s3-cache", sources=sources) as m:
+            t0 = time.perf_counter()
+            await m.prefetch("s3://bench/model/")
+            ours_s = time.perf_counter() - t0
+    shutil.rmtree(work / "s3-cache", ignore_errors=True)
+    return {
+        "size_bytes": size,
+        "prefetch_s": round(ours_s, 3),
+        "gbps": round(size / ours_s / GB, 3),
+        "baseline_boto3_download_file_s": round(base_s, 3),
+        "baseline_boto3_download_file_gbps": round(size / base_s / GB, 3),
+        "note": "moto_server is a single Python process: both figures are origin-bound",
+    }
+
+
+# ----- big sparse model: prefetch, verify, evict, re-fetch within budget --------------------------
+class DiskSampler:
+    """Samples the bytes allocated under a directory (st_blocks) in a thread."""
+
+    def __init__(self, root: Path, period_s: float = 0.25) -> None:
+        self.root, self.period_s, self.peak_bytes = root, period_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _used(self) -> int:
+        total = 0
+        for dirpath, _, files in os.walk(self.root):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.peak_bytes = max(self.peak_bytes, self._used())
+
+    def __enter__(self) -> DiskSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_bytes = max(self.peak_bytes, self._used())
+
+
+def make_sparse_model(root: Path, size: int, shards: int) -> None:
+    """Sparse shards with a random 1 MiB stamp every 256 MiB (cheap to create, real to copy)."""
+    root.mkdir(parents=True)
+    per = size // shards
+    for i in range(shards):
+        with (root / f"model-{i:05d}-of-{shards:05d}.safetensors").open("wb") as fh:
+            fh.truncate(per if i < shards - 1 else size - per * (shards - 1))
+            for off in range(0, per, 256 << 20):
+                fh.seek(off)
+                fh.write(os.urandom(1 << 20))
+    (root / "config.json").write_text(json.dumps({"synthetic": True, "bytes": size}))
+
+
+async def bench_big(work: Path, size: int) -> dict[str, Any]:
+    big_src, other_src, root = work / "big-src", work / "other-src", work / "big-cache"
+    make_sparse_model(big_src, size, shards=max(1, size // (2 * GB)))
+    make_sparse_model(other_src, max(size // 5, MB), shards=1)
+    budget = int(size * 1.1)  # room for the model, not for the model + the other one
+    root.mkdir()
+    out: dict[str, Any] = {"size_bytes": size, "budget_bytes": budget}
+    with DiskSampler(root) as sampler:
+        async with manager_for(root, budget=budget) as m:
+            t0 = time.perf_counter()
+            first = await m.prefetch(str(big_src), name="big")
+            out["prefetch_s"] = round(time.perf_counter() - t0, 2)
+            t0 = time.perf_counter()
+            results = await m.verify(full=True)
+            out["verify_full_s"] = round(time.perf_counter() - t0, 2)
+            out["verify_full_ok"] = all(r.ok for r in results)
+            t0 = time.perf_counter()
+            await m.prefetch(str(other_src), name="other")  # does not fit beside it -> LRU
+            out["evicted_by_admission"] = not m.store.is_published(first.key)
+            out["other_prefetch_s"] = round(time.perf_counter() - t0, 2)
+            t0 = time.perf_counter()
+            again = await m.prefetch(str(big_src), name="big")
+            out["refetch_s"] = round(time.perf_counter() - t0, 2)
+            out["refetch_same_key"] = again.key == first.key
+            out["refetch_verify_ok"] = all(r.ok for r in await m.verify(full=False))
+            out["evictions"] = int(m.metrics.evictions._value.get())
+    out["peak_disk_bytes"] = sampler.peak_bytes
+    out["within_budget"] = sampler.peak_bytes <= budget
+    out["prefetch_gbps"] = round(size / out["prefetch_s"] / GB, 3)
+    for d in (big_src, other_src, root):
+        shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    base = Path(args.workdir)
+    base.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "machine": {"nproc": os.cpu_count(), "loadavg_at_start": os.getloadavg()}
+    }
+    with tempfile.TemporaryDirectory(dir=base, prefix="cache-bench-") as tmp:
+        work = Path(tmp)
+        print("faults ...", flush=True)
+        faults = await run_fault_matrix(work / "faults", kills=args.kills)
+        result["faults_injected"] = faults["faults_injected"]
+        result["corrupt_or_partial_published"] = faults["corrupt_or_partial_published"]
+        result["faults"] = faults
+        print("http ...", flush=True)
+        http = await bench_http(work, args.http_size, args.http_throttle)
+        result["http_throttle_fraction"] = http["fraction"]
+        result["http"] = http
+        print("local ...", flush=True)
+        local = await bench_local(work, args.local_size)
+        result["local_gbps"] = local["gbps"]
+        result["local_baseline_cp_gbps"] = local["baseline_cp_gbps"]
+        result["local_baseline_cp_fsync_gbps"] = local["baseline_cp_fsync_gbps"]
+        result["local"] = local
+        print("s3 ...", flush=True)
+        s3 = await bench_s3(work, args.s3_size)
+        result["s3_gbps"] = s3["gbps"]
+        result["s3_baseline_boto3_gbps"] = s3["baseline_boto3_download_file_gbps"]
+        result["s3"] = s3
+        if args.big_size > 0:
+            print(f"big model ({args.big_size} bytes) ...", flush=True)
+            result["big_model"] = await bench_big(work, args.big_size)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench-results/cache.json")
+    parser.add_argument("--workdir", default="/var/tmp/warmfleet-bench")
+    parser.add_argument("--http-size", type=int, default=300 * MB)
+    parser.add_argument("--http-throttle", type=float, default=50 * MB)
+    parser.add_argument("--local-size", type=int, default=2 * GB)
+    parser.add_argument("--s3-size", type=int, default=256 * MB)
+    parser.add_argument("--big-size", type=int, default=5 * GB)
+    parser.add_argument("--kills", type=int, default=3)
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    summary = {k: v for k, v in result.items() if not isinstance(v, dict)}
+    print(json.dumps(summary, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

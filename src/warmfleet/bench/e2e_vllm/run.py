@@ -1,0 +1,313 @@
+"""The e2e run: two pinned vLLM instances, warmfleet gateways, two workloads, engine numbers.
+
+``python -m warmfleet.bench.e2e_vllm --venv .venv-vllm --model-dir .cache/tiny-llama``
+(``make e2e-vllm`` builds both first). Writes ``bench-results/e2e-vllm.json`` and exits non-zero
+if an assertion on engine-reported numbers fails (see ``check``). Every child process is
+stopped by PID on every exit path (``ProcessSet`` + SIGTERM -> SystemExit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from warmfleet.bench.conformance import run_conformance
+from warmfleet.bench.e2e_vllm.engines import (
+    MODEL_NAME,
+    EngineSpec,
+    prefix_counters,
+    reset_prefix_cache,
+    start_engines,
+)
+from warmfleet.bench.e2e_vllm.gateways import (
+    BLOCK_SIZE,
+    Replica,
+    start_replica,
+    sync_exact,
+)
+from warmfleet.bench.e2e_vllm.workloads import (
+    Workload,
+    ideal_reuse,
+    multi_turn,
+    shared_document,
+)
+from warmfleet.bench.live_procs import ProcessSet, free_port, terminate_on_sigterm
+from warmfleet.gateway.kv_events import KvEventRelay
+from warmfleet.gateway.tokenizer import HfChatTokenizer
+from warmfleet.routing.keys import KeyBuilder, KeySpec
+
+CASES: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("random", "default", {"type": "random"}),
+    ("prefix_affinity", "approximate", {"type": "prefix_affinity", "use_exact_index": False}),
+    ("prefix_affinity", "exact", {"type": "prefix_affinity"}),
+)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    rank = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[rank]
+
+
+async def send_chat(session: aiohttp.ClientSession, base_url: str, messages: Any) -> float:
+    """Stream one chat request; returns the time to the first streamed event (TTFT) in ms."""
+    body = {
+        "model": MODEL_NAME,
+        "messages": messages,
+        "max_tokens": 2,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    ttft_ms: float | None = None
+    async with session.post(f"{base_url}/v1/chat/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for chunk in resp.content.iter_any():
+            if ttft_ms is None and chunk.strip():
+                ttft_ms = (time.perf_counter() - start) * 1000.0
+    return ttft_ms if ttft_ms is not None else (time.perf_counter() - start) * 1000.0
+
+
+async def run_workload(
+    session: aiohttp.ClientSession,
+    gateways: Sequence[str],
+    engines: Sequence[EngineSpec],
+    workload: Workload,
+) -> dict[str, Any]:
+    """Send the workload one request at a time (round-robin over ``gateways``); hit rate from
+    the engines' own prefix-cache counters."""
+    before = [await prefix_counters(session, e.url) for e in engines]
+    targets = itertools.cycle(gateways)
+    ttfts = [await send_chat(session, next(targets), m) for m in workload.requests]
+    after = [await prefix_counters(session, e.url) for e in engines]
+    hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
+    queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+    return {"hits": hits, "queries": queries, "ttfts_ms": ttfts}
+
+
+def summarize(
+    parts: dict[str, dict[str, Any]], ideal: dict[str, tuple[int, int]]
+) -> dict[str, Any]:
+    hits = sum(p["hits"] for p in parts.values())
+    queries = sum(p["queries"] for p in parts.values())
+    ttfts = [t for p in parts.values() for t in p["ttfts_ms"]]
+    cached = sum(ideal[name][0] for name in parts)
+    prompt = sum(ideal[name][1] for name in parts)
+    return {
+        "hit_rate": round(hits / queries, 4) if queries else 0.0,
+        "ideal_reuse": round(cached / prompt, 4) if prompt else 0.0,
+        "ttft_ms": {
+            "p50": round(percentile(ttfts, 0.5), 1),
+            "p90": round(percentile(ttfts, 0.9), 1),
+        },
+        "engine_hit_tokens": hits,
+        "engine_query_tokens": queries,
+        "workloads": {
+            name: {
+                "hit_rate": round(p["hits"] / p["queries"], 4) if p["queries"] else 0.0,
+                "ideal_reuse": round(ideal[name][0] / ideal[name][1], 4),
+                "ttft_ms": {
+                    "p50": round(percentile(p["ttfts_ms"], 0.5), 1),
+                    "p90": round(percentile(p["ttfts_ms"], 0.9), 1),
+                },
+                "requests": len(p["ttfts_ms"]),
+            }
+            for name, p in parts.items()
+        },
+    }
+
+
+class E2E:
+    """State shared by the cases of one run."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.tokenizer = HfChatTokenizer.from_dir(args.model_dir)
+        keys = KeyBuilder(KeySpec(mode="tokens", block_size=BLOCK_SIZE), self.tokenizer)
+        self.workloads = (multi_turn(args.seed), shared_document(args.seed))
+        self.ideal = {w.name: ideal_reuse(w, keys, MODEL_NAME) for w in self.workloads}
+        self.engines: list[EngineSpec] = []
+        self.relay_replicas = ""
+        self.timings_s: dict[str, float] = {}
+
+    async def case(
+        self, session: aiohttp.ClientSession, strategy: dict[str, Any], replicas: int, exact: bool
+    ) -> dict[str, Any]:
+        for engine in self.engines:
+            await reset_prefix_cache(session, engine.url)
+        started: list[Replica] = []
+        try:
+            for i in range(replicas):
+                started.append(
+                    await start_replica(
+                        strategy,
+                        self.engines,
+                        self.tokenizer,
+                        relay_endpoint=self.relay_replicas if exact else None,
+                        seed=self.args.seed + i,
+                    )
+                )
+            sync_s = await sync_exact(started, self.engines, session) if exact else 0.0
+            parts = {
+                w.name: await run_workload(session, [r.url for r in started], self.engines, w)
+                for w in self.workloads
+            }
+            result = summarize(parts, self.ideal)
+            result["replicas"] = replicas
+            if exact:
+                result["kv_event_sync_s"] = round(sync_s, 2)
+                result["kv_events"] = [r.feed.describe() for r in started if r.feed]
+            return result
+        finally:
+            for replica in started:
+                await replica.stop()
+
+
+async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
+    e2e = E2E(args)
+    t0 = time.monotonic()
+    engines_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    e2e.relay_replicas = f"tcp://127.0.0.1:{free_port()}"
+    relay = KvEventRelay(engines_endpoint, e2e.relay_replicas)  # bound before engines connect
+    relay_task = asyncio.create_task(relay.run(), name="warmfleet-kv-relay")
+    try:
+        started = await start_engines(procs, args.venv, args.model_dir, engines_endpoint)
+        e2e.engines = [spec for spec, _child in started]
+        e2e.timings_s["engines_ready"] = round(time.monotonic() - t0, 1)
+        print(f"e2e-vllm: engines ready in {e2e.timings_s['engines_ready']} s", flush=True)
+        timeout = aiohttp.ClientTimeout(total=300.0, connect=10.0)
+        out: dict[str, Any] = {"strategies": {}, "replicas": {}}
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            conf = await run_conformance(
+                e2e.engines[0].url, str(args.model_dir), block_size=BLOCK_SIZE
+            )
+            out["conformance"] = conf.to_json()
+            for name, mode, strategy in CASES:
+                t = time.monotonic()
+                result = await e2e.case(session, strategy, 1, mode == "exact")
+                out["strategies"].setdefault(name, {})[mode] = result
+                e2e.timings_s[f"{name}/{mode}"] = round(time.monotonic() - t, 1)
+                progress(f"{name}/{mode}", result, e2e.timings_s)
+            out["replicas"]["1"] = {
+                "hit_rate": out["strategies"]["prefix_affinity"]["exact"]["hit_rate"]
+            }
+            exact_strategy = CASES[2][2]
+            for label, exact in (("4", True), ("4_approximate", False)):
+                t = time.monotonic()
+                strategy = exact_strategy if exact else CASES[1][2]
+                result = await e2e.case(session, strategy, 4, exact)
+                out["replicas"][label] = {
+                    "hit_rate": result["hit_rate"],
+                    "ideal_reuse": result["ideal_reuse"],
+                    "ttft_ms": result["ttft_ms"],
+                }
+                e2e.timings_s[f"replicas/{label}"] = round(time.monotonic() - t, 1)
+                progress(f"replicas/{label}", result, e2e.timings_s)
+        out["relay_frames"] = relay.frames
+    finally:
+        relay_task.cancel()
+        await asyncio.gather(relay_task, return_exceptions=True)
+    e2e.timings_s["total_after_build"] = round(time.monotonic() - t0, 1)
+    out["timings_s"] = e2e.timings_s
+    out["engine"] = {"block_size": BLOCK_SIZE, "instances": [e.instance_id for e in e2e.engines]}
+    return out
+
+
+def progress(label: str, result: dict[str, Any], timings_s: dict[str, float]) -> None:
+    print(
+        f"e2e-vllm: {label}: hit {result['hit_rate']:.3f} (ideal {result['ideal_reuse']:.3f}), "
+        f"TTFT p50 {result['ttft_ms']['p50']:.0f} ms, {timings_s[label]} s",
+        flush=True,
+    )
+
+
+def check(out: dict[str, Any]) -> list[str]:
+    """Assertions on engine-reported numbers (never on timings)."""
+    failures = []
+    pa = out["strategies"]["prefix_affinity"]
+    rnd = out["strategies"]["random"]["default"]
+    for mode, result in pa.items():
+        if result["hit_rate"] < 0.8 * result["ideal_reuse"]:
+            failures.append(
+                f"prefix_affinity/{mode}: hit rate {result['hit_rate']} < 0.8 x ideal reuse "
+                f"{result['ideal_reuse']}"
+            )
+        if rnd["hit_rate"] > 0.75 * result["hit_rate"]:
+            failures.append(
+                f"random hit rate {rnd['hit_rate']} is not 25% below prefix_affinity/{mode} "
+                f"({result['hit_rate']})"
+            )
+    conf = out["conformance"]
+    if not conf["ok"]:
+        failures.append(f"conformance failed: {conf['causes']} {conf['turns']}")
+    four = out["replicas"]["4"]
+    if four["hit_rate"] < 0.8 * four["ideal_reuse"]:
+        failures.append(f"4 exact replicas: hit rate {four['hit_rate']} < 0.8 x ideal")
+    return failures
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="warmfleet on real vLLM (CPU)")
+    parser.add_argument("--venv", type=Path, default=Path(".venv-vllm"))
+    parser.add_argument("--model-dir", type=Path, default=Path(".cache/tiny-llama"))
+    parser.add_argument("--out", type=Path, default=Path("bench-results/e2e-vllm.json"))
+    parser.add_argument("--log-dir", type=Path, default=Path("bench-results/e2e-vllm-logs"))
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    for path, what in ((args.venv / "bin" / "python", "venv"), (args.model_dir, "model")):
+        if not path.exists():
+            print(f"e2e-vllm: {what} missing at {path} (run `make e2e-vllm`)", file=sys.stderr)
+            return 2
+    args.model_dir = args.model_dir.resolve()
+    procs = ProcessSet(args.log_dir)
+    start = time.monotonic()
+    try:
+        with terminate_on_sigterm():
+            out = asyncio.run(run(args, procs))
+    finally:
+        procs.stop_all()
+    out["timings_s"]["total_with_shutdown"] = round(time.monotonic() - start, 1)
+    failures = check(out)
+    out["failures"] = failures
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(render_summary(out))
+    for failure in failures:
+        print(f"FAIL: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def render_summary(out: dict[str, Any]) -> str:
+    lines = []
+    for name, modes in out["strategies"].items():
+        for mode, r in modes.items():
+            lines.append(
+                f"{name:16s} {mode:12s} hit {r['hit_rate']:.3f} (ideal {r['ideal_reuse']:.3f})  "
+                f"TTFT p50 {r['ttft_ms']['p50']:.0f} ms p90 {r['ttft_ms']['p90']:.0f} ms"
+            )
+    for label, r in out["replicas"].items():
+        lines.append(f"replicas {label:14s} hit {r['hit_rate']:.3f}")
+    conf = out["conformance"]
+    lines.append(
+        f"conformance: predicted {conf['predicted_cached_tokens']} cached tokens, engine "
+        f"{conf['engine_cached_tokens']} ({'ok' if conf['ok'] else 'FAIL'})"
+    )
+    lines.append(f"timings (s): {out['timings_s']}")
+    return "\n".join(lines)

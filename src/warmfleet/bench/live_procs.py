@@ -1,0 +1,194 @@
+"""Child processes of live benchmarks: start, wait until ready, measure CPU, stop by PID.
+
+Every child starts in its own session (so a terminal's Ctrl-C reaches only this process, which
+then stops its children in order); ``ProcessSet`` stops each child it started, by PID, on every
+exit path: SIGTERM, a grace period, then SIGKILL of the child's own process group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import aiohttp
+
+from warmfleet.core.errors import WarmfleetError
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class ProcessError(WarmfleetError):
+    """A child process failed to start or to become ready."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind to port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def command_argv(module: str, function: str, *args: str) -> list[str]:
+    """argv running one typer command function of this interpreter's warmfleet (e.g. the
+    ``warmfleet serve`` command as ``warmfleet.gateway.cli:serve_command``) without importing
+    the whole CLI, so children start fast."""
+    code = f"import typer; from {module} import {function} as f; typer.run(f)"
+    return [sys.executable, "-c", code, *args]
+
+
+@dataclass
+class Child:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM to the child, wait ``grace_s``, then SIGKILL to its process group."""
+        if self.popen.poll() is None:
+            with suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=grace_s)
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)  # its own group (start_new_session): stragglers
+        with suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=grace_s)
+
+
+@dataclass
+class ProcessSet:
+    """Children started by one benchmark; ``stop_all`` stops them in reverse start order."""
+
+    log_dir: Path
+    children: list[Child] = field(default_factory=list)
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Child:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        full_env = {**os.environ, **(env or {})}
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+            )
+        child = Child(name, popen, log_path)
+        self.children.append(child)
+        return child
+
+    def stop(self, child: Child) -> None:
+        child.stop()
+        if child in self.children:
+            self.children.remove(child)
+
+    def stop_all(self) -> None:
+        while self.children:
+            self.children.pop().stop()
+
+
+@contextmanager
+def terminate_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit`` so ``finally`` blocks stop the children."""
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(143)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+async def wait_ready(
+    url: str,
+    child: Child | None = None,
+    timeout_s: float = 60.0,
+    accept: Sequence[int] = (200,),
+) -> None:
+    """Poll ``url`` until it answers one of ``accept``; fail early if ``child`` exits."""
+    deadline = time.monotonic() + timeout_s
+    timeout = aiohttp.ClientTimeout(total=2.0)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while time.monotonic() < deadline:
+            if child is not None and not child.alive():
+                raise ProcessError(f"{child.name} exited early:\n{child.log_tail()}")
+            try:
+                async with session.get(url) as resp:
+                    await resp.read()
+                    if resp.status in accept:
+                        return
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                pass
+            await asyncio.sleep(0.1)
+    tail = child.log_tail() if child is not None else ""
+    raise ProcessError(f"{url} not ready after {timeout_s:.0f} s\n{tail}")
+
+
+def _children_of() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        stat = _read_stat(int(entry))
+        if stat is not None:
+            tree.setdefault(int(stat[1]), []).append(int(entry))
+    return tree
+
+
+def _read_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (index 0 = state)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants (Linux /proc)."""
+    tree = _children_of()
+    total_ticks = 0
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        stat = _read_stat(current)
+        if stat is not None:
+            total_ticks += int(stat[11]) + int(stat[12])  # utime, stime
+        stack.extend(tree.get(current, ()))
+    return total_ticks / _CLK_TCK
+
+
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of all CPUs since boot (/proc/stat; total = wall x CPUs)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields) - idle) / _CLK_TCK, sum(fields) / _CLK_TCK

@@ -1,0 +1,195 @@
+"""`warmfleet bench` (live load generator) and `warmfleet demo-live` (the live strategy demo)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from warmfleet.bench.loadgen import ApiKind, LoadSpec, RequestResult
+from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
+from warmfleet.core.errors import WarmfleetError
+from warmfleet.sim.scenario import (
+    ScenarioSpec,
+    build_workload,
+    builtin_scenario,
+    engine_spec,
+    load_scenario_file,
+)
+from warmfleet.sim.workloads.base import WorkloadRequest
+
+T = TypeVar("T")
+
+
+def console() -> Console:
+    out = Console()
+    return out if out.is_terminal else Console(width=200)
+
+
+@contextmanager
+def progress_bar(total: int, label: str) -> Iterator[Callable[[RequestResult], None]]:
+    """A rich progress bar (hidden when not on a terminal); yields the per-request callback."""
+    out = console()
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("errors {task.fields[errors]}"),
+    )  # fmt: skip
+    with Progress(*columns, console=out, disable=not out.is_terminal, transient=True) as bar:
+        task = bar.add_task(label, total=total, errors=0)
+        errors = 0
+
+        def done(result: RequestResult) -> None:
+            nonlocal errors
+            errors += 0 if result.ok else 1
+            bar.update(task, advance=1, errors=errors)
+
+        yield done
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """Run on uvloop when available (the client's CPU cost is part of every measurement)."""
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
+def scenario_requests(
+    name: str,
+    requests: int,
+    *,
+    concurrency: int | None,
+    rate_rps: float | None,
+    preset: str | None = None,
+    instances: int | None = None,
+    seed: int = 0,
+) -> tuple[ScenarioSpec, tuple[WorkloadRequest, ...]]:
+    """The first ``requests`` requests of a built-in or YAML scenario, timed by its arrivals."""
+    if name.endswith((".yaml", ".yml")) or Path(name).is_file():
+        spec = load_scenario_file(Path(name))
+    else:
+        spec = builtin_scenario(name, 8, "llama-3.1-70b-p5", seed)
+    updates: dict[str, Any] = {"requests": requests, "seed": seed}
+    if preset is not None:
+        updates["preset"] = preset
+    if instances is not None:
+        updates["instances"] = instances
+    if concurrency is not None:
+        updates["arrival"] = {"type": "closed", "concurrency": concurrency}
+    data = spec.model_dump(by_alias=True)
+    data.update(updates)
+    spec = ScenarioSpec.model_validate(data)
+    built = build_workload(spec, engine_spec(spec), rate_rps=rate_rps)
+    return spec, built.requests
+
+
+def instance_name(url: str, targets: list[MetricsTarget]) -> str:
+    """The id of the metrics target served by ``url`` (same scheme://host:port), else the URL."""
+    for target in targets:
+        if target.url.startswith(url + "/"):
+            return target.instance
+    return url
+
+
+def bench(  # noqa: PLR0917 (one parameter per CLI option)
+    url: Annotated[list[str], typer.Option(help="base URL; repeat for client-side round robin")],
+    scenario: Annotated[str, typer.Option(help="built-in scenario name or a Scenario YAML")],
+    requests: Annotated[int, typer.Option(min=1, help="number of requests")] = 200,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="closed loop, N clients")] = None,
+    rate: Annotated[float | None, typer.Option(min=0.0, help="open loop, requests/s")] = None,
+    stream: Annotated[bool, typer.Option(help="SSE streaming (measures TTFT and ITL)")] = False,
+    metrics_url: Annotated[
+        list[str] | None, typer.Option(help="engine /metrics URL (ID=URL); repeat per instance")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the JSON report")] = None,
+    report: Annotated[
+        Path | None, typer.Option(help="directory for report.json/md and PNGs")
+    ] = None,
+    model: Annotated[str, typer.Option(help="model name sent in requests")] = "model",
+    api: Annotated[str, typer.Option(help="chat or completions")] = "chat",
+    max_output_tokens: Annotated[int | None, typer.Option(min=1)] = None,
+    ignore_eos: Annotated[bool, typer.Option(help="send ignore_eos (vLLM extension)")] = False,
+    max_duration_s: Annotated[float, typer.Option(min=0.1)] = 300.0,
+    timeout_s: Annotated[float, typer.Option(min=0.1, help="per-request timeout")] = 120.0,
+    preset: Annotated[str | None, typer.Option(help="engine preset sizing the workload")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    label: Annotated[str, typer.Option(help="name of this run in the report")] = "run",
+) -> None:
+    """Drive a workload against OpenAI-compatible URLs (a gateway, a router, engines)."""
+    if concurrency is not None and rate is not None:
+        raise typer.BadParameter("give at most one of --concurrency and --rate")
+    if api not in ("chat", "completions"):
+        raise typer.BadParameter("--api must be chat or completions")
+    api_kind: ApiKind = "chat" if api == "chat" else "completions"
+    targets = [MetricsTarget.parse(m) for m in metrics_url or ()]
+    urls = tuple(u.rstrip("/") for u in url)
+    try:
+        spec, workload = scenario_requests(
+            scenario, requests, concurrency=concurrency, rate_rps=rate, preset=preset, seed=seed
+        )
+    except WarmfleetError as err:
+        Console(stderr=True).print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from err
+    load_spec = LoadSpec(
+        urls=urls,
+        url_names=tuple(instance_name(u, targets) for u in urls) if len(urls) > 1 else (),
+        model=model,
+        api=api_kind,
+        stream=stream,
+        concurrency=concurrency,
+        max_duration_s=max_duration_s,
+        request_timeout_s=timeout_s,
+        max_output_tokens=max_output_tokens,
+        ignore_eos=ignore_eos,
+    )
+    # Reports pull in matplotlib: imported here so other commands start fast.
+    from warmfleet.bench.loadgen_report import (  # noqa: PLC0415
+        comparison_report,
+        runs_table,
+        write_report,
+    )
+    from warmfleet.bench.report import write_json  # noqa: PLC0415
+
+    with progress_bar(len(workload), label) as on_done:
+        load, summary = run_async(measure(workload, load_spec, targets, on_done=on_done))
+    meta = {
+        "scenario": spec.name,
+        "requests": len(workload),
+        "instances": len(targets) or None,
+        "closed_loop_concurrency": concurrency,
+        "rate_rps": rate,
+        "stream": stream,
+        "urls": list(load_spec.urls),
+    }
+    result = comparison_report(meta, {label: summary})
+    console().print(runs_table(result))
+    if json_out is not None:
+        write_json(result, json_out)
+    if report is not None:
+        write_report(result, {label: load}, report, f"warmfleet bench: {spec.name}")
+
+
+def demo_live(
+    report: Annotated[Path, typer.Option(help="output directory")] = Path("warmfleet-report"),
+    requests: Annotated[int, typer.Option(min=8, help="requests per strategy")] = 240,
+    concurrency: Annotated[int, typer.Option(min=1)] = 8,
+    speedup: Annotated[float, typer.Option(min=0.1, help="emulated engine speed-up")] = 2.0,
+) -> None:
+    """Live demo: emulated fleet + gateway, four strategies, comparison table and report."""
+    from warmfleet.bench.live_demo import main_live_demo  # noqa: PLC0415 (heavy imports)
+
+    main_live_demo(report, requests=requests, concurrency=concurrency, speedup=speedup)
+
+
+def register(app: typer.Typer) -> None:
+    """``warmfleet bench`` and ``warmfleet demo-live``."""
+    app.command("bench")(bench)
+    app.command("demo-live")(demo_live)

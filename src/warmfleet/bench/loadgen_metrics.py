@@ -1,0 +1,214 @@
+"""Engine metrics (Prometheus text) scraped before and after a run, and the run's summary.
+
+The summary has the field names of ``warmfleet sim --json`` (``RunMetrics.as_report``) plus the
+live-only fields (``itl_ms``, ``errors``, ``hit_rate_source``, ``share_source``, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from warmfleet.bench.loadgen import LoadResult, LoadSpec, RequestResult, run_load
+from warmfleet.core.types import Reason
+from warmfleet.sim.metrics import percentiles_ms
+from warmfleet.sim.workloads.base import WorkloadRequest
+
+HITS = "vllm:prefix_cache_hits_total"
+QUERIES = "vllm:prefix_cache_queries_total"
+# Engine request counters, first present wins (vLLM: request_success_total{finished_reason}).
+REQUEST_COUNTERS = ("vllm:request_success_total", "vllm:num_requests_total")
+SCRAPE_TIMEOUT_S = 5.0
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sum of each metric's samples over all label sets (``# `` lines and bad lines skipped)."""
+    out: dict[str, float] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, _, rest = line.partition("{")
+            _, sep, tail = rest.rpartition("}")
+            if not sep:
+                continue
+        else:
+            name, _, tail = line.partition(" ")
+        fields = tail.split()
+        if not fields:
+            continue
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        name = name.strip()
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsTarget:
+    """One engine's metrics endpoint; ``instance`` names it in shares."""
+
+    instance: str
+    url: str
+
+    @staticmethod
+    def parse(text: str) -> MetricsTarget:
+        """``ID=URL`` or a bare URL (then the URL is the id)."""
+        ident, sep, url = text.partition("=")
+        if sep and "://" not in ident:
+            return MetricsTarget(ident, url)
+        return MetricsTarget(text, text)
+
+
+async def scrape(targets: Sequence[MetricsTarget]) -> dict[str, dict[str, float]]:
+    """Every target's metrics; a failing target maps to an empty dict (never raises)."""
+    timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one(target: MetricsTarget) -> tuple[str, dict[str, float]]:
+            try:
+                async with session.get(target.url) as resp:
+                    if resp.status != 200:
+                        return target.instance, {}
+                    return target.instance, parse_prometheus(await resp.text())
+            except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+                return target.instance, {}
+
+        pairs = await asyncio.gather(*(one(t) for t in targets))
+    return dict(pairs)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDelta:
+    """Counter increases over a run, per instance."""
+
+    hits: dict[str, float]
+    queries: dict[str, float]
+    requests: dict[str, float]
+
+    @property
+    def hit_rate(self) -> float | None:
+        queries = sum(self.queries.values())
+        return sum(self.hits.values()) / queries if queries > 0 else None
+
+
+def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> float | None:
+    if name not in after:
+        return None
+    return max(after[name] - before.get(name, 0.0), 0.0)
+
+
+def engine_delta(
+    before: Mapping[str, Mapping[str, float]], after: Mapping[str, Mapping[str, float]]
+) -> EngineDelta:
+    hits: dict[str, float] = {}
+    queries: dict[str, float] = {}
+    requests: dict[str, float] = {}
+    for instance, now in after.items():
+        then = before.get(instance, {})
+        hit = _delta(then, now, HITS)
+        query = _delta(then, now, QUERIES)
+        if hit is not None and query is not None:
+            hits[instance], queries[instance] = hit, query
+        for name in REQUEST_COUNTERS:
+            count = _delta(then, now, name)
+            if count is not None:
+                requests[instance] = count
+                break
+    return EngineDelta(hits, queries, requests)
+
+
+def _shares(counts: Mapping[str, float], instances: Iterable[str]) -> dict[str, float]:
+    names = list(dict.fromkeys([*instances, *counts]))
+    total = sum(counts.values()) or 1.0
+    return {name: 100.0 * counts.get(name, 0.0) / total for name in sorted(names)}
+
+
+def summarize(
+    load: LoadResult,
+    engine: EngineDelta | None = None,
+    instances: Sequence[str] = (),
+    reuse_bounds: Mapping[str, float] | None = None,
+) -> dict[str, object]:
+    """The run in ``RunMetrics.as_report`` shape (shares in percent, like the simulator)."""
+    ok = [r for r in load.results if r.ok]
+    starts = [r.start_s for r in load.results]
+    ends = [r.start_s + r.e2e_s for r in ok]
+    span_s = max((max(ends) - min(starts)) if ends else 0.0, 1e-9)
+    header_counts = Counter(r.instance for r in load.results if r.instance is not None)
+    if header_counts:
+        share_counts: Mapping[str, float] = {k: float(v) for k, v in header_counts.items()}
+        share_source = "client_round_robin" if load.client_balanced else "response_headers"
+    elif engine is not None and engine.requests:
+        share_counts, share_source = engine.requests, "engine_metrics"
+    else:
+        share_counts, share_source = {}, "unknown"
+    share_pct = _shares(share_counts, instances if share_counts else ())
+    shares = list(share_pct.values()) or [0.0]
+    hit_rate, hit_source = _hit_rate(ok, engine)
+    reasons = Counter(r.reason for r in load.results if r.reason is not None)
+    reuse = {"delivered": hit_rate, **(reuse_bounds or {})}
+    return {
+        "ttft_ms": percentiles_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "e2e_ms": percentiles_ms([r.e2e_s for r in ok]),
+        "itl_ms": percentiles_ms([gap for r in ok for gap in r.itl_s]),
+        "throughput_rps": len(ok) / span_s,
+        "output_tokens_per_s": sum(r.output_tokens for r in ok) / span_s,
+        "hit_rate": hit_rate,
+        "hit_rate_source": hit_source,
+        "reuse": reuse,
+        "share": {"min": min(shares), "max": max(shares), "per_instance": share_pct},
+        "share_source": share_source,
+        "spills": reasons.get(Reason.OVERFLOW.value, 0),
+        "moved_fraction": [],
+        "decisions_by_reason": dict(sorted(reasons.items())),
+        "requests": {
+            "submitted": load.submitted,
+            "completed": len(ok),
+            "rejected": len(load.results) - len(ok),
+            "not_sent": load.not_sent,
+        },
+        "errors": dict(sorted(Counter(r.error for r in load.results if r.error).items())),
+        "wall_s": load.wall_s,
+    }
+
+
+def _hit_rate(ok: Sequence[RequestResult], engine: EngineDelta | None) -> tuple[float, str]:
+    """Engine-delivered (metrics deltas) when scraped, else from ``usage.cached_tokens``."""
+    if engine is not None and engine.hit_rate is not None:
+        return engine.hit_rate, "engine_metrics"
+    prompt = cached = 0
+    for r in ok:
+        if r.prompt_tokens is not None and r.cached_tokens is not None:
+            prompt += r.prompt_tokens
+            cached += r.cached_tokens
+    if prompt:
+        return cached / prompt, "usage_cached_tokens"
+    return 0.0, "unknown"
+
+
+async def measure(
+    requests: Sequence[WorkloadRequest],
+    spec: LoadSpec,
+    targets: Sequence[MetricsTarget] = (),
+    *,
+    instances: Sequence[str] = (),
+    reuse_bounds: Mapping[str, float] | None = None,
+    on_done: Callable[[RequestResult], None] | None = None,
+) -> tuple[LoadResult, dict[str, object]]:
+    """Scrape ``targets``, run the load, scrape again; the load and its summary."""
+    before = await scrape(targets) if targets else {}
+    load = await run_load(requests, spec, on_done)
+    engine = engine_delta(before, await scrape(targets)) if targets else None
+    names = list(instances) or [t.instance for t in targets]
+    return load, summarize(load, engine, names, reuse_bounds)

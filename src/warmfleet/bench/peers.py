@@ -1,0 +1,301 @@
+"""`make bench-peers`: warmfleet beside sglang-router and vllm-router, same fleet, one run.
+
+Overhead points run against ONE fast emulated fleet (engine time ~0, so the router is what is
+measured), each router started fresh in front of it in turn; "added" latency is the router's
+minus direct's (client round robin) at the same load point in the same run, and router CPU is
+the router process tree's CPU time over the measured requests. Quality points run against a
+fresh slow fleet per router (cold caches, KV smaller than the shared prefixes) so hit rate, TTFT
+and balance reflect placement. Every child is stopped by PID on every exit path.
+
+    python -m warmfleet.bench.peers --out bench-results/peers.json \\
+        --sglang-python .venv-peers-sglang/bin/python --vllm-router .venv-peers-vllm/bin/vllm-router
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from warmfleet.bench.live_demo import DemoConfig, demo_workload, kv_capacity_tokens
+from warmfleet.bench.live_fleet import FleetHandle, start_fleet
+from warmfleet.bench.live_procs import (
+    ProcessSet,
+    machine_cpu_s,
+    terminate_on_sigterm,
+    tree_cpu_s,
+)
+from warmfleet.bench.loadgen import LoadSpec, run_load
+from warmfleet.bench.loadgen_cli import console, progress_bar, run_async
+from warmfleet.bench.loadgen_metrics import measure
+from warmfleet.bench.peers_report import (
+    RowInput,
+    acceptance,
+    acceptance_table,
+    build_rows,
+    rows_table,
+)
+from warmfleet.bench.peers_routers import PeerPaths, RouterSpec, RunningRouter, start_router
+from warmfleet.bench.report import write_json
+from warmfleet.sim.workloads.base import Segment, WorkloadRequest, render_segment_text
+from warmfleet.sim.workloads.synthetic import GspConfig, gsp
+
+INSTANCES = 4
+PROMPT_CHARS = 8000
+SHARED_FRACTION = 0.75
+GROUPS = 8
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    name: str
+    concurrency: int
+    stream: bool
+    requests: int
+    max_s: float
+    warmup: int
+
+
+OVERHEAD_POINTS = (
+    LoadPoint("c1_8k", 1, False, 300, 10.0, 4),
+    LoadPoint("c32_8k", 32, False, 2000, 12.0, 64),
+    LoadPoint("stream_c32_8k", 32, True, 1000, 12.0, 64),
+    LoadPoint("c64_8k", 64, False, 3000, 12.0, 64),
+)
+QUALITY_POINTS = (
+    LoadPoint("quality_c16", 16, True, 480, 60.0, 0),
+    LoadPoint("quality_c1", 1, True, 32, 30.0, 0),
+)
+ROUTERS = (
+    RouterSpec("direct", "client_round_robin"),
+    RouterSpec("warmfleet", "prefix_affinity"),
+    RouterSpec("warmfleet", "random"),
+    RouterSpec("sglang-router", "cache_aware"),
+    RouterSpec("sglang-router", "round_robin"),
+    RouterSpec("vllm-router", "round_robin"),
+    RouterSpec("vllm-router", "cache_aware"),
+)
+FAST_FLEET = {"preset": "tiny-cpu", "speedup": 10_000.0, "seed": 0}
+QUALITY = DemoConfig(instances=INSTANCES, concurrency=16, requests=480)
+
+
+def overhead_workload(count: int, seed: int = 7) -> tuple[WorkloadRequest, ...]:
+    """~8,000-character prompts: 8 shared prefixes (75 %) plus a unique question (gsp shape)."""
+    chars_per_word = len(render_segment_text(Segment(1, 2000))) / 2000
+    shared = round(SHARED_FRACTION * PROMPT_CHARS / chars_per_word)
+    question = round((1 - SHARED_FRACTION) * PROMPT_CHARS / chars_per_word)
+    per_group = -(-count // GROUPS)
+    config = GspConfig(
+        groups=GROUPS, prompts_per_group=per_group, system_prompt_tokens=shared,
+        question_tokens=question, output_tokens=16,
+    )  # fmt: skip
+    return gsp(config, seed)[:count]
+
+
+@dataclass
+class CpuProbe:
+    """CPU seconds, between ``start`` and ``stop``, of the router tree, the fleet tree, this
+    whole process tree (client, fleet, router) and the machine (busy, and wall x CPUs)."""
+
+    router_pid: int | None
+    fleet_pid: int
+    deltas: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+    def _sample(self) -> tuple[float, ...]:
+        router = tree_cpu_s(self.router_pid) if self.router_pid is not None else 0.0
+        return (router, tree_cpu_s(self.fleet_pid), tree_cpu_s(os.getpid()), *machine_cpu_s())
+
+    def start(self) -> None:
+        self.deltas = self._sample()
+
+    def stop(self) -> None:
+        self.deltas = tuple(a - b for a, b in zip(self._sample(), self.deltas, strict=True))
+
+    @property
+    def router_s(self) -> float | None:
+        return self.deltas[0] if self.router_pid is not None else None
+
+    @property
+    def fleet_s(self) -> float:
+        return self.deltas[1]
+
+    @property
+    def foreign_frac(self) -> float | None:
+        """Share of the machine's CPU used by processes outside this benchmark."""
+        own_s, busy_s, total_s = self.deltas[2:]
+        return max(busy_s - own_s, 0.0) / total_s if total_s > 0 else None
+
+
+def _load_spec(router: RunningRouter, fleet: FleetHandle, point: LoadPoint) -> LoadSpec:
+    urls, names = ((router.url,), ()) if router.url else (fleet.urls, fleet.ids)
+    return LoadSpec(
+        urls=urls, url_names=names, model=fleet.model, stream=point.stream,
+        concurrency=point.concurrency, max_duration_s=point.max_s, request_timeout_s=60.0,
+        ignore_eos=True, max_output_tokens=16,
+    )  # fmt: skip
+
+
+async def run_point(
+    router: RunningRouter,
+    fleet: FleetHandle,
+    point: LoadPoint,
+    requests: Sequence[WorkloadRequest],
+    scenario: str,
+) -> RowInput:
+    """Warm up (not recorded), then measure one load point through ``router``."""
+    spec = _load_spec(router, fleet, point)
+    if point.warmup:
+        await run_load(requests[: point.warmup], replace(spec, max_duration_s=30.0))
+    measured = requests[point.warmup :]
+    probe = CpuProbe(router.child.pid if router.child is not None else None, fleet.child.pid)
+    probe.start()
+    with progress_bar(len(measured), f"{router.spec.label} {point.name}") as on_done:
+        load, summary = await measure(
+            measured, spec, fleet.metrics_targets, instances=fleet.ids, on_done=on_done
+        )
+    probe.stop()
+    return RowInput(
+        router.spec.router, router.spec.policy, point.name, scenario, point.concurrency,
+        point.stream, summary, probe.router_s, len(load.results), probe.foreign_frac,
+        probe.fleet_s,
+    )  # fmt: skip
+
+
+async def run_overhead(
+    procs: ProcessSet, paths: PeerPaths, routers: Sequence[RouterSpec], scale: float
+) -> list[RowInput]:
+    rows: list[RowInput] = []
+    fleet = await start_fleet(procs, name="fleet-fast", instances=INSTANCES, spec=FAST_FLEET)
+    points = [_scaled(p, scale) for p in OVERHEAD_POINTS]
+    workload = overhead_workload(max(p.requests + p.warmup for p in points))
+    direct = [r for r in routers if r.router == "direct"]
+    order: list[RouterSpec] = list(direct)
+    for spec in (r for r in routers if r.router != "direct"):
+        order += [spec, *direct]  # direct brackets every router (see peers_report)
+    for spec in order:
+        router = await start_router(procs, spec, paths, fleet)
+        try:
+            for point in points:
+                requests = workload[: point.requests + point.warmup]
+                rows.append(await run_point(router, fleet, point, requests, "gsp-8k-chars"))
+        finally:
+            if router.child is not None:
+                procs.stop(router.child)
+    procs.stop(fleet.child)
+    return rows
+
+
+async def run_quality(
+    procs: ProcessSet, paths: PeerPaths, routers: Sequence[RouterSpec], scale: float
+) -> list[RowInput]:
+    config = replace(QUALITY, requests=max(16, int(QUALITY.requests * scale)))
+    requests = demo_workload(config)
+    fleet_spec = {"preset": config.preset, "speedup": config.speedup, "seed": config.seed,
+                  "kv_capacity_tokens": kv_capacity_tokens(requests, config)}  # fmt: skip
+    rows: list[RowInput] = []
+    for point in (_scaled(p, scale) for p in QUALITY_POINTS):
+        for spec in routers:
+            fleet = await start_fleet(
+                procs, name="fleet-quality", instances=INSTANCES, spec=fleet_spec
+            )
+            router = await start_router(procs, spec, paths, fleet)
+            try:
+                chosen = requests[: point.requests]
+                rows.append(await run_point(router, fleet, point, chosen, "aws-long-context"))
+            finally:
+                procs.stop_all()
+    return rows
+
+
+def _scaled(point: LoadPoint, scale: float) -> LoadPoint:
+    if scale >= 1.0:
+        return point
+    return replace(point, requests=max(8, int(point.requests * scale)))
+
+
+async def run_peers(
+    out: Path,
+    paths: PeerPaths,
+    *,
+    routers: Sequence[RouterSpec] = ROUTERS,
+    scale: float = 1.0,
+    log_dir: Path | None = None,
+    parts: Sequence[str] = ("overhead", "quality"),
+) -> dict[str, Any]:
+    """Every router x load point; writes ``out`` and returns the document."""
+    wanted = [r for r in routers if paths.available(r)]
+    skipped = [r.label for r in routers if not paths.available(r)]
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="warmfleet-peers-"))
+    procs = ProcessSet(logs)
+    started = time.perf_counter()
+    try:
+        inputs: list[RowInput] = []
+        if "overhead" in parts:
+            inputs += await run_overhead(procs, paths, wanted, scale)
+        if "quality" in parts:
+            inputs += await run_quality(procs, paths, wanted, scale)
+    finally:
+        procs.stop_all()
+    rows = build_rows(inputs, INSTANCES)
+    document = {
+        "machine": {"cpus": _cpus(), "python": platform.python_version()},
+        "instances": INSTANCES,
+        "overhead_fleet": FAST_FLEET,
+        "quality_fleet": {"preset": QUALITY.preset, "speedup": QUALITY.speedup},
+        "load_points": [p.__dict__ for p in (*OVERHEAD_POINTS, *QUALITY_POINTS)],
+        "scale": scale,
+        "skipped": skipped,
+        "wall_s": time.perf_counter() - started,
+        "rows": rows,
+        "acceptance": acceptance(rows),
+        "logs": str(logs),
+    }
+    write_json(document, out)
+    return document
+
+
+def _cpus() -> int:
+    return os.cpu_count() or 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m warmfleet.bench.peers")
+    parser.add_argument("--out", type=Path, default=Path("bench-results/peers.json"))
+    parser.add_argument("--sglang-python", type=Path, default=None)
+    parser.add_argument("--vllm-router", type=Path, default=None)
+    parser.add_argument("--scale", type=float, default=1.0, help="shrink request counts (<1)")
+    parser.add_argument("--routers", default="", help="comma-separated labels to keep")
+    parser.add_argument("--parts", default="overhead,quality", help="overhead and/or quality")
+    args = parser.parse_args(argv)
+    routers: tuple[RouterSpec, ...] = ROUTERS
+    if args.routers:
+        keep = set(args.routers.split(","))
+        routers = tuple(r for r in ROUTERS if r.label in keep or r.router == "direct")
+    paths = PeerPaths(args.sglang_python, args.vllm_router)
+    with terminate_on_sigterm():
+        main_run = run_peers(
+            args.out, paths, routers=routers, scale=args.scale, parts=args.parts.split(",")
+        )
+        document = run_async(main_run)
+    out = console()
+    out.print(rows_table(document["rows"]))
+    out.print(acceptance_table(document["acceptance"]))
+    noisy = sum(1 for row in document["rows"] if row["noisy"])
+    if noisy:
+        out.print(
+            f"[red]{noisy} of {len(document['rows'])} rows are noisy: unrelated processes used "
+            "> 15 % of the machine's CPU during them; re-run on an idle machine.[/red]"
+        )
+    if document["skipped"]:
+        out.print(f"[yellow]skipped (not installed): {', '.join(document['skipped'])}[/yellow]")
+    out.print(f"wrote {args.out} in {document['wall_s']:.0f} s (logs: {document['logs']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Rows of `make bench-peers` (pure): router minus direct in the same run, and the acceptance
+checks of issue 3 (items 1 and 2) evaluated on those rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.table import Table
+
+OURS = ("warmfleet", "prefix_affinity")
+NOISY_FRAC = 0.15  # a row is noisy when unrelated processes used > 15 % of the machine's CPU
+
+
+@dataclass(frozen=True)
+class RowInput:
+    router: str
+    policy: str
+    load_point: str
+    scenario: str
+    concurrency: int
+    stream: bool
+    summary: Mapping[str, Any]  # loadgen summary (sim report field names)
+    router_cpu_s: float | None
+    sent: int
+    foreign_cpu_frac: float | None  # CPU share used by processes outside the benchmark
+    fleet_cpu_s: float | None = None
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _baseline(summaries: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    return {
+        "e2e_p50": _mean([_p(s, "e2e_ms", "p50") for s in summaries]),
+        "e2e_p99": _mean([_p(s, "e2e_ms", "p99") for s in summaries]),
+        "ttft_p50": _mean([_p(s, "ttft_ms", "p50") for s in summaries]),
+        "rps": _mean([float(s["throughput_rps"]) for s in summaries]),
+    }
+
+
+def direct_baseline(inputs: Sequence[RowInput], index: int) -> dict[str, float] | None:
+    """Direct's E2E p50/p99, TTFT p50 and req/s for row ``index``: the mean of the direct runs
+    of the same load point just before and just after it (direct brackets every router, so
+    drift of the machine's load cancels); all direct runs of that point for a direct row."""
+    item = inputs[index]
+    same = [(i, x) for i, x in enumerate(inputs) if x.load_point == item.load_point]
+    directs = [(i, x) for i, x in same if x.router == "direct"]
+    if not directs:
+        return None
+    if item.router == "direct":
+        return _baseline([x.summary for _, x in directs])
+    before = [x for i, x in directs if i < index][-1:]
+    after = [x for i, x in directs if i > index][:1]
+    return _baseline([x.summary for x in (*before, *after)])
+
+
+def _p(summary: Mapping[str, Any], field: str, pct: str) -> float:
+    return float(summary[field][pct])
+
+
+def build_rows(inputs: Sequence[RowInput], instances: int) -> list[dict[str, Any]]:
+    """One row per router x policy x load point (``inputs`` in run order); "added" = this row
+    minus direct's at the same load point (see ``direct_baseline``)."""
+    rows = []
+    for index, item in enumerate(inputs):
+        s = item.summary
+        base = direct_baseline(inputs, index)
+        busiest = float(s["share"]["max"]) / 100.0
+        row: dict[str, Any] = {
+            "router": item.router,
+            "policy": item.policy,
+            "load_point": item.load_point,
+            "scenario": item.scenario,
+            "concurrency": item.concurrency,
+            "stream": item.stream,
+            "added_p50_ms": None,
+            "added_p99_ms": None,
+            "ttft_added_p50_ms": None,
+            "router_cpu_ms_per_request": None,
+            "throughput_vs_direct": None,
+            "throughput_rps": s["throughput_rps"],
+            "hit_rate": s["hit_rate"],
+            "busiest_share": busiest,
+            "fair_share": 1.0 / instances,
+            "ttft_ms": {"p50": _p(s, "ttft_ms", "p50"), "p90": _p(s, "ttft_ms", "p90")},
+            "e2e_ms": {"p50": _p(s, "e2e_ms", "p50"), "p99": _p(s, "e2e_ms", "p99")},
+            "completed": s["requests"]["completed"],
+            "errors": sum(s["errors"].values()),
+            "foreign_cpu_frac": item.foreign_cpu_frac,
+            "noisy": item.foreign_cpu_frac is not None and item.foreign_cpu_frac > NOISY_FRAC,
+            "fleet_cpu_ms_per_request": None,
+        }
+        if base is not None:
+            row["added_p50_ms"] = _p(s, "e2e_ms", "p50") - base["e2e_p50"]
+            row["added_p99_ms"] = _p(s, "e2e_ms", "p99") - base["e2e_p99"]
+            row["ttft_added_p50_ms"] = _p(s, "ttft_ms", "p50") - base["ttft_p50"]
+            if base["rps"] > 0:
+                row["throughput_vs_direct"] = s["throughput_rps"] / base["rps"]
+        if item.router_cpu_s is not None and item.sent:
+            row["router_cpu_ms_per_request"] = 1000.0 * item.router_cpu_s / item.sent
+        if item.fleet_cpu_s is not None and item.sent:
+            row["fleet_cpu_ms_per_request"] = 1000.0 * item.fleet_cpu_s / item.sent
+        rows.append(row)
+    return rows
+
+
+Ref = tuple[str, str, str, str, str | None]  # router, policy, load point, field, sub-field
+PA_Q16: tuple[str, str, str] = (*OURS, "quality_c16")
+SGL_Q16 = ("sglang-router", "cache_aware", "quality_c16")
+RND_Q16 = ("warmfleet", "random", "quality_c16")
+
+# (check, measured value, limit: a constant or (reference value, factor), comparison)
+CHECKS: tuple[tuple[str, Ref, float | tuple[Ref, float], str], ...] = (
+    ("1. router CPU ms/request at c=32 <= 0.30",
+     (*OURS, "c32_8k", "router_cpu_ms_per_request", None), 0.30, "le"),
+    ("1. added p50 ms at c=1 <= 0.4", (*OURS, "c1_8k", "added_p50_ms", None), 0.4, "le"),
+    ("1. added p50 ms at c=32 <= vllm-router round_robin",
+     (*OURS, "c32_8k", "added_p50_ms", None),
+     (("vllm-router", "round_robin", "c32_8k", "added_p50_ms", None), 1.0), "le"),
+    ("1. streamed TTFT added ms at c=32 <= 3",
+     (*OURS, "stream_c32_8k", "ttft_added_p50_ms", None), 3.0, "le"),
+    ("1. throughput vs direct at c=64 >= 0.6",
+     (*OURS, "c64_8k", "throughput_vs_direct", None), 0.6, "ge"),
+    ("2. P90 TTFT ms < sglang cache_aware",
+     (*PA_Q16, "ttft_ms", "p90"), ((*SGL_Q16, "ttft_ms", "p90"), 1.0), "lt"),
+    ("2. busiest share < sglang cache_aware",
+     (*PA_Q16, "busiest_share", None), ((*SGL_Q16, "busiest_share", None), 1.0), "lt"),
+    ("2. busiest share at c=1 <= 1.5 x fair",
+     (*OURS, "quality_c1", "busiest_share", None),
+     ((*OURS, "quality_c1", "fair_share", None), 1.5), "le"),
+    ("2. hit rate >= 2 x random",
+     (*PA_Q16, "hit_rate", None), ((*RND_Q16, "hit_rate", None), 2.0), "ge"),
+    ("2. P50 TTFT ms <= 0.5 x random",
+     (*PA_Q16, "ttft_ms", "p50"), ((*RND_Q16, "ttft_ms", "p50"), 0.5), "le"),
+)  # fmt: skip
+
+
+def _value(rows: Sequence[Mapping[str, Any]], ref: Ref) -> float | None:
+    router, policy, point, field, sub = ref
+    for row in rows:
+        if (row["router"], row["policy"], row["load_point"]) == (router, policy, point):
+            value = row.get(field)
+            if value is not None and sub is not None:
+                value = value.get(sub)
+            return None if value is None else float(value)
+    return None
+
+
+def _verdict(value: float | None, limit: float | None, op: str) -> bool | None:
+    if value is None or limit is None:
+        return None
+    return {"le": value <= limit, "ge": value >= limit, "lt": value < limit}[op]
+
+
+def acceptance(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 3 acceptance items 1 (overhead) and 2 (quality) on measured rows; ``pass`` is
+    None when a row needed for the check was not measured."""
+    out = []
+    for name, ref, limit_spec, op in CHECKS:
+        value = _value(rows, ref)
+        if isinstance(limit_spec, tuple):
+            reference = _value(rows, limit_spec[0])
+            limit = None if reference is None else reference * limit_spec[1]
+        else:
+            limit = limit_spec
+        out.append(
+            {"check": name, "value": value, "limit": limit, "pass": _verdict(value, limit, op)}
+        )
+    return out
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def rows_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    table = Table(title="warmfleet vs peer routers (same run, same emulated fleet)")
+    columns = (
+        "router", "policy", "load point", "+p50 ms", "+p99 ms", "+TTFT p50 ms", "CPU ms/req",
+        "fleet CPU", "tput vs direct", "req/s", "hit rate", "busiest", "TTFT p50", "TTFT p90",
+        "errors", "foreign CPU",
+    )  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="left" if column in columns[:3] else "right")
+    for r in rows:
+        table.add_row(
+            r["router"], r["policy"], r["load_point"], _fmt(r["added_p50_ms"]),
+            _fmt(r["added_p99_ms"]), _fmt(r["ttft_added_p50_ms"]),
+            _fmt(r["router_cpu_ms_per_request"], 3), _fmt(r["fleet_cpu_ms_per_request"], 2),
+            _fmt(r["throughput_vs_direct"]),
+            _fmt(r["throughput_rps"], 0), _fmt(r["hit_rate"], 3), _fmt(r["busiest_share"]),
+            _fmt(r["ttft_ms"]["p50"], 1), _fmt(r["ttft_ms"]["p90"], 1), str(r["errors"]),
+            _noisy(r["foreign_cpu_frac"]),
+        )  # fmt: skip
+    return table
+
+
+def _noisy(frac: float | None) -> str:
+    if frac is None:
+        return "-"
+    text = f"{100 * frac:.0f}%"
+    return f"[red]{text}[/red]" if frac > NOISY_FRAC else text
+
+
+def acceptance_table(checks: Sequence[Mapping[str, Any]]) -> Table:
+    table = Table(title="issue 3 acceptance (prefix_affinity), measured in this run")
+    for column in ("check", "measured", "limit", "result"):
+        table.add_column(column)
+    for c in checks:
+        verdict = {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: "n/a"}[c["pass"]]
+        table.add_row(c["check"], _fmt(c["value"], 3), _fmt(c["limit"], 3), verdict)
+    return table

@@ -1,0 +1,108 @@
+"""The routers compared by `make bench-peers`, each started as a child process on 127.0.0.1.
+
+- ``direct``: no router; the load generator round-robins over the instances itself.
+- ``warmfleet``: our gateway (``warmfleet serve``), one variant with the given strategy.
+- ``sglang-router`` 0.3.2 and ``vllm-router`` 0.1.17 (Rust, from PyPI, each in its own venv),
+  bound to 127.0.0.1 with their Prometheus listeners on 127.0.0.1 too, and ``HF_ENDPOINT``
+  pointing at a dead loopback port so they never reach the Hugging Face hub. A router counts as
+  ready once its ``/workers`` listing names every instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from warmfleet.bench.live_fleet import FleetHandle, routing_for, start_gateway
+from warmfleet.bench.live_procs import Child, ProcessError, ProcessSet, free_port, wait_ready
+
+DEAD_HF_ENDPOINT = "http://127.0.0.1:1"
+PEER_ENV = {"HF_ENDPOINT": DEAD_HF_ENDPOINT, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    router: str  # direct | warmfleet | sglang-router | vllm-router
+    policy: str
+
+    @property
+    def label(self) -> str:
+        return self.router if self.router == "direct" else f"{self.router}/{self.policy}"
+
+
+@dataclass(frozen=True)
+class PeerPaths:
+    sglang_python: Path | None
+    vllm_router: Path | None
+
+    def available(self, spec: RouterSpec) -> bool:
+        if spec.router == "sglang-router":
+            return self.sglang_python is not None and self.sglang_python.exists()
+        if spec.router == "vllm-router":
+            return self.vllm_router is not None and self.vllm_router.exists()
+        return True
+
+
+@dataclass(frozen=True)
+class RunningRouter:
+    spec: RouterSpec
+    url: str | None  # None: direct
+    child: Child | None
+
+
+async def _wait_workers(url: str, fleet: FleetHandle, child: Child, timeout_s: float) -> None:
+    """Poll ``/workers`` until it names every instance URL (registration is asynchronous)."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
+        while time.monotonic() < deadline:
+            if not child.alive():
+                raise ProcessError(f"{child.name} exited early:\n{child.log_tail()}")
+            try:
+                async with session.get(url + "/workers") as resp:
+                    text = await resp.text()
+                    if resp.status == 200 and all(u in text for u in fleet.urls):
+                        return
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                pass
+            await asyncio.sleep(0.2)
+    raise ProcessError(f"{url}: workers not registered after {timeout_s:.0f} s\n{child.log_tail()}")
+
+
+def _peer_argv(spec: RouterSpec, paths: PeerPaths, fleet: FleetHandle, port: int) -> list[str]:
+    common = [
+        "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *fleet.urls,
+        "--policy", spec.policy, "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(free_port()),
+    ]  # fmt: skip
+    if spec.router == "sglang-router" and paths.sglang_python is not None:
+        launch = [str(paths.sglang_python), "-m", "sglang_router.launch_router"]
+        return [*launch, *common, "--log-level", "warn"]
+    if spec.router == "vllm-router" and paths.vllm_router is not None:
+        return [str(paths.vllm_router), *common, "--log-level", "warning"]
+    raise ProcessError(f"{spec.label}: router not installed (run `make peers-venvs`)")
+
+
+async def start_router(
+    procs: ProcessSet,
+    spec: RouterSpec,
+    paths: PeerPaths,
+    fleet: FleetHandle,
+    timeout_s: float = 90.0,
+) -> RunningRouter:
+    """Start (and wait for) one router in front of ``fleet``; direct starts nothing."""
+    if spec.router == "direct":
+        return RunningRouter(spec, None, None)
+    name = spec.label.replace("/", "-")
+    if spec.router == "warmfleet":
+        gateway = await start_gateway(procs, fleet, routing_for(spec.policy), name=name)
+        return RunningRouter(spec, gateway.url, gateway.child)
+    port = free_port()
+    child = procs.start(name, _peer_argv(spec, paths, fleet, port), env=PEER_ENV)
+    url = f"http://127.0.0.1:{port}"
+    await wait_ready(url + "/health", child, timeout_s)
+    await _wait_workers(url, fleet, child, timeout_s)
+    return RunningRouter(spec, url, child)

@@ -1,0 +1,167 @@
+"""Routing-overhead benchmark: one full ``prefix_affinity`` decision on a large index.
+
+One decision = build the key of an OpenAI chat body in ``text`` mode + ``choose`` +
+``on_routed``, measured with ``time.perf_counter_ns`` and the thread's CPU time (a plain harness,
+not a timed test; the CPU figures separate our cost from preemption on a shared machine).
+The fleet has 64 instances and the approximate index holds 10^6 blocks before measuring; each
+measured request is one of 64 document groups (a shared document of most of the prompt, already
+indexed) plus a fresh unique question, so the match, the cost model and the index insert all run.
+
+    python -m warmfleet.bench.routing_bench --out bench-results/routing.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from warmfleet.core.types import FleetSnapshot, InstanceState, RoutingKey
+from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
+from warmfleet.routing.router import Router
+
+INSTANCES = 64
+INDEXED_BLOCKS = 1_000_000
+GROUPS = 64
+_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
+
+
+def _text(rng: random.Random, chars: int) -> str:
+    words: list[str] = []
+    size = 0
+    while size < chars:
+        word = rng.choice(_WORDS)
+        words.append(word)
+        size += len(word) + 1
+    return " ".join(words)[:chars]
+
+
+def _fleet(rng: random.Random, capacity_blocks: int) -> FleetSnapshot:
+    return FleetSnapshot(
+        tuple(
+            InstanceState(
+                f"pod-{i:02d}",
+                in_flight_requests=rng.randrange(0, 8),
+                in_flight_tokens=rng.randrange(0, 40_000),
+                kv_capacity_blocks=capacity_blocks,
+            )
+            for i in range(INSTANCES)
+        )
+    )
+
+
+def _fill(router: Router, fleet: FleetSnapshot, rng: random.Random, blocks: int) -> None:
+    """Index ``blocks`` synthetic blocks (chains of 1,000 blocks) spread over the fleet."""
+    ids = fleet.ids()
+    chain = 1000
+    for n in range(blocks // chain):
+        hashes = tuple(rng.getrandbits(64) for _ in range(chain))
+        key = RoutingKey(hashes, 128, chain * 128, chain * 32, hashes[-1])
+        decision = router.choose(key, fleet)
+        router.strategy.on_routed(key, type(decision)(ids[n % len(ids)], decision.reason))
+
+
+def measure(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
+    rng = random.Random(seed)
+    config = RoutingConfig(strategy=PrefixAffinityConfig())
+    router = Router(config, random.Random(seed))
+    capacity = 2 * INDEXED_BLOCKS // INSTANCES
+    fleet = _fleet(rng, capacity)
+    router.on_instances_changed(fleet.ids())
+    question_chars = max(512, prompt_chars // 16)
+    documents = [_text(rng, prompt_chars - question_chars) for _ in range(GROUPS)]
+    bodies: list[dict[str, Any]] = []
+    for i in range(repeats + GROUPS):
+        messages = [
+            {"role": "system", "content": documents[i % GROUPS]},
+            {"role": "user", "content": _text(rng, question_chars)},
+        ]
+        bodies.append({"model": "llama-3.1-70b", "messages": messages, "max_tokens": 256})
+    for body in bodies[:GROUPS]:  # warm every group once
+        key = router.key_for_chat(body, None)
+        router.on_routed(key, router.choose(key, fleet))
+    _fill(router, fleet, rng, INDEXED_BLOCKS - router.strategy.index.total_blocks)  # type: ignore[attr-defined]
+    indexed = router.strategy.index.total_blocks  # type: ignore[attr-defined]
+    gc.collect()
+    gc.freeze()
+    samples: list[float] = []
+    cpu_samples: list[float] = []
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+    for body in bodies[GROUPS:]:
+        start, cpu_start = clock(), cpu_clock()
+        key = router.key_for_chat(body, None)
+        decision = router.choose(key, fleet)
+        router.on_routed(key, decision)
+        cpu_samples.append((cpu_clock() - cpu_start) / 1000.0)
+        samples.append((clock() - start) / 1000.0)
+    gc.unfreeze()
+    samples.sort()
+    return {
+        "median": statistics.median(samples),
+        "p90": samples[int(0.9 * (len(samples) - 1))],
+        "cpu_median": statistics.median(cpu_samples),
+        "cpu_p90": sorted(cpu_samples)[int(0.9 * (len(cpu_samples) - 1))],
+        "indexed_blocks": indexed,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results/routing.json"))
+    parser.add_argument("--repeats-8k", type=int, default=2000)
+    parser.add_argument("--repeats-128k", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    small = measure(8_000, args.repeats_8k, args.seed)
+    large = measure(128_000, args.repeats_128k, args.seed)
+    result: dict[str, Any] = {
+        "decision_us_median": {
+            "chars_8k": round(small["median"], 1),
+            "chars_128k": round(large["median"], 1),
+        },
+        "decision_us_p90": {
+            "chars_8k": round(small["p90"], 1),
+            "chars_128k": round(large["p90"], 1),
+        },
+        "decision_cpu_us_median": {
+            "chars_8k": round(small["cpu_median"], 1),
+            "chars_128k": round(large["cpu_median"], 1),
+        },
+        "decision_cpu_us_p90": {
+            "chars_8k": round(small["cpu_p90"], 1),
+            "chars_128k": round(large["cpu_p90"], 1),
+        },
+        "targets_us": {"chars_8k": 100, "chars_128k": 1000},
+        "context": {
+            "strategy": "prefix_affinity",
+            "key_mode": "text",
+            "instances": INSTANCES,
+            "indexed_blocks": {
+                "chars_8k": small["indexed_blocks"],
+                "chars_128k": large["indexed_blocks"],
+            },
+            "repeats": {"chars_8k": args.repeats_8k, "chars_128k": args.repeats_128k},
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "load_average_1m": round(os.getloadavg()[0], 2),
+            "cpus": os.cpu_count(),
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(
+        f"routing decision median: 8k chars {result['decision_us_median']['chars_8k']} us, "
+        f"128k chars {result['decision_us_median']['chars_128k']} us "
+        f"(load average {result['context']['load_average_1m']}) -> {args.out}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""`warmfleet sim` (simulator comparison) and the interim `warmfleet demo`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from warmfleet.bench.report import comparison_table, write_json, write_plots
+from warmfleet.core.errors import WarmfleetError
+from warmfleet.routing.config import STRATEGY_NAMES
+from warmfleet.sim.runner import Comparison, run_comparison
+from warmfleet.sim.scenario import (
+    ScenarioSpec,
+    builtin_scenario,
+    load_scenario_file,
+)
+from warmfleet.sim.workloads.arrivals import PoissonArrival
+from warmfleet.sim.workloads.synthetic import AwsLongContextConfig
+
+DEFAULT_STRATEGIES = "random,least_outstanding_requests,prefix_hash,prefix_affinity"
+DEMO_STRATEGIES = ("random", "least_outstanding_requests", "prefix_hash", "prefix_affinity")
+
+
+def _scenario(
+    name: str, instances: int | None, preset: str | None, seed: int | None, requests: int | None
+) -> ScenarioSpec:
+    if name.endswith((".yaml", ".yml")) or Path(name).is_file():
+        spec = load_scenario_file(Path(name))
+    else:
+        spec = builtin_scenario(name, 8, "llama-3.1-70b-p5", 0)
+    updates: dict[str, object] = {}
+    if instances is not None:
+        updates["instances"] = instances
+    if preset is not None:
+        updates["preset"] = preset
+    if seed is not None:
+        updates["seed"] = seed
+    if requests is not None:
+        updates["requests"] = requests
+    return spec.model_copy(update=updates)
+
+
+def _strategies(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [n for n in names if n not in STRATEGY_NAMES]
+    if unknown or not names:
+        raise typer.BadParameter(f"unknown strategies {unknown}; choose from {STRATEGY_NAMES}")
+    return names
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def _emit(comparison: Comparison, json_out: Path | None, report_dir: Path | None) -> None:
+    console = _console()
+    console.print(comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs}))
+    report = comparison.report()
+    for run in comparison.runs:
+        if not (run.conserved and run.time_monotonic):
+            console.print(f"[red]{run.name}: conservation or time-order check failed[/red]")
+    if json_out is not None:
+        write_json(report, json_out)
+        console.print(f"wrote {json_out}")
+    if report_dir is not None:
+        write_json(report, report_dir / "report.json")
+        for path in write_plots(comparison, report_dir):
+            console.print(f"wrote {path}")
+
+
+def sim(  # noqa: PLR0917 (one parameter per CLI option)
+    scenario: Annotated[str, typer.Option(help="built-in scenario name or a Scenario YAML file")],
+    strategies: Annotated[str, typer.Option(help="comma-separated strategy names")] = (
+        DEFAULT_STRATEGIES
+    ),
+    trace: Annotated[
+        Path | None, typer.Option(help="trace file for trace-driven scenarios")
+    ] = None,
+    instances: Annotated[int | None, typer.Option(min=1)] = None,
+    preset: Annotated[str | None, typer.Option(help="engine preset")] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the JSON report")] = None,
+    report: Annotated[Path | None, typer.Option(help="directory for report.json and PNGs")] = None,
+    requests: Annotated[int | None, typer.Option(min=1, help="keep the first N requests")] = None,
+    rate: Annotated[float | None, typer.Option(min=1e-6, help="offered load, requests/s")] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="closed loop with N clients (saturation mode)")
+    ] = None,
+) -> None:
+    """Compare routing strategies on a simulated fleet (virtual time)."""
+    try:
+        spec = _scenario(scenario, instances, preset, seed, requests)
+        comparison = run_comparison(
+            spec, _strategies(strategies), trace=trace, rate_rps=rate, concurrency=concurrency
+        )
+    except WarmfleetError as err:
+        Console(stderr=True).print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from err
+    _emit(comparison, json_out, report)
+
+
+def demo_scenario() -> ScenarioSpec:
+    """A scaled-down aws-long-context (8B engines so the working set stays small) for < 60 s."""
+    return ScenarioSpec(
+        name="aws-long-context-demo",
+        workload=AwsLongContextConfig(working_set_ratio=3.0, requests=1200),
+        arrival=PoissonArrival(rate_rps=9.0),
+        instances=7,
+        preset="llama-3.1-8b-h100",
+        seed=0,
+    )
+
+
+def demo(
+    report: Annotated[Path, typer.Option(help="output directory")] = Path("warmfleet-report"),
+) -> None:
+    """Interim demo: simulator comparison of four strategies on aws-long-context."""
+    started = time.perf_counter()
+    comparison = run_comparison(demo_scenario(), DEMO_STRATEGIES)
+    _emit(comparison, None, report)
+    _console().print(f"demo finished in {time.perf_counter() - started:.1f} s")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sim")(sim)
+    app.command("demo")(demo)

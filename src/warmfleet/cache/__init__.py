@@ -1,0 +1,1 @@
+"""Pure cache planning: manifests, content keys, capacity admission, refcounts/pins, LRU."""

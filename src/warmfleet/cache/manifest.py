@@ -1,0 +1,143 @@
+"""Resolved artifact manifests and content-derived cache keys.
+
+A manifest is what a source says an artifact *is* at resolve time: its files, their sizes and
+whatever content identity the source offers (sha256, S3 ETag/VersionId, HF commit + LFS sha256,
+HTTP ETag/Last-Modified). The cache key hashes that identity, never just the URI, so an object
+changed in place at the same URI resolves to a new key and therefore a new cache version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from warmfleet.core.errors import CacheError
+
+KEY_HEX_CHARS = 64
+
+
+class SourceKind(StrEnum):
+    LOCAL = "local"
+    HTTP = "http"
+    S3 = "s3"
+    HF = "hf"
+    OCI = "oci"
+
+
+class ManifestError(CacheError):
+    """A manifest is malformed (bad path, duplicate file, negative size)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One file of an artifact. ``path`` is relative (posix), ``locator`` is source-specific
+    (URL, object key, absolute path) and is *not* part of the identity."""
+
+    path: str
+    size_bytes: int
+    locator: str
+    sha256: str | None = None
+    md5: str | None = None  # from a single-part S3 ETag
+    git_sha1: str | None = None  # git blob id (HF non-LFS files): sha1(b"blob <size>\\0" + data)
+    etag: str | None = None
+    version_id: str | None = None
+    last_modified: str | None = None
+
+    def identity(self) -> dict[str, Any]:
+        ident: dict[str, Any] = {"path": self.path, "size": self.size_bytes}
+        for name in ("sha256", "md5", "git_sha1", "etag", "version_id", "last_modified"):
+            value = getattr(self, name)
+            if value is not None:
+                ident[name] = value
+        return ident
+
+    def has_digest(self) -> bool:
+        return self.sha256 is not None or self.md5 is not None or self.git_sha1 is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A resolved artifact: source, pinned revision and files (sorted by path)."""
+
+    kind: SourceKind
+    uri: str
+    files: tuple[FileEntry, ...]
+    revision: str | None = None  # HF commit sha, S3 listing is per-object (VersionId in files)
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for entry in self.files:
+            _check_relpath(entry.path)
+            if entry.path in seen:
+                raise ManifestError(f"duplicate file {entry.path!r} in manifest of {self.uri}")
+            if entry.size_bytes < 0:
+                raise ManifestError(f"negative size for {entry.path!r}")
+            seen.add(entry.path)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+    def key(self) -> str:
+        """Content-derived cache key (sha256 hex of the canonical identity)."""
+        return cache_key(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "uri": self.uri,
+            "revision": self.revision,
+            "extra": dict(self.extra),
+            "files": [asdict(f) for f in self.files],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Manifest:
+        try:
+            files = tuple(FileEntry(**f) for f in data["files"])
+            return cls(
+                kind=SourceKind(data["kind"]),
+                uri=str(data["uri"]),
+                files=files,
+                revision=data.get("revision"),
+                extra=dict(data.get("extra") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ManifestError(f"malformed manifest document: {err}") from err
+
+
+def _check_relpath(path: str) -> None:
+    norm = posixpath.normpath(path)
+    if (
+        not path
+        or path.startswith("/")
+        or norm != path
+        or norm == "."
+        or norm.startswith("../")
+        or norm == ".."
+        or "\\" in path
+        or path.rsplit("/", maxsplit=1)[-1].startswith(".warmfleet")
+    ):
+        raise ManifestError(f"unsafe or non-normalised file path in manifest: {path!r}")
+
+
+def cache_key(manifest: Manifest) -> str:
+    """sha256 over the canonical JSON of kind, uri, revision and every file's identity."""
+    doc = {
+        "v": 1,
+        "kind": manifest.kind.value,
+        "uri": manifest.uri,
+        "revision": manifest.revision,
+        "files": [f.identity() for f in sorted(manifest.files, key=lambda e: e.path)],
+    }
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def short_key(key: str) -> str:
+    return key[:16]

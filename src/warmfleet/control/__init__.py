@@ -1,0 +1,1 @@
+"""Fleet control plane planning (pure): resources, reconciler, placement, autoscaling."""

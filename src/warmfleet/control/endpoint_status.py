@@ -1,0 +1,110 @@
+"""InferenceEndpoint status: phase, cache summaries, replicas, unprepared share, conditions."""
+
+from __future__ import annotations
+
+from warmfleet.control import names
+from warmfleet.control.observed import DesiredEndpoint, ObservedState
+from warmfleet.control.placement import unprepared_share
+from warmfleet.control.resources import (
+    CacheState,
+    CacheSummary,
+    Condition,
+    EndpointPhase,
+    EndpointStatus,
+    ProductionVariant,
+    ReplicaStatus,
+)
+from warmfleet.control.status import cache_state, count, target_nodes
+
+
+def variant_replicas(endpoint: DesiredEndpoint, variant: ProductionVariant) -> int:
+    """The variant's replica count: fixed, or the autoscaler's output clamped to its bounds."""
+    scaling = variant.autoscaling
+    if not scaling.enabled:
+        return variant.replicas
+    wanted = endpoint.autoscaled_replicas.get(variant.name, variant.replicas)
+    return max(scaling.min_replicas, min(scaling.max_replicas, wanted))
+
+
+def _weights_summary(endpoint: DesiredEndpoint, observed: ObservedState) -> CacheSummary | None:
+    if not endpoint.spec.model_cache_config.weights_cache.enabled:
+        return None
+    name = names.model_cache_name(endpoint.name, endpoint.spec)
+    nodes = target_nodes(observed.nodes, endpoint.spec.node_selector)
+    counts = count([n.weights.get(name) for n in nodes])
+    state = cache_state(counts) if observed.model_cache(name) else CacheState.PENDING
+    return CacheSummary(
+        name=name, state=state, ready_nodes=counts.ready, target_nodes=counts.target
+    )
+
+
+def _image_summary(endpoint: DesiredEndpoint, observed: ObservedState) -> CacheSummary | None:
+    if not endpoint.spec.model_cache_config.image_cache.enabled:
+        return None
+    name = names.image_cache_name(endpoint.spec.image, endpoint.spec.node_selector)
+    nodes = target_nodes(observed.nodes, endpoint.spec.node_selector)
+    counts = count([n.images.get(name) for n in nodes])
+    state = cache_state(counts) if observed.image_cache(name) else CacheState.PENDING
+    return CacheSummary(
+        name=name, state=state, ready_nodes=counts.ready, target_nodes=counts.target
+    )
+
+
+def endpoint_status(
+    endpoint: DesiredEndpoint, observed: ObservedState, gate: tuple[bool, str, str]
+) -> EndpointStatus:
+    rev = names.revision(endpoint.spec)
+    mine = [d for d in observed.deployments if d.endpoint == endpoint.name]
+    current = [d for d in mine if d.revision == rev]
+    pods = sorted((p for d in current for p in d.pods), key=lambda p: p.name)
+    wanted = sum(variant_replicas(endpoint, v) for v in endpoint.spec.variants)
+    ready = sum(1 for p in pods if p.ready)
+    gate_open, gate_reason, gate_message = gate
+    if endpoint.deleting:
+        phase = EndpointPhase.DELETING
+    elif not current and not gate_open:
+        phase = EndpointPhase.GATED
+    elif not current:
+        phase = EndpointPhase.DEPLOYING
+    elif any(d.revision != rev for d in mine):
+        phase = EndpointPhase.ROLLING
+    elif ready >= wanted:
+        phase = EndpointPhase.READY
+    else:
+        phase = EndpointPhase.DEPLOYING
+    conditions = (
+        Condition(
+            type="WeightsGateOpen",
+            status="True" if gate_open or current else "False",
+            reason=gate_reason,
+            message=gate_message,
+        ),
+        Condition(
+            type="Available",
+            status="True" if ready > 0 or wanted == 0 else "False",
+            reason=phase.value,
+            message=f"{ready}/{wanted} replicas ready",
+        ),
+    )
+    replica_status = tuple(
+        ReplicaStatus(
+            name=p.name,
+            node=p.node,
+            revision=rev,
+            prepared=p.prepared,
+            ready=p.ready,
+            time_to_ready_s=None if p.ready_s is None else round(p.ready_s - p.started_s, 3),
+        )
+        for p in pods
+    )
+    return EndpointStatus(
+        phase=phase,
+        revision=rev,
+        weights_cache=_weights_summary(endpoint, observed),
+        image_cache=_image_summary(endpoint, observed),
+        replicas=wanted,
+        ready_replicas=ready,
+        unprepared_replica_share=round(unprepared_share([p.prepared for p in pods]), 6),
+        replica_status=replica_status,
+        conditions=conditions,
+    )

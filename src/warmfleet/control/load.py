@@ -1,0 +1,80 @@
+"""Load signals for the autoscaler: the gateway's in-flight gauge, and one scaling decision per
+variant (pure; the caller keeps the ``AutoscalerState`` between calls)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+from warmfleet.control import names
+from warmfleet.control.autoscaler import AutoscalerState, recommend
+from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment
+
+IN_FLIGHT_METRIC = "warmfleet_gateway_in_flight_requests"
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)"
+)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+VariantKey = tuple[str, str]  # (endpoint, variant)
+
+
+def in_flight_by_variant(texts: Iterable[str]) -> dict[VariantKey, float]:
+    """Sum ``warmfleet_gateway_in_flight_requests`` over instances and over every gateway's
+    Prometheus text exposition."""
+    totals: dict[VariantKey, float] = {}
+    for text in texts:
+        for line in text.splitlines():
+            match = _SAMPLE.match(line)
+            if match is None or match["name"] != IN_FLIGHT_METRIC:
+                continue
+            labels = dict(_LABEL.findall(match["labels"] or ""))
+            key = (labels.get("endpoint", ""), labels.get("variant", ""))
+            try:
+                totals[key] = totals.get(key, 0.0) + float(match["value"])
+            except ValueError:
+                continue
+    return totals
+
+
+def autoscale(
+    endpoints: Sequence[DesiredEndpoint],
+    deployments: Sequence[ObservedDeployment],
+    in_flight: Mapping[VariantKey, float],
+    now_s: float,
+    states: Mapping[VariantKey, AutoscalerState],
+) -> tuple[dict[str, dict[str, int]], dict[VariantKey, AutoscalerState]]:
+    """Replicas per endpoint and variant for every autoscaled variant, and the new states.
+
+    The current count is the variant's Deployment at the endpoint's newest revision (else the
+    previous decision, else the spec's replicas). Variants without a metric sample keep their count.
+    """
+    decisions: dict[str, dict[str, int]] = {}
+    new_states: dict[VariantKey, AutoscalerState] = {}
+    for endpoint in endpoints:
+        if endpoint.deleting:
+            continue
+        for variant in endpoint.spec.variants:
+            if not variant.autoscaling.enabled:
+                continue
+            key = (endpoint.name, variant.name)
+            current = _current(endpoint, variant.name, variant.replicas, deployments)
+            if key not in in_flight:
+                decisions.setdefault(endpoint.name, {})[variant.name] = current
+                if key in states:
+                    new_states[key] = states[key]
+                continue
+            rec = recommend(variant.autoscaling, current, in_flight[key], now_s, states.get(key))
+            decisions.setdefault(endpoint.name, {})[variant.name] = rec.replicas
+            new_states[key] = rec.state
+    return decisions, new_states
+
+
+def _current(
+    endpoint: DesiredEndpoint, variant: str, default: int, deployments: Sequence[ObservedDeployment]
+) -> int:
+    mine = [d for d in deployments if d.endpoint == endpoint.name and d.variant == variant]
+    newest = [d for d in mine if d.revision == names.revision(endpoint.spec)]
+    if newest or mine:
+        return max(d.replicas for d in newest or mine)
+    return endpoint.autoscaled_replicas.get(variant, default)

@@ -1,0 +1,62 @@
+"""Deterministic names and label keys derived from specs (so planning is idempotent)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from warmfleet.control.resources import InferenceEndpointSpec, ModelSource
+
+LABEL_PREFIX_WEIGHTS = "weights.warmfleet.dev/"
+LABEL_PREFIX_IMAGE = "image.warmfleet.dev/"
+READY_VALUE = "ready"
+LABEL_ENDPOINT = "warmfleet.dev/endpoint"
+LABEL_VARIANT = "warmfleet.dev/variant"
+LABEL_REVISION = "warmfleet.dev/revision"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "warmfleet"
+
+
+def short_hash(*parts: str, length: int = 8) -> str:
+    digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+    return digest[:length]
+
+
+def source_key(source: ModelSource, host_path: str) -> str:
+    """Content identity of a weights cache: the source URI, its revision and the node path."""
+    return short_hash(source.uri, source.revision, host_path)
+
+
+def revision(spec: InferenceEndpointSpec) -> str:
+    """What a rollover is keyed on: model content, image and the weights host path."""
+    weights = spec.model_cache_config.weights_cache
+    return short_hash(
+        spec.model_source.uri, spec.model_source.revision, spec.image, weights.host_path
+    )
+
+
+def model_cache_name(endpoint: str, spec: InferenceEndpointSpec) -> str:
+    """One weights cache per endpoint revision (AWS: one weights cache per parent)."""
+    weights = spec.model_cache_config.weights_cache
+    return f"{endpoint}-w-{source_key(spec.model_source, weights.host_path)}"
+
+
+def image_cache_name(image: str, node_selector: dict[str, str]) -> str:
+    """Shared by every endpoint with the same image and node selector."""
+    selector = ",".join(f"{k}={v}" for k, v in sorted(node_selector.items()))
+    return f"img-{short_hash(image, selector, length=12)}"
+
+
+def deployment_name(endpoint: str, variant: str, rev: str) -> str:
+    return f"{endpoint}-{variant}-{rev}"
+
+
+def weights_label(cache_name: str) -> str:
+    return LABEL_PREFIX_WEIGHTS + cache_name
+
+
+def image_label(cache_name: str) -> str:
+    return LABEL_PREFIX_IMAGE + cache_name
+
+
+def is_managed_label(key: str) -> bool:
+    return key.startswith((LABEL_PREFIX_WEIGHTS, LABEL_PREFIX_IMAGE))

@@ -1,0 +1,322 @@
+"""The fleet reconciler: ``plan(desired, observed) -> list[Action]`` (pure, level-triggered).
+
+It never remembers anything between calls: every decision is recomputed from the desired
+endpoints and the observed world, so replaying a plan is harmless and a plan against a world
+where every action already took effect is empty. Order of the returned actions: caches and
+node assignments first, then labels, deployments, deletions, statuses, finalizer releases.
+
+Rules (docs/fleet-controller.md has the reasoning):
+- a weights cache per endpoint revision, assigned to every ready node matching the selector;
+- an image cache per (image, node selector), shared, refcounted by ``parentReferences``;
+- the first Deployment of a revision waits for the weights gate; images never gate;
+- rollover: new cache -> gate -> new Deployments -> all new replicas ready -> old Deployments
+  deleted -> old cache unassigned -> its data gone -> old cache deleted;
+- a node's ready label exists only while its agent reports the cache ready and healthy;
+- a deleted endpoint is released only when its Deployments, caches, data and refs are gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from warmfleet.control import names
+from warmfleet.control.actions import (
+    Action,
+    ApplyDeployment,
+    ApplyImageCache,
+    ApplyImagePuller,
+    ApplyModelCache,
+    AssignNodeCaches,
+    DeleteDeployment,
+    DeleteImageCache,
+    DeleteImagePuller,
+    DeleteModelCache,
+    DeploymentPlan,
+    NodeCacheAssignment,
+    ReleaseEndpoint,
+    SetNodeLabels,
+    UpdateEndpointStatus,
+)
+from warmfleet.control.cache_status import cache_status_actions
+from warmfleet.control.endpoint_status import endpoint_status, variant_replicas
+from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment, ObservedState
+from warmfleet.control.placement import preferences
+from warmfleet.control.resources import (
+    ImageCacheSpec,
+    ModelCacheSpec,
+    ParentReference,
+    ProductionVariant,
+)
+from warmfleet.control.status import count, gate_decision, target_nodes
+
+
+@dataclass(slots=True)
+class _Wanted:
+    model_caches: dict[str, ModelCacheSpec] = field(default_factory=dict)
+    image_images: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    image_parents: dict[str, set[ParentReference]] = field(default_factory=dict)
+
+    def want_image(
+        self, cache: str, image: str, selector: dict[str, str], parent: ParentReference
+    ) -> None:
+        self.image_images.setdefault(cache, (image, selector))
+        self.image_parents.setdefault(cache, set()).add(parent)
+
+    def image_spec(self, cache: str) -> ImageCacheSpec:
+        image, selector = self.image_images[cache]
+        parents = sorted(self.image_parents[cache], key=lambda p: (p.namespace, p.name, p.uid))
+        return ImageCacheSpec(image=image, node_selector=selector, parent_references=tuple(parents))
+
+
+def plan(desired: Sequence[DesiredEndpoint], observed: ObservedState) -> list[Action]:
+    endpoints = sorted(desired, key=lambda e: e.name)
+    wanted = _wanted(endpoints, observed)
+    actions: list[Action] = []
+    actions += _model_cache_objects(wanted, observed)
+    actions += _image_cache_objects(wanted, observed)
+    actions += _assignments(wanted, observed)
+    actions += _labels(wanted, observed)
+    for endpoint in endpoints:
+        actions += _deployments(endpoint, observed)
+    actions += _collect_garbage(wanted, observed)
+    actions += _statuses(endpoints, wanted, observed)
+    actions += _releases(endpoints, observed)
+    return actions
+
+
+# ------------------------------------------------------------------------------ what is wanted
+
+
+def _parent(endpoint: DesiredEndpoint) -> ParentReference:
+    return ParentReference(name=endpoint.name, namespace=endpoint.namespace, uid=endpoint.uid)
+
+
+def _wanted(endpoints: Sequence[DesiredEndpoint], observed: ObservedState) -> _Wanted:
+    wanted = _Wanted()
+    live = {e.name: e for e in endpoints if not e.deleting}
+    for endpoint in live.values():
+        spec = endpoint.spec
+        cache_config = spec.model_cache_config
+        if cache_config.weights_cache.enabled:
+            wanted.model_caches[names.model_cache_name(endpoint.name, spec)] = ModelCacheSpec(
+                host_path=cache_config.weights_cache.host_path,
+                model_source=spec.model_source,
+                node_selector=dict(spec.node_selector),
+                owner=endpoint.name,
+            )
+        if cache_config.image_cache.enabled:
+            cache = names.image_cache_name(spec.image, spec.node_selector)
+            wanted.want_image(cache, spec.image, dict(spec.node_selector), _parent(endpoint))
+    for deployment in observed.deployments:  # caches still used by older revisions stay
+        endpoint_or_none = live.get(deployment.endpoint)
+        if endpoint_or_none is None:
+            continue
+        model = observed.model_cache(deployment.model_cache or "")
+        if model is not None and deployment.model_cache not in wanted.model_caches:
+            wanted.model_caches[model.name] = model.spec
+        image = observed.image_cache(deployment.image_cache or "")
+        if image is not None:
+            wanted.want_image(
+                image.name,
+                image.spec.image,
+                dict(image.spec.node_selector),
+                _parent(endpoint_or_none),
+            )
+    return wanted
+
+
+# ------------------------------------------------------------------------------ caches
+
+
+def _model_cache_objects(wanted: _Wanted, observed: ObservedState) -> list[Action]:
+    actions: list[Action] = []
+    for name, spec in sorted(wanted.model_caches.items()):
+        current = observed.model_cache(name)
+        if current is None or current.spec != spec:
+            actions.append(ApplyModelCache(name, spec))
+    return actions
+
+
+def _image_cache_objects(wanted: _Wanted, observed: ObservedState) -> list[Action]:
+    actions: list[Action] = []
+    for name in sorted(wanted.image_images):
+        spec = wanted.image_spec(name)
+        current = observed.image_cache(name)
+        if current is None or current.spec != spec:
+            actions.append(ApplyImageCache(name, spec))
+        if current is None or not current.puller:
+            actions.append(ApplyImagePuller(name, spec.image, dict(spec.node_selector)))
+    return actions
+
+
+def _assignments(wanted: _Wanted, observed: ObservedState) -> list[Action]:
+    actions: list[Action] = []
+    for node in observed.nodes:
+        if not node.ready:
+            continue  # nobody to tell; its labels are removed below
+        caches = tuple(
+            NodeCacheAssignment(name, spec.model_source, spec.host_path)
+            for name, spec in sorted(wanted.model_caches.items())
+            if spec.enabled and node.matches(spec.node_selector)
+        )
+        if frozenset(a.cache for a in caches) != node.assigned:
+            actions.append(AssignNodeCaches(node.name, caches))
+    return actions
+
+
+def _labels(wanted: _Wanted, observed: ObservedState) -> list[Action]:
+    actions: list[Action] = []
+    for node in observed.nodes:
+        target: dict[str, str] = {}
+        if node.ready:
+            for name, spec in wanted.model_caches.items():
+                report = node.weights.get(name)
+                if node.matches(spec.node_selector) and report is not None and report.usable:
+                    target[names.weights_label(name)] = names.READY_VALUE
+            for name, (_, selector) in wanted.image_images.items():
+                report = node.images.get(name)
+                if node.matches(selector) and report is not None and report.usable:
+                    target[names.image_label(name)] = names.READY_VALUE
+        current = {k: v for k, v in node.labels.items() if names.is_managed_label(k)}
+        to_set = {k: v for k, v in sorted(target.items()) if current.get(k) != v}
+        to_remove = tuple(sorted(k for k in current if k not in target))
+        if to_set or to_remove:
+            actions.append(SetNodeLabels(node.name, to_set, to_remove))
+    return actions
+
+
+# ------------------------------------------------------------------------------ deployments
+
+
+def deployment_plan(endpoint: DesiredEndpoint, variant: ProductionVariant) -> DeploymentPlan:
+    spec = endpoint.spec
+    config = spec.model_cache_config
+    rev = names.revision(spec)
+    model_cache = (
+        names.model_cache_name(endpoint.name, spec) if config.weights_cache.enabled else None
+    )
+    image_cache = (
+        names.image_cache_name(spec.image, spec.node_selector)
+        if config.image_cache.enabled
+        else None
+    )
+    return DeploymentPlan(
+        name=names.deployment_name(endpoint.name, variant.name, rev),
+        endpoint=endpoint.name,
+        variant=variant.name,
+        revision=rev,
+        replicas=variant_replicas(endpoint, variant),
+        image=spec.image,
+        port=spec.port,
+        command=spec.command,
+        args=spec.args,
+        gpus_per_replica=spec.gpus_per_replica,
+        model_source=spec.model_source,
+        model_cache=model_cache,
+        host_path=config.weights_cache.host_path if model_cache else None,
+        image_cache=image_cache,
+        node_selector=dict(spec.node_selector),
+        preferences=preferences(model_cache, image_cache),
+        routing=variant.routing,
+    )
+
+
+def gate_is_open(endpoint: DesiredEndpoint, observed: ObservedState) -> tuple[bool, str, str]:
+    """(open, reason, message) of the weights gate for the endpoint's current revision."""
+    weights = endpoint.spec.model_cache_config.weights_cache
+    if not weights.enabled:
+        return True, "CachingDisabled", "weights cache disabled"
+    name = names.model_cache_name(endpoint.name, endpoint.spec)
+    cache = observed.model_cache(name)
+    nodes = target_nodes(observed.nodes, endpoint.spec.node_selector)
+    counts = count([n.weights.get(name) for n in nodes])
+    age = None if cache is None else max(0.0, observed.now_s - cache.created_s)
+    decision = gate_decision(weights.gate, counts, age)
+    return decision.open, decision.reason, decision.message
+
+
+def _deployments(endpoint: DesiredEndpoint, observed: ObservedState) -> list[Action]:
+    mine = [d for d in observed.deployments if d.endpoint == endpoint.name]
+    if endpoint.deleting:
+        return [DeleteDeployment(d.name) for d in sorted(mine, key=lambda d: d.name)]
+    rev = names.revision(endpoint.spec)
+    current = {d.variant: d for d in mine if d.revision == rev}
+    plans = [deployment_plan(endpoint, v) for v in endpoint.spec.variants]
+    actions: list[Action] = []
+    if current or gate_is_open(endpoint, observed)[0]:
+        for p in plans:
+            have = current.get(p.variant)
+            if have is None or have.spec_hash != p.spec_hash() or have.replicas != p.replicas:
+                actions.append(ApplyDeployment(p))
+    variant_names = {p.variant for p in plans}
+    stale = [d for d in current.values() if d.variant not in variant_names]
+    if _revision_ready(plans, current):
+        stale += [d for d in mine if d.revision != rev]
+    actions += [DeleteDeployment(d.name) for d in sorted(stale, key=lambda d: d.name)]
+    return actions
+
+
+def _revision_ready(
+    plans: Sequence[DeploymentPlan], current: dict[str, ObservedDeployment]
+) -> bool:
+    for p in plans:
+        have = current.get(p.variant)
+        if have is None or have.spec_hash != p.spec_hash() or have.ready_replicas < p.replicas:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------ GC, status
+
+
+def _collect_garbage(wanted: _Wanted, observed: ObservedState) -> list[Action]:
+    actions: list[Action] = []
+    for cache in observed.model_caches:
+        if cache.name in wanted.model_caches:
+            continue
+        still_held = any(
+            cache.name in n.assigned or cache.name in n.weights for n in observed.nodes if n.ready
+        )
+        if not still_held:
+            actions.append(DeleteModelCache(cache.name))
+    for image in observed.image_caches:
+        if image.name in wanted.image_images:
+            continue
+        if image.puller:
+            actions.append(DeleteImagePuller(image.name))
+            continue
+        label = names.image_label(image.name)
+        if not any(label in n.labels for n in observed.nodes):
+            actions.append(DeleteImageCache(image.name))
+    return actions
+
+
+def _statuses(
+    endpoints: Sequence[DesiredEndpoint], wanted: _Wanted, observed: ObservedState
+) -> list[Action]:
+    actions = cache_status_actions(set(wanted.model_caches), set(wanted.image_images), observed)
+    for endpoint in endpoints:
+        status = endpoint_status(endpoint, observed, gate_is_open(endpoint, observed))
+        if status != endpoint.status:
+            actions.append(UpdateEndpointStatus(endpoint.name, status))
+    return actions
+
+
+def _releases(endpoints: Sequence[DesiredEndpoint], observed: ObservedState) -> list[Action]:
+    actions: list[Action] = []
+    for endpoint in endpoints:
+        if not endpoint.deleting:
+            continue
+        busy = (
+            any(d.endpoint == endpoint.name for d in observed.deployments)
+            or any(c.spec.owner == endpoint.name for c in observed.model_caches)
+            or any(
+                p.name == endpoint.name and p.namespace == endpoint.namespace
+                for c in observed.image_caches
+                for p in c.spec.parent_references
+            )
+        )
+        if not busy:
+            actions.append(ReleaseEndpoint(endpoint.name))
+    return actions

@@ -1,0 +1,158 @@
+"""`warmfleet emulate`: host an emulated vLLM fleet in this process until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from warmfleet.core.errors import ConfigError
+from warmfleet.emulator.config import (
+    EmulatorSpec,
+    build_spec,
+    load_emulator_config,
+    parse_fault_flag,
+)
+from warmfleet.emulator.fleet import EmulatedFleet
+
+
+def _flag_overrides(values: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def build_cli_spec(
+    *,
+    config: Path | None,
+    overrides: dict[str, Any],
+    fault_overrides: dict[str, Any],
+    fault_flags: list[str],
+    kv_events_endpoint: str | None,
+    kv_events_topic: str,
+) -> EmulatorSpec:
+    """The config file (if any) with every flag that was given applied on top."""
+    base = load_emulator_config(config) if config is not None else EmulatorSpec()
+    fields = base.model_dump(exclude_unset=True)
+    fields.update(_flag_overrides(overrides))
+    faults = {**base.faults.model_dump(exclude_unset=True), **_flag_overrides(fault_overrides)}
+    fields["faults"] = faults
+    per_instance = {i: f.model_dump(exclude_unset=True) for i, f in base.instance_faults.items()}
+    for flag in fault_flags:
+        index, raw = parse_fault_flag(flag)
+        per_instance[index] = {**faults, **per_instance.get(index, {}), **raw}
+    fields["instance_faults"] = per_instance
+    if kv_events_endpoint is not None:
+        fields["kv_events"] = {"endpoint": kv_events_endpoint, "topic": kv_events_topic}
+    return build_spec(**fields)
+
+
+def _write_ports_file(path: Path, info: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(info) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+async def serve_fleet(spec: EmulatorSpec, ready: Callable[[EmulatedFleet], None]) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with EmulatedFleet(spec) as fleet:
+            ready(fleet)
+            await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        return None
+    return uvloop.new_event_loop
+
+
+def emulate_command(  # noqa: PLR0917
+    instances: int | None = typer.Option(None, "--instances", "-n", help="Instances (ports)."),
+    base_port: int | None = typer.Option(None, help="First port (0: free ports)."),
+    host: str | None = typer.Option(None, help="Bind address (default 127.0.0.1)."),
+    preset: str | None = typer.Option(None, help="tiny-cpu, llama-3.1-8b-h100, llama-3.1-70b-p5."),
+    model: str | None = typer.Option(None, help="Served model name."),
+    kv_capacity_tokens: int | None = typer.Option(None, help="Override the preset's KV size."),
+    block_size: int | None = typer.Option(None, help="Override the KV block size (tokens)."),
+    speedup: float | None = typer.Option(
+        None, "--time-scale", "--speedup", help="Engine seconds per wall second (2 = 2x faster)."
+    ),
+    seed: int | None = typer.Option(None, help="Seed of the fault draws."),
+    error_rate: float | None = typer.Option(None, help="Share of requests answered with 500."),
+    latency_spike_prob: float | None = typer.Option(None, help="Share of requests delayed."),
+    latency_spike_ms: float | None = typer.Option(None, help="Delay of a latency spike (ms)."),
+    die_after_requests: int | None = typer.Option(None, help="Die on request N+1."),
+    hang: bool | None = typer.Option(None, "--hang", help="Accept and never answer."),
+    fault: list[str] = typer.Option(  # noqa: B008
+        [], "--fault", help="Per-instance faults: INDEX:key=value[,key=value]; repeatable."
+    ),
+    kv_events_endpoint: str | None = typer.Option(None, help="ZMQ endpoint to connect to."),
+    kv_events_topic: str = typer.Option("kv", help="Topic frame of KV events."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="kind: Emulator document."),  # noqa: B008
+    ports_file: Path | None = typer.Option(None, help="Write the ready JSON here too."),  # noqa: B008
+    log_level: str = typer.Option("warning", help="debug, info, warning or error."),
+) -> None:
+    """Serve an emulated vLLM fleet; prints one JSON line with the URLs once ready."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    overrides = {
+        "instances": instances,
+        "base_port": base_port,
+        "host": host,
+        "preset": preset,
+        "model": model,
+        "kv_capacity_tokens": kv_capacity_tokens,
+        "block_size": block_size,
+        "speedup": speedup,
+        "seed": seed,
+    }
+    fault_overrides = {
+        "error_rate": error_rate,
+        "latency_spike_prob": latency_spike_prob,
+        "latency_spike_ms": latency_spike_ms,
+        "die_after_requests": die_after_requests,
+        "hang": hang,
+    }
+    try:
+        spec = build_cli_spec(
+            config=config,
+            overrides=overrides,
+            fault_overrides=fault_overrides,
+            fault_flags=fault,
+            kv_events_endpoint=kv_events_endpoint,
+            kv_events_topic=kv_events_topic,
+        )
+    except ConfigError as err:
+        print(f"invalid emulator config:\n{err}", file=sys.stderr)
+        raise typer.Exit(2) from err
+
+    def ready(fleet: EmulatedFleet) -> None:
+        info = fleet.ready_info()
+        if ports_file is not None:
+            _write_ports_file(ports_file, info)
+        print(json.dumps(info), flush=True)
+
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve_fleet(spec, ready))
+    except OSError as err:
+        print(f"cannot start the emulated fleet: {err}", file=sys.stderr)
+        raise typer.Exit(1) from err
+
+
+def register(app: typer.Typer) -> None:
+    app.command("emulate")(emulate_command)

@@ -1,0 +1,269 @@
+"""Drive one ``EngineModel`` in wall-clock time (the only place the emulator touches engine state).
+
+Engine time is ``(loop.time() - start) * speedup``. One task per instance sleeps until the
+model's next event (or a submit/cancel wakes it), advances the model to "now" and hands each
+event to the request's stream. Before any ``submit``/``cancel`` the model is advanced to "now"
+first, so a request is never admitted before it arrived.
+
+Streaming: during a fast-forwarded run of decode steps the model's next event is the end of the
+run, so while a streaming request is decoding the task also wakes at the next expected token
+(last token time plus the last observed inter-token gap); tokens then reach the client when
+their step ends, not in a burst at the end of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from warmfleet.engine.model import (
+    EngineEvent,
+    EngineEventKind,
+    EngineModel,
+    EngineRequest,
+    EngineStats,
+)
+from warmfleet.engine.spec import EngineSpec
+
+_LATE_POLL_FRACTION = 0.05  # a missed token boundary is polled again after 5 % of a step
+_TOKEN_SLACK = 1.001  # the next step is a hair longer (its KV read grows)
+_MIN_TOKEN_WAKE_WALL_S = 0.0005  # tokens closer than this (wall) share one wake-up and write
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """One request's events, in order; ``arrival_s`` is wall-clock (loop) time."""
+
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int
+    wants_tokens: bool
+    arrival_s: float
+    done: bool = False
+    decoding: bool = False
+    last_token_s: float = -1.0
+    _pending: list[EngineEvent] = field(default_factory=list)
+    _waiter: asyncio.Future[None] | None = None
+
+    def push(self, event: EngineEvent) -> None:
+        pending = self._pending
+        if (
+            pending
+            and event.kind is EngineEventKind.TOKEN
+            and pending[-1].kind is EngineEventKind.TOKEN
+        ):
+            pending[-1] = event  # a TOKEN event carries the running count: keep the latest
+            return
+        pending.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_batch(self) -> list[EngineEvent]:
+        """Every event not yet taken, waiting for at least one (one write per batch)."""
+        while not self._pending:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        batch, self._pending = self._pending, []
+        return batch
+
+
+class BlockEventSink(Protocol):
+    """The engine's block hook plus the request context a KV-event publisher needs."""
+
+    def request_submitted(
+        self, request_id: int, block_hashes: tuple[int, ...], token_ids: Sequence[int]
+    ) -> None: ...
+
+    def request_done(self, request_id: int) -> None: ...
+
+    def block_stored(self, block_hash: int) -> None: ...
+
+    def blocks_removed(self, block_hashes: Sequence[int]) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class EngineDriver:
+    """Owns an ``EngineModel`` and the task that advances it; start with ``run()`` in a task."""
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        *,
+        speedup: float = 1.0,
+        block_sink: BlockEventSink | None = None,
+    ) -> None:
+        self.spec = spec
+        self.speedup = speedup
+        self._sink = block_sink
+        self._model = EngineModel(spec, emit_token_events=True, block_listener=block_sink)
+        self._loop = asyncio.get_running_loop()
+        self._start_s = self._loop.time()
+        self._wake = asyncio.Event()
+        self._streams: dict[int, RequestStream] = {}
+        self._ids = itertools.count(1)
+        self._streaming_decoders = 0
+        self._token_gap_s = spec.step_overhead_s  # engine seconds between a request's tokens
+        self._last_token_s = 0.0
+
+    # ------------------------------------------------------------------ time
+
+    def engine_now_s(self) -> float:
+        return (self._loop.time() - self._start_s) * self.speedup
+
+    def wall_s(self, engine_s: float) -> float:
+        """Loop time at which engine time ``engine_s`` happens."""
+        return self._start_s + engine_s / self.speedup
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(
+        self,
+        block_hashes: tuple[int, ...],
+        prompt_tokens: int,
+        output_tokens: int,
+        *,
+        wants_tokens: bool,
+        arrival_s: float | None = None,
+        prompt_ids: Sequence[int] = (),
+    ) -> RequestStream:
+        """Queue a request now; ``prompt_ids`` only feed KV events (``token_ids``)."""
+        now_s = self._catch_up()
+        rid = next(self._ids)
+        stream = RequestStream(
+            rid,
+            prompt_tokens,
+            output_tokens,
+            wants_tokens,
+            self._loop.time() if arrival_s is None else arrival_s,
+        )
+        self._streams[rid] = stream
+        sink = self._sink
+        if sink is not None:
+            sink.request_submitted(rid, block_hashes, prompt_ids)
+        self._model.submit(EngineRequest(rid, block_hashes, prompt_tokens, output_tokens), now_s)
+        if sink is not None:
+            sink.flush()
+        self._wake.set()
+        return stream
+
+    def cancel(self, stream: RequestStream) -> None:
+        """Forget ``stream`` (its client went away); a finished stream is left alone."""
+        if stream.done:
+            return
+        now_s = self._catch_up()
+        if stream.done:
+            return
+        self._model.cancel(stream.request_id, now_s)
+        self._close(stream)
+        self._wake.set()
+
+    def stats(self) -> EngineStats:
+        return self._model.stats()
+
+    def cached_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
+        return self._model.cached_prefix_blocks(block_hashes)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams)
+
+    # ------------------------------------------------------------------ the task
+
+    async def run(self) -> None:
+        """Advance the model forever (cancel the task to stop)."""
+        loop = self._loop
+        while True:
+            self._wake.clear()
+            now_s = self._catch_up()
+            wake_at_s = self._next_wake_s(now_s)
+            if wake_at_s is None:
+                await self._wake.wait()
+                continue
+            delay_s = (wake_at_s - now_s) / self.speedup
+            if delay_s <= 0:
+                await asyncio.sleep(0)
+                continue
+            timer = loop.call_later(delay_s, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+
+    def _catch_up(self) -> float:
+        now_s = self.engine_now_s()
+        events = self._model.advance(now_s)
+        if events:
+            self._dispatch(events)
+        if self._sink is not None:
+            self._sink.flush()
+        return now_s
+
+    def _next_wake_s(self, now_s: float) -> float | None:
+        next_s = self._model.next_event_s()
+        if self._streaming_decoders <= 0:
+            return next_s
+        token_s = self._last_token_s + self._token_gap_s * _TOKEN_SLACK
+        if token_s <= now_s:
+            token_s = now_s + self._token_gap_s * _LATE_POLL_FRACTION
+        token_s = max(token_s, now_s + _MIN_TOKEN_WAKE_WALL_S * self.speedup)
+        return token_s if next_s is None else min(next_s, token_s)
+
+    def _dispatch(self, events: list[EngineEvent]) -> None:
+        streams = self._streams
+        for event in events:
+            stream = streams.get(event.request_id)
+            if stream is None:
+                continue
+            kind = event.kind
+            if kind is EngineEventKind.TOKEN:
+                if not stream.wants_tokens:
+                    continue  # only streams need per-token events
+                if stream.last_token_s >= 0 and event.time_s > stream.last_token_s:
+                    self._token_gap_s = event.time_s - stream.last_token_s
+                stream.last_token_s = event.time_s
+                self._last_token_s = max(self._last_token_s, event.time_s)
+            elif kind is EngineEventKind.FIRST_TOKEN:
+                stream.last_token_s = event.time_s
+                self._last_token_s = max(self._last_token_s, event.time_s)
+                if stream.wants_tokens and not stream.decoding:
+                    stream.decoding = True
+                    self._streaming_decoders += 1
+            stream.push(event)
+            if kind in (EngineEventKind.FINISHED, EngineEventKind.REJECTED):
+                self._close(stream)
+
+    def _close(self, stream: RequestStream) -> None:
+        stream.done = True
+        if stream.decoding:
+            stream.decoding = False
+            self._streaming_decoders -= 1
+        self._streams.pop(stream.request_id, None)
+        if self._sink is not None:
+            self._sink.request_done(stream.request_id)
+
+
+@contextlib.asynccontextmanager
+async def running_driver(
+    spec: EngineSpec,
+    *,
+    speedup: float = 1.0,
+    block_sink: BlockEventSink | None = None,
+) -> AsyncIterator[EngineDriver]:
+    """A driver whose task runs for the duration of the ``async with`` block."""
+    driver = EngineDriver(spec, speedup=speedup, block_sink=block_sink)
+    task = asyncio.create_task(driver.run(), name="emulator-engine")
+    try:
+        yield driver
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

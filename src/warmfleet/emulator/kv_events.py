@@ -1,0 +1,149 @@
+"""vLLM-compatible KV-cache event publisher (ZMQ PUB, msgpack).
+
+Wire format, as vLLM's ``ZmqEventPublisher``: each message is three frames
+``[topic, seq (8-byte big-endian, from 0), payload]``; the payload is a msgpack
+``EventBatch`` array ``[ts, events]`` whose events are msgspec-style tagged arrays:
+
+- ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``
+- ``["BlockRemoved", block_hashes, medium]``
+- ``["AllBlocksCleared"]`` (sent when an instance (re)starts with an empty cache; like any event
+  sent before the subscription reaches the publisher, it can be lost)
+
+Block hashes are the emulator's chained 64-bit block hashes (``tokenizer.prompt_block_hashes``),
+so a subscriber can also recompute them from ``token_ids``. As vLLM does with a concrete host, the
+PUB socket *connects* to ``endpoint``: one subscriber that binds there collects every instance.
+PUB drops messages nobody receives yet (a subscriber must tolerate gaps; ``seq`` shows them).
+
+The engine calls ``block_stored``/``blocks_removed`` synchronously while it advances; events are
+buffered and sent as one batch per ``flush()`` (the driver flushes after every advance).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import zmq
+
+from warmfleet.emulator.config import KvEventsSpec
+
+MEDIUM = "GPU"
+
+
+@dataclass(slots=True)
+class _BlockMeta:
+    parent: int | None
+    token_ids: Sequence[int]
+    start: int
+    refs: int
+
+
+class KvEventPublisher:
+    """Publishes one instance's BlockStored/BlockRemoved events (see the module docstring)."""
+
+    def __init__(self, spec: KvEventsSpec, block_size: int, context: zmq.Context[Any]) -> None:
+        self.spec = spec
+        self.block_size = block_size
+        self._topic = b""
+        self._context = context
+        self._socket: zmq.Socket[Any] | None = None
+        self._seq = 0
+        self._events: list[list[object]] = []
+        self._meta: dict[int, _BlockMeta] = {}
+        self._requests: dict[int, tuple[int, ...]] = {}
+        self.sent_batches = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, *, name: str, index: int, port: int) -> None:
+        """Connect and announce an empty cache; the topic template is filled in here."""
+        self._topic = self.spec.topic.format(name=name, index=index, port=port).encode()
+        socket = self._context.socket(zmq.PUB)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 100_000)
+        socket.connect(self.spec.endpoint)
+        self._socket = socket
+        self._events.append(["AllBlocksCleared"])
+        self.flush()
+
+    def close(self) -> None:
+        socket, self._socket = self._socket, None
+        if socket is not None:
+            socket.close(linger=0)
+
+    # ------------------------------------------------------------------ request bookkeeping
+
+    def request_submitted(
+        self, request_id: int, block_hashes: tuple[int, ...], token_ids: Sequence[int]
+    ) -> None:
+        """Remember where each prompt block's tokens are, until the request is done."""
+        meta = self._meta
+        size = self.block_size
+        parent: int | None = None
+        for index, block_hash in enumerate(block_hashes):
+            entry = meta.get(block_hash)
+            if entry is None:
+                meta[block_hash] = _BlockMeta(parent, token_ids, index * size, 1)
+            else:
+                entry.refs += 1
+            parent = block_hash
+        self._requests[request_id] = block_hashes
+
+    def request_done(self, request_id: int) -> None:
+        hashes = self._requests.pop(request_id, ())
+        meta = self._meta
+        for block_hash in hashes:
+            entry = meta.get(block_hash)
+            if entry is not None:
+                entry.refs -= 1
+                if entry.refs <= 0:
+                    del meta[block_hash]
+
+    # ------------------------------------------------------------------ engine hook
+
+    def block_stored(self, block_hash: int) -> None:
+        entry = self._meta.get(block_hash)
+        if entry is None:  # not a prompt block of a known request (cannot happen in practice)
+            return
+        tokens = list(entry.token_ids[entry.start : entry.start + self.block_size])
+        events = self._events
+        if events and events[-1][0] == "BlockStored":
+            last = events[-1]
+            hashes = last[1]
+            assert isinstance(hashes, list)
+            if hashes and hashes[-1] == entry.parent:
+                hashes.append(block_hash)
+                token_list = last[3]
+                assert isinstance(token_list, list)
+                token_list.extend(tokens)
+                return
+        events.append(
+            ["BlockStored", [block_hash], entry.parent, tokens, self.block_size, None, MEDIUM]
+        )
+
+    def blocks_removed(self, block_hashes: Sequence[int]) -> None:
+        if block_hashes:
+            self._events.append(["BlockRemoved", list(block_hashes), MEDIUM])
+
+    # ------------------------------------------------------------------ sending
+
+    def flush(self) -> None:
+        """Send the buffered events as one or more batches (never blocks; PUB drops if full)."""
+        socket = self._socket
+        if not self._events:
+            return
+        events, self._events = self._events, []
+        if socket is None:
+            return
+        step = self.spec.max_batch_events
+        for start in range(0, len(events), step):
+            payload = msgpack.packb([time.time(), events[start : start + step]])
+            frames = [self._topic, self._seq.to_bytes(8, "big"), payload]
+            with contextlib.suppress(zmq.Again):  # a gap the subscriber sees in ``seq``
+                socket.send_multipart(frames, flags=zmq.NOBLOCK)
+            self._seq += 1
+            self.sent_batches += 1

@@ -1,0 +1,241 @@
+"""The emulator's deterministic tokenizer, chat template and output text (pure, no I/O).
+
+Tokenization (documented in docs/emulator.md, relied on by load generators):
+
+- The special tokens of the chat template below are single tokens (ids 1-6).
+- Other text is cut into pieces by ``\\s*\\S{1,4}|\\s+``: optional leading whitespace plus up to
+  four non-space characters, or a run of trailing whitespace. So a space-separated word of one to
+  four characters is exactly one token, and longer words cost one token per four characters
+  (about what a BPE tokenizer gives for English).
+- A piece's id is a 64-bit xxh3 hash of its UTF-8 bytes folded into ``[64, VOCAB_SIZE)``.
+
+The chat template mimics Llama 3's, with no text between the special tokens, so the rendering of
+a conversation is a token prefix of the rendering of any continuation of it (multi-turn chats
+share token blocks, as with a real template)::
+
+    <|begin_of_text|>
+    <|start_header_id|>ROLE<|end_header_id|>CONTENT<|eot_id|>   (per message)
+    <|start_header_id|>assistant<|end_header_id|>                  (generation prompt)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import xxhash
+
+from warmfleet.core.errors import BadRequestError
+from warmfleet.core.hashing import hash_str
+from warmfleet.routing.keys import chain_buffer
+
+VOCAB_SIZE = 128_000
+FIRST_PLAIN_ID = 64
+BOS = "<|begin_of_text|>"
+EOS = "<|end_of_text|>"
+START_HEADER = "<|start_header_id|>"
+END_HEADER = "<|end_header_id|>"
+EOT = "<|eot_id|>"
+IMAGE = "<|image|>"
+SPECIAL_IDS: dict[str, int] = {BOS: 1, EOS: 2, START_HEADER: 3, END_HEADER: 4, EOT: 5, IMAGE: 6}
+_SPECIAL_SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_IDS) + ")")
+_PIECE = re.compile(r"\s*\S{1,4}|\s+")
+_PLAIN_RANGE = VOCAB_SIZE - FIRST_PLAIN_ID
+_PIECE_CACHE_LIMIT = 200_000
+_SEGMENT_MIN_CHARS = 256  # segments at least this long are memoised whole
+_SEGMENT_CACHE_CHARS = 32 * 1024 * 1024
+
+# Output vocabulary: words of at most four letters, so every output word is exactly one token.
+OUTPUT_WORDS: tuple[str, ...] = (
+    "the", "warm", "fast", "keep", "kv", "hit", "miss", "load", "node", "gpu", "fit", "hot",
+    "cold", "page", "tile", "fold", "map", "key", "salt", "hash", "tree", "leaf", "root", "path",
+    "time", "step", "rate", "pool", "lane", "flow", "wave", "zone", "mesh", "grid", "core", "bus",
+    "byte", "word", "line", "edge", "hop", "link", "port", "gate", "road", "ring", "set", "sum",
+    "mean", "tail", "head", "spin", "run", "go", "yes", "ok", "and", "or", "to", "in", "on", "at",
+    "up", "via",
+)  # fmt: skip
+
+
+class EmulatorTokenizer:
+    """Deterministic text -> token ids (implements ``routing.keys.Tokenizer``).
+
+    Piece ids, and the ids of long text segments (system prompts and documents repeat across
+    requests), are memoised in bounded per-instance dicts; results never depend on the caches.
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._segments: dict[str, tuple[int, ...]] = {}
+        self._segment_chars = 0
+
+    def _piece_id(self, piece: str) -> int:
+        cached = self._ids.get(piece)
+        if cached is not None:
+            return cached
+        value = FIRST_PLAIN_ID + xxhash.xxh3_64_intdigest(piece.encode("utf-8", "replace")) % (
+            _PLAIN_RANGE
+        )
+        if len(self._ids) < _PIECE_CACHE_LIMIT:
+            self._ids[piece] = value
+        return value
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no special-token recognition."""
+        if len(text) < _SEGMENT_MIN_CHARS:
+            piece_id = self._piece_id
+            return [piece_id(p) for p in _PIECE.findall(text)]
+        cached = self._segments.get(text)
+        if cached is None:
+            piece_id = self._piece_id
+            cached = tuple(piece_id(p) for p in _PIECE.findall(text))
+            self._remember(text, cached)
+        return list(cached)
+
+    def _remember(self, text: str, ids: tuple[int, ...]) -> None:
+        segments = self._segments
+        while segments and self._segment_chars + len(text) > _SEGMENT_CACHE_CHARS:
+            oldest = next(iter(segments))
+            del segments[oldest]
+            self._segment_chars -= len(oldest)
+        if len(text) <= _SEGMENT_CACHE_CHARS:
+            segments[text] = ids
+            self._segment_chars += len(text)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; the template's special tokens are recognised as single tokens."""
+        out: list[int] = []
+        for i, part in enumerate(_SPECIAL_SPLIT.split(text)):
+            if i % 2:
+                out.append(SPECIAL_IDS[part])
+            elif part:
+                out.extend(self.encode_plain(part))
+        return out
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A completions prompt: BOS then the text (vLLM adds BOS by default)."""
+        ids = [SPECIAL_IDS[BOS]] if add_special_tokens else []
+        ids.extend(self.encode(text))
+        return ids
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Any] | None = None,
+    ) -> list[int]:
+        return self.encode(render_chat(messages, add_generation_prompt, tools))
+
+
+# --------------------------------------------------------------------------------------------
+# Chat template
+
+
+def _bad(message: str, param: str) -> BadRequestError:
+    return BadRequestError(message, param=param)
+
+
+def _content_text(content: object, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"'{param}' must be a string, an array of content parts or null", param)
+    pieces: list[str] = []
+    for i, part in enumerate(content):
+        if not isinstance(part, Mapping):
+            raise _bad(f"'{param}[{i}]' must be an object", f"{param}[{i}]")
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
+            pieces.append(part["text"])
+        elif part.get("type") == "image_url":
+            pieces.append(IMAGE)
+        else:
+            pieces.append(json.dumps(part, sort_keys=True, separators=(",", ":")))
+    return "".join(pieces)
+
+
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: Sequence[Any] | None = None,
+) -> str:
+    """The conversation as template text (special tokens included); validates the messages."""
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty array", "messages")
+    out = [BOS]
+    if tools:
+        tools_json = json.dumps(tools, sort_keys=True, separators=(",", ":"))
+        out.append(f"{START_HEADER}tools{END_HEADER}{tools_json}{EOT}")
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise _bad(f"'{param}' must be an object", param)
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise _bad(f"'{param}.role' must be a non-empty string", f"{param}.role")
+        text = _content_text(message.get("content"), f"{param}.content")
+        calls = message.get("tool_calls")
+        if calls:
+            text += json.dumps(calls, sort_keys=True, separators=(",", ":"))
+        out.append(f"{START_HEADER}{role}{END_HEADER}{text}{EOT}")
+    if add_generation_prompt:
+        out.append(f"{START_HEADER}assistant{END_HEADER}")
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Block hashes and output text
+
+
+def prompt_block_hashes(
+    token_ids: Sequence[int], block_size: int, seed: int, max_blocks: int = 1 << 20
+) -> tuple[int, ...]:
+    """Chained hashes of the full ``block_size``-token blocks (``routing.keys`` tokens scheme)."""
+    try:
+        data = array("Q", token_ids).tobytes()
+    except (OverflowError, TypeError) as err:
+        raise _bad("token ids must be integers in [0, 2**64)", "prompt") from err
+    return chain_buffer(data, 8, block_size, max_blocks, seed)
+
+
+def hash_seed(base_seed: int, cache_salt: str | None) -> int:
+    """The start of a prompt's hash chain; vLLM's ``cache_salt`` isolates a tenant's blocks."""
+    return base_seed if cache_salt is None else hash_str(cache_salt, base_seed)
+
+
+_WORD_STRIDE = 0x9E3779B1
+_LATER_WORDS = tuple(" " + w for w in OUTPUT_WORDS)
+_FIRST_JSON = tuple(json.dumps(w).encode() for w in OUTPUT_WORDS)
+_LATER_JSON = tuple(json.dumps(" " + w).encode() for w in OUTPUT_WORDS)
+
+
+def _word_index(text_seed: int, index: int) -> int:
+    return (text_seed + index * _WORD_STRIDE) % len(OUTPUT_WORDS)
+
+
+def output_piece(text_seed: int, index: int) -> str:
+    """The text of output token ``index``: a word, with a leading space after the first."""
+    table = OUTPUT_WORDS if index == 0 else _LATER_WORDS
+    return table[_word_index(text_seed, index)]
+
+
+def output_piece_json(text_seed: int, index: int) -> bytes:
+    """``output_piece`` as a JSON string literal (pre-encoded: the streaming hot path)."""
+    table = _FIRST_JSON if index == 0 else _LATER_JSON
+    return table[_word_index(text_seed, index)]
+
+
+def output_text(text_seed: int, tokens: int) -> str:
+    """The whole output of ``tokens`` tokens (``output_piece`` 0 .. tokens - 1, joined)."""
+    if tokens <= 0:
+        return ""
+    n = len(OUTPUT_WORDS)
+    later = _LATER_WORDS
+    seed = text_seed % n
+    stride = _WORD_STRIDE % n
+    head = OUTPUT_WORDS[seed]
+    return head + "".join([later[(seed + i * stride) % n] for i in range(1, tokens)])

@@ -1,0 +1,247 @@
+"""The gateway's configuration document (``apiVersion: warmfleet.dev/v1alpha1``, ``kind: Gateway``).
+
+Model of the world, like SageMaker's: endpoints -> production variants (traffic weight, one
+routing config, a set of instances) -> instances. Every model forbids unknown fields; an invalid
+document raises ``ConfigError`` naming each bad field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from yarl import URL
+
+from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
+from warmfleet.core.errors import ConfigError
+from warmfleet.routing.config import RoutingConfig
+
+API_VERSION = "warmfleet.dev/v1alpha1"
+KIND = "Gateway"
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
+
+
+class ListenConfig(StrictModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class LimitsConfig(StrictModel):
+    """Per-request limits. ``body_read_timeout_s`` bounds how long a client may take to send its
+    body (slow senders get 408); the upstream timeouts bound every outbound call."""
+
+    max_body_bytes: int = Field(default=8 << 20, ge=1)
+    body_read_timeout_s: float = Field(default=30.0, gt=0)
+    upstream_connect_timeout_s: float = Field(default=5.0, gt=0)
+    upstream_read_timeout_s: float = Field(default=120.0, gt=0)
+    upstream_total_timeout_s: float = Field(default=1800.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1, le=16)
+    max_upstream_connections: int = Field(default=0, ge=0)  # 0 = unlimited
+
+
+class AdminConfig(StrictModel):
+    """The admin API is off unless a bearer token is configured (inline or from an env var)."""
+
+    token: str | None = Field(default=None, min_length=16)
+    token_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AdminConfig:
+        if self.token is not None and self.token_env is not None:
+            raise ValueError("set at most one of token and token_env")
+        return self
+
+    def resolved_token(self) -> str | None:
+        if self.token_env is None:
+            return self.token
+        value = os.environ.get(self.token_env)
+        if value is not None and len(value) < 16:
+            raise ConfigError(f"spec.admin.token_env: ${self.token_env} is shorter than 16 chars")
+        return value
+
+
+class HealthConfig(StrictModel):
+    """Active polling of each instance's health path; ejection after ``unhealthy_threshold``
+    consecutive failures, readmission after ``healthy_threshold`` consecutive successes."""
+
+    interval_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=2.0, gt=0)
+    unhealthy_threshold: int = Field(default=2, ge=1)
+    healthy_threshold: int = Field(default=2, ge=1)
+    path: str = Field(default="/health", pattern=r"^/")
+    passive_ejection: bool = True
+
+    @model_validator(mode="after")
+    def _timeout_within_interval(self) -> HealthConfig:
+        if self.timeout_s > self.interval_s:
+            raise ValueError("timeout_s must not exceed interval_s")
+        return self
+
+
+class InstanceSpec(StrictModel):
+    id: Name
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        try:
+            url = URL(value)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"not a URL: {err}") from err
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http(s) URL with a host")
+        if url.query_string or url.fragment:
+            raise ValueError("must not have a query or fragment")
+        return str(url).rstrip("/")
+
+
+class InstanceList(StrictModel):
+    """The content of a discovery file: ``instances: [{id, url}, ...]``."""
+
+    instances: list[InstanceSpec] = Field(default_factory=list)
+
+    @field_validator("instances")
+    @classmethod
+    def _unique_ids(cls, value: list[InstanceSpec]) -> list[InstanceSpec]:
+        _require_unique([i.id for i in value], "instance id")
+        return value
+
+
+class StaticDiscovery(StrictModel):
+    type: Literal["static"] = "static"
+    instances: list[InstanceSpec] = Field(default_factory=list)
+
+
+class FileDiscovery(StrictModel):
+    """A YAML/JSON file holding an ``InstanceList``, polled for changes (mtime and size)."""
+
+    type: Literal["file"] = "file"
+    path: str = Field(min_length=1)
+    poll_interval_s: float = Field(default=1.0, gt=0)
+
+
+Discovery = Annotated[StaticDiscovery | FileDiscovery, Field(discriminator="type")]
+
+
+class VariantConfig(StrictModel):
+    """A production variant. ``models`` lists the model names it serves (empty: any model).
+    Exactly one of ``instances`` (a static list) and ``discovery`` may be given."""
+
+    name: Name
+    weight: float = Field(default=1.0, ge=0)
+    models: list[str] = Field(default_factory=list)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    instances: list[InstanceSpec] | None = None
+    discovery: Discovery | None = None
+    invocations_path: str = Field(default="/invocations", pattern=r"^/")
+
+    @model_validator(mode="after")
+    def _one_instance_source(self) -> VariantConfig:
+        if self.instances is not None and self.discovery is not None:
+            raise ValueError("set at most one of instances and discovery")
+        _require_unique([i.id for i in self.static_instances()], "instance id")
+        return self
+
+    def static_instances(self) -> list[InstanceSpec]:
+        if self.instances is not None:
+            return list(self.instances)
+        if isinstance(self.discovery, StaticDiscovery):
+            return list(self.discovery.instances)
+        return []
+
+    def file_discovery(self) -> FileDiscovery | None:
+        return self.discovery if isinstance(self.discovery, FileDiscovery) else None
+
+
+class EndpointConfig(StrictModel):
+    name: Name
+    variants: list[VariantConfig] = Field(min_length=1)
+
+    @field_validator("variants")
+    @classmethod
+    def _unique_variants(cls, value: list[VariantConfig]) -> list[VariantConfig]:
+        _require_unique([v.name for v in value], "variant name")
+        return value
+
+
+class GatewaySpec(StrictModel):
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    seed: int = 0
+    default_endpoint: str | None = None
+    variant_header: str = Field(default="x-warmfleet-variant", min_length=1)
+    models_cache_ttl_s: float = Field(default=10.0, ge=0)
+    endpoints: list[EndpointConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _endpoints_consistent(self) -> GatewaySpec:
+        names = [e.name for e in self.endpoints]
+        _require_unique(names, "endpoint name")
+        if self.default_endpoint is not None and self.default_endpoint not in names:
+            raise ValueError(f"default_endpoint {self.default_endpoint!r} is not an endpoint")
+        return self
+
+    @property
+    def default_endpoint_name(self) -> str:
+        return self.default_endpoint or self.endpoints[0].name
+
+
+class GatewayConfig(StrictModel):
+    apiVersion: Literal["warmfleet.dev/v1alpha1"]
+    kind: Literal["Gateway"]
+    spec: GatewaySpec
+
+
+def _require_unique(values: list[str], what: str) -> None:
+    seen: set[str] = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"duplicate {what} {value!r}")
+        seen.add(value)
+
+
+def parse_gateway_config(data: Any, source: str = "gateway config") -> GatewayConfig:
+    """Validate a parsed document; ``ConfigError`` names every bad field."""
+    config = parse_document(GatewayConfig, data, source)
+    config.spec.admin.resolved_token()  # fail early on a bad token env var
+    return config
+
+
+def load_gateway_config(path: str | Path) -> GatewayConfig:
+    """Read and validate a YAML (or JSON) gateway document; relative discovery-file paths are
+    resolved against the document's directory."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read: {err}") from err
+    config = parse_gateway_config(load_yaml_text(text, str(path)), str(path))
+    return resolve_relative_paths(config, path.parent)
+
+
+def resolve_relative_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
+    endpoints = []
+    for endpoint in config.spec.endpoints:
+        variants = []
+        for variant in endpoint.variants:
+            disc = variant.file_discovery()
+            if disc is not None and not Path(disc.path).is_absolute():
+                disc = disc.model_copy(update={"path": str(base / disc.path)})
+                variant = variant.model_copy(update={"discovery": disc})
+            variants.append(variant)
+        endpoints.append(endpoint.model_copy(update={"variants": variants}))
+    spec = config.spec.model_copy(update={"endpoints": endpoints})
+    return config.model_copy(update={"spec": spec})
+
+
+def parse_instance_list(data: Any, source: str) -> InstanceList:
+    if isinstance(data, list):
+        data = {"instances": data}
+    return parse_document(InstanceList, data, source)

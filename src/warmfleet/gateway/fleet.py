@@ -1,0 +1,134 @@
+"""The gateway's whole live world and how a new configuration document is applied to it."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import ClientTimeout
+
+from warmfleet.core.errors import ConfigError, NotFoundError
+from warmfleet.gateway.config import GatewayConfig, GatewaySpec, HealthConfig, LimitsConfig
+from warmfleet.gateway.metrics import GatewayMetrics
+from warmfleet.gateway.state import EndpointRuntime, RouterFactory, VariantRuntime
+from warmfleet.routing.config import RoutingConfig
+
+log = logging.getLogger(__name__)
+
+
+class GatewayState:
+    """Endpoints, limits, health settings and the admin token currently in force."""
+
+    def __init__(
+        self, config: GatewayConfig, factory: RouterFactory, metrics: GatewayMetrics
+    ) -> None:
+        self.metrics = metrics
+        self.factory = factory
+        self.rng = random.Random(config.spec.seed)
+        self.endpoints: dict[str, EndpointRuntime] = {}
+        self.config = config
+        check_routers(config, factory)
+        self._apply_settings(config.spec)
+        self._apply_endpoints(config.spec)
+
+    # ---- settings read on the hot path ---------------------------------------------------
+
+    @property
+    def spec(self) -> GatewaySpec:
+        return self.config.spec
+
+    @property
+    def limits(self) -> LimitsConfig:
+        return self.config.spec.limits
+
+    @property
+    def health(self) -> HealthConfig:
+        return self.config.spec.health
+
+    def _apply_settings(self, spec: GatewaySpec) -> None:
+        limits = spec.limits
+        self.admin_token = spec.admin.resolved_token()
+        self.variant_header = spec.variant_header
+        self.default_endpoint_name = spec.default_endpoint_name
+        self.upstream_timeout = ClientTimeout(
+            total=limits.upstream_total_timeout_s,
+            connect=limits.upstream_connect_timeout_s,
+            sock_read=limits.upstream_read_timeout_s,
+        )
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    def endpoint(self, name: str) -> EndpointRuntime:
+        found = self.endpoints.get(name)
+        if found is None:
+            raise NotFoundError(f"endpoint {name!r} not found")
+        return found
+
+    def default_endpoint(self) -> EndpointRuntime:
+        return self.endpoint(self.default_endpoint_name)
+
+    def variants(self) -> Iterator[VariantRuntime]:
+        for endpoint in self.endpoints.values():
+            yield from endpoint.variants.values()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "default_endpoint": self.default_endpoint_name,
+            "endpoints": [e.describe() for e in self.endpoints.values()],
+        }
+
+    # ---- reconfiguration -----------------------------------------------------------------
+
+    def apply(self, config: GatewayConfig) -> None:
+        """Apply a validated document. Settings and routers change for the next request; the
+        objects in-flight requests hold are left alone. Listen address changes need a restart."""
+        check_routers(config, self.factory)
+        if config.spec.listen != self.config.spec.listen:
+            log.warning("spec.listen changed; the new address applies after a restart")
+        self._apply_settings(config.spec)
+        self.config = config
+        self._apply_endpoints(config.spec)
+
+    def _apply_endpoints(self, spec: GatewaySpec) -> None:
+        endpoints: dict[str, EndpointRuntime] = {}
+        for ep_config in spec.endpoints:
+            endpoint = self.endpoints.get(ep_config.name) or EndpointRuntime(ep_config.name)
+            variants: dict[str, VariantRuntime] = {}
+            for v_config in ep_config.variants:
+                existing = endpoint.variants.get(v_config.name)
+                if existing is None:
+                    variants[v_config.name] = VariantRuntime(
+                        ep_config.name, v_config, self.factory, self.metrics, spec.seed
+                    )
+                else:
+                    existing.update_config(v_config)
+                    variants[v_config.name] = existing
+            for name, old in endpoint.variants.items():
+                if name not in variants:
+                    old.set_instances([])  # forget its gauges; in-flight requests keep refs
+            endpoint.variants = variants
+            endpoint.invalidate()
+            endpoints[ep_config.name] = endpoint
+        for name, old_ep in self.endpoints.items():
+            if name not in endpoints:
+                for variant in old_ep.variants.values():
+                    variant.set_instances([])
+        self.endpoints = endpoints
+
+
+def build_router_or_raise(factory: RouterFactory, routing: RoutingConfig, where: str) -> None:
+    """Build a throwaway router so a config that validates but cannot run is rejected early."""
+    try:
+        factory(routing, random.Random(0))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{where}: {err}") from err
+
+
+def check_routers(config: GatewayConfig, factory: RouterFactory) -> None:
+    for i, endpoint in enumerate(config.spec.endpoints):
+        for j, variant in enumerate(endpoint.variants):
+            build_router_or_raise(
+                factory, variant.routing, f"spec.endpoints.{i}.variants.{j}.routing"
+            )

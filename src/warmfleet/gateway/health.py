@@ -1,0 +1,75 @@
+"""Active health checking: poll every instance's health path once per ``interval_s``.
+
+A round probes all instances concurrently (each probe bounded by ``timeout_s``); rounds start
+``interval_s`` apart. An instance is ejected after ``unhealthy_threshold`` consecutive failed
+probes (with the default of 2, within two intervals of dying) and readmitted after
+``healthy_threshold`` consecutive successes. Settings are re-read every round, so a reload
+applies at the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import ClientError, ClientSession, ClientTimeout
+
+from warmfleet.gateway.fleet import GatewayState
+from warmfleet.gateway.state import InstanceRuntime, VariantRuntime
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    """Owned by the app lifespan; ``run`` is cancelled on shutdown."""
+
+    def __init__(self, state: GatewayState, session: ClientSession) -> None:
+        self.state = state
+        self.session = session
+        self.rounds_completed = 0
+        self._round_done = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            started = time.monotonic()
+            await self.poll_once()
+            interval = self.state.health.interval_s
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def poll_once(self) -> None:
+        """Probe every instance of every variant once and apply the thresholds."""
+        probes = [
+            self._probe(variant, inst)
+            for variant in self.state.variants()
+            for inst in variant.instances.values()
+        ]
+        if probes:
+            await asyncio.gather(*probes)
+        self.rounds_completed += 1
+        self._round_done.set()
+        self._round_done = asyncio.Event()
+
+    async def wait_round(self) -> int:
+        """Wait for the next round to complete; returns ``rounds_completed``."""
+        await self._round_done.wait()
+        return self.rounds_completed
+
+    async def _probe(self, variant: VariantRuntime, inst: InstanceRuntime) -> None:
+        health = self.state.health
+        ok = await self.check(inst.base_url + health.path, health.timeout_s)
+        if inst.removed:
+            return
+        if ok:
+            variant.record_success(inst, health.healthy_threshold)
+        else:
+            variant.record_failure(inst, health.unhealthy_threshold, "active")
+
+    async def check(self, url: str, timeout_s: float) -> bool:
+        try:
+            async with self.session.get(url, timeout=ClientTimeout(total=timeout_s)) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (ClientError, TimeoutError, OSError) as err:
+            log.debug("health probe %s failed: %r", url, err)
+            return False

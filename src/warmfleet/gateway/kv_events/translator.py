@@ -1,0 +1,255 @@
+"""Engine block hashes -> router chained hashes, sequence tracking, exact/approximate mode."""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import xxhash
+
+from warmfleet.core.types import InstanceId
+from warmfleet.gateway.kv_events.wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EngineHash,
+    EventBatch,
+    KvEvent,
+    Mode,
+)
+
+log = logging.getLogger(__name__)
+_h64 = xxhash.xxh3_64_intdigest
+
+
+def router_block_hashes(token_ids: Sequence[int], block_size: int, parent: int) -> list[int]:
+    """The router's chained hashes (``keys.chain_buffer`` over uint64 ids) of full blocks."""
+    out: list[int] = []
+    prev = parent
+    for start in range(0, len(token_ids) - len(token_ids) % block_size, block_size):
+        prev = _h64(array("Q", token_ids[start : start + block_size]).tobytes(), prev)
+        out.append(prev)
+    return out
+
+
+@runtime_checkable
+class ExactIndex(Protocol):
+    """What the translator feeds: ``routing.index.ExactPrefixIndex`` (a ``KvEventSink`` that can
+    also forget an instance, so the strategy falls back to its approximate index for it)."""
+
+    def on_blocks_stored(self, instance_id: InstanceId, block_hashes: Sequence[int]) -> None: ...
+
+    def on_blocks_removed(self, instance_id: InstanceId, block_hashes: Sequence[int]) -> None: ...
+
+    def on_instance_cleared(self, instance_id: InstanceId) -> None: ...
+
+    def remove_instance(self, instance_id: InstanceId) -> None: ...
+
+
+@dataclass
+class _InstanceView:
+    mode: Mode = "approximate"
+    last_seq: int | None = None
+    # engine hash -> router hash: a pure function of the tokens, kept while the block may exist
+    translate: dict[EngineHash, int] = field(default_factory=dict)
+    # engine hashes known to be held since the last sync point (a subset of the truth after a gap)
+    held: set[EngineHash] = field(default_factory=set)
+    clean_batches: int = 0
+    last_batch_s: float = 0.0
+    expect_by_s: float | None = None
+    cause: str = "no events yet"
+
+
+@dataclass
+class TranslatorStats:
+    batches: int = 0
+    gaps: int = 0
+    late_joins: int = 0  # first batch seen was not number 0: resync needed, nothing lost yet
+    untranslatable_blocks: int = 0
+    block_size_mismatches: int = 0
+    silences: int = 0
+
+
+class KvEventTranslator:
+    """Per-instance engine->router hash translation, sequence tracking and exact/approx mode.
+
+    Pure (no I/O): the caller passes ``now_s`` from its clock.
+    """
+
+    def __init__(
+        self,
+        index: ExactIndex,
+        seed: int,
+        block_size: int,
+        *,
+        resync_batches: int = 3,
+        silence_timeout_s: float = 10.0,
+    ) -> None:
+        self.index = index
+        self.seed = seed
+        self.block_size = block_size
+        self.resync_batches = resync_batches
+        self.silence_timeout_s = silence_timeout_s
+        self.stats = TranslatorStats()
+        self._views: dict[InstanceId, _InstanceView] = {}
+
+    def mode(self, instance_id: InstanceId) -> Mode:
+        view = self._views.get(instance_id)
+        return view.mode if view is not None else "approximate"
+
+    def modes(self) -> dict[InstanceId, Mode]:
+        return {iid: v.mode for iid, v in self._views.items()}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "instances": {
+                iid: {
+                    "mode": v.mode,
+                    "last_seq": v.last_seq,
+                    "cause": v.cause,
+                    "held_blocks": len(v.held),
+                }
+                for iid, v in self._views.items()
+            },
+            "stats": vars(self.stats).copy(),
+        }
+
+    def apply(self, instance_id: InstanceId, seq: int, batch: EventBatch, now_s: float) -> None:
+        view = self._views.setdefault(instance_id, _InstanceView())
+        self.stats.batches += 1
+        expected = 0 if view.last_seq is None else view.last_seq + 1
+        view.last_seq = seq
+        view.last_batch_s = now_s
+        view.expect_by_s = None
+        if seq == 0:  # the engine's whole history (first batch, or the engine restarted)
+            if expected != 0:
+                view.translate.clear()
+                view.held.clear()
+                self.index.on_instance_cleared(instance_id)
+            self._enter_exact(instance_id, view)
+        elif expected == 0:
+            self.stats.late_joins += 1
+            self._fall_back(instance_id, view, f"joined late: first batch is number {seq}")
+        elif seq != expected:
+            self.stats.gaps += 1
+            self._fall_back(instance_id, view, f"sequence gap: expected {expected}, got {seq}")
+        clean = True
+        for event in batch.events:
+            clean = self._apply_event(instance_id, view, event) and clean
+        if view.mode == "approximate":
+            view.clean_batches = view.clean_batches + 1 if clean else 0
+            if view.clean_batches >= self.resync_batches:
+                self._enter_exact(instance_id, view)
+
+    def _apply_event(self, instance_id: InstanceId, view: _InstanceView, event: KvEvent) -> bool:
+        """Apply one event; False if part of it could not be translated."""
+        if isinstance(event, AllBlocksCleared):  # a full reset: the view is complete again
+            view.translate.clear()
+            view.held.clear()
+            self._enter_exact(instance_id, view)
+            self.index.on_instance_cleared(instance_id)
+            return True
+        if isinstance(event, BlockRemoved):
+            gone = []
+            for engine_hash in event.block_hashes:
+                ours = view.translate.pop(engine_hash, None)
+                view.held.discard(engine_hash)
+                if ours is not None:
+                    gone.append(ours)
+            if view.mode == "exact" and gone:
+                self.index.on_blocks_removed(instance_id, gone)
+            return True
+        return self._stored(instance_id, view, event)
+
+    def _stored(self, instance_id: InstanceId, view: _InstanceView, event: BlockStored) -> bool:
+        if event.block_size != self.block_size:
+            self.stats.block_size_mismatches += 1
+            self._fall_back(
+                instance_id,
+                view,
+                f"engine block size {event.block_size} != router block size {self.block_size}",
+            )
+            return False
+        if event.parent_block_hash is None:
+            parent = self.seed
+        else:
+            known = view.translate.get(event.parent_block_hash)
+            if known is None:
+                self.stats.untranslatable_blocks += len(event.block_hashes)
+                self._fall_back(instance_id, view, "stored block with an unknown parent")
+                return False
+            parent = known
+        ours = router_block_hashes(event.token_ids, self.block_size, parent)
+        if len(ours) != len(event.block_hashes):
+            self.stats.untranslatable_blocks += len(event.block_hashes)
+            return False
+        view.translate.update(zip(event.block_hashes, ours, strict=True))
+        view.held.update(event.block_hashes)
+        if view.mode == "exact":
+            self.index.on_blocks_stored(instance_id, ours)
+        return True
+
+    def _fall_back(self, instance_id: InstanceId, view: _InstanceView, cause: str) -> None:
+        if view.mode == "exact":
+            log.warning("kv events for %s: %s; approximate until resynced", instance_id, cause)
+            self.index.remove_instance(instance_id)
+        view.mode = "approximate"
+        view.held.clear()  # what was held is no longer known; translations stay valid
+        view.clean_batches = 0
+        view.cause = cause
+
+    def _enter_exact(self, instance_id: InstanceId, view: _InstanceView) -> None:
+        """Back to exact: the index gets the blocks seen since the sync point (after a gap a
+        subset of the truth: missed hits at worst, never a predicted hit that is not there)."""
+        if view.mode == "exact":
+            return
+        view.mode = "exact"
+        view.cause = "in sync"
+        self._publish_view(self.index, instance_id, view)
+
+    @staticmethod
+    def _publish_view(index: ExactIndex, instance_id: InstanceId, view: _InstanceView) -> None:
+        index.on_instance_cleared(instance_id)  # known, empty
+        held = [view.translate[h] for h in view.held if h in view.translate]
+        if held:
+            index.on_blocks_stored(instance_id, held)
+
+    def expect_events(self, instance_id: InstanceId, now_s: float) -> None:
+        """A request that must store new blocks went to ``instance_id``: a batch is due."""
+        view = self._views.setdefault(instance_id, _InstanceView())
+        if view.expect_by_s is None:
+            view.expect_by_s = now_s + self.silence_timeout_s
+
+    def check_silence(self, now_s: float) -> list[InstanceId]:
+        """Instances whose expected batch did not come in time go approximate."""
+        silent = []
+        for iid, view in self._views.items():
+            if view.expect_by_s is not None and now_s > view.expect_by_s:
+                view.expect_by_s = None
+                self.stats.silences += 1
+                self._fall_back(iid, view, "no events after a routed request (silence)")
+                silent.append(iid)
+        return silent
+
+    def forget(self, instance_ids: Iterable[InstanceId]) -> None:
+        for iid in instance_ids:
+            self._views.pop(iid, None)
+
+    def rebind(self, index: ExactIndex) -> None:
+        """Feed ``index`` from now on (a router swapped in by a reload): it gets the current
+        exact view of every in-sync instance."""
+        self.index = index
+        for iid, view in self._views.items():
+            if view.mode == "exact":
+                self._publish_view(index, iid, view)
+
+
+class BatchConsumer(Protocol):
+    """What a subscriber feeds (a ``KvEventTranslator`` or a gateway's ``KvEventFeed``)."""
+
+    def apply(self, instance_id: InstanceId, seq: int, batch: EventBatch, now_s: float) -> None: ...
+
+    def check_silence(self, now_s: float) -> list[InstanceId]: ...

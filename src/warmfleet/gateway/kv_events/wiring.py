@@ -1,0 +1,162 @@
+"""Hooking engine KV events and a local tokenizer into the gateway through its router factory.
+
+``KvEventFeed.router_factory(tokenizer)`` is a ``gateway.state.RouterFactory``: every router it
+builds is a routing-core ``Router`` (with the tokenizer, for the ``tokens`` key mode) wrapped in
+``ExactModeRouter``. The wrapper that the gateway actually uses (the first to see
+``on_instances_changed`` or ``choose``; throwaway routers built to validate a config never do)
+becomes the feed's target: the feed's translator then feeds that router's exact index. A router
+swapped in by a reload inherits the translator's view (same seed and block size), so a reload
+does not drop to approximate mode.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
+from warmfleet.gateway.kv_events.translator import ExactIndex, KvEventTranslator
+from warmfleet.gateway.kv_events.wire import EventBatch
+from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.keys import Tokenizer
+from warmfleet.routing.router import Router
+
+
+class ExactModeRouter:
+    """A ``Router`` whose exact index is fed by a ``KvEventFeed`` (a gateway ``RouterLike``)."""
+
+    def __init__(self, router: Router, feed: KvEventFeed) -> None:
+        self.router = router
+        self._feed = feed
+        sink = router.kv_event_sink
+        self.exact_index: ExactIndex | None = sink if isinstance(sink, ExactIndex) else None
+
+    def key_for_chat(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
+        return self.router.key_for_chat(body, tenant)
+
+    def key_for_completions(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
+        return self.router.key_for_completions(body, tenant)
+
+    def key_for_bytes(self, raw: bytes, tenant: str | None, model: str) -> RoutingKey:
+        return self.router.key_for_bytes(raw, tenant, model)
+
+    def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
+        self._feed.activate(self)
+        return self.router.choose(key, fleet)
+
+    def on_routed(self, key: RoutingKey, decision: Decision) -> None:
+        self.router.on_routed(key, decision)
+        if decision.predicted_cached_blocks < len(key.block_hashes):
+            self._feed.expect_events(decision.instance_id)
+
+    def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
+        self._feed.activate(self)
+        self.router.on_instances_changed(instance_ids)
+        self._feed.retain(instance_ids)
+
+
+class KvEventFeed:
+    """One gateway's KV-event state: the translator and the router it feeds.
+
+    ``model`` is the served model name clients send (it seeds the router's hash chains).
+    Implements the subscriber's consumer interface (``apply``, ``check_silence``).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        resync_batches: int = 3,
+        silence_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.resync_batches = resync_batches
+        self.silence_timeout_s = silence_timeout_s
+        self.clock = clock
+        self.translator: KvEventTranslator | None = None
+        self._active: ExactModeRouter | None = None
+
+    def router_factory(
+        self, tokenizer: Tokenizer | None
+    ) -> Callable[[RoutingConfig, random.Random], ExactModeRouter]:
+        def factory(config: RoutingConfig, rng: random.Random) -> ExactModeRouter:
+            return ExactModeRouter(Router(config, rng, tokenizer), self)
+
+        return factory
+
+    def activate(self, router: ExactModeRouter) -> None:
+        if router is self._active:
+            return
+        self._active = router
+        index = router.exact_index
+        if index is None:  # the strategy has no exact index: events are not needed
+            self.translator = None
+            return
+        seed = router.router.keys.seed(self.model, None, None)
+        block_size = router.router.keys.block_size
+        old = self.translator
+        if old is not None and old.seed == seed and old.block_size == block_size:
+            old.rebind(index)
+            return
+        self.translator = KvEventTranslator(
+            index,
+            seed,
+            block_size,
+            resync_batches=self.resync_batches,
+            silence_timeout_s=self.silence_timeout_s,
+        )
+
+    def apply(self, instance_id: InstanceId, seq: int, batch: EventBatch, now_s: float) -> None:
+        if self.translator is not None:
+            self.translator.apply(instance_id, seq, batch, now_s)
+
+    def check_silence(self, now_s: float) -> list[InstanceId]:
+        return self.translator.check_silence(now_s) if self.translator is not None else []
+
+    def expect_events(self, instance_id: InstanceId) -> None:
+        if self.translator is not None:
+            self.translator.expect_events(instance_id, self.clock())
+
+    def retain(self, instance_ids: Sequence[InstanceId]) -> None:
+        if self.translator is not None:
+            keep = set(instance_ids)
+            self.translator.forget([i for i in self.translator.modes() if i not in keep])
+
+    def modes(self) -> dict[InstanceId, str]:
+        return dict(self.translator.modes()) if self.translator is not None else {}
+
+    def describe(self) -> dict[str, Any]:
+        return self.translator.describe() if self.translator is not None else {"instances": {}}
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """``warmfleet_gateway_kv_events_exact{instance}`` (1 exact, 0 approximate) and
+        ``warmfleet_gateway_kv_events_gaps`` on the gateway's registry."""
+        registry.register(_FeedCollector(self))
+
+
+class _FeedCollector(Collector):
+    def __init__(self, feed: KvEventFeed) -> None:
+        self._feed = feed
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        exact = GaugeMetricFamily(
+            "warmfleet_gateway_kv_events_exact",
+            "1 if the instance's cache view comes from engine KV events, 0 if approximate",
+            labels=["instance"],
+        )
+        for iid, mode in sorted(self._feed.modes().items()):
+            exact.add_metric([iid], 1.0 if mode == "exact" else 0.0)
+        yield exact
+        translator = self._feed.translator
+        gaps = GaugeMetricFamily(
+            "warmfleet_gateway_kv_events_gaps", "KV event sequence gaps seen (resyncs needed)"
+        )
+        gaps.add_metric([], float(translator.stats.gaps if translator is not None else 0))
+        yield gaps

@@ -1,0 +1,121 @@
+"""The gateway runtime: state, metrics and the I/O pieces its lifespan owns."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from aiohttp import ClientSession, DummyCookieJar, TCPConnector
+
+from warmfleet.core.errors import ConfigError
+from warmfleet.gateway.config import GatewayConfig, load_gateway_config
+from warmfleet.gateway.discovery import FileDiscovery
+from warmfleet.gateway.fleet import GatewayState
+from warmfleet.gateway.health import HealthMonitor
+from warmfleet.gateway.metrics import GatewayMetrics
+from warmfleet.gateway.models import ModelsCache
+from warmfleet.gateway.proxy import Proxy
+from warmfleet.gateway.state import RouterFactory
+
+log = logging.getLogger(__name__)
+
+
+class NotStartedError(RuntimeError):
+    """A runtime piece was used outside the app lifespan."""
+
+
+class Gateway:
+    """Everything one gateway app owns. ``start``/``stop`` are called by the app lifespan."""
+
+    def __init__(
+        self, config: GatewayConfig, factory: RouterFactory, config_path: Path | None = None
+    ) -> None:
+        self.metrics = GatewayMetrics()
+        self.state = GatewayState(config, factory, self.metrics)
+        self.config_path = config_path
+        self.discovery = FileDiscovery(self.state)
+        self._proxy: Proxy | None = None
+        self._health: HealthMonitor | None = None
+        self._models: ModelsCache | None = None
+        self._sessions: list[ClientSession] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def proxy(self) -> Proxy:
+        if self._proxy is None:
+            raise NotStartedError("gateway not started")
+        return self._proxy
+
+    @property
+    def health(self) -> HealthMonitor:
+        if self._health is None:
+            raise NotStartedError("gateway not started")
+        return self._health
+
+    @property
+    def models(self) -> ModelsCache:
+        if self._models is None:
+            raise NotStartedError("gateway not started")
+        return self._models
+
+    async def start(self) -> None:
+        limits = self.state.limits
+        data = ClientSession(
+            connector=TCPConnector(limit=limits.max_upstream_connections, keepalive_timeout=60.0),
+            cookie_jar=DummyCookieJar(),
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        )
+        control = ClientSession(
+            connector=TCPConnector(limit=64, keepalive_timeout=60.0), cookie_jar=DummyCookieJar()
+        )
+        self._sessions = [data, control]
+        self._proxy = Proxy(self.state, data)
+        self._health = HealthMonitor(self.state, control)
+        self._models = ModelsCache(self.state, control)
+        self.discovery.scan()  # instances from discovery files before the first request
+        self._tasks = [
+            asyncio.create_task(self._health.run(), name="warmfleet-gateway-health"),
+            asyncio.create_task(self.discovery.run(), name="warmfleet-gateway-discovery"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        for session in self._sessions:
+            await session.close()
+        self._sessions = []
+
+    def reload(self, source: str = "sighup") -> bool:
+        """Re-read the config file and apply it; on any error log it and keep the old config."""
+        if self.config_path is None:
+            log.error("reload requested (%s) but the gateway was not started from a file", source)
+            return False
+        try:
+            try:
+                config = load_gateway_config(self.config_path)
+            except ConfigError:
+                self.metrics.reloads.labels(source, "error").inc()
+                raise
+            self.apply(config, source)
+        except ConfigError as err:
+            log.error("config reload (%s) rejected, keeping the old config:\n%s", source, err)
+            return False
+        log.info("config reloaded from %s (%s)", self.config_path, source)
+        return True
+
+    def apply(self, config: GatewayConfig, source: str) -> None:
+        try:
+            self.state.apply(config)
+        except ConfigError:
+            self.metrics.reloads.labels(source, "error").inc()
+            raise
+        self.metrics.reloads.labels(source, "ok").inc()
+        if self._models is not None:
+            self._models.invalidate()

@@ -1,0 +1,79 @@
+"""`warmfleet fleet ...`: the scale-out what-if, manifest rendering and the Kubernetes operator.
+
+kopf is imported only by `warmfleet fleet operator`, so the other commands start fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from warmfleet.core.config import load_yaml_text, parse_document
+from warmfleet.core.errors import ConfigError
+
+fleet_app = typer.Typer(
+    no_args_is_help=True, help="Fleet controller: what-if, manifests, operator."
+)
+
+
+@fleet_app.command("whatif")
+def whatif(
+    out: Annotated[Path, typer.Option(help="JSON report path")] = Path("bench-results/fleet.json"),
+    params: Annotated[Path | None, typer.Option(help="YAML overriding WhatIfParams")] = None,
+) -> None:
+    """Traffic burst with autoscaling: cold vs weights cached vs weights+image cached."""
+    from warmfleet.sim.whatif import WhatIfParams, run_whatif  # noqa: PLC0415
+
+    try:
+        data = load_yaml_text(params.read_text(), str(params)) if params else {}
+        p = parse_document(WhatIfParams, data or {}, str(params or "defaults"))
+    except (ConfigError, OSError) as err:
+        typer.echo(f"invalid what-if parameters:\n{err}", err=True)
+        raise typer.Exit(2) from err
+    report = run_whatif(p)
+    existing: dict[str, object] = {}
+    if out.exists():
+        try:
+            existing = json.loads(out.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{out}: not JSON: {err}") from err
+    existing["whatif"] = report
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")
+    for name, result in report["scenarios"].items():  # type: ignore[attr-defined]
+        typer.echo(
+            f"{name:14s} capacity in {result['time_to_capacity_s']} s, "
+            f"TTFT p95 {result['ttft_p95_ms'] / 1000:.1f} s "
+            f"p99 {result['ttft_p99_ms'] / 1000:.1f} s, "
+            f"unprepared requests {result['unprepared_request_share']:.1%}"
+        )
+    typer.echo(f"wrote {out}")
+
+
+@fleet_app.command("render")
+def render(out: Annotated[Path, typer.Option(help="deploy directory")] = Path("deploy")) -> None:
+    """Write the CRDs and the plain manifests generated from the resource model."""
+    from warmfleet.operator.manifests import write_all  # noqa: PLC0415
+
+    for path in write_all(out):
+        typer.echo(f"wrote {path}")
+
+
+@fleet_app.command("operator")
+def operator(
+    namespace: Annotated[str, typer.Option(help="namespace to manage")] = "default",
+    gateway_metrics: Annotated[
+        list[str] | None, typer.Option(help="gateway /metrics URL (repeat); enables autoscaling")
+    ] = None,
+) -> None:
+    """Run the kopf operator against the cluster of the current kubeconfig / service account."""
+    from warmfleet.operator.handlers import run_operator  # noqa: PLC0415
+
+    run_operator(namespace, gateway_metrics or ())
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(fleet_app, name="fleet")

@@ -1,0 +1,259 @@
+"""One reconciliation pass against the Kubernetes API: read, plan (pure), execute the actions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from warmfleet.control import names
+from warmfleet.control.actions import (
+    Action,
+    ApplyDeployment,
+    ApplyImageCache,
+    ApplyImagePuller,
+    ApplyModelCache,
+    AssignNodeCaches,
+    DeleteDeployment,
+    DeleteImageCache,
+    DeleteImagePuller,
+    DeleteModelCache,
+    ReleaseEndpoint,
+    SetNodeLabels,
+    UpdateEndpointStatus,
+    UpdateImageCacheStatus,
+    UpdateModelCacheStatus,
+)
+from warmfleet.control.autoscaler import AutoscalerState
+from warmfleet.control.load import VariantKey, autoscale, in_flight_by_variant
+from warmfleet.control.observed import DesiredEndpoint, ObservedState
+from warmfleet.control.reconciler import plan
+from warmfleet.operator import kube, render
+from warmfleet.operator.observe import ANN_AUTOSCALED, Snapshot, desired_endpoints, observed_state
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+@dataclass
+class PassResult:
+    actions: list[Action] = field(default_factory=list)
+    released: set[str] = field(default_factory=set)
+
+
+class Controller:
+    """Level-triggered: every pass re-reads everything; passes are serialised by a lock."""
+
+    def __init__(
+        self,
+        client: kube.KubeClient,
+        namespace: str,
+        clock: Callable[[], float],
+        *,
+        metrics: Callable[[], Awaitable[list[str]]] | None = None,
+    ) -> None:
+        """``metrics`` returns the gateways' Prometheus texts (None: no autoscaling)."""
+        self._client = client
+        self._ns = namespace
+        self._clock = clock
+        self._metrics = metrics
+        self._scale_states: dict[VariantKey, AutoscalerState] = {}
+        self._lock = asyncio.Lock()
+
+    async def snapshot(self) -> Snapshot:
+        c, ns = self._client, self._ns
+        return Snapshot(
+            endpoints=await c.list(kube.ENDPOINTS, ns),
+            nodes=await c.list(kube.NODES, None),
+            model_caches=await c.list(kube.MODEL_CACHES, ns),
+            image_caches=await c.list(kube.IMAGE_CACHES, ns),
+            deployments=await c.list(kube.DEPLOYMENTS, ns, {names.LABEL_MANAGED_BY: names.MANAGER}),
+            daemonsets=await c.list(kube.DAEMONSETS, ns, {names.LABEL_MANAGED_BY: names.MANAGER}),
+            pods=await c.list(kube.PODS, ns),
+        )
+
+    async def reconcile(self) -> PassResult:
+        async with self._lock:
+            snap = await self.snapshot()
+            now_s = self._clock()
+            desired = desired_endpoints(snap)
+            observed = observed_state(snap, now_s)
+            desired = await self._autoscale(desired, observed, now_s)
+            await self._mark_prepared(snap, observed)
+            actions = plan(desired, observed)
+            result = PassResult(actions=actions)
+            uids = {e.name: e for e in desired}
+            for action in actions:
+                await self._execute(action, uids, now_s, result)
+            return result
+
+    async def _autoscale(
+        self, desired: list[DesiredEndpoint], observed: ObservedState, now_s: float
+    ) -> list[DesiredEndpoint]:
+        """Scale autoscaled variants on the gateways' in-flight gauge; the decision is kept in an
+        endpoint annotation so it survives operator restarts."""
+        if self._metrics is None:
+            return desired
+        in_flight = in_flight_by_variant(await self._metrics())
+        decisions, self._scale_states = autoscale(
+            desired, observed.deployments, in_flight, now_s, self._scale_states
+        )
+        result = []
+        for endpoint in desired:
+            decided = decisions.get(endpoint.name)
+            if decided is not None and decided != dict(endpoint.autoscaled_replicas):
+                value = json.dumps(decided, sort_keys=True)
+                patch = {"metadata": {"annotations": {ANN_AUTOSCALED: value}}}
+                await self._client.patch(kube.ENDPOINTS, self._ns, endpoint.name, patch)
+                endpoint = replace(endpoint, autoscaled_replicas=decided)
+            result.append(endpoint)
+        return result
+
+    async def _mark_prepared(self, snap: Snapshot, observed: ObservedState) -> None:
+        """Record once, when a replica is first seen on a node, whether that node was warm."""
+        labels = {n.name: n.labels for n in observed.nodes}
+        caches = {d.name: d.model_cache for d in observed.deployments}
+        for pod in snap.pods:
+            meta = pod.get("metadata") or {}
+            node = (pod.get("spec") or {}).get("nodeName")
+            pod_labels = meta.get("labels") or {}
+            if not node or render.ANN_PREPARED in (meta.get("annotations") or {}):
+                continue
+            key = names.LABEL_ENDPOINT, names.LABEL_VARIANT, names.LABEL_REVISION
+            if not all(k in pod_labels for k in key):
+                continue
+            dep = names.deployment_name(*(pod_labels[k] for k in key))
+            cache = caches.get(dep)
+            warm = cache is None or labels.get(node, {}).get(names.weights_label(cache)) == "ready"
+            patch = {
+                "metadata": {"annotations": {render.ANN_PREPARED: "true" if warm else "false"}}
+            }
+            await self._client.patch(kube.PODS, self._ns, meta["name"], patch)
+
+    async def _execute(
+        self,
+        action: Action,
+        endpoints: dict[str, DesiredEndpoint],
+        now_s: float,
+        result: PassResult,
+    ) -> None:
+        c, ns = self._client, self._ns
+        if isinstance(action, ApplyModelCache):
+            owner = endpoints.get(action.spec.owner)
+            await self._apply_cache(
+                resource=kube.MODEL_CACHES,
+                kind="ModelCache",
+                name=action.name,
+                spec=_wire(action.spec),
+                now_s=now_s,
+                owner=owner,
+            )
+        elif isinstance(action, ApplyImageCache):
+            await self._apply_cache(
+                resource=kube.IMAGE_CACHES,
+                kind="ImageCache",
+                name=action.name,
+                spec=_wire(action.spec),
+                now_s=now_s,
+                owner=None,
+            )
+        elif isinstance(action, DeleteModelCache):
+            await c.delete(kube.MODEL_CACHES, ns, action.name)
+        elif isinstance(action, DeleteImageCache):
+            await c.delete(kube.IMAGE_CACHES, ns, action.name)
+        elif isinstance(action, ApplyImagePuller):
+            body = render.image_puller(action.cache, action.image, dict(action.node_selector), ns)
+            await c.apply(kube.DAEMONSETS, ns, body)
+        elif isinstance(action, DeleteImagePuller):
+            await c.delete(kube.DAEMONSETS, ns, render.puller_name(action.cache))
+        elif isinstance(action, AssignNodeCaches):
+            value = json.dumps(
+                [
+                    {
+                        "cache": a.cache,
+                        "uri": a.source.uri,
+                        "revision": a.source.revision,
+                        "hostPath": a.host_path,
+                    }
+                    for a in action.caches
+                ],
+                sort_keys=True,
+            )
+            await c.patch(
+                kube.NODES,
+                None,
+                action.node,
+                {"metadata": {"annotations": {render.ANN_ASSIGNED: value}}},
+            )
+        elif isinstance(action, SetNodeLabels):
+            labels: dict[str, str | None] = dict.fromkeys(action.remove)
+            labels.update(action.set_labels)
+            await c.patch(kube.NODES, None, action.node, {"metadata": {"labels": labels}})
+        elif isinstance(action, ApplyDeployment):
+            owner_uid = endpoints[action.plan.endpoint].uid
+            await c.apply(kube.DEPLOYMENTS, ns, render.deployment(action.plan, ns, owner_uid))
+            service = render.service(action.plan.endpoint, action.plan.port, ns, owner_uid)
+            await c.apply(kube.Resource("", "v1", "services"), ns, service)
+        elif isinstance(action, DeleteDeployment):
+            await c.delete(kube.DEPLOYMENTS, ns, action.name)
+        elif isinstance(action, ReleaseEndpoint):
+            await c.delete(kube.Resource("", "v1", "services"), ns, action.name)
+            result.released.add(action.name)
+        else:
+            await self._status(action)
+
+    async def _status(self, action: Action) -> None:
+        if isinstance(action, UpdateEndpointStatus):
+            resource, name, status = kube.ENDPOINTS, action.name, action.status
+        elif isinstance(action, UpdateModelCacheStatus):
+            resource, name, status = kube.MODEL_CACHES, action.name, action.status  # type: ignore[assignment]
+        elif isinstance(action, UpdateImageCacheStatus):
+            resource, name, status = kube.IMAGE_CACHES, action.name, action.status  # type: ignore[assignment]
+        else:
+            raise TypeError(f"unknown action {action!r}")
+        body = {"status": status.model_dump(mode="json", by_alias=True)}
+        try:
+            await self._client.patch(resource, self._ns, name, body, sub="status")
+        except kube.KubeError as err:
+            if err.status != 404:
+                raise
+
+    async def _apply_cache(
+        self,
+        *,
+        resource: kube.Resource,
+        kind: str,
+        name: str,
+        spec: Obj,
+        now_s: float,
+        owner: DesiredEndpoint | None,
+    ) -> None:
+        c, ns = self._client, self._ns
+        if await c.get(resource, ns, name) is not None:
+            await c.patch(resource, ns, name, {"spec": spec})
+            return
+        meta: Obj = {
+            "name": name,
+            "namespace": ns,
+            "labels": {names.LABEL_MANAGED_BY: names.MANAGER},
+            "annotations": {render.ANN_CREATED: f"{now_s:.3f}"},
+        }
+        if owner is not None:
+            meta["ownerReferences"] = [
+                render.owner_reference("InferenceEndpoint", owner.name, owner.uid)
+            ]
+        body = {
+            "apiVersion": "warmfleet.dev/v1alpha1",
+            "kind": kind,
+            "metadata": meta,
+            "spec": spec,
+        }
+        await c.create(resource, ns, body)
+
+
+def _wire(model: Any) -> Obj:
+    data: Obj = model.model_dump(mode="json", by_alias=True)
+    return data

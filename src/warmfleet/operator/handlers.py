@@ -1,0 +1,134 @@
+"""kopf wiring: InferenceEndpoint events and a timer all trigger one level-triggered pass.
+
+kopf owns the InferenceEndpoint finalizer: its delete handler runs passes until the reconciler
+emits ``ReleaseEndpoint`` for that endpoint (Deployments, caches, node data, labels and image refs
+all gone), then returns, and kopf removes the finalizer. Handler progress is kept in annotations
+(not in ``status``), so the status subresource holds only warmfleet's status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import aiohttp
+import kopf
+
+from warmfleet.operator import kube
+from warmfleet.operator.controller import Controller
+
+log = logging.getLogger(__name__)
+GROUP, VERSION, PLURAL = "warmfleet.dev", "v1alpha1", "inferenceendpoints"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def in_cluster_server() -> tuple[str, str | None]:
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    if not host:
+        raise kopf.LoginError("not in a cluster: set KUBERNETES_SERVICE_HOST or pass a server")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    with open(f"{SA_DIR}/token") as fh:
+        return f"https://{host}:{port}", fh.read().strip()
+
+
+def _session(in_cluster: bool) -> aiohttp.ClientSession:
+    if not in_cluster:
+        return aiohttp.ClientSession()
+    context = ssl.create_default_context(cafile=f"{SA_DIR}/ca.crt")
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
+
+
+def _scraper(
+    session: aiohttp.ClientSession, urls: Sequence[str], timeout_s: float = 3.0
+) -> Callable[[], Awaitable[list[str]]]:
+    """Fetch every gateway's /metrics; an unreachable gateway is skipped (and logged)."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def scrape() -> list[str]:
+        texts = []
+        for url in urls:
+            try:
+                async with session.get(url, timeout=timeout) as resp:
+                    resp.raise_for_status()
+                    texts.append(await resp.text())
+            except (aiohttp.ClientError, TimeoutError) as err:
+                log.warning("gateway metrics %s unavailable: %s", url, err)
+        return texts
+
+    return scrape
+
+
+def build_registry(
+    namespace: str,
+    *,
+    server: str | None = None,
+    token: str | None = None,
+    interval_s: float = 5.0,
+    clock: Callable[[], float] = time.time,
+    gateway_metrics: Sequence[str] = (),
+) -> kopf.OperatorRegistry:
+    """A kopf registry bound to one namespace; ``server`` None means in-cluster credentials."""
+    registry = kopf.OperatorRegistry()
+    state: dict[str, Any] = {}
+    resource = (GROUP, VERSION, PLURAL)
+
+    def controller() -> Controller:
+        ctl: Controller = state["controller"]
+        return ctl
+
+    @kopf.on.startup(registry=registry)
+    async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        settings.posting.enabled = False
+        settings.watching.server_timeout = 60
+        settings.networking.request_timeout = 30
+        base, bearer = (server, token) if server is not None else in_cluster_server()
+        session = _session(in_cluster=server is None)
+        state["session"] = session
+        client = kube.KubeClient(session, base, token=bearer)
+        metrics = _scraper(session, gateway_metrics) if gateway_metrics else None
+        state["controller"] = Controller(client, namespace, clock, metrics=metrics)
+
+    @kopf.on.cleanup(registry=registry)
+    async def _cleanup(**_: Any) -> None:
+        session = state.pop("session", None)
+        if session is not None:
+            await session.close()
+
+    @kopf.on.login(registry=registry)
+    def _login(**_: Any) -> kopf.ConnectionInfo:
+        base, bearer = (server, token) if server is not None else in_cluster_server()
+        if server is None:
+            return kopf.ConnectionInfo(server=base, token=bearer, ca_path=f"{SA_DIR}/ca.crt")
+        return kopf.ConnectionInfo(server=base, token=bearer)
+
+    @kopf.on.create(*resource, registry=registry)
+    @kopf.on.update(*resource, registry=registry)
+    @kopf.on.resume(*resource, registry=registry)
+    async def _changed(**_: Any) -> None:
+        await controller().reconcile()
+
+    @kopf.timer(*resource, interval=interval_s, registry=registry)
+    async def _tick(**_: Any) -> None:
+        await controller().reconcile()
+
+    @kopf.on.delete(*resource, registry=registry)
+    async def _deleted(name: str, **_: Any) -> None:
+        result = await controller().reconcile()
+        if name not in result.released:
+            raise kopf.TemporaryError("garbage collection in progress", delay=interval_s)
+
+    return registry
+
+
+def run_operator(namespace: str, gateway_metrics: Sequence[str] = ()) -> None:
+    """Run against the cluster this pod is in (service-account credentials)."""
+    registry = build_registry(namespace, gateway_metrics=gateway_metrics)
+    kopf.configure(verbose=False)
+    kopf.run(registry=registry, namespaces=[namespace], standalone=True, clusterwide=False)

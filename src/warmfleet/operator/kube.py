@@ -1,0 +1,144 @@
+"""A small Kubernetes REST client on aiohttp: list, create, merge-patch, delete (with timeouts).
+
+Only what the operator needs. Label filtering is done client-side on listed objects, so the same
+code runs against a real API server and against kmock (which ignores label selectors).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from warmfleet.core.errors import WarmfleetError
+
+Obj = dict[str, Any]
+
+
+class KubeError(WarmfleetError):
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    group: str  # "" for the core API
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        if self.namespaced and namespace is not None:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{name}"
+        if sub is not None:
+            base += f"/{sub}"
+        return base
+
+
+NODES = Resource("", "v1", "nodes", namespaced=False)
+PODS = Resource("", "v1", "pods")
+DEPLOYMENTS = Resource("apps", "v1", "deployments")
+DAEMONSETS = Resource("apps", "v1", "daemonsets")
+ENDPOINTS = Resource("warmfleet.dev", "v1alpha1", "inferenceendpoints")
+MODEL_CACHES = Resource("warmfleet.dev", "v1alpha1", "modelcaches")
+IMAGE_CACHES = Resource("warmfleet.dev", "v1alpha1", "imagecaches")
+
+
+class KubeClient:
+    """One aiohttp session against ``server`` (a base URL), optional bearer token."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        server: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._session = session
+        self._server = server.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Obj | None = None,
+        *,
+        content_type: str = "application/json",
+    ) -> Obj:
+        headers = dict(self._headers)
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body)
+        async with self._session.request(
+            method, self._server + path, data=data, headers=headers, timeout=self._timeout
+        ) as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                raise KubeError(
+                    f"{method} {path}: HTTP {resp.status}: {text[:300]}", status=resp.status
+                )
+            result: Obj = json.loads(text) if text else {}
+            return result
+
+    async def list(
+        self, resource: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> list[Obj]:
+        data = await self._call("GET", resource.path(namespace))
+        items: list[Obj] = data.get("items", [])
+        if labels:
+            items = [i for i in items if _has_labels(i, labels)]
+        return items
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
+        try:
+            return await self._call("GET", resource.path(namespace, name))
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def create(self, resource: Resource, namespace: str | None, body: Obj) -> Obj:
+        return await self._call("POST", resource.path(namespace), body)
+
+    async def patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        body: Obj,
+        *,
+        sub: str | None = None,
+    ) -> Obj:
+        path = resource.path(namespace, name, sub)
+        return await self._call("PATCH", path, body, content_type="application/merge-patch+json")
+
+    async def apply(self, resource: Resource, namespace: str | None, body: Obj) -> Obj:
+        """Create, or merge-patch the existing object to ``body`` (idempotent)."""
+        name = body["metadata"]["name"]
+        if await self.get(resource, namespace, name) is None:
+            return await self.create(resource, namespace, body)
+        return await self.patch(resource, namespace, name, body)
+
+    async def delete(self, resource: Resource, namespace: str | None, name: str) -> None:
+        try:
+            await self._call("DELETE", resource.path(namespace, name))
+        except KubeError as err:
+            if err.status != 404:
+                raise
+
+
+def _has_labels(obj: Obj, labels: Mapping[str, str]) -> bool:
+    have = obj.get("metadata", {}).get("labels") or {}
+    return all(have.get(k) == v for k, v in labels.items())

@@ -1,0 +1,257 @@
+"""Kubernetes objects -> the reconciler's ``DesiredEndpoint`` list and ``ObservedState``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from warmfleet.control import names
+from warmfleet.control.observed import (
+    DesiredEndpoint,
+    NodeCacheReport,
+    NodeCacheState,
+    ObservedDeployment,
+    ObservedImageCache,
+    ObservedModelCache,
+    ObservedNode,
+    ObservedReplica,
+    ObservedState,
+)
+from warmfleet.control.resources import (
+    CacheStatus,
+    EndpointStatus,
+    ImageCacheSpec,
+    ImageCacheStatus,
+    InferenceEndpointSpec,
+    ModelCacheSpec,
+)
+from warmfleet.operator import render
+
+log = logging.getLogger(__name__)
+ANN_AUTOSCALED = "warmfleet.dev/autoscaled-replicas"
+Obj = dict[str, Any]
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    endpoints: list[Obj]
+    nodes: list[Obj]
+    model_caches: list[Obj]
+    image_caches: list[Obj]
+    deployments: list[Obj]
+    daemonsets: list[Obj]
+    pods: list[Obj]
+
+
+def _meta(obj: Obj) -> Obj:
+    meta: Obj = obj.get("metadata") or {}
+    return meta
+
+
+def _annotations(obj: Obj) -> dict[str, str]:
+    return dict(_meta(obj).get("annotations") or {})
+
+
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _optional(model: type[M], data: Any) -> M | None:
+    if not isinstance(data, dict):
+        return None
+    try:
+        return model.model_validate({k: v for k, v in data.items() if k != "kopf"})
+    except ValidationError:
+        return None
+
+
+def desired_endpoints(snapshot: Snapshot) -> list[DesiredEndpoint]:
+    result = []
+    for obj in snapshot.endpoints:
+        meta = _meta(obj)
+        try:
+            spec = InferenceEndpointSpec.model_validate(obj.get("spec") or {})
+        except ValidationError as err:
+            log.warning("InferenceEndpoint %s: invalid spec, skipped: %s", meta.get("name"), err)
+            continue
+        scaled = json.loads(_annotations(obj).get(ANN_AUTOSCALED, "{}"))
+        result.append(
+            DesiredEndpoint(
+                name=meta["name"],
+                spec=spec,
+                uid=meta.get("uid", ""),
+                namespace=meta.get("namespace", "default"),
+                deleting=bool(meta.get("deletionTimestamp")),
+                autoscaled_replicas={str(k): int(v) for k, v in scaled.items()},
+                status=_optional(EndpointStatus, obj.get("status")),
+            )
+        )
+    return result
+
+
+def _reports(raw: str | None) -> dict[str, NodeCacheReport]:
+    if not raw:
+        return {}
+    out = {}
+    for cache, r in json.loads(raw).items():
+        out[cache] = NodeCacheReport(
+            state=NodeCacheState(r.get("state", "pending")),
+            bytes_done=int(r.get("bytesDone", 0)),
+            bytes_total=int(r.get("bytesTotal", 0)),
+            healthy=bool(r.get("healthy", True)),
+            message=str(r.get("message", "")),
+        )
+    return out
+
+
+def _pod_ready_s(pod: Obj) -> float | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("status") == "True":
+            return parse_time(cond.get("lastTransitionTime")) or 0.0
+    return None
+
+
+def _image_reports(pods: Sequence[Obj]) -> dict[str, dict[str, NodeCacheReport]]:
+    """node -> image cache -> report, from the image puller pods."""
+    out: dict[str, dict[str, NodeCacheReport]] = {}
+    for pod in pods:
+        cache = (_meta(pod).get("labels") or {}).get(render.LABEL_IMAGE_CACHE)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not cache or not node:
+            continue
+        state = (
+            NodeCacheState.READY if _pod_ready_s(pod) is not None else NodeCacheState.DOWNLOADING
+        )
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason", "")
+            if reason in {"ErrImagePull", "ImagePullBackOff", "InvalidImageName"}:
+                state = NodeCacheState.FAILED
+        out.setdefault(node, {})[cache] = NodeCacheReport(state)
+    return out
+
+
+def _nodes(snapshot: Snapshot) -> tuple[ObservedNode, ...]:
+    images = _image_reports(snapshot.pods)
+    nodes = []
+    for obj in snapshot.nodes:
+        meta = _meta(obj)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        ready_conds = [c for c in conditions if c.get("type") == "Ready"]
+        ready = not ready_conds or ready_conds[0].get("status") == "True"
+        assigned = json.loads(_annotations(obj).get(render.ANN_ASSIGNED, "[]"))
+        nodes.append(
+            ObservedNode(
+                name=meta["name"],
+                labels=dict(meta.get("labels") or {}),
+                ready=ready and not (obj.get("spec") or {}).get("unschedulable", False),
+                assigned=frozenset(a["cache"] for a in assigned),
+                weights=_reports(_annotations(obj).get(render.ANN_CACHE_STATUS)),
+                images=images.get(meta["name"], {}),
+            )
+        )
+    return tuple(sorted(nodes, key=lambda n: n.name))
+
+
+def _created(obj: Obj, now_s: float) -> float:
+    stamp = _annotations(obj).get(render.ANN_CREATED)
+    if stamp:
+        return float(stamp)
+    return parse_time(_meta(obj).get("creationTimestamp")) or now_s
+
+
+def _caches(
+    snapshot: Snapshot, now_s: float
+) -> tuple[tuple[ObservedModelCache, ...], tuple[ObservedImageCache, ...]]:
+    models = []
+    for obj in snapshot.model_caches:
+        spec = _optional(ModelCacheSpec, obj.get("spec"))
+        if spec is not None:
+            status = _optional(CacheStatus, obj.get("status"))
+            models.append(
+                ObservedModelCache(_meta(obj)["name"], spec, _created(obj, now_s), status)
+            )
+    pullers = {_meta(d)["name"] for d in snapshot.daemonsets}
+    images = []
+    for obj in snapshot.image_caches:
+        name = _meta(obj)["name"]
+        image_spec = _optional(ImageCacheSpec, obj.get("spec"))
+        if image_spec is not None:
+            image_status = _optional(ImageCacheStatus, obj.get("status"))
+            puller = render.puller_name(name) in pullers
+            images.append(
+                ObservedImageCache(name, image_spec, _created(obj, now_s), image_status, puller)
+            )
+    return tuple(models), tuple(images)
+
+
+def _replica(pod: Obj) -> ObservedReplica | None:
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node or _meta(pod).get("deletionTimestamp"):
+        return None
+    started = parse_time((pod.get("status") or {}).get("startTime")) or 0.0
+    prepared = _annotations(pod).get(render.ANN_PREPARED) == "true"
+    return ObservedReplica(_meta(pod)["name"], node, started, _pod_ready_s(pod), prepared)
+
+
+def _deployments(snapshot: Snapshot) -> tuple[ObservedDeployment, ...]:
+    result = []
+    for obj in snapshot.deployments:
+        meta = _meta(obj)
+        labels = meta.get("labels") or {}
+        if (
+            labels.get(names.LABEL_MANAGED_BY) != names.MANAGER
+            or names.LABEL_ENDPOINT not in labels
+        ):
+            continue
+        key = (
+            labels[names.LABEL_ENDPOINT],
+            labels.get(names.LABEL_VARIANT),
+            labels.get(names.LABEL_REVISION),
+        )
+        pods = [
+            r
+            for p in snapshot.pods
+            if (pl := _meta(p).get("labels") or {})
+            and (
+                pl.get(names.LABEL_ENDPOINT),
+                pl.get(names.LABEL_VARIANT),
+                pl.get(names.LABEL_REVISION),
+            )
+            == key
+            and (r := _replica(p)) is not None
+        ]
+        ann = _annotations(obj)
+        result.append(
+            ObservedDeployment(
+                name=meta["name"],
+                endpoint=key[0],
+                variant=str(key[1]),
+                revision=str(key[2]),
+                replicas=int((obj.get("spec") or {}).get("replicas", 0)),
+                model_cache=ann.get(render.ANN_MODEL_CACHE) or None,
+                image_cache=ann.get(render.ANN_IMAGE_CACHE) or None,
+                spec_hash=ann.get(render.ANN_SPEC_HASH, ""),
+                pods=tuple(sorted(pods, key=lambda r: r.name)),
+            )
+        )
+    return tuple(sorted(result, key=lambda d: d.name))
+
+
+def observed_state(snapshot: Snapshot, now_s: float) -> ObservedState:
+    models, images = _caches(snapshot, now_s)
+    return ObservedState(
+        now_s=now_s,
+        nodes=_nodes(snapshot),
+        model_caches=models,
+        image_caches=images,
+        deployments=_deployments(snapshot),
+    )

@@ -1,0 +1,217 @@
+"""Kubernetes objects the operator creates at run time (pure dict builders).
+
+Contract with the node agent (the agent DaemonSet implements it; see docs/fleet-controller.md):
+- the operator writes the caches a node must hold to the Node annotation ``ANN_ASSIGNED``
+  (JSON list of {cache, uri, revision, hostPath});
+- the agent writes what it holds to the Node annotation ``ANN_CACHE_STATUS``
+  (JSON map cache -> {state, bytesDone, bytesTotal, healthy, message}).
+Contract with the engine container: ``WARMFLEET_MODEL_DIR`` is the node-cache directory (use it
+when ``$WARMFLEET_MODEL_DIR/.warmfleet-ready`` exists), else load ``WARMFLEET_MODEL_URI``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from warmfleet.control import names
+from warmfleet.control.actions import DeploymentPlan
+
+ANN_ASSIGNED = "warmfleet.dev/assigned-caches"
+ANN_CACHE_STATUS = "warmfleet.dev/cache-status"
+ANN_CREATED = "warmfleet.dev/created-at"
+ANN_SPEC_HASH = "warmfleet.dev/spec-hash"
+ANN_MODEL_CACHE = "warmfleet.dev/model-cache"
+ANN_IMAGE_CACHE = "warmfleet.dev/image-cache"
+ANN_ROUTING = "warmfleet.dev/routing"
+ANN_PREPARED = "warmfleet.dev/prepared"
+LABEL_IMAGE_CACHE = "warmfleet.dev/image-cache"
+LABEL_ROLE = "warmfleet.dev/role"
+PULLER_HELPER_IMAGE = "busybox:1.36-musl"  # static binary, copied into the pinned image's pod
+CACHE_MOUNT = "/warmfleet-cache"
+
+Obj = dict[str, Any]
+
+
+def owner_reference(kind: str, name: str, uid: str) -> Obj:
+    return {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _affinity(plan: DeploymentPlan) -> Obj:
+    terms = [
+        {
+            "weight": p.weight,
+            "preference": {
+                "matchExpressions": [
+                    {"key": p.label, "operator": "In", "values": [names.READY_VALUE]}
+                ]
+            },
+        }
+        for p in plan.preferences
+    ]
+    return (
+        {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}
+        if terms
+        else {}
+    )
+
+
+def _engine_container(plan: DeploymentPlan) -> Obj:
+    env = [
+        {"name": "WARMFLEET_MODEL_URI", "value": plan.model_source.uri},
+        {"name": "WARMFLEET_MODEL_REVISION", "value": plan.model_source.revision},
+    ]
+    container: Obj = {
+        "name": "engine",
+        "image": plan.image,
+        "args": list(plan.args),
+        "ports": [{"name": "http", "containerPort": plan.port}],
+        "env": env,
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
+    }
+    if plan.command:
+        container["command"] = list(plan.command)
+    if plan.model_cache is not None:
+        env.append({"name": "WARMFLEET_MODEL_DIR", "value": f"{CACHE_MOUNT}/{plan.model_cache}"})
+        container["volumeMounts"] = [
+            {"name": "model-cache", "mountPath": CACHE_MOUNT, "readOnly": True}
+        ]
+    if plan.gpus_per_replica:
+        gpus = str(plan.gpus_per_replica)
+        container["resources"] = {
+            "limits": {"nvidia.com/gpu": gpus},
+            "requests": {"nvidia.com/gpu": gpus},
+        }
+    return container
+
+
+def deployment(plan: DeploymentPlan, namespace: str, owner_uid: str) -> Obj:
+    labels = {
+        names.LABEL_ENDPOINT: plan.endpoint,
+        names.LABEL_VARIANT: plan.variant,
+        names.LABEL_REVISION: plan.revision,
+        names.LABEL_MANAGED_BY: names.MANAGER,
+    }
+    annotations = {
+        ANN_SPEC_HASH: plan.spec_hash(),
+        ANN_MODEL_CACHE: plan.model_cache or "",
+        ANN_IMAGE_CACHE: plan.image_cache or "",
+        ANN_ROUTING: json.dumps(plan.routing.model_dump(mode="json"), sort_keys=True),
+    }
+    pod_spec: Obj = {
+        "containers": [_engine_container(plan)],
+        "nodeSelector": dict(plan.node_selector),
+        "affinity": _affinity(plan),
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    if plan.model_cache is not None and plan.host_path is not None:
+        pod_spec["volumes"] = [
+            {
+                "name": "model-cache",
+                "hostPath": {"path": plan.host_path, "type": "DirectoryOrCreate"},
+            }
+        ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": plan.name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner_reference("InferenceEndpoint", plan.endpoint, owner_uid)],
+        },
+        "spec": {
+            "replicas": plan.replicas,
+            "selector": {
+                "matchLabels": {k: labels[k] for k in labels if k != names.LABEL_MANAGED_BY}
+            },
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "template": {
+                "metadata": {
+                    "labels": {**labels, LABEL_ROLE: "engine"},
+                    "annotations": annotations,
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def service(endpoint: str, port: int, namespace: str, owner_uid: str) -> Obj:
+    """The Service whose EndpointSlices the gateway watches to find an endpoint's engines."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": endpoint,
+            "namespace": namespace,
+            "labels": {names.LABEL_ENDPOINT: endpoint, names.LABEL_MANAGED_BY: names.MANAGER},
+            "ownerReferences": [owner_reference("InferenceEndpoint", endpoint, owner_uid)],
+        },
+        "spec": {
+            "selector": {names.LABEL_ENDPOINT: endpoint, LABEL_ROLE: "engine"},
+            "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+        },
+    }
+
+
+def puller_name(cache: str) -> str:
+    return f"{cache}-puller"
+
+
+def image_puller(cache: str, image: str, node_selector: dict[str, str], namespace: str) -> Obj:
+    """A DaemonSet that keeps ``image`` pulled *and in use* on every matching node.
+
+    The image's own entrypoint is not run: an init container copies a static busybox into an
+    emptyDir and the pinned container runs it as ``sleep`` (so any image works, and kubelet image
+    GC never removes an image a running container uses).
+    """
+    labels = {LABEL_IMAGE_CACHE: cache, names.LABEL_MANAGED_BY: names.MANAGER}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": puller_name(cache), "namespace": namespace, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": {LABEL_IMAGE_CACHE: cache}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": dict(node_selector),
+                    "tolerations": [{"operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 1,
+                    "initContainers": [
+                        {
+                            "name": "sleeper",
+                            "image": PULLER_HELPER_IMAGE,
+                            "command": ["cp", "/bin/busybox", "/wf/sleep"],
+                            "volumeMounts": [{"name": "wf", "mountPath": "/wf"}],
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "pin",
+                            "image": image,
+                            "command": ["/wf/sleep", "2147483647"],
+                            "resources": {
+                                "requests": {"cpu": "1m", "memory": "8Mi"},
+                                "limits": {"memory": "16Mi"},
+                            },
+                            "volumeMounts": [{"name": "wf", "mountPath": "/wf"}],
+                        }
+                    ],
+                    "volumes": [{"name": "wf", "emptyDir": {}}],
+                },
+            },
+        },
+    }

@@ -1,0 +1,267 @@
+"""Routing keys: parse what a router sees into a ``RoutingKey`` of salted chained block hashes.
+
+Three key modes (see docs/routing.md):
+
+- ``text``: a canonical rendering of the chat messages (role, name, text parts, image URLs, tool
+  calls with re-serialized JSON arguments, tools), independent of JSON whitespace and key order;
+  counted in characters (each block of characters is hashed as its UTF-8 bytes).
+- ``bytes``: AWS parity; the first bytes of the raw body (native invocations) or of the UTF-8
+  canonical text (chat/completions bodies, which arrive parsed).
+- ``tokens``: token ids from an injected ``Tokenizer`` (with the engine's chat template); the
+  block size should equal the engine's.
+
+Only hashes leave this module; no raw text is kept.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+import xxhash
+from pydantic import Field
+
+from warmfleet.core.config import StrictModel
+from warmfleet.core.errors import ConfigError
+from warmfleet.core.hashing import chain_blocks, chain_seed
+from warmfleet.core.types import RoutingKey
+from warmfleet.routing.parse import (
+    bad_request,
+    completions_prompt,
+    model_of,
+    output_hint,
+    render_chat_text,
+    validate_messages,
+    validate_tenant,
+)
+
+KeyMode = Literal["text", "bytes", "tokens"]
+DEFAULT_BLOCK_SIZE: dict[str, int] = {"text": 128, "bytes": 128, "tokens": 16}
+DEFAULT_PREFIX_LENGTH = 4096
+CHARS_PER_TOKEN = 4
+_PREFIX_SALT = 0x5F5F
+_SEED_CACHE_ENTRIES = 4096
+_h64 = xxhash.xxh3_64_intdigest
+
+
+class Tokenizer(Protocol):
+    """A local tokenizer with the engine's chat template (a Hugging Face adapter comes later)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
+
+
+class KeySpec(StrictModel):
+    """How routing keys are built.
+
+    ``prefix_length`` (units) bounds ``RoutingKey.prefix_hash``; ``None`` means "the strategy's
+    prefix_length, else 4096". ``max_units`` caps how much of a prompt is hashed into blocks.
+    """
+
+    mode: KeyMode = "text"
+    block_size: int | None = Field(default=None, gt=0)
+    prefix_length: int | None = Field(default=None, gt=0)
+    max_units: int = Field(default=1 << 22, gt=0)
+    salt: str = "warmfleet"
+    tenant_header: str = "x-prefix-aware-id"
+
+    @property
+    def effective_block_size(self) -> int:
+        return self.block_size if self.block_size is not None else DEFAULT_BLOCK_SIZE[self.mode]
+
+
+# --------------------------------------------------------------------------------------------
+# Hashing
+
+
+def chain_buffer(
+    data: bytes, unit_bytes: int, block_units: int, max_blocks: int, seed: int
+) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of ``data`` (the scheme of ``hashing.chain_blocks``)."""
+    step = unit_bytes * block_units
+    end = min(len(data) - len(data) % step, max_blocks * step)
+    h = _h64
+    prev = seed
+    out: list[int] = []
+    append = out.append
+    for start in range(0, end, step):
+        prev = h(data[start : start + step], prev)
+        append(prev)
+    return tuple(out)
+
+
+class KeyBuilder:
+    """Builds ``RoutingKey``s for one ``KeySpec`` (and optional tokenizer)."""
+
+    def __init__(
+        self, spec: KeySpec, tokenizer: Tokenizer | None = None, *, prefix_length: int | None = None
+    ) -> None:
+        if spec.mode == "tokens" and tokenizer is None:
+            raise ConfigError("key.mode: 'tokens' needs a tokenizer (none was configured)")
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.block_size = spec.effective_block_size
+        self.prefix_length = prefix_length or spec.prefix_length or DEFAULT_PREFIX_LENGTH
+        self.max_blocks = spec.max_units // self.block_size
+        self._seeds: dict[tuple[str, str | None, str | None], int] = {}
+
+    def seed(self, model: str, lora_adapter: str | None, tenant: str | None) -> int:
+        """Start of the chain for (model, adapter, tenant), memoised in a bounded map."""
+        cache = self._seeds
+        seed = cache.get((model, lora_adapter, tenant))
+        if seed is None:
+            if len(cache) >= _SEED_CACHE_ENTRIES:
+                cache.clear()
+            seed = cache[(model, lora_adapter, tenant)] = chain_seed(
+                self.spec.salt, model, lora_adapter, tenant
+            )
+        return seed
+
+    def _tenant(self, body: Mapping[str, Any] | None, header_tenant: str | None) -> str | None:
+        if body is not None and body.get("prompt_cache_key") is not None:
+            return validate_tenant(body["prompt_cache_key"], "prompt_cache_key")
+        if header_tenant is not None:
+            return validate_tenant(header_tenant, self.spec.tenant_header)
+        return None
+
+    def for_chat(
+        self, body: object, tenant: str | None, lora_adapter: str | None = None
+    ) -> RoutingKey:
+        if not isinstance(body, Mapping):
+            raise bad_request("the request body must be a JSON object", "body")
+        model = model_of(body)
+        tenant_key = self._tenant(body, tenant)
+        seed = self.seed(model, lora_adapter, tenant_key)
+        hint = output_hint(body)
+        if self.spec.mode == "tokens":
+            assert self.tokenizer is not None
+            render_chat_text(body)  # full validation before the tokenizer sees the messages
+            ids = self.tokenizer.encode_chat(validate_messages(body))
+            return self.from_token_ids(ids, seed, hint, self.block_size)
+        return self._from_text(render_chat_text(body), seed, hint)
+
+    def for_completions(
+        self, body: object, tenant: str | None, lora_adapter: str | None = None
+    ) -> RoutingKey:
+        if not isinstance(body, Mapping):
+            raise bad_request("the request body must be a JSON object", "body")
+        model = model_of(body)
+        tenant_key = self._tenant(body, tenant)
+        seed = self.seed(model, lora_adapter, tenant_key)
+        hint = output_hint(body)
+        prompt = completions_prompt(body)
+        if isinstance(prompt, list):
+            # Token ids: in text/bytes modes a block holds block_size / CHARS_PER_TOKEN ids.
+            block = (
+                self.block_size
+                if self.spec.mode == "tokens"
+                else max(1, self.block_size // CHARS_PER_TOKEN)
+            )
+            return self.from_token_ids(prompt, seed, hint, block)
+        if self.spec.mode == "tokens":
+            assert self.tokenizer is not None
+            return self.from_token_ids(self.tokenizer.encode(prompt), seed, hint, self.block_size)
+        return self._from_text(prompt, seed, hint)
+
+    def for_bytes(
+        self, raw: bytes, tenant: str | None, model: str, lora_adapter: str | None = None
+    ) -> RoutingKey:
+        tenant_key = self._tenant(None, tenant)
+        seed = self.seed(model, lora_adapter, tenant_key)
+        if self.spec.mode == "bytes":
+            return self._from_buffer(
+                bytes(raw),
+                unit_bytes=1,
+                seed=seed,
+                hint=0,
+                prompt_tokens=len(raw) // CHARS_PER_TOKEN,
+            )
+        text = bytes(raw).decode("utf-8", "replace")
+        if self.spec.mode == "tokens":
+            assert self.tokenizer is not None
+            return self.from_token_ids(self.tokenizer.encode(text), seed, 0, self.block_size)
+        return self._from_text(text, seed, 0)
+
+    def _from_text(self, text: str, seed: int, hint: int) -> RoutingKey:
+        if self.spec.mode == "bytes":
+            data = text.encode("utf-8", "surrogatepass")
+            return self._from_buffer(
+                data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=len(data) // CHARS_PER_TOKEN
+            )
+        tokens = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+        data = text.encode("utf-8", "surrogatepass")
+        if len(data) == len(text):  # ASCII: character blocks are byte blocks
+            return self._from_buffer(data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=tokens)
+        # Each block of characters is hashed as its UTF-8 bytes, exactly like the ASCII path.
+        size = self.block_size
+        end = min(len(text) - len(text) % size, self.max_blocks * size)
+        blocks = [text[i : i + size].encode("utf-8", "surrogatepass") for i in range(0, end, size)]
+        prefix = text[: self.prefix_length].encode("utf-8", "surrogatepass")
+        return RoutingKey(
+            block_hashes=chain_blocks(blocks, seed),
+            block_size=size,
+            units=len(text),
+            prompt_tokens=tokens,
+            prefix_hash=_h64(prefix, seed ^ _PREFIX_SALT),
+            output_tokens_hint=hint,
+        )
+
+    def from_token_ids(self, ids: Sequence[int], seed: int, hint: int, block: int) -> RoutingKey:
+        try:
+            data = array("Q", ids).tobytes()
+        except (OverflowError, TypeError) as err:
+            raise bad_request("token ids must be integers in [0, 2**64)", "prompt") from err
+        return self._from_buffer(
+            data, unit_bytes=8, seed=seed, hint=hint, prompt_tokens=len(ids), block=block
+        )
+
+    def _from_buffer(
+        self,
+        data: bytes,
+        *,
+        unit_bytes: int,
+        seed: int,
+        hint: int,
+        prompt_tokens: int,
+        block: int | None = None,
+    ) -> RoutingKey:
+        block_units = block or self.block_size
+        units = len(data) // unit_bytes
+        max_blocks = self.spec.max_units // block_units
+        hashes = chain_buffer(data, unit_bytes, block_units, max_blocks, seed)
+        prefix_hash = _h64(data[: self.prefix_length * unit_bytes], seed ^ _PREFIX_SALT)
+        return RoutingKey(
+            block_hashes=hashes,
+            block_size=block_units,
+            units=units,
+            prompt_tokens=max(prompt_tokens, 1 if units else 0),
+            prefix_hash=prefix_hash,
+            output_tokens_hint=hint,
+        )
+
+
+def key_from_blocks(
+    block_hashes: Sequence[int],
+    *,
+    block_size: int,
+    units: int,
+    prompt_tokens: int,
+    prefix_length: int,
+    seed: int,
+    output_tokens_hint: int = 0,
+) -> RoutingKey:
+    """A ``RoutingKey`` for callers that already have chained block hashes (the simulator).
+
+    ``prefix_hash`` is the chained hash of the last full block inside ``prefix_length`` units
+    (it identifies the whole prefix); for prompts shorter than one block, the seed mixed with
+    ``units``.
+    """
+    hashes = tuple(block_hashes)
+    n_prefix = min(len(hashes), prefix_length // block_size)
+    if n_prefix > 0:
+        prefix_hash = hashes[n_prefix - 1]
+    else:
+        prefix_hash = _h64(units.to_bytes(8, "little"), seed ^ _PREFIX_SALT)
+    return RoutingKey(hashes, block_size, units, prompt_tokens, prefix_hash, output_tokens_hint)

@@ -1,0 +1,1 @@
+"""Routing strategies; each implements ``warmfleet.routing.base.Strategy``."""

@@ -1,0 +1,203 @@
+"""Run one scenario under several strategies and assemble the comparison report (pure data).
+
+Only wall-clock timing of each run is measured here (``time.perf_counter``), and it is kept out
+of the report so the same seed gives byte-identical JSON.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from warmfleet.core.hashing import hash_str
+from warmfleet.core.types import RoutingKey
+from warmfleet.engine.spec import EngineSpec
+from warmfleet.routing.base import Strategy
+from warmfleet.routing.config import PrefixHashConfig, StrategyConfig
+from warmfleet.routing.factory import build_strategy, strategy_config
+from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH, key_from_blocks
+from warmfleet.routing.movement import moved_fraction
+from warmfleet.sim.metrics import RunMetrics, compute_metrics
+from warmfleet.sim.scenario import (
+    BuiltWorkload,
+    ScenarioSpec,
+    build_workload,
+    engine_spec,
+    scale_events,
+)
+from warmfleet.sim.simulator import SimConfig, Simulator
+from warmfleet.sim.workloads.base import PrefixBlockHasher, WorkloadRequest, default_seed
+
+MOVEMENT_SAMPLE_KEYS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A workload turned into block hashes for one engine block size."""
+
+    requests: tuple[WorkloadRequest, ...]
+    block_hashes: tuple[tuple[int, ...], ...]
+    block_tokens: int
+    chain_seed: int
+
+
+def prepare(requests: Sequence[WorkloadRequest], block_tokens: int) -> Prepared:
+    seeds: dict[str | None, PrefixBlockHasher] = {}
+    hashes = []
+    for req in requests:
+        hasher = seeds.get(req.tenant)
+        if hasher is None:
+            hasher = PrefixBlockHasher(block_tokens, default_seed(tenant=req.tenant))
+            seeds[req.tenant] = hasher
+        hashes.append(hasher.blocks(req.segments))
+    return Prepared(tuple(requests), tuple(hashes), block_tokens, default_seed())
+
+
+def routing_keys(prepared: Prepared, prefix_length: int) -> list[RoutingKey]:
+    return [
+        key_from_blocks(
+            hashes,
+            block_size=prepared.block_tokens,
+            units=req.prompt_tokens,
+            prompt_tokens=req.prompt_tokens,
+            prefix_length=prefix_length,
+            seed=prepared.chain_seed,
+            output_tokens_hint=req.output_tokens,
+        )
+        for req, hashes in zip(prepared.requests, prepared.block_hashes, strict=True)
+    ]
+
+
+def prefix_length_of(config: StrategyConfig) -> int:
+    return config.prefix_length if isinstance(config, PrefixHashConfig) else DEFAULT_PREFIX_LENGTH
+
+
+def strategy_rng(seed: int, name: str) -> random.Random:
+    return random.Random(hash_str(name, seed))
+
+
+@dataclass(slots=True)
+class StrategyRun:
+    name: str
+    metrics: RunMetrics
+    wall_s: float
+    conserved: bool
+    time_monotonic: bool
+
+
+@dataclass(slots=True)
+class Comparison:
+    scenario: ScenarioSpec
+    engine: EngineSpec
+    workload: BuiltWorkload
+    working_set_ratio: float
+    runs: list[StrategyRun] = field(default_factory=list)
+
+    def report(self) -> dict[str, object]:
+        return {
+            "scenario": self.scenario.name,
+            "preset": self.scenario.preset,
+            "seed": self.scenario.seed,
+            "instances": self.scenario.instances,
+            "requests": len(self.workload.requests),
+            "block_tokens": self.workload.block_tokens,
+            "instance_kv_capacity_tokens": self.engine.kv_capacity_tokens,
+            "working_set_ratio": self.working_set_ratio,
+            "fleet_working_set_ratio": self.working_set_ratio / self.scenario.instances,
+            "closed_loop_concurrency": self.workload.closed_loop_concurrency,
+            "router_overhead_ms": self.scenario.router_overhead_ms,
+            "strategies": {run.name: run.metrics.as_report() for run in self.runs},
+        }
+
+
+def _moved(
+    config: StrategyConfig,
+    seed: int,
+    keys: Sequence[RoutingKey],
+    result_scale: Sequence[tuple[tuple[str, ...], tuple[str, ...]]],
+) -> list[float]:
+    distinct: dict[int, RoutingKey] = {}
+    for key in keys:
+        distinct.setdefault(key.prefix_hash, key)
+        if len(distinct) >= MOVEMENT_SAMPLE_KEYS:
+            break
+    sample = list(distinct.values())
+
+    def factory() -> Strategy:
+        return build_strategy(config, strategy_rng(seed, config.type))
+
+    return [moved_fraction(factory, sample, before, after) for before, after in result_scale]
+
+
+def run_strategy(
+    name: str,
+    scenario: ScenarioSpec,
+    spec: EngineSpec,
+    workload: BuiltWorkload,
+    prepared: Prepared,
+    *,
+    check_invariants: bool = False,
+) -> StrategyRun:
+    config = strategy_config(name)
+    keys = routing_keys(prepared, prefix_length_of(config))
+    sim_config = SimConfig(
+        instances=scenario.instances,
+        engine=spec,
+        router_overhead_s=scenario.router_overhead_ms / 1000.0,
+        concurrency=workload.closed_loop_concurrency,
+        scale_events=scale_events(scenario),
+        check_invariants=check_invariants,
+    )
+    started = time.perf_counter()
+    strategy = build_strategy(config, strategy_rng(scenario.seed, name))
+    result = Simulator(sim_config, strategy, prepared.requests, keys).run()
+    wall_s = time.perf_counter() - started
+    fleet_blocks = spec.capacity_blocks * scenario.instances
+    metrics = compute_metrics(result, keys, spec.block_tokens, fleet_blocks)
+    scale = [(r.before_ids, r.after_ids) for r in result.scale_records]
+    metrics.moved_fraction = _moved(config, scenario.seed, keys, scale)
+    conserved = all(r.done for r in result.records) and metrics.completed + metrics.rejected == len(
+        result.records
+    )
+    return StrategyRun(name, metrics, wall_s, conserved, result.time_trace_ok)
+
+
+def run_comparison(
+    scenario: ScenarioSpec,
+    strategies: Sequence[str],
+    *,
+    trace: Path | None = None,
+    rate_rps: float | None = None,
+    concurrency: int | None = None,
+    check_invariants: bool = False,
+) -> Comparison:
+    spec = engine_spec(scenario)
+    if concurrency is not None:
+        scenario = scenario.model_copy(
+            update={"arrival": {"type": "closed", "concurrency": concurrency}}
+        )
+        scenario = ScenarioSpec.model_validate(scenario.model_dump(by_alias=True))
+    workload = build_workload(scenario, spec, trace=trace, rate_rps=rate_rps)
+    spec = spec.with_block_tokens(workload.block_tokens)
+    prepared = prepare(workload.requests, workload.block_tokens)
+    distinct = working_set_blocks_of(prepared)
+    ratio = distinct / max(spec.capacity_blocks, 1)
+    comparison = Comparison(scenario, spec, workload, ratio)
+    for name in strategies:
+        comparison.runs.append(
+            run_strategy(
+                name, scenario, spec, workload, prepared, check_invariants=check_invariants
+            )
+        )
+    return comparison
+
+
+def working_set_blocks_of(prepared: Prepared) -> int:
+    """Distinct full blocks over the whole workload."""
+    distinct: set[int] = set()
+    for hashes in prepared.block_hashes:
+        distinct.update(hashes)
+    return len(distinct)

@@ -1,0 +1,211 @@
+"""Scenario documents (versioned YAML) and the built-in scenarios, turned into request lists."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
+from warmfleet.core.errors import ConfigError
+from warmfleet.engine.presets import get_preset
+from warmfleet.engine.spec import EngineSpec
+from warmfleet.sim.simulator import ScaleEvent
+from warmfleet.sim.workloads.arrivals import (
+    ArrivalConfig,
+    PoissonArrival,
+    TraceArrival,
+    apply_arrivals,
+    scale_to_rate,
+)
+from warmfleet.sim.workloads.base import WorkloadRequest
+from warmfleet.sim.workloads.synthetic import (
+    AwsLongContextConfig,
+    GspConfig,
+    MultiRoundQaConfig,
+    aws_long_context,
+    gsp,
+    multi_round_qa,
+)
+from warmfleet.sim.workloads.traces import (
+    MOONCAKE_BLOCK_TOKENS,
+    AzureConfig,
+    MooncakeConfig,
+    ShareGptReplayConfig,
+    azure,
+    default_trace_path,
+    mooncake,
+    sharegpt_replay,
+)
+
+API_VERSION = "warmfleet.dev/v1alpha1"
+
+WorkloadConfig = Annotated[
+    AwsLongContextConfig
+    | ShareGptReplayConfig
+    | GspConfig
+    | MultiRoundQaConfig
+    | MooncakeConfig
+    | AzureConfig,
+    Field(discriminator="type"),
+]
+
+
+class ScaleEventConfig(StrictModel):
+    at_s: float = Field(ge=0.0)
+    action: Literal["add", "remove"]
+    instance_id: str | None = None
+
+
+class EngineOverrides(StrictModel):
+    """Fields of the preset's EngineSpec to replace (all optional)."""
+
+    block_tokens: int | None = Field(None, ge=1)
+    kv_capacity_tokens: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    step_overhead_s: float | None = Field(None, ge=0.0)
+    prefill_s_per_token: float | None = Field(None, ge=0.0)
+    prefill_attn_s_per_token_pair: float | None = Field(None, ge=0.0)
+    decode_s_per_seq: float | None = Field(None, ge=0.0)
+    kv_read_s_per_token: float | None = Field(None, ge=0.0)
+
+
+class ScenarioSpec(StrictModel):
+    """``apiVersion: warmfleet.dev/v1alpha1``, ``kind: Scenario``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    api_version: Literal["warmfleet.dev/v1alpha1"] = Field(
+        "warmfleet.dev/v1alpha1", alias="apiVersion"
+    )
+    kind: Literal["Scenario"] = "Scenario"
+    name: str
+    workload: WorkloadConfig
+    arrival: ArrivalConfig | None = None  # None: the workload's own (see DEFAULT_ARRIVALS)
+    instances: int = Field(8, ge=1)
+    preset: str = "llama-3.1-70b-p5"
+    engine: EngineOverrides = Field(default_factory=EngineOverrides)
+    router_overhead_ms: float = Field(1.5, ge=0.0)
+    scale_events: tuple[ScaleEventConfig, ...] = ()
+    requests: int | None = Field(None, ge=1)  # keep the first N requests
+    seed: int = 0
+
+
+BUILTIN_WORKLOADS: dict[str, Any] = {
+    "aws-long-context": AwsLongContextConfig,
+    "aws-short-context": ShareGptReplayConfig,
+    "gsp": GspConfig,
+    "multi-round-qa": MultiRoundQaConfig,
+    "mooncake": MooncakeConfig,
+    "azure": AzureConfig,
+}
+
+# Open-loop defaults for the generated workloads (trace workloads keep their timestamps).
+DEFAULT_RATES_RPS = {"aws-long-context": 20.0, "aws-short-context": 4.0, "gsp": 8.0}
+
+
+def builtin_scenario(name: str, instances: int, preset: str, seed: int) -> ScenarioSpec:
+    if name not in BUILTIN_WORKLOADS:
+        raise ConfigError(
+            f"scenario: unknown scenario {name!r}; choose one of {sorted(BUILTIN_WORKLOADS)} "
+            "or give a YAML file"
+        )
+    return ScenarioSpec(
+        name=name,
+        workload=BUILTIN_WORKLOADS[name](),
+        instances=instances,
+        preset=preset,
+        seed=seed,
+    )
+
+
+def load_scenario_file(path: Path) -> ScenarioSpec:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"scenario: cannot read {path}: {err}") from err
+    return parse_document(ScenarioSpec, load_yaml_text(text, str(path)), str(path))
+
+
+def engine_spec(scenario: ScenarioSpec) -> EngineSpec:
+    base = get_preset(scenario.preset)
+    updates = scenario.engine.model_dump(exclude_none=True)
+    spec = base.model_copy(update=updates)
+    return parse_document(EngineSpec, spec.model_dump(), "engine")
+
+
+def default_arrival(scenario: ScenarioSpec) -> ArrivalConfig:
+    rate = DEFAULT_RATES_RPS.get(scenario.workload.type)
+    return TraceArrival() if rate is None else PoissonArrival(rate_rps=rate)
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltWorkload:
+    requests: tuple[WorkloadRequest, ...]
+    block_tokens: int  # the engine's block size for this scenario
+    closed_loop_concurrency: int | None
+
+
+def _trace_path(scenario: ScenarioSpec, trace: Path | None) -> Path:
+    workload = scenario.workload
+    configured = getattr(workload, "trace", None)
+    path = trace or (Path(configured) if configured else default_trace_path(workload.type))
+    if path is None:
+        raise ConfigError(f"trace: no --trace given and no default trace for {workload.type!r}")
+    return path
+
+
+def _raw_requests(
+    scenario: ScenarioSpec, spec: EngineSpec, trace: Path | None
+) -> tuple[WorkloadRequest, ...]:
+    workload = scenario.workload
+    seed = scenario.seed
+    if isinstance(workload, AwsLongContextConfig):
+        return aws_long_context(workload, spec.kv_capacity_tokens, seed)
+    if isinstance(workload, GspConfig):
+        return gsp(workload, seed)
+    if isinstance(workload, MultiRoundQaConfig):
+        return multi_round_qa(workload, seed)
+    path = _trace_path(scenario, trace)
+    if isinstance(workload, MooncakeConfig):
+        return mooncake(path, seed, workload.spread_buckets)
+    if isinstance(workload, AzureConfig):
+        return azure(path, seed)
+    return sharegpt_replay(path, workload, seed)
+
+
+def build_workload(
+    scenario: ScenarioSpec,
+    spec: EngineSpec,
+    *,
+    trace: Path | None = None,
+    rate_rps: float | None = None,
+) -> BuiltWorkload:
+    """The scenario's requests, timed by its arrival process; ``rate_rps`` overrides the rate."""
+    requests = _raw_requests(scenario, spec, trace)
+    arrival = scenario.arrival or default_arrival(scenario)
+    rng = random.Random(scenario.seed + 1)
+    if rate_rps is not None and isinstance(arrival, TraceArrival):
+        requests = tuple(sorted(requests, key=lambda r: (r.arrival_s, r.request_id)))
+        if scenario.requests is not None:
+            requests = requests[: scenario.requests]
+        requests = scale_to_rate(requests, rate_rps)
+    elif rate_rps is not None and hasattr(arrival, "rate_rps"):
+        arrival = arrival.model_copy(update={"rate_rps": rate_rps})
+    if scenario.requests is not None:
+        requests = requests[: scenario.requests]
+    timed = apply_arrivals(requests, arrival, rng)
+    block_tokens = spec.block_tokens
+    if isinstance(scenario.workload, MooncakeConfig) and scenario.engine.block_tokens is None:
+        block_tokens = MOONCAKE_BLOCK_TOKENS  # the trace's hash ids are 512-token blocks
+    concurrency = getattr(arrival, "concurrency", None)
+    return BuiltWorkload(timed, block_tokens, concurrency)
+
+
+def scale_events(scenario: ScenarioSpec) -> tuple[ScaleEvent, ...]:
+    return tuple(ScaleEvent(e.at_s, e.action, e.instance_id) for e in scenario.scale_events)

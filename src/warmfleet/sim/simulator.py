@@ -1,0 +1,340 @@
+"""Discrete-event, virtual-time fleet simulator (pure, deterministic for a given seed).
+
+N ``EngineModel`` instances sit behind ONE ``Strategy`` object (the same classes the gateway
+runs). A request arrives, the strategy chooses an instance from a ``FleetSnapshot`` (in-flight
+requests and tokens tracked here, queue length, KV usage and capacity read from the engines), the
+request reaches the engine ``router_overhead_s`` later, and the engine reports its first token and
+its end.
+
+Scale events add an instance (empty cache) or remove one. A removed instance **drains**: the
+router stops sending to it at once (``on_instances_changed``), the requests already on it run to
+completion, and then it is gone. No request is rerouted or lost.
+
+Turns of one session are sent in order: a turn is held back until the previous turn of its session
+finished (open loop: at ``max(arrival, previous end)``). In closed loop, ``concurrency`` clients
+each run one session at a time and start the next session when theirs is done.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from warmfleet.core.types import FleetSnapshot, InstanceId, InstanceState, RoutingKey
+from warmfleet.engine.model import EngineEvent, EngineEventKind, EngineModel, EngineRequest
+from warmfleet.engine.spec import EngineSpec
+from warmfleet.routing.base import Strategy
+from warmfleet.sim.workloads.base import WorkloadRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleEvent:
+    """At ``at_s``, add a new instance or remove ``instance_id`` (default: the newest one)."""
+
+    at_s: float
+    action: Literal["add", "remove"]
+    instance_id: InstanceId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    instances: int
+    engine: EngineSpec
+    router_overhead_s: float = 0.0015
+    concurrency: int | None = None  # closed loop with this many clients; None = open loop
+    scale_events: tuple[ScaleEvent, ...] = ()
+    check_invariants: bool = False  # engine/pool consistency after every event (tests)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request (times in virtual seconds)."""
+
+    index: int
+    prompt_tokens: int
+    output_tokens: int
+    arrival_s: float = -1.0  # when it was sent to the router
+    instance_id: InstanceId = ""
+    reason: str = ""
+    spilled: bool = False
+    available_tokens: int = 0  # best instance's actual cached prefix at decision time
+    captured_tokens: int = 0  # chosen instance's actual cached prefix at decision time
+    first_token_s: float = -1.0
+    cached_tokens: int = 0  # engine-delivered cached prefix
+    finish_s: float = -1.0
+    rejected: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.finish_s >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleRecord:
+    at_s: float
+    before_ids: tuple[InstanceId, ...]
+    after_ids: tuple[InstanceId, ...]
+
+
+@dataclass(slots=True)
+class SimResult:
+    records: list[RequestRecord]
+    instance_ids: list[InstanceId]  # every instance that ever existed, in creation order
+    scale_records: list[ScaleRecord] = field(default_factory=list)
+    end_s: float = 0.0
+    time_trace_ok: bool = True  # virtual time never went back
+    # per request: blocks its answer completes, as re-sent by the session's next turn
+    output_block_hashes: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def continuation_blocks(
+    keys: Sequence[RoutingKey],
+    requests: Sequence[WorkloadRequest],
+    next_turn: dict[int, int],
+    block_tokens: int,
+) -> list[tuple[int, ...]]:
+    """Hashes of the full blocks each request's output completes, when its session's next turn
+    starts with this prompt (then the next turn's blocks are the continuation of the chain)."""
+    out: list[tuple[int, ...]] = [()] * len(keys)
+    for index, nxt in next_turn.items():
+        mine, theirs = keys[index].block_hashes, keys[nxt].block_hashes
+        if theirs[: len(mine)] != mine:
+            continue
+        end = (requests[index].prompt_tokens + requests[index].output_tokens) // block_tokens
+        out[index] = theirs[len(mine) : end]
+    return out
+
+
+_ARRIVAL, _SUBMIT, _SCALE = 0, 1, 2
+
+
+class Simulator:
+    """Run ``requests`` (with their routing ``keys``) through ``strategy`` on a simulated fleet."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        strategy: Strategy,
+        requests: Sequence[WorkloadRequest],
+        keys: Sequence[RoutingKey],
+    ) -> None:
+        if len(requests) != len(keys):
+            raise ValueError("one routing key per request")
+        self._config = config
+        self._strategy = strategy
+        self._requests = requests
+        self._keys = keys
+        self._block_tokens = config.engine.block_tokens
+        self._engines: dict[InstanceId, EngineModel] = {}
+        self._active: list[InstanceId] = []
+        self._in_flight_requests: dict[InstanceId, int] = {}
+        self._in_flight_tokens: dict[InstanceId, int] = {}
+        self._heap: list[tuple[float, int, int, int, InstanceId]] = []
+        self._counter = itertools.count()
+        self._records = [
+            RequestRecord(i, r.prompt_tokens, r.output_tokens) for i, r in enumerate(requests)
+        ]
+        self._next_turn: dict[int, int] = {}  # request index -> next turn of its session
+        self._units: deque[int] = deque()  # closed loop: first turns not started yet
+        self._now_s = 0.0
+        self._time_ok = True
+        self._scale_records: list[ScaleRecord] = []
+        self._created_ids: list[InstanceId] = []
+        self._output_hashes: list[tuple[int, ...]] = []
+        self._fleet_version = 0  # bumped whenever an engine is created or deleted
+
+    # ------------------------------------------------------------------ setup
+
+    def _add_instance(self) -> InstanceId:
+        instance_id = f"i{len(self._created_ids)}"
+        self._created_ids.append(instance_id)
+        self._engines[instance_id] = EngineModel(self._config.engine)
+        self._fleet_version += 1
+        self._active.append(instance_id)
+        self._in_flight_requests[instance_id] = 0
+        self._in_flight_tokens[instance_id] = 0
+        return instance_id
+
+    def _push(self, at_s: float, kind: int, index: int, instance_id: InstanceId = "") -> None:
+        heapq.heappush(self._heap, (at_s, next(self._counter), kind, index, instance_id))
+
+    def _plan_sessions(self) -> list[int]:
+        """Chain the turns of each session; return the first turns in arrival order."""
+        last_of: dict[int, int] = {}
+        firsts: list[int] = []
+        order = sorted(range(len(self._requests)), key=lambda i: (self._requests[i].arrival_s, i))
+        for index in order:
+            session = self._requests[index].session_id
+            if session is not None and session in last_of:
+                self._next_turn[last_of[session]] = index
+            else:
+                firsts.append(index)
+            if session is not None:
+                last_of[session] = index
+        return firsts
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> SimResult:
+        for _ in range(self._config.instances):
+            self._add_instance()
+        self._strategy.on_instances_changed(list(self._active))
+        firsts = self._plan_sessions()
+        self._output_hashes = continuation_blocks(
+            self._keys, self._requests, self._next_turn, self._block_tokens
+        )
+        if self._config.concurrency is None:
+            for index in firsts:
+                self._push(self._requests[index].arrival_s, _ARRIVAL, index)
+        else:
+            self._units.extend(firsts)
+            for _ in range(min(self._config.concurrency, len(self._units))):
+                self._push(0.0, _ARRIVAL, self._units.popleft())
+        for index, event in enumerate(self._config.scale_events):
+            self._push(event.at_s, _SCALE, index)
+        self._loop()
+        return SimResult(
+            self._records,
+            list(self._created_ids),
+            self._scale_records,
+            self._now_s,
+            self._time_ok,
+            self._output_hashes,
+        )
+
+    def _loop(self) -> None:
+        engines = list(self._engines.items())
+        known = self._fleet_version
+        while True:
+            if self._fleet_version != known:
+                engines = list(self._engines.items())
+                known = self._fleet_version
+            best_s: float | None = None
+            best: tuple[InstanceId, EngineModel] | None = None
+            for item in engines:
+                at_s = item[1].next_event_s()
+                if at_s is not None and (best_s is None or at_s < best_s):
+                    best_s, best = at_s, item
+            heap_s = self._heap[0][0] if self._heap else None
+            if best is not None and best_s is not None and (heap_s is None or best_s <= heap_s):
+                self._set_now(best_s)
+                for event in best[1].advance(best_s):
+                    self._on_engine_event(best[0], event)
+            elif heap_s is not None:
+                at_s, _, kind, index, instance_id = heapq.heappop(self._heap)
+                self._set_now(at_s)
+                if kind == _ARRIVAL:
+                    self._route(index)
+                elif kind == _SUBMIT:
+                    self._submit(index, instance_id)
+                else:
+                    self._scale(self._config.scale_events[index])
+            else:
+                return
+            if self._config.check_invariants:
+                for _, engine in engines:
+                    engine.check_invariants()
+
+    def _set_now(self, now_s: float) -> None:
+        if now_s < self._now_s:
+            self._time_ok = False
+        self._now_s = max(self._now_s, now_s)
+
+    # ------------------------------------------------------------------ handlers
+
+    def _snapshot(self) -> FleetSnapshot:
+        states = []
+        for instance_id in self._active:
+            stats = self._engines[instance_id].stats()
+            states.append(
+                InstanceState(
+                    instance_id,
+                    in_flight_requests=self._in_flight_requests[instance_id],
+                    in_flight_tokens=self._in_flight_tokens[instance_id],
+                    waiting_requests=stats.waiting,
+                    kv_usage_frac=stats.kv_usage_frac,
+                    kv_capacity_blocks=stats.capacity_blocks,
+                )
+            )
+        return FleetSnapshot(tuple(states), self._now_s)
+
+    def _route(self, index: int) -> None:
+        key = self._keys[index]
+        record = self._records[index]
+        record.arrival_s = self._now_s
+        decision = self._strategy.choose(key, self._snapshot())
+        self._strategy.on_routed(key, decision)
+        chosen = decision.instance_id
+        bt = self._block_tokens
+        best = 0
+        for instance_id in self._active:
+            cached = self._engines[instance_id].cached_prefix_blocks(key.block_hashes)
+            best = max(best, cached)
+            if instance_id == chosen:
+                record.captured_tokens = min(cached * bt, record.prompt_tokens)
+        record.available_tokens = min(best * bt, record.prompt_tokens)
+        record.instance_id = chosen
+        record.reason = str(decision.reason)
+        record.spilled = decision.spilled
+        self._in_flight_requests[chosen] += 1
+        self._in_flight_tokens[chosen] += key.prompt_tokens + key.output_tokens_hint
+        self._push(self._now_s + self._config.router_overhead_s, _SUBMIT, index, chosen)
+
+    def _submit(self, index: int, instance_id: InstanceId) -> None:
+        key = self._keys[index]
+        req = self._requests[index]
+        engine_req = EngineRequest(
+            index,
+            key.block_hashes,
+            req.prompt_tokens,
+            req.output_tokens,
+            self._output_hashes[index],
+        )
+        self._engines[instance_id].submit(engine_req, self._now_s)
+
+    def _on_engine_event(self, instance_id: InstanceId, event: EngineEvent) -> None:
+        record = self._records[event.request_id]
+        if event.kind == EngineEventKind.FIRST_TOKEN:
+            record.first_token_s = event.time_s
+            record.cached_tokens = event.cached_tokens
+            return
+        if event.kind == EngineEventKind.TOKEN:
+            return
+        record.finish_s = event.time_s
+        record.rejected = event.kind == EngineEventKind.REJECTED
+        key = self._keys[event.request_id]
+        self._in_flight_requests[instance_id] -= 1
+        self._in_flight_tokens[instance_id] -= key.prompt_tokens + key.output_tokens_hint
+        self._release_next(event.request_id)
+        if instance_id not in self._active and self._in_flight_requests[instance_id] == 0:
+            del self._engines[instance_id]  # drained
+            self._fleet_version += 1
+
+    def _release_next(self, index: int) -> None:
+        nxt = self._next_turn.get(index)
+        if nxt is not None:
+            if self._config.concurrency is None:
+                self._push(max(self._requests[nxt].arrival_s, self._now_s), _ARRIVAL, nxt)
+            else:
+                self._push(self._now_s, _ARRIVAL, nxt)
+        elif self._config.concurrency is not None and self._units:
+            self._push(self._now_s, _ARRIVAL, self._units.popleft())
+
+    def _scale(self, event: ScaleEvent) -> None:
+        before = tuple(self._active)
+        if event.action == "add":
+            self._add_instance()
+        else:
+            victim = event.instance_id or (self._active[-1] if self._active else None)
+            if victim is None or victim not in self._active or len(self._active) == 1:
+                return  # never remove the last instance
+            self._active.remove(victim)
+            if self._in_flight_requests[victim] == 0:
+                del self._engines[victim]
+                self._fleet_version += 1
+        self._strategy.on_instances_changed(list(self._active))
+        self._scale_records.append(ScaleRecord(self._now_s, before, tuple(self._active)))

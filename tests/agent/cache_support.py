@@ -1,0 +1,44 @@
+"""Shared helpers for the agent tests (real servers on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from warmfleet.agent.manager import CacheManager
+from warmfleet.agent.sourceset import SourceSet
+from warmfleet.agent.store import Store
+from warmfleet.agent.testing.audit import published_corrupt_or_partial as audit
+from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, SourcesSpec
+
+
+def spec_for(root: Path, budget: int = 10**9, **download: Any) -> NodeCacheSpec:
+    dl = {"chunk": 256 * 1024, "concurrency": 4, "backoff_base_s": 0.01, "fsync_every_s": 0.05}
+    dl.update(download)
+    sources = dl.pop("sources", SourcesSpec())
+    reserve = dl.pop("reserve", 0)
+    return NodeCacheSpec(
+        root=str(root),
+        capacity=CapacitySpec(
+            budget=budget, reserve=reserve, high_watermark_frac=1.0, low_watermark_frac=1.0
+        ),
+        download=DownloadSpec(**dl),
+        sources=sources,
+    )
+
+
+@contextlib.asynccontextmanager
+async def manager_for(
+    root: Path, free_bytes_fn: Callable[[], int] | None = None, **kw: Any
+) -> AsyncIterator[CacheManager]:
+    spec = spec_for(root, **kw)
+    async with SourceSet(spec.sources, spec.download) as sources:
+        yield CacheManager(Store(root), spec, sources, free_bytes_fn=free_bytes_fn)
+
+
+def published_corrupt_or_partial(root: Path, truth: dict[str, bytes]) -> int:
+    """Published artifacts that are partial or differ from any genuine origin content."""
+    return audit(root, (hashlib.sha256(v).hexdigest() for v in truth.values()))

@@ -1,0 +1,96 @@
+"""The live demo's plumbing on a tiny emulated fleet: report shape, and no child outlives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from warmfleet.bench.live_demo import DemoConfig, run_live_demo
+from warmfleet.bench.live_procs import ProcessError
+from warmfleet.sim.runner import run_comparison
+from warmfleet.sim.scenario import builtin_scenario
+
+pytestmark = pytest.mark.e2e
+
+TINY = DemoConfig(
+    instances=2, groups=4, requests=12, prefix_words=200, question_words=20, output_tokens=4,
+    concurrency=2, speedup=50.0, max_run_s=30.0,
+)  # fmt: skip
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains ``text`` (children of the code under test)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if text.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+async def test_live_demo_report_has_the_simulator_shape(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    report = await run_live_demo(
+        tmp_path / "report", TINY, strategies=("prefix_affinity",), log_dir=logs
+    )
+    scenario = builtin_scenario("gsp", 2, "tiny-cpu", 0).model_copy(update={"requests": 20})
+    sim = run_comparison(scenario, ["random"])
+    sim_report = sim.report()
+    assert set(sim_report) <= set(report)
+    assert list(report["strategies"]) == ["prefix_affinity"]
+    sim_run = sim_report["strategies"]["random"]  # type: ignore[index]
+    for name, run in report["strategies"].items():
+        assert set(sim_run) <= set(run), name
+        assert run["requests"]["completed"] == 12
+        assert run["hit_rate_source"] == "engine_metrics"
+        assert set(run["share"]["per_instance"]) == {"emu-0", "emu-1"}
+    written = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert written["instances"] == 2
+    assert (tmp_path / "report" / "ttft_cdf.png").exists()
+    assert processes_mentioning(str(logs)) == []
+
+
+async def test_failure_midway_stops_every_child(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    with pytest.raises(ProcessError):
+        # The gateway rejects the unknown strategy and exits; the fleet must be stopped too.
+        await run_live_demo(tmp_path / "r", TINY, strategies=("no_such_strategy",), log_dir=logs)
+    assert (logs / "fleet-no_such_strategy.json").exists()
+    assert processes_mentioning(str(logs)) == []
+
+
+def test_sigint_stops_every_child(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    code = (
+        "import asyncio, sys\nfrom pathlib import Path\n"
+        "from warmfleet.bench.live_demo import DemoConfig, run_live_demo\n"
+        "config = DemoConfig(instances=2, groups=4, prefix_words=200, requests=4000,\n"
+        "                    concurrency=2, max_run_s=120.0)\n"
+        "asyncio.run(run_live_demo(Path(sys.argv[1]), config, log_dir=Path(sys.argv[2])))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "r"), str(logs)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (logs / "gateway-random.json").exists():
+            time.sleep(0.2)
+        assert (logs / "gateway-random.json").exists()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert processes_mentioning(str(logs)) == []

@@ -1,0 +1,282 @@
+"""Load generator against in-test fake engines: loops, streaming, errors, metrics, report shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from bench_support import FakeEngine
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from warmfleet.bench.loadgen import LoadSpec, prepare_requests, run_load
+from warmfleet.bench.loadgen_metrics import (
+    MetricsTarget,
+    engine_delta,
+    measure,
+    parse_prometheus,
+    summarize,
+)
+from warmfleet.bench.loadgen_report import comparison_report, write_report
+from warmfleet.cli import app
+from warmfleet.sim.metrics import RunMetrics
+from warmfleet.sim.workloads.arrivals import PoissonArrival, apply_arrivals
+from warmfleet.sim.workloads.base import Segment, WorkloadRequest
+from warmfleet.sim.workloads.synthetic import (
+    GspConfig,
+    MultiRoundQaConfig,
+    gsp,
+    multi_round_qa,
+)
+
+
+def small_gsp(count: int = 24, output_tokens: int = 4) -> tuple[WorkloadRequest, ...]:
+    config = GspConfig(
+        groups=3, prompts_per_group=8, system_prompt_tokens=40, question_tokens=8,
+        output_tokens=output_tokens,
+    )  # fmt: skip
+    return gsp(config, seed=1)[:count]
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[list[FakeEngine]]:
+    pair = [FakeEngine("e0"), FakeEngine("e1")]
+    for engine in pair:
+        await engine.start()
+    yield pair
+    for engine in pair:
+        await engine.stop()
+
+
+async def test_closed_loop_direct_round_robin_and_engine_metrics(
+    engines: list[FakeEngine],
+) -> None:
+    spec = LoadSpec(urls=tuple(e.url for e in engines), url_names=("e0", "e1"), concurrency=4)
+    targets = [MetricsTarget(e.name, e.url + "/metrics") for e in engines]
+    requests = small_gsp()
+    load, summary = await measure(requests, spec, targets)
+    assert len(load.results) == len(requests)
+    assert all(r.ok for r in load.results)
+    assert sum(e.requests for e in engines) == len(requests)
+    assert summary["requests"] == {  # type: ignore[comparison-overlap]
+        "submitted": 24, "completed": 24, "rejected": 0, "not_sent": 0,
+    }  # fmt: skip
+    # Direct mode: the instance is the URL; round robin gives an even split.
+    share = summary["share"]
+    assert isinstance(share, dict)
+    assert share["min"] == pytest.approx(50.0)
+    assert share["max"] == pytest.approx(50.0)
+    assert summary["share_source"] == "client_round_robin"
+    queries = sum(e.queries for e in engines)
+    hits = sum(e.hits for e in engines)
+    assert summary["hit_rate_source"] == "engine_metrics"
+    assert summary["hit_rate"] == pytest.approx(hits / queries)
+    assert hits > 0
+    # Non-streamed: output tokens come from usage.
+    assert all(r.output_tokens == 4 for r in load.results)
+
+
+async def test_open_loop_poisson_sends_everything(engines: list[FakeEngine]) -> None:
+    import random  # noqa: PLC0415
+
+    timed = apply_arrivals(small_gsp(), PoissonArrival(rate_rps=400.0), random.Random(3))
+    spec = LoadSpec(urls=(engines[0].url,))
+    load = await run_load(timed, spec)
+    assert len(load.results) == len(timed)
+    assert load.not_sent == 0
+    assert all(r.ok for r in load.results)
+    assert engines[0].requests == len(timed)
+
+
+async def test_open_loop_time_bound_stops_launching(engines: list[FakeEngine]) -> None:
+    late = [WorkloadRequest(i, 0.0 if i < 3 else 3600.0, (Segment(i, 5),), 2) for i in range(6)]
+    load = await run_load(late, LoadSpec(urls=(engines[0].url,), max_duration_s=1.0))
+    assert len(load.results) == 3
+    assert load.not_sent == 3
+
+
+async def test_streaming_ttft_itl_and_usage(engines: list[FakeEngine]) -> None:
+    engines[0].tokens = 5
+    spec = LoadSpec(urls=(engines[0].url,), stream=True, concurrency=2)
+    load = await run_load(small_gsp(8, output_tokens=16), spec)
+    assert len(load.results) == 8
+    for result in load.results:
+        assert result.ok
+        assert result.ttft_s is not None
+        assert result.ttft_s <= result.e2e_s
+        assert len(result.itl_s) == 4  # 5 content chunks -> 4 gaps (role chunk ignored)
+        assert result.output_tokens == 5  # from the final usage chunk
+        assert result.cached_tokens is not None
+    body = engines[0].bodies[0]
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["max_tokens"] == 16
+
+
+async def test_errors_are_counted_not_raised(engines: list[FakeEngine]) -> None:
+    engines[0].fail_every = 3
+    load, summary = await measure(
+        small_gsp(12), LoadSpec(urls=(engines[0].url,), concurrency=1), ()
+    )
+    assert summary["errors"] == {"http_500": 4}
+    assert summary["requests"]["completed"] == 8  # type: ignore[index]
+    assert summary["requests"]["rejected"] == 4  # type: ignore[index]
+    engines[1].stream_error_every = 2
+    load = await run_load(small_gsp(6), LoadSpec(urls=(engines[1].url,), stream=True))
+    assert sorted(r.error or "" for r in load.results).count("stream_error") == 3
+
+
+async def test_unreachable_url_is_a_connection_error(engines: list[FakeEngine]) -> None:
+    port = engines[0].port
+    await engines[0].stop()
+    load = await run_load(small_gsp(3), LoadSpec(urls=(f"http://127.0.0.1:{port}",)))
+    assert [r.error for r in load.results] == ["connection"] * 3
+
+
+async def test_sessions_send_turns_in_order(engines: list[FakeEngine]) -> None:
+    config = MultiRoundQaConfig(
+        users=3, rounds=3, shared_system_prompt_tokens=5, user_history_prompt_tokens=5,
+        question_tokens=3, answer_tokens=2,
+    )  # fmt: skip
+    requests = multi_round_qa(config, seed=2)
+    load = await run_load(requests, LoadSpec(urls=(engines[0].url,), concurrency=4))
+    assert all(r.ok for r in load.results)
+    # Each turn's prompt extends the previous turn's, so per user the received prompt lengths
+    # must increase in arrival order.
+    by_user: dict[str, list[int]] = {}
+    for words in engines[0].seen_prompts:
+        history = words[5:10]  # the user's private history segment identifies the user
+        by_user.setdefault(" ".join(history), []).append(len(words))
+    assert len(by_user) == 3
+    for lengths in by_user.values():
+        assert lengths == sorted(lengths)
+        assert len(set(lengths)) == len(lengths)
+
+
+async def test_gateway_headers_give_shares(engines: list[FakeEngine]) -> None:
+    for engine in engines:
+        engine.instance_header = True
+    _load, summary = await measure(
+        small_gsp(10), LoadSpec(urls=(engines[0].url,), concurrency=2), ()
+    )
+    assert summary["share_source"] == "response_headers"
+    assert summary["share"]["per_instance"] == {"e0": 100.0}  # type: ignore[index]
+
+
+def test_report_field_names_match_the_simulator() -> None:
+    sim = RunMetrics(
+        ttft_s=[0.1], e2e_s=[0.2], completed=1, rejected=0, submitted=1, throughput_rps=1.0,
+        output_tokens_per_s=1.0, hit_rate=0.5, reuse={"delivered": 0.5}, share_pct={"a": 100.0},
+        spills=0, decisions_by_reason={},
+    ).as_report()  # fmt: skip
+    from warmfleet.bench.loadgen import LoadResult, RequestResult  # noqa: PLC0415
+
+    live = summarize(LoadResult([RequestResult(0, 0.0, 0.2, 0.1)], 1, 0, 1.0))
+    assert set(sim) <= set(live)
+    for key, value in sim.items():
+        if isinstance(value, dict) and key not in ("decisions_by_reason", "reuse"):
+            assert set(value) <= set(live[key])  # type: ignore[arg-type]
+    assert "delivered" in live["reuse"]  # type: ignore[operator]
+
+
+def test_parse_prometheus_sums_label_sets() -> None:
+    text = (
+        "# HELP x y\n# TYPE vllm:prefix_cache_hits_total counter\n"
+        'vllm:prefix_cache_hits_total{engine="0"} 10\n'
+        'vllm:prefix_cache_hits_total{engine="1",note="a}b"} 5.5\n'
+        "vllm:num_requests_running 3 1700000000\n"
+        'h_bucket{le="+Inf"} 7\n'
+        "bad line here\n"
+        "nan_metric NaN\n"
+    )
+    parsed = parse_prometheus(text)
+    assert parsed["vllm:prefix_cache_hits_total"] == 15.5
+    assert parsed["vllm:num_requests_running"] == 3.0
+    assert parsed["h_bucket"] == 7.0
+    assert "nan_metric" not in parsed
+    assert "bad" not in parsed
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(max_size=300))
+def test_parse_prometheus_never_raises(text: str) -> None:
+    parse_prometheus(text)
+
+
+def test_engine_delta_and_counter_resets() -> None:
+    before = {"a": {"vllm:prefix_cache_hits_total": 5.0, "vllm:prefix_cache_queries_total": 10.0}}
+    after = {
+        "a": {"vllm:prefix_cache_hits_total": 8.0, "vllm:prefix_cache_queries_total": 20.0,
+              "vllm:request_success_total": 4.0},
+        "b": {},
+    }  # fmt: skip
+    delta = engine_delta(before, after)
+    assert delta.hit_rate == pytest.approx(0.3)
+    assert delta.requests == {"a": 4.0}
+    assert engine_delta({}, {"a": {}}).hit_rate is None
+    assert MetricsTarget.parse("e0=http://h:1/metrics") == MetricsTarget("e0", "http://h:1/metrics")
+    assert MetricsTarget.parse("http://h:1/metrics").instance == "http://h:1/metrics"
+
+
+def test_prepare_renders_the_shared_workload_text() -> None:
+    requests = small_gsp(4)
+    prepared = prepare_requests(requests, LoadSpec(urls=("http://x",), api="completions"))
+    from warmfleet.sim.workloads.base import render_prompt_text  # noqa: PLC0415
+
+    for req, prep in zip(requests, prepared, strict=True):
+        body = json.loads(prep.body)
+        assert body["prompt"] == render_prompt_text(req.segments)
+        assert prep.path == "/v1/completions"
+
+
+async def test_write_report_files(engines: list[FakeEngine], tmp_path: Path) -> None:
+    load, summary = await measure(small_gsp(6), LoadSpec(urls=(engines[0].url,)), ())
+    report = comparison_report({"scenario": "gsp", "instances": 1}, {"x": summary})
+    paths = write_report(report, {"x": load}, tmp_path, "test")
+    assert {p.name for p in paths} == {"report.json", "report.md", "ttft_cdf.png", "share.png"}
+    assert json.loads((tmp_path / "report.json").read_text())["strategies"]["x"]["ttft_ms"]
+
+
+@pytest.fixture
+def threaded_engine() -> Iterator[FakeEngine]:
+    """A fake engine on its own loop in a thread (for the synchronous CLI)."""
+    engine = FakeEngine("t0")
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(engine.start())
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    yield engine
+    asyncio.run_coroutine_threadsafe(engine.stop(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
+
+
+def test_bench_cli_writes_json(threaded_engine: FakeEngine, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = [
+        "bench", "--url", threaded_engine.url, "--scenario", "gsp", "--requests", "12",
+        "--concurrency", "3", "--max-output-tokens", "4", "--json", str(out),
+        "--metrics-url", f"t0={threaded_engine.url}/metrics", "--report", str(tmp_path / "r"),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    run = report["strategies"]["run"]
+    assert run["requests"]["completed"] == 12
+    assert run["hit_rate_source"] == "engine_metrics"
+    assert threaded_engine.requests == 12
+    assert (tmp_path / "r" / "report.md").exists()

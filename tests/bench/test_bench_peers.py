@@ -1,0 +1,139 @@
+"""bench-peers pieces that need no peer router: rows, acceptance checks, workloads, processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from warmfleet.bench.live_procs import ProcessSet, free_port, tree_cpu_s
+from warmfleet.bench.peers import overhead_workload
+from warmfleet.bench.peers_report import RowInput, acceptance, build_rows, rows_table
+from warmfleet.bench.peers_routers import PeerPaths, RouterSpec
+from warmfleet.sim.workloads.base import render_prompt_text
+
+
+def summary(e2e50: float, e2e99: float, ttft50: float, rps: float, **extra: Any) -> Any:
+    return {
+        "e2e_ms": {"p50": e2e50, "p90": e2e99, "p95": e2e99, "p99": e2e99},
+        "ttft_ms": {"p50": ttft50, "p90": ttft50 * 2, "p95": ttft50 * 2, "p99": ttft50 * 3},
+        "throughput_rps": rps,
+        "hit_rate": extra.get("hit_rate", 0.5),
+        "share": {"min": 20.0, "max": extra.get("busiest_pct", 30.0), "per_instance": {}},
+        "requests": {"completed": 100},
+        "errors": extra.get("errors", {}),
+    }
+
+
+def row(router: str, policy: str, point: str, s: Any, cpu: float | None = None) -> RowInput:
+    return RowInput(router, policy, point, "x", 32, False, s, cpu, 100, 0.5)
+
+
+def test_rows_subtract_direct_of_the_same_load_point() -> None:
+    inputs = [
+        row("direct", "client_round_robin", "c32_8k", summary(5.0, 10.0, 5.0, 1000.0)),
+        row("warmfleet", "prefix_affinity", "c32_8k", summary(6.5, 14.0, 6.0, 700.0), 0.025),
+        row("direct", "client_round_robin", "c1_8k", summary(1.0, 2.0, 1.0, 900.0)),
+        row("vllm-router", "round_robin", "c1_8k", summary(1.3, 2.5, 1.3, 800.0), 0.02),
+    ]
+    rows = build_rows(inputs, 4)
+    ours = rows[1]
+    assert ours["added_p50_ms"] == 1.5
+    assert ours["added_p99_ms"] == 4.0
+    assert ours["ttft_added_p50_ms"] == 1.0
+    assert ours["throughput_vs_direct"] == 0.7
+    assert ours["router_cpu_ms_per_request"] == 0.25
+    assert ours["busiest_share"] == 0.3
+    assert ours["fair_share"] == 0.25
+    assert ours["foreign_cpu_frac"] == 0.5
+    assert ours["noisy"] is True
+    assert rows[3]["added_p50_ms"] == 1.3 - 1.0
+    assert rows[0]["router_cpu_ms_per_request"] is None
+    for field in (
+        "router", "policy", "scenario", "concurrency", "added_p50_ms", "added_p99_ms",
+        "ttft_added_p50_ms", "router_cpu_ms_per_request", "throughput_vs_direct", "hit_rate",
+        "busiest_share", "ttft_ms",
+    ):  # fmt: skip
+        assert field in ours
+    assert set(ours["ttft_ms"]) == {"p50", "p90"}
+    rows_table(rows)  # renders
+
+
+def test_acceptance_checks_pass_and_fail() -> None:
+    d = "client_round_robin"
+    pa = "prefix_affinity"
+    inputs = [
+        row("direct", d, "c1_8k", summary(1.0, 1.0, 1.0, 100.0)),
+        row("warmfleet", pa, "c1_8k", summary(1.2, 1.0, 1.2, 100.0), 0.02),
+        row("direct", d, "c32_8k", summary(5.0, 9.0, 5.0, 100.0)),
+        row("warmfleet", pa, "c32_8k", summary(7.0, 9.0, 7.0, 100.0), 0.02),
+        row("vllm-router", "round_robin", "c32_8k", summary(8.0, 9.0, 8.0, 100.0), 0.01),
+        row("direct", d, "quality_c16", summary(50.0, 90.0, 40.0, 10.0)),
+        row("warmfleet", pa, "quality_c16", summary(20.0, 30.0, 10.0, 10.0, hit_rate=0.8)),
+        row("warmfleet", "random", "quality_c16", summary(50.0, 90.0, 40.0, 10.0, hit_rate=0.3)),
+        row(
+            "sglang-router",
+            "cache_aware",
+            "quality_c16",
+            summary(30.0, 60.0, 12.0, 10.0, busiest_pct=60.0),
+        ),
+        row("warmfleet", pa, "quality_c1", summary(20.0, 30.0, 10.0, 10.0, busiest_pct=50.0)),
+    ]
+    checks = {c["check"]: c for c in acceptance(build_rows(inputs, 4))}
+    assert checks["1. router CPU ms/request at c=32 <= 0.30"]["pass"] is True  # 0.2 ms
+    assert checks["1. added p50 ms at c=1 <= 0.4"]["pass"] is True
+    assert checks["1. added p50 ms at c=32 <= vllm-router round_robin"]["pass"] is True
+    assert checks["1. streamed TTFT added ms at c=32 <= 3"]["pass"] is None  # not measured
+    assert checks["2. P90 TTFT ms < sglang cache_aware"]["pass"] is True
+    assert checks["2. busiest share < sglang cache_aware"]["pass"] is True
+    assert checks["2. busiest share at c=1 <= 1.5 x fair"]["pass"] is False  # 0.5 > 0.375
+    assert checks["2. hit rate >= 2 x random"]["pass"] is True
+    assert checks["2. P50 TTFT ms <= 0.5 x random"]["pass"] is True
+
+
+def test_overhead_workload_is_8k_chars_with_shared_prefixes() -> None:
+    requests = overhead_workload(40)
+    assert len(requests) == 40
+    lengths = [len(render_prompt_text(r.segments)) for r in requests]
+    assert all(7000 < n < 9000 for n in lengths)
+    assert len({r.segments[0].content_id for r in requests}) == 8
+    assert len({r.segments[1].content_id for r in requests}) == 40
+
+
+def test_peer_paths_and_labels(tmp_path: Path) -> None:
+    paths = PeerPaths(tmp_path / "missing-python", None)
+    assert not paths.available(RouterSpec("sglang-router", "cache_aware"))
+    assert not paths.available(RouterSpec("vllm-router", "round_robin"))
+    assert paths.available(RouterSpec("warmfleet", "random"))
+    assert RouterSpec("direct", "x").label == "direct"
+    assert RouterSpec("vllm-router", "round_robin").label == "vllm-router/round_robin"
+
+
+def test_process_set_stops_children_by_pid(tmp_path: Path) -> None:
+    procs = ProcessSet(tmp_path)
+    code = "import time\nprint('up', flush=True)\ntime.sleep(60)"
+    child = procs.start("sleeper", [sys.executable, "-c", code])
+    assert child.alive()
+    assert tree_cpu_s(os.getpid()) >= 0.0
+    procs.stop_all()
+    assert not child.alive()
+    assert procs.children == []
+    assert 0 < free_port() < 65536
+
+
+def test_direct_runs_bracket_each_router() -> None:
+    d = "client_round_robin"
+    inputs = [
+        row("direct", d, "c32_8k", summary(5.0, 10.0, 5.0, 100.0)),
+        row("sglang-router", "round_robin", "c32_8k", summary(7.0, 10.0, 7.0, 100.0), 0.01),
+        row("direct", d, "c32_8k", summary(7.0, 10.0, 7.0, 100.0)),
+        row("vllm-router", "round_robin", "c32_8k", summary(10.0, 10.0, 10.0, 100.0), 0.01),
+        row("direct", d, "c32_8k", summary(9.0, 10.0, 9.0, 100.0)),
+        row("warmfleet", "random", "quality_c1", summary(9.0, 10.0, 9.0, 100.0)),
+    ]
+    rows = build_rows(inputs, 4)
+    assert rows[1]["added_p50_ms"] == 1.0  # 7 - mean(5, 7)
+    assert rows[3]["added_p50_ms"] == 2.0  # 10 - mean(7, 9)
+    assert rows[0]["added_p50_ms"] == -2.0  # a direct run against the mean of all direct runs
+    assert rows[5]["added_p50_ms"] is None  # no direct run at that load point

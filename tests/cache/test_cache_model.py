@@ -1,0 +1,139 @@
+"""Manifests, keys, state machine, transfer helpers, config and URI parsing (pure)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from warmfleet.cache.config import load_node_config, parse_size
+from warmfleet.cache.manifest import FileEntry, Manifest, ManifestError, SourceKind
+from warmfleet.cache.state import ArtifactRecord, ArtifactState, StateTransitionError
+from warmfleet.cache.transfer import Backoff, RateMeter, ResumeState, TokenBucket, plan_chunks
+from warmfleet.cache.uri import parse_uri
+from warmfleet.core.clock import ManualClock
+from warmfleet.core.errors import BadRequestError, ConfigError
+
+
+def manifest(etag: str = '"a"', size: int = 10) -> Manifest:
+    entry = FileEntry("w.bin", size, "s3key", etag=etag, version_id="v1")
+    return Manifest(SourceKind.S3, "s3://b/w.bin", (entry,))
+
+
+def test_key_is_content_derived():
+    assert manifest().key() == manifest().key()
+    assert manifest('"b"').key() != manifest().key()  # changed in place at the same URI
+    assert manifest(size=11).key() != manifest().key()
+    moved = Manifest(
+        SourceKind.S3,
+        "s3://b/w.bin",
+        (FileEntry("w.bin", 10, "elsewhere", etag='"a"', version_id="v1"),),
+    )
+    assert moved.key() == manifest().key()  # the locator is not identity
+
+
+def test_manifest_roundtrip_and_path_safety():
+    m = manifest()
+    assert Manifest.from_json(m.to_json()) == m
+    for bad in ("../x", "/abs", "a/../../b", "a//b", ".warmfleet-complete.json", ""):
+        with pytest.raises(ManifestError):
+            Manifest(SourceKind.LOCAL, "file:///x", (FileEntry(bad, 1, "x"),))
+    with pytest.raises(ManifestError, match="duplicate"):
+        Manifest(SourceKind.LOCAL, "file:///x", (FileEntry("a", 1, "x"), FileEntry("a", 1, "y")))
+
+
+def test_state_machine():
+    rec = ArtifactRecord("k", "n", "u", 1)
+    rec = rec.transition(ArtifactState.DOWNLOADING).transition(ArtifactState.VERIFYING)
+    with pytest.raises(StateTransitionError):
+        ArtifactRecord("k", "n", "u", 1).transition(ArtifactState.READY)  # never unverified
+    failed = rec.transition(ArtifactState.FAILED, "IntegrityError: sha256")
+    assert failed.reason.startswith("IntegrityError")
+    assert failed.transition(ArtifactState.PENDING).reason == ""
+    assert not ArtifactRecord(
+        "k", "n", "u", 1, ArtifactState.READY, refs=frozenset({"d"})
+    ).evictable
+    assert ArtifactRecord.from_json(failed.to_json()) == failed
+
+
+def test_chunks_and_resume_state():
+    chunks = plan_chunks("f", 25, 10)
+    assert [(c.start, c.end) for c in chunks] == [(0, 10), (10, 20), (20, 25)]
+    assert plan_chunks("f", 0, 10) == []
+    state = ResumeState("key", 10)
+    state.mark(chunks[1])
+    again = ResumeState.from_json(state.to_json(), key="key", chunk_bytes=10)
+    assert again.is_done(chunks[1])
+    assert not again.is_done(chunks[0])
+    assert again.done_bytes(chunks) == 10
+    # progress for another key or chunk size is never reused
+    assert not ResumeState.from_json(state.to_json(), key="other", chunk_bytes=10).done
+    assert not ResumeState.from_json(state.to_json(), key="key", chunk_bytes=5).done
+
+
+def test_token_bucket_rate_is_exact_on_average():
+    clock = ManualClock()
+    bucket = TokenBucket(clock, rate_bps=1000.0, burst_bytes=100)
+    waited = 0.0
+    for _ in range(50):
+        delay = bucket.reserve(200)
+        waited += delay
+        clock.advance(delay)
+    # 50 * 200 bytes at 1000 B/s with a 100-byte burst -> (10000 - 100) / 1000 s
+    assert waited == pytest.approx(9.9, rel=1e-6)
+
+
+def test_rate_meter_and_eta():
+    clock = ManualClock()
+    meter = RateMeter(clock, total_bytes=1000)
+    for _ in range(5):
+        clock.advance(1.0)
+        meter.add(100)
+    assert meter.rate_bps() == pytest.approx(100.0)
+    assert meter.eta_s() == pytest.approx(5.0)
+
+
+def test_backoff_bounds():
+    b = Backoff(base_s=0.5, cap_s=4.0)
+    rng = random.Random(1)
+    for attempt in range(1, 8):
+        d = b.delay_s(attempt, rng)
+        ceiling = min(4.0, 0.5 * 2 ** (attempt - 1))
+        assert ceiling / 2 <= d <= ceiling
+
+
+def test_config_parsing_and_errors():
+    cfg = load_node_config(
+        """
+apiVersion: warmfleet.io/v1alpha1
+kind: NodeCacheConfig
+spec:
+  root: /tmp/x
+  capacity: {budget: 2GiB, reserve: 100MB}
+  download: {chunk: 4MiB, bandwidth_limit: 1GB}
+  artifacts:
+    - {type: model, name: m, uri: "hf://org/m", pin: true}
+    - {type: image, name: i, ref: "127.0.0.1:5000/x:1"}
+"""
+    )
+    assert cfg.spec.capacity.budget == 2 * 2**30
+    assert cfg.spec.download.chunk == 4 * 2**20
+    assert cfg.spec.artifacts[1].type == "image"
+    with pytest.raises(ConfigError, match=r"spec\.capacity\.budget"):
+        load_node_config(
+            "apiVersion: warmfleet.io/v1alpha1\nkind: NodeCacheConfig\n"
+            "spec: {root: /x, capacity: {budget: lots}}"
+        )
+    with pytest.raises(ConfigError, match=r"spec\.download\.concurency"):
+        load_node_config("spec: {root: /x, capacity: {budget: 1}, download: {concurency: 2}}")
+    assert parse_size("1.5KiB") == 1536
+
+
+def test_uri_parsing():
+    assert parse_uri("/data/m").kind == SourceKind.LOCAL
+    assert parse_uri("s3://bucket/pre/fix/").key == "pre/fix/"
+    hf = parse_uri("hf://org/model@abc")
+    assert (hf.kind, hf.location, hf.revision) == (SourceKind.HF, "org/model", "abc")
+    assert parse_uri("oci://127.0.0.1:5000/img:1").location == "127.0.0.1:5000/img:1"
+    with pytest.raises(BadRequestError):
+        parse_uri("ftp://x/y")

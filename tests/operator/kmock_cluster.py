@@ -1,0 +1,188 @@
+"""A fake cluster on kmock: resources for discovery, plus stand-ins for what kmock lacks.
+
+kmock stores objects and serves list/watch/patch/delete with finalizers and deletionTimestamp,
+but runs no controllers. ``FakeCluster`` plays the ones the operator depends on:
+the node agent (fills assigned caches, reports them in a Node annotation), the scheduler +
+kubelet (pods for Deployments and DaemonSets, placed by preferred node affinity, Ready at once)
+and the garbage collector for pods of deleted owners.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import aiohttp
+
+from warmfleet.control import names
+from warmfleet.operator import kube, render
+
+Obj = dict[str, Any]
+NS = "default"
+TS = "2026-11-29T12:00:00+00:00"
+
+RESOURCES = {
+    "v1/nodes": ("Node", False, ()),
+    "v1/pods": ("Pod", True, ()),
+    "v1/services": ("Service", True, ()),
+    "v1/events": ("Event", True, ()),
+    "v1/namespaces": ("Namespace", False, ()),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, ()),
+    "apps/v1/deployments": ("Deployment", True, ("status",)),
+    "apps/v1/daemonsets": ("DaemonSet", True, ("status",)),
+    "warmfleet.dev/v1alpha1/inferenceendpoints": ("InferenceEndpoint", True, ("status",)),
+    "warmfleet.dev/v1alpha1/modelcaches": ("ModelCache", True, ("status",)),
+    "warmfleet.dev/v1alpha1/imagecaches": ("ImageCache", True, ("status",)),
+}
+
+
+def declare_resources(kmock: Any) -> None:
+    verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
+    for key, (kind, namespaced, subs) in RESOURCES.items():
+        kmock.resources[key] = kmock.ResourceInfo(
+            kind=kind, namespaced=namespaced, verbs=verbs, subresources=list(subs)
+        )
+
+
+def forget_requests(kmock: Any) -> None:
+    """kmock keeps every request for assertions and its filters rescan that log on each new
+    request (quadratic); these tests assert on objects only, so the log is dropped per round."""
+    kmock._requests.clear()
+
+
+def endpoint_body(
+    name: str, revision: str = "v1", image: str = "vllm/vllm-openai:v0.9", replicas: int = 2
+) -> Obj:
+    return {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "InferenceEndpoint",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+        "spec": {
+            "modelSource": {"uri": f"s3://models/{name}", "revision": revision},
+            "image": image,
+            "modelCacheConfig": {
+                "weightsCache": {"enabled": True},
+                "imageCache": {"enabled": True},
+            },
+            "variants": [{"name": "main", "replicas": replicas}],
+        },
+    }
+
+
+class FakeCluster:
+    def __init__(
+        self, session: aiohttp.ClientSession, url: str, on_round: Callable[[], None]
+    ) -> None:
+        self.client = kube.KubeClient(session, url)
+        self.on_round = on_round
+        self._pods = 0
+
+    async def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": labels or {"pool": "gpu"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        await self.client.create(kube.NODES, None, body)
+
+    async def nodes(self) -> dict[str, Obj]:
+        return {n["metadata"]["name"]: n for n in await self.client.list(kube.NODES, None)}
+
+    async def agents(self, only: Iterable[str] | None = None) -> None:
+        """Each node's agent fills what is assigned to it and evicts the rest."""
+        allowed = None if only is None else set(only)
+        for name, node in (await self.nodes()).items():
+            ann = node["metadata"].get("annotations") or {}
+            assigned = [a["cache"] for a in json.loads(ann.get(render.ANN_ASSIGNED, "[]"))]
+            have = json.loads(ann.get(render.ANN_CACHE_STATUS, "{}"))
+            report = {c: r for c, r in have.items() if c in assigned}
+            for cache in assigned:
+                if cache not in report and (allowed is None or name in allowed):
+                    report[cache] = {
+                        "state": "ready",
+                        "bytesDone": 100,
+                        "bytesTotal": 100,
+                        "healthy": True,
+                    }
+            patch = {"metadata": {"annotations": {render.ANN_CACHE_STATUS: json.dumps(report)}}}
+            await self.client.patch(kube.NODES, None, name, patch)
+
+    async def kubelet(self) -> None:
+        """Pods for Deployments (preferred affinity) and puller DaemonSets; GC of orphans."""
+        nodes = await self.nodes()
+        pods = await self.client.list(kube.PODS, NS)
+        deployments = await self.client.list(kube.DEPLOYMENTS, NS)
+        daemonsets = await self.client.list(kube.DAEMONSETS, NS)
+        owners = {d["metadata"]["name"] for d in deployments + daemonsets}
+        for pod in pods:
+            owner = pod["metadata"]["labels"].get("owner")
+            if owner not in owners or pod["spec"]["nodeName"] not in nodes:
+                await self.client.delete(kube.PODS, NS, pod["metadata"]["name"])
+        pods = list(await self.client.list(kube.PODS, NS))
+        for dep in deployments:
+            await self._scale(
+                dep,
+                [p for p in pods if p["metadata"]["labels"]["owner"] == dep["metadata"]["name"]],
+                nodes,
+            )
+        for ds in daemonsets:
+            mine = {
+                p["spec"]["nodeName"]
+                for p in pods
+                if p["metadata"]["labels"]["owner"] == ds["metadata"]["name"]
+            }
+            selector = ds["spec"]["template"]["spec"].get("nodeSelector") or {}
+            for name, node in nodes.items():
+                labels = node["metadata"].get("labels") or {}
+                if name not in mine and all(labels.get(k) == v for k, v in selector.items()):
+                    await self._pod(ds, name)
+
+    async def _scale(self, dep: Obj, pods: list[Obj], nodes: dict[str, Obj]) -> None:
+        want = dep["spec"]["replicas"]
+        for pod in pods[want:]:
+            await self.client.delete(kube.PODS, NS, pod["metadata"]["name"])
+        used = {p["spec"]["nodeName"] for p in pods}
+        terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+
+        def score(name: str) -> tuple[int, str]:
+            labels = nodes[name]["metadata"].get("labels") or {}
+            total = sum(
+                t["weight"]
+                for t in terms
+                if labels.get(t["preference"]["matchExpressions"][0]["key"]) == "ready"
+            )
+            return (-total, name)
+
+        free = sorted((n for n in nodes if n not in used), key=score)
+        for name in free[: max(0, want - len(pods))]:
+            await self._pod(dep, name)
+
+    async def _pod(self, owner: Obj, node: str) -> None:
+        self._pods += 1
+        labels = dict(owner["spec"]["template"]["metadata"]["labels"])
+        labels["owner"] = owner["metadata"]["name"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{owner['metadata']['name']}-{self._pods}",
+                "namespace": NS,
+                "labels": labels,
+            },
+            "spec": {"nodeName": node},
+            "status": {
+                "startTime": TS,
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": TS}],
+            },
+        }
+        await self.client.create(kube.PODS, NS, body)
+
+    async def managed_labels(self) -> dict[str, set[str]]:
+        return {
+            n: {k for k in (o["metadata"].get("labels") or {}) if names.is_managed_label(k)}
+            for n, o in (await self.nodes()).items()
+        }

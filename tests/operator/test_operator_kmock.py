@@ -1,0 +1,226 @@
+"""The operator's reconciliation passes against kmock's stateful Kubernetes API emulator."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from kmock_cluster import NS, FakeCluster, declare_resources, endpoint_body, forget_requests
+
+from warmfleet.control import names
+from warmfleet.operator import kube, render
+from warmfleet.operator.controller import Controller, PassResult
+from warmfleet.operator.handlers import _scraper
+
+FINALIZER = "warmfleet.dev/finalizer"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1_000_000.0
+
+    def __call__(self) -> float:
+        self.now_s += 1.0
+        return self.now_s
+
+
+@pytest.fixture
+async def env(kmock: Any) -> AsyncIterator[tuple[FakeCluster, Controller]]:
+    declare_resources(kmock)
+    async with aiohttp.ClientSession() as session:
+        cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))
+        controller = Controller(kube.KubeClient(session, str(kmock.url)), NS, Clock())
+        for i in range(3):
+            await cluster.add_node(f"n{i}")
+        yield cluster, controller
+
+
+async def converge(cluster: FakeCluster, controller: Controller, rounds: int = 12) -> PassResult:
+    released: set[str] = set()
+    for _ in range(rounds):
+        cluster.on_round()
+        await cluster.agents()
+        await cluster.kubelet()
+        result = await controller.reconcile()
+        released |= result.released
+        for name in result.released:  # what kopf does once its delete handler succeeds
+            await cluster.client.patch(kube.ENDPOINTS, NS, name, {"metadata": {"finalizers": []}})
+        if not result.actions:
+            result.released = released
+            return result
+    raise AssertionError(f"no convergence; last actions {result.actions}")
+
+
+async def create_endpoint(cluster: FakeCluster, body: dict[str, Any]) -> None:
+    body["metadata"]["finalizers"] = [FINALIZER]  # kopf adds it on a real cluster
+    await cluster.client.create(kube.ENDPOINTS, NS, body)
+
+
+async def test_create_gate_deploy_roll_delete(env: tuple[FakeCluster, Controller]) -> None:
+    cluster, controller = env
+    c = cluster.client
+    await create_endpoint(cluster, endpoint_body("llama"))
+    await controller.reconcile()
+    (cache,) = await c.list(kube.MODEL_CACHES, NS)
+    assert cache["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"
+    assert cache["spec"]["modelSource"]["uri"] == "s3://models/llama"
+    assert len(await c.list(kube.IMAGE_CACHES, NS)) == 1
+    assert len(await c.list(kube.DAEMONSETS, NS)) == 1
+    assert await c.list(kube.DEPLOYMENTS, NS) == []
+
+    await cluster.agents(only=["n0", "n1"])  # n2 still filling: the 'all' gate stays closed
+    await controller.reconcile()
+    assert await c.list(kube.DEPLOYMENTS, NS) == []
+    endpoint = await c.get(kube.ENDPOINTS, NS, "llama")
+    assert endpoint is not None
+    assert endpoint["status"]["phase"] == "WaitingForCache"
+
+    await cluster.agents()
+    await controller.reconcile()
+    (dep,) = await c.list(kube.DEPLOYMENTS, NS)
+    prefs = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    keys = [
+        t["preference"]["matchExpressions"][0]["key"]
+        for t in prefs["preferredDuringSchedulingIgnoredDuringExecution"]
+    ]
+    assert keys[0] == names.weights_label(cache["metadata"]["name"])
+    assert await c.get(kube.Resource("", "v1", "services"), NS, "llama") is not None
+
+    await converge(cluster, controller)
+    endpoint = await c.get(kube.ENDPOINTS, NS, "llama")
+    assert endpoint is not None
+    assert endpoint["status"]["phase"] == "Ready"
+    assert endpoint["status"]["readyReplicas"] == 2
+    assert endpoint["status"]["unpreparedReplicaShare"] == 0.0
+    (cache_obj,) = await c.list(kube.MODEL_CACHES, NS)
+    assert cache_obj["status"]["state"] == "Ready"
+    assert cache_obj["status"]["readyNodes"] == 3
+
+    # roll: a new model revision builds a new cache, rolls, then drops the old cache
+    old_dep, old_cache = dep["metadata"]["name"], cache["metadata"]["name"]
+    await c.patch(kube.ENDPOINTS, NS, "llama", {"spec": {"modelSource": {"revision": "v2"}}})
+    await converge(cluster, controller)
+    deps = [d["metadata"]["name"] for d in await c.list(kube.DEPLOYMENTS, NS)]
+    caches = [m["metadata"]["name"] for m in await c.list(kube.MODEL_CACHES, NS)]
+    assert old_dep not in deps
+    assert len(deps) == 1
+    assert old_cache not in caches
+    assert len(caches) == 1
+    for labels in (await cluster.managed_labels()).values():
+        assert names.weights_label(old_cache) not in labels
+
+    # delete: everything goes, then the finalizer is released
+    await c.delete(kube.ENDPOINTS, NS, "llama")
+    result = await converge(cluster, controller)
+    assert "llama" in result.released
+    assert await c.get(kube.ENDPOINTS, NS, "llama") is None
+    for resource in (kube.DEPLOYMENTS, kube.MODEL_CACHES, kube.IMAGE_CACHES, kube.DAEMONSETS):
+        assert await c.list(resource, NS) == [], resource
+    for node in (await cluster.nodes()).values():
+        ann = node["metadata"].get("annotations") or {}
+        assert ann.get(render.ANN_ASSIGNED) == "[]"
+        assert ann.get(render.ANN_CACHE_STATUS) == "{}"
+    assert all(not labels for labels in (await cluster.managed_labels()).values())
+
+
+async def test_image_cache_shared_by_two_endpoints(env: tuple[FakeCluster, Controller]) -> None:
+    cluster, controller = env
+    c = cluster.client
+    await create_endpoint(cluster, endpoint_body("a"))
+    await create_endpoint(cluster, endpoint_body("b"))
+    await converge(cluster, controller)
+    (image,) = await c.list(kube.IMAGE_CACHES, NS)
+    assert [p["name"] for p in image["spec"]["parentReferences"]] == ["a", "b"]
+    assert image["status"]["references"] == 2
+    assert len(await c.list(kube.DAEMONSETS, NS)) == 1
+
+    await c.delete(kube.ENDPOINTS, NS, "a")
+    await converge(cluster, controller)
+    (image,) = await c.list(kube.IMAGE_CACHES, NS)
+    assert [p["name"] for p in image["spec"]["parentReferences"]] == ["b"]
+    assert len(await c.list(kube.DAEMONSETS, NS)) == 1
+
+    await c.delete(kube.ENDPOINTS, NS, "b")
+    await converge(cluster, controller)
+    assert await c.list(kube.IMAGE_CACHES, NS) == []
+    assert await c.list(kube.DAEMONSETS, NS) == []
+
+
+async def test_node_replacement(env: tuple[FakeCluster, Controller]) -> None:
+    cluster, controller = env
+    c = cluster.client
+    await create_endpoint(cluster, endpoint_body("e", replicas=3))
+    await converge(cluster, controller)
+    (cache,) = await c.list(kube.MODEL_CACHES, NS)
+    label = names.weights_label(cache["metadata"]["name"])
+
+    await c.delete(kube.NODES, None, "n1")  # the node is replaced
+    await cluster.add_node("n3")
+    result = await controller.reconcile()
+    assert any(getattr(a, "node", None) == "n3" for a in result.actions)
+    node = (await cluster.nodes())["n3"]
+    assert cache["metadata"]["name"] in node["metadata"]["annotations"][render.ANN_ASSIGNED]
+    await cluster.agents()
+    await cluster.kubelet()
+    await converge(cluster, controller)
+    assert (await cluster.nodes())["n3"]["metadata"]["labels"][label] == "ready"
+    endpoint = await c.get(kube.ENDPOINTS, NS, "e")
+    assert endpoint is not None
+    assert endpoint["status"]["readyReplicas"] == 3
+    assert {r["node"] for r in endpoint["status"]["replicaStatus"]} == {"n0", "n2", "n3"}
+    (cache,) = await c.list(kube.MODEL_CACHES, NS)
+    assert cache["status"]["targetNodes"] == 3
+    assert cache["status"]["readyNodes"] == 3
+
+
+async def test_unhealthy_cache_drops_the_label(env: tuple[FakeCluster, Controller]) -> None:
+    cluster, controller = env
+    c = cluster.client
+    await create_endpoint(cluster, endpoint_body("e"))
+    await converge(cluster, controller)
+    (cache,) = await c.list(kube.MODEL_CACHES, NS)
+    name = cache["metadata"]["name"]
+    bad = f'{{"{name}": {{"state": "ready", "healthy": false, "bytesDone": 1, "bytesTotal": 100}}}}'
+    await c.patch(
+        kube.NODES, None, "n2", {"metadata": {"annotations": {render.ANN_CACHE_STATUS: bad}}}
+    )
+    await controller.reconcile()
+    assert names.weights_label(name) not in (await cluster.managed_labels())["n2"]
+    (cache,) = await c.list(kube.MODEL_CACHES, NS)
+    assert cache["status"]["state"] == "Downloading"
+    assert any(cond["type"] == "NodeUnhealthy" for cond in cache["status"]["conditions"])
+
+
+async def test_autoscaling_from_gateway_metrics(kmock: Any) -> None:
+    declare_resources(kmock)
+    text = 'warmfleet_gateway_in_flight_requests{endpoint="e",instance="i0",variant="main"} 70\n'
+    kmock["get /gateway/metrics"] << text.encode()
+    async with aiohttp.ClientSession() as session:
+        cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))
+        scrape = _scraper(
+            session, [f"{kmock.url}/gateway/metrics", "http://127.0.0.1:9/unreachable"]
+        )
+        controller = Controller(
+            kube.KubeClient(session, str(kmock.url)), NS, Clock(), metrics=scrape
+        )
+        for i in range(4):
+            await cluster.add_node(f"n{i}")
+        body = endpoint_body("e", replicas=1)
+        body["spec"]["variants"][0]["autoscaling"] = {
+            "enabled": True,
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "targetInFlightPerReplica": 10,
+        }
+        await create_endpoint(cluster, body)
+        await converge(cluster, controller)
+        (dep,) = await cluster.client.list(kube.DEPLOYMENTS, NS)
+        assert dep["spec"]["replicas"] == 3  # 70 in flight / 10 per replica, capped at max 3
+        endpoint = await cluster.client.get(kube.ENDPOINTS, NS, "e")
+        assert endpoint is not None
+        assert (
+            endpoint["metadata"]["annotations"]["warmfleet.dev/autoscaled-replicas"]
+            == '{"main": 3}'
+        )

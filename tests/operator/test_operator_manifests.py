@@ -1,0 +1,153 @@
+"""Every manifest validates: Kubernetes schemas (kubernetes-validate), CRD schemas, structure."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from fleet_world import endpoint_world
+
+from warmfleet.control.crds import all_crds
+from warmfleet.control.reconciler import deployment_plan
+from warmfleet.control.resources import InferenceEndpoint, wire
+from warmfleet.operator import render
+from warmfleet.operator.manifests import rendered_files
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+K8S_VERSION = "1.37.0"
+Obj = dict[str, Any]
+
+
+def k8s_validate(obj: Obj) -> None:
+    try:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as err:
+        first = str(err).splitlines()[0]
+        raise AssertionError(f"{obj['kind']} {obj['metadata'].get('name')}: {first}") from None
+
+
+def crd_schema(kind: str, part: str | None = None) -> Obj:
+    crd = next(c for c in all_crds() if c["spec"]["names"]["kind"] == kind)
+    schema: Obj = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema if part is None else schema["properties"][part]
+
+
+def crd_validate(kind: str, obj: Obj) -> None:
+    jsonschema.Draft4Validator(crd_schema(kind)).validate(obj)
+
+
+def test_generated_files_are_in_sync() -> None:
+    for rel, content in rendered_files().items():
+        path = DEPLOY / rel
+        assert path.exists(), f"{path} missing: run `warmfleet fleet render`"
+        assert path.read_text() == content, f"{path} stale: run `warmfleet fleet render`"
+
+
+def test_plain_manifests_validate() -> None:
+    docs = list(yaml.safe_load_all((DEPLOY / "manifests/warmfleet.yaml").read_text()))
+    assert {d["kind"] for d in docs} >= {"Deployment", "DaemonSet", "ClusterRole", "Service"}
+    for doc in docs:
+        k8s_validate(doc)
+
+
+def _render_helm(text: str, values: Obj) -> str:
+    """The chart uses plain substitutions only: {{ .Values.a.b }} and {{ .Release.Namespace }}."""
+
+    def sub(match: re.Match[str]) -> str:
+        expr = match.group(1).strip()
+        if expr == ".Release.Namespace":
+            return "warmfleet-system"
+        assert expr.startswith(".Values."), f"unsupported template expression {expr}"
+        node: Any = values
+        for part in expr.removeprefix(".Values.").split("."):
+            node = node[part]
+        return str(node)
+
+    rendered = re.sub(r"\{\{(.*?)\}\}", sub, text)
+    assert "{{" not in rendered
+    return rendered
+
+
+def test_helm_chart_renders_and_validates() -> None:
+    chart = DEPLOY / "helm/warmfleet"
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    assert yaml.safe_load((chart / "Chart.yaml").read_text())["apiVersion"] == "v2"
+    templates = sorted((chart / "templates").glob("*.yaml"))
+    assert len(templates) == 3
+    for template in templates:
+        for doc in yaml.safe_load_all(_render_helm(template.read_text(), values)):
+            k8s_validate(doc)
+    for crd_file in (chart / "crds").glob("*.yaml"):
+        k8s_validate(yaml.safe_load(crd_file.read_text()))
+
+
+def _walk(node: Any, path: str) -> None:
+    if not isinstance(node, dict):
+        return
+    for forbidden in ("$ref", "anyOf", "oneOf", "allOf"):
+        assert forbidden not in node, path
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        return
+    assert "type" in node, f"{path}: every schema node needs a type (structural schema)"
+    assert not ("properties" in node and "additionalProperties" in node), path
+    for key, child in (node.get("properties") or {}).items():
+        _walk(child, f"{path}.{key}")
+    if isinstance(node.get("items"), dict):
+        _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+@pytest.mark.parametrize("crd", all_crds(), ids=lambda c: c["metadata"]["name"])
+def test_crds_are_structural_and_valid(crd: Obj) -> None:
+    k8s_validate(crd)
+    _walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"], crd["spec"]["names"]["kind"])
+    preserved = [
+        line
+        for line in yaml.safe_dump(crd).splitlines()
+        if "x-kubernetes-preserve-unknown-fields" in line
+    ]
+    assert len(preserved) == (1 if crd["spec"]["names"]["kind"] == "InferenceEndpoint" else 0)
+
+
+def test_example_validates_against_crd_and_model() -> None:
+    doc = yaml.safe_load((DEPLOY / "examples/vllm-llama-3.1-70b.yaml").read_text())
+    crd_validate("InferenceEndpoint", doc)
+    endpoint = InferenceEndpoint.model_validate(doc)
+    assert endpoint.spec.variants[0].routing.strategy.type == "prefix_affinity"
+    with pytest.raises(jsonschema.ValidationError):
+        crd_validate("InferenceEndpoint", {**doc, "spec": {**doc["spec"], "port": 0}})
+
+
+def test_runtime_objects_and_statuses_validate() -> None:
+    world, endpoint = endpoint_world()
+    for variant in endpoint.spec.variants:
+        plan = deployment_plan(endpoint, variant)
+        k8s_validate(render.deployment(plan, "default", "uid-1"))
+    k8s_validate(render.service(endpoint.name, 8000, "default", "uid-1"))
+    k8s_validate(
+        render.image_puller("img-abc", "vllm/vllm-openai:v0.9", {"pool": "gpu"}, "default")
+    )
+    status = world.endpoints[endpoint.name].status
+    assert status is not None
+    crd_validate(
+        "InferenceEndpoint",
+        {
+            "apiVersion": "warmfleet.dev/v1alpha1",
+            "kind": "InferenceEndpoint",
+            "metadata": {"name": "e"},
+            "spec": wire(endpoint.spec),
+            "status": wire(status),
+        },
+    )
+    for cache in world.model_caches.values():
+        assert cache.status is not None
+        crd_validate("ModelCache", {"spec": wire(cache.spec), "status": wire(cache.status)})
+    for image in world.image_caches.values():
+        assert image.status is not None
+        crd_validate("ImageCache", {"spec": wire(image.spec), "status": wire(image.status)})

@@ -1,0 +1,64 @@
+"""Scale-out what-if: ordering of the three scenarios and the AWS-figure derivations."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmfleet.control.resources import AutoscalingSpec
+from warmfleet.sim.whatif import WhatIfParams, calibrate, run_scenario, run_whatif
+
+SMALL = WhatIfParams(
+    engine_preset="tiny-cpu",
+    prompt_tokens=256,
+    output_tokens=32,
+    base_rate_rps=5.0,
+    burst_rate_rps=40.0,
+    burst_start_s=60.0,
+    burst_duration_s=1800.0,
+    nodes_total=8,
+    warm_nodes=4,
+    calibration_requests=60,
+    autoscaling=AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=8),
+)
+
+
+def test_aws_figures_give_tens_of_minutes_vs_seconds() -> None:
+    p = WhatIfParams()
+    assert p.origin_bytes_per_s == pytest.approx(145e9 / 1200)
+    assert p.model_bytes / p.origin_bytes_per_s == pytest.approx(1200.0)  # "20+ min"
+    assert p.model_bytes / p.nvme_bytes_per_s == pytest.approx(20.7, abs=0.1)  # 7 GB/s NVMe
+    assert p.start_s(False, False) > 25 * 60  # AWS: new capacity after 25-30+ min
+    assert p.start_s(True, True) < 90
+
+
+def test_scenarios_order_and_shares() -> None:
+    model = calibrate(SMALL)
+    assert model.capacity_rps > 0
+    assert model.slots >= 1
+    cold = run_scenario(SMALL, "cold", model)
+    weights = run_scenario(SMALL, "weights", model)
+    warm = run_scenario(SMALL, "weights+image", model)
+    for r in (cold, weights, warm):
+        assert r.burst_requests > 0
+        assert r.time_to_capacity_s is not None
+    assert cold.time_to_capacity_s > weights.time_to_capacity_s > warm.time_to_capacity_s  # type: ignore[operator]
+    assert cold.ttft_p95_ms > weights.ttft_p95_ms >= warm.ttft_p95_ms
+    assert cold.unprepared_request_share == 1.0
+    assert 0.0 <= warm.unprepared_request_share < 1.0
+    assert warm.ttft_p99_ms >= warm.ttft_p95_ms >= warm.ttft_p50_ms
+
+
+def test_deterministic_for_a_seed() -> None:
+    small = SMALL.model_copy(update={"burst_duration_s": 300.0})
+    model = calibrate(small)
+    assert (
+        run_scenario(small, "weights", model).report()
+        == run_scenario(small, "weights", model).report()
+    )
+
+
+def test_report_shape() -> None:
+    small = SMALL.model_copy(update={"burst_duration_s": 200.0})
+    report = run_whatif(small, ("cold", "weights+image"))
+    assert set(report["scenarios"]) == {"cold", "weights+image"}  # type: ignore[arg-type]
+    assert report["derived"]["replica_start_s"]["cold"] == pytest.approx(1590.0)  # type: ignore[index]
