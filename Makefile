@@ -76,9 +76,11 @@ bench-cache: $(DEV_STAMP)
 		|| echo "docker-registry unavailable: the OCI tests will skip"
 	$(BIN)/python -m warmfleet.bench.cache_bench --out bench-results/cache.json --big-size $(BIG_SIZE)
 
-# scale-out what-if (embedded-backend figures are not produced yet)
+# scale-out what-if (under `whatif`), then acceptance 1 and 2 on the embedded backend
+# (`warmfleet up` machinery: 3 nodes, 200 MB model, 100 MB/s origin; < 5 min), merged top-level
 bench-fleet: $(STAMP)
 	$(BIN)/warmfleet fleet whatif --out bench-results/fleet.json
+	$(BIN)/python -m warmfleet.operator.embedded.acceptance --out bench-results/fleet.json
 
 clean:
 	rm -rf $(VENV) bench-results warmfleet-report .mypy_cache .ruff_cache .pytest_cache

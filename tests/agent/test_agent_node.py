@@ -15,7 +15,7 @@ from warmfleet.cache.config import load_node_config
 def _config(root, url, interval_s=0.1):
     return load_node_config(
         f"""
-apiVersion: warmfleet.io/v1alpha1
+apiVersion: warmfleet.dev/v1alpha1
 kind: NodeCacheConfig
 spec:
   root: {root}

@@ -105,7 +105,7 @@ def test_backoff_bounds():
 def test_config_parsing_and_errors():
     cfg = load_node_config(
         """
-apiVersion: warmfleet.io/v1alpha1
+apiVersion: warmfleet.dev/v1alpha1
 kind: NodeCacheConfig
 spec:
   root: /tmp/x
@@ -121,7 +121,7 @@ spec:
     assert cfg.spec.artifacts[1].type == "image"
     with pytest.raises(ConfigError, match=r"spec\.capacity\.budget"):
         load_node_config(
-            "apiVersion: warmfleet.io/v1alpha1\nkind: NodeCacheConfig\n"
+            "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\n"
             "spec: {root: /x, capacity: {budget: lots}}"
         )
     with pytest.raises(ConfigError, match=r"spec\.download\.concurency"):

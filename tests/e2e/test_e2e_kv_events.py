@@ -257,12 +257,12 @@ def test_feed_hooks_the_live_router_and_survives_a_reload() -> None:
     assert feed.translator.index is live.exact_index
     assert throwaway.exact_index is not live.exact_index
     seed = live.router.keys.seed("m", None, None)
-    tokens = list(range(40))
+    tokens = list(range(10))  # 2 full blocks, both held by b: a strong match
     feed.apply("b", 0, batch(block((1, 2), None, range(8))), 0.0)
     key = live.router.keys.from_token_ids(tokens, seed, 0, BS)
     fleet = FleetSnapshot((InstanceState("a"), InstanceState("b")))
     assert live.choose(key, fleet).instance_id == "b"
-    assert feed.modes() == {"b": "exact"}
+    assert feed.modes() == {"a": "approximate", "b": "exact"}  # a: routed, no events yet
     registry = CollectorRegistry()
     feed.register_metrics(registry)
     text = generate_latest(registry).decode()

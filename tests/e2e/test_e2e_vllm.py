@@ -6,6 +6,7 @@ tiny model if missing and runs this with ``WARMFLEET_E2E_VLLM=1``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-vllm"
 MODEL = REPO / ".cache" / "tiny-llama"
 OUT = REPO / "bench-results" / "e2e-vllm.json"
+LOG_DIR = REPO / "bench-results" / "e2e-vllm-logs"
+PID_FILE = LOG_DIR / "engine-pids"  # written by bench.e2e_vllm.engines.start_engines
 RUN_TIMEOUT_S = 1500.0
 
 pytestmark = [
@@ -33,7 +36,7 @@ pytestmark = [
 def run_e2e() -> int:
     """Run the e2e module; on a timeout SIGTERM lets it stop its vLLM children by PID."""
     argv = [sys.executable, "-m", "warmfleet.bench.e2e_vllm", "--venv", str(VENV)]
-    argv += ["--model-dir", str(MODEL), "--out", str(OUT)]
+    argv += ["--model-dir", str(MODEL), "--out", str(OUT), "--log-dir", str(LOG_DIR)]
     proc = subprocess.Popen(argv, cwd=REPO)
     try:
         return proc.wait(timeout=RUN_TIMEOUT_S)
@@ -45,6 +48,31 @@ def run_e2e() -> int:
             proc.kill()
             proc.wait()
         pytest.fail(f"e2e did not finish in {RUN_TIMEOUT_S:.0f} s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def reap_engines() -> list[int]:
+    """vLLM servers the e2e started that are still alive (it was killed before its cleanup):
+    SIGKILL each one's own process group, by the PIDs it recorded. Returns those PIDs."""
+    try:
+        pids = [int(line) for line in PID_FILE.read_text().split()]
+    except (OSError, ValueError):
+        return []
+    leftovers = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone
+        if b"vllm.entrypoints" not in cmdline:
+            continue  # the PID was reused by something else
+        leftovers.append(pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    return leftovers
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 120)
@@ -52,7 +80,12 @@ def test_prefix_routing_on_real_vllm() -> None:
     assert (VENV / "bin" / "python").exists(), "run `make vllm-venv`"
     assert (MODEL / "model.safetensors").exists(), "run `make vllm-model`"
     OUT.unlink(missing_ok=True)
-    rc = run_e2e()
+    try:
+        rc = run_e2e()
+    finally:
+        leftovers = reap_engines()
+    assert leftovers == [], f"the e2e left vLLM servers running (killed now): {leftovers}"
+    assert OUT.exists(), f"the e2e stopped before writing {OUT} (exit status {rc}): see above"
     out = json.loads(OUT.read_text())
     assert out["failures"] == []
     assert rc == 0
@@ -60,7 +93,7 @@ def test_prefix_routing_on_real_vllm() -> None:
     for mode in ("approximate", "exact"):
         pa = out["strategies"]["prefix_affinity"][mode]
         assert pa["hit_rate"] >= 0.8 * pa["ideal_reuse"], (mode, pa)
-        assert rnd["hit_rate"] <= 0.75 * pa["hit_rate"], (mode, rnd, pa)
+        assert rnd["hit_rate"] <= pa["hit_rate"] - 0.25, (mode, rnd, pa)
         for key in ("hit_rate", "ideal_reuse"):
             assert 0.0 <= pa[key] <= 1.0
         assert pa["ttft_ms"]["p50"] <= pa["ttft_ms"]["p90"]

@@ -46,6 +46,7 @@ class LoadTracker:
         self.ids = ids(n)
         self.tokens = dict.fromkeys(self.ids, 0)
         self.requests = dict.fromkeys(self.ids, 0)
+        self.sent: dict[str, list[int]] = {i: [] for i in self.ids}
 
     def snapshot(self) -> FleetSnapshot:
         return FleetSnapshot(
@@ -200,11 +201,26 @@ def test_bounded_load_is_never_exceeded(
     )
     for _ in range(10):
         k = key(rng.choice(docs) + chain(rng, rng.randrange(0, 20)), output=rng.randrange(0, 500))
+        work_loads, bound, exempt = work_bound(s, k, fleet, epsilon, floor)
         d = s.choose(k, fleet)
-        work = k.prompt_tokens + k.output_tokens_hint
-        chosen_load = loads[ids(n).index(d.instance_id)]
-        # floor 0: CHWBL's bound in tokens; otherwise idle-ish instances are always eligible
-        assert chosen_load <= max((1 + epsilon) * (sum(loads) + work) / n, floor * work)
+        if not (exempt and d.reason is Reason.PREFIX_HIT):
+            assert work_loads[ids(n).index(d.instance_id)] <= bound
+
+
+def work_bound(
+    s: PrefixAffinityStrategy, k: RoutingKey, fleet: FleetSnapshot, epsilon: float, floor: float
+) -> tuple[list[int], float, bool]:
+    """The strategy's in-flight work per instance, the bound on it, and whether the request
+    continues a private prefix (a conversation's next turn, which may pass the bound).
+
+    floor 0: CHWBL's bound in predicted work; otherwise idle-ish instances are always eligible.
+    """
+    work = k.prompt_tokens + k.output_tokens_hint
+    loads = s.in_flight_work(fleet, work)
+    best = max(s.match(k).values(), default=0)
+    least = max(0, k.prompt_tokens - best * BLOCK) + k.output_tokens_hint
+    bound = max((1 + epsilon) * (sum(loads) + least) / len(loads), floor * work)
+    return loads, bound, best > 0 and s.is_private(k.block_hashes[best - 1])
 
 
 @settings(max_examples=15, deadline=None)
@@ -221,15 +237,16 @@ def test_bounded_load_holds_in_a_closed_loop(seed: int, epsilon: float, floor: f
     docs = [chain(rng, 20) for _ in range(3)]
     for _ in range(300):
         k = key(rng.choice(docs) + chain(rng, 3), output=rng.randrange(10, 100))
-        before = dict(tracker.tokens)
+        loads, bound, exempt = work_bound(s, k, tracker.snapshot(), epsilon, floor)
+        assert not exempt
         d = tracker.route(s, k)
-        work = k.prompt_tokens + k.output_tokens_hint
-        bound = max((1 + epsilon) * (sum(before.values()) + work) / 6, floor * work)
-        assert before[d.instance_id] <= bound
-        if rng.random() < 0.5:  # some request finishes
-            busy = [i for i in tracker.ids if tracker.tokens[i] > 0]
-            victim = rng.choice(busy)
-            tracker.tokens[victim] = max(0, tracker.tokens[victim] - work)
+        assert loads[tracker.ids.index(d.instance_id)] <= bound
+        tracker.sent[d.instance_id].append(k.prompt_tokens + k.output_tokens_hint)
+        if rng.random() < 0.5:  # some request finishes (any of the instance's, not the oldest)
+            victim = rng.choice([i for i in tracker.ids if tracker.sent[i]])
+            tokens = tracker.sent[victim].pop(rng.randrange(len(tracker.sent[victim])))
+            tracker.tokens[victim] -= tokens
+            tracker.requests[victim] -= 1
 
 
 def movement_keys(seed: int, count: int = 400) -> list[RoutingKey]:
@@ -371,3 +388,85 @@ def test_short_private_prefix_is_followed_but_shared_one_is_not() -> None:
     assert s.fanout(system[-1]) >= 2
     assert len(placed) == 8
     assert max(placed.values()) <= 1.5 * 40 / 8 + 1
+
+
+def test_work_ledger_counts_hits_as_less_work_and_forgets_finished_requests() -> None:
+    s = affinity()
+    tracker = LoadTracker(2)
+    s.on_instances_changed(tracker.ids)
+    rng = random.Random(21)
+    doc = chain(rng, 40)
+    cold = tracker.route(s, key(doc + chain(rng, 1), output=10))
+    hit = tracker.route(s, key(doc + chain(rng, 1), output=10))
+    assert hit.reason is Reason.PREFIX_HIT
+    assert hit.instance_id == cold.instance_id
+    pod = tracker.ids.index(cold.instance_id)
+    full = 41 * BLOCK + 5 + 10
+    # the cold request adds its whole prompt, the hit only its uncached tail and its output
+    assert s.in_flight_work(tracker.snapshot())[pod] == full + (BLOCK + 5 + 10)
+    # the caller reports the cold request finished (one request, its tokens): the ledger drops
+    # exactly that entry, not the oldest-but-wrong one
+    tracker.tokens[cold.instance_id] -= full
+    tracker.requests[cold.instance_id] -= 1
+    assert s.in_flight_work(tracker.snapshot())[pod] == BLOCK + 5 + 10
+    # tokens the ledger never saw (another gateway replica) count in full
+    tracker.tokens[cold.instance_id] += 1000
+    tracker.requests[cold.instance_id] += 1
+    assert s.in_flight_work(tracker.snapshot())[pod] == BLOCK + 5 + 10 + 1000
+
+
+def test_conversation_is_followed_past_the_load_bound_but_a_shared_prefix_is_not() -> None:
+    s = affinity(epsilon=0.1, load_floor_requests=0.0)
+    tracker = LoadTracker(4)
+    s.on_instances_changed(tracker.ids)
+    rng = random.Random(22)
+    turn = key(chain(rng, 30), output=10)
+    home = tracker.route(s, turn).instance_id
+    doc = chain(rng, 30)
+    doc_home = tracker.route(s, key(doc + chain(rng, 1), output=10)).instance_id
+    # both homes become busier than the bound allows (work the ledger does not know), though
+    # not so busy that waiting there costs more than recomputing the prefix elsewhere
+    for pod in {home, doc_home}:
+        tracker.tokens[pod] += 10_000
+        tracker.requests[pod] += 1
+    # the conversation's next turn continues its own earlier prompt: it stays home
+    nxt = key(turn.block_hashes + chain(rng, 3), output=10)
+    loads, bound, exempt = work_bound(s, nxt, tracker.snapshot(), 0.1, 0.0)
+    assert exempt
+    assert loads[tracker.ids.index(home)] > bound
+    d = tracker.route(s, nxt)
+    assert (d.instance_id, d.reason) == (home, Reason.PREFIX_HIT)
+    # a shared document is a hot spot: it is replicated instead
+    assert not s.is_private(doc[-1])
+    d = tracker.route(s, key(doc + chain(rng, 1), output=10))
+    assert d.reason is Reason.REPLICATE
+    assert d.instance_id != doc_home
+
+
+def test_first_turns_sharing_only_a_system_prompt_are_not_followed() -> None:
+    s = affinity(min_match_fraction=0.5)
+    s.on_instances_changed(ids(8))
+    rng = random.Random(23)
+    system = chain(rng, 20)
+    first = key(system + chain(rng, 25))
+    home = s.choose(first, idle(8))
+    s.on_routed(first, home)
+    # the system prompt ends inside the earlier prompt: it is not a conversation's history
+    assert not s.is_private(system[-1])
+    other = s.choose(key(system + chain(rng, 25)), idle(8))
+    assert other.reason is Reason.NO_MATCH
+    assert other.instance_id != home.instance_id
+
+
+def test_cold_starts_rotate_over_the_instances() -> None:
+    s = affinity()
+    s.on_instances_changed(ids(8))
+    rng = random.Random(24)
+    placed = []
+    for _ in range(24):  # equal loads: each instance takes one cold start per round of 8
+        k = key(chain(rng, 20))
+        d = s.choose(k, idle(8))
+        s.on_routed(k, d)
+        placed.append(d.instance_id)
+    for start in range(0, 24, 8):
+        assert sorted(placed[start : start + 8]) == ids(8)

@@ -9,7 +9,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -23,10 +23,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from warmfleet.agent.manager import CacheManager
-from warmfleet.agent.node_agent import NodeAgent
-from warmfleet.agent.sourceset import SourceSet
-from warmfleet.agent.store import Store
 from warmfleet.cache.config import (
     CapacitySpec,
     DownloadSpec,
@@ -36,6 +32,9 @@ from warmfleet.cache.config import (
     parse_size,
 )
 from warmfleet.core.errors import ConfigError, WarmfleetError
+
+if TYPE_CHECKING:
+    from warmfleet.agent.manager import CacheManager
 
 cache_app = typer.Typer(no_args_is_help=True, help="Node-local model and image cache.")
 T = TypeVar("T")
@@ -86,6 +85,10 @@ def _run(fn: Callable[[], Awaitable[T]]) -> T:
 
 
 async def _with_manager(spec: NodeCacheSpec, fn: Callable[[CacheManager], Awaitable[T]]) -> T:
+    from warmfleet.agent.manager import CacheManager  # noqa: PLC0415 (keeps the CLI fast)
+    from warmfleet.agent.sourceset import SourceSet  # noqa: PLC0415
+    from warmfleet.agent.store import Store  # noqa: PLC0415
+
     async with SourceSet(spec.sources, spec.download) as sources:
         manager = CacheManager(Store(Path(spec.root)), spec, sources)
         return await fn(manager)
@@ -256,6 +259,8 @@ def agent(config: Annotated[Path, typer.Option("--config", help="node.yaml")]) -
         raise typer.BadParameter(str(err)) from err
 
     async def go() -> None:
+        from warmfleet.agent.node_agent import NodeAgent  # noqa: PLC0415
+
         node = NodeAgent(cfg)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

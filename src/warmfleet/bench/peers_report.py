@@ -88,6 +88,7 @@ def build_rows(inputs: Sequence[RowInput], instances: int) -> list[dict[str, Any
             "ttft_ms": {"p50": _p(s, "ttft_ms", "p50"), "p90": _p(s, "ttft_ms", "p90")},
             "e2e_ms": {"p50": _p(s, "e2e_ms", "p50"), "p99": _p(s, "e2e_ms", "p99")},
             "completed": s["requests"]["completed"],
+            "decisions_by_reason": dict(s.get("decisions_by_reason", {})),
             "errors": sum(s["errors"].values()),
             "foreign_cpu_frac": item.foreign_cpu_frac,
             "noisy": item.foreign_cpu_frac is not None and item.foreign_cpu_frac > NOISY_FRAC,

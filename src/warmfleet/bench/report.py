@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from rich.table import Table
 
 from warmfleet.sim.runner import Comparison
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FLOAT_DIGITS = 4
 
@@ -92,6 +93,9 @@ def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
 
 
 def _figure() -> tuple[Figure, Any]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415 (slow import)
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
     """A figure on its own Agg canvas (no pyplot global state)."""
     fig = Figure(figsize=(7, 4.5))
     FigureCanvasAgg(fig)

@@ -1,7 +1,7 @@
 """Typed node-agent configuration (``node.yaml``): a versioned document.
 
 ```yaml
-apiVersion: warmfleet.io/v1alpha1
+apiVersion: warmfleet.dev/v1alpha1
 kind: NodeCacheConfig
 spec:
   root: /var/lib/warmfleet/cache
@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, Field
 from warmfleet.cache.capacity import CapacityPolicy
 from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
 
-API_VERSION: Literal["warmfleet.io/v1alpha1"] = "warmfleet.io/v1alpha1"
+API_VERSION: Literal["warmfleet.dev/v1alpha1"] = "warmfleet.dev/v1alpha1"
 
 _UNITS = {
     "": 1,
@@ -127,7 +127,7 @@ class NodeCacheSpec(StrictModel):
 
 
 class NodeCacheConfig(StrictModel):
-    apiVersion: Literal["warmfleet.io/v1alpha1"] = API_VERSION
+    apiVersion: Literal["warmfleet.dev/v1alpha1"] = API_VERSION
     kind: Literal["NodeCacheConfig"] = "NodeCacheConfig"
     spec: NodeCacheSpec
 

@@ -22,6 +22,7 @@ from warmfleet.emulator.config import (
     parse_fault_flag,
 )
 from warmfleet.emulator.fleet import EmulatedFleet
+from warmfleet.emulator.weights import WeightsLoad, WeightsLoadError, load_weights
 
 
 def _flag_overrides(values: dict[str, Any]) -> dict[str, Any]:
@@ -59,12 +60,21 @@ def _write_ports_file(path: Path, info: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-async def serve_fleet(spec: EmulatorSpec, ready: Callable[[EmulatedFleet], None]) -> None:
+async def serve_fleet(
+    spec: EmulatorSpec,
+    ready: Callable[[EmulatedFleet], None],
+    weights_from: str | None = None,
+    on_weights: Callable[[WeightsLoad], None] | None = None,
+) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        if weights_from is not None:  # before any port is bound: not ready until loaded
+            loaded = await load_weights(weights_from)
+            if on_weights is not None:
+                on_weights(loaded)
         async with EmulatedFleet(spec) as fleet:
             ready(fleet)
             await stop.wait()
@@ -106,6 +116,9 @@ def emulate_command(  # noqa: PLR0917
     config: Path | None = typer.Option(None, "--config", "-c", help="kind: Emulator document."),  # noqa: B008
     ports_file: Path | None = typer.Option(None, help="Write the ready JSON here too."),  # noqa: B008
     log_level: str = typer.Option("warning", help="debug, info, warning or error."),
+    load_weights_from: str | None = typer.Option(
+        None, help="Read every byte of this directory or http(s) URL before becoming ready."
+    ),
 ) -> None:
     """Serve an emulated vLLM fleet; prints one JSON line with the URLs once ready."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
@@ -140,15 +153,27 @@ def emulate_command(  # noqa: PLR0917
         print(f"invalid emulator config:\n{err}", file=sys.stderr)
         raise typer.Exit(2) from err
 
+    weights: dict[str, Any] = {}
+
+    def on_weights(loaded: WeightsLoad) -> None:
+        weights.update(
+            source=loaded.source, bytes_read=loaded.bytes_read, load_s=round(loaded.load_s, 4)
+        )
+
     def ready(fleet: EmulatedFleet) -> None:
         info = fleet.ready_info()
+        if weights:
+            info["weights"] = weights
         if ports_file is not None:
             _write_ports_file(ports_file, info)
         print(json.dumps(info), flush=True)
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve_fleet(spec, ready))
+            runner.run(serve_fleet(spec, ready, load_weights_from, on_weights))
+    except WeightsLoadError as err:
+        print(f"cannot load the weights: {err}", file=sys.stderr)
+        raise typer.Exit(1) from err
     except OSError as err:
         print(f"cannot start the emulated fleet: {err}", file=sys.stderr)
         raise typer.Exit(1) from err

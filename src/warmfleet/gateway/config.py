@@ -169,6 +169,24 @@ class EndpointConfig(StrictModel):
         return value
 
 
+class KvEventsConfig(StrictModel):
+    """Engine KV-cache events (vLLM's ZMQ publisher) feeding ``prefix_affinity``'s exact index.
+
+    ``bind: true`` (engines configured with a concrete host *connect*, so the gateway binds
+    ``endpoint`` and one socket collects every engine); ``bind: false`` connects to a relay.
+    The instance is named by the topic: ``<topic_prefix><instance id>``. ``model`` is the model
+    name clients send (it seeds the routing hashes); default: the tokens-mode variant's only
+    entry in ``models``.
+    """
+
+    endpoint: str = Field(pattern=r"^(tcp|ipc|inproc)://.+")
+    bind: bool = True
+    topic_prefix: str = Field(default="kv.", min_length=1)
+    model: str | None = Field(default=None, min_length=1)
+    resync_batches: int = Field(default=3, ge=1)
+    silence_timeout_s: float = Field(default=10.0, gt=0)
+
+
 class GatewaySpec(StrictModel):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -179,6 +197,8 @@ class GatewaySpec(StrictModel):
     variant_header: str = Field(default="x-warmfleet-variant", min_length=1)
     models_cache_ttl_s: float = Field(default=10.0, ge=0)
     endpoints: list[EndpointConfig] = Field(min_length=1)
+    tokenizer_path: str | None = Field(default=None, min_length=1)
+    kv_events: KvEventsConfig | None = None
 
     @model_validator(mode="after")
     def _endpoints_consistent(self) -> GatewaySpec:
@@ -187,6 +207,48 @@ class GatewaySpec(StrictModel):
         if self.default_endpoint is not None and self.default_endpoint not in names:
             raise ValueError(f"default_endpoint {self.default_endpoint!r} is not an endpoint")
         return self
+
+    @model_validator(mode="after")
+    def _tokenizer_and_events(self) -> GatewaySpec:
+        tokens = self.tokens_variants()
+        if tokens and self.tokenizer_path is None:
+            raise ValueError(
+                f"tokenizer_path: required when routing.key.mode is 'tokens' ({tokens[0]})"
+            )
+        if self.kv_events is None:
+            return self
+        if len(tokens) != 1:
+            raise ValueError(
+                "kv_events: needs exactly one variant with routing.key.mode 'tokens', "
+                f"found {len(tokens)} ({', '.join(tokens) or 'none'})"
+            )
+        if self.kv_events.model is None and len(self.kv_events_variant().models) != 1:
+            raise ValueError(
+                f"kv_events.model: required unless variant {tokens[0]} lists exactly one model"
+            )
+        return self
+
+    def tokens_variants(self) -> list[str]:
+        """Locations (``endpoints.i.variants.j``) of the variants keyed by token ids."""
+        return [
+            f"endpoints.{i}.variants.{j}"
+            for i, endpoint in enumerate(self.endpoints)
+            for j, variant in enumerate(endpoint.variants)
+            if variant.routing.key.mode == "tokens"
+        ]
+
+    def kv_events_variant(self) -> VariantConfig:
+        """The one tokens-mode variant whose router the KV events feed."""
+        for endpoint in self.endpoints:
+            for variant in endpoint.variants:
+                if variant.routing.key.mode == "tokens":
+                    return variant
+        raise ConfigError("kv_events: no variant with routing.key.mode 'tokens'")
+
+    def kv_events_model(self) -> str | None:
+        if self.kv_events is None:
+            return None
+        return self.kv_events.model or self.kv_events_variant().models[0]
 
     @property
     def default_endpoint_name(self) -> str:
@@ -227,6 +289,7 @@ def load_gateway_config(path: str | Path) -> GatewayConfig:
 
 
 def resolve_relative_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
+    """Discovery files and ``tokenizer_path`` relative to ``base`` (the document's directory)."""
     endpoints = []
     for endpoint in config.spec.endpoints:
         variants = []
@@ -237,7 +300,11 @@ def resolve_relative_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
                 variant = variant.model_copy(update={"discovery": disc})
             variants.append(variant)
         endpoints.append(endpoint.model_copy(update={"variants": variants}))
-    spec = config.spec.model_copy(update={"endpoints": endpoints})
+    update: dict[str, Any] = {"endpoints": endpoints}
+    tokenizer_path = config.spec.tokenizer_path
+    if tokenizer_path is not None and not Path(tokenizer_path).is_absolute():
+        update["tokenizer_path"] = str(base / tokenizer_path)
+    spec = config.spec.model_copy(update=update)
     return config.model_copy(update={"spec": spec})
 
 

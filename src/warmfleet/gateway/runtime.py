@@ -14,6 +14,7 @@ from warmfleet.gateway.config import GatewayConfig, load_gateway_config
 from warmfleet.gateway.discovery import FileDiscovery
 from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.health import HealthMonitor
+from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.models import ModelsCache
 from warmfleet.gateway.proxy import Proxy
@@ -30,11 +31,19 @@ class Gateway:
     """Everything one gateway app owns. ``start``/``stop`` are called by the app lifespan."""
 
     def __init__(
-        self, config: GatewayConfig, factory: RouterFactory, config_path: Path | None = None
+        self,
+        config: GatewayConfig,
+        factory: RouterFactory,
+        config_path: Path | None = None,
+        kv_events: KvEventService | None = None,
     ) -> None:
         self.metrics = GatewayMetrics()
         self.state = GatewayState(config, factory, self.metrics)
         self.config_path = config_path
+        self.kv_events = kv_events
+        self._restart_only = _restart_only(config)
+        if kv_events is not None:
+            kv_events.feed.register_metrics(self.metrics.registry)
         self.discovery = FileDiscovery(self.state)
         self._proxy: Proxy | None = None
         self._health: HealthMonitor | None = None
@@ -80,8 +89,12 @@ class Gateway:
             asyncio.create_task(self._health.run(), name="warmfleet-gateway-health"),
             asyncio.create_task(self.discovery.run(), name="warmfleet-gateway-discovery"),
         ]
+        if self.kv_events is not None:
+            await self.kv_events.start()
 
     async def stop(self) -> None:
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -117,5 +130,16 @@ class Gateway:
             self.metrics.reloads.labels(source, "error").inc()
             raise
         self.metrics.reloads.labels(source, "ok").inc()
+        if _restart_only(config) != self._restart_only:
+            log.warning(
+                "spec.tokenizer_path / spec.kv_events changed (%s): they apply at the next restart",
+                source,
+            )
         if self._models is not None:
             self._models.invalidate()
+
+
+def _restart_only(config: GatewayConfig) -> tuple[str | None, str | None]:
+    """Settings that need a restart (like ``spec.listen``): the tokenizer and the KV events."""
+    events = config.spec.kv_events
+    return config.spec.tokenizer_path, events.model_dump_json() if events is not None else None

@@ -185,7 +185,7 @@ def agent_objects(v: Values) -> list[Obj]:
         },
     }
     node_yaml = (
-        "apiVersion: warmfleet.io/v1alpha1\nkind: NodeCacheConfig\n"
+        "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\n"
         "spec:\n  root: /cache\n  capacity:\n    budget: 1TiB\n    reserve: 50GiB\n"
     )
     config = {

@@ -45,8 +45,8 @@ class PrefixAffinityConfig(StrictModel):
     load_floor_requests: float = Field(default=2.0, ge=0.0)
     min_match_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     shared_prefix_fanout: int = Field(default=2, ge=0)
-    placement_choices: int = Field(default=3, ge=1, le=64)
-    placement_by: Literal["load", "cost", "occupancy"] = "load"
+    placement_choices: int = Field(default=8, ge=1, le=64)
+    placement_by: Literal["recency", "load", "cost", "occupancy"] = "recency"
     default_capacity_blocks: int = Field(default=65536, gt=0)
     load_weight: float = Field(default=0.02, ge=0.0)
     prefill_linear_coeff: float = Field(default=1.0, gt=0.0)

@@ -9,14 +9,18 @@ mask of instances holding every block so far is non-zero, noting where each inst
   capacity in blocks. A key's blocks are touched tail first, so the head of a prefix is always
   more recent than its tail and eviction never leaves a hole in a chain.
 - ``ExactPrefixIndex`` is fed by engine KV events (``KvEventSink``) and has the same ``match``.
+- ``WorkLedger`` predicts the in-flight *work* per instance (uncached prompt + output tokens of
+  the requests routed there), reconciled against the caller's in-flight counts.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 from warmfleet.core.types import InstanceId
+
+_LEDGER_ENTRIES = 4096  # per instance: a caller that never reports completions cannot grow it
 
 
 class _BitIndex:
@@ -262,3 +266,117 @@ class ExactPrefixIndex(_BitIndex):
         keep = set(instance_ids)
         for iid in [i for i in self._blocks if i not in keep]:
             self.remove_instance(iid)
+
+
+class WorkLedger:
+    """Predicted in-flight work per instance: what each routed request adds to its engine.
+
+    A request's *work* is its predicted uncached prompt tokens plus its expected output tokens
+    (a cache hit costs its engine a fraction of its size, while the caller's
+    ``in_flight_tokens`` counts its whole prompt). A strategy learns only routings, so the
+    ledger is reconciled against the caller's counts at every decision: when an instance
+    reports fewer in-flight requests than the ledger holds, the finished ones are dropped (the
+    entry whose tokens equal the caller's drop when exactly one finished; else, oldest first,
+    entries that fit the drop; then the oldest). In-flight tokens the ledger does not know
+    (another gateway replica, a restart, a mismatch) count in full, so the estimate errs
+    towards "busy". Sums are kept per fleet position, so a decision costs a few list passes.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[InstanceId, deque[tuple[int, int]]] = {}
+        self._ids: list[InstanceId] = []
+        self._pos: dict[InstanceId, int] = {}
+        self._count: list[int] = []
+        self._tokens: list[int] = []
+        self._work: list[int] = []
+        # positions to reconcile at the next decision (added to since), last caller counts
+        self._dirty: set[int] = set()
+        self._last_requests: Sequence[int] = ()
+
+    def set_order(self, instance_ids: Sequence[InstanceId]) -> None:
+        """The fleet's instance order (as in the snapshots); forget instances not in it."""
+        self._ids = list(instance_ids)
+        self._pos = {iid: i for i, iid in enumerate(self._ids)}
+        for iid in [i for i in self._entries if i not in self._pos]:
+            del self._entries[iid]
+        self._count = [0] * len(self._ids)
+        self._tokens = [0] * len(self._ids)
+        self._work = [0] * len(self._ids)
+        self._dirty = set(range(len(self._ids)))
+        self._last_requests = ()
+        for iid, entries in self._entries.items():
+            pos = self._pos[iid]
+            self._count[pos] = len(entries)
+            self._tokens[pos] = sum(e[0] for e in entries)
+            self._work[pos] = sum(e[1] for e in entries)
+
+    def add(self, instance_id: InstanceId, tokens: int, work: int) -> None:
+        pos = self._pos.get(instance_id)
+        if pos is None:  # not in the fleet order (yet): nothing to reconcile it against
+            return
+        entries = self._entries.get(instance_id)
+        if entries is None:
+            entries = self._entries[instance_id] = deque()
+        entries.append((tokens, work))
+        self._dirty.add(pos)
+        self._count[pos] += 1
+        self._tokens[pos] += tokens
+        self._work[pos] += work
+        if len(entries) > _LEDGER_ENTRIES:
+            self._drop(pos, entries.popleft())
+
+    def _drop(self, pos: int, entry: tuple[int, int]) -> None:
+        self._count[pos] -= 1
+        self._tokens[pos] -= entry[0]
+        self._work[pos] -= entry[1]
+
+    def loads(
+        self, requests: Sequence[int], tokens: Sequence[int], requests_only_work: int
+    ) -> list[int]:
+        """Estimated in-flight work per instance (reconciles first; idempotent per snapshot).
+
+        ``requests``/``tokens``: the caller's in-flight counts in ``set_order`` order.
+        ``requests_only_work``: the work assumed per unknown request when the caller tracks
+        request counts only (all tokens 0).
+        """
+        # only positions routed to, or whose caller count changed, can hold finished entries
+        candidates = self._dirty
+        if requests != self._last_requests:
+            last = self._last_requests or [-1] * len(requests)
+            candidates |= {i for i, (r, q) in enumerate(zip(requests, last, strict=True)) if r != q}
+            self._last_requests = requests
+        counts = self._count
+        for pos in candidates:
+            if counts[pos] > requests[pos]:
+                self._reconcile(pos, requests[pos], tokens[pos])
+        self._dirty = set()
+        if any(tokens):
+            return [
+                w + (t - kt if t > kt else 0)
+                for w, t, kt in zip(self._work, tokens, self._tokens, strict=True)
+            ]
+        return [
+            w + (r - k) * requests_only_work if r > k else w
+            for w, r, k in zip(self._work, requests, self._count, strict=True)
+        ]
+
+    def _reconcile(self, pos: int, count: int, tokens: int) -> None:
+        entries = self._entries[self._ids[pos]]
+        need = len(entries) - count
+        gone = self._tokens[pos] - tokens  # tokens the caller no longer counts
+        if need == 1:
+            for entry in entries:
+                if entry[0] == gone:
+                    entries.remove(entry)
+                    self._drop(pos, entry)
+                    return
+        else:  # several finished: oldest first among those that fit the caller's drop
+            for entry in [e for e in entries if e[0] <= gone]:
+                if need == 0 or entry[0] > gone:
+                    continue
+                entries.remove(entry)
+                self._drop(pos, entry)
+                gone -= entry[0]
+                need -= 1
+        while len(entries) > count:
+            self._drop(pos, entries.popleft())

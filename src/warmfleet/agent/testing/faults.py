@@ -96,7 +96,7 @@ def kill9_rounds(url: str, root: Path, kills: int) -> dict[str, Any]:
     """Start the CLI prefetch, SIGKILL it once progress grew, ``kills`` times; then finish."""
     cfg = root.parent / f"{root.name}.yaml"
     cfg.write_text(
-        "apiVersion: warmfleet.io/v1alpha1\nkind: NodeCacheConfig\nspec:\n"
+        "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\nspec:\n"
         f"  root: {root}\n  capacity: {{budget: 1GiB}}\n"
         "  download: {chunk: 128KiB, concurrency: 2, fsync_every_s: 0.05}\n"
     )

@@ -13,6 +13,12 @@ from warmfleet.bench.live_procs import Child, ProcessSet, free_port, wait_ready
 from warmfleet.gateway.kv_events import TOPIC_PREFIX
 
 MODEL_NAME = "tiny-llama"
+# Each instance's KV cache, in 128-token blocks (6,144 tokens): the e2e's working set (~180
+# blocks) is far larger than one instance's cache and fits in two only if each prefix stays on
+# one instance, as on a real fleet under load (see docs/real-vllm.md).
+KV_CACHE_BLOCKS = 48
+MAX_MODEL_LEN = 4096
+PID_FILE = "engine-pids"  # in the log dir: one PID a line, each the leader of its own session
 _COUNTER_RE = re.compile(
     r"^(vllm:prefix_cache_(?:hits|queries)_total)\{[^}]*\}\s+([0-9.eE+-]+)$", re.M
 )
@@ -52,7 +58,9 @@ def vllm_argv(venv: Path, model_dir: Path, spec: EngineSpec, events_endpoint: st
         "--dtype",
         "float32",
         "--max-model-len",
-        "8192",
+        str(MAX_MODEL_LEN),
+        "--num-gpu-blocks-override",
+        str(KV_CACHE_BLOCKS),
         "--enforce-eager",
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
@@ -92,6 +100,8 @@ async def start_engines(
         child = procs.start(
             spec.instance_id, vllm_argv(venv, model_dir, spec, events_endpoint), vllm_env(spec)
         )
+        with (procs.log_dir / PID_FILE).open("a") as pids:  # for a reaper if we are SIGKILLed
+            pids.write(f"{child.pid}\n")
         started.append((spec, child))
     for spec, child in started:
         await wait_ready(f"{spec.url}/health", child, timeout_s=ready_timeout_s)

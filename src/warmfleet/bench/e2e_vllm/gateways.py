@@ -1,71 +1,72 @@
-"""In-process warmfleet gateway replicas for the e2e (the public app factory + router hook).
-
-Each replica is ``gateway.app.create_app`` with a router factory that builds routing-core
-``Router``s with the served model's tokenizer (``tokens`` key mode) and, in exact mode, a
-``KvEventFeed`` whose SUB socket connects to the KV-event relay that the engines publish to.
+"""In-process warmfleet gateway replicas for the e2e, built exactly as ``warmfleet serve --config``
+builds them: a ``kind: Gateway`` YAML document (``spec.tokenizer_path`` for the ``tokens`` key
+mode, ``spec.kv_events`` for exact mode) written to disk, ``load_gateway_config`` and
+``create_app`` with no injected router factory. In exact mode each replica's subscriber connects
+to the KV-event relay that the engines publish to (``kv_events.bind: false``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from warmfleet.bench.e2e_vllm.engines import MODEL_NAME, EngineSpec, reset_prefix_cache
 from warmfleet.gateway.app import create_app
-from warmfleet.gateway.config import parse_gateway_config
-from warmfleet.gateway.kv_events import KvEventFeed, KvEventSubscriber
+from warmfleet.gateway.config import load_gateway_config
+from warmfleet.gateway.kv_events import KvEventFeed
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.server import StartedApp, start_app
-from warmfleet.gateway.state import RouterFactory
-from warmfleet.gateway.tokenizer import HfChatTokenizer
-from warmfleet.routing.config import RoutingConfig
-from warmfleet.routing.router import Router
 
 BLOCK_SIZE = 128
 
 
 def gateway_document(
-    strategy: dict[str, Any], engines: Sequence[EngineSpec], seed: int
+    strategy: dict[str, Any],
+    engines: Sequence[EngineSpec],
+    seed: int,
+    *,
+    tokenizer_path: str,
+    kv_events_endpoint: str | None,
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "warmfleet.dev/v1alpha1",
-        "kind": "Gateway",
-        "spec": {
-            "listen": {"host": "127.0.0.1", "port": 0},
-            "seed": seed,
-            "health": {"interval_s": 5.0, "timeout_s": 4.0},
-            "limits": {"upstream_read_timeout_s": 120.0},
-            "endpoints": [
-                {
-                    "name": "e2e",
-                    "variants": [
-                        {
-                            "name": "main",
-                            "routing": {
-                                "strategy": strategy,
-                                "key": {"mode": "tokens", "block_size": BLOCK_SIZE},
-                            },
-                            "instances": [{"id": e.instance_id, "url": e.url} for e in engines],
-                        }
-                    ],
-                }
-            ],
-        },
+    spec: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "seed": seed,
+        "health": {"interval_s": 5.0, "timeout_s": 4.0},
+        "limits": {"upstream_read_timeout_s": 120.0},
+        "tokenizer_path": tokenizer_path,
+        "endpoints": [
+            {
+                "name": "e2e",
+                "variants": [
+                    {
+                        "name": "main",
+                        "models": [MODEL_NAME],
+                        "routing": {
+                            "strategy": strategy,
+                            "key": {"mode": "tokens", "block_size": BLOCK_SIZE},
+                        },
+                        "instances": [{"id": e.instance_id, "url": e.url} for e in engines],
+                    }
+                ],
+            }
+        ],
     }
+    if kv_events_endpoint is not None:
+        spec["kv_events"] = {"endpoint": kv_events_endpoint, "bind": False, "resync_batches": 3}
+    return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
 
 
 @dataclass
 class Replica:
     started: StartedApp
-    feed: KvEventFeed | None
-    subscriber_task: asyncio.Task[None] | None
+    config_path: Path
 
     @property
     def url(self) -> str:
@@ -75,43 +76,38 @@ class Replica:
     def gateway(self) -> Gateway:
         return self.started.gateway
 
+    @property
+    def feed(self) -> KvEventFeed | None:
+        service = self.started.gateway.kv_events
+        return service.feed if service is not None else None
+
     async def stop(self) -> None:
-        if self.subscriber_task is not None:
-            self.subscriber_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.subscriber_task
-        await self.started.stop()
-
-
-def _plain_factory(tokenizer: HfChatTokenizer) -> RouterFactory:
-    def factory(config: RoutingConfig, rng: random.Random) -> Router:
-        return Router(config, rng, tokenizer)
-
-    return factory
+        await self.started.stop()  # the lifespan stops the KV-event subscriber too
 
 
 async def start_replica(
     strategy: dict[str, Any],
     engines: Sequence[EngineSpec],
-    tokenizer: HfChatTokenizer,
+    model_dir: Path,
+    config_dir: Path,
     *,
     relay_endpoint: str | None,
     seed: int,
+    name: str,
 ) -> Replica:
-    """One gateway; with ``relay_endpoint`` its KV-event feed subscribes there (exact mode)."""
-    feed = KvEventFeed(MODEL_NAME) if relay_endpoint is not None else None
-    factory: RouterFactory = (
-        feed.router_factory(tokenizer) if feed is not None else _plain_factory(tokenizer)
+    """One gateway from a config file; with ``relay_endpoint`` its KV events come from there."""
+    document = gateway_document(
+        strategy,
+        engines,
+        seed,
+        tokenizer_path=str(model_dir),
+        kv_events_endpoint=relay_endpoint,
     )
-    config = parse_gateway_config(gateway_document(strategy, engines, seed), "e2e gateway")
-    app = create_app(config, router_factory=factory)
-    started = await start_app(app)
-    task = None
-    if feed is not None and relay_endpoint is not None:
-        feed.register_metrics(started.gateway.metrics.registry)
-        subscriber = KvEventSubscriber(feed, relay_endpoint, bind=False)
-        task = asyncio.create_task(subscriber.run(), name="warmfleet-kv-events")
-    return Replica(started, feed, task)
+    config_dir.mkdir(parents=True, exist_ok=True)
+    path = config_dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    app = create_app(load_gateway_config(path), config_path=path)
+    return Replica(await start_app(app), path)
 
 
 async def sync_exact(

@@ -19,7 +19,7 @@ class Workload:
 
 
 def multi_turn(
-    seed: int, conversations: int = 8, turns: int = 3, context_words: int = 700
+    seed: int, conversations: int = 10, turns: int = 4, context_words: int = 450
 ) -> Workload:
     """Chats with a long per-conversation context; each turn resends the whole history plus a
     short question (scripted assistant answers). Turns of different chats interleave."""
@@ -39,7 +39,7 @@ def multi_turn(
 
 
 def shared_document(
-    seed: int, documents: int = 8, questions: int = 3, document_words: int = 900
+    seed: int, documents: int = 10, questions: int = 4, document_words: int = 500
 ) -> Workload:
     """Several questions about each of several long documents, in a shuffled order."""
     rng = random.Random(f"shared_document/{seed}")

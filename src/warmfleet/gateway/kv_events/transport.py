@@ -35,8 +35,12 @@ class KvEventSubscriber:
         bind: bool = True,
         clock: Callable[[], float] = time.monotonic,
         poll_interval_s: float = 0.5,
+        topic_prefix: str = TOPIC_PREFIX,
     ) -> None:
         self.consumer = consumer
+        self.topic_prefix = topic_prefix
+        self.frames = 0
+        self._closed = False
         self.endpoint = endpoint
         self.bind = bind
         self.clock = clock
@@ -45,7 +49,7 @@ class KvEventSubscriber:
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX.encode())
+        self._sock.setsockopt(zmq.SUBSCRIBE, topic_prefix.encode())
         if bind:
             self._sock.bind(endpoint)
         else:
@@ -58,7 +62,8 @@ class KvEventSubscriber:
             self.decode_errors += 1
             log.warning("dropping a KV event frame: %s", err)
             return
-        instance_id = instance_of_topic(topic)
+        self.frames += 1
+        instance_id = instance_of_topic(topic, self.topic_prefix)
         if instance_id is not None:
             self.consumer.apply(instance_id, seq, batch, self.clock())
 
@@ -72,6 +77,10 @@ class KvEventSubscriber:
             self.close()
 
     def close(self) -> None:
+        """Idempotent (a task cancelled before it ran never reaches ``run``'s ``finally``)."""
+        if self._closed:
+            return
+        self._closed = True
         with contextlib.suppress(zmq.ZMQError):
             self._sock.close(linger=0)
         self._ctx.term()

@@ -153,6 +153,6 @@ def encode_frames(topic: str, seq: int, batch: EventBatch) -> list[bytes]:
     return [topic.encode(), seq.to_bytes(8, "big", signed=True), encode_batch(batch)]
 
 
-def instance_of_topic(topic: str) -> InstanceId | None:
+def instance_of_topic(topic: str, prefix: str = TOPIC_PREFIX) -> InstanceId | None:
     """``kv.<instance-id>`` -> the instance id (other topics are not ours)."""
-    return topic[len(TOPIC_PREFIX) :] if topic.startswith(TOPIC_PREFIX) else None
+    return topic[len(prefix) :] if topic.startswith(prefix) and len(topic) > len(prefix) else None

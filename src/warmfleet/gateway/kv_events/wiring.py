@@ -82,6 +82,7 @@ class KvEventFeed:
         self.clock = clock
         self.translator: KvEventTranslator | None = None
         self._active: ExactModeRouter | None = None
+        self._instances: tuple[InstanceId, ...] = ()  # the routed instances (shown even if silent)
 
     def router_factory(
         self, tokenizer: Tokenizer | None
@@ -125,12 +126,18 @@ class KvEventFeed:
             self.translator.expect_events(instance_id, self.clock())
 
     def retain(self, instance_ids: Sequence[InstanceId]) -> None:
+        self._instances = tuple(instance_ids)
         if self.translator is not None:
             keep = set(instance_ids)
             self.translator.forget([i for i in self.translator.modes() if i not in keep])
 
     def modes(self) -> dict[InstanceId, str]:
-        return dict(self.translator.modes()) if self.translator is not None else {}
+        """Every routed instance (``approximate`` until its events are in sync) and every
+        instance the events named."""
+        out: dict[InstanceId, str] = dict.fromkeys(self._instances, "approximate")
+        if self.translator is not None:
+            out.update(self.translator.modes())
+        return out
 
     def describe(self) -> dict[str, Any]:
         return self.translator.describe() if self.translator is not None else {"instances": {}}

@@ -5,22 +5,27 @@ Per request:
 1. Longest-prefix match of the key's chained blocks against the approximate index (per-instance
    LRU mirroring KV capacity), overridden per instance by the exact index for instances that
    report engine KV events.
-2. Bounded load: an instance is *eligible* if its in-flight tokens are at most
+2. Load = predicted in-flight work per instance (``WorkLedger``: uncached prompt + output tokens
+   of the requests routed there, reconciled against the caller's in-flight counts).
+3. Bounded load: an instance is *eligible* if its work is at most
    ``max((1 + epsilon) x mean, load_floor_requests x work)``, the mean counting this request.
    The least-loaded instance is always eligible; no fleet-wide gate ever switches affinity off.
-3. Cost of an eligible instance = predicted prefill work for its uncached part
-   + ``load_weight`` x its in-flight tokens.
-4. A *strong* match covers ``min_match_fraction`` of the prompt or ends at a private prefix
-   (fewer than ``shared_prefix_fanout`` continuations seen). Cheapest eligible strong holder
-   no dearer than a fresh prefill: ``PREFIX_HIT``. Strong holders full or dearer: the prefix is
-   hot, replicate it to the next instance in its hash order (``REPLICATE``). No strong holder
-   (new group, or only a shared system prompt matched): place by hash of the first novel block,
-   power of ``placement_choices`` among the least-loaded instances (``NO_MATCH``).
+   A private continuation (a conversation's next turn) may pass the bound to stay home.
+4. Cost of an eligible instance = predicted prefill work for its uncached part
+   + ``load_weight`` x its in-flight work.
+5. A *strong* match covers ``min_match_fraction`` of the prompt or is private: it ends where an
+   earlier routed prompt ended, with fewer than ``shared_prefix_fanout`` other continuations.
+   Cheapest eligible strong holder no dearer than a fresh prefill: ``PREFIX_HIT``. Strong
+   holders full or dearer: the prefix is hot, replicate it to the next instance in its hash
+   order (``REPLICATE``). No strong holder (new group, or only a shared system prompt matched):
+   a cold start, placed among the least-loaded instances in the hash order of its first novel
+   block by ``placement_by`` (default ``recency``: the instance whose last cold start is
+   oldest) (``NO_MATCH``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -29,19 +34,16 @@ from warmfleet.core.types import (
     Decision,
     FleetSnapshot,
     InstanceId,
-    InstanceState,
     Reason,
     RoutingKey,
 )
 from warmfleet.routing.config import PrefixAffinityConfig
-from warmfleet.routing.index import ApproxPrefixIndex, ExactPrefixIndex
+from warmfleet.routing.index import ApproxPrefixIndex, ExactPrefixIndex, WorkLedger
 from warmfleet.routing.ring import RendezvousHash
 
 _FANOUT_ENTRIES = 1 << 17
-_LEDGER_ENTRIES = 4096  # per instance; a caller that never reports completions cannot grow it
-_instance_id = attrgetter("instance_id")
-_capacity = attrgetter("kv_capacity_blocks")
-_tokens = attrgetter("in_flight_tokens")
+# one C-level pass over the snapshot: ids, capacities, in-flight requests and tokens
+_fields = attrgetter("instance_id", "kv_capacity_blocks", "in_flight_requests", "in_flight_tokens")
 
 
 def prefill_work(
@@ -57,88 +59,6 @@ def prefill_work(
     return uncached_tokens * (linear + attention * mean_context)
 
 
-class WorkLedger:
-    """Predicted in-flight work per instance: what each routed request adds to its engine.
-
-    A request's *work* is its predicted uncached prompt tokens plus its expected output tokens
-    (a cache hit costs its engine a fraction of its size; the caller's ``in_flight_tokens``
-    counts its whole prompt). The strategy learns only routings, so the ledger is reconciled
-    against the caller's counts at every decision: when an instance reports fewer in-flight
-    requests than the ledger holds, the finished ones are dropped (the entry whose tokens equal
-    the caller's drop when exactly one finished, else the oldest). In-flight tokens the ledger
-    does not know (another gateway replica, a restart, a mismatch) count in full, so the
-    estimate errs towards "busy".
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[InstanceId, deque[tuple[int, int]]] = {}
-        self._tokens: dict[InstanceId, int] = {}
-        self._work: dict[InstanceId, int] = {}
-
-    def add(self, instance_id: InstanceId, tokens: int, work: int) -> None:
-        entries = self._entries.get(instance_id)
-        if entries is None:
-            entries = self._entries[instance_id] = deque()
-            self._tokens[instance_id] = self._work[instance_id] = 0
-        entries.append((tokens, work))
-        self._tokens[instance_id] += tokens
-        self._work[instance_id] += work
-        if len(entries) > _LEDGER_ENTRIES:
-            self._drop(instance_id, entries, entries.popleft())
-
-    def _drop(
-        self, instance_id: InstanceId, entries: deque[tuple[int, int]], entry: tuple[int, int]
-    ) -> None:
-        self._tokens[instance_id] -= entry[0]
-        self._work[instance_id] -= entry[1]
-        if not entries:
-            self._tokens[instance_id] = self._work[instance_id] = 0
-
-    def loads(self, instances: Sequence[InstanceState], requests_only_work: int) -> list[int]:
-        """Estimated in-flight work per instance (reconciles first; idempotent per snapshot).
-
-        ``requests_only_work``: the work assumed per unknown request when the caller tracks
-        request counts only (every ``in_flight_tokens`` is 0).
-        """
-        tokens_known = any(map(_tokens, instances))
-        out = []
-        all_entries = self._entries
-        for state in instances:
-            entries = all_entries.get(state.instance_id)
-            if entries is None:
-                known_tokens = known_work = known = 0
-            else:
-                if len(entries) > state.in_flight_requests:
-                    self._reconcile(state, entries)
-                known = len(entries)
-                known_tokens = self._tokens[state.instance_id]
-                known_work = self._work[state.instance_id]
-            if tokens_known:
-                out.append(known_work + max(0, state.in_flight_tokens - known_tokens))
-            else:
-                out.append(
-                    known_work + max(0, state.in_flight_requests - known) * requests_only_work
-                )
-        return out
-
-    def _reconcile(self, state: InstanceState, entries: deque[tuple[int, int]]) -> None:
-        iid = state.instance_id
-        if len(entries) == state.in_flight_requests + 1:
-            gone = self._tokens[iid] - state.in_flight_tokens
-            for entry in entries:
-                if entry[0] == gone:
-                    entries.remove(entry)
-                    self._drop(iid, entries, entry)
-                    return
-        while len(entries) > state.in_flight_requests:
-            self._drop(iid, entries, entries.popleft())
-
-    def retain(self, instance_ids: Sequence[InstanceId]) -> None:
-        keep = set(instance_ids)
-        for iid in [i for i in self._entries if i not in keep]:
-            del self._entries[iid], self._tokens[iid], self._work[iid]
-
-
 class PrefixAffinityStrategy:
     name = "prefix_affinity"
 
@@ -147,8 +67,8 @@ class PrefixAffinityStrategy:
         self.index = ApproxPrefixIndex(config.default_capacity_blocks)
         self.exact_index = ExactPrefixIndex()
         self.ring = RendezvousHash()
-        self._last_ids: list[InstanceId] = []
-        self._last_caps: list[int] = []
+        self._last_ids: tuple[InstanceId, ...] = ()
+        self._last_caps: tuple[int, ...] = ()
         self._last_pos: dict[InstanceId, int] = {}
         # Branch points: block hash -> distinct continuations seen after it (bounded LRU).
         self._fanout: OrderedDict[int, int] = OrderedDict()
@@ -156,12 +76,18 @@ class PrefixAffinityStrategy:
         # matches up to one of them continues that prompt (a conversation's next turn).
         self._ends: OrderedDict[int, None] = OrderedDict()
         self.ledger = WorkLedger()
+        # Serial of the latest cold start (new group or replica) placed on each instance.
+        self._cold_serial = 0
+        self._last_cold: dict[InstanceId, int] = {}
 
     # ---------------------------------------------------------------------------------- state
 
     def on_routed(self, key: RoutingKey, decision: Decision) -> None:
         hashes = key.block_hashes
         self.index.insert(decision.instance_id, hashes)
+        if decision.reason is Reason.NO_MATCH or decision.reason is Reason.REPLICATE:
+            self._cold_serial += 1
+            self._last_cold[decision.instance_id] = self._cold_serial
         prompt = key.prompt_tokens
         cached = decision.predicted_cached_blocks * _tokens_per_block(key)
         self.ledger.add(
@@ -188,25 +114,29 @@ class PrefixAffinityStrategy:
         """Distinct continuations routed after the prefix ending at ``block_hash``."""
         return self._fanout.get(block_hash, 0)
 
+    def in_flight_work(self, fleet: FleetSnapshot, requests_only_work: int = 0) -> list[int]:
+        """The predicted in-flight work per instance that the load bound applies to."""
+        ids, caps, requests, tokens = zip(*map(_fields, fleet.instances), strict=True)
+        self._fleet_ids(ids, caps)
+        return self.ledger.loads(requests, tokens, requests_only_work)
+
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self.index.retain(instance_ids)
         self.exact_index.retain(instance_ids)
-        self.ledger.retain(instance_ids)
         self.ring.set_instances(instance_ids)
-        self._last_ids = []
+        self._last_ids = ()
 
     def _fleet_ids(
-        self, instances: Sequence[InstanceState]
-    ) -> tuple[list[InstanceId], dict[InstanceId, int]]:
-        """Instance ids and positions; mirrors capacities into the index when they change."""
-        ids = list(map(_instance_id, instances))
-        caps = list(map(_capacity, instances))
+        self, ids: tuple[InstanceId, ...], caps: tuple[int, ...]
+    ) -> dict[InstanceId, int]:
+        """Positions of ``ids``; mirrors capacities into the index when they change."""
         if ids != self._last_ids or caps != self._last_caps:
             for iid, cap in zip(ids, caps, strict=True):
                 self.index.set_capacity(iid, cap)
             self._last_ids, self._last_caps = ids, caps
             self._last_pos = {iid: i for i, iid in enumerate(ids)}
-        return ids, self._last_pos
+            self.ledger.set_order(ids)
+        return self._last_pos
 
     def match(self, key: RoutingKey) -> dict[InstanceId, int]:
         """Matched leading blocks per instance (exact knowledge wins where available)."""
@@ -236,9 +166,14 @@ class PrefixAffinityStrategy:
         tokens_per_block = view.tokens_per_block
         strong_blocks = max(1.0, cfg.min_match_fraction * prompt / tokens_per_block)
         best = view.best_blocks
-        if 0 < best < strong_blocks and self._private(key.block_hashes[best - 1]):
-            strong_blocks = best  # a short but private prefix (a conversation): follow it
-        loads, cap_load = view.loads, view.cap_load
+        # A private match continues one earlier prompt (a conversation's next turn): follow it
+        # however short it is, and past the load bound (one conversation is one sequential
+        # stream, it cannot make a hot spot; moving it would redo its whole history).
+        private = best > 0 and self.is_private(key.block_hashes[best - 1])
+        if private and best < strong_blocks:
+            strong_blocks = best
+        loads = view.loads
+        cap_load = view.cap_load
         # The cheapest eligible holder of a strong match.
         holder, holder_cost, holder_blocks, holder_load = "", float("inf"), 0, 0
         strong_any = False
@@ -247,7 +182,7 @@ class PrefixAffinityStrategy:
                 continue
             strong_any = True
             load = loads[view.pos[iid]]
-            if load > cap_load:
+            if load > cap_load and not (private and blocks == best):
                 continue
             uncached = prompt - blocks * tokens_per_block
             cost = prefill_work(uncached, prompt, linear, attention) + lw * load
@@ -260,7 +195,7 @@ class PrefixAffinityStrategy:
             return self._replicate(key, view, holder, holder_cost)
         return self._place_new(key, view)
 
-    def _private(self, block_hash: int) -> bool:
+    def is_private(self, block_hash: int) -> bool:
         """The match ends where an earlier prompt ended (this request continues it, as a
         conversation's next turn does) and fewer than ``shared_prefix_fanout`` other
         continuations were seen. A system prompt shared by many conversations ends inside
@@ -271,10 +206,10 @@ class PrefixAffinityStrategy:
         )
 
     def _view(self, key: RoutingKey, fleet: FleetSnapshot) -> _View:
-        instances = fleet.instances
         work = key.prompt_tokens + key.output_tokens_hint
-        ids, pos = self._fleet_ids(instances)
-        loads = self.ledger.loads(instances, work)
+        ids, caps, requests, tokens = zip(*map(_fields, fleet.instances), strict=True)
+        pos = self._fleet_ids(ids, caps)
+        loads = self.ledger.loads(requests, tokens, work)
         matches = self.match(key) if key.block_hashes else {}
         if matches:
             matches = {iid: blocks for iid, blocks in matches.items() if iid in pos}
@@ -340,6 +275,9 @@ class PrefixAffinityStrategy:
                 return (cost, occupancy(iid), order.index(iid))
 
             chosen = min(order, key=rank)
+        elif cfg.placement_by == "recency":
+            last = self._last_cold
+            chosen = min(order, key=lambda iid: (last.get(iid, 0), order.index(iid)))
         elif cfg.placement_by == "load":
             chosen = min(order, key=lambda iid: (loads[pos[iid]], occupancy(iid), order.index(iid)))
         else:
@@ -358,7 +296,7 @@ def _tokens_per_block(key: RoutingKey) -> float:
 class _View:
     """One decision's view of the fleet."""
 
-    ids: list[InstanceId]
+    ids: tuple[InstanceId, ...]
     loads: list[int]
     pos: dict[InstanceId, int]
     matches: dict[InstanceId, int]

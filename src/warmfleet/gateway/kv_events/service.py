@@ -1,0 +1,80 @@
+"""A gateway's KV-event service, built from ``spec.kv_events``: the feed, its ZMQ subscriber and
+the task that runs it. The gateway lifespan calls ``start`` (binds or connects the SUB socket,
+starts the task) and ``stop`` (cancels the task, closes the socket)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable
+from typing import Any
+
+from warmfleet.gateway.config import KvEventsConfig
+from warmfleet.gateway.kv_events.transport import KvEventSubscriber
+from warmfleet.gateway.kv_events.wiring import KvEventFeed
+from warmfleet.gateway.state import RouterLike
+from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.keys import Tokenizer
+from warmfleet.routing.router import Router
+
+
+class KvEventService:
+    def __init__(self, config: KvEventsConfig, model: str) -> None:
+        self.config = config
+        self.feed = KvEventFeed(
+            model,
+            resync_batches=config.resync_batches,
+            silence_timeout_s=config.silence_timeout_s,
+        )
+        self.subscriber: KvEventSubscriber | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def router_factory(
+        self, tokenizer: Tokenizer | None
+    ) -> Callable[[RoutingConfig, random.Random], RouterLike]:
+        """Routers keyed by token ids are fed by the events; the others are plain ``Router``s."""
+        exact = self.feed.router_factory(tokenizer)
+
+        def factory(config: RoutingConfig, rng: random.Random) -> RouterLike:
+            if config.key.mode == "tokens":
+                return exact(config, rng)
+            return Router(config, rng, tokenizer)
+
+        return factory
+
+    async def start(self) -> None:
+        """Bind (engines connect) or connect (to a relay) and start the subscriber task."""
+        self.subscriber = KvEventSubscriber(
+            self.feed,
+            self.config.endpoint,
+            bind=self.config.bind,
+            topic_prefix=self.config.topic_prefix,
+        )
+        self._task = asyncio.create_task(self.subscriber.run(), name="warmfleet-gateway-kv-events")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self.subscriber is not None:
+            self.subscriber.close()
+            self.subscriber = None
+
+    def describe(self) -> dict[str, Any]:
+        """The admin view: configuration, per-instance mode and cause, translator counters."""
+        state = self.feed.describe()
+        sub = self.subscriber
+        return {
+            "endpoint": self.config.endpoint,
+            "bind": self.config.bind,
+            "topic_prefix": self.config.topic_prefix,
+            "model": self.feed.model,
+            "running": self._task is not None and not self._task.done(),
+            "frames": sub.frames if sub is not None else 0,
+            "decode_errors": sub.decode_errors if sub is not None else 0,
+            "modes": self.feed.modes(),
+            **state,
+        }

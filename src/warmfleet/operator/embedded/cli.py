@@ -1,0 +1,97 @@
+"""``warmfleet up fleet.yaml`` and ``warmfleet status``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from warmfleet.core.errors import ConfigError, WarmfleetError
+from warmfleet.operator.embedded.config import LocalFleet, load_fleet
+from warmfleet.operator.embedded.fleet import EmbeddedFleet
+from warmfleet.operator.embedded.state import read_state, render
+
+log = logging.getLogger("warmfleet.embedded")
+DEFAULT_WORKDIR = Path(".warmfleet/fleet")
+
+
+async def _watch_file(fleet: EmbeddedFleet, path: Path, stop: asyncio.Event) -> None:
+    """Re-read the endpoints of ``fleet.yaml`` when it changes (a new revision rolls over)."""
+    mtime = path.stat().st_mtime_ns
+    while not stop.is_set():
+        await asyncio.sleep(1.0)
+        try:
+            now = path.stat().st_mtime_ns
+            if now == mtime:
+                continue
+            mtime = now
+            config = load_fleet(path)
+        except (OSError, ConfigError) as err:
+            log.warning("fleet file not applied, the running config stays: %s", err)
+            continue
+        for entry in config.spec.endpoints:
+            fleet.put_endpoint(entry.name, entry.spec)
+        fleet.event("fleet_file_reloaded", endpoints=[e.name for e in config.spec.endpoints])
+
+
+async def run_up(config: LocalFleet, path: Path | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with EmbeddedFleet(config) as fleet, asyncio.TaskGroup() as tg:
+        assert fleet.gateway is not None
+        print(f"warmfleet up: gateway {fleet.gateway.url}, state {fleet.workdir}", flush=True)
+        if path is not None:
+            tg.create_task(_watch_file(fleet, path, stop))
+        await fleet.run(stop)
+        stop.set()
+
+
+def up(
+    fleet_file: Annotated[Path, typer.Argument(help="kind: LocalFleet document")],
+    workdir: Annotated[Path | None, typer.Option(help="override spec.workdir")] = None,
+) -> None:
+    """Run the whole fleet on this machine: origin, node agents, engines, gateway, reconciler.
+
+    Edit the endpoints in FLEET_FILE while it runs (e.g. a new model revision) to roll over."""
+    logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        config = load_fleet(fleet_file)
+    except ConfigError as err:
+        print(f"invalid fleet file:\n{err}", file=sys.stderr)
+        raise typer.Exit(2) from err
+    if workdir is not None:
+        spec = config.spec.model_copy(update={"workdir": str(workdir)})
+        config = config.model_copy(update={"spec": spec})
+    try:
+        asyncio.run(run_up(config, fleet_file))
+    except WarmfleetError as err:
+        print(f"warmfleet up failed: {err}", file=sys.stderr)
+        raise typer.Exit(1) from err
+
+
+def status(
+    fleet_file: Annotated[Path | None, typer.Argument(help="the fleet file given to `up`")] = None,
+    workdir: Annotated[Path | None, typer.Option(help="the fleet's workdir")] = None,
+) -> None:
+    """Show the running fleet's endpoints, caches, nodes and replicas."""
+    if workdir is None:
+        workdir = Path(load_fleet(fleet_file).spec.workdir) if fleet_file else DEFAULT_WORKDIR
+    try:
+        doc = read_state(workdir)
+    except WarmfleetError as err:
+        print(str(err), file=sys.stderr)
+        raise typer.Exit(1) from err
+    render(doc, Console())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)
+    app.command("status")(status)

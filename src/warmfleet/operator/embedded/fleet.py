@@ -1,0 +1,374 @@
+"""``EmbeddedFleet``: the reconciler loop of the one-machine backend.
+
+Each pass: observe (node agents' ``/v1/fleet/caches``, engine processes, the gateway's in-flight
+gauge), autoscale, ``plan(desired, observed)``, apply the actions to the state store
+(``control.world.World``, whose ``apply`` is the reference semantics of every action), then do
+what they ask for real: push each node's cache assignment to its agent, start engine processes
+on ``choose_nodes`` placements (warm nodes first; a cold node loads from the origin), drain and
+stop removed replicas, rewrite the gateway's instance files, and write ``state.json`` for
+``warmfleet status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from warmfleet.control.actions import (
+    Action,
+    ApplyDeployment,
+    ApplyModelCache,
+    AssignNodeCaches,
+    DeleteDeployment,
+    DeleteModelCache,
+    NodeCacheAssignment,
+    SetNodeLabels,
+)
+from warmfleet.control.autoscaler import AutoscalerState
+from warmfleet.control.load import VariantKey, autoscale, in_flight_by_variant
+from warmfleet.control.observed import DesiredEndpoint, ObservedNode
+from warmfleet.control.placement import choose_nodes
+from warmfleet.control.reconciler import plan
+from warmfleet.control.world import World
+from warmfleet.gateway.server import StartedApp
+from warmfleet.operator.embedded import infra
+from warmfleet.operator.embedded.config import LocalFleet, origin_path
+from warmfleet.operator.embedded.procs import Child, stop_all
+from warmfleet.operator.embedded.replicas import (
+    EngineArgs,
+    Replica,
+    drained,
+    instance_file,
+    start_replica,
+    write_instances,
+)
+from warmfleet.operator.embedded.state import in_flight_by_instance, snapshot, write_state
+
+
+class EmbeddedFleet:
+    def __init__(self, config: LocalFleet) -> None:
+        self.spec = config.spec
+        self.workdir = Path(self.spec.workdir).resolve()
+        nodes = [ObservedNode(n.name, labels=dict(n.labels)) for n in self.spec.nodes]
+        self.world = World(nodes)
+        self.t0_wall_s = time.time()
+        self.agents: dict[str, Child] = {}
+        self.agent_urls: dict[str, str] = {}
+        self.agent_down_since: dict[str, float] = {}
+        self.cache_paths: dict[tuple[str, str], str] = {}
+        self.assignments: dict[str, tuple[NodeCacheAssignment, ...]] = {}
+        self.replicas: dict[str, Replica] = {}
+        self.history: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.origin: Child | None = None
+        self.origin_url = ""
+        self.gateway: StartedApp | None = None
+        self.in_flight: dict[str, float] = {}
+        self.scaling: dict[VariantKey, AutoscalerState] = {}
+        self.passes = 0
+        self.last_pass_s = 0.0
+        self._stopping: dict[str, asyncio.Task[None]] = {}
+        self._counter = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def now_s(self) -> float:
+        return time.time() - self.t0_wall_s
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.events.append({"t": round(self.now_s(), 3), "kind": kind, **fields})
+
+    async def __aenter__(self) -> EmbeddedFleet:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._session = aiohttp.ClientSession()
+        self.origin, self.origin_url = await infra.start_origin(self.spec, self.workdir)
+        for node in self.spec.nodes:
+            self.agents[node.name] = await infra.start_agent(node.name, node.budget, self.workdir)
+        self.gateway = await infra.start_gateway(self.spec, self.workdir)
+        for entry in self.spec.endpoints:
+            self.put_endpoint(entry.name, entry.spec)
+        self.event("fleet_started", gateway=self.gateway.url, origin=self.origin_url)
+
+    async def stop(self) -> None:
+        """Stop every process this fleet started, by PID (engines, agents, origin)."""
+        if self.gateway is not None:
+            await self.gateway.stop()
+            self.gateway = None
+        children = [r.child for r in self.replicas.values()] + list(self.agents.values())
+        if self.origin is not None:
+            children.append(self.origin)
+        await stop_all(children)
+        await asyncio.gather(*self._stopping.values(), return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        with contextlib.suppress(OSError):
+            write_state(self.workdir, snapshot(self, running=False))
+
+    def put_endpoint(self, name: str, spec: Any) -> None:
+        old = self.world.endpoints.get(name)
+        scaled = old.autoscaled_replicas if old else {}
+        self.world.put_endpoint(DesiredEndpoint(name, spec, uid=name, autoscaled_replicas=scaled))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.reconcile_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.spec.reconcile_interval_s)
+
+    # ------------------------------------------------------------------ one pass
+
+    async def reconcile_once(self) -> list[Action]:
+        started = time.monotonic()
+        await self._observe_agents()
+        await self._observe_gateway()
+        self._observe_replicas()
+        now = self.now_s()
+        self._autoscale(now)
+        actions = plan(self.world.desired(), self.world.observed(now))
+        self.world.apply(actions, now)
+        self._record(actions)
+        await self._push_assignments()
+        await self._sync_replicas()
+        self._write_instance_files()
+        await self._reap()
+        self.passes += 1
+        self.last_pass_s = time.monotonic() - started
+        write_state(self.workdir, snapshot(self, running=True))
+        return actions
+
+    async def _observe_agents(self) -> None:
+        for name, child in list(self.agents.items()):
+            reports: dict[str, Any] = {}
+            if not child.alive:
+                down = self.agent_down_since.setdefault(name, time.time())
+                if name in self.agent_urls:
+                    self.agent_urls.pop(name)
+                    self.event("agent_down", node=name, pid=child.pid)
+                if time.time() - down >= self.spec.agent_restart_delay_s:
+                    budget = next(n.budget for n in self.spec.nodes if n.name == name)
+                    self.agents[name] = await infra.start_agent(name, budget, self.workdir)
+                    self.agent_down_since.pop(name, None)
+                    self.event("agent_restarted", node=name, pid=self.agents[name].pid)
+            elif child.poll_ready() and child.ready_info is not None:
+                self.agent_urls[name] = str(child.ready_info["url"])
+                reports = await self._agent_reports(name)
+            node = self.world.nodes[name]
+            self.world.nodes[name] = replace(node, weights=reports)
+
+    async def _agent_reports(self, name: str) -> dict[str, Any]:
+        assert self._session is not None
+        try:
+            doc = await infra.get_json(self._session, self.agent_urls[name] + "/v1/fleet/caches")
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return {}
+        reports, paths = infra.parse_reports(doc)
+        for key in [k for k in self.cache_paths if k[0] == name]:
+            del self.cache_paths[key]
+        self.cache_paths.update({(name, cache): path for cache, path in paths.items()})
+        return reports
+
+    async def _observe_gateway(self) -> None:
+        if self.gateway is None or self._session is None:
+            return
+        try:
+            async with self._session.get(
+                self.gateway.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2.0)
+            ) as resp:
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        self.in_flight = in_flight_by_instance(text)
+        self._metrics_text = text
+
+    def _observe_replicas(self) -> None:
+        for replica in list(self.replicas.values()):
+            info = self.history[replica.name]
+            if replica.ready and info.get("timeToReadyS") is None:
+                info.update(replica.summary())
+                self.event("replica_ready", replica=replica.name, node=replica.node)
+            if not replica.child.alive and replica.draining_since_s is None:
+                replica.failed = True
+                del self.replicas[replica.name]
+                info["state"] = "exited"
+                self.event("replica_exited", replica=replica.name, rc=replica.child.proc.returncode)
+        for name, dep in list(self.world.deployments.items()):
+            pods = tuple(
+                r.observed(self.t0_wall_s)
+                for r in self.replicas.values()
+                if r.deployment == name and r.draining_since_s is None
+            )
+            self.world.deployments[name] = replace(dep, pods=pods)
+
+    def _autoscale(self, now: float) -> None:
+        text = getattr(self, "_metrics_text", None)
+        if text is None:
+            return
+        endpoints = self.world.desired()
+        deployments = list(self.world.deployments.values())
+        in_flight = in_flight_by_variant([text])
+        decisions, self.scaling = autoscale(endpoints, deployments, in_flight, now, self.scaling)
+        for name, by_variant in decisions.items():
+            endpoint = self.world.endpoints[name]
+            if dict(endpoint.autoscaled_replicas) != by_variant:
+                self.world.endpoints[name] = replace(endpoint, autoscaled_replicas=by_variant)
+                self.event("autoscaled", endpoint=name, replicas=by_variant)
+
+    # ------------------------------------------------------------------ executing actions
+
+    def _record(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, AssignNodeCaches):
+                self.assignments[action.node] = action.caches
+                self.event("assign", node=action.node, caches=[c.cache for c in action.caches])
+            elif isinstance(action, SetNodeLabels):
+                self.event(
+                    "labels",
+                    node=action.node,
+                    set=dict(action.set_labels),
+                    removed=list(action.remove),
+                )
+            elif isinstance(action, ApplyModelCache | DeleteModelCache | DeleteDeployment):
+                self.event(type(action).__name__, name=action.name)
+            elif isinstance(action, ApplyDeployment):
+                self.event("ApplyDeployment", name=action.plan.name, replicas=action.plan.replicas)
+
+    async def _push_assignments(self) -> None:
+        assert self._session is not None
+        for node, caches in self.assignments.items():
+            url = self.agent_urls.get(node)
+            if url is None:
+                continue
+            body = {"caches": [{"cache": c.cache, "uri": self._origin_url(c)} for c in caches]}
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                await infra.put_json(self._session, url + "/v1/fleet/assignments", body)
+
+    def _origin_url(self, assignment: NodeCacheAssignment) -> str:
+        source = assignment.source
+        return f"{self.origin_url}/files/{origin_path(source.uri, source.revision)}"
+
+    async def _sync_replicas(self) -> None:
+        for name in sorted(self.world.deployments):
+            dep = self.world.deployments[name]
+            mine = [
+                r
+                for r in self.replicas.values()
+                if r.deployment == name and r.draining_since_s is None
+            ]
+            for extra in sorted(mine, key=lambda r: (r.ready, r.name))[
+                : max(len(mine) - dep.replicas, 0)
+            ]:
+                self._drain(extra)
+            if len(mine) < dep.replicas:
+                await self._place(name, dep.replicas - len(mine))
+        for replica in self.replicas.values():
+            if replica.deployment not in self.world.deployments:
+                self._drain(replica)
+
+    async def _place(self, deployment: str, count: int) -> None:
+        plan_ = self.world.plans[deployment].plan
+        load: dict[str, int] = {}
+        for r in self.replicas.values():
+            load[r.node] = load.get(r.node, 0) + 1
+        placements = choose_nodes(
+            count,
+            list(self.world.nodes.values()),
+            plan_.preferences,
+            load,
+            node_selector=plan_.node_selector,
+            max_per_node=self.spec.engine.replicas_per_node,
+        )
+        for placement in placements:
+            path = self.cache_paths.get((placement.node, plan_.model_cache or ""))
+            prepared = placement.prepared and path is not None and plan_.model_cache is not None
+            source = path if prepared and path else self._source_url(plan_)
+            self._counter += 1
+            name = f"{deployment}-{self._counter}"
+            args = EngineArgs(self.spec.engine.preset, self.spec.engine.speedup, plan_.endpoint)
+            child = await start_replica(name, source, args, self.workdir)
+            replica = Replica(
+                name,
+                deployment,
+                plan_.endpoint,
+                plan_.variant,
+                placement.node,
+                prepared,
+                source,
+                child,
+            )
+            self.replicas[name] = replica
+            self.history[name] = {**replica.summary(), "revision": plan_.revision}
+            self.event("replica_started", replica=name, node=placement.node, prepared=prepared)
+
+    def _source_url(self, plan_: Any) -> str:
+        source = plan_.model_source
+        return f"{self.origin_url}/files/{origin_path(source.uri, source.revision)}"
+
+    def _drain(self, replica: Replica) -> None:
+        if replica.draining_since_s is None:
+            replica.draining_since_s = time.time()
+            self.event("replica_draining", replica=replica.name)
+
+    def _write_instance_files(self) -> None:
+        for endpoint in self.world.endpoints.values():
+            for variant in endpoint.spec.variants:
+                instances = [
+                    {"id": r.name, "url": r.url or ""}
+                    for r in sorted(self.replicas.values(), key=lambda r: r.name)
+                    if r.endpoint == endpoint.name
+                    and r.variant == variant.name
+                    and r.draining_since_s is None
+                    and r.ready
+                    and r.url
+                ]
+                write_instances(instance_file(self.workdir, endpoint.name, variant.name), instances)
+
+    async def _reap(self) -> None:
+        """Stop drained replicas in the background (a slow exit never stalls the loop)."""
+        for replica in list(self.replicas.values()):
+            if drained(replica, self.in_flight, self.spec.drain_grace_s):
+                del self.replicas[replica.name]
+                task = asyncio.create_task(self._stop_replica(replica))
+                self._stopping[replica.name] = task
+
+    async def _stop_replica(self, replica: Replica) -> None:
+        try:
+            await replica.child.stop()
+        finally:
+            self._stopping.pop(replica.name, None)
+            self.history[replica.name]["state"] = "stopped"
+            self.event("replica_stopped", replica=replica.name, pid=replica.child.pid)
+
+    # ------------------------------------------------------------------ fault injection
+
+    def kill_agent(self, node: str) -> int:
+        child = self.agents[node]
+        child.kill()
+        self.event("fault_kill_agent", node=node, pid=child.pid)
+        return child.pid
+
+    def delete_node_cache(self, node: str, cache: str) -> str | None:
+        path = self.cache_paths.get((node, cache))
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+            self.event("fault_delete_cache", node=node, cache=cache, path=path)
+        return path

@@ -1,0 +1,116 @@
+"""The fixed parts of the embedded fleet: the model origin, one agent per node, the gateway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from warmfleet.control.observed import NodeCacheReport, NodeCacheState
+from warmfleet.gateway.app import create_app
+from warmfleet.gateway.config import parse_gateway_config
+from warmfleet.gateway.server import StartedApp, start_app
+from warmfleet.operator.embedded.config import LocalFleetSpec, origin_file
+from warmfleet.operator.embedded.origin_proc import generate_model
+from warmfleet.operator.embedded.procs import Child, module_argv, start_child, wait_ready
+from warmfleet.operator.embedded.replicas import instance_file, write_instances
+
+AGENT_MODULE = "warmfleet.operator.embedded.agent_proc"
+ORIGIN_MODULE = "warmfleet.operator.embedded.origin_proc"
+_STATES = {s.value: s for s in NodeCacheState}
+
+
+async def start_origin(spec: LocalFleetSpec, workdir: Path) -> tuple[Child, str]:
+    models = workdir / "origin"
+    for model in spec.origin.models:
+        for revision in model.revisions:
+            seed = f"{model.name}@{revision}"
+            generate_model(models / origin_file(model.name, revision), model.size, seed)
+    ready = workdir / "run" / "origin.json"
+    argv = module_argv(ORIGIN_MODULE, "--dir", str(models), "--ready-file", str(ready))
+    if spec.origin.throttle:
+        argv += ["--throttle", str(spec.origin.throttle)]
+    child = await start_child("origin", argv, ready, workdir / "logs")
+    info = await wait_ready(child, 120.0)
+    return child, str(info["url"])
+
+
+async def start_agent(node: str, budget_bytes: int, workdir: Path) -> Child:
+    ready = workdir / "run" / f"agent-{node}.json"
+    argv = module_argv(
+        AGENT_MODULE,
+        "--root",
+        str(workdir / "nodes" / node),
+        "--budget",
+        str(budget_bytes),
+        "--ready-file",
+        str(ready),
+    )
+    return await start_child(f"agent-{node}", argv, ready, workdir / "logs")
+
+
+def parse_reports(doc: dict[str, Any]) -> tuple[dict[str, NodeCacheReport], dict[str, str]]:
+    """An agent's ``/v1/fleet/caches`` -> reports by cache and published paths by cache."""
+    reports: dict[str, NodeCacheReport] = {}
+    paths: dict[str, str] = {}
+    for cache, item in (doc.get("caches") or {}).items():
+        reports[cache] = NodeCacheReport(
+            _STATES.get(str(item.get("state")), NodeCacheState.PENDING),
+            int(item.get("bytesDone") or 0),
+            int(item.get("bytesTotal") or 0),
+            bool(item.get("healthy", True)),
+            str(item.get("message") or ""),
+        )
+        if item.get("path"):
+            paths[cache] = str(item["path"])
+    return reports, paths
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+        resp.raise_for_status()
+        doc = await resp.json()
+    return doc if isinstance(doc, dict) else {}
+
+
+async def put_json(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    async with session.put(url, json=body, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+        resp.raise_for_status()
+
+
+def gateway_document(spec: LocalFleetSpec, workdir: Path) -> dict[str, Any]:
+    endpoints = []
+    for entry in spec.endpoints:
+        variants = []
+        for variant in entry.spec.variants:
+            path = instance_file(workdir, entry.name, variant.name)
+            if not path.exists():
+                write_instances(path, [])
+            variants.append(
+                {
+                    "name": variant.name,
+                    "weight": variant.traffic_weight,
+                    "routing": variant.routing.model_dump(mode="json"),
+                    "discovery": {
+                        "type": "file",
+                        "path": str(path),
+                        "poll_interval_s": spec.gateway.poll_interval_s,
+                    },
+                }
+            )
+        endpoints.append({"name": entry.name, "variants": variants})
+    return {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "Gateway",
+        "spec": {
+            "listen": {"host": spec.gateway.host, "port": spec.gateway.port},
+            "health": {"interval_s": 1.0, "timeout_s": 0.5},
+            "endpoints": endpoints,
+        },
+    }
+
+
+async def start_gateway(spec: LocalFleetSpec, workdir: Path) -> StartedApp:
+    config = parse_gateway_config(gateway_document(spec, workdir), "embedded gateway")
+    return await start_app(create_app(config), spec.gateway.host, spec.gateway.port)

@@ -1,0 +1,146 @@
+"""Engine replicas of the embedded fleet: one ``warmfleet emulate`` process per replica that
+reads its weights (node cache when the node was warm, else the origin) before it is ready; the
+gateway's instance files list the ready replicas; a removed replica is drained, then stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warmfleet.control.observed import ObservedReplica
+from warmfleet.operator.embedded.procs import Child, emulate_argv, start_child
+
+
+@dataclass
+class Replica:
+    name: str
+    deployment: str
+    endpoint: str
+    variant: str
+    node: str
+    prepared: bool
+    load_source: str  # the node cache directory or the origin URL
+    child: Child
+    draining_since_s: float | None = None  # wall clock
+    failed: bool = False
+
+    @property
+    def url(self) -> str | None:
+        info = self.child.ready_info
+        if not info:
+            return None
+        urls = info.get("urls") or []
+        return str(urls[0]) if urls else None
+
+    @property
+    def ready(self) -> bool:
+        return self.child.poll_ready() and self.child.alive
+
+    def time_to_ready_s(self) -> float | None:
+        if self.child.ready_wall_s is None:
+            return None
+        return self.child.ready_wall_s - self.child.started_wall_s
+
+    def weights_load_s(self) -> float | None:
+        weights = (self.child.ready_info or {}).get("weights") or {}
+        value = weights.get("load_s")
+        return float(value) if value is not None else None
+
+    def weights_bytes(self) -> int | None:
+        weights = (self.child.ready_info or {}).get("weights") or {}
+        value = weights.get("bytes_read")
+        return int(value) if value is not None else None
+
+    def observed(self, t0_wall_s: float) -> ObservedReplica:
+        ready_wall = self.child.ready_wall_s if self.ready else None
+        return ObservedReplica(
+            self.name,
+            self.node,
+            self.child.started_wall_s - t0_wall_s,
+            None if ready_wall is None else ready_wall - t0_wall_s,
+            self.prepared,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        state = "draining" if self.draining_since_s is not None else "starting"
+        if self.ready and self.draining_since_s is None:
+            state = "ready"
+        if self.failed or not self.child.alive:
+            state = "exited"
+        return {
+            "name": self.name,
+            "deployment": self.deployment,
+            "endpoint": self.endpoint,
+            "variant": self.variant,
+            "node": self.node,
+            "pid": self.child.pid,
+            "state": state,
+            "prepared": self.prepared,
+            "url": self.url,
+            "loadSource": "node-cache" if self.prepared else "origin",
+            "timeToReadyS": self.time_to_ready_s(),
+            "weightsLoadS": self.weights_load_s(),
+            "weightsBytes": self.weights_bytes(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EngineArgs:
+    preset: str
+    speedup: float
+    model: str
+
+
+async def start_replica(name: str, load_source: str, args: EngineArgs, workdir: Path) -> Child:
+    """Start one engine that reads its weights from ``load_source`` before it is ready."""
+    ready_file = workdir / "run" / f"{name}.json"
+    ready_file.parent.mkdir(parents=True, exist_ok=True)
+    argv = emulate_argv(
+        "--instances",
+        "1",
+        "--preset",
+        args.preset,
+        "--speedup",
+        str(args.speedup),
+        "--model",
+        args.model,
+        "--ports-file",
+        str(ready_file),
+        "--load-weights-from",
+        load_source,
+    )
+    return await start_child(name, argv, ready_file, workdir / "logs")
+
+
+def instance_file(workdir: Path, endpoint: str, variant: str) -> Path:
+    return workdir / "gateway" / f"{endpoint}--{variant}.json"
+
+
+def write_instances(path: Path, instances: list[dict[str, str]]) -> bool:
+    """Atomically replace the discovery file when its content changes; True if it changed."""
+    text = json.dumps({"instances": instances}, sort_keys=True)
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return True
+
+
+def drained(replica: Replica, in_flight: Mapping[str, float], grace_s: float) -> bool:
+    """Out of the discovery file for ``grace_s`` and no request in flight at the gateway."""
+    if replica.draining_since_s is None:
+        return False
+    if not replica.ready:
+        return True
+    waited = time.time() - replica.draining_since_s
+    return waited >= grace_s and in_flight.get(replica.name, 0.0) <= 0.0

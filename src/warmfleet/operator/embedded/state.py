@@ -1,0 +1,197 @@
+"""``state.json``: what a running ``warmfleet up`` exposes, and ``warmfleet status``'s tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
+
+from warmfleet.control.names import READY_VALUE
+from warmfleet.control.placement import unprepared_share
+from warmfleet.control.resources import wire
+from warmfleet.core.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from warmfleet.operator.embedded.fleet import EmbeddedFleet
+
+STATE_FILE = "state.json"
+IN_FLIGHT = "warmfleet_gateway_in_flight_requests"
+MAX_EVENTS = 200
+
+
+def in_flight_by_instance(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == IN_FLIGHT and "instance" in sample.labels:
+                key = sample.labels["instance"]
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def start_times(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median time to ready of replicas started warm (node cache) and cold (origin)."""
+    warm = [h["timeToReadyS"] for h in history if h["prepared"] and h.get("timeToReadyS")]
+    cold = [h["timeToReadyS"] for h in history if not h["prepared"] and h.get("timeToReadyS")]
+    warm_load = [h["weightsLoadS"] for h in history if h["prepared"] and h.get("weightsLoadS")]
+    cold_load = [h["weightsLoadS"] for h in history if not h["prepared"] and h.get("weightsLoadS")]
+    return {
+        "warmStartS": statistics.median(warm) if warm else None,
+        "coldStartS": statistics.median(cold) if cold else None,
+        "warmWeightsLoadS": statistics.median(warm_load) if warm_load else None,
+        "coldWeightsLoadS": statistics.median(cold_load) if cold_load else None,
+        "warmStarts": len(warm),
+        "coldStarts": len(cold),
+        "unpreparedReplicaShare": unprepared_share([h["prepared"] for h in history]),
+    }
+
+
+def _nodes(fleet: EmbeddedFleet) -> list[dict[str, Any]]:
+    out = []
+    for config in fleet.spec.nodes:
+        node = fleet.world.nodes[config.name]
+        agent = fleet.agents.get(config.name)
+        out.append(
+            {
+                "name": config.name,
+                "budgetBytes": config.budget,
+                "agentPid": agent.pid if agent else None,
+                "agentUp": config.name in fleet.agent_urls,
+                "readyLabels": sorted(k for k, v in node.labels.items() if v == READY_VALUE),
+                "assigned": sorted(node.assigned),
+                "caches": {
+                    c: {
+                        "state": r.state.value,
+                        "bytesDone": r.bytes_done,
+                        "bytesTotal": r.bytes_total,
+                        "healthy": r.healthy,
+                    }
+                    for c, r in node.weights.items()
+                },
+            }
+        )
+    return out
+
+
+def snapshot(fleet: EmbeddedFleet, *, running: bool) -> dict[str, Any]:
+    endpoints = [
+        {"name": e.name, "status": wire(e.status) if e.status else None}
+        for e in fleet.world.endpoints.values()
+    ]
+    caches = [
+        {
+            "name": c.name,
+            "owner": c.spec.owner,
+            "source": wire(c.spec.model_source),
+            "status": wire(c.status) if c.status else None,
+        }
+        for c in fleet.world.model_caches.values()
+    ]
+    history = list(fleet.history.values())
+    return {
+        "running": running,
+        "pid": os.getpid(),
+        "uptimeS": round(fleet.now_s(), 3),
+        "passes": fleet.passes,
+        "lastPassS": round(fleet.last_pass_s, 4),
+        "gateway": fleet.gateway.url if fleet.gateway else None,
+        "origin": fleet.origin_url,
+        "originPid": fleet.origin.pid if fleet.origin else None,
+        "endpoints": endpoints,
+        "caches": caches,
+        "nodes": _nodes(fleet),
+        "replicas": [r.summary() for r in fleet.replicas.values()],
+        "starts": start_times(history),
+        "history": history,
+        "events": fleet.events[-MAX_EVENTS:],
+    }
+
+
+def write_state(workdir: Path, doc: dict[str, Any]) -> None:
+    path = workdir / STATE_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_state(workdir: Path) -> dict[str, Any]:
+    path = workdir / STATE_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise NotFoundError(
+            f"no fleet state at {path} (is `warmfleet up` running?): {err}"
+        ) from err
+    return doc if isinstance(doc, dict) else {}
+
+
+def _gb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e9:.2f} GB"
+
+
+def render(doc: dict[str, Any], console: Console) -> None:
+    state = "running" if doc.get("running") else "stopped"
+    console.print(
+        f"fleet {state} (pid {doc.get('pid')}, up {doc.get('uptimeS')} s), "
+        f"gateway {doc.get('gateway')}, origin {doc.get('origin')}"
+    )
+    t = Table(title="endpoints")
+    for col in ("name", "phase", "revision", "replicas", "ready", "unprepared share"):
+        t.add_column(col)
+    for e in doc.get("endpoints", []):
+        s = e.get("status") or {}
+        t.add_row(
+            e["name"],
+            str(s.get("phase", "")),
+            str(s.get("revision", "")),
+            str(s.get("replicas", 0)),
+            str(s.get("readyReplicas", 0)),
+            f"{s.get('unpreparedReplicaShare', 0.0):.2f}",
+        )
+    console.print(t)
+    t = Table(title="caches")
+    for col in ("name", "source", "state", "ready/target nodes"):
+        t.add_column(col)
+    for c in doc.get("caches", []):
+        s = c.get("status") or {}
+        src = c.get("source", {})
+        t.add_row(
+            c["name"],
+            f"{src.get('uri')}@{src.get('revision')}",
+            str(s.get("state", "")),
+            f"{s.get('readyNodes', 0)}/{s.get('targetNodes', 0)}",
+        )
+    console.print(t)
+    t = Table(title="nodes")
+    for col in ("name", "agent", "budget", "ready labels", "caches"):
+        t.add_column(col)
+    for n in doc.get("nodes", []):
+        caches = ", ".join(
+            f"{k}: {v['state']} {_gb(v['bytesDone'])}/{_gb(v['bytesTotal'])}"
+            + ("" if v["healthy"] else " (unhealthy)")
+            for k, v in n.get("caches", {}).items()
+        )
+        agent = f"up (pid {n['agentPid']})" if n.get("agentUp") else "DOWN"
+        t.add_row(n["name"], agent, _gb(n["budgetBytes"]), "\n".join(n["readyLabels"]), caches)
+    console.print(t)
+    t = Table(title="replicas")
+    for col in ("name", "node", "state", "weights from", "time to ready", "url"):
+        t.add_column(col)
+    for r in doc.get("replicas", []):
+        ttr = r.get("timeToReadyS")
+        t.add_row(
+            r["name"],
+            r["node"],
+            r["state"],
+            r["loadSource"],
+            "-" if ttr is None else f"{ttr:.2f} s",
+            str(r.get("url") or "-"),
+        )
+    console.print(t)
+    console.print(f"starts: {json.dumps(doc.get('starts', {}))}")

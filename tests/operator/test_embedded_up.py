@@ -1,0 +1,84 @@
+"""``warmfleet up`` as a real process: Ctrl-C (SIGINT) stops every process it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+FLEET = {
+    "apiVersion": "warmfleet.dev/v1alpha1",
+    "kind": "LocalFleet",
+    "spec": {
+        "nodes": [{"name": "n1", "budget": "64MiB"}],
+        "origin": {
+            "throttle": None,
+            "models": [{"name": "m", "size": 1_000_000, "revisions": ["v1"]}],
+        },
+        "gateway": {"port": 0},
+        "reconcileIntervalS": 0.2,
+        "endpoints": [
+            {
+                "name": "m",
+                "spec": {
+                    "modelSource": {"uri": "origin://m", "revision": "v1"},
+                    "image": "x",
+                    "modelCacheConfig": {"weightsCache": {"enabled": True}},
+                    "variants": [{"name": "main", "replicas": 1}],
+                },
+            }
+        ],
+    },
+}
+BOOT = "import sys; from warmfleet.cli import app; sys.argv[0] = 'warmfleet'; app()"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _state(workdir: Path) -> dict[str, object] | None:
+    try:
+        doc = json.loads((workdir / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
+    fleet = dict(FLEET)
+    fleet["spec"] = {**FLEET["spec"], "workdir": str(tmp_path / "w")}  # type: ignore[dict-item]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(fleet))
+    up = subprocess.Popen([sys.executable, "-c", BOOT, "up", str(path)], stdout=subprocess.DEVNULL)
+    try:
+        doc = None
+        for _ in range(600):
+            doc = _state(tmp_path / "w")
+            if doc and any(r["state"] == "ready" for r in doc["replicas"]):  # type: ignore[attr-defined]
+                break
+            assert up.poll() is None, "warmfleet up exited early"
+            time.sleep(0.1)
+        assert doc is not None
+        pids = [doc["originPid"]] + [n["agentPid"] for n in doc["nodes"]]  # type: ignore[attr-defined]
+        pids += [r["pid"] for r in doc["replicas"]]  # type: ignore[attr-defined]
+        assert len(pids) == 3
+        assert all(_alive(int(p)) for p in pids)
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=30) == 0
+        assert not [p for p in pids if _alive(int(p))]
+        assert _state(tmp_path / "w")["running"] is False  # type: ignore[index]
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
