@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck imports unit bench-routing bench-fleet sim clean bench-peers bench-live peers-venvs
+.PHONY: demo test lint typecheck imports unit bench-routing bench-fleet sim clean bench-peers peers-venvs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,10 +61,6 @@ peers-venvs: $(PEERS_SGLANG)/.installed $(PEERS_VLLM)/.installed
 bench-peers: $(STAMP) peers-venvs
 	$(BIN)/python -m warmfleet.bench.peers --out bench-results/peers.json \
 		--sglang-python $(PEERS_SGLANG)/bin/python --vllm-router $(PEERS_VLLM)/bin/vllm-router
-
-# The live demo's strategy comparison on an emulated fleet (warmfleet-report/).
-bench-live: $(STAMP)
-	$(BIN)/warmfleet demo-live --report warmfleet-report
 
 # Model/image cache: throughput vs baselines, fault matrix, 5 GB sparse model (BIG_SIZE bytes).
 # docker-registry (Debian) backs the OCI tests; installed here if missing (needs root + apt).

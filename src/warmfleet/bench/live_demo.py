@@ -1,4 +1,4 @@
-"""`warmfleet demo-live`: the four strategies on a live emulated fleet behind the gateway.
+"""`warmfleet demo` (`make demo`): the four strategies on a live emulated fleet behind the gateway.
 
 For each strategy a fresh emulated fleet (so every strategy starts with cold caches) and a fresh
 gateway are started as child processes, the same shared-prefix workload (aws-long-context: groups
@@ -23,6 +23,7 @@ from warmfleet.bench.loadgen import LoadResult, LoadSpec
 from warmfleet.bench.loadgen_cli import console, progress_bar, run_async
 from warmfleet.bench.loadgen_metrics import measure
 from warmfleet.bench.loadgen_report import comparison_report, runs_table, write_report
+from warmfleet.bench.sim_cli import DEMO_STRATEGIES
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.engine.presets import get_preset
 from warmfleet.sim.metrics import ideal_hit_tokens
@@ -33,8 +34,6 @@ from warmfleet.sim.workloads.base import (
     render_segment_text,
 )
 from warmfleet.sim.workloads.synthetic import AwsLongContextConfig, aws_long_context
-
-DEMO_STRATEGIES = ("random", "least_outstanding_requests", "prefix_hash", "prefix_affinity")
 
 
 @dataclass(frozen=True)
@@ -172,7 +171,7 @@ async def run_live_demo(
 def main_live_demo(
     report: Path, *, requests: int = 240, concurrency: int = 8, speedup: float = 2.0
 ) -> dict[str, Any]:
-    """Run the demo, print the comparison table; the report (``warmfleet demo-live``)."""
+    """Run the demo, print the comparison table; the report (``warmfleet demo``)."""
     config = DemoConfig(requests=requests, concurrency=concurrency, speedup=speedup)
     started = time.perf_counter()
     with terminate_on_sigterm():

@@ -1,4 +1,4 @@
-"""`warmfleet bench` (live load generator) and `warmfleet demo-live` (the live strategy demo)."""
+"""`warmfleet bench` (live load generator) and `warmfleet demo` (the live demo, `make demo`)."""
 
 from __future__ import annotations
 
@@ -190,6 +190,6 @@ def demo_live(
 
 
 def register(app: typer.Typer) -> None:
-    """``warmfleet bench`` and ``warmfleet demo-live``."""
+    """``warmfleet bench`` and ``warmfleet demo``."""
     app.command("bench")(bench)
-    app.command("demo-live")(demo_live)
+    app.command("demo")(demo_live)

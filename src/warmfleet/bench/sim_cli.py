@@ -1,4 +1,4 @@
-"""`warmfleet sim` (simulator comparison) and the interim `warmfleet demo`."""
+"""`warmfleet sim` (simulator comparison) and `warmfleet demo-sim` (its quick four-strategy run)."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def demo_scenario() -> ScenarioSpec:
 def demo(
     report: Annotated[Path, typer.Option(help="output directory")] = Path("warmfleet-report"),
 ) -> None:
-    """Interim demo: simulator comparison of four strategies on aws-long-context."""
+    """Simulator-only demo: the four strategies on a scaled-down aws-long-context (virtual time)."""
     started = time.perf_counter()
     comparison = run_comparison(demo_scenario(), DEMO_STRATEGIES)
     _emit(comparison, None, report)
@@ -128,4 +128,4 @@ def demo(
 
 def register(app: typer.Typer) -> None:
     app.command("sim")(sim)
-    app.command("demo")(demo)
+    app.command("demo-sim")(demo)
