@@ -36,7 +36,9 @@ imports: $(DEV_STAMP)
 unit: $(DEV_STAMP)
 	$(BIN)/pytest -q
 
-test: lint typecheck imports unit
+# The whole suite: static checks, the tiny model (so its tokenizer tests run), every pytest test,
+# then the real-vLLM end-to-end run (builds .venv-vllm and the model once; cached afterwards).
+test: lint typecheck imports vllm-model unit e2e-vllm
 
 bench-routing: $(STAMP)
 	$(BIN)/python -m warmfleet.bench.routing_bench --out bench-results/routing.json

@@ -61,9 +61,7 @@ async def main():
     await asyncio.Event().wait()
 uvloop.run(main())
 """
-_EMU = (
-    "import typer; from warmfleet.emulator.cli import emulate_command as f; typer.run(f)"
-)
+_EMU = "import typer; from warmfleet.emulator.cli import emulate_command as f; typer.run(f)"
 POINTS = {"c1": (1, False), "c32": (32, False), "stream_c32": (32, True)}
 
 

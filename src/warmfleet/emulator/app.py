@@ -128,9 +128,9 @@ class Handlers:
         return await self._generate(request, None)
 
     async def _generate(self, request: web.Request, kind: Kind | None) -> web.StreamResponse:
-        arrival_s = asyncio.get_running_loop().time()
-        await self._hang_if_asked()
         rt = self.rt
+        arrival_s = rt.driver.now_wall_s()
+        await self._hang_if_asked()
         action = rt.host.on_completion_request()
         if action.die:
             rt.metrics.faults.labels("die").inc()

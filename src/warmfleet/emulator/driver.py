@@ -1,6 +1,8 @@
 """Drive one ``EngineModel`` in wall-clock time (the only place the emulator touches engine state).
 
-Engine time is ``(loop.time() - start) * speedup``. One task per instance sleeps until the
+Engine time is ``(time.monotonic() - start) * speedup``: not ``loop.time()``, which uvloop
+truncates to whole milliseconds (at a speed-up of 10,000 that is 10 engine seconds, and a
+driver waiting for an event a few microseconds ahead would spin until the millisecond ticks). One task per instance sleeps until the
 model's next event (or a submit/cancel wakes it), advances the model to "now" and hands each
 event to the request's stream. Before any ``submit``/``cancel`` the model is advanced to "now"
 first, so a request is never admitted before it arrived.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -36,7 +39,7 @@ _MIN_TOKEN_WAKE_WALL_S = 0.0005  # tokens closer than this (wall) share one wake
 
 @dataclass(eq=False)
 class RequestStream:
-    """One request's events, in order; ``arrival_s`` is wall-clock (loop) time."""
+    """One request's events, in order; ``arrival_s`` is wall-clock (``now_wall_s``) time."""
 
     request_id: int
     prompt_tokens: int
@@ -104,9 +107,14 @@ class EngineDriver:
         self.spec = spec
         self.speedup = speedup
         self._sink = block_sink
-        self._model = EngineModel(spec, emit_token_events=True, block_listener=block_sink)
+        # Two token events per run of decode steps keep ``_dispatch``'s view exact: a stream's
+        # latest count and the gap between its last two tokens (all ``RequestStream`` keeps).
+        self._model = EngineModel(
+            spec, emit_token_events=True, block_listener=block_sink, token_event_steps=2
+        )
         self._loop = asyncio.get_running_loop()
-        self._start_s = self._loop.time()
+        self._clock = time.monotonic
+        self._start_s = self._clock()
         self._wake = asyncio.Event()
         self._streams: dict[int, RequestStream] = {}
         self._ids = itertools.count(1)
@@ -116,11 +124,15 @@ class EngineDriver:
 
     # ------------------------------------------------------------------ time
 
+    def now_wall_s(self) -> float:
+        """The driver's wall clock (``time.monotonic``): stamp arrivals with it."""
+        return self._clock()
+
     def engine_now_s(self) -> float:
-        return (self._loop.time() - self._start_s) * self.speedup
+        return (self._clock() - self._start_s) * self.speedup
 
     def wall_s(self, engine_s: float) -> float:
-        """Loop time at which engine time ``engine_s`` happens."""
+        """Wall-clock (``now_wall_s``) time at which engine time ``engine_s`` happens."""
         return self._start_s + engine_s / self.speedup
 
     # ------------------------------------------------------------------ requests
@@ -143,13 +155,16 @@ class EngineDriver:
             prompt_tokens,
             output_tokens,
             wants_tokens,
-            self._loop.time() if arrival_s is None else arrival_s,
+            self._clock() if arrival_s is None else arrival_s,
         )
         self._streams[rid] = stream
         sink = self._sink
         if sink is not None:
             sink.request_submitted(rid, block_hashes, prompt_ids)
-        self._model.submit(EngineRequest(rid, block_hashes, prompt_tokens, output_tokens), now_s)
+        request = EngineRequest(
+            rid, block_hashes, prompt_tokens, output_tokens, token_events=wants_tokens
+        )
+        self._model.submit(request, now_s)
         if sink is not None:
             sink.flush()
         self._wake.set()

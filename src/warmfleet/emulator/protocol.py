@@ -23,9 +23,9 @@ from warmfleet.core.errors import BadRequestError, NotFoundError
 from warmfleet.emulator.tokenizer import (
     EmulatorTokenizer,
     hash_seed,
-    output_piece_json,
+    output_pieces_json,
     output_text,
-    prompt_block_hashes,
+    prompt_block_hashes_bytes,
 )
 from warmfleet.engine.spec import EngineSpec
 
@@ -209,10 +209,11 @@ def parse_job(body: object, kind: Kind, ctx: ParseContext) -> Job:
         raise _bad("the emulator supports only 'n': 1", "n")
     ids = prompt_ids(body, kind, ctx.tokenizer)
     stream, include_usage = _stream_flags(body)
-    text_seed = xxhash.xxh3_64_intdigest(array("Q", ids).tobytes())
+    data = array("Q", ids).tobytes()  # ids are in [0, 2**63) (tokenizer or _token_list)
+    text_seed = xxhash.xxh3_64_intdigest(data)
     output_tokens, finish_reason = _output_tokens(body, len(ids), text_seed, ctx)
     seed = hash_seed(ctx.hash_seed, _cache_salt(body))
-    hashes = prompt_block_hashes(ids, ctx.spec.block_tokens, seed)
+    hashes = prompt_block_hashes_bytes(data, ctx.spec.block_tokens, seed)
     return Job(
         kind,
         ctx.new_id(kind),
@@ -290,11 +291,19 @@ class ChunkWriter:
             f'data: {{"id":"{job.response_id}","object":"{obj}","created":{int(time.time())},'
             f'"model":{json.dumps(job.model)},"choices":'
         ).encode()
-        self._open = b'[{"index":0,"delta":{"content":' if chat else b'[{"index":0,"text":'
-        self._close = b"}," if chat else b","
-        self._tail = b'"logprobs":null,"finish_reason":null}]}\n\n'
+        self._lead = self._head + (
+            b'[{"index":0,"delta":{"content":' if chat else b'[{"index":0,"text":'
+        )
+        close = b"}," if chat else b","
+        tail = b'"logprobs":null,"finish_reason":null}]}\n\n'
         if not chat:
-            self._tail = b'"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+            tail = b'"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        last_tail = b'"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n' % (
+            job.finish_reason.encode()
+        )
+        self._between = close + tail + self._lead  # from one token's text to the next one's
+        self._end = close + tail
+        self._last_end = close + last_tail  # the last output token's chunk carries the reason
 
     def role(self) -> bytes:
         """Chat only: the first chunk, with the assistant role and empty content."""
@@ -305,19 +314,12 @@ class ChunkWriter:
         )
 
     def tokens(self, first_index: int, last_index: int) -> bytes:
-        """Chunks for output tokens ``first_index`` .. ``last_index - 1``."""
-        out: list[bytes] = []
-        job = self.job
-        for index in range(first_index, last_index):
-            text = output_piece_json(job.text_seed, index)
-            if index == job.output_tokens - 1:
-                tail = b'"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n' % (
-                    job.finish_reason.encode()
-                )
-            else:
-                tail = self._tail
-            out.append(self._head + self._open + text + self._close + tail)
-        return b"".join(out)
+        """Chunks for output tokens ``first_index`` .. ``last_index - 1`` (one bytes object)."""
+        if last_index <= first_index:
+            return b""
+        texts = output_pieces_json(self.job.text_seed, first_index, last_index)
+        end = self._last_end if last_index == self.job.output_tokens else self._end
+        return self._lead + self._between.join(texts) + end
 
     def usage(self, completion_tokens: int, cached_tokens: int) -> bytes:
         body = usage(len(self.job.prompt_ids), completion_tokens, cached_tokens)

@@ -20,10 +20,12 @@ share token blocks, as with a real template)::
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from array import array
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import xxhash
@@ -47,6 +49,8 @@ _PLAIN_RANGE = VOCAB_SIZE - FIRST_PLAIN_ID
 _PIECE_CACHE_LIMIT = 200_000
 _SEGMENT_MIN_CHARS = 256  # segments at least this long are memoised whole
 _SEGMENT_CACHE_CHARS = 32 * 1024 * 1024
+_PREFIX_STEP_CHARS = 1024  # long texts' prefixes are memoised at every multiple of this
+_PREFIX_CACHE_LIMIT = 8192  # prefix states (about 1 KiB of text and 256 ids each)
 
 # Output vocabulary: words of at most four letters, so every output word is exactly one token.
 OUTPUT_WORDS: tuple[str, ...] = (
@@ -59,40 +63,101 @@ OUTPUT_WORDS: tuple[str, ...] = (
 )  # fmt: skip
 
 
+def _hash_piece(piece: str) -> int:
+    return FIRST_PLAIN_ID + xxhash.xxh3_64_intdigest(piece.encode("utf-8", "replace")) % (
+        _PLAIN_RANGE
+    )
+
+
+class _PieceIds(dict[str, int]):
+    """piece -> id; a miss computes the id (``dict.__getitem__`` stays in C on hits)."""
+
+    __slots__ = ()
+
+    def __missing__(self, piece: str) -> int:
+        value = _hash_piece(piece)
+        if len(self) < _PIECE_CACHE_LIMIT:
+            self[piece] = value
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class _PrefixState:
+    """Tokenization of a text prefix ``text[:boundary]``: the ids of every piece that ends
+    before ``resume`` (those pieces are final whatever follows), and the prefix's serial."""
+
+    serial: int
+    ids: tuple[int, ...]  # ids of the pieces between the parent's ``resume`` and this one's
+    resume: int
+
+
 class EmulatorTokenizer:
     """Deterministic text -> token ids (implements ``routing.keys.Tokenizer``).
 
-    Piece ids, and the ids of long text segments (system prompts and documents repeat across
-    requests), are memoised in bounded per-instance dicts; results never depend on the caches.
+    Piece ids, the ids of long text segments (system prompts and documents repeat across
+    requests) and the tokenization of long texts' prefixes, cut every ``prefix_step_chars``
+    characters (prompts that share a long text prefix, then differ), are memoised in bounded
+    per-instance caches; results never depend on the caches (see ``_encode_long``).
     """
 
-    def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
+    def __init__(self, prefix_step_chars: int = _PREFIX_STEP_CHARS) -> None:
+        if prefix_step_chars < 1:
+            raise ValueError("prefix_step_chars must be >= 1")
+        self._ids = _PieceIds()
         self._segments: dict[str, tuple[int, ...]] = {}
         self._segment_chars = 0
-
-    def _piece_id(self, piece: str) -> int:
-        cached = self._ids.get(piece)
-        if cached is not None:
-            return cached
-        value = FIRST_PLAIN_ID + xxhash.xxh3_64_intdigest(piece.encode("utf-8", "replace")) % (
-            _PLAIN_RANGE
-        )
-        if len(self._ids) < _PIECE_CACHE_LIMIT:
-            self._ids[piece] = value
-        return value
+        self._step = prefix_step_chars
+        self._prefixes: dict[tuple[int, str], _PrefixState] = {}
+        self._serials = itertools.count(1)
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special-token recognition."""
         if len(text) < _SEGMENT_MIN_CHARS:
-            piece_id = self._piece_id
-            return [piece_id(p) for p in _PIECE.findall(text)]
+            return list(map(self._ids.__getitem__, _PIECE.findall(text)))
         cached = self._segments.get(text)
         if cached is None:
-            piece_id = self._piece_id
-            cached = tuple(piece_id(p) for p in _PIECE.findall(text))
+            cached = tuple(self._encode_long(text))
             self._remember(text, cached)
         return list(cached)
+
+    def _encode_long(self, text: str) -> list[int]:
+        """``encode_plain`` of a long text, resuming from the longest memoised prefix.
+
+        A piece of ``findall(text[:b])`` that ends before ``b`` is also a piece of
+        ``findall(text)``: the pattern decides where a piece ends from its own characters and
+        the one after it, and pieces are contiguous (every character belongs to one). Only the
+        last piece of a prefix can grow, so a prefix state keeps the pieces before it and
+        tokenizing resumes at its start. States are keyed by (parent serial, chunk text):
+        a lookup can only follow a path of exactly this text's chunks.
+        """
+        step = self._step
+        prefixes = self._prefixes
+        getitem = self._ids.__getitem__
+        out: list[int] = []
+        parent = 0
+        resume = 0
+        boundary = step
+        end = len(text)
+        while boundary < end:
+            key = (parent, text[boundary - step : boundary])
+            state = prefixes.get(key)
+            if state is None:
+                pieces = _PIECE.findall(text, resume, boundary)
+                ids = tuple(map(getitem, pieces[:-1]))
+                state = _PrefixState(next(self._serials), ids, boundary - len(pieces[-1]))
+                self._store_prefix(key, state)
+            out.extend(state.ids)
+            parent = state.serial
+            resume = state.resume
+            boundary += step
+        out.extend(map(getitem, _PIECE.findall(text, resume)))
+        return out
+
+    def _store_prefix(self, key: tuple[int, str], state: _PrefixState) -> None:
+        prefixes = self._prefixes
+        if len(prefixes) >= _PREFIX_CACHE_LIMIT:
+            del prefixes[next(iter(prefixes))]  # oldest first; orphans are never matched
+        prefixes[key] = state
 
     def _remember(self, text: str, ids: tuple[int, ...]) -> None:
         segments = self._segments
@@ -106,6 +171,8 @@ class EmulatorTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; the template's special tokens are recognised as single tokens."""
+        if "<|" not in text:  # every special token starts with it
+            return self.encode_plain(text)
         out: list[int] = []
         for i, part in enumerate(_SPECIAL_SPLIT.split(text)):
             if i % 2:
@@ -127,7 +194,20 @@ class EmulatorTokenizer:
         add_generation_prompt: bool = True,
         tools: Sequence[Any] | None = None,
     ) -> list[int]:
-        return self.encode(render_chat(messages, add_generation_prompt, tools))
+        """``encode(render_chat(...))``, encoding the template's parts one by one.
+
+        Equal to encoding the rendered text: every special token has ``<`` only as its first
+        character and none is a prefix of another, so no special token can straddle the border
+        between a template token and the text around it.
+        """
+        out: list[int] = []
+        for part in chat_parts(messages, add_generation_prompt, tools):
+            special = SPECIAL_IDS.get(part)
+            if special is not None:
+                out.append(special)
+            elif part:
+                out.extend(self.encode(part))
+        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,18 +238,18 @@ def _content_text(content: object, param: str) -> str:
     return "".join(pieces)
 
 
-def render_chat(
+def chat_parts(
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
     tools: Sequence[Any] | None = None,
-) -> str:
-    """The conversation as template text (special tokens included); validates the messages."""
+) -> list[str]:
+    """The template text in parts (special tokens as parts of their own); validates."""
     if not isinstance(messages, list) or not messages:
         raise _bad("'messages' must be a non-empty array", "messages")
     out = [BOS]
     if tools:
         tools_json = json.dumps(tools, sort_keys=True, separators=(",", ":"))
-        out.append(f"{START_HEADER}tools{END_HEADER}{tools_json}{EOT}")
+        out += (START_HEADER, "tools", END_HEADER, tools_json, EOT)
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
         if not isinstance(message, Mapping):
@@ -181,10 +261,19 @@ def render_chat(
         calls = message.get("tool_calls")
         if calls:
             text += json.dumps(calls, sort_keys=True, separators=(",", ":"))
-        out.append(f"{START_HEADER}{role}{END_HEADER}{text}{EOT}")
+        out += (START_HEADER, role, END_HEADER, text, EOT)
     if add_generation_prompt:
-        out.append(f"{START_HEADER}assistant{END_HEADER}")
-    return "".join(out)
+        out += (START_HEADER, "assistant", END_HEADER)
+    return out
+
+
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: Sequence[Any] | None = None,
+) -> str:
+    """The conversation as template text (special tokens included); validates the messages."""
+    return "".join(chat_parts(messages, add_generation_prompt, tools))
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,6 +288,13 @@ def prompt_block_hashes(
         data = array("Q", token_ids).tobytes()
     except (OverflowError, TypeError) as err:
         raise _bad("token ids must be integers in [0, 2**64)", "prompt") from err
+    return prompt_block_hashes_bytes(data, block_size, seed, max_blocks)
+
+
+def prompt_block_hashes_bytes(
+    data: bytes, block_size: int, seed: int, max_blocks: int = 1 << 20
+) -> tuple[int, ...]:
+    """``prompt_block_hashes`` of token ids already packed as uint64 (``array("Q")``)."""
     return chain_buffer(data, 8, block_size, max_blocks, seed)
 
 
@@ -227,6 +323,18 @@ def output_piece_json(text_seed: int, index: int) -> bytes:
     """``output_piece`` as a JSON string literal (pre-encoded: the streaming hot path)."""
     table = _FIRST_JSON if index == 0 else _LATER_JSON
     return table[_word_index(text_seed, index)]
+
+
+def output_pieces_json(text_seed: int, first_index: int, last_index: int) -> list[bytes]:
+    """``output_piece_json`` of tokens ``first_index`` .. ``last_index - 1``."""
+    n = len(OUTPUT_WORDS)
+    seed = text_seed % n
+    stride = _WORD_STRIDE % n
+    later = _LATER_JSON
+    out = [later[(seed + i * stride) % n] for i in range(max(first_index, 1), last_index)]
+    if first_index == 0 < last_index:
+        out.insert(0, _FIRST_JSON[seed])
+    return out
 
 
 def output_text(text_seed: int, tokens: int) -> str:

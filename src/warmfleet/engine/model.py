@@ -41,6 +41,9 @@ class EngineRequest:
     # ``block_hashes``), when the caller knows them (the next turn of a conversation
     # re-sends the answer); registered in the prefix cache when the request finishes
     output_block_hashes: tuple[int, ...] = ()
+    # with ``emit_token_events``: False skips this request's TOKEN events (a caller that only
+    # needs its first token and its end saves one event per output token)
+    token_events: bool = True
 
 
 class EngineEventKind(StrEnum):
@@ -129,9 +132,17 @@ class EngineModel:
         *,
         emit_token_events: bool = False,
         block_listener: BlockListener | None = None,
+        token_event_steps: int | None = None,
     ) -> None:
+        """``token_event_steps``: with ``emit_token_events``, emit only the TOKEN events of the
+        last N decode steps of each fast-forwarded run that an ``advance`` passes (None: all).
+        A consumer that keeps each request's latest count and the gap between its last two
+        tokens sees exactly the same with N = 2, at a fraction of the events."""
+        if token_event_steps is not None and token_event_steps < 1:
+            raise ValueError("token_event_steps must be >= 1")
         self.spec = spec
         self._emit_tokens = emit_token_events
+        self._token_event_steps = token_event_steps
         self._bt = spec.block_tokens
         self._pool = BlockPool(spec.capacity_blocks, block_listener)
         self._waiting: deque[_Seq] = deque()
@@ -334,15 +345,18 @@ class EngineModel:
     def _emit_decode_tokens(self, step: _Step, steps: int, events: list[EngineEvent]) -> None:
         if not self._emit_tokens:
             return
-        for i in range(1, steps + 1):
+        seqs = [s for s in step.decodes if not s.cancelled and s.req.token_events]
+        if not seqs:
+            return
+        keep = self._token_event_steps
+        for i in range(1 if keep is None else max(1, steps - keep + 1), steps + 1):
             at_s = step.start_s + step.elapsed_s(i)
-            for seq in step.decodes:
-                if not seq.cancelled:
-                    events.append(
-                        EngineEvent(
-                            EngineEventKind.TOKEN, seq.req.request_id, at_s, 0, seq.generated + i
-                        )
+            for seq in seqs:
+                events.append(
+                    EngineEvent(
+                        EngineEventKind.TOKEN, seq.req.request_id, at_s, 0, seq.generated + i
                     )
+                )
 
     def _complete(self, step: _Step, events: list[EngineEvent]) -> None:
         end_s = step.end_s
@@ -367,7 +381,7 @@ class EngineModel:
             if seq.cancelled:
                 continue
             seq.generated += step.steps
-            if self._emit_tokens:
+            if self._emit_tokens and seq.req.token_events:
                 events.append(
                     EngineEvent(EngineEventKind.TOKEN, seq.req.request_id, end_s, 0, seq.generated)
                 )

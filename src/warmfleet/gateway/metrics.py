@@ -15,14 +15,30 @@ Names (all prefixed ``warmfleet_gateway_``):
   ``predicted_cached_blocks_total{endpoint,variant}``
 - ``retries_total{endpoint,variant}``, ``ejections_total{endpoint,variant,instance,cause}``,
   ``readmissions_total{endpoint,variant,instance}``, ``config_reloads_total{source,result}``.
+
+The metrics updated on every proxied request (requests, in-flight, decision/overhead/TTFT
+histograms, predicted hits, retries) are ``FastCounter`` / ``FastGauge`` / ``FastHistogram``:
+plain attributes updated without a lock (every update happens on the event loop, and so does
+the scrape), exposed through the same registry as the ``prometheus_client`` ones. Rarely updated
+metrics stay ``prometheus_client`` objects.
 """
 
 from __future__ import annotations
 
 import contextlib
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 _PREFIX = "warmfleet_gateway"
 _FAST_BUCKETS = (
@@ -40,6 +56,144 @@ _FAST_BUCKETS = (
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def _go_float(value: float) -> str:
+    """A bucket bound as ``prometheus_client`` writes it (``le`` label)."""
+    return str(floatToGoString(value))  # type: ignore[no-untyped-call]
+
+
+class FastValue:
+    """A counter or gauge child: a float updated in place (event-loop only, no lock)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value -= amount
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+
+class FastHistogramChild:
+    """Per-bucket (non-cumulative) counts plus the sum; cumulated at scrape time."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self.bounds, amount)] += 1  # bucket "le": amount <= bound
+        self.total += amount
+
+
+C = TypeVar("C", "FastValue", "FastHistogramChild")
+
+
+class _FastFamily(Generic[C]):
+    """Children by label values, created on first use (like ``prometheus_client``'s)."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], C] = {}
+        registry.register(self)
+
+    def _new_child(self) -> C:
+        raise NotImplementedError
+
+    def labels(self, *values: str) -> C:
+        key = tuple(str(v) for v in values)
+        child = self._children.get(key)
+        if child is None:
+            if len(key) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {key}")
+            child = self._children[key] = self._new_child()
+        return child
+
+    def remove(self, *values: str) -> None:
+        del self._children[tuple(str(v) for v in values)]
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for key, child in list(self._children.items()):
+            self._add(family, list(key), child)
+        yield family
+
+    def _family(self) -> Metric:
+        raise NotImplementedError
+
+    def _add(self, family: Metric, labels: list[str], child: C) -> None:
+        raise NotImplementedError
+
+
+class FastCounter(_FastFamily[FastValue]):
+    def _new_child(self) -> FastValue:
+        return FastValue()
+
+    def _family(self) -> Metric:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def _add(self, family: Metric, labels: list[str], child: FastValue) -> None:
+        assert isinstance(family, CounterMetricFamily)
+        family.add_metric(labels, child.value)
+
+
+class FastGauge(_FastFamily[FastValue]):
+    def _new_child(self) -> FastValue:
+        return FastValue()
+
+    def _family(self) -> Metric:
+        return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def _add(self, family: Metric, labels: list[str], child: FastValue) -> None:
+        assert isinstance(family, GaugeMetricFamily)
+        family.add_metric(labels, child.value)
+
+
+class FastHistogram(_FastFamily[FastHistogramChild]):
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        *,
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.bounds = tuple(float(b) for b in buckets)
+        self._les = [*(_go_float(b) for b in self.bounds), "+Inf"]
+        super().__init__(name, documentation, labelnames, registry)
+
+    def _new_child(self) -> FastHistogramChild:
+        return FastHistogramChild(self.bounds)
+
+    def _family(self) -> Metric:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def _add(self, family: Metric, labels: list[str], child: FastHistogramChild) -> None:
+        assert isinstance(family, HistogramMetricFamily)
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for le, count in zip(self._les, child.counts, strict=True):
+            cumulative += count
+            buckets.append((le, float(cumulative)))
+        family.add_metric(labels, buckets, child.total)
 
 
 class GatewayMetrics:
@@ -62,30 +216,27 @@ class GatewayMetrics:
             ("status",),
             registry=reg,
         )
-        self.in_flight = Gauge(
-            f"{_PREFIX}_in_flight_requests",
-            "Requests in flight per instance",
-            instance,
-            registry=reg,
+        self.in_flight = FastGauge(
+            f"{_PREFIX}_in_flight_requests", "Requests in flight per instance", instance, reg
         )
-        self.healthy = Gauge(
-            f"{_PREFIX}_instance_healthy", "1 if the instance takes traffic", instance, registry=reg
+        self.healthy = FastGauge(
+            f"{_PREFIX}_instance_healthy", "1 if the instance takes traffic", instance, reg
         )
-        self.decision = Histogram(
+        self.decision = FastHistogram(
             f"{_PREFIX}_decision_seconds",
             "Time spent choosing an instance",
             variant,
             buckets=_FAST_BUCKETS,
             registry=reg,
         )
-        self.overhead = Histogram(
+        self.overhead = FastHistogram(
             f"{_PREFIX}_overhead_seconds",
             "Request received to upstream request issued",
             variant,
             buckets=_FAST_BUCKETS,
             registry=reg,
         )
-        self.ttft = Histogram(
+        self.ttft = FastHistogram(
             f"{_PREFIX}_ttft_seconds",
             "Request received to first upstream body byte",
             (*variant, "stream"),
@@ -98,20 +249,20 @@ class GatewayMetrics:
             instance,
             registry=reg,
         )
-        self.prefix_hits = Counter(
+        self.prefix_hits = FastCounter(
             f"{_PREFIX}_predicted_prefix_hits",
             "Decisions predicting cached prefix blocks on the chosen instance",
             variant,
-            registry=reg,
+            reg,
         )
-        self.cached_blocks = Counter(
+        self.cached_blocks = FastCounter(
             f"{_PREFIX}_predicted_cached_blocks",
             "Sum of predicted cached blocks over decisions",
             variant,
-            registry=reg,
+            reg,
         )
-        self.retries = Counter(
-            f"{_PREFIX}_retries", "Attempts retried on another instance", variant, registry=reg
+        self.retries = FastCounter(
+            f"{_PREFIX}_retries", "Attempts retried on another instance", variant, reg
         )
         self.ejections = Counter(
             f"{_PREFIX}_ejections", "Instances ejected", (*instance, "cause"), registry=reg

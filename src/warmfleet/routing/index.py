@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
+from operator import sub
 
-from warmfleet.core.types import InstanceId
+from warmfleet.core.types import InstanceId, InstanceState
 
 _LEDGER_ENTRIES = 4096  # per instance: a caller that never reports completions cannot grow it
 
@@ -291,7 +292,7 @@ class WorkLedger:
         self._work: list[int] = []
         # positions to reconcile at the next decision (added to since), last caller counts
         self._dirty: set[int] = set()
-        self._last_requests: Sequence[int] = ()
+        self._last_tokens: Sequence[int] = ()
 
     def set_order(self, instance_ids: Sequence[InstanceId]) -> None:
         """The fleet's instance order (as in the snapshots); forget instances not in it."""
@@ -303,7 +304,7 @@ class WorkLedger:
         self._tokens = [0] * len(self._ids)
         self._work = [0] * len(self._ids)
         self._dirty = set(range(len(self._ids)))
-        self._last_requests = ()
+        self._last_tokens = ()
         for iid, entries in self._entries.items():
             pos = self._pos[iid]
             self._count[pos] = len(entries)
@@ -331,30 +332,41 @@ class WorkLedger:
         self._work[pos] -= entry[1]
 
     def loads(
-        self, requests: Sequence[int], tokens: Sequence[int], requests_only_work: int
+        self, instances: Sequence[InstanceState], tokens: Sequence[int], requests_only_work: int
     ) -> list[int]:
         """Estimated in-flight work per instance (reconciles first; idempotent per snapshot).
 
-        ``requests``/``tokens``: the caller's in-flight counts in ``set_order`` order.
+        ``instances`` in ``set_order`` order; ``tokens``: their ``in_flight_tokens``.
         ``requests_only_work``: the work assumed per unknown request when the caller tracks
         request counts only (all tokens 0).
         """
-        # only positions routed to, or whose caller count changed, can hold finished entries
+        if not any(tokens):
+            return self._loads_from_counts(instances, requests_only_work)
+        # only positions routed to, or whose caller tokens changed, can hold finished entries
         candidates = self._dirty
-        if requests != self._last_requests:
-            last = self._last_requests or [-1] * len(requests)
-            candidates |= {i for i, (r, q) in enumerate(zip(requests, last, strict=True)) if r != q}
-            self._last_requests = requests
+        if tokens != self._last_tokens:
+            last = self._last_tokens or (-1,) * len(tokens)
+            candidates |= {i for i, (t, q) in enumerate(zip(tokens, last, strict=True)) if t != q}
+            self._last_tokens = tokens
         counts = self._count
         for pos in candidates:
-            if counts[pos] > requests[pos]:
-                self._reconcile(pos, requests[pos], tokens[pos])
-        self._dirty = set()
-        if any(tokens):
-            return [
-                w + (t - kt if t > kt else 0)
-                for w, t, kt in zip(self._work, tokens, self._tokens, strict=True)
-            ]
+            count = instances[pos].in_flight_requests
+            if counts[pos] > count:
+                self._reconcile(pos, count, tokens[pos])
+        candidates.clear()
+        # work + max(0, tokens - known tokens) == max(work, tokens - (known tokens - work)),
+        # two passes in C; the discount is the cached prompt tokens of the known requests
+        discount = list(map(sub, self._tokens, self._work))
+        return list(map(max, self._work, map(sub, tokens, discount)))
+
+    def _loads_from_counts(
+        self, instances: Sequence[InstanceState], requests_only_work: int
+    ) -> list[int]:
+        requests = [s.in_flight_requests for s in instances]
+        for pos, (known, count) in enumerate(zip(self._count, requests, strict=True)):
+            if known > count:
+                self._reconcile(pos, count, 0)
+        self._dirty.clear()
         return [
             w + (r - k) * requests_only_work if r > k else w
             for w, r, k in zip(self._work, requests, self._count, strict=True)

@@ -42,7 +42,9 @@ DEFAULT_PREFIX_LENGTH = 4096
 CHARS_PER_TOKEN = 4
 _PREFIX_SALT = 0x5F5F
 _SEED_CACHE_ENTRIES = 4096
+_SPAN_CACHE_ENTRIES = 8192
 _h64 = xxhash.xxh3_64_intdigest
+_h128 = xxhash.xxh3_128_intdigest
 
 
 class Tokenizer(Protocol):
@@ -82,14 +84,58 @@ def chain_buffer(
     """Chained hashes of the full blocks of ``data`` (the scheme of ``hashing.chain_blocks``)."""
     step = unit_bytes * block_units
     end = min(len(data) - len(data) % step, max_blocks * step)
+    return tuple(_chain(data, 0, end, step, seed))
+
+
+def _chain(data: bytes, start: int, end: int, step: int, seed: int) -> list[int]:
+    """h[i] = H(data[block i], seed=h[i-1]) for the blocks in [start, end); h[-1] = seed."""
     h = _h64
     prev = seed
-    out: list[int] = []
-    append = out.append
-    for start in range(0, end, step):
-        prev = h(data[start : start + step], prev)
-        append(prev)
-    return tuple(out)
+    return [prev := h(data[i : i + step], prev) for i in range(start, end, step)]
+
+
+class SpanMemo:
+    """Memo of chained block hashes over spans of ``SPAN_BLOCKS`` blocks.
+
+    A span's hashes depend only on the chain value before it and on its bytes, so they are
+    memoised under one 128-bit key of both (``xxh3_128(span bytes) ^ previous value``; unseeded
+    because a seeded xxh3_128 over >240 bytes derives a secret per call, 2x slower; no raw text
+    is kept). Shared prompt prefixes then cost one hash per span instead of one
+    per block; the result is exactly ``chain_buffer``'s. Bounded: cleared when full.
+    """
+
+    SPAN_BLOCKS = 8
+
+    __slots__ = ("_spans", "max_entries")
+
+    def __init__(self, max_entries: int = _SPAN_CACHE_ENTRIES) -> None:
+        self._spans: dict[int, list[int]] = {}
+        self.max_entries = max_entries
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def chain(self, data: bytes, step: int, n_blocks: int, seed: int) -> tuple[int, ...]:
+        """The same as ``chain_buffer`` over the first ``n_blocks`` blocks of ``step`` bytes."""
+        span = step * self.SPAN_BLOCKS
+        spans_end = (n_blocks // self.SPAN_BLOCKS) * span
+        spans = self._spans
+        out: list[int] = []
+        prev = seed
+        for start in range(0, spans_end, span):
+            chunk = data[start : start + span]
+            key = _h128(chunk) ^ prev
+            hashes = spans.get(key)
+            if hashes is None:
+                hashes = _chain(chunk, 0, span, step, prev)
+                if len(spans) >= self.max_entries:
+                    spans.clear()
+                spans[key] = hashes
+            out += hashes
+            prev = hashes[-1]
+        if spans_end < n_blocks * step:
+            out += _chain(data, spans_end, n_blocks * step, step, prev)
+        return tuple(out)
 
 
 class KeyBuilder:
@@ -106,6 +152,7 @@ class KeyBuilder:
         self.prefix_length = prefix_length or spec.prefix_length or DEFAULT_PREFIX_LENGTH
         self.max_blocks = spec.max_units // self.block_size
         self._seeds: dict[tuple[str, str | None, str | None], int] = {}
+        self.spans = SpanMemo()
 
     def seed(self, model: str, lora_adapter: str | None, tenant: str | None) -> int:
         """Start of the chain for (model, adapter, tenant), memoised in a bounded map."""
@@ -129,7 +176,7 @@ class KeyBuilder:
     def for_chat(
         self, body: object, tenant: str | None, lora_adapter: str | None = None
     ) -> RoutingKey:
-        if not isinstance(body, Mapping):
+        if type(body) is not dict and not isinstance(body, Mapping):
             raise bad_request("the request body must be a JSON object", "body")
         model = model_of(body)
         tenant_key = self._tenant(body, tenant)
@@ -145,7 +192,7 @@ class KeyBuilder:
     def for_completions(
         self, body: object, tenant: str | None, lora_adapter: str | None = None
     ) -> RoutingKey:
-        if not isinstance(body, Mapping):
+        if type(body) is not dict and not isinstance(body, Mapping):
             raise bad_request("the request body must be a JSON object", "body")
         model = model_of(body)
         tenant_key = self._tenant(body, tenant)
@@ -230,7 +277,9 @@ class KeyBuilder:
         block_units = block or self.block_size
         units = len(data) // unit_bytes
         max_blocks = self.spec.max_units // block_units
-        hashes = chain_buffer(data, unit_bytes, block_units, max_blocks, seed)
+        step = unit_bytes * block_units
+        n_blocks = min(len(data) // step, max_blocks)
+        hashes = self.spans.chain(data, step, n_blocks, seed)
         prefix_hash = _h64(data[: self.prefix_length * unit_bytes], seed ^ _PREFIX_SALT)
         return RoutingKey(
             block_hashes=hashes,

@@ -42,8 +42,9 @@ from warmfleet.routing.index import ApproxPrefixIndex, ExactPrefixIndex, WorkLed
 from warmfleet.routing.ring import RendezvousHash
 
 _FANOUT_ENTRIES = 1 << 17
-# one C-level pass over the snapshot: ids, capacities, in-flight requests and tokens
-_fields = attrgetter("instance_id", "kv_capacity_blocks", "in_flight_requests", "in_flight_tokens")
+_instance_id = attrgetter("instance_id")
+_capacity = attrgetter("kv_capacity_blocks")
+_tokens = attrgetter("in_flight_tokens")
 
 
 def prefill_work(
@@ -116,9 +117,9 @@ class PrefixAffinityStrategy:
 
     def in_flight_work(self, fleet: FleetSnapshot, requests_only_work: int = 0) -> list[int]:
         """The predicted in-flight work per instance that the load bound applies to."""
-        ids, caps, requests, tokens = zip(*map(_fields, fleet.instances), strict=True)
-        self._fleet_ids(ids, caps)
-        return self.ledger.loads(requests, tokens, requests_only_work)
+        instances = fleet.instances
+        self._fleet_ids(tuple(map(_instance_id, instances)), tuple(map(_capacity, instances)))
+        return self.ledger.loads(instances, tuple(map(_tokens, instances)), requests_only_work)
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self.index.retain(instance_ids)
@@ -207,9 +208,10 @@ class PrefixAffinityStrategy:
 
     def _view(self, key: RoutingKey, fleet: FleetSnapshot) -> _View:
         work = key.prompt_tokens + key.output_tokens_hint
-        ids, caps, requests, tokens = zip(*map(_fields, fleet.instances), strict=True)
-        pos = self._fleet_ids(ids, caps)
-        loads = self.ledger.loads(requests, tokens, work)
+        instances = fleet.instances
+        ids = tuple(map(_instance_id, instances))
+        pos = self._fleet_ids(ids, tuple(map(_capacity, instances)))
+        loads = self.ledger.loads(instances, tuple(map(_tokens, instances)), work)
         matches = self.match(key) if key.block_hashes else {}
         if matches:
             matches = {iid: blocks for iid, blocks in matches.items() if iid in pos}
