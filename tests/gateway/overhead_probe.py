@@ -1,13 +1,18 @@
 """Indicative overhead probe (not a test; not a benchmark of record).
 
     .venv/bin/python tests/gateway/overhead_probe.py [--strategy prefix_affinity] [--requests N]
+        [--rounds R] [--gateway-src LABEL=PATH ...]
 
 Starts 4 fake OpenAI backends in one subprocess and the gateway (`warmfleet serve`) in another,
 then from this process (aiohttp + uvloop, keep-alive) measures direct (client round-robins over
 the backends) vs through the gateway: p50/p99 latency at c=1 and c=32 with ~8,000-character chat
 prompts, streamed TTFT at c=32, and the gateway process's CPU time per proxied request
-(utime+stime from /proc). Everything shares one small machine, so treat the numbers as
-indicative only; `warmfleet bench` / `make bench-peers` are the measurements of record.
+(utime+stime from /proc). ``--gateway-src old=/tmp/old/src`` adds a gateway that imports
+warmfleet from another source tree (e.g. a snapshot before a change), measured in the same run
+against the same backends, so before/after ratios share the machine's noise; ``--rounds`` repeats
+every target (medians kept, gateway order rotated each round). Everything shares one small
+machine, so treat the numbers as indicative only; `warmfleet bench` / `make bench-peers` are
+the measurements of record.
 """
 
 from __future__ import annotations
@@ -144,7 +149,11 @@ def _start_backends() -> tuple[subprocess.Popen[str], list[str]]:
     return proc, proc.stdout.readline().split()
 
 
-def _start_gateway(urls: list[str], strategy: str, tmp: Path) -> tuple[subprocess.Popen[str], str]:
+def _start_gateway(
+    urls: list[str], strategy: str, tmp: Path, src: str | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """``warmfleet serve`` in front of ``urls``; ``src``: import warmfleet from that source tree
+    (a snapshot of another version, to compare two builds side by side in one run)."""
     doc: dict[str, Any] = {
         "apiVersion": "warmfleet.dev/v1alpha1",
         "kind": "Gateway",
@@ -165,13 +174,17 @@ def _start_gateway(urls: list[str], strategy: str, tmp: Path) -> tuple[subproces
             ],
         },
     }
-    path = tmp / "gateway.yaml"
+    path = tmp / f"gateway-{abs(hash(src))}.yaml"
     path.write_text(yaml.safe_dump(doc))
     exe = Path(sys.executable).parent / "warmfleet"
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = src
     proc = subprocess.Popen(
         [str(exe), "serve", "--config", str(path), "--log-level", "warning"],
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip().rsplit(" ", 1)[-1]
@@ -186,6 +199,43 @@ async def _through(
     return result
 
 
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+async def _point(
+    targets: dict[str, tuple[subprocess.Popen[str] | None, list[str]]],
+    n: int,
+    conc: int,
+    stream: bool,
+    rounds: int,
+) -> dict[str, dict[str, float]]:
+    """Every target once per round (direct and the bare proxy first, then the gateways in an
+    order rotated each round); per target the median of its rounds."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+    names = list(targets)
+    fixed, gateways = names[:2], names[2:]
+    for r in range(rounds):
+        k = r % len(gateways) if gateways else 0
+        for name in [*fixed, *gateways[k:], *gateways[:k]]:
+            proc, urls = targets[name]
+            if proc is None:
+                runs[name].append(await _run(urls, n, conc, stream))
+            else:
+                runs[name].append(await _through(proc, urls[0], n, conc, stream))
+    return {name: _median_run(r) for name, r in runs.items()}
+
+
+def _row(direct: dict[str, float], bare: dict[str, float], via: dict[str, float]) -> dict[str, Any]:
+    return {
+        "added_p50_ms": via["p50_ms"] - direct["p50_ms"],
+        "ttft_added_p50_ms": via["ttft_p50_ms"] - direct["ttft_p50_ms"],
+        "throughput_vs_direct": via["rps"] / direct["rps"],
+        "cpu_ms_per_request": via["cpu_ms_per_request"],
+        "cpu_vs_bare": via["cpu_ms_per_request"] / bare["cpu_ms_per_request"],
+    }
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     backends, urls = _start_backends()
     bare = subprocess.Popen(
@@ -193,39 +243,65 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     )
     assert bare.stdout is not None
     bare_url = bare.stdout.readline().strip()
+    procs: list[subprocess.Popen[str]] = [backends, bare]
     with tempfile.TemporaryDirectory() as tmp:
-        gateway, gw_url = _start_gateway(urls, args.strategy, Path(tmp))
         try:
-            report: dict[str, Any] = {"strategy": args.strategy}
+            targets: dict[str, tuple[subprocess.Popen[str] | None, list[str]]] = {
+                "direct": (None, urls),
+                "bare_proxy": (bare, [bare_url]),
+            }
+            for name, src in [("gateway", None), *args.gateway_src]:
+                gateway, gw_url = _start_gateway(urls, args.strategy, Path(tmp), src)
+                procs.append(gateway)
+                targets[name] = (gateway, [gw_url])
+            report: dict[str, Any] = {"strategy": args.strategy, "rounds": args.rounds}
             for label, conc, n, stream in (
                 ("c1", 1, args.requests, False),
                 ("c32", 32, args.requests * 4, False),
                 ("c32_stream", 32, args.requests * 2, True),
             ):
-                direct = await _run(urls, n, conc, stream)
-                via_bare = await _through(bare, bare_url, n, conc, stream)
-                via = await _through(gateway, gw_url, n, conc, stream)
+                res = await _point(targets, n, conc, stream, args.rounds)
+                direct, via_bare, via = res["direct"], res["bare_proxy"], res["gateway"]
                 report[label] = {
-                    "direct": direct,
-                    "bare_proxy": via_bare,
-                    "gateway": via,
+                    **res,
                     "added_p50_ms": via["p50_ms"] - direct["p50_ms"],
                     "bare_added_p50_ms": via_bare["p50_ms"] - direct["p50_ms"],
                     "ttft_added_p50_ms": via["ttft_p50_ms"] - direct["ttft_p50_ms"],
                     "throughput_vs_direct": via["rps"] / direct["rps"],
                     "gateway_cpu_ms_per_request": via["cpu_ms_per_request"],
                     "bare_cpu_ms_per_request": via_bare["cpu_ms_per_request"],
+                    "gateway_cpu_vs_bare": via["cpu_ms_per_request"]
+                    / via_bare["cpu_ms_per_request"],
+                    "rows": {name: _row(direct, via_bare, res[name]) for name in list(targets)[1:]},
                 }
             return report
         finally:
-            for proc in (gateway, bare, backends):
+            for proc in reversed(procs):
                 proc.terminate()
                 proc.wait(10)
+
+
+def _label_path(text: str) -> tuple[str, str]:
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError("expected LABEL=PATH")
+    return label, path
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="prefix_affinity")
     parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="runs per target and load point (medians kept)"
+    )
+    parser.add_argument(
+        "--gateway-src",
+        type=_label_path,
+        action="append",
+        default=[],
+        metavar="LABEL=PATH",
+        help="also measure a gateway importing warmfleet from PATH (e.g. a snapshot of src/)",
+    )
     result = uvloop.run(main(parser.parse_args()))
     print(json.dumps(result, indent=2))

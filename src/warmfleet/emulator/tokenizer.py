@@ -49,8 +49,8 @@ _PLAIN_RANGE = VOCAB_SIZE - FIRST_PLAIN_ID
 _PIECE_CACHE_LIMIT = 200_000
 _SEGMENT_MIN_CHARS = 256  # segments at least this long are memoised whole
 _SEGMENT_CACHE_CHARS = 32 * 1024 * 1024
-_PREFIX_STEP_CHARS = 1024  # long texts' prefixes are memoised at every multiple of this
-_PREFIX_CACHE_LIMIT = 8192  # prefix states (about 1 KiB of text and 256 ids each)
+_PREFIX_STEP_CHARS = 256  # long texts' prefixes are memoised at every multiple of this
+_PREFIX_CACHE_LIMIT = 16_384  # prefix states (256 characters and ~64 ids each): ~16 MiB
 
 # Output vocabulary: words of at most four letters, so every output word is exactly one token.
 OUTPUT_WORDS: tuple[str, ...] = (
@@ -156,7 +156,7 @@ class EmulatorTokenizer:
     def _store_prefix(self, key: tuple[int, str], state: _PrefixState) -> None:
         prefixes = self._prefixes
         if len(prefixes) >= _PREFIX_CACHE_LIMIT:
-            del prefixes[next(iter(prefixes))]  # oldest first; orphans are never matched
+            prefixes.clear()  # cheaper than LRU bookkeeping on every hit; refills in one request
         prefixes[key] = state
 
     def _remember(self, text: str, ids: tuple[int, ...]) -> None:

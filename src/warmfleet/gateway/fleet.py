@@ -40,15 +40,12 @@ class GatewayState:
         return self.config.spec
 
     @property
-    def limits(self) -> LimitsConfig:
-        return self.config.spec.limits
-
-    @property
     def health(self) -> HealthConfig:
         return self.config.spec.health
 
     def _apply_settings(self, spec: GatewaySpec) -> None:
         limits = spec.limits
+        self.limits: LimitsConfig = limits  # read on every request: a plain attribute
         self.admin_token = spec.admin.resolved_token()
         self.variant_header = spec.variant_header
         self.default_endpoint_name = spec.default_endpoint_name

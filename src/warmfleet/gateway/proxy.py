@@ -23,8 +23,10 @@ from aiohttp import (
     ClientSession,
     ConnectionTimeoutError,
     StreamReader,
+    hdrs,
     web,
 )
+from multidict import istr
 
 from warmfleet.core.errors import NoInstanceAvailableError, WarmfleetError
 from warmfleet.core.types import Decision, RoutingKey
@@ -43,8 +45,10 @@ from warmfleet.gateway.state import InstanceRuntime, RouterLike, VariantRuntime
 
 log = logging.getLogger(__name__)
 
-_PASS_REQUEST_HEADERS = ("Authorization", "X-Request-Id")
-_PASS_RESPONSE_HEADERS = ("Content-Encoding", "X-Request-Id")
+# istr names: multidict looks them up without case-folding the name on every call.
+_X_REQUEST_ID = istr("X-Request-Id")
+_PASS_REQUEST_HEADERS = (hdrs.AUTHORIZATION, _X_REQUEST_ID)
+_PASS_RESPONSE_HEADERS = (hdrs.CONTENT_ENCODING, _X_REQUEST_ID)
 _MAX_HELD_EVENT_BYTES = 1 << 20
 
 
@@ -317,7 +321,7 @@ def _count_decision(variant: VariantRuntime, decision: Decision) -> None:
 
 def _upstream_headers(request: web.Request) -> dict[str, str]:
     incoming = request.headers
-    headers = {"Content-Type": incoming.get("Content-Type", "application/json")}
+    headers = {"Content-Type": incoming.get(hdrs.CONTENT_TYPE, "application/json")}
     for name in _PASS_REQUEST_HEADERS:
         value = incoming.get(name)
         if value is not None:
@@ -330,7 +334,7 @@ def _response_headers(
 ) -> dict[str, str]:
     incoming = upstream.headers
     headers = {
-        "Content-Type": incoming.get("Content-Type", "application/octet-stream"),
+        "Content-Type": incoming.get(hdrs.CONTENT_TYPE, "application/octet-stream"),
         INSTANCE_HEADER: inst.instance_id,
         REASON_HEADER: decision.reason,
     }

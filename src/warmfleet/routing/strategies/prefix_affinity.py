@@ -125,7 +125,9 @@ class PrefixAffinityStrategy:
         self.index.retain(instance_ids)
         self.exact_index.retain(instance_ids)
         self.ring.set_instances(instance_ids)
-        self._last_ids = ()
+        keep = set(instance_ids)
+        self._last_cold = {iid: n for iid, n in self._last_cold.items() if iid in keep}
+        self._last_ids = ()  # the ledger follows the new order at the next decision
 
     def _fleet_ids(
         self, ids: tuple[InstanceId, ...], caps: tuple[int, ...]
