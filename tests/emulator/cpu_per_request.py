@@ -37,7 +37,9 @@ body = json.dumps({"id": "chatcmpl-x", "object": "chat.completion", "created": 0
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "the warm fast keep"},
     "finish_reason": "length"}], "usage": {"prompt_tokens": 2000, "completion_tokens": 16,
     "total_tokens": 2016, "prompt_tokens_details": {"cached_tokens": 1504}}}).encode()
-chunk = b'data: {"id":"chatcmpl-x","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"content":" warm"},"logprobs":null,"finish_reason":null}]}\n\n'
+chunk = (b'data: {"id":"chatcmpl-x","object":"chat.completion.chunk","created":0,'
+    b'"model":"m","choices":[{"index":0,"delta":{"content":" warm"},"logprobs":null,'
+    b'"finish_reason":null}]}\n\n')
 sse = chunk * 17 + b'data: {"choices":[],"usage":{"prompt_tokens":2000}}\n\ndata: [DONE]\n\n'
 async def handle(request):
     data = await request.json()
@@ -149,8 +151,9 @@ def main() -> None:
             for name, src in servers:
                 r = _measure(name, src, point, n)
                 results.setdefault(point, {}).setdefault(name, []).append(r["cpu_ms_per_req"])
-                print(f"{point:11s} {name:10s} {r['cpu_ms_per_req']:.3f} ms/req "
-                      f"{r['req_per_s']:7.0f} req/s errors={r['errors']:.0f}", flush=True)  # fmt: skip
+                cpu, rate, errors = r["cpu_ms_per_req"], r["req_per_s"], r["errors"]
+                line = f"{point:11s} {name:10s} {cpu:.3f} ms/req {rate:7.0f} req/s errors={errors}"
+                print(line, flush=True)
     print("\nmedian CPU ms/request (ratio to bare):")
     for point, by_name in results.items():
         bare = sorted(by_name["bare"])[len(by_name["bare"]) // 2]

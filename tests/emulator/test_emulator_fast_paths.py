@@ -7,6 +7,7 @@ events and trimmed token events of the engine, and the driver's clock.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 from typing import Any
@@ -141,7 +142,7 @@ def test_batched_token_chunks_are_one_chunk_per_token(
     cuts = sorted(data.draw(st.sets(st.integers(1, output_tokens - 1), max_size=5)) if
                   output_tokens > 1 else set())  # fmt: skip
     bounds = [0, *cuts, output_tokens]
-    stream = b"".join(writer.tokens(a, b) for a, b in zip(bounds, bounds[1:], strict=False))
+    stream = b"".join(writer.tokens(a, b) for a, b in itertools.pairwise(bounds))
     assert stream == writer.tokens(0, output_tokens)
     chunks = [c for c in stream.split(b"\n\n") if c]
     assert len(chunks) == output_tokens

@@ -2,10 +2,11 @@
 
 Engine time is ``(time.monotonic() - start) * speedup``: not ``loop.time()``, which uvloop
 truncates to whole milliseconds (at a speed-up of 10,000 that is 10 engine seconds, and a
-driver waiting for an event a few microseconds ahead would spin until the millisecond ticks). One task per instance sleeps until the
-model's next event (or a submit/cancel wakes it), advances the model to "now" and hands each
-event to the request's stream. Before any ``submit``/``cancel`` the model is advanced to "now"
-first, so a request is never admitted before it arrived.
+driver waiting for an event a few microseconds ahead would spin until the millisecond ticks).
+One task per instance sleeps until the model's next event (or a submit/cancel wakes it),
+advances the model to "now" and hands each event to the request's stream. Before any
+``submit``/``cancel`` the model is advanced to "now" first, so a request is never admitted
+before it arrived.
 
 Streaming: during a fast-forwarded run of decode steps the model's next event is the end of the
 run, so while a streaming request is decoding the task also wakes at the next expected token

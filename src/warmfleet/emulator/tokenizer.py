@@ -115,10 +115,11 @@ class EmulatorTokenizer:
         if len(text) < _SEGMENT_MIN_CHARS:
             return list(map(self._ids.__getitem__, _PIECE.findall(text)))
         cached = self._segments.get(text)
-        if cached is None:
-            cached = tuple(self._encode_long(text))
-            self._remember(text, cached)
-        return list(cached)
+        if cached is not None:
+            return list(cached)
+        ids = self._encode_long(text)
+        self._remember(text, tuple(ids))
+        return ids
 
     def _encode_long(self, text: str) -> list[int]:
         """``encode_plain`` of a long text, resuming from the longest memoised prefix.
@@ -126,9 +127,9 @@ class EmulatorTokenizer:
         A piece of ``findall(text[:b])`` that ends before ``b`` is also a piece of
         ``findall(text)``: the pattern decides where a piece ends from its own characters and
         the one after it, and pieces are contiguous (every character belongs to one). Only the
-        last piece of a prefix can grow, so a prefix state keeps the pieces before it and
-        tokenizing resumes at its start. States are keyed by (parent serial, chunk text):
-        a lookup can only follow a path of exactly this text's chunks.
+        last piece of a prefix can grow, so a prefix state keeps the ids of the pieces before
+        it and tokenizing resumes at its start. States are keyed by (parent serial, chunk
+        text): a lookup can only follow a path of exactly this text's chunks.
         """
         step = self._step
         prefixes = self._prefixes

@@ -22,6 +22,7 @@ from operator import sub
 from warmfleet.core.types import InstanceId, InstanceState
 
 _LEDGER_ENTRIES = 4096  # per instance: a caller that never reports completions cannot grow it
+_INCREMENTAL_POSITIONS = 8  # above this many changed positions, recompute all loads in C
 
 
 class _BitIndex:
@@ -104,6 +105,19 @@ class _BitIndex:
         return len(self._owners)
 
 
+def _held_prefix(lru: OrderedDict[int, None], hashes: Sequence[int]) -> int:
+    """Length of the leading run of ``hashes`` held in ``lru``, assuming held blocks form a
+    prefix of the chain (a guess: callers must stay correct when it is wrong)."""
+    lo, hi = 0, len(hashes)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if hashes[mid] in lru:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class ApproxPrefixIndex(_BitIndex):
     """Per-instance LRU of block hashes learnt from routing decisions."""
 
@@ -172,14 +186,28 @@ class ApproxPrefixIndex(_BitIndex):
         if lru is None:
             lru = self._lru[instance_id] = OrderedDict()
         bit = 1 << self._bit(instance_id)
+        hashes = block_hashes[:cap] if len(block_hashes) > cap else block_hashes
+        # Touch ``reversed(hashes)`` one by one: move a held block to the end, append a new one.
+        # A held prefix is usually followed by new blocks only, so the split is found by
+        # bisection; the (guessed) new tail is touched in Python, the held head by ``map`` in C.
+        # Either part does exactly the per-block touch, so a wrong guess costs time, not order.
+        split = _held_prefix(lru, hashes)
         owners = self._owners
         get = owners.get
         move = lru.move_to_end
-        hashes = block_hashes[:cap] if len(block_hashes) > cap else block_hashes
-        for h in reversed(hashes):
-            try:  # most blocks of a routed key are already there: just touch them
+        for h in reversed(hashes[split:]):
+            if h in lru:
                 move(h)
-            except KeyError:
+            else:
+                lru[h] = None
+                owners[h] = get(h, 0) | bit
+        head = reversed(hashes[:split])
+        while True:
+            try:
+                deque(map(move, head), maxlen=0)
+                break
+            except KeyError as missing:  # not held after all: append it, go on with the rest
+                h = missing.args[0]
                 lru[h] = None
                 owners[h] = get(h, 0) | bit
         if len(lru) > cap:
@@ -280,10 +308,14 @@ class WorkLedger:
     entry whose tokens equal the caller's drop when exactly one finished; else, oldest first,
     entries that fit the drop; then the oldest). In-flight tokens the ledger does not know
     (another gateway replica, a restart, a mismatch) count in full, so the estimate errs
-    towards "busy". Sums are kept per fleet position, so a decision costs a few list passes.
+    towards "busy". Sums and loads are kept per fleet position and updated only where an
+    instance was routed to or its caller counts changed, so a decision costs O(changes).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, incremental: bool = True) -> None:
+        """``incremental=False`` recomputes every position's load at every call (the reference
+        the incremental update is tested against)."""
+        self._incremental = incremental
         self._entries: dict[InstanceId, deque[tuple[int, int]]] = {}
         self._ids: list[InstanceId] = []
         self._pos: dict[InstanceId, int] = {}
@@ -293,6 +325,8 @@ class WorkLedger:
         # positions to reconcile at the next decision (added to since), last caller counts
         self._dirty: set[int] = set()
         self._last_tokens: Sequence[int] = ()
+        # loads of the last token-mode call, kept up to date at the positions that change
+        self._loads: list[int] | None = None
 
     def set_order(self, instance_ids: Sequence[InstanceId]) -> None:
         """The fleet's instance order (as in the snapshots); forget instances not in it."""
@@ -305,6 +339,7 @@ class WorkLedger:
         self._work = [0] * len(self._ids)
         self._dirty = set(range(len(self._ids)))
         self._last_tokens = ()
+        self._loads = None
         for iid, entries in self._entries.items():
             pos = self._pos[iid]
             self._count[pos] = len(entries)
@@ -332,37 +367,55 @@ class WorkLedger:
         self._work[pos] -= entry[1]
 
     def loads(
-        self, instances: Sequence[InstanceState], tokens: Sequence[int], requests_only_work: int
+        self,
+        instances: Sequence[InstanceState],
+        tokens: Sequence[int],
+        requests_only_work: int,
+        counts: Sequence[int] | None = None,
     ) -> list[int]:
         """Estimated in-flight work per instance (reconciles first; idempotent per snapshot).
 
-        ``instances`` in ``set_order`` order; ``tokens``: their ``in_flight_tokens``.
+        ``instances`` in ``set_order`` order; ``tokens``: their ``in_flight_tokens``;
+        ``counts``: their ``in_flight_requests`` (taken from ``instances`` when omitted).
         ``requests_only_work``: the work assumed per unknown request when the caller tracks
-        request counts only (all tokens 0).
+        request counts only (all tokens 0). The returned list is the ledger's own (updated in
+        place at the positions that changed): read it, do not modify it.
         """
+        if counts is None:
+            counts = [s.in_flight_requests for s in instances]
         if not any(tokens):
-            return self._loads_from_counts(instances, requests_only_work)
+            return self._loads_from_counts(counts, requests_only_work)
         # only positions routed to, or whose caller tokens changed, can hold finished entries
         candidates = self._dirty
-        if tokens != self._last_tokens:
-            last = self._last_tokens or (-1,) * len(tokens)
-            candidates |= {i for i, (t, q) in enumerate(zip(tokens, last, strict=True)) if t != q}
+        last = self._last_tokens
+        if tokens is not last and tokens != last:
+            if len(last) == len(tokens):
+                candidates.update(
+                    [i for i, (t, q) in enumerate(zip(tokens, last, strict=True)) if t != q]
+                )
+            else:
+                candidates.update(range(len(tokens)))
             self._last_tokens = tokens
-        counts = self._count
+        known = self._count
         for pos in candidates:
-            count = instances[pos].in_flight_requests
-            if counts[pos] > count:
+            count = counts[pos]
+            if known[pos] > count:
                 self._reconcile(pos, count, tokens[pos])
+        loads = self._loads
+        if loads is None or not self._incremental or len(candidates) > _INCREMENTAL_POSITIONS:
+            # work + max(0, tokens - known tokens) == max(work, tokens - (known tokens - work)),
+            # two passes in C; the discount is the cached prompt tokens of the known requests
+            discount = list(map(sub, self._tokens, self._work))
+            loads = self._loads = list(map(max, self._work, map(sub, tokens, discount)))
+        else:  # the same formula, at the few positions that can have changed
+            work, known_tokens = self._work, self._tokens
+            for pos in candidates:
+                loads[pos] = max(work[pos], tokens[pos] - (known_tokens[pos] - work[pos]))
         candidates.clear()
-        # work + max(0, tokens - known tokens) == max(work, tokens - (known tokens - work)),
-        # two passes in C; the discount is the cached prompt tokens of the known requests
-        discount = list(map(sub, self._tokens, self._work))
-        return list(map(max, self._work, map(sub, tokens, discount)))
+        return loads
 
-    def _loads_from_counts(
-        self, instances: Sequence[InstanceState], requests_only_work: int
-    ) -> list[int]:
-        requests = [s.in_flight_requests for s in instances]
+    def _loads_from_counts(self, requests: Sequence[int], requests_only_work: int) -> list[int]:
+        self._loads = None  # the token-mode cache does not follow count-only decisions
         for pos, (known, count) in enumerate(zip(self._count, requests, strict=True)):
             if known > count:
                 self._reconcile(pos, count, 0)

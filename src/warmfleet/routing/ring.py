@@ -11,6 +11,7 @@ id, so independent gateway replicas agree without talking.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 import xxhash
 
@@ -54,12 +55,11 @@ class RendezvousHash:
     ) -> list[tuple[int, InstanceId]]:
         ids = among if among is not None else tuple(self._salts)
         data = (key_hash & _MASK64).to_bytes(8, "little")
-        salts = self._salts
-        out = []
-        for iid in ids:
-            salt = salts.get(iid)
-            out.append((_h64(data, salt if salt is not None else self.salt(iid)), iid))
-        return out
+        try:  # every id known (the usual case): all hashing in C
+            salts = list(map(self._salts.__getitem__, ids))
+        except KeyError:
+            salts = [self.salt(iid) for iid in ids]
+        return list(zip(map(_h64, repeat(data), salts), ids, strict=True))
 
     def owner(self, key_hash: int, among: Sequence[InstanceId] | None = None) -> InstanceId:
         """The highest-weight instance (of ``among`` if given, else of the set)."""

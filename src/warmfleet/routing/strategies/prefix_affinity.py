@@ -28,12 +28,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, is_
 
 from warmfleet.core.types import (
     Decision,
     FleetSnapshot,
     InstanceId,
+    InstanceState,
     Reason,
     RoutingKey,
 )
@@ -45,6 +46,7 @@ _FANOUT_ENTRIES = 1 << 17
 _instance_id = attrgetter("instance_id")
 _capacity = attrgetter("kv_capacity_blocks")
 _tokens = attrgetter("in_flight_tokens")
+_requests = attrgetter("in_flight_requests")
 
 
 def prefill_work(
@@ -71,6 +73,10 @@ class PrefixAffinityStrategy:
         self._last_ids: tuple[InstanceId, ...] = ()
         self._last_caps: tuple[int, ...] = ()
         self._last_pos: dict[InstanceId, int] = {}
+        # The last snapshot's instances and the columns read from them (frozen objects: the
+        # same objects carry the same values, so an unchanged snapshot is not re-read).
+        self._snap_instances: tuple[InstanceState, ...] = ()
+        self._snap: _Columns | None = None
         # Branch points: block hash -> distinct continuations seen after it (bounded LRU).
         self._fanout: OrderedDict[int, int] = OrderedDict()
         # Ends of routed prompts (last block of a key, bounded LRU): a later request that
@@ -117,9 +123,31 @@ class PrefixAffinityStrategy:
 
     def in_flight_work(self, fleet: FleetSnapshot, requests_only_work: int = 0) -> list[int]:
         """The predicted in-flight work per instance that the load bound applies to."""
-        instances = fleet.instances
-        self._fleet_ids(tuple(map(_instance_id, instances)), tuple(map(_capacity, instances)))
-        return self.ledger.loads(instances, tuple(map(_tokens, instances)), requests_only_work)
+        cols = self._columns(fleet.instances)
+        return list(
+            self.ledger.loads(fleet.instances, cols.tokens, requests_only_work, cols.counts)
+        )
+
+    def _columns(self, instances: tuple[InstanceState, ...]) -> _Columns:
+        """Ids, positions, in-flight tokens and counts of a snapshot's instances, re-read only
+        when the instances are not the very objects of the previous snapshot."""
+        snap = self._snap
+        if snap is not None and (
+            instances is self._snap_instances
+            or (
+                len(instances) == len(self._snap_instances)
+                and all(map(is_, instances, self._snap_instances))
+            )
+        ):
+            self._snap_instances = instances
+            return snap
+        ids = tuple(map(_instance_id, instances))
+        pos = self._fleet_ids(ids, tuple(map(_capacity, instances)))
+        snap = self._snap = _Columns(
+            ids, pos, tuple(map(_tokens, instances)), tuple(map(_requests, instances))
+        )
+        self._snap_instances = instances
+        return snap
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self.index.retain(instance_ids)
@@ -128,6 +156,7 @@ class PrefixAffinityStrategy:
         keep = set(instance_ids)
         self._last_cold = {iid: n for iid, n in self._last_cold.items() if iid in keep}
         self._last_ids = ()  # the ledger follows the new order at the next decision
+        self._snap, self._snap_instances = None, ()
 
     def _fleet_ids(
         self, ids: tuple[InstanceId, ...], caps: tuple[int, ...]
@@ -210,10 +239,9 @@ class PrefixAffinityStrategy:
 
     def _view(self, key: RoutingKey, fleet: FleetSnapshot) -> _View:
         work = key.prompt_tokens + key.output_tokens_hint
-        instances = fleet.instances
-        ids = tuple(map(_instance_id, instances))
-        pos = self._fleet_ids(ids, tuple(map(_capacity, instances)))
-        loads = self.ledger.loads(instances, tuple(map(_tokens, instances)), work)
+        cols = self._columns(fleet.instances)
+        ids, pos = cols.ids, cols.pos
+        loads = self.ledger.loads(fleet.instances, cols.tokens, work, cols.counts)
         matches = self.match(key) if key.block_hashes else {}
         if matches:
             matches = {iid: blocks for iid, blocks in matches.items() if iid in pos}
@@ -294,6 +322,16 @@ def _tokens_per_block(key: RoutingKey) -> float:
     if key.units and key.prompt_tokens:
         return key.prompt_tokens * key.block_size / key.units
     return 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """What the strategy reads from one snapshot's instances, in snapshot order."""
+
+    ids: tuple[InstanceId, ...]
+    pos: dict[InstanceId, int]
+    tokens: tuple[int, ...]
+    counts: tuple[int, ...]
 
 
 @dataclass(slots=True)

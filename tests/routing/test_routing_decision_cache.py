@@ -1,0 +1,169 @@
+"""The decision path's caches (snapshot columns, incremental ledger loads, bulk LRU touch) must
+not change a single decision: each is compared with an uncached evaluation."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from warmfleet.core.types import FleetSnapshot, InstanceState, RoutingKey
+from warmfleet.routing.config import PrefixAffinityConfig
+from warmfleet.routing.index import ApproxPrefixIndex, WorkLedger
+from warmfleet.routing.ring import RendezvousHash
+from warmfleet.routing.strategies.prefix_affinity import PrefixAffinityStrategy, _Columns
+
+BLOCK = 16
+IDS = [f"pod-{i}" for i in range(5)]
+
+
+def _key(blocks: tuple[int, ...], output: int) -> RoutingKey:
+    units = len(blocks) * BLOCK + 3
+    return RoutingKey(blocks, BLOCK, units, units, blocks[0] if blocks else units, output)
+
+
+class _Uncached(PrefixAffinityStrategy):
+    """Re-reads every snapshot and recomputes every load at every decision."""
+
+    def __init__(self, config: PrefixAffinityConfig) -> None:
+        super().__init__(config)
+        self.ledger = WorkLedger(incremental=False)
+
+    def _columns(self, instances: tuple[InstanceState, ...]) -> _Columns:
+        self._snap = None
+        return super()._columns(instances)
+
+
+def _copy(fleet: FleetSnapshot) -> FleetSnapshot:
+    """The same values in new objects: nothing can be served from an identity cache."""
+    return FleetSnapshot(tuple(replace(i) for i in fleet.instances), fleet.now_s)
+
+
+# one step: (prefix group or -1 for a fresh chain, blocks to add, output tokens,
+#            instance whose oldest request finishes or -1,
+#            instance that gets a request the strategy never routed (another replica) or -1,
+#            how the next snapshot is built)
+_STEP = st.tuples(
+    st.integers(-1, 5),
+    st.integers(0, 6),
+    st.integers(0, 64),
+    st.integers(-1, len(IDS) - 1),
+    st.integers(-1, len(IDS) - 1),
+    st.sampled_from(["same", "retuple", "rebuild"]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    steps=st.lists(_STEP, min_size=1, max_size=60),
+    capacity=st.integers(8, 200),
+    count_only=st.booleans(),
+)
+def test_cached_decisions_equal_uncached_evaluation(
+    seed: int,
+    steps: list[tuple[int, int, int, int, int, str]],
+    capacity: int,
+    count_only: bool,
+) -> None:
+    config = PrefixAffinityConfig(default_capacity_blocks=capacity, epsilon=0.5)
+    cached, fresh = PrefixAffinityStrategy(config), _Uncached(config)
+    for s in (cached, fresh):
+        s.on_instances_changed(IDS)
+    rng = random.Random(seed)
+    groups = [tuple(rng.getrandbits(64) for _ in range(rng.randrange(1, 30))) for _ in range(6)]
+    requests = dict.fromkeys(IDS, 0)
+    tokens = dict.fromkeys(IDS, 0)
+    live: dict[str, list[int]] = {i: [] for i in IDS}
+
+    def build() -> FleetSnapshot:
+        return FleetSnapshot(
+            tuple(InstanceState(i, requests[i], 0 if count_only else tokens[i]) for i in IDS)
+        )
+
+    fleet = build()
+    for group, extra, output, finish, foreign, mode in steps:
+        base = groups[group] if group >= 0 else ()
+        blocks = base + tuple(rng.getrandbits(64) for _ in range(extra))
+        k = _key(blocks, output)
+        mine, theirs = cached.choose(k, fleet), fresh.choose(k, _copy(fleet))
+        assert mine == theirs
+        for s, d in ((cached, mine), (fresh, theirs)):
+            s.on_routed(k, d)
+        # a decision for the same snapshot again: served from the caches, still identical
+        assert cached.choose(k, fleet) == fresh.choose(k, _copy(fleet))
+        assert cached.in_flight_work(fleet, 7) == fresh.in_flight_work(_copy(fleet), 7)
+        requests[mine.instance_id] += 1
+        tokens[mine.instance_id] += k.prompt_tokens + output
+        live[mine.instance_id].append(k.prompt_tokens + output)
+        if finish >= 0 and live[IDS[finish]]:
+            done = live[IDS[finish]].pop(0)
+            requests[IDS[finish]] -= 1
+            tokens[IDS[finish]] -= done
+        if foreign >= 0:
+            live[IDS[foreign]].append(rng.randrange(1, 4000))
+            requests[IDS[foreign]] += 1
+            tokens[IDS[foreign]] += live[IDS[foreign]][-1]
+        if mode == "rebuild":
+            fleet = build()
+        elif mode == "retuple":  # a new tuple of the very same objects (the gateway's case)
+            fleet = FleetSnapshot(tuple(fleet.instances), fleet.now_s)
+
+
+def _reference_insert(lru: OrderedDict[int, None], blocks: tuple[int, ...], capacity: int) -> None:
+    """The plain per-block LRU touch: tail first, move a held block to the end, else append."""
+    for h in reversed(blocks[:capacity]):
+        if h in lru:
+            lru.move_to_end(h)
+        else:
+            lru[h] = None
+    while len(lru) > capacity:
+        lru.popitem(last=False)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    capacity=st.integers(1, 40),
+    ops=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(-1, 4), st.integers(0, 12), st.booleans()),
+        min_size=1,
+        max_size=80,
+    ),
+)
+def test_bulk_lru_touch_equals_per_block_touch(
+    seed: int, capacity: int, ops: list[tuple[int, int, int, bool]]
+) -> None:
+    """Chains that share heads, held sets with holes (a tail held without its head) and repeated
+    blocks: the index's LRU order and its owner masks match the plain touch."""
+    rng = random.Random(seed)
+    index = ApproxPrefixIndex(capacity)
+    reference: dict[str, OrderedDict[int, None]] = {}
+    pool = [rng.getrandbits(64) for _ in range(24)]
+    heads = [tuple(rng.sample(pool, rng.randrange(1, 10))) for _ in range(5)]
+    for pod, head, extra, shuffle in ops:
+        iid = f"pod-{pod}"
+        base = heads[head] if head >= 0 else ()
+        blocks = base + tuple(rng.choice(pool) for _ in range(extra))
+        if shuffle:  # a held tail without its head: the bisection guess is wrong
+            blocks = tuple(rng.sample(blocks, len(blocks)))
+        index.insert(iid, blocks)
+        if blocks:
+            _reference_insert(reference.setdefault(iid, OrderedDict()), blocks, capacity)
+        for rid, lru in reference.items():
+            assert list(index._lru[rid]) == list(lru)
+        for h in pool:
+            assert index.holders(h) == sum(h in lru for lru in reference.values())
+
+
+@given(key_hash=st.integers(0, 2**64 - 1), known=st.integers(0, 6))
+@settings(max_examples=50, deadline=None)
+def test_ring_walk_with_unknown_ids_matches_per_id_weights(key_hash: int, known: int) -> None:
+    ring = RendezvousHash(IDS[:known])
+    among = [*IDS, "pod-x"]
+    expected = sorted(((ring.weight(key_hash, i), i) for i in among), reverse=True)
+    assert ring.walk(key_hash, among) == [i for _w, i in expected]
+    assert ring.walk(key_hash, IDS[:known]) == [i for _w, i in expected if i in IDS[:known]]
