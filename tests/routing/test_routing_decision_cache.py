@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from warmfleet.core.types import FleetSnapshot, InstanceState, RoutingKey
 from warmfleet.routing.config import PrefixAffinityConfig
-from warmfleet.routing.index import ApproxPrefixIndex, WorkLedger
+from warmfleet.routing.index import ApproxPrefixIndex
+from warmfleet.routing.ledger import WorkLedger
 from warmfleet.routing.ring import RendezvousHash
 from warmfleet.routing.strategies.prefix_affinity import PrefixAffinityStrategy, _Columns
 
@@ -129,28 +130,35 @@ def _reference_insert(lru: OrderedDict[int, None], blocks: tuple[int, ...], capa
     seed=st.integers(0, 2**32 - 1),
     capacity=st.integers(1, 40),
     ops=st.lists(
-        st.tuples(st.integers(0, 2), st.integers(-1, 4), st.integers(0, 12), st.booleans()),
+        st.tuples(
+            st.integers(0, 2),
+            st.integers(-1, 4),
+            st.integers(0, 12),
+            st.booleans(),
+            st.integers(-1, 30),
+        ),
         min_size=1,
         max_size=80,
     ),
 )
 def test_bulk_lru_touch_equals_per_block_touch(
-    seed: int, capacity: int, ops: list[tuple[int, int, int, bool]]
+    seed: int, capacity: int, ops: list[tuple[int, int, int, bool, int]]
 ) -> None:
     """Chains that share heads, held sets with holes (a tail held without its head) and repeated
-    blocks: the index's LRU order and its owner masks match the plain touch."""
+    blocks, right and wrong ``held_hint``s: the index's LRU order and its owner masks match the
+    plain touch."""
     rng = random.Random(seed)
     index = ApproxPrefixIndex(capacity)
     reference: dict[str, OrderedDict[int, None]] = {}
     pool = [rng.getrandbits(64) for _ in range(24)]
     heads = [tuple(rng.sample(pool, rng.randrange(1, 10))) for _ in range(5)]
-    for pod, head, extra, shuffle in ops:
+    for pod, head, extra, shuffle, hint in ops:
         iid = f"pod-{pod}"
         base = heads[head] if head >= 0 else ()
         blocks = base + tuple(rng.choice(pool) for _ in range(extra))
         if shuffle:  # a held tail without its head: the bisection guess is wrong
             blocks = tuple(rng.sample(blocks, len(blocks)))
-        index.insert(iid, blocks)
+        index.insert(iid, blocks, hint)  # any hint, right or wrong: the same result
         if blocks:
             _reference_insert(reference.setdefault(iid, OrderedDict()), blocks, capacity)
         for rid, lru in reference.items():

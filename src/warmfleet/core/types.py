@@ -5,7 +5,7 @@ Everything here is immutable and cheap to build on the hot path (slots dataclass
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 InstanceId = str
@@ -77,4 +77,3 @@ class Decision:
     predicted_cached_blocks: int = 0  # blocks the router expects the chosen instance to hold
     best_cached_blocks: int = 0  # the most any instance was predicted to hold (available reuse)
     spilled: bool = False
-    extra: dict[str, float] = field(default_factory=dict)

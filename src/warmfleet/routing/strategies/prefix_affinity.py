@@ -39,7 +39,8 @@ from warmfleet.core.types import (
     RoutingKey,
 )
 from warmfleet.routing.config import PrefixAffinityConfig
-from warmfleet.routing.index import ApproxPrefixIndex, ExactPrefixIndex, WorkLedger
+from warmfleet.routing.index import ApproxPrefixIndex, ExactPrefixIndex
+from warmfleet.routing.ledger import WorkLedger
 from warmfleet.routing.ring import RendezvousHash
 
 _FANOUT_ENTRIES = 1 << 17
@@ -91,7 +92,7 @@ class PrefixAffinityStrategy:
 
     def on_routed(self, key: RoutingKey, decision: Decision) -> None:
         hashes = key.block_hashes
-        self.index.insert(decision.instance_id, hashes)
+        self.index.insert(decision.instance_id, hashes, decision.predicted_cached_blocks)
         if decision.reason is Reason.NO_MATCH or decision.reason is Reason.REPLICATE:
             self._cold_serial += 1
             self._last_cold[decision.instance_id] = self._cold_serial
