@@ -173,15 +173,19 @@ class KeyBuilder:
             return validate_tenant(header_tenant, self.spec.tenant_header)
         return None
 
+    def _prologue(
+        self, body: object, tenant: str | None, lora_adapter: str | None
+    ) -> tuple[Mapping[str, Any], int, int]:
+        """Validate the body's shape; return it as a mapping, the chain seed and the output hint."""
+        if type(body) is not dict and not isinstance(body, Mapping):
+            raise bad_request("the request body must be a JSON object", "body")
+        seed = self.seed(model_of(body), lora_adapter, self._tenant(body, tenant))
+        return body, seed, output_hint(body)
+
     def for_chat(
         self, body: object, tenant: str | None, lora_adapter: str | None = None
     ) -> RoutingKey:
-        if type(body) is not dict and not isinstance(body, Mapping):
-            raise bad_request("the request body must be a JSON object", "body")
-        model = model_of(body)
-        tenant_key = self._tenant(body, tenant)
-        seed = self.seed(model, lora_adapter, tenant_key)
-        hint = output_hint(body)
+        body, seed, hint = self._prologue(body, tenant, lora_adapter)
         if self.spec.mode == "tokens":
             assert self.tokenizer is not None
             render_chat_text(body)  # full validation before the tokenizer sees the messages
@@ -192,12 +196,7 @@ class KeyBuilder:
     def for_completions(
         self, body: object, tenant: str | None, lora_adapter: str | None = None
     ) -> RoutingKey:
-        if type(body) is not dict and not isinstance(body, Mapping):
-            raise bad_request("the request body must be a JSON object", "body")
-        model = model_of(body)
-        tenant_key = self._tenant(body, tenant)
-        seed = self.seed(model, lora_adapter, tenant_key)
-        hint = output_hint(body)
+        body, seed, hint = self._prologue(body, tenant, lora_adapter)
         prompt = completions_prompt(body)
         if isinstance(prompt, list):
             # Token ids: in text/bytes modes a block holds block_size / CHARS_PER_TOKEN ids.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -32,6 +31,7 @@ from warmfleet.agent.store import Store
 from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, StatusSpec
 from warmfleet.cache.state import ArtifactRecord, ArtifactState
 from warmfleet.core.errors import WarmfleetError
+from warmfleet.operator.embedded.procs import serve_announced
 
 log = logging.getLogger("warmfleet.embedded.agent")
 HOLDER = "fleet:"
@@ -148,14 +148,7 @@ async def _run(
 
     app = build_app(manager, spawn)
     _routes(app, node)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    tmp = ready_file.with_name(ready_file.name + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "url": f"http://127.0.0.1:{port}"}))
-    tmp.replace(ready_file)
+    runner = await serve_announced(app, ready_file)
     try:
         while not stop.is_set():
             try:

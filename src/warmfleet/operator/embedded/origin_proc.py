@@ -11,14 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
-import os
 import signal
 from pathlib import Path
 
-from aiohttp import web
-
 from warmfleet.agent.testing.origin import Blob, Origin
+from warmfleet.operator.embedded.procs import serve_announced
 
 BLOCK_BYTES = 1 << 20
 
@@ -51,14 +48,7 @@ async def serve(directory: Path, ready_file: Path, throttle_bps: float | None) -
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(origin.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    tmp = ready_file.with_name(ready_file.name + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "url": f"http://127.0.0.1:{port}"}))
-    tmp.replace(ready_file)
+    runner = await serve_announced(origin.app(), ready_file)
     try:
         await stop.wait()
     finally:

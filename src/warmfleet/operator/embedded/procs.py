@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from warmfleet.core.errors import WarmfleetError
 
 STOP_GRACE_S = 5.0
@@ -114,3 +116,17 @@ async def wait_ready(child: Child, timeout_s: float) -> dict[str, Any]:
 
 async def stop_all(children: list[Child]) -> None:
     await asyncio.gather(*(c.stop() for c in children), return_exceptions=True)
+
+
+async def serve_announced(app: web.Application, ready_file: Path) -> web.AppRunner:
+    """Serve ``app`` on a free loopback port, then atomically write ``{pid, url}`` to
+    ``ready_file`` (the parent waits for it). The caller cleans the returned runner up."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    tmp = ready_file.with_name(ready_file.name + ".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "url": f"http://127.0.0.1:{port}"}))
+    tmp.replace(ready_file)
+    return runner
