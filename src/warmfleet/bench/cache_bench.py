@@ -31,7 +31,7 @@ from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.store import Store
 from warmfleet.agent.testing.faults import run_fault_matrix
-from warmfleet.agent.testing.registry import free_port
+from warmfleet.agent.testing.registry import free_port, stop_process
 from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, SourcesSpec
 
 MB = 10**6
@@ -82,12 +82,7 @@ def child(cmd: list[str], ready_url: str | None = None) -> Iterator[subprocess.P
             _wait_http(ready_url, proc)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -144,8 +139,7 @@ async def bench_http(work: Path, size: int, throttle_bps: float, reps: int = 3) 
             )
             shutil.rmtree(work / "http-cache", ignore_errors=True)
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)
     src.unlink()
     fractions = sorted(r["fraction"] for r in runs)
     return {

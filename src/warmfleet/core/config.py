@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
@@ -33,6 +34,15 @@ def parse_document(model: type[M], data: Any, source: str = "config") -> M:
         return model.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source)) from err
+
+
+def load_yaml_file(path: Path) -> Any:
+    """Read and parse a YAML (or JSON) document file; an unreadable file is a ConfigError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read: {err}") from err
+    return load_yaml_text(text, str(path))
 
 
 def load_yaml_text(text: str, source: str = "config") -> Any:

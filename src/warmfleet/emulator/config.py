@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
+from warmfleet.core.config import StrictModel, load_yaml_file, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
 from warmfleet.engine.spec import EngineSpec
@@ -124,11 +124,7 @@ def parse_emulator_document(data: object, source: str = "emulator") -> EmulatorS
 
 
 def load_emulator_config(path: Path) -> EmulatorSpec:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err}") from err
-    return parse_emulator_document(load_yaml_text(text, str(path)), str(path))
+    return parse_emulator_document(load_yaml_file(path), str(path))
 
 
 def build_spec(**fields: object) -> EmulatorSpec:

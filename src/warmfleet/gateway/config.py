@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from yarl import URL
 
-from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
+from warmfleet.core.config import StrictModel, load_yaml_file, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.routing.config import RoutingConfig
 
@@ -280,11 +280,7 @@ def load_gateway_config(path: str | Path) -> GatewayConfig:
     """Read and validate a YAML (or JSON) gateway document; relative discovery-file paths are
     resolved against the document's directory."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read: {err}") from err
-    config = parse_gateway_config(load_yaml_text(text, str(path)), str(path))
+    config = parse_gateway_config(load_yaml_file(path), str(path))
     return resolve_relative_paths(config, path.parent)
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
+from warmfleet.core.config import StrictModel, load_yaml_file, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
 from warmfleet.engine.spec import EngineSpec
@@ -125,11 +125,7 @@ def builtin_scenario(name: str, instances: int, preset: str, seed: int) -> Scena
 
 
 def load_scenario_file(path: Path) -> ScenarioSpec:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"scenario: cannot read {path}: {err}") from err
-    return parse_document(ScenarioSpec, load_yaml_text(text, str(path)), str(path))
+    return parse_document(ScenarioSpec, load_yaml_file(path), str(path))
 
 
 def engine_spec(scenario: ScenarioSpec) -> EngineSpec:

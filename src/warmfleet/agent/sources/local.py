@@ -67,9 +67,7 @@ class LocalSource:
     async def open_range(self, entry: FileEntry, start: int, end: int) -> AsyncIterator[bytes]:
         fd = await asyncio.to_thread(os.open, entry.locator, os.O_RDONLY)
         try:
-            st = os.fstat(fd)
-            if st.st_size != entry.size_bytes or str(st.st_mtime_ns) != entry.last_modified:
-                raise SourceChangedError(f"{entry.locator} changed since it was resolved")
+            _check_unchanged(fd, entry)
             pos = start
             while pos < end:
                 n = min(READ_BLOCK_BYTES * 4, end - pos)
@@ -86,9 +84,7 @@ class LocalSource:
         buffers; what ``cp`` does). Runs in a worker thread."""
         fd = os.open(entry.locator, os.O_RDONLY)
         try:
-            st = os.fstat(fd)
-            if st.st_size != entry.size_bytes or str(st.st_mtime_ns) != entry.last_modified:
-                raise SourceChangedError(f"{entry.locator} changed since it was resolved")
+            _check_unchanged(fd, entry)
             pos = start
             while pos < end:
                 n = os.copy_file_range(fd, dst_fd, end - pos, pos, pos)
@@ -101,3 +97,10 @@ class LocalSource:
 
     async def aclose(self) -> None:
         return None
+
+
+def _check_unchanged(fd: int, entry: FileEntry) -> None:
+    """The open file still has the size and mtime it had when the manifest was resolved."""
+    st = os.fstat(fd)
+    if st.st_size != entry.size_bytes or str(st.st_mtime_ns) != entry.last_modified:
+        raise SourceChangedError(f"{entry.locator} changed since it was resolved")

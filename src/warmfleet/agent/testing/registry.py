@@ -71,12 +71,7 @@ def run_registry(workdir: Path, binary: str) -> Iterator[str]:
         _wait_ready(f"http://127.0.0.1:{port}/v2/", proc)
         yield f"127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
         log.close()
 
 
@@ -213,3 +208,13 @@ def push_image(
     return PushedImage(
         f"{registry}/{repo}:{tag}", top, {p: d for p, (_, d) in manifests.items()}, total
     )
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """Stop a child we started, by PID: SIGTERM, then SIGKILL if it outlives ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout_s)

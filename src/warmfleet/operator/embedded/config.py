@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from warmfleet.cache.config import Size
 from warmfleet.control.resources import InferenceEndpointSpec, WireModel
-from warmfleet.core.config import load_yaml_text, parse_document
+from warmfleet.core.config import load_yaml_file, parse_document
 from warmfleet.core.errors import ConfigError
 
 ORIGIN_SCHEME = "origin://"
@@ -117,8 +117,4 @@ def parse_fleet(data: object, source: str = "fleet.yaml") -> LocalFleet:
 
 
 def load_fleet(path: Path) -> LocalFleet:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"{path}: {err}") from err
-    return parse_fleet(load_yaml_text(text, str(path)), str(path))
+    return parse_fleet(load_yaml_file(path), str(path))
