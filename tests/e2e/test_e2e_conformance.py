@@ -12,7 +12,6 @@ from aiohttp import web
 from e2e_tokenizer_helpers import TEMPLATE, write_model
 
 from warmfleet.bench.conformance import predicted_cached, run_conformance
-from warmfleet.gateway.server import start_app
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.keys import KeyBuilder, KeySpec
 
@@ -70,11 +69,14 @@ def fake_vllm(model_dir: Path) -> web.Application:
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[str]:
     (tmp_path / "engine-model").mkdir()
-    started = await start_app(fake_vllm(write_model(tmp_path / "engine-model")))
+    runner = web.AppRunner(fake_vllm(write_model(tmp_path / "engine-model")), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
     try:
-        yield started.url
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
-        await started.stop()
+        await runner.cleanup()
 
 
 async def test_conformance_agrees(engine: str) -> None:

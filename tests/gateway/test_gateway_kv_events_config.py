@@ -21,7 +21,7 @@ from warmfleet.core.errors import ConfigError
 from warmfleet.emulator.config import build_spec
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
-from warmfleet.gateway.app import GATEWAY_KEY, create_app
+from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import load_gateway_config, parse_gateway_config
 from warmfleet.gateway.kv_events import EventBatch, encode_batch
 from warmfleet.gateway.kv_events.service import KvEventService
@@ -121,7 +121,7 @@ def test_relative_tokenizer_path_and_missing_tokenizer(tmp_path: Path) -> None:
 
 def test_text_mode_gateway_has_no_kv_events() -> None:
     config = parse_gateway_config(document(INSTANCES, tokenizer_path=None, key_mode="text"))
-    assert create_app(config)[GATEWAY_KEY].kv_events is None
+    assert create_app(config).gateway.kv_events is None
 
 
 # ---- exact mode over the emulator ----------------------------------------------------------------
@@ -314,7 +314,7 @@ async def test_lifespan_owns_the_subscriber(tmp_path: Path) -> None:
     config = parse_gateway_config(document(INSTANCES, kv_events={"endpoint": endpoint}), "test")
     for _ in range(2):  # the second bind succeeds only if the first socket was closed
         app = create_app(config, tokenizer=EmulatorTokenizer())
-        service = app[GATEWAY_KEY].kv_events
+        service = app.gateway.kv_events
         assert service is not None
         assert service.subscriber is None  # nothing bound before the lifespan starts
         started = await start_app(app)

@@ -18,8 +18,6 @@ from gateway_support import (
     wait_until,
 )
 
-from warmfleet.gateway.app import GATEWAY_KEY
-
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
 
@@ -293,9 +291,9 @@ async def test_slow_sender_408() -> None:
         await writer.wait_closed()
 
 
-async def test_app_key_exposes_runtime() -> None:
+async def test_app_exposes_runtime() -> None:
     async with backends_running("a") as backends, gateway_running(gateway_config(backends)) as gw:
-        assert gw.runner.app[GATEWAY_KEY] is gw.gateway
+        assert gw.app.gateway is gw.gateway
 
 
 async def test_tcp_nodelay_on_both_sides() -> None:
@@ -309,16 +307,8 @@ async def test_tcp_nodelay_on_both_sides() -> None:
         backends[0].gate = asyncio.Event()
         resp = await client.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True})
         await resp.content.readany()  # both connections are open now
-        server_side = [h.transport for h in gw.runner.server.connections]  # type: ignore[union-attr]
-        upstream_side = [
-            proto.transport
-            for conns in gw.gateway.proxy.session.connector._conns.values()  # type: ignore[union-attr]
-            for proto, _ in conns
-        ]
-        upstream_side += [
-            p.transport
-            for p in gw.gateway.proxy.session.connector._acquired  # type: ignore[union-attr]
-        ]
+        server_side = [c.transport for c in gw.app.server.connections]
+        upstream_side = [c.transport for c in gw.gateway.proxy.pool.open]
         server_socks = [t.get_extra_info("socket") for t in server_side if t is not None]
         upstream_socks = [t.get_extra_info("socket") for t in upstream_side if t is not None]
         assert server_socks

@@ -22,29 +22,27 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from warmfleet.core.config import format_validation_error
 from warmfleet.core.errors import BadRequestError, ConfigError, NotFoundError, WarmfleetError
-from warmfleet.gateway.body import read_body
 from warmfleet.gateway.config import InstanceSpec, parse_instance_list
 from warmfleet.gateway.errors import ConflictError, UnauthorizedError, error_response
 from warmfleet.gateway.fleet import build_router_or_raise
+from warmfleet.gateway.routes import Routes
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.state import VariantRuntime
+from warmfleet.gateway.wire import Request, Response
 from warmfleet.routing.config import RoutingConfig
 
 M = TypeVar("M", bound=BaseModel)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[Request], Awaitable[Response]]
 _PREFIX = "/admin/v1"
 _VARIANT = _PREFIX + "/endpoints/{endpoint}/variants/{variant}"
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        status=status, body=json.dumps(data).encode(), content_type="application/json"
-    )
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(status, json.dumps(data).encode())
 
 
 def validate(model: type[M], data: Any, source: str) -> M:
@@ -61,33 +59,31 @@ class AdminApi:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
 
-    def _authorize(self, request: web.Request) -> None:
+    def _authorize(self, request: Request) -> None:
         token = self.gw.state.admin_token
         if token is None:
             raise NotFoundError("the admin API is disabled (no admin token configured)")
-        given = request.headers.get("Authorization", "")
+        given = request.headers.get("authorization", "")
         scheme, _, value = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             value.strip().encode(), token.encode()
         ):
             raise UnauthorizedError("missing or wrong admin bearer token")
 
-    def _variant(self, request: web.Request) -> VariantRuntime:
+    def _variant(self, request: Request) -> VariantRuntime:
         endpoint = self.gw.state.endpoint(request.match_info["endpoint"])
         return endpoint.variant(request.match_info["variant"])
 
-    async def _body(self, request: web.Request) -> Any:
-        raw = await read_body(request, self.gw.state.limits)
+    async def _body(self, request: Request) -> Any:
         try:
-            return json.loads(raw.decode("utf-8"))
+            return json.loads(request.body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as err:
             raise BadRequestError(f"body is not valid UTF-8 JSON: {err}", param="body") from err
 
     def guard(self, handler: Handler) -> Handler:
-        """Authorization and error mapping around one admin handler. (A wrapper, not a
-        middleware: any middleware would make aiohttp wrap every public request too.)"""
+        """Authorization and error mapping around one admin handler."""
 
-        async def guarded(request: web.Request) -> web.StreamResponse:
+        async def guarded(request: Request) -> Response:
             try:
                 self._authorize(request)
                 return await handler(request)
@@ -96,16 +92,16 @@ class AdminApi:
 
         return guarded
 
-    async def list_endpoints(self, _request: web.Request) -> web.Response:
+    async def list_endpoints(self, _request: Request) -> Response:
         return _json(self.gw.state.describe())
 
-    async def get_variant(self, request: web.Request) -> web.Response:
+    async def get_variant(self, request: Request) -> Response:
         return _json(self._variant(request).describe())
 
-    async def get_routing(self, request: web.Request) -> web.Response:
+    async def get_routing(self, request: Request) -> Response:
         return _json(self._variant(request).routing_config.model_dump(mode="json"))
 
-    async def put_routing(self, request: web.Request) -> web.Response:
+    async def put_routing(self, request: Request) -> Response:
         variant = self._variant(request)
         routing = validate(RoutingConfig, await self._body(request), "routing")
         try:
@@ -116,7 +112,7 @@ class AdminApi:
         self.gw.metrics.reloads.labels("admin", "ok").inc()
         return _json(variant.routing_config.model_dump(mode="json"))
 
-    async def get_instances(self, request: web.Request) -> web.Response:
+    async def get_instances(self, request: Request) -> Response:
         return _json(self._variant(request).describe()["instances"])
 
     def _static(self, variant: VariantRuntime) -> VariantRuntime:
@@ -126,7 +122,7 @@ class AdminApi:
             )
         return variant
 
-    async def put_instances(self, request: web.Request) -> web.Response:
+    async def put_instances(self, request: Request) -> Response:
         variant = self._static(self._variant(request))
         data = await self._body(request)
         try:
@@ -137,7 +133,7 @@ class AdminApi:
         self.gw.metrics.reloads.labels("admin", "ok").inc()
         return _json(variant.describe()["instances"])
 
-    async def post_instance(self, request: web.Request) -> web.Response:
+    async def post_instance(self, request: Request) -> Response:
         variant = self._static(self._variant(request))
         spec = validate(InstanceSpec, await self._body(request), "instance")
         if spec.id in variant.instances:
@@ -146,13 +142,13 @@ class AdminApi:
         self.gw.metrics.reloads.labels("admin", "ok").inc()
         return _json(variant.describe()["instances"], status=201)
 
-    async def delete_instance(self, request: web.Request) -> web.Response:
+    async def delete_instance(self, request: Request) -> Response:
         variant = self._static(self._variant(request))
         variant.remove_instance(request.match_info["instance"])
         self.gw.metrics.reloads.labels("admin", "ok").inc()
         return _json(variant.describe()["instances"])
 
-    async def reload(self, _request: web.Request) -> web.Response:
+    async def reload(self, _request: Request) -> Response:
         if self.gw.config_path is None:
             raise ConflictError("the gateway was not started from a config file")
         if not self.gw.reload(source="admin"):
@@ -162,17 +158,15 @@ class AdminApi:
         return _json(self.gw.state.describe())
 
 
-def add_admin_routes(app: web.Application, gateway: Gateway) -> None:
-    api = AdminApi(gateway)
+def add_admin_routes(routes: Routes, api: AdminApi) -> None:
     g = api.guard
-    r = app.router
     variant = _VARIANT
-    r.add_get(_PREFIX + "/endpoints", g(api.list_endpoints), allow_head=False)
-    r.add_get(variant, g(api.get_variant), allow_head=False)
-    r.add_get(variant + "/routing", g(api.get_routing), allow_head=False)
-    r.add_put(variant + "/routing", g(api.put_routing))
-    r.add_get(variant + "/instances", g(api.get_instances), allow_head=False)
-    r.add_put(variant + "/instances", g(api.put_instances))
-    r.add_post(variant + "/instances", g(api.post_instance))
-    r.add_delete(variant + "/instances/{instance}", g(api.delete_instance))
-    r.add_post(_PREFIX + "/reload", g(api.reload))
+    routes.add("GET", _PREFIX + "/endpoints", g(api.list_endpoints))
+    routes.add("GET", variant, g(api.get_variant))
+    routes.add("GET", variant + "/routing", g(api.get_routing))
+    routes.add("PUT", variant + "/routing", g(api.put_routing))
+    routes.add("GET", variant + "/instances", g(api.get_instances))
+    routes.add("PUT", variant + "/instances", g(api.put_instances))
+    routes.add("POST", variant + "/instances", g(api.post_instance))
+    routes.add("DELETE", variant + "/instances/{instance}", g(api.delete_instance))
+    routes.add("POST", _PREFIX + "/reload", g(api.reload))

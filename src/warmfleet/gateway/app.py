@@ -1,25 +1,24 @@
-"""App factory: ``create_app(config)`` builds the aiohttp application of one gateway."""
+"""App factory: ``create_app(config)`` builds one gateway: its runtime, routes and HTTP server."""
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-from aiohttp import web
 
 from warmfleet.gateway.admin import AdminApi, add_admin_routes
 from warmfleet.gateway.config import GatewayConfig
+from warmfleet.gateway.errors import plain_error
 from warmfleet.gateway.handlers import Handlers, add_public_routes
 from warmfleet.gateway.kv_events.service import KvEventService
+from warmfleet.gateway.routes import Routes
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.state import RouterFactory, RouterLike
 from warmfleet.gateway.tokenizer import HfChatTokenizer
+from warmfleet.gateway.wire import HttpServer, Request, Response, ServerLimits
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import Tokenizer
 from warmfleet.routing.router import Router
-
-GATEWAY_KEY = web.AppKey("warmfleet_gateway", Gateway)
 
 
 def default_router_factory(config: RoutingConfig, rng: random.Random) -> RouterLike:
@@ -49,50 +48,53 @@ def configured_routing(
     return factory, None
 
 
+class GatewayApp:
+    """One gateway: ``gateway`` (the runtime: state, metrics, ``reload()``, ``kv_events``) and
+    the HTTP server in front of it. ``start_app`` (``server.py``) runs it."""
+
+    def __init__(self, gateway: Gateway, routes: Routes) -> None:
+        self.gateway = gateway
+        self.routes = routes
+        limits = gateway.state.limits
+        self.server = HttpServer(
+            routes.dispatch,
+            ServerLimits(limits.max_body_bytes, limits.body_read_timeout_s),
+            self._http_error,
+        )
+
+    def _http_error(self, status: int, message: str) -> Response:
+        self.gateway.metrics.rejected.labels(str(status)).inc()
+        return plain_error(status, message)
+
+
 def create_app(
     config: GatewayConfig,
     *,
     config_path: Path | None = None,
     router_factory: RouterFactory | None = None,
     tokenizer: Tokenizer | None = None,
-) -> web.Application:
-    """The gateway app. Its lifespan (``cleanup_ctx``) owns the upstream sessions, the health
-    monitor, the discovery watcher and (with ``spec.kv_events``) the KV-event subscriber;
-    ``app[GATEWAY_KEY]`` is the runtime (state, metrics, ``reload()``, ``kv_events``). Raises
-    ``ConfigError`` if a variant's routing config cannot build a router. ``router_factory``
-    (tests) replaces the one built from the config."""
+) -> GatewayApp:
+    """The gateway app (not yet started: ``start_app`` starts the runtime, which owns the
+    upstream pool, the health monitor, the discovery watcher and, with ``spec.kv_events``, the
+    KV-event subscriber). Raises ``ConfigError`` if a variant's routing config cannot build a
+    router. ``router_factory`` (tests) replaces the one built from the config."""
     kv_events: KvEventService | None = None
     if router_factory is None:
         router_factory, kv_events = configured_routing(config, tokenizer)
     gateway = Gateway(config, router_factory, config_path, kv_events)
-    app = web.Application(client_max_size=config.spec.limits.max_body_bytes)
-    app[GATEWAY_KEY] = gateway
-    handlers = Handlers(gateway)
-    add_public_routes(app, handlers)
-    add_admin_routes(app, gateway)
-    app.router.add_get(
-        "/admin/v1/kv-events", AdminApi(gateway).guard(_kv_events_state), allow_head=False
-    )
-    app.router.add_route("*", "/{tail:.*}", handlers.not_found)
-    app.cleanup_ctx.append(_lifespan)
-    return app
+    routes = Routes(lambda status: gateway.metrics.rejected.labels(str(status)).inc())
+    add_public_routes(routes, Handlers(gateway))
+    admin = AdminApi(gateway)
+    add_admin_routes(routes, admin)
+
+    async def kv_events_state(_request: Request) -> Response:
+        """``GET /admin/v1/kv-events``: per-instance mode (exact/approximate), causes, counters."""
+        service = gateway.kv_events
+        body = {"enabled": False} if service is None else {"enabled": True, **service.describe()}
+        return Response(200, json.dumps(body).encode())
+
+    routes.add("GET", "/admin/v1/kv-events", admin.guard(kv_events_state))
+    return GatewayApp(gateway, routes)
 
 
-async def _kv_events_state(request: web.Request) -> web.StreamResponse:
-    """``GET /admin/v1/kv-events``: per-instance mode (exact/approximate), causes, counters."""
-    service = request.app[GATEWAY_KEY].kv_events
-    if service is None:
-        return web.json_response({"enabled": False})
-    return web.json_response({"enabled": True, **service.describe()})
-
-
-async def _lifespan(app: web.Application) -> AsyncIterator[None]:
-    gateway = app[GATEWAY_KEY]
-    await gateway.start()
-    try:
-        yield
-    finally:
-        await gateway.stop()
-
-
-__all__ = ["GATEWAY_KEY", "configured_routing", "create_app", "default_router_factory"]
+__all__ = ["GatewayApp", "configured_routing", "create_app", "default_router_factory"]

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from aiohttp import web
-
 from warmfleet.core.errors import (
     BadRequestError,
     ConfigError,
@@ -19,6 +17,7 @@ from warmfleet.core.errors import (
     RequestTooLargeError,
     WarmfleetError,
 )
+from warmfleet.gateway.wire import Response
 
 INSTANCE_HEADER = "x-warmfleet-instance"
 REASON_HEADER = "x-warmfleet-reason"
@@ -82,26 +81,25 @@ def error_response(
     instance: str = NO_INSTANCE,
     reason: str = "rejected",
     extra_headers: Mapping[str, str] | None = None,
-) -> web.Response:
+) -> Response:
     status, kind = status_and_type(err)
     param = err.param if isinstance(err, BadRequestError) else None
     headers = {INSTANCE_HEADER: instance, REASON_HEADER: reason}
     if extra_headers:
         headers.update(extra_headers)
-    return web.Response(
-        status=status,
-        body=error_body(str(err), kind, param, status),
-        content_type="application/json",
-        headers=headers,
-    )
+    return Response(status, error_body(str(err), kind, param, status), headers=headers)
 
 
-def plain_error(status: int, message: str, kind: str) -> web.Response:
-    """An envelope for errors raised by the HTTP layer itself (unknown route, wrong method)."""
-    return web.Response(
-        status=status,
-        body=error_body(message, kind, None, status),
-        content_type="application/json",
+_KIND_BY_STATUS = {404: "not_found_error", 500: "internal_error"}
+
+
+def plain_error(status: int, message: str, kind: str | None = None) -> Response:
+    """An envelope for errors raised by the HTTP layer itself (malformed request, body too
+    large or too slow, unknown route, wrong method)."""
+    kind = kind or _KIND_BY_STATUS.get(status, "invalid_request_error")
+    return Response(
+        status,
+        error_body(message, kind, None, status),
         headers={INSTANCE_HEADER: NO_INSTANCE, REASON_HEADER: "rejected"},
     )
 

@@ -47,7 +47,7 @@ class GatewayState:
         limits = spec.limits
         self.limits: LimitsConfig = limits  # read on every request: a plain attribute
         self.admin_token = spec.admin.resolved_token()
-        self.variant_header = spec.variant_header
+        self.variant_header = spec.variant_header.lower()
         self.default_endpoint_name = spec.default_endpoint_name
         self.upstream_timeout = ClientTimeout(
             total=limits.upstream_total_timeout_s,

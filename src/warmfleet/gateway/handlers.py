@@ -8,15 +8,15 @@ from collections.abc import Callable, Mapping
 from time import perf_counter
 from typing import Any
 
-from aiohttp import web
-
 from warmfleet.core.errors import BadRequestError, WarmfleetError
 from warmfleet.core.types import RoutingKey
-from warmfleet.gateway.body import openai_fields, parse_json_object, read_body
-from warmfleet.gateway.errors import error_response, plain_error, status_and_type
+from warmfleet.gateway.body import openai_fields, parse_json_object
+from warmfleet.gateway.errors import error_response, status_and_type
 from warmfleet.gateway.metrics import CONTENT_TYPE
+from warmfleet.gateway.routes import Routes
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.state import RouterLike
+from warmfleet.gateway.wire import Request, Response
 
 log = logging.getLogger(__name__)
 
@@ -51,29 +51,28 @@ class Handlers:
         self.gw = gateway
         self.state = gateway.state
 
-    def reject(self, err: WarmfleetError) -> web.Response:
+    def reject(self, err: WarmfleetError) -> Response:
         self.gw.metrics.rejected.labels(str(status_and_type(err)[0])).inc()
         return error_response(err)
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(self, request: Request) -> Response | None:
         return await self._openai(request, CHAT_PATH, _chat_key)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: Request) -> Response | None:
         return await self._openai(request, COMPLETIONS_PATH, _completions_key)
 
-    async def _openai(self, request: web.Request, path: str, key_fn: KeyFn) -> web.StreamResponse:
+    async def _openai(self, request: Request, path: str, key_fn: KeyFn) -> Response | None:
         t_start = perf_counter()
         state = self.state
         try:
-            raw = await read_body(request, state.limits)
-            body = parse_json_object(raw)
+            body = parse_json_object(request.body)
             model, _stream = openai_fields(body)
             endpoint = state.default_endpoint()
             variant = endpoint.pick_variant(
                 model, request.headers.get(state.variant_header), state.rng
             )
             router = variant.router
-            tenant = request.headers.get(variant.routing_config.key.tenant_header)
+            tenant = request.headers.get(variant.routing_config.key.tenant_header.lower())
             key = key_fn(router, body, tenant)
         except WarmfleetError as err:
             return self.reject(err)
@@ -83,21 +82,21 @@ class Handlers:
                 BadRequestError(f"request body not understood: {type(err).__name__}")
             )
         return await self.gw.proxy.forward(
-            request, variant, router=router, key=key, raw=raw, path=path, t_start=t_start
+            request, variant, router=router, key=key, path=path, t_start=t_start
         )
 
-    async def invocations(self, request: web.Request) -> web.StreamResponse:
+    async def invocations(self, request: Request) -> Response | None:
         """Native API: routes on the raw body bytes and the tenant header; no JSON parsing."""
         t_start = perf_counter()
         state = self.state
         try:
             endpoint = state.endpoint(request.match_info["endpoint"])
-            raw = await read_body(request, state.limits)
+            raw = request.body
             variant = endpoint.pick_variant(
                 None, request.headers.get(state.variant_header), state.rng
             )
             router = variant.router
-            tenant = request.headers.get(variant.routing_config.key.tenant_header)
+            tenant = request.headers.get(variant.routing_config.key.tenant_header.lower())
             model = variant.config.models[0] if variant.config.models else endpoint.name
             key = router.key_for_bytes(raw, tenant, model)
         except WarmfleetError as err:
@@ -107,20 +106,20 @@ class Handlers:
             return self.reject(BadRequestError(f"request not understood: {type(err).__name__}"))
         path = variant.config.invocations_path
         return await self.gw.proxy.forward(
-            request, variant, router=router, key=key, raw=raw, path=path, t_start=t_start
+            request, variant, router=router, key=key, path=path, t_start=t_start
         )
 
-    async def models(self, _request: web.Request) -> web.Response:
+    async def models(self, _request: Request) -> Response:
         try:
             body = await self.gw.models.get()
         except WarmfleetError as err:
             return self.reject(err)
-        return web.Response(body=body, content_type=_JSON)
+        return Response(200, body, _JSON)
 
-    async def health(self, _request: web.Request) -> web.Response:
-        return web.Response(body=b'{"status":"ok"}', content_type=_JSON)
+    async def health(self, _request: Request) -> Response:
+        return Response(200, b'{"status":"ok"}', _JSON)
 
-    async def ready(self, _request: web.Request) -> web.Response:
+    async def ready(self, _request: Request) -> Response:
         """Ready once a health round completed and every endpoint has a healthy instance."""
         unavailable = [
             name
@@ -134,34 +133,17 @@ class Handlers:
             "health_rounds": rounds,
             "unavailable": unavailable,
         }
-        return web.Response(
-            status=200 if ready else 503, body=json.dumps(body).encode(), content_type=_JSON
-        )
+        return Response(200 if ready else 503, json.dumps(body).encode(), _JSON)
 
-    async def metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=self.gw.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
-
-    async def not_found(self, request: web.Request) -> web.Response:
-        self.gw.metrics.rejected.labels("404").inc()
-        return plain_error(404, f"no route for {request.method} {request.path}", "not_found_error")
-
-    async def method_not_allowed(self, request: web.Request) -> web.Response:
-        self.gw.metrics.rejected.labels("405").inc()
-        return plain_error(
-            405, f"method {request.method} not allowed on {request.path}", "invalid_request_error"
-        )
+    async def metrics(self, _request: Request) -> Response:
+        return Response(200, self.gw.metrics.render(), CONTENT_TYPE)
 
 
-def add_public_routes(app: web.Application, handlers: Handlers) -> None:
-    r = app.router
-    r.add_post(CHAT_PATH, handlers.chat_completions)
-    r.add_post(COMPLETIONS_PATH, handlers.completions)
-    r.add_get("/v1/models", handlers.models, allow_head=False)
-    r.add_post("/endpoints/{endpoint}/invocations", handlers.invocations)
-    r.add_get("/health", handlers.health, allow_head=False)
-    r.add_get("/ready", handlers.ready, allow_head=False)
-    r.add_get("/metrics", handlers.metrics, allow_head=False)
-    for path in (CHAT_PATH, COMPLETIONS_PATH, "/v1/models", "/endpoints/{endpoint}/invocations"):
-        r.add_route("*", path, handlers.method_not_allowed)
-    for path in ("/health", "/ready", "/metrics"):
-        r.add_route("*", path, handlers.method_not_allowed)
+def add_public_routes(routes: Routes, handlers: Handlers) -> None:
+    routes.add("POST", CHAT_PATH, handlers.chat_completions)
+    routes.add("POST", COMPLETIONS_PATH, handlers.completions)
+    routes.add("GET", "/v1/models", handlers.models)
+    routes.add("POST", "/endpoints/{endpoint}/invocations", handlers.invocations)
+    routes.add("GET", "/health", handlers.health)
+    routes.add("GET", "/ready", handlers.ready)
+    routes.add("GET", "/metrics", handlers.metrics)

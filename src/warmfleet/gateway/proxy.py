@@ -1,8 +1,9 @@
 """The hot path: choose an instance, send the client's bytes unchanged, relay the answer.
 
-- The body is forwarded as received (never re-serialized); the answer is relayed as it arrives
-  (SSE events are written as soon as they are complete; a partial event is held only until its
-  end arrives, so an error event can never be glued onto half an event).
+- The body is forwarded as received (never re-serialized); the answer is relayed as it arrives,
+  from inside the upstream connection's ``data_received`` (no task switch per chunk). SSE
+  events are written as soon as they are complete; a partial event is held only until its end
+  arrives, so an error event can never be glued onto half an event.
 - Retries go to another instance, and only before any byte reached the client.
 - In-flight requests and tokens per instance are counted here and fed to the strategy.
 """
@@ -13,20 +14,6 @@ import asyncio
 import logging
 from time import perf_counter
 from typing import NoReturn
-
-from aiohttp import (
-    ClientConnectionError,
-    ClientConnectorError,
-    ClientError,
-    ClientPayloadError,
-    ClientResponse,
-    ClientSession,
-    ConnectionTimeoutError,
-    StreamReader,
-    hdrs,
-    web,
-)
-from multidict import istr
 
 from warmfleet.core.errors import NoInstanceAvailableError, WarmfleetError
 from warmfleet.core.types import Decision, RoutingKey
@@ -42,13 +29,19 @@ from warmfleet.gateway.errors import (
 )
 from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.state import InstanceRuntime, RouterLike, VariantRuntime
+from warmfleet.gateway.upstream import (
+    Exchange,
+    UpstreamClosedError,
+    UpstreamConnectError,
+    UpstreamConnection,
+    UpstreamPool,
+    UpstreamTimeout,
+)
+from warmfleet.gateway.wire import Request, Response, ServerConnection
 
 log = logging.getLogger(__name__)
 
-# istr names: multidict looks them up without case-folding the name on every call.
-_X_REQUEST_ID = istr("X-Request-Id")
-_PASS_REQUEST_HEADERS = (hdrs.AUTHORIZATION, _X_REQUEST_ID)
-_PASS_RESPONSE_HEADERS = (hdrs.CONTENT_ENCODING, _X_REQUEST_ID)
+_PASS_REQUEST_HEADERS = ("authorization", "x-request-id")
 _MAX_HELD_EVENT_BYTES = 1 << 20
 
 
@@ -95,7 +88,7 @@ class _Attempt:
 
     def __init__(
         self,
-        request: web.Request,
+        request: Request,
         variant: VariantRuntime,
         inst: InstanceRuntime,
         decision: Decision,
@@ -117,32 +110,70 @@ class _Attempt:
         ) from err
 
 
-class Proxy:
-    """Forwards requests for one app; holds the pooled upstream session."""
+class _Relay:
+    """Receives a streamed answer's body from the upstream connection and writes it to the
+    client; the response head goes out with the first bytes (until then a retry is possible)."""
 
-    def __init__(self, state: GatewayState, session: ClientSession) -> None:
+    __slots__ = ("call", "conn", "content_type", "framer", "headers", "started", "status")
+
+    def __init__(self, call: _Attempt, ex: Exchange, headers: dict[str, str]) -> None:
+        self.call = call
+        self.conn: ServerConnection = call.request.conn
+        self.status = ex.status
+        self.content_type = ex.content_type
+        self.headers = headers
+        self.framer = SseFramer() if ex.content_type.startswith("text/event-stream") else None
+        self.started = False
+
+    def data(self, chunk: bytes) -> None:
+        out = self.framer.feed(chunk) if self.framer is not None else chunk
+        if not out:
+            return
+        if self.started:
+            self.conn.send(out)
+            return
+        self.start(out)
+
+    def start(self, first: bytes) -> None:
+        self.started = True
+        call = self.call
+        call.variant.m_ttft["true"].observe(perf_counter() - call.t_start)
+        self.conn.start_stream(self.status, self.content_type, self.headers, first)
+
+    def finish(self) -> None:
+        tail = self.framer.flush() if self.framer is not None else b""
+        if not self.started:
+            self.start(tail)
+        elif tail:
+            self.conn.send(tail)
+        self.conn.end_stream()
+
+
+class Proxy:
+    """Forwards requests for one gateway; holds the pooled upstream connections."""
+
+    def __init__(self, state: GatewayState, pool: UpstreamPool) -> None:
         self.state = state
-        self.session = session
+        self.pool = pool
 
     async def forward(
         self,
-        request: web.Request,
+        request: Request,
         variant: VariantRuntime,
         *,
         router: RouterLike,
         key: RoutingKey,
-        raw: bytes,
         path: str,
         t_start: float,
-    ) -> web.StreamResponse:
-        """Route ``raw`` to an instance of ``variant`` at ``path`` and relay its answer.
+    ) -> Response | None:
+        """Route ``request.body`` to an instance of ``variant`` at ``path`` and relay its answer
+        (``None`` once streamed to the client).
 
         ``router`` is the one that built ``key``: a strategy switch meanwhile applies to the
         next request, never to half of this one."""
         excluded: set[str] | None = None
         failure: WarmfleetError | None = None
         cost = key.prompt_tokens + key.output_tokens_hint
-        headers = _upstream_headers(request)
         for attempt in range(self.state.limits.max_attempts):
             fleet = variant.snapshot(excluded)
             if not fleet.instances:
@@ -163,7 +194,7 @@ class Proxy:
             inst.add_load(1, cost)
             try:
                 call = _Attempt(request, variant, inst, decision, t_start)
-                return await self._attempt(call, raw, path, headers)
+                return await self._attempt(call, path)
             except _Retry as retry:
                 failure = retry.cause
                 excluded = excluded or set()
@@ -179,129 +210,82 @@ class Proxy:
         variant.request_counter("none", "unavailable", str(status_and_type(failure)[0])).inc()
         return error_response(failure, reason="unavailable")
 
-    async def _attempt(
-        self, call: _Attempt, raw: bytes, path: str, headers: dict[str, str]
-    ) -> web.StreamResponse:
+    async def _attempt(self, call: _Attempt, path: str) -> Response | None:
         inst = call.inst
-        call.variant.m_overhead.observe(perf_counter() - call.t_start)
+        origin = inst.origin
         try:
-            upstream = await self.session.post(
-                inst.base_url + path, data=raw, headers=headers, timeout=self.state.upstream_timeout
-            )
-        except (ConnectionTimeoutError, ClientConnectorError) as err:
+            up = await self.pool.acquire(origin.addr)
+        except UpstreamConnectError as err:
             self._failed(call, "connect", eject=True)
             raise _Retry(
                 UpstreamError(f"instance {inst.instance_id!r} unreachable: {err}")
             ) from err
-        except TimeoutError as err:
-            call.timeout(err)
-        except ClientConnectionError as err:
-            self._failed(call, "disconnect", eject=False)
-            raise _Retry(UpstreamError(f"instance {inst.instance_id!r} failed: {err!r}")) from err
-        except ClientError as err:
-            call.count("502")
-            return error_response(
-                UpstreamError(f"instance {inst.instance_id!r}: {err!r}"),
-                instance=inst.instance_id,
-                reason=call.decision.reason,
-            )
-        out_headers = _response_headers(upstream, inst, call.decision)
-        if upstream.content_length is None:
-            return await self._relay(call, upstream, out_headers)
-        return await self._buffered(call, upstream, out_headers)
-
-    async def _buffered(
-        self, call: _Attempt, upstream: ClientResponse, out_headers: dict[str, str]
-    ) -> web.StreamResponse:
+        limits = self.state.limits
+        call.variant.m_overhead.observe(perf_counter() - call.t_start)
+        ex = up.start(
+            _request_bytes(call.request, origin.host_header, origin.prefix + path.encode()),
+            limits.upstream_read_timeout_s,
+            limits.upstream_total_timeout_s,
+        )
         try:
-            body = await upstream.read()
-        except TimeoutError as err:
-            upstream.close()
+            await ex.head
+            if not ex.chunked:
+                body = await ex.done
+                call.variant.m_ttft["false"].observe(perf_counter() - call.t_start)
+                call.count(str(ex.status))
+                return Response(ex.status, body, ex.content_type, _response_headers(ex, call))
+        except UpstreamTimeout as err:
             call.timeout(err)
-        except (ClientPayloadError, ClientConnectionError) as err:
-            upstream.close()
+        except UpstreamClosedError as err:
             self._failed(call, "disconnect", eject=False)
-            raise _Retry(
-                UpstreamError(f"instance {call.inst.instance_id!r} failed: {err!r}")
-            ) from err
+            raise _Retry(UpstreamError(f"instance {inst.instance_id!r} failed: {err}")) from err
         except asyncio.CancelledError:
-            upstream.close()  # the client left; the instance sees the disconnect
+            up.abort()  # the client left; the instance sees the disconnect
             call.count("client_disconnect")
             raise
-        call.variant.m_ttft["false"].observe(perf_counter() - call.t_start)
-        call.count(str(upstream.status))
-        return web.Response(body=body, status=upstream.status, headers=out_headers)
+        await self._relay(call, up, ex)
+        return None
 
-    async def _relay(
-        self, call: _Attempt, upstream: ClientResponse, out_headers: dict[str, str]
-    ) -> web.StreamResponse:
-        content = upstream.content
-        done = False
+    async def _relay(self, call: _Attempt, up: UpstreamConnection, ex: Exchange) -> None:
+        relay = _Relay(call, ex, _response_headers(ex, call))
+        conn = relay.conn
+        conn.on_pause = up.pause_reading
+        ex.attach(relay)
         try:
-            try:
-                chunk = await content.readany()  # headers go out with the first byte
-            except TimeoutError as err:
-                call.timeout(err)
-            except (ClientPayloadError, ClientConnectionError) as err:
+            await ex.done
+        except asyncio.CancelledError:
+            up.abort()
+            call.count("client_disconnect")
+            raise
+        except (UpstreamTimeout, UpstreamClosedError) as err:
+            if not relay.started:
+                if isinstance(err, UpstreamTimeout):
+                    call.timeout(err)
                 self._failed(call, "disconnect", eject=False)
                 raise _Retry(
-                    UpstreamError(f"instance {call.inst.instance_id!r} failed: {err!r}")
+                    UpstreamError(f"instance {call.inst.instance_id!r} failed: {err}")
                 ) from err
-            call.variant.m_ttft["true"].observe(perf_counter() - call.t_start)
-            response = web.StreamResponse(status=upstream.status, headers=out_headers)
-            await response.prepare(call.request)
-            sse = out_headers["Content-Type"].startswith("text/event-stream")
-            status = await self._pump(call, response, content, chunk, sse)
-            done = status == str(upstream.status)
-            call.count(status)
-            return response
-        except asyncio.CancelledError:
-            call.count("client_disconnect")
-            raise
+            self._mid_stream_failure(call, relay, err)
+            return
         finally:
-            if done:
-                upstream.release()
-            else:
-                upstream.close()  # the instance sees the disconnect and can stop generating
+            conn.on_pause = None
+        relay.finish()
+        call.count("client_disconnect" if conn.closed else str(ex.status))
+        await conn.drain()
+        return
 
-    async def _pump(
-        self,
-        call: _Attempt,
-        response: web.StreamResponse,
-        content: StreamReader,
-        chunk: bytes,
-        sse: bool,
-    ) -> str:
-        """Relay until EOF. Returns the status label: the upstream status, ``stream_error`` or
-        ``client_disconnect``."""
-        framer = SseFramer() if sse else None
-        failure: BaseException | None = None
-        try:
-            while chunk:
-                out = framer.feed(chunk) if framer is not None else chunk
-                if out:
-                    await response.write(out)
-                try:
-                    chunk = await content.readany()
-                except (TimeoutError, ClientPayloadError, ClientConnectionError) as err:
-                    failure = err
-                    break
-            if failure is None:
-                if framer is not None and (tail := framer.flush()):
-                    await response.write(tail)
-                await response.write_eof()
-                return str(response.status)
-            timed_out = isinstance(failure, TimeoutError)
-            if not timed_out:
-                self._failed(call, "stream", eject=False)
-            log.warning("instance %s failed mid-stream: %r", call.inst.instance_id, failure)
-            name = type(failure).__name__
-            message = f"instance {call.inst.instance_id!r} failed mid-stream: {name}"
-            await response.write(sse_error_event(message, code=504 if timed_out else 502))
-            await response.write_eof()
-            return "stream_error"
-        except ConnectionResetError:
-            return "client_disconnect"
+    def _mid_stream_failure(self, call: _Attempt, relay: _Relay, err: Exception) -> None:
+        timed_out = isinstance(err, UpstreamTimeout)
+        if not timed_out:
+            self._failed(call, "stream", eject=False)
+        log.warning("instance %s failed mid-stream: %r", call.inst.instance_id, err)
+        name = type(err).__name__
+        message = f"instance {call.inst.instance_id!r} failed mid-stream: {name}"
+        if relay.framer is not None:
+            relay.framer.flush()  # drop half an event: the error event must stand alone
+        relay.conn.send(sse_error_event(message, code=504 if timed_out else 502))
+        relay.conn.end_stream()
+        call.count("stream_error")
 
     def _failed(self, call: _Attempt, cause: str, *, eject: bool) -> None:
         health = self.state.health
@@ -319,29 +303,31 @@ def _count_decision(variant: VariantRuntime, decision: Decision) -> None:
         variant.spill_counter(decision.instance_id).inc()
 
 
-def _upstream_headers(request: web.Request) -> dict[str, str]:
+def _request_bytes(request: Request, host: bytes, target: bytes) -> bytes:
+    """The upstream request: the client's body unchanged, with the few headers that matter."""
     incoming = request.headers
-    headers = {"Content-Type": incoming.get(hdrs.CONTENT_TYPE, "application/json")}
-    for name in _PASS_REQUEST_HEADERS:
+    ctype = incoming.get("content-type", "application/json")
+    extra = "".join(
+        f"{name}: {incoming[name]}\r\n" for name in _PASS_REQUEST_HEADERS if name in incoming
+    )
+    body = request.body
+    return b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        target,
+        host,
+        ctype.encode("latin-1"),
+        len(body),
+        extra.encode("latin-1"),
+        body,
+    )
+
+
+def _response_headers(ex: Exchange, call: _Attempt) -> dict[str, str]:
+    headers = {INSTANCE_HEADER: call.inst.instance_id, REASON_HEADER: call.decision.reason}
+    incoming = ex.headers
+    for name in ("content-encoding", "x-request-id"):
         value = incoming.get(name)
         if value is not None:
             headers[name] = value
-    return headers
-
-
-def _response_headers(
-    upstream: ClientResponse, inst: InstanceRuntime, decision: Decision
-) -> dict[str, str]:
-    incoming = upstream.headers
-    headers = {
-        "Content-Type": incoming.get(hdrs.CONTENT_TYPE, "application/octet-stream"),
-        INSTANCE_HEADER: inst.instance_id,
-        REASON_HEADER: decision.reason,
-    }
-    for name in _PASS_RESPONSE_HEADERS:
-        value = incoming.get(name)
-        if value is not None:
-            headers[name] = value
-    if headers["Content-Type"].startswith("text/event-stream"):
+    if ex.content_type.startswith("text/event-stream"):
         headers["Cache-Control"] = "no-cache"
     return headers

@@ -19,6 +19,7 @@ from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.models import ModelsCache
 from warmfleet.gateway.proxy import Proxy
 from warmfleet.gateway.state import RouterFactory
+from warmfleet.gateway.upstream import UpstreamPool
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ class NotStartedError(RuntimeError):
 
 
 class Gateway:
-    """Everything one gateway app owns. ``start``/``stop`` are called by the app lifespan."""
+    """Everything one gateway app owns. ``start``/``stop`` are called by ``start_app`` and
+    ``StartedApp.stop``."""
 
     def __init__(
         self,
@@ -49,6 +51,7 @@ class Gateway:
         self._health: HealthMonitor | None = None
         self._models: ModelsCache | None = None
         self._sessions: list[ClientSession] = []
+        self._pool: UpstreamPool | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -71,23 +74,21 @@ class Gateway:
 
     async def start(self) -> None:
         limits = self.state.limits
-        data = ClientSession(
-            connector=TCPConnector(limit=limits.max_upstream_connections, keepalive_timeout=60.0),
-            cookie_jar=DummyCookieJar(),
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        self._pool = UpstreamPool(
+            limits.upstream_connect_timeout_s, limits.max_upstream_connections, keepalive_s=60.0
         )
         control = ClientSession(
             connector=TCPConnector(limit=64, keepalive_timeout=60.0), cookie_jar=DummyCookieJar()
         )
-        self._sessions = [data, control]
-        self._proxy = Proxy(self.state, data)
+        self._sessions = [control]
+        self._proxy = Proxy(self.state, self._pool)
         self._health = HealthMonitor(self.state, control)
         self._models = ModelsCache(self.state, control)
         self.discovery.scan()  # instances from discovery files before the first request
         self._tasks = [
             asyncio.create_task(self._health.run(), name="warmfleet-gateway-health"),
             asyncio.create_task(self.discovery.run(), name="warmfleet-gateway-discovery"),
+            asyncio.create_task(self._sweep_idle(), name="warmfleet-gateway-pool-sweep"),
         ]
         if self.kv_events is not None:
             await self.kv_events.start()
@@ -101,9 +102,18 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         for session in self._sessions:
             await session.close()
         self._sessions = []
+
+    async def _sweep_idle(self) -> None:
+        """Close upstream connections idle for longer than the pool's keep-alive."""
+        while self._pool is not None:
+            self._pool.sweep()
+            await asyncio.sleep(5.0)
 
     def reload(self, source: str = "sighup") -> bool:
         """Re-read the config file and apply it; on any error log it and keep the old config."""

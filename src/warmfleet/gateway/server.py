@@ -10,9 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
-
-from warmfleet.gateway.app import GATEWAY_KEY, create_app
+from warmfleet.gateway.app import GatewayApp, create_app
 from warmfleet.gateway.config import load_gateway_config
 from warmfleet.gateway.runtime import Gateway
 
@@ -28,7 +26,7 @@ GC_GEN0_THRESHOLD = 20_000
 
 @dataclass(frozen=True)
 class StartedApp:
-    runner: web.AppRunner
+    app: GatewayApp
     host: str
     port: int
 
@@ -38,25 +36,30 @@ class StartedApp:
 
     @property
     def gateway(self) -> Gateway:
-        return self.runner.app[GATEWAY_KEY]
+        return self.app.gateway
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        """Stop listening, let requests in progress finish (up to 5 s), stop the runtime."""
+        try:
+            await self.app.server.stop(grace_s=5.0)
+        finally:
+            await self.app.gateway.stop()
 
 
-async def start_app(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> StartedApp:
-    """Serve ``app`` on host:port (0 = a free port). Handlers are cancelled when their client
-    disconnects (so the upstream request is cancelled too); no access log on the hot path."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
-    await site.start()
-    bound_port = int(runner.addresses[0][1])
-    return StartedApp(runner, host, bound_port)
+async def start_app(app: GatewayApp, host: str = "127.0.0.1", port: int = 0) -> StartedApp:
+    """Start the runtime, then serve on host:port (0 = a free port). A handler is cancelled
+    when its client disconnects (so the upstream request is cancelled too)."""
+    await app.gateway.start()
+    try:
+        bound_port = await app.server.start(host, port)
+    except BaseException:
+        await app.gateway.stop()
+        raise
+    return StartedApp(app, host, bound_port)
 
 
 def tune_gc_for_serving(gen0_threshold: int = GC_GEN0_THRESHOLD) -> None:
-    """Freeze what startup allocated (config, routers, aiohttp, prometheus: never garbage) so
+    """Freeze what startup allocated (config, routers, prometheus: never garbage) so
     full collections skip it, and collect young objects only past ``gen0_threshold``. Called by
     ``serve`` (a gateway process), never by ``start_app`` (tests embed apps in their process)."""
     gc.collect()

@@ -21,6 +21,7 @@ from warmfleet.core.errors import NotFoundError
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, InstanceState, RoutingKey
 from warmfleet.gateway.config import FileDiscovery, InstanceSpec, VariantConfig
 from warmfleet.gateway.metrics import GatewayMetrics
+from warmfleet.gateway.upstream import Origin
 from warmfleet.routing.config import RoutingConfig
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class InstanceRuntime:
         "in_flight_tokens",
         "instance_id",
         "m_in_flight",
+        "origin",
         "removed",
         "state",
         "successes",
@@ -67,6 +69,7 @@ class InstanceRuntime:
     ) -> None:
         self.instance_id = spec.id
         self.base_url = spec.url
+        self.origin = Origin(spec.url)
         self.healthy = True
         self.failures = 0
         self.successes = 0

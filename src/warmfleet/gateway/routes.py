@@ -1,0 +1,53 @@
+"""Request dispatch: method + path -> handler, with ``{name}`` path parameters.
+
+Static paths are one dict lookup (the OpenAI routes are static); patterns are tried in the order
+they were added. A known path with another method gets 405, an unknown path 404, both as the
+OpenAI error envelope.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from urllib.parse import unquote
+
+from warmfleet.gateway.errors import plain_error
+from warmfleet.gateway.wire import Handler, Request, Response
+
+_PARAM = re.compile(r"\{(\w+)\}")
+
+
+class Routes:
+    def __init__(self, on_reject: Callable[[int], None]) -> None:
+        self._static: dict[str, dict[str, Handler]] = {}
+        self._patterns: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
+        self._on_reject = on_reject
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        if "{" not in path:
+            self._static.setdefault(path, {})[method] = handler
+            return
+        regex = re.compile("^" + _PARAM.sub(r"(?P<\1>[^/]+)", path) + "$")
+        for known, methods in self._patterns:
+            if known.pattern == regex.pattern:
+                methods[method] = handler
+                return
+        self._patterns.append((regex, {method: handler}))
+
+    async def dispatch(self, request: Request) -> Response | None:
+        methods = self._static.get(request.path)
+        if methods is None:
+            for regex, candidates in self._patterns:
+                match = regex.match(request.path)
+                if match is not None:
+                    request.match_info = {k: unquote(v) for k, v in match.groupdict().items()}
+                    methods = candidates
+                    break
+        if methods is None:
+            self._on_reject(404)
+            return plain_error(404, f"no route for {request.method} {request.path}")
+        handler = methods.get(request.method)
+        if handler is None:
+            self._on_reject(405)
+            return plain_error(405, f"method {request.method} not allowed on {request.path}")
+        return await handler(request)

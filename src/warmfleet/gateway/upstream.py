@@ -1,0 +1,321 @@
+"""Pooled HTTP/1.1 connections to instances (asyncio protocols over httptools).
+
+One :class:`UpstreamConnection` carries one exchange at a time. The response head resolves
+``Exchange.head``; the body is either collected (``Exchange.done`` gives it) or, once a
+``sink`` is attached, handed to it chunk by chunk from inside ``data_received``, so a streamed
+answer is relayed without a task switch per chunk. Timeouts: connect, read (no byte for
+``read_timeout_s``) and total, all per exchange. Idle connections are kept per instance address
+for ``keepalive_s`` and reused most-recently-used first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable
+from time import monotonic
+from typing import Protocol, cast
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class Origin:
+    """Where an instance's requests go: ``http(s)://host[:port][/prefix]`` parsed once."""
+
+    __slots__ = ("addr", "host_header", "prefix", "tls")
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.tls = parts.scheme == "https"
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or (443 if self.tls else 80)
+        self.addr = (host, port, self.tls)
+        self.host_header = parts.netloc.rpartition("@")[2].encode("idna")
+        self.prefix = parts.path.rstrip("/").encode()
+
+
+class UpstreamConnectError(Exception):
+    """The instance could not be reached (refused, unreachable, connect timeout)."""
+
+
+class UpstreamClosedError(Exception):
+    """The connection broke (reset, closed, malformed answer) before the exchange ended."""
+
+
+class UpstreamTimeout(Exception):
+    """No byte within the read timeout, or the exchange exceeded the total timeout."""
+
+
+Addr = tuple[str, int, bool]  # host, port, TLS
+
+
+class Sink(Protocol):
+    def data(self, chunk: bytes) -> None: ...
+
+
+class Exchange:
+    """One request/response on one connection."""
+
+    __slots__ = ("body", "chunked", "content_type", "done", "head", "headers", "sink", "status")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.head: asyncio.Future[int] = loop.create_future()
+        self.done: asyncio.Future[bytes] = loop.create_future()
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.content_type = "application/octet-stream"
+        self.chunked = True  # no Content-Length: the body is streamed
+        self.body: list[bytes] = []
+        self.sink: Sink | None = None
+
+    def attach(self, sink: Sink) -> None:
+        """Relay the body to ``sink`` from now on (what arrived before is handed over first)."""
+        held, self.body = self.body, []
+        self.sink = sink
+        for chunk in held:
+            sink.data(chunk)
+
+
+def _fail(
+    fut: asyncio.Future[object] | asyncio.Future[int] | asyncio.Future[bytes], err: BaseException
+) -> None:
+    if not fut.done():
+        fut.set_exception(err)
+        fut.exception()  # mark retrieved: the awaiting side may be gone (cancelled)
+
+
+class UpstreamConnection(asyncio.Protocol):
+    def __init__(self, pool: UpstreamPool, addr: Addr) -> None:
+        self.pool = pool
+        self.addr = addr
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._last_data = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+
+    # ---- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_data = monotonic()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._broken(UpstreamClosedError(f"malformed answer from {self.addr}: {err}"))
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if self.exchange is not None:
+            self._broken(UpstreamClosedError(f"connection to {self.addr} lost: {exc!r}"))
+
+    def pause_reading(self, paused: bool) -> None:
+        """Back-pressure from the client side of a relay."""
+        if self.transport is not None and not self.closed:
+            if paused:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    # ---- httptools callbacks -------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        ex = self.exchange
+        if ex is not None:
+            key = name.decode("latin-1").lower()
+            ex.headers[key] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        ex = self.exchange
+        if ex is None:
+            return
+        ex.status = self.parser.get_status_code()
+        ex.content_type = ex.headers.get("content-type", ex.content_type)
+        ex.chunked = "content-length" not in ex.headers
+        if not ex.head.done():
+            ex.head.set_result(ex.status)
+
+    def on_body(self, body: bytes) -> None:
+        ex = self.exchange
+        if ex is not None:
+            if ex.sink is not None:
+                ex.sink.data(body)
+            else:
+                ex.body.append(body)
+
+    def on_message_complete(self) -> None:
+        ex = self.exchange
+        if ex is None:
+            return
+        self.exchange = None
+        self._stop_timer()
+        if not ex.head.done():
+            ex.head.set_result(ex.status)
+        if not ex.done.done():
+            ex.done.set_result(b"".join(ex.body))
+        if self.parser.should_keep_alive():
+            self.pool.release(self)
+        else:
+            self.close()
+
+    # ---- exchanges -----------------------------------------------------------------------
+
+    def start(self, request: bytes, read_timeout_s: float, total_timeout_s: float) -> Exchange:
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        ex = Exchange(loop)
+        self.exchange = ex
+        now = monotonic()
+        self._last_data = now
+        self._deadline = now + total_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._timer = loop.call_at(loop.time() + min(read_timeout_s, total_timeout_s), self._check)
+        self.transport.write(request)
+        return ex
+
+    def _check(self) -> None:
+        self._timer = None
+        if self.exchange is None:
+            return
+        now = monotonic()
+        read_due = self._last_data + self._read_timeout_s
+        if now >= self._deadline or now >= read_due:
+            self._broken(UpstreamTimeout(f"instance at {self.addr} timed out"))
+            return
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(loop.time() + min(read_due, self._deadline) - now, self._check)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _broken(self, err: Exception) -> None:
+        ex, self.exchange = self.exchange, None
+        self._stop_timer()
+        if ex is not None:
+            _fail(ex.head, err)
+            _fail(ex.done, err)
+        self.close()
+
+    def abort(self) -> None:
+        """Drop the exchange in progress (the client left): the instance sees a reset."""
+        self.exchange = None
+        self._stop_timer()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+        self.pool.forget(self)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+        self.pool.forget(self)
+
+
+class UpstreamPool:
+    """Connections per instance address; at most ``max_connections`` open (0 = unlimited)."""
+
+    def __init__(
+        self, connect_timeout_s: float, max_connections: int = 0, keepalive_s: float = 60.0
+    ) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.max_connections = max_connections
+        self.keepalive_s = keepalive_s
+        self.idle: dict[Addr, deque[UpstreamConnection]] = {}
+        self.open: set[UpstreamConnection] = set()
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self, addr: Addr) -> UpstreamConnection:
+        idle = self.idle.get(addr)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        while self.max_connections and len(self.open) >= self.max_connections:
+            if self._evict_idle():
+                continue
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+            idle = self.idle.get(addr)
+            while idle:
+                conn = idle.pop()
+                if not conn.closed:
+                    return conn
+        return await self._connect(addr)
+
+    async def _connect(self, addr: Addr) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        factory: Callable[[], UpstreamConnection] = lambda: UpstreamConnection(self, addr)  # noqa: E731
+        tls = ssl.create_default_context() if addr[2] else None
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(factory, addr[0], addr[1], ssl=tls)
+        except TimeoutError as err:
+            raise UpstreamConnectError(f"connect to {addr[0]}:{addr[1]} timed out") from err
+        except OSError as err:
+            raise UpstreamConnectError(f"connect to {addr[0]}:{addr[1]} failed: {err}") from err
+        self.open.add(conn)
+        return conn
+
+    def release(self, conn: UpstreamConnection) -> None:
+        if conn.closed:
+            return
+        conn.idle_since = monotonic()
+        self.idle.setdefault(conn.addr, deque()).append(conn)
+        self._wake()
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        if conn in self.open:
+            self.open.discard(conn)
+            self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _evict_idle(self) -> bool:
+        for queue in self.idle.values():
+            while queue:
+                conn = queue.popleft()
+                if not conn.closed:
+                    conn.close()
+                    return True
+        return False
+
+    def sweep(self) -> None:
+        """Close connections idle for longer than ``keepalive_s``."""
+        cutoff = monotonic() - self.keepalive_s
+        for queue in self.idle.values():
+            while queue and (queue[0].closed or queue[0].idle_since < cutoff):
+                queue.popleft().close()
+
+    def close(self) -> None:
+        for conn in list(self.open):
+            conn.abort()
+        self.idle.clear()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.cancel()
+        self._waiters.clear()

@@ -1,0 +1,385 @@
+"""The gateway's HTTP/1.1 server: asyncio protocols over the httptools (llhttp) parser.
+
+Why not a web framework: the gateway is a reverse proxy whose whole job per request is "read a
+body, decide, relay bytes". aiohttp's server and client machinery (request/response objects,
+stream readers, middlewares, a task and several futures per request) cost 4x the CPU of this
+module on the same work (``docs/gateway.md`` has the measurements); that difference is what
+separates a Python gateway from the Rust routers. Everything a framework would otherwise give
+us that the gateway needs is here: keep-alive, pipelined requests answered in order,
+``Expect: 100-continue``, chunked request bodies, a body size limit (413), a deadline for
+slow senders (408), malformed requests (400), idle timeouts, cancellation of the handler when
+the client disconnects, back-pressure for streamed responses and a graceful shutdown.
+
+A handler gets a :class:`Request` whose body has been read in full and returns a
+:class:`Response`, or ``None`` after streaming its answer through ``request.conn``. The module
+knows nothing of warmfleet: the error envelope comes from the ``error`` factory it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from time import monotonic
+from typing import Any, cast
+
+import httptools
+
+log = logging.getLogger(__name__)
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+class Request:
+    """One parsed request; ``headers`` has lower-case names (repeated headers joined by ", ")."""
+
+    __slots__ = ("body", "conn", "headers", "keep_alive", "match_info", "method", "path", "query")
+
+    def __init__(
+        self,
+        conn: ServerConnection,
+        method: str,
+        path: str,
+        *,
+        query: str,
+        headers: dict[str, str],
+        body: bytes,
+        keep_alive: bool,
+    ) -> None:
+        self.conn = conn
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.match_info: dict[str, str] = {}
+
+
+class Response:
+    """A complete response. ``headers`` excludes Content-Type/Length (given separately)."""
+
+    __slots__ = ("body", "content_type", "headers", "status")
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.headers = headers
+
+
+Handler = Callable[[Request], Awaitable[Response | None]]
+# Builds the answer to a request the HTTP layer itself rejects: (status, message) -> response.
+ErrorFactory = Callable[[int, str], Response]
+
+
+def head_bytes(
+    status: int, content_type: str, headers: dict[str, str] | None, tail: bytes
+) -> bytes:
+    """Status line and headers; ``tail`` ends the head (framing headers and the blank line)."""
+    parts = [
+        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
+        % (status, _REASONS.get(status, b"Unknown"), content_type.encode("latin-1"))
+    ]
+    if headers:
+        parts.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
+    parts.append(tail)
+    return b"".join(parts)
+
+
+class ServerLimits:
+    __slots__ = ("body_read_timeout_s", "keepalive_timeout_s", "max_body_bytes")
+
+    def __init__(
+        self, max_body_bytes: int, body_read_timeout_s: float, keepalive_timeout_s: float = 75.0
+    ) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.body_read_timeout_s = body_read_timeout_s
+        self.keepalive_timeout_s = keepalive_timeout_s
+
+
+class ServerConnection(asyncio.Protocol):
+    """One client connection: parses requests, runs the handler of each in turn, writes answers.
+    Streaming handlers use :meth:`start_stream`, :meth:`send`, :meth:`end_stream`."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.limits = server.limits
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.writable: asyncio.Future[None] | None = None
+        self.on_pause: Callable[[bool], None] | None = None  # a relay's back-pressure hook
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._size = 0
+        self._reading = False
+        self._deadline: asyncio.TimerHandle | None = None
+        self._pending: deque[Request] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._idle_since = monotonic()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._chunked_out = False
+
+    # ---- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.connections.add(self)
+        self._arm_idle()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as err:
+            cause = err.__cause__ or err.__context__
+            if isinstance(cause, _Reject):
+                self._fail(cause.status, str(cause))
+            else:
+                self._fail(400, f"malformed HTTP request: {err}")
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002
+        self.closed = True
+        self.server.connections.discard(self)
+        for handle in (self._deadline, self._idle_timer):
+            if handle is not None:
+                handle.cancel()
+        if self._task is not None:
+            self._task.cancel()  # the handler stops; the upstream request is cancelled with it
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_exception(ConnectionResetError("client disconnected"))
+
+    def pause_writing(self) -> None:
+        if self.writable is None or self.writable.done():
+            self.writable = asyncio.get_running_loop().create_future()
+        if self.on_pause is not None:
+            self.on_pause(True)
+
+    def resume_writing(self) -> None:
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+        if self.on_pause is not None:
+            self.on_pause(False)
+
+    # ---- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._reading = True
+        self._url = b""
+        self._headers = {}
+        self._body = []
+        self._size = 0
+        if self._deadline is None:
+            loop = asyncio.get_running_loop()
+            self._deadline = loop.call_later(self.limits.body_read_timeout_s, self._too_slow)
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        old = self._headers.get(key)
+        self._headers[key] = text if old is None else f"{old}, {text}"
+
+    def on_headers_complete(self) -> None:
+        declared = self._headers.get("content-length")
+        if (
+            declared is not None
+            and declared.isdigit()
+            and int(declared) > self.limits.max_body_bytes
+        ):
+            raise _too_large(self.limits.max_body_bytes, int(declared))
+        if self._headers.get("expect", "").lower() == "100-continue" and self.transport:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > self.limits.max_body_bytes:
+            raise _too_large(self.limits.max_body_bytes, None)
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._reading = False
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        url = self._url.decode("latin-1")
+        path, _, query = url.partition("?")
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        method = self.parser.get_method().decode("latin-1")
+        request = Request(
+            self,
+            method,
+            path,
+            query=query,
+            headers=self._headers,
+            body=body,
+            keep_alive=self.parser.should_keep_alive(),
+        )
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._serve(request))
+        else:
+            self._pending.append(request)
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    # ---- serving -------------------------------------------------------------------------
+
+    async def _serve(self, request: Request | None) -> None:
+        while request is not None:
+            try:
+                response = await self.server.handler(request)
+            except asyncio.CancelledError:
+                self._task = None
+                return
+            except Exception:  # a bug must not take the connection's other requests down
+                log.exception("handler failed for %s %s", request.method, request.path)
+                response = self.server.error(500, "internal gateway error")
+            if self.closed:
+                self._task = None
+                return
+            if response is not None:
+                self.write_response(response, request.keep_alive)
+            if not request.keep_alive:
+                self.close()
+                self._task = None
+                return
+            request = self._pending.popleft() if self._pending else None
+        self._task = None
+        self._idle_since = monotonic()
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def write_response(self, response: Response, keep_alive: bool = True) -> None:
+        if self.transport is None or self.closed:
+            return
+        body = response.body
+        tail = b"Content-Length: %d\r\n%s\r\n" % (
+            len(body),
+            b"" if keep_alive else b"Connection: close\r\n",
+        )
+        head = head_bytes(response.status, response.content_type, response.headers, tail)
+        self.transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            self.transport.write(body)
+
+    def start_stream(
+        self, status: int, content_type: str, headers: dict[str, str], first: bytes
+    ) -> None:
+        """Send the head of a chunked response, with its first bytes."""
+        assert self.transport is not None
+        self._chunked_out = True
+        head = head_bytes(status, content_type, headers, b"Transfer-Encoding: chunked\r\n\r\n")
+        self.transport.write(head + b"%x\r\n%s\r\n" % (len(first), first) if first else head)
+
+    def send(self, data: bytes) -> None:
+        if data and self.transport is not None and not self.closed:
+            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end_stream(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(b"0\r\n\r\n")
+        self._chunked_out = False
+
+    async def drain(self) -> None:
+        """Wait while the client reads slower than the upstream writes."""
+        if self.writable is not None and not self.writable.done():
+            await self.writable
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    # ---- timeouts and rejections ---------------------------------------------------------
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self._reading:
+            limit = self.limits.body_read_timeout_s
+            self._fail(408, f"request not received within {limit} s")
+
+    def _arm_idle(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._idle_timer = loop.call_later(self.limits.keepalive_timeout_s, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        if self.closed:
+            return
+        idle_s = monotonic() - self._idle_since
+        busy = self._task is not None or self._reading
+        if not busy and idle_s >= self.limits.keepalive_timeout_s:
+            self.close()
+            return
+        self._arm_idle()
+
+    def _fail(self, status: int, message: str) -> None:
+        """Answer a request the parser or a limit rejected, then close: the rest of the
+        connection's bytes can no longer be framed."""
+        if self._task is None and not self.closed:
+            self.write_response(self.server.error(status, message), keep_alive=False)
+        self.close()
+
+
+class _Reject(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _too_large(limit: int, declared: int | None) -> _Reject:
+    what = f"request body of {declared} bytes" if declared is not None else "request body"
+    return _Reject(413, f"{what} exceeds the limit of {limit} bytes")
+
+
+class HttpServer:
+    """Listening sockets and their connections; ``handler`` answers every request."""
+
+    def __init__(self, handler: Handler, limits: ServerLimits, error: ErrorFactory) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.error = error
+        self.connections: set[ServerConnection] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str, port: int, backlog: int = 1024) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: ServerConnection(self), host, port, backlog=backlog, reuse_address=True
+        )
+        sock: Any = self._server.sockets[0]
+        return int(sock.getsockname()[1])
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, let requests in progress finish (up to ``grace_s``), then close."""
+        if self._server is not None:
+            self._server.close()
+        deadline = monotonic() + grace_s
+        while any(c._task is not None for c in self.connections) and monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort() if conn._task is not None else conn.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), timeout=grace_s)
+            self._server = None
+        await asyncio.sleep(0)
