@@ -97,8 +97,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self._last_data = 0.0
-        self._timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
+        self._read_timeout_s = 0.0
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -121,7 +121,12 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
-        if self.exchange is not None:
+        ex = self.exchange
+        if ex is None:
+            return
+        if exc is None and ex.status and _close_delimited(ex.headers):
+            self.on_message_complete()  # RFC 9112 6.3: the body ends where the connection does
+        else:
             self._broken(UpstreamClosedError(f"connection to {self.addr} lost: {exc!r}"))
 
     def pause_reading(self, paused: bool) -> None:
@@ -163,7 +168,6 @@ class UpstreamConnection(asyncio.Protocol):
         if ex is None:
             return
         self.exchange = None
-        self._stop_timer()
         if not ex.head.done():
             ex.head.set_result(ex.status)
         if not ex.done.done():
@@ -176,38 +180,27 @@ class UpstreamConnection(asyncio.Protocol):
     # ---- exchanges -----------------------------------------------------------------------
 
     def start(self, request: bytes, read_timeout_s: float, total_timeout_s: float) -> Exchange:
+        """Send ``request``; the exchange fails with ``UpstreamTimeout`` if no byte arrives for
+        ``read_timeout_s`` or it lasts over ``total_timeout_s`` (checked by the pool's ticker)."""
         assert self.transport is not None
-        loop = asyncio.get_running_loop()
-        ex = Exchange(loop)
+        ex = Exchange(asyncio.get_running_loop())
         self.exchange = ex
         now = monotonic()
         self._last_data = now
         self._deadline = now + total_timeout_s
         self._read_timeout_s = read_timeout_s
-        self._timer = loop.call_at(loop.time() + min(read_timeout_s, total_timeout_s), self._check)
+        self.pool.watch(min(read_timeout_s, total_timeout_s))
         self.transport.write(request)
         return ex
 
-    def _check(self) -> None:
-        self._timer = None
+    def check_timeout(self, now: float) -> None:
         if self.exchange is None:
             return
-        now = monotonic()
-        read_due = self._last_data + self._read_timeout_s
-        if now >= self._deadline or now >= read_due:
+        if now >= self._deadline or now - self._last_data >= self._read_timeout_s:
             self._broken(UpstreamTimeout(f"instance at {self.addr} timed out"))
-            return
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_at(loop.time() + min(read_due, self._deadline) - now, self._check)
-
-    def _stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def _broken(self, err: Exception) -> None:
         ex, self.exchange = self.exchange, None
-        self._stop_timer()
         if ex is not None:
             _fail(ex.head, err)
             _fail(ex.done, err)
@@ -216,7 +209,6 @@ class UpstreamConnection(asyncio.Protocol):
     def abort(self) -> None:
         """Drop the exchange in progress (the client left): the instance sees a reset."""
         self.exchange = None
-        self._stop_timer()
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
@@ -228,6 +220,14 @@ class UpstreamConnection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
         self.pool.forget(self)
+
+
+def _close_delimited(headers: dict[str, str]) -> bool:
+    """A response body framed by neither Content-Length nor chunked coding."""
+    return (
+        "content-length" not in headers
+        and "chunked" not in headers.get("transfer-encoding", "").lower()
+    )
 
 
 class UpstreamPool:
@@ -242,6 +242,31 @@ class UpstreamPool:
         self.idle: dict[Addr, deque[UpstreamConnection]] = {}
         self.open: set[UpstreamConnection] = set()
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._ticker: asyncio.TimerHandle | None = None
+        self._tick_s = 0.0
+        self._connecting = 0
+
+    def watch(self, timeout_s: float) -> None:
+        """Make sure exchange timeouts are checked often enough for ``timeout_s`` (a quarter
+        of it, at most every 0.25 s). One ticker for the pool: a timer per exchange costs the
+        gateway ~10 % of its CPU."""
+        tick_s = max(0.01, min(0.25, timeout_s / 4))
+        if self._ticker is not None and tick_s >= self._tick_s:
+            return
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self._tick_s = tick_s
+        self._ticker = asyncio.get_running_loop().call_later(tick_s, self._tick)
+
+    def _tick(self) -> None:
+        self._ticker = None
+        now = monotonic()
+        busy = False
+        for conn in list(self.open):
+            conn.check_timeout(now)
+            busy = busy or conn.exchange is not None
+        if busy:
+            self._ticker = asyncio.get_running_loop().call_later(self._tick_s, self._tick)
 
     async def acquire(self, addr: Addr) -> UpstreamConnection:
         idle = self.idle.get(addr)
@@ -249,12 +274,19 @@ class UpstreamPool:
             conn = idle.pop()
             if not conn.closed:
                 return conn
-        while self.max_connections and len(self.open) >= self.max_connections:
+        while self.max_connections and len(self.open) + self._connecting >= self.max_connections:
             if self._evict_idle():
                 continue
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
-            await waiter
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # woken, then cancelled: pass the wake-up on
+                else:
+                    waiter.cancel()
+                raise
             idle = self.idle.get(addr)
             while idle:
                 conn = idle.pop()
@@ -266,6 +298,7 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
         factory: Callable[[], UpstreamConnection] = lambda: UpstreamConnection(self, addr)  # noqa: E731
         tls = ssl.create_default_context() if addr[2] else None
+        self._connecting += 1
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, conn = await loop.create_connection(factory, addr[0], addr[1], ssl=tls)
@@ -273,6 +306,9 @@ class UpstreamPool:
             raise UpstreamConnectError(f"connect to {addr[0]}:{addr[1]} timed out") from err
         except OSError as err:
             raise UpstreamConnectError(f"connect to {addr[0]}:{addr[1]} failed: {err}") from err
+        finally:
+            self._connecting -= 1
+            self._wake()
         self.open.add(conn)
         return conn
 
@@ -312,6 +348,9 @@ class UpstreamPool:
                 queue.popleft().close()
 
     def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         for conn in list(self.open):
             conn.abort()
         self.idle.clear()

@@ -125,12 +125,12 @@ class ServerConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._reading = False
-        self._deadline: asyncio.TimerHandle | None = None
+        self._began = 0.0  # when the request being read started arriving
         self._pending: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
         self._idle_since = monotonic()
-        self._idle_timer: asyncio.TimerHandle | None = None
         self._chunked_out = False
+        self._continue_due = False
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -140,7 +140,6 @@ class ServerConnection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.connections.add(self)
-        self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -157,13 +156,11 @@ class ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002
         self.closed = True
         self.server.connections.discard(self)
-        for handle in (self._deadline, self._idle_timer):
-            if handle is not None:
-                handle.cancel()
         if self._task is not None:
             self._task.cancel()  # the handler stops; the upstream request is cancelled with it
         if self.writable is not None and not self.writable.done():
             self.writable.set_exception(ConnectionResetError("client disconnected"))
+            self.writable.exception()  # retrieved: the waiting handler may be cancelled first
 
     def pause_writing(self) -> None:
         if self.writable is None or self.writable.done():
@@ -185,9 +182,7 @@ class ServerConnection(asyncio.Protocol):
         self._headers = {}
         self._body = []
         self._size = 0
-        if self._deadline is None:
-            loop = asyncio.get_running_loop()
-            self._deadline = loop.call_later(self.limits.body_read_timeout_s, self._too_slow)
+        self._began = monotonic()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -199,6 +194,8 @@ class ServerConnection(asyncio.Protocol):
         self._headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade():
+            raise _Reject(400, "protocol upgrades are not supported")
         declared = self._headers.get("content-length")
         if (
             declared is not None
@@ -207,7 +204,10 @@ class ServerConnection(asyncio.Protocol):
         ):
             raise _too_large(self.limits.max_body_bytes, int(declared))
         if self._headers.get("expect", "").lower() == "100-continue" and self.transport:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self._task is None:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            else:  # after the answer to the request in progress: responses stay in order
+                self._continue_due = True
 
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
@@ -217,9 +217,6 @@ class ServerConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._reading = False
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
         url = self._url.decode("latin-1")
         path, _, query = url.partition("?")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -251,6 +248,11 @@ class ServerConnection(asyncio.Protocol):
                 return
             except Exception:  # a bug must not take the connection's other requests down
                 log.exception("handler failed for %s %s", request.method, request.path)
+                if self._chunked_out:  # mid-stream: a 500 can no longer be framed; cut it
+                    self._task = None
+                    if self.transport is not None:
+                        self.transport.abort()
+                    return
                 response = self.server.error(500, "internal gateway error")
             if self.closed:
                 self._task = None
@@ -265,6 +267,9 @@ class ServerConnection(asyncio.Protocol):
         self._task = None
         self._idle_since = monotonic()
         if self.transport is not None and not self.closed:
+            if self._continue_due and self._reading:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._continue_due = False
             self.transport.resume_reading()
 
     def write_response(self, response: Response, keep_alive: bool = True) -> None:
@@ -310,26 +315,16 @@ class ServerConnection(asyncio.Protocol):
 
     # ---- timeouts and rejections ---------------------------------------------------------
 
-    def _too_slow(self) -> None:
-        self._deadline = None
+    def check_timers(self, now: float) -> None:
+        """Called by the server's ticker: 408 for a request not received in time, close after
+        ``keepalive_timeout_s`` idle. (One ticker for all connections: a timer per request
+        costs the gateway ~10 % of its CPU.)"""
+        limits = self.limits
         if self._reading:
-            limit = self.limits.body_read_timeout_s
-            self._fail(408, f"request not received within {limit} s")
-
-    def _arm_idle(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._idle_timer = loop.call_later(self.limits.keepalive_timeout_s, self._idle_check)
-
-    def _idle_check(self) -> None:
-        self._idle_timer = None
-        if self.closed:
-            return
-        idle_s = monotonic() - self._idle_since
-        busy = self._task is not None or self._reading
-        if not busy and idle_s >= self.limits.keepalive_timeout_s:
+            if now - self._began >= limits.body_read_timeout_s:
+                self._fail(408, f"request not received within {limits.body_read_timeout_s} s")
+        elif self._task is None and now - self._idle_since >= limits.keepalive_timeout_s:
             self.close()
-            return
-        self._arm_idle()
 
     def _fail(self, status: int, message: str) -> None:
         """Answer a request the parser or a limit rejected, then close: the rest of the
@@ -359,6 +354,11 @@ class HttpServer:
         self.error = error
         self.connections: set[ServerConnection] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._ticker: asyncio.TimerHandle | None = None
+        # Timeouts are checked every tick: they fire up to a quarter of their value late.
+        self.tick_s = max(
+            0.01, min(1.0, limits.body_read_timeout_s / 4, limits.keepalive_timeout_s / 4)
+        )
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> int:
         loop = asyncio.get_running_loop()
@@ -366,10 +366,21 @@ class HttpServer:
             lambda: ServerConnection(self), host, port, backlog=backlog, reuse_address=True
         )
         sock: Any = self._server.sockets[0]
+        self._ticker = loop.call_later(self.tick_s, self._tick)
         return int(sock.getsockname()[1])
+
+    def _tick(self) -> None:
+        now = monotonic()
+        for conn in list(self.connections):
+            if not conn.closed:
+                conn.check_timers(now)
+        self._ticker = asyncio.get_running_loop().call_later(self.tick_s, self._tick)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting, let requests in progress finish (up to ``grace_s``), then close."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         if self._server is not None:
             self._server.close()
         deadline = monotonic() + grace_s
