@@ -112,9 +112,19 @@ class _Attempt:
 
 class _Relay:
     """Receives a streamed answer's body from the upstream connection and writes it to the
-    client; the response head goes out with the first bytes (until then a retry is possible)."""
+    client, one write per read from the instance; the response head goes out with the first
+    bytes (until then a retry is possible)."""
 
-    __slots__ = ("call", "conn", "content_type", "framer", "headers", "started", "status")
+    __slots__ = (
+        "call",
+        "conn",
+        "content_type",
+        "framer",
+        "headers",
+        "pending",
+        "started",
+        "status",
+    )
 
     def __init__(self, call: _Attempt, ex: Exchange, headers: dict[str, str]) -> None:
         self.call = call
@@ -124,15 +134,23 @@ class _Relay:
         self.headers = headers
         self.framer = SseFramer() if ex.content_type.startswith("text/event-stream") else None
         self.started = False
+        self.pending: list[bytes] = []
 
     def data(self, chunk: bytes) -> None:
         out = self.framer.feed(chunk) if self.framer is not None else chunk
-        if not out:
+        if out:
+            self.pending.append(out)
+
+    def flush(self) -> None:
+        pending = self.pending
+        if not pending:
             return
+        out = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
         if self.started:
             self.conn.send(out)
-            return
-        self.start(out)
+        else:
+            self.start(out)
 
     def start(self, first: bytes) -> None:
         self.started = True
@@ -142,11 +160,22 @@ class _Relay:
 
     def finish(self) -> None:
         tail = self.framer.flush() if self.framer is not None else b""
+        if tail:
+            self.pending.append(tail)
+        out = b"".join(self.pending)
+        self.pending.clear()
         if not self.started:
-            self.start(tail)
-        elif tail:
-            self.conn.send(tail)
-        self.conn.end_stream()
+            self.start(out)
+            self.conn.end_stream()
+        else:
+            self.conn.send(out, end=True)
+
+    def drop_partial(self) -> None:
+        """Write the whole events received, forget half an event: an error event must stand
+        alone."""
+        self.flush()
+        if self.framer is not None:
+            self.framer.flush()
 
 
 class Proxy:
@@ -281,10 +310,8 @@ class Proxy:
         log.warning("instance %s failed mid-stream: %r", call.inst.instance_id, err)
         name = type(err).__name__
         message = f"instance {call.inst.instance_id!r} failed mid-stream: {name}"
-        if relay.framer is not None:
-            relay.framer.flush()  # drop half an event: the error event must stand alone
-        relay.conn.send(sse_error_event(message, code=504 if timed_out else 502))
-        relay.conn.end_stream()
+        relay.drop_partial()
+        relay.conn.send(sse_error_event(message, code=504 if timed_out else 502), end=True)
         call.count("stream_error")
 
     def _failed(self, call: _Attempt, cause: str, *, eject: bool) -> None:

@@ -53,7 +53,12 @@ Addr = tuple[str, int, bool]  # host, port, TLS
 
 
 class Sink(Protocol):
+    """Receives a relayed body: ``data`` per decoded chunk, ``flush`` after each read from the
+    socket (so chunks that arrived together can leave in one write)."""
+
     def data(self, chunk: bytes) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class Exchange:
@@ -77,6 +82,7 @@ class Exchange:
         self.sink = sink
         for chunk in held:
             sink.data(chunk)
+        sink.flush()
 
 
 def _fail(
@@ -110,10 +116,13 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_data = monotonic()
+        ex = self.exchange
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
             self._broken(UpstreamClosedError(f"malformed answer from {self.addr}: {err}"))
+        if ex is not None and ex.sink is not None:
+            ex.sink.flush()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too

@@ -294,14 +294,19 @@ class ServerConnection(asyncio.Protocol):
         head = head_bytes(status, content_type, headers, b"Transfer-Encoding: chunked\r\n\r\n")
         self.transport.write(head + b"%x\r\n%s\r\n" % (len(first), first) if first else head)
 
-    def send(self, data: bytes) -> None:
-        if data and self.transport is not None and not self.closed:
-            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+    def send(self, data: bytes, *, end: bool = False) -> None:
+        """One chunk of a chunked response; ``end``: and the last-chunk marker, in one write."""
+        if self.transport is not None and not self.closed:
+            if data:
+                chunk = b"%x\r\n%s\r\n" % (len(data), data)
+                self.transport.write(chunk + b"0\r\n\r\n" if end else chunk)
+            elif end:
+                self.transport.write(b"0\r\n\r\n")
+        if end:
+            self._chunked_out = False
 
     def end_stream(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(b"0\r\n\r\n")
-        self._chunked_out = False
+        self.send(b"", end=True)
 
     async def drain(self) -> None:
         """Wait while the client reads slower than the upstream writes."""
