@@ -204,11 +204,11 @@ class GatewayMetrics:
         reg = self.registry
         variant = ("endpoint", "variant")
         instance = ("endpoint", "variant", "instance")
-        self.requests = Counter(
+        self.requests = FastCounter(
             f"{_PREFIX}_requests",
             "Proxied requests by outcome",
             (*instance, "reason", "status"),
-            registry=reg,
+            reg,
         )
         self.rejected = Counter(
             f"{_PREFIX}_rejected_requests",

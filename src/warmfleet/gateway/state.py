@@ -20,7 +20,7 @@ from prometheus_client import Counter
 from warmfleet.core.errors import NotFoundError
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, InstanceState, RoutingKey
 from warmfleet.gateway.config import FileDiscovery, InstanceSpec, VariantConfig
-from warmfleet.gateway.metrics import GatewayMetrics
+from warmfleet.gateway.metrics import FastValue, GatewayMetrics
 from warmfleet.gateway.upstream import Origin
 from warmfleet.routing.config import RoutingConfig
 
@@ -107,7 +107,7 @@ class VariantRuntime:
         self._generation = 0
         self.instances: dict[str, InstanceRuntime] = {}
         self.healthy: tuple[InstanceRuntime, ...] = ()
-        self._requests: dict[tuple[str, str, str], Any] = {}
+        self._requests: dict[tuple[str, str, str], FastValue] = {}
         self.m_decision = metrics.decision.labels(endpoint, self.name)
         self.m_overhead = metrics.overhead.labels(endpoint, self.name)
         self.m_ttft = {s: metrics.ttft.labels(endpoint, self.name, s) for s in ("true", "false")}
@@ -237,7 +237,7 @@ class VariantRuntime:
             healthy = tuple(i for i in healthy if i.instance_id not in exclude)
         return FleetSnapshot(tuple([i.state for i in healthy]), time.monotonic())
 
-    def request_counter(self, instance: str, reason: str, status: str) -> Counter:
+    def request_counter(self, instance: str, reason: str, status: str) -> FastValue:
         key = (instance, reason, status)
         child = self._requests.get(key)
         if child is None:

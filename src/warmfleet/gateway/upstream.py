@@ -50,6 +50,17 @@ class UpstreamTimeout(Exception):
 
 
 Addr = tuple[str, int, bool]  # host, port, TLS
+# Response headers the relay reads or passes on (lower-case bytes -> str key).
+_KEPT_HEADERS = {
+    name.encode(): name
+    for name in (
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "content-encoding",
+        "x-request-id",
+    )
+}
 
 
 class Sink(Protocol):
@@ -62,7 +73,8 @@ class Sink(Protocol):
 
 
 class Exchange:
-    """One request/response on one connection."""
+    """One request/response on one connection. ``headers``: the response headers the relay
+    uses (Content-Type/-Length/-Encoding, Transfer-Encoding, X-Request-Id), lower-case."""
 
     __slots__ = ("body", "chunked", "content_type", "done", "head", "headers", "sink", "status")
 
@@ -149,9 +161,9 @@ class UpstreamConnection(asyncio.Protocol):
     # ---- httptools callbacks -------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        key = _KEPT_HEADERS.get(name.lower())  # only what the relay needs is decoded
         ex = self.exchange
-        if ex is not None:
-            key = name.decode("latin-1").lower()
+        if key is not None and ex is not None:
             ex.headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:

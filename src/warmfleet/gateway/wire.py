@@ -87,14 +87,14 @@ def head_bytes(
     status: int, content_type: str, headers: dict[str, str] | None, tail: bytes
 ) -> bytes:
     """Status line and headers; ``tail`` ends the head (framing headers and the blank line)."""
-    parts = [
-        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
-        % (status, _REASONS.get(status, b"Unknown"), content_type.encode("latin-1"))
-    ]
-    if headers:
-        parts.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
-    parts.append(tail)
-    return b"".join(parts)
+    lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) if headers else ""
+    return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s" % (
+        status,
+        _REASONS.get(status, b"Unknown"),
+        content_type.encode("latin-1"),
+        lines.encode("latin-1"),
+        tail,
+    )
 
 
 class ServerLimits:
