@@ -259,9 +259,28 @@ async def test_connection_close_is_announced_and_honoured(request_bytes: bytes) 
 async def test_http10_with_keep_alive_stays_open() -> None:
     async with serving() as (_, port), client(port) as (reader, writer):
         writer.write(get("/a", "Connection: keep-alive", version="1.0"))
-        assert (await read_answer(reader)).body == b"GET /a "
+        first = await read_answer(reader)
+        assert first.body == b"GET /a "
+        assert first.headers["connection"] == "keep-alive"  # else a 1.0 client would not reuse
         writer.write(get("/b", "Connection: keep-alive", version="1.0"))
         assert (await read_answer(reader)).body == b"GET /b "
+
+
+async def test_http10_stream_is_unframed_and_ends_with_the_connection() -> None:
+    """HTTP/1.0 has no chunked coding: a streamed answer goes out as is, ended by the close."""
+
+    async def stream(request: Request) -> None:
+        request.conn.start_stream(200, "text/event-stream", {}, b"data: 1\n\n")
+        request.conn.send(b"data: 2\n\n")
+        request.conn.end_stream()
+
+    async with serving(stream) as (_, port), client(port) as (reader, writer):
+        writer.write(get("/s", "Connection: keep-alive", version="1.0"))
+        raw = await read_to_eof(reader)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert b"transfer-encoding" not in head.lower()
+        assert b"Connection: close" in head
+        assert body == b"data: 1\n\ndata: 2\n\n"
 
 
 # ---- server: limits and rejections ------------------------------------------------------------

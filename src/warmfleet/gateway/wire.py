@@ -37,7 +37,17 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 class Request:
     """One parsed request; ``headers`` has lower-case names (repeated headers joined by ", ")."""
 
-    __slots__ = ("body", "conn", "headers", "keep_alive", "match_info", "method", "path", "query")
+    __slots__ = (
+        "body",
+        "conn",
+        "headers",
+        "http10",
+        "keep_alive",
+        "match_info",
+        "method",
+        "path",
+        "query",
+    )
 
     def __init__(
         self,
@@ -49,6 +59,7 @@ class Request:
         headers: dict[str, str],
         body: bytes,
         keep_alive: bool,
+        http10: bool = False,
     ) -> None:
         self.conn = conn
         self.method = method
@@ -57,6 +68,7 @@ class Request:
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
+        self.http10 = http10  # an HTTP/1.0 client: no chunked coding, keep-alive only if asked
         self.match_info: dict[str, str] = {}
 
 
@@ -131,6 +143,7 @@ class ServerConnection(asyncio.Protocol):
         self._idle_since = monotonic()
         self._chunked_out = False
         self._continue_due = False
+        self._current: Request | None = None  # the request being answered
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -229,6 +242,7 @@ class ServerConnection(asyncio.Protocol):
             headers=self._headers,
             body=body,
             keep_alive=self.parser.should_keep_alive(),
+            http10=self.parser.get_http_version() == "1.0",
         )
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._serve(request))
@@ -241,6 +255,7 @@ class ServerConnection(asyncio.Protocol):
 
     async def _serve(self, request: Request | None) -> None:
         while request is not None:
+            self._current = request
             try:
                 response = await self.server.handler(request)
             except asyncio.CancelledError:
@@ -258,7 +273,7 @@ class ServerConnection(asyncio.Protocol):
                 self._task = None
                 return
             if response is not None:
-                self.write_response(response, request.keep_alive)
+                self.write_response(response, request.keep_alive, request.http10)
             if not request.keep_alive:
                 self.close()
                 self._task = None
@@ -272,14 +287,17 @@ class ServerConnection(asyncio.Protocol):
             self._continue_due = False
             self.transport.resume_reading()
 
-    def write_response(self, response: Response, keep_alive: bool = True) -> None:
+    def write_response(
+        self, response: Response, keep_alive: bool = True, http10: bool = False
+    ) -> None:
         if self.transport is None or self.closed:
             return
         body = response.body
-        tail = b"Content-Length: %d\r\n%s\r\n" % (
-            len(body),
-            b"" if keep_alive else b"Connection: close\r\n",
-        )
+        if not keep_alive:
+            connection = b"Connection: close\r\n"
+        else:
+            connection = b"Connection: keep-alive\r\n" if http10 else b""
+        tail = b"Content-Length: %d\r\n%s\r\n" % (len(body), connection)
         head = head_bytes(response.status, response.content_type, response.headers, tail)
         self.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
@@ -288,14 +306,28 @@ class ServerConnection(asyncio.Protocol):
     def start_stream(
         self, status: int, content_type: str, headers: dict[str, str], first: bytes
     ) -> None:
-        """Send the head of a chunked response, with its first bytes."""
+        """Send the head of a chunked response, with its first bytes. (An HTTP/1.0 client gets
+        the body unframed, ended by closing the connection.)"""
         assert self.transport is not None
         self._chunked_out = True
+        current = self._current
+        if current is not None and current.http10:
+            current.keep_alive = False
+            head = head_bytes(status, content_type, headers, b"Connection: close\r\n\r\n")
+            self.transport.write(head + first)
+            return
         head = head_bytes(status, content_type, headers, b"Transfer-Encoding: chunked\r\n\r\n")
         self.transport.write(head + b"%x\r\n%s\r\n" % (len(first), first) if first else head)
 
     def send(self, data: bytes, *, end: bool = False) -> None:
         """One chunk of a chunked response; ``end``: and the last-chunk marker, in one write."""
+        current = self._current
+        if current is not None and current.http10:  # unframed: the close ends the body
+            if data and self.transport is not None and not self.closed:
+                self.transport.write(data)
+            if end:
+                self._chunked_out = False
+            return
         if self.transport is not None and not self.closed:
             if data:
                 chunk = b"%x\r\n%s\r\n" % (len(data), data)
