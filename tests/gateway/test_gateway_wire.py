@@ -344,6 +344,30 @@ async def test_slow_body_is_408_and_closes() -> None:
         assert await read_to_eof(reader) == b""
 
 
+async def test_partial_pipelined_request_does_not_cut_the_answer_in_progress() -> None:
+    """The next request's body deadline waits while an earlier request is answered: a 408
+    then would close the connection under the answer in progress."""
+    release = asyncio.Event()
+
+    async def slow_first(request: Request) -> Response:
+        if request.path == "/first":
+            await release.wait()
+        return await echo(request)
+
+    async with (
+        serving(slow_first, body_read_timeout_s=0.2) as (_, port),
+        client(port) as (reader, writer),
+    ):
+        writer.write(
+            get("/first") + b"POST /second HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\nab"
+        )
+        await asyncio.sleep(0.6)  # three deadlines pass while /first is still being answered
+        release.set()
+        assert (await read_answer(reader)).body == b"GET /first "
+        writer.write(b"cd")  # the rest arrives within the deadline that starts now
+        assert (await read_answer(reader)).body == b"POST /second abcd"
+
+
 @pytest.mark.parametrize(
     "garbage",
     [b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nBad Header Line\r\n\r\n", b"\x16\x03\x01\x02\x00"],

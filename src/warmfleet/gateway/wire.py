@@ -281,6 +281,8 @@ class ServerConnection(asyncio.Protocol):
             request = self._pending.popleft() if self._pending else None
         self._task = None
         self._idle_since = monotonic()
+        if self._reading:
+            self._began = self._idle_since  # its clock starts once the connection is its own
         if self.transport is not None and not self.closed:
             if self._continue_due and self._reading:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -358,7 +360,9 @@ class ServerConnection(asyncio.Protocol):
         costs the gateway ~10 % of its CPU.)"""
         limits = self.limits
         if self._reading:
-            if now - self._began >= limits.body_read_timeout_s:
+            # While an earlier pipelined request is answered, the next one's clock waits (a 408
+            # now would close the connection under the answer in progress).
+            if self._task is None and now - self._began >= limits.body_read_timeout_s:
                 self._fail(408, f"request not received within {limits.body_read_timeout_s} s")
         elif self._task is None and now - self._idle_since >= limits.keepalive_timeout_s:
             self.close()
