@@ -926,3 +926,18 @@ async def test_sweep_closes_connections_idle_longer_than_keepalive() -> None:
         assert pool.open == {new, busy}
         assert list(pool.idle[up.addr]) == [new]
         assert await pool.acquire(up.addr) is new
+
+
+async def test_reloaded_body_limit_applies_to_the_next_request() -> None:
+    chat = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 3000}]})
+    ctype = "Content-Type: application/json"
+    async with (
+        backends_running("a") as backends,
+        gateway_running(gateway_config(backends, limits={"max_body_bytes": 8192})) as gw,
+        client(gw.port) as (reader, writer),
+    ):
+        writer.write(post("/v1/chat/completions", chat.encode(), ctype))
+        assert (await read_answer(reader)).status == 200
+        gw.gateway.apply(gateway_config(backends, limits={"max_body_bytes": 1024}), "test")
+        writer.write(post("/v1/chat/completions", chat.encode(), ctype))
+        assert_envelope(await read_answer(reader), 413)

@@ -61,6 +61,11 @@ class GatewayApp:
             ServerLimits(limits.max_body_bytes, limits.body_read_timeout_s),
             self._http_error,
         )
+        gateway.on_applied.append(self._apply_limits)
+
+    def _apply_limits(self, config: GatewayConfig) -> None:
+        limits = config.spec.limits
+        self.server.set_limits(limits.max_body_bytes, limits.body_read_timeout_s)
 
     def _http_error(self, status: int, message: str) -> Response:
         self.gateway.metrics.rejected.labels(str(status)).inc()

@@ -24,10 +24,6 @@ REASON_HEADER = "x-warmfleet-reason"
 NO_INSTANCE = "none"
 
 
-class RequestTimeoutError(BadRequestError):
-    """The client did not send its body within the limit (HTTP 408)."""
-
-
 class UnauthorizedError(WarmfleetError):
     """Missing or wrong admin bearer token (HTTP 401)."""
 
@@ -51,7 +47,6 @@ class UpstreamTimeoutError(WarmfleetError):
 # (status, OpenAI error type), most specific class first.
 _MAPPING: tuple[tuple[type[WarmfleetError], int, str], ...] = (
     (RequestTooLargeError, 413, "invalid_request_error"),
-    (RequestTimeoutError, 408, "invalid_request_error"),
     (BadRequestError, 400, "invalid_request_error"),
     (ConfigError, 400, "invalid_request_error"),
     (NotFoundError, 404, "not_found_error"),

@@ -7,8 +7,6 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from aiohttp import ClientTimeout
-
 from warmfleet.core.errors import ConfigError, NotFoundError
 from warmfleet.gateway.config import GatewayConfig, GatewaySpec, HealthConfig, LimitsConfig
 from warmfleet.gateway.metrics import GatewayMetrics
@@ -49,11 +47,6 @@ class GatewayState:
         self.admin_token = spec.admin.resolved_token()
         self.variant_header = spec.variant_header.lower()
         self.default_endpoint_name = spec.default_endpoint_name
-        self.upstream_timeout = ClientTimeout(
-            total=limits.upstream_total_timeout_s,
-            connect=limits.upstream_connect_timeout_s,
-            sock_read=limits.upstream_read_timeout_s,
-        )
 
     # ---- lookups -------------------------------------------------------------------------
 

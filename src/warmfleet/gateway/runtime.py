@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import ClientSession, DummyCookieJar, TCPConnector
@@ -52,6 +53,8 @@ class Gateway:
         self._models: ModelsCache | None = None
         self._sessions: list[ClientSession] = []
         self._pool: UpstreamPool | None = None
+        # Called after a new config was applied (the HTTP server takes its new limits).
+        self.on_applied: list[Callable[[GatewayConfig], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -147,6 +150,8 @@ class Gateway:
             )
         if self._models is not None:
             self._models.invalidate()
+        for listener in self.on_applied:
+            listener(config)
 
 
 def _restart_only(config: GatewayConfig) -> tuple[str | None, str | None]:

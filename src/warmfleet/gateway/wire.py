@@ -396,10 +396,17 @@ class HttpServer:
         self.connections: set[ServerConnection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._ticker: asyncio.TimerHandle | None = None
-        # Timeouts are checked every tick: they fire up to a quarter of their value late.
-        self.tick_s = max(
-            0.01, min(1.0, limits.body_read_timeout_s / 4, limits.keepalive_timeout_s / 4)
-        )
+
+    @property
+    def tick_s(self) -> float:
+        """Timeouts are checked every tick: they fire up to a quarter of their value late."""
+        limits = self.limits
+        return max(0.01, min(1.0, limits.body_read_timeout_s / 4, limits.keepalive_timeout_s / 4))
+
+    def set_limits(self, max_body_bytes: int, body_read_timeout_s: float) -> None:
+        """New limits for the next requests of every connection (a config reload)."""
+        self.limits.max_body_bytes = max_body_bytes
+        self.limits.body_read_timeout_s = body_read_timeout_s
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> int:
         loop = asyncio.get_running_loop()
