@@ -33,7 +33,6 @@ from warmfleet.gateway.upstream import (
     Exchange,
     UpstreamClosedError,
     UpstreamConnectError,
-    UpstreamConnection,
     UpstreamPool,
     UpstreamTimeout,
 )
@@ -111,11 +110,13 @@ class _Attempt:
 
 
 class _Relay:
-    """Receives a streamed answer's body from the upstream connection and writes it to the
-    client, one write per read from the instance; the response head goes out with the first
-    bytes (until then a retry is possible)."""
+    """The answer's way to the client, driven by the upstream connection's callbacks: a
+    ``Content-Length`` answer is written whole when complete; any other is streamed, one client
+    write per read from the instance, its head going out with its first bytes. Until the first
+    byte is written (``started``) the attempt can still be retried elsewhere."""
 
     __slots__ = (
+        "buffered",
         "call",
         "conn",
         "content_type",
@@ -126,49 +127,66 @@ class _Relay:
         "status",
     )
 
-    def __init__(self, call: _Attempt, ex: Exchange, headers: dict[str, str]) -> None:
+    def __init__(self, call: _Attempt) -> None:
         self.call = call
         self.conn: ServerConnection = call.request.conn
-        self.status = ex.status
-        self.content_type = ex.content_type
-        self.headers = headers
-        self.framer = SseFramer() if ex.content_type.startswith("text/event-stream") else None
+        self.status = 0
+        self.content_type = "application/octet-stream"
+        self.headers: dict[str, str] = {}
+        self.buffered = True
+        self.framer: SseFramer | None = None
         self.started = False
         self.pending: list[bytes] = []
 
+    def head(self, ex: Exchange) -> None:
+        self.status = ex.status
+        self.content_type = ex.content_type
+        self.headers = _response_headers(ex, self.call)
+        self.buffered = not ex.chunked
+        if not self.buffered and ex.content_type.startswith("text/event-stream"):
+            self.framer = SseFramer()
+
     def data(self, chunk: bytes) -> None:
-        out = self.framer.feed(chunk) if self.framer is not None else chunk
-        if out:
-            self.pending.append(out)
+        if self.framer is not None:
+            chunk = self.framer.feed(chunk)
+        if chunk:
+            self.pending.append(chunk)
 
     def flush(self) -> None:
         pending = self.pending
-        if not pending:
+        if self.buffered or not pending:
             return
         out = pending[0] if len(pending) == 1 else b"".join(pending)
         pending.clear()
         if self.started:
             self.conn.send(out)
         else:
-            self.start(out)
+            self._start(out)
 
-    def start(self, first: bytes) -> None:
-        self.started = True
+    def end(self, ex: Exchange) -> None:
         call = self.call
-        call.variant.m_ttft["true"].observe(perf_counter() - call.t_start)
-        self.conn.start_stream(self.status, self.content_type, self.headers, first)
-
-    def finish(self) -> None:
-        tail = self.framer.flush() if self.framer is not None else b""
-        if tail:
+        if self.buffered:
+            self.started = True
+            call.variant.m_ttft["false"].observe(perf_counter() - call.t_start)
+            request = call.request
+            answer = Response(ex.status, b"".join(self.pending), self.content_type, self.headers)
+            self.conn.write_response(answer, request.keep_alive, request.http10)
+            return
+        if self.framer is not None and (tail := self.framer.flush()):
             self.pending.append(tail)
         out = b"".join(self.pending)
         self.pending.clear()
         if not self.started:
-            self.start(out)
+            self._start(out)
             self.conn.end_stream()
         else:
             self.conn.send(out, end=True)
+
+    def _start(self, first: bytes) -> None:
+        self.started = True
+        call = self.call
+        call.variant.m_ttft["true"].observe(perf_counter() - call.t_start)
+        self.conn.start_stream(self.status, self.content_type, self.headers, first)
 
     def drop_partial(self) -> None:
         """Write the whole events received, forget half an event: an error event must stand
@@ -251,57 +269,34 @@ class Proxy:
             ) from err
         limits = self.state.limits
         call.variant.m_overhead.observe(perf_counter() - call.t_start)
+        relay = _Relay(call)
+        conn = relay.conn
+        conn.on_pause = up.pause_reading
         ex = up.start(
             _request_bytes(call.request, origin.host_header, origin.prefix + path.encode()),
             limits.upstream_read_timeout_s,
             limits.upstream_total_timeout_s,
+            relay,
         )
         try:
-            await ex.head
-            if not ex.chunked:
-                body = await ex.done
-                call.variant.m_ttft["false"].observe(perf_counter() - call.t_start)
-                call.count(str(ex.status))
-                return Response(ex.status, body, ex.content_type, _response_headers(ex, call))
-        except UpstreamTimeout as err:
-            call.timeout(err)
-        except UpstreamClosedError as err:
-            self._failed(call, "disconnect", eject=False)
-            raise _Retry(UpstreamError(f"instance {inst.instance_id!r} failed: {err}")) from err
+            await ex.done  # the relay has answered the client by now
         except asyncio.CancelledError:
             up.abort()  # the client left; the instance sees the disconnect
             call.count("client_disconnect")
             raise
-        await self._relay(call, up, ex)
-        return None
-
-    async def _relay(self, call: _Attempt, up: UpstreamConnection, ex: Exchange) -> None:
-        relay = _Relay(call, ex, _response_headers(ex, call))
-        conn = relay.conn
-        conn.on_pause = up.pause_reading
-        ex.attach(relay)
-        try:
-            await ex.done
-        except asyncio.CancelledError:
-            up.abort()
-            call.count("client_disconnect")
-            raise
         except (UpstreamTimeout, UpstreamClosedError) as err:
-            if not relay.started:
-                if isinstance(err, UpstreamTimeout):
-                    call.timeout(err)
-                self._failed(call, "disconnect", eject=False)
-                raise _Retry(
-                    UpstreamError(f"instance {call.inst.instance_id!r} failed: {err}")
-                ) from err
-            self._mid_stream_failure(call, relay, err)
-            return
+            if relay.started:
+                self._mid_stream_failure(call, relay, err)
+                return None
+            if isinstance(err, UpstreamTimeout):
+                call.timeout(err)
+            self._failed(call, "disconnect", eject=False)
+            raise _Retry(UpstreamError(f"instance {inst.instance_id!r} failed: {err}")) from err
         finally:
             conn.on_pause = None
-        relay.finish()
         call.count("client_disconnect" if conn.closed else str(ex.status))
         await conn.drain()
-        return
+        return None
 
     def _mid_stream_failure(self, call: _Attempt, relay: _Relay, err: Exception) -> None:
         timed_out = isinstance(err, UpstreamTimeout)

@@ -1,11 +1,11 @@
 """Pooled HTTP/1.1 connections to instances (asyncio protocols over httptools).
 
 One :class:`UpstreamConnection` carries one exchange at a time. The response head resolves
-``Exchange.head``; the body is either collected (``Exchange.done`` gives it) or, once a
-``sink`` is attached, handed to it chunk by chunk from inside ``data_received``, so a streamed
-answer is relayed without a task switch per chunk. Timeouts: connect, read (no byte for
-``read_timeout_s``) and total, all per exchange. Idle connections are kept per instance address
-for ``keepalive_s`` and reused most-recently-used first.
+``Exchange.head``; the body is either collected (``Exchange.done`` gives it) or handed to the
+exchange's ``sink`` from inside ``data_received``, so an answer reaches the client without
+waiting for a task to wake up (and a stream without a task switch per chunk). Timeouts:
+connect, read (no byte for ``read_timeout_s``) and total, all per exchange. Idle connections
+are kept per instance address for ``keepalive_s`` and reused most-recently-used first.
 """
 
 from __future__ import annotations
@@ -64,12 +64,18 @@ _KEPT_HEADERS = {
 
 
 class Sink(Protocol):
-    """Receives a relayed body: ``data`` per decoded chunk, ``flush`` after each read from the
-    socket (so chunks that arrived together can leave in one write)."""
+    """Receives an answer inside the connection's callbacks: ``head`` once the headers are
+    parsed, ``data`` per decoded body chunk, ``flush`` after each read from the socket (chunks
+    that arrived together can leave in one write), ``end`` when the answer is complete (before
+    ``Exchange.done`` resolves)."""
+
+    def head(self, ex: Exchange) -> None: ...
 
     def data(self, chunk: bytes) -> None: ...
 
     def flush(self) -> None: ...
+
+    def end(self, ex: Exchange) -> None: ...
 
 
 class Exchange:
@@ -87,14 +93,6 @@ class Exchange:
         self.chunked = True  # no Content-Length: the body is streamed
         self.body: list[bytes] = []
         self.sink: Sink | None = None
-
-    def attach(self, sink: Sink) -> None:
-        """Relay the body to ``sink`` from now on (what arrived before is handed over first)."""
-        held, self.body = self.body, []
-        self.sink = sink
-        for chunk in held:
-            sink.data(chunk)
-        sink.flush()
 
 
 def _fail(
@@ -173,6 +171,8 @@ class UpstreamConnection(asyncio.Protocol):
         ex.status = self.parser.get_status_code()
         ex.content_type = ex.headers.get("content-type", ex.content_type)
         ex.chunked = "content-length" not in ex.headers
+        if ex.sink is not None:
+            ex.sink.head(ex)
         if not ex.head.done():
             ex.head.set_result(ex.status)
 
@@ -189,6 +189,8 @@ class UpstreamConnection(asyncio.Protocol):
         if ex is None:
             return
         self.exchange = None
+        if ex.sink is not None:
+            ex.sink.end(ex)  # the client has its answer before anyone wakes up
         if not ex.head.done():
             ex.head.set_result(ex.status)
         if not ex.done.done():
@@ -200,11 +202,19 @@ class UpstreamConnection(asyncio.Protocol):
 
     # ---- exchanges -----------------------------------------------------------------------
 
-    def start(self, request: bytes, read_timeout_s: float, total_timeout_s: float) -> Exchange:
+    def start(
+        self,
+        request: bytes,
+        read_timeout_s: float,
+        total_timeout_s: float,
+        sink: Sink | None = None,
+    ) -> Exchange:
         """Send ``request``; the exchange fails with ``UpstreamTimeout`` if no byte arrives for
-        ``read_timeout_s`` or it lasts over ``total_timeout_s`` (checked by the pool's ticker)."""
+        ``read_timeout_s`` or it lasts over ``total_timeout_s`` (checked by the pool's ticker).
+        Without a ``sink`` the body is collected and ``done`` gives it."""
         assert self.transport is not None
         ex = Exchange(asyncio.get_running_loop())
+        ex.sink = sink
         self.exchange = ex
         now = monotonic()
         self._last_data = now
