@@ -214,7 +214,7 @@ class Proxy:
         t_start: float,
     ) -> Response | None:
         """Route ``request.body`` to an instance of ``variant`` at ``path`` and relay its answer
-        (``None`` once streamed to the client).
+        (``None`` once the relay has answered the client; an error response otherwise).
 
         ``router`` is the one that built ``key``: a strategy switch meanwhile applies to the
         next request, never to half of this one."""
