@@ -15,7 +15,7 @@ from warmfleet.gateway.routes import Routes
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.state import RouterFactory, RouterLike
 from warmfleet.gateway.tokenizer import HfChatTokenizer
-from warmfleet.gateway.wire import HttpServer, Request, Response, ServerLimits
+from warmfleet.gateway.wire import ErrorFactory, HttpServer, Request, Response, ServerLimits
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import Tokenizer
 from warmfleet.routing.router import Router
@@ -52,14 +52,12 @@ class GatewayApp:
     """One gateway: ``gateway`` (the runtime: state, metrics, ``reload()``, ``kv_events``) and
     the HTTP server in front of it. ``start_app`` (``server.py``) runs it."""
 
-    def __init__(self, gateway: Gateway, routes: Routes) -> None:
+    def __init__(self, gateway: Gateway, routes: Routes, error: ErrorFactory) -> None:
         self.gateway = gateway
         self.routes = routes
         limits = gateway.state.limits
         self.server = HttpServer(
-            routes.dispatch,
-            ServerLimits(limits.max_body_bytes, limits.body_read_timeout_s),
-            self._http_error,
+            routes.dispatch, ServerLimits(limits.max_body_bytes, limits.body_read_timeout_s), error
         )
         gateway.on_applied.append(self._apply_limits)
 
@@ -67,9 +65,16 @@ class GatewayApp:
         limits = config.spec.limits
         self.server.set_limits(limits.max_body_bytes, limits.body_read_timeout_s)
 
-    def _http_error(self, status: int, message: str) -> Response:
-        self.gateway.metrics.rejected.labels(str(status)).inc()
+
+def _counted_errors(gateway: Gateway) -> ErrorFactory:
+    """Errors of the HTTP layer itself (malformed, too large, too slow, no route): the OpenAI
+    envelope, counted in ``rejected_requests_total``."""
+
+    def error(status: int, message: str) -> Response:
+        gateway.metrics.rejected.labels(str(status)).inc()
         return plain_error(status, message)
+
+    return error
 
 
 def create_app(
@@ -87,7 +92,8 @@ def create_app(
     if router_factory is None:
         router_factory, kv_events = configured_routing(config, tokenizer)
     gateway = Gateway(config, router_factory, config_path, kv_events)
-    routes = Routes(lambda status: gateway.metrics.rejected.labels(str(status)).inc())
+    error = _counted_errors(gateway)
+    routes = Routes(error)
     add_public_routes(routes, Handlers(gateway))
     admin = AdminApi(gateway)
     add_admin_routes(routes, admin)
@@ -99,7 +105,7 @@ def create_app(
         return Response(200, json.dumps(body).encode())
 
     routes.add("GET", "/admin/v1/kv-events", admin.guard(kv_events_state))
-    return GatewayApp(gateway, routes)
+    return GatewayApp(gateway, routes, error)
 
 
 __all__ = ["GatewayApp", "configured_routing", "create_app", "default_router_factory"]

@@ -8,20 +8,18 @@ OpenAI error envelope.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from urllib.parse import unquote
 
-from warmfleet.gateway.errors import plain_error
-from warmfleet.gateway.wire import Handler, Request, Response
+from warmfleet.gateway.wire import ErrorFactory, Handler, Request, Response
 
 _PARAM = re.compile(r"\{(\w+)\}")
 
 
 class Routes:
-    def __init__(self, on_reject: Callable[[int], None]) -> None:
+    def __init__(self, error: ErrorFactory) -> None:
         self._static: dict[str, dict[str, Handler]] = {}
         self._patterns: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
-        self._on_reject = on_reject
+        self._error = error
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         if "{" not in path:
@@ -44,10 +42,8 @@ class Routes:
                     methods = candidates
                     break
         if methods is None:
-            self._on_reject(404)
-            return plain_error(404, f"no route for {request.method} {request.path}")
+            return self._error(404, f"no route for {request.method} {request.path}")
         handler = methods.get(request.method)
         if handler is None:
-            self._on_reject(405)
-            return plain_error(405, f"method {request.method} not allowed on {request.path}")
+            return self._error(405, f"method {request.method} not allowed on {request.path}")
         return await handler(request)

@@ -134,9 +134,6 @@ class UpstreamConnection(asyncio.Protocol):
         if ex is not None and ex.sink is not None:
             ex.sink.flush()
 
-    def eof_received(self) -> bool | None:
-        return None  # close our side too
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
