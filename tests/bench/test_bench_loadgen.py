@@ -14,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from warmfleet.bench.live_fleet import FleetHandle
+from warmfleet.bench.live_procs import ProcessSet
 from warmfleet.bench.loadgen import LoadSpec, prepare_requests, run_load
 from warmfleet.bench.loadgen_metrics import (
     MetricsTarget,
@@ -23,6 +25,7 @@ from warmfleet.bench.loadgen_metrics import (
     summarize,
 )
 from warmfleet.bench.loadgen_report import comparison_report, write_report
+from warmfleet.bench.peers_routers import PASSTHROUGH, PeerPaths, RouterSpec, start_router
 from warmfleet.cli import app
 from warmfleet.sim.metrics import RunMetrics
 from warmfleet.sim.workloads.arrivals import PoissonArrival, apply_arrivals
@@ -280,3 +283,29 @@ def test_bench_cli_writes_json(threaded_engine: FakeEngine, tmp_path: Path) -> N
     assert run["hit_rate_source"] == "engine_metrics"
     assert threaded_engine.requests == 12
     assert (tmp_path / "r" / "report.md").exists()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_reference_passthrough_relays_round_robin(
+    engines: list[FakeEngine], tmp_path: Path, stream: bool
+) -> None:
+    """bench-peers' reference proxy: a child process, round robin, bodies and streams intact."""
+    fleet = FleetHandle(("e0", "e1"), tuple(e.url for e in engines), None, "model")  # type: ignore[arg-type]
+    procs = ProcessSet(tmp_path)
+    try:
+        router = await start_router(
+            procs, RouterSpec(PASSTHROUGH, "round_robin"), PeerPaths(None, None), fleet
+        )
+        assert router.url is not None
+        assert router.child is not None
+        spec = LoadSpec(urls=(router.url,), stream=stream, concurrency=2)
+        load = await run_load(small_gsp(8), spec)
+        assert [r.ok for r in load.results] == [True] * 8
+        assert all(r.output_tokens == 4 for r in load.results)
+        assert [e.requests for e in engines] == [4, 4]
+        received = sorted(json.dumps(b, sort_keys=True) for e in engines for b in e.bodies)
+        sent = [json.loads(p.body) for p in prepare_requests(small_gsp(8), spec)]
+        assert received == sorted(json.dumps(b, sort_keys=True) for b in sent)
+    finally:
+        procs.stop_all()
+    assert not router.child.alive()

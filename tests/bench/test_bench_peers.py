@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from warmfleet.bench.live_procs import ProcessSet, free_port, tree_cpu_s
 from warmfleet.bench.peers import overhead_workload
 from warmfleet.bench.peers_report import RowInput, acceptance, build_rows, rows_table
@@ -69,6 +71,7 @@ def test_acceptance_checks_pass_and_fail() -> None:
         row("direct", d, "c32_8k", summary(5.0, 9.0, 5.0, 100.0)),
         row("warmfleet", pa, "c32_8k", summary(7.0, 9.0, 7.0, 100.0), 0.02),
         row("vllm-router", "round_robin", "c32_8k", summary(8.0, 9.0, 8.0, 100.0), 0.01),
+        row("aiohttp-passthrough", "round_robin", "c32_8k", summary(6.0, 9.0, 6.0, 100.0), 0.01),
         row("direct", d, "quality_c16", summary(50.0, 90.0, 40.0, 10.0)),
         row("warmfleet", pa, "quality_c16", summary(20.0, 30.0, 10.0, 10.0, hit_rate=0.8)),
         row("warmfleet", "random", "quality_c16", summary(50.0, 90.0, 40.0, 10.0, hit_rate=0.3)),
@@ -82,6 +85,11 @@ def test_acceptance_checks_pass_and_fail() -> None:
     ]
     checks = {c["check"]: c for c in acceptance(build_rows(inputs, 4))}
     assert checks["1. router CPU ms/request at c=32 <= 0.30"]["pass"] is True  # 0.2 ms
+    calibrated = checks[
+        "1. router CPU at c=32 <= 1.36 x aiohttp pass-through, same run (0.30 vs 0.22)"
+    ]
+    assert calibrated["limit"] == pytest.approx(0.1 * 0.30 / 0.22)
+    assert calibrated["pass"] is False  # 0.2 ms > 0.136 ms
     assert checks["1. added p50 ms at c=1 <= 0.4"]["pass"] is True
     assert checks["1. added p50 ms at c=32 <= vllm-router round_robin"]["pass"] is True
     assert checks["1. streamed TTFT added ms at c=32 <= 3"]["pass"] is None  # not measured

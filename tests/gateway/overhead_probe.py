@@ -5,15 +5,16 @@
 
 Starts 4 fake OpenAI backends in one subprocess and the gateway (`warmfleet serve`) in another,
 then from this process (aiohttp + uvloop, keep-alive) measures direct (client round-robins over
-the backends) vs a bare aiohttp pass-through proxy vs the same pass-through on uvloop
-protocols + httptools (``raw_proxy``) vs through the gateway: p50/p99 latency at c=1 and c=32
-with ~8,000-character chat prompts, streamed TTFT at c=32, and the gateway process's CPU time
-per proxied request (utime+stime from /proc). ``--gateway-src old=/tmp/old/src`` adds a
-gateway that imports warmfleet from another source tree (e.g. a snapshot before a change),
-measured in the same run against the same backends, so before/after ratios share the machine's
-noise; ``--rounds`` repeats every target (medians kept, gateway order rotated each round).
-Everything shares one small machine, so treat the numbers as indicative only;
-`warmfleet bench` / `make bench-peers` are the measurements of record.
+the backends) vs a bare aiohttp pass-through proxy (``warmfleet.bench.passthrough``) vs the
+same pass-through on uvloop protocols + httptools (``raw_proxy``) vs through the gateway:
+p50/p99 latency at c=1 and c=32 with ~8,000-character chat prompts, streamed TTFT at c=32, and
+the gateway process's CPU time per proxied request (utime+stime from /proc).
+``--gateway-src old=/tmp/old/src`` adds a gateway that imports warmfleet from another source
+tree (e.g. a snapshot before a change), measured in the same run against the same backends, so
+before/after ratios share the machine's noise; ``--rounds`` repeats every target (medians
+kept, gateway order rotated each round). Everything shares one small machine, so treat the
+numbers as indicative only; `warmfleet bench` / `make bench-peers` are the measurements of
+record.
 """
 
 from __future__ import annotations
@@ -48,42 +49,6 @@ async def main():
     await asyncio.Event().wait()
 uvloop.run(main())
 """
-
-# The reference point of the acceptance criteria: aiohttp + uvloop pass-through, no routing logic.
-BARE_PROXY_SCRIPT = """
-import itertools, sys
-import aiohttp, uvloop
-from aiohttp import web
-urls = sys.argv[1:]
-async def main():
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
-    rr = itertools.cycle(urls)
-    async def handle(request):
-        body = await request.read()
-        async with session.post(next(rr) + request.path, data=body,
-                                headers={"Content-Type": "application/json"}) as up:
-            if up.content_length is not None:
-                return web.Response(body=await up.read(), status=up.status,
-                                    headers={"Content-Type": up.headers["Content-Type"]})
-            resp = web.StreamResponse(status=up.status,
-                                      headers={"Content-Type": up.headers["Content-Type"]})
-            await resp.prepare(request)
-            async for chunk in up.content.iter_any():
-                await resp.write(chunk)
-            await resp.write_eof()
-            return resp
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handle)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    print("http://127.0.0.1:%d" % runner.addresses[0][1], flush=True)
-    await asyncio.Event().wait()
-import asyncio
-uvloop.run(main())
-"""
-
 
 # A floor for the HTTP plumbing: the same pass-through on uvloop protocols + httptools (what the
 # gateway's wire.py / upstream.py are built on), round-robin, no routing, no limits or timeouts.
@@ -354,7 +319,9 @@ def _row(direct: dict[str, float], bare: dict[str, float], via: dict[str, float]
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     backends, urls = _start_backends()
     bare = subprocess.Popen(
-        [sys.executable, "-c", BARE_PROXY_SCRIPT, *urls], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "warmfleet.bench.passthrough", *urls],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert bare.stdout is not None
     bare_url = bare.stdout.readline().strip()

@@ -112,11 +112,15 @@ Ref = tuple[str, str, str, str, str | None]  # router, policy, load point, field
 PA_Q16: tuple[str, str, str] = (*OURS, "quality_c16")
 SGL_Q16 = ("sglang-router", "cache_aware", "quality_c16")
 RND_Q16 = ("warmfleet", "random", "quality_c16")
+BARE = ("aiohttp-passthrough", "round_robin")  # the reference proxy (bench.passthrough)
 
 # (check, measured value, limit: a constant or (reference value, factor), comparison)
 CHECKS: tuple[tuple[str, Ref, float | tuple[Ref, float], str], ...] = (
     ("1. router CPU ms/request at c=32 <= 0.30",
      (*OURS, "c32_8k", "router_cpu_ms_per_request", None), 0.30, "le"),
+    ("1. router CPU at c=32 <= 1.36 x aiohttp pass-through, same run (0.30 vs 0.22)",
+     (*OURS, "c32_8k", "router_cpu_ms_per_request", None),
+     ((*BARE, "c32_8k", "router_cpu_ms_per_request", None), 0.30 / 0.22), "le"),
     ("1. added p50 ms at c=1 <= 0.4", (*OURS, "c1_8k", "added_p50_ms", None), 0.4, "le"),
     ("1. added p50 ms at c=32 <= vllm-router round_robin",
      (*OURS, "c32_8k", "added_p50_ms", None),

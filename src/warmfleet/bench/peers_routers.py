@@ -1,6 +1,8 @@
 """The routers compared by `make bench-peers`, each started as a child process on 127.0.0.1.
 
 - ``direct``: no router; the load generator round-robins over the instances itself.
+- ``aiohttp-passthrough``: the issue's reference point, a bare aiohttp + uvloop proxy with no
+  routing logic (``warmfleet.bench.passthrough``); overhead points only.
 - ``warmfleet``: our gateway (``warmfleet serve``), one variant with the given strategy.
 - ``sglang-router`` 0.3.2 and ``vllm-router`` 0.1.17 (Rust, from PyPI, each in its own venv),
   bound to 127.0.0.1 with their Prometheus listeners on 127.0.0.1 too, and ``HF_ENDPOINT``
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +23,14 @@ import aiohttp
 from warmfleet.bench.live_fleet import FleetHandle, routing_for, start_gateway
 from warmfleet.bench.live_procs import Child, ProcessError, ProcessSet, free_port, wait_ready
 
+PASSTHROUGH = "aiohttp-passthrough"
 DEAD_HF_ENDPOINT = "http://127.0.0.1:1"
 PEER_ENV = {"HF_ENDPOINT": DEAD_HF_ENDPOINT, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
 
 
 @dataclass(frozen=True)
 class RouterSpec:
-    router: str  # direct | warmfleet | sglang-router | vllm-router
+    router: str  # direct | aiohttp-passthrough | warmfleet | sglang-router | vllm-router
     policy: str
 
     @property
@@ -101,6 +105,12 @@ async def start_router(
         gateway = await start_gateway(procs, fleet, routing_for(spec.policy), name=name)
         return RunningRouter(spec, gateway.url, gateway.child)
     port = free_port()
+    if spec.router == PASSTHROUGH:
+        argv = [sys.executable, "-m", "warmfleet.bench.passthrough", "--port", str(port)]
+        child = procs.start(name, [*argv, *fleet.urls])
+        url = f"http://127.0.0.1:{port}"
+        await wait_ready(url + "/health", child, timeout_s)
+        return RunningRouter(spec, url, child)
     child = procs.start(name, _peer_argv(spec, paths, fleet, port), env=PEER_ENV)
     url = f"http://127.0.0.1:{port}"
     await wait_ready(url + "/health", child, timeout_s)

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from warmfleet.core.errors import BadRequestError, NotFoundError
+from warmfleet.core.jsonio import loads_body
 from warmfleet.emulator.driver import EngineDriver, RequestStream
 from warmfleet.emulator.metrics import CONTENT_TYPE, InstanceMetrics
 from warmfleet.emulator.protocol import (
@@ -100,11 +101,7 @@ def _error(message: str, status: int, param: str | None = None) -> web.Response:
 
 
 async def _read_json(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as err:
-        raise BadRequestError(f"the request body is not valid JSON: {err}") from err
+    return loads_body(await request.read())
 
 
 class Handlers:
