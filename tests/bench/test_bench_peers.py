@@ -10,8 +10,14 @@ from typing import Any
 import pytest
 
 from warmfleet.bench.live_procs import ProcessSet, free_port, tree_cpu_s
-from warmfleet.bench.peers import overhead_workload
-from warmfleet.bench.peers_report import RowInput, acceptance, build_rows, rows_table
+from warmfleet.bench.peers import overhead_order, overhead_workload
+from warmfleet.bench.peers_report import (
+    RowInput,
+    acceptance,
+    build_rows,
+    median_rows,
+    rows_table,
+)
 from warmfleet.bench.peers_routers import PeerPaths, RouterSpec
 from warmfleet.sim.workloads.base import render_prompt_text
 
@@ -145,3 +151,69 @@ def test_direct_runs_bracket_each_router() -> None:
     assert rows[3]["added_p50_ms"] == 2.0  # 10 - mean(7, 9)
     assert rows[0]["added_p50_ms"] == -2.0  # a direct run against the mean of all direct runs
     assert rows[5]["added_p50_ms"] is None  # no direct run at that load point
+
+
+def test_overhead_order_brackets_every_router_and_alternates() -> None:
+    routers = [
+        RouterSpec("direct", "client_round_robin"),
+        RouterSpec("warmfleet", "prefix_affinity"),
+        RouterSpec("vllm-router", "round_robin"),
+    ]
+    labels = [[r.label for r in overhead_order(routers, i)] for i in range(3)]
+    assert labels[0] == [
+        "direct",
+        "warmfleet/prefix_affinity",
+        "direct",
+        "vllm-router/round_robin",
+        "direct",
+    ]
+    assert labels[1] == [
+        "direct",
+        "vllm-router/round_robin",
+        "direct",
+        "warmfleet/prefix_affinity",
+        "direct",
+    ]
+    assert labels[2] == labels[0]
+
+
+def test_median_rows_take_each_figure_over_rounds_matching_rows_by_key() -> None:
+    d = "client_round_robin"
+
+    def one_round(ours_ms: float, peer_ms: float, *, peer_first: bool) -> list[dict[str, Any]]:
+        ours = [
+            row(
+                "warmfleet",
+                "prefix_affinity",
+                "c32_8k",
+                summary(ours_ms, 9.0, ours_ms, 100.0),
+                0.03,
+            )
+        ]
+        peer = [
+            row("vllm-router", "round_robin", "c32_8k", summary(peer_ms, 9.0, peer_ms, 100.0), 0.02)
+        ]
+        first, second = (peer, ours) if peer_first else (ours, peer)
+        base = row("direct", d, "c32_8k", summary(5.0, 9.0, 5.0, 100.0))
+        return build_rows([base, *first, base, *second, base], 4)
+
+    rounds = [
+        one_round(6.0, 8.0, peer_first=False),
+        one_round(20.0, 7.0, peer_first=True),  # an outlier round for ours
+        one_round(7.0, 9.0, peer_first=False),
+    ]
+    rows = median_rows(rounds)
+    assert [(r["router"], r["load_point"]) for r in rows] == [
+        (r["router"], r["load_point"]) for r in rounds[0]
+    ]
+    ours = next(r for r in rows if r["router"] == "warmfleet")
+    peer = next(r for r in rows if r["router"] == "vllm-router")
+    assert ours["added_p50_ms"] == 2.0  # median of 1, 15, 2
+    assert ours["rounds"]["added_p50_ms"] == [1.0, 15.0, 2.0]
+    assert peer["added_p50_ms"] == 3.0  # median of 3, 2, 4: matched by key, not position
+    assert ours["ttft_ms"]["p50"] == 7.0
+    assert ours["router_cpu_ms_per_request"] == 0.3
+    assert ours["completed"] == 300
+    assert median_rows([]) == []
+    checks = {c["check"]: c for c in acceptance(rows)}
+    assert checks["1. added p50 ms at c=32 <= vllm-router round_robin"]["pass"] is True

@@ -211,7 +211,8 @@ def work_bound(
     s: PrefixAffinityStrategy, k: RoutingKey, fleet: FleetSnapshot, epsilon: float, floor: float
 ) -> tuple[list[int], float, bool]:
     """The strategy's in-flight work per instance, the bound on it, and whether the request
-    continues a private prefix (a conversation's next turn, which may pass the bound).
+    continues a private prefix (a conversation's next turn, which may pass the bound; an exact
+    repeat continues nothing).
 
     floor 0: CHWBL's bound in predicted work; otherwise idle-ish instances are always eligible.
     """
@@ -220,7 +221,8 @@ def work_bound(
     best = max(s.match(k).values(), default=0)
     least = max(0, k.prompt_tokens - best * BLOCK) + k.output_tokens_hint
     bound = max((1 + epsilon) * (sum(loads) + least) / len(loads), floor * work)
-    return loads, bound, best > 0 and s.is_private(k.block_hashes[best - 1])
+    hashes = k.block_hashes
+    return loads, bound, 0 < best < len(hashes) and s.is_private(hashes[best - 1])
 
 
 @settings(max_examples=15, deadline=None)
@@ -441,6 +443,32 @@ def test_conversation_is_followed_past_the_load_bound_but_a_shared_prefix_is_not
     d = tracker.route(s, key(doc + chain(rng, 1), output=10))
     assert d.reason is Reason.REPLICATE
     assert d.instance_id != doc_home
+
+
+def test_exact_repeats_of_one_prompt_spill_past_the_load_bound() -> None:
+    """The same whole prompt sent by many clients at once (a popular query, a retry storm, a
+    benchmark replaying its prompts) is a hot spot, not a conversation: the bound applies."""
+    s = affinity(epsilon=0.1, load_floor_requests=0.0)
+    tracker = LoadTracker(4)
+    s.on_instances_changed(tracker.ids)
+    rng = random.Random(24)
+    prompt = key(chain(rng, 30), output=10)
+    home = tracker.route(s, prompt).instance_id
+    assert s.is_private(prompt.block_hashes[-1])  # it ended an earlier prompt...
+    tracker.tokens[home] += 10_000  # ...but its home is over the bound
+    tracker.requests[home] += 1
+    loads, bound, exempt = work_bound(s, prompt, tracker.snapshot(), 0.1, 0.0)
+    assert not exempt
+    assert loads[tracker.ids.index(home)] > bound
+    d = tracker.route(s, prompt)
+    assert d.reason is Reason.REPLICATE
+    assert d.instance_id != home
+    # once everything in flight has finished, a repeat goes to a holder: it is all cached there
+    for pod in tracker.ids:
+        tracker.tokens[pod] = tracker.requests[pod] = 0
+    again = tracker.route(s, prompt)
+    assert again.reason is Reason.PREFIX_HIT
+    assert again.instance_id in {home, d.instance_id}
 
 
 def test_first_turns_sharing_only_a_system_prompt_are_not_followed() -> None:

@@ -39,6 +39,7 @@ from warmfleet.bench.peers_report import (
     acceptance,
     acceptance_table,
     build_rows,
+    median_rows,
     rows_table,
 )
 from warmfleet.bench.peers_routers import (
@@ -68,14 +69,16 @@ class LoadPoint:
     warmup: int
 
 
-# Each point runs for a few seconds: the machine's speed swings by tens of percent within a
-# minute, so a one-second window (the first version) made "added" figures mostly noise.
+# Each point runs for a few seconds, and the whole overhead sequence runs ``ROUNDS`` times
+# (rows are medians over rounds): the machine's speed swings by tens of percent within a minute,
+# so one short window per router (the first version) made the "added" figures mostly noise.
 OVERHEAD_POINTS = (
-    LoadPoint("c1_8k", 1, False, 1000, 10.0, 4),
-    LoadPoint("c32_8k", 32, False, 5000, 12.0, 64),
-    LoadPoint("stream_c32_8k", 32, True, 3000, 12.0, 64),
-    LoadPoint("c64_8k", 64, False, 6000, 12.0, 64),
+    LoadPoint("c1_8k", 1, False, 600, 10.0, 4),
+    LoadPoint("c32_8k", 32, False, 3000, 12.0, 64),
+    LoadPoint("stream_c32_8k", 32, True, 2000, 12.0, 64),
+    LoadPoint("c64_8k", 64, False, 4000, 12.0, 64),
 )
+ROUNDS = 3
 QUALITY_POINTS = (
     LoadPoint("quality_c16", 16, True, 480, 60.0, 0),
     LoadPoint("quality_c1", 1, True, 32, 30.0, 0),
@@ -176,28 +179,46 @@ async def run_point(
     )  # fmt: skip
 
 
+def overhead_order(routers: Sequence[RouterSpec], round_index: int) -> list[RouterSpec]:
+    """Direct first and after every router (it brackets each, see ``peers_report``); the
+    routers in the given order in even rounds and reversed in odd ones, so no router always
+    runs at the same point of the machine's drift."""
+    direct = [r for r in routers if r.router == "direct"]
+    others = [r for r in routers if r.router != "direct"]
+    if round_index % 2:
+        others.reverse()
+    order: list[RouterSpec] = list(direct)
+    for spec in others:
+        order += [spec, *direct]
+    return order
+
+
 async def run_overhead(
-    procs: ProcessSet, paths: PeerPaths, routers: Sequence[RouterSpec], scale: float
-) -> list[RowInput]:
-    rows: list[RowInput] = []
+    procs: ProcessSet,
+    paths: PeerPaths,
+    routers: Sequence[RouterSpec],
+    scale: float,
+    rounds: int = ROUNDS,
+) -> list[list[RowInput]]:
+    """Every router x overhead point, ``rounds`` times; one list of rows per round."""
     fleet = await start_fleet(procs, name="fleet-fast", instances=INSTANCES, spec=FAST_FLEET)
     points = [_scaled(p, scale) for p in OVERHEAD_POINTS]
     workload = overhead_workload(max(p.requests + p.warmup for p in points))
-    direct = [r for r in routers if r.router == "direct"]
-    order: list[RouterSpec] = list(direct)
-    for spec in (r for r in routers if r.router != "direct"):
-        order += [spec, *direct]  # direct brackets every router (see peers_report)
-    for spec in order:
-        router = await start_router(procs, spec, paths, fleet)
-        try:
-            for point in points:
-                requests = workload[: point.requests + point.warmup]
-                rows.append(await run_point(router, fleet, point, requests, "gsp-8k-chars"))
-        finally:
-            if router.child is not None:
-                procs.stop(router.child)
+    out: list[list[RowInput]] = []
+    for round_index in range(rounds):
+        rows: list[RowInput] = []
+        for spec in overhead_order(routers, round_index):
+            router = await start_router(procs, spec, paths, fleet)
+            try:
+                for point in points:
+                    requests = workload[: point.requests + point.warmup]
+                    rows.append(await run_point(router, fleet, point, requests, "gsp-8k-chars"))
+            finally:
+                if router.child is not None:
+                    procs.stop(router.child)
+        out.append(rows)
     procs.stop(fleet.child)
-    return rows
+    return out
 
 
 async def run_quality(
@@ -237,22 +258,26 @@ async def run_peers(
     scale: float = 1.0,
     log_dir: Path | None = None,
     parts: Sequence[str] = ("overhead", "quality"),
+    rounds: int = ROUNDS,
 ) -> dict[str, Any]:
-    """Every router x load point; writes ``out`` and returns the document."""
+    """Every router x load point; writes ``out`` and returns the document. Overhead rows are
+    medians over ``rounds`` runs of the overhead sequence (``median_rows``)."""
     wanted = [r for r in routers if paths.available(r)]
     skipped = [r.label for r in routers if not paths.available(r)]
     logs = log_dir or Path(tempfile.mkdtemp(prefix="warmfleet-peers-"))
     procs = ProcessSet(logs)
     started = time.perf_counter()
     try:
-        inputs: list[RowInput] = []
+        overhead: list[list[RowInput]] = []
+        quality: list[RowInput] = []
         if "overhead" in parts:
-            inputs += await run_overhead(procs, paths, wanted, scale)
+            overhead = await run_overhead(procs, paths, wanted, scale, rounds)
         if "quality" in parts:
-            inputs += await run_quality(procs, paths, wanted, scale)
+            quality = await run_quality(procs, paths, wanted, scale)
     finally:
         procs.stop_all()
-    rows = build_rows(inputs, INSTANCES)
+    rows = median_rows([build_rows(r, INSTANCES) for r in overhead]) if overhead else []
+    rows += build_rows(quality, INSTANCES)
     document = {
         "machine": {"cpus": _cpus(), "python": platform.python_version()},
         "instances": INSTANCES,
@@ -260,6 +285,7 @@ async def run_peers(
         "quality_fleet": {"preset": QUALITY.preset, "speedup": QUALITY.speedup},
         "load_points": [p.__dict__ for p in (*OVERHEAD_POINTS, *QUALITY_POINTS)],
         "scale": scale,
+        "overhead_rounds": len(overhead),
         "skipped": skipped,
         "wall_s": time.perf_counter() - started,
         "rows": rows,
@@ -282,6 +308,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="shrink request counts (<1)")
     parser.add_argument("--routers", default="", help="comma-separated labels to keep")
     parser.add_argument("--parts", default="overhead,quality", help="overhead and/or quality")
+    parser.add_argument(
+        "--rounds", type=int, default=ROUNDS, help="runs of the overhead sequence (medians kept)"
+    )
     args = parser.parse_args(argv)
     routers: tuple[RouterSpec, ...] = ROUTERS
     if args.routers:
@@ -291,7 +320,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     paths = PeerPaths(args.sglang_python, args.vllm_router)
     with terminate_on_sigterm():
         main_run = run_peers(
-            args.out, paths, routers=routers, scale=args.scale, parts=args.parts.split(",")
+            args.out,
+            paths,
+            routers=routers,
+            scale=args.scale,
+            parts=args.parts.split(","),
+            rounds=max(1, args.rounds),
         )
         document = run_async(main_run)
     out = console()

@@ -108,6 +108,58 @@ def build_rows(inputs: Sequence[RowInput], instances: int) -> list[dict[str, Any
     return rows
 
 
+# Figures a row of several rounds reports as the median of its rounds (the per-round values of
+# the first four are kept under ``rounds``); the rest are taken from the first round.
+_ROUND_FIELDS = (
+    "added_p50_ms", "ttft_added_p50_ms", "router_cpu_ms_per_request", "throughput_vs_direct",
+    "added_p99_ms", "throughput_rps", "hit_rate", "busiest_share", "fleet_cpu_ms_per_request",
+    "foreign_cpu_frac",
+)  # fmt: skip
+_ROUND_NESTED = ("ttft_ms", "e2e_ms")
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _row_key(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str, int]]:
+    """(router, policy, load point, occurrence): direct runs several times per round."""
+    seen: dict[tuple[str, str, str], int] = {}
+    keys = []
+    for row in rows:
+        base = (row["router"], row["policy"], row["load_point"])
+        seen[base] = seen.get(base, -1) + 1
+        keys.append((*base, seen[base]))
+    return keys
+
+
+def median_rows(rounds: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per row of the first round: each figure the median of that row's rounds
+    (rounds may run routers in another order; rows are matched by router, policy, load point
+    and occurrence). ``rounds`` keeps the per-round values of the headline figures and
+    ``noisy`` is set if any round was."""
+    if not rounds:
+        return []
+    indexed = [dict(zip(_row_key(r), r, strict=True)) for r in rounds]
+    out = []
+    for key, first in indexed[0].items():
+        same = [by_key[key] for by_key in indexed if key in by_key]
+        row = dict(first)
+        for name in _ROUND_FIELDS:
+            values = [r[name] for r in same if r.get(name) is not None]
+            row[name] = _median(values) if values else None
+        for name in _ROUND_NESTED:
+            row[name] = {pct: _median([r[name][pct] for r in same]) for pct in first[name]}
+        row["noisy"] = any(r["noisy"] for r in same)
+        row["errors"] = sum(r["errors"] for r in same)
+        row["completed"] = sum(r["completed"] for r in same)
+        row["rounds"] = {name: [r.get(name) for r in same] for name in _ROUND_FIELDS[:4]}
+        out.append(row)
+    return out
+
+
 Ref = tuple[str, str, str, str, str | None]  # router, policy, load point, field, sub-field
 PA_Q16: tuple[str, str, str] = (*OURS, "quality_c16")
 SGL_Q16 = ("sglang-router", "cache_aware", "quality_c16")

@@ -10,7 +10,8 @@ Per request:
 3. Bounded load: an instance is *eligible* if its work is at most
    ``max((1 + epsilon) x mean, load_floor_requests x work)``, the mean counting this request.
    The least-loaded instance is always eligible; no fleet-wide gate ever switches affinity off.
-   A private continuation (a conversation's next turn) may pass the bound to stay home.
+   A private continuation (a conversation's next turn) may pass the bound to stay home; an
+   exact repeat of an earlier prompt continues nothing and may not.
 4. Cost of an eligible instance = predicted prefill work for its uncached part
    + ``load_weight`` x its in-flight work.
 5. A *strong* match covers ``min_match_fraction`` of the prompt or is private: it ends where an
@@ -201,8 +202,11 @@ class PrefixAffinityStrategy:
         best = view.best_blocks
         # A private match continues one earlier prompt (a conversation's next turn): follow it
         # however short it is, and past the load bound (one conversation is one sequential
-        # stream, it cannot make a hot spot; moving it would redo its whole history).
-        private = best > 0 and self.is_private(key.block_hashes[best - 1])
+        # stream, it cannot make a hot spot; moving it would redo its whole history). An exact
+        # repeat of an earlier prompt continues nothing: many clients can send the same prompt
+        # at once (a retry storm, a popular query, a benchmark), so the bound applies to it.
+        hashes = key.block_hashes
+        private = 0 < best < len(hashes) and self.is_private(hashes[best - 1])
         if private and best < strong_blocks:
             strong_blocks = best
         loads = view.loads
