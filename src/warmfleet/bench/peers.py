@@ -69,7 +69,7 @@ class LoadPoint:
     warmup: int
 
 
-# Each point runs for a few seconds, and the whole overhead sequence runs ``ROUNDS`` times
+# Each point runs for a few seconds, and each part (overhead, quality) runs ``ROUNDS`` times
 # (rows are medians over rounds): the machine's speed swings by tens of percent within a minute,
 # so one short window per router (the first version) made the "added" figures mostly noise.
 OVERHEAD_POINTS = (
@@ -222,26 +222,36 @@ async def run_overhead(
 
 
 async def run_quality(
-    procs: ProcessSet, paths: PeerPaths, routers: Sequence[RouterSpec], scale: float
-) -> list[RowInput]:
+    procs: ProcessSet,
+    paths: PeerPaths,
+    routers: Sequence[RouterSpec],
+    scale: float,
+    rounds: int = ROUNDS,
+) -> list[list[RowInput]]:
+    """Every router x quality point on a fresh fleet each, ``rounds`` times (routers reversed
+    in odd rounds); one list of rows per round."""
     config = replace(QUALITY, requests=max(16, int(QUALITY.requests * scale)))
     requests = demo_workload(config)
     fleet_spec = {"preset": config.preset, "speedup": config.speedup, "seed": config.seed,
                   "kv_capacity_tokens": kv_capacity_tokens(requests, config)}  # fmt: skip
-    rows: list[RowInput] = []
     routers = [r for r in routers if r.router != PASSTHROUGH]  # a reference for overhead only
-    for point in (_scaled(p, scale) for p in QUALITY_POINTS):
-        for spec in routers:
-            fleet = await start_fleet(
-                procs, name="fleet-quality", instances=INSTANCES, spec=fleet_spec
-            )
-            router = await start_router(procs, spec, paths, fleet)
-            try:
-                chosen = requests[: point.requests]
-                rows.append(await run_point(router, fleet, point, chosen, "aws-long-context"))
-            finally:
-                procs.stop_all()
-    return rows
+    out: list[list[RowInput]] = []
+    for round_index in range(rounds):
+        rows: list[RowInput] = []
+        order = list(reversed(routers)) if round_index % 2 else routers
+        for point in (_scaled(p, scale) for p in QUALITY_POINTS):
+            for spec in order:
+                fleet = await start_fleet(
+                    procs, name="fleet-quality", instances=INSTANCES, spec=fleet_spec
+                )
+                router = await start_router(procs, spec, paths, fleet)
+                try:
+                    chosen = requests[: point.requests]
+                    rows.append(await run_point(router, fleet, point, chosen, "aws-long-context"))
+                finally:
+                    procs.stop_all()
+        out.append(rows)
+    return out
 
 
 def _scaled(point: LoadPoint, scale: float) -> LoadPoint:
@@ -260,8 +270,8 @@ async def run_peers(
     parts: Sequence[str] = ("overhead", "quality"),
     rounds: int = ROUNDS,
 ) -> dict[str, Any]:
-    """Every router x load point; writes ``out`` and returns the document. Overhead rows are
-    medians over ``rounds`` runs of the overhead sequence (``median_rows``)."""
+    """Every router x load point; writes ``out`` and returns the document. Every row is the
+    median over ``rounds`` runs of its part (``median_rows``)."""
     wanted = [r for r in routers if paths.available(r)]
     skipped = [r.label for r in routers if not paths.available(r)]
     logs = log_dir or Path(tempfile.mkdtemp(prefix="warmfleet-peers-"))
@@ -269,15 +279,15 @@ async def run_peers(
     started = time.perf_counter()
     try:
         overhead: list[list[RowInput]] = []
-        quality: list[RowInput] = []
+        quality: list[list[RowInput]] = []
         if "overhead" in parts:
             overhead = await run_overhead(procs, paths, wanted, scale, rounds)
         if "quality" in parts:
-            quality = await run_quality(procs, paths, wanted, scale)
+            quality = await run_quality(procs, paths, wanted, scale, rounds)
     finally:
         procs.stop_all()
-    rows = median_rows([build_rows(r, INSTANCES) for r in overhead]) if overhead else []
-    rows += build_rows(quality, INSTANCES)
+    rows = median_rows([build_rows(r, INSTANCES) for r in overhead])
+    rows += median_rows([build_rows(r, INSTANCES) for r in quality])
     document = {
         "machine": {"cpus": _cpus(), "python": platform.python_version()},
         "instances": INSTANCES,
@@ -285,7 +295,7 @@ async def run_peers(
         "quality_fleet": {"preset": QUALITY.preset, "speedup": QUALITY.speedup},
         "load_points": [p.__dict__ for p in (*OVERHEAD_POINTS, *QUALITY_POINTS)],
         "scale": scale,
-        "overhead_rounds": len(overhead),
+        "rounds": {"overhead": len(overhead), "quality": len(quality)},
         "skipped": skipped,
         "wall_s": time.perf_counter() - started,
         "rows": rows,
@@ -309,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--routers", default="", help="comma-separated labels to keep")
     parser.add_argument("--parts", default="overhead,quality", help="overhead and/or quality")
     parser.add_argument(
-        "--rounds", type=int, default=ROUNDS, help="runs of the overhead sequence (medians kept)"
+        "--rounds", type=int, default=ROUNDS, help="runs of each part (medians kept)"
     )
     args = parser.parse_args(argv)
     routers: tuple[RouterSpec, ...] = ROUTERS

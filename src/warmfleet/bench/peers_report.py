@@ -108,8 +108,8 @@ def build_rows(inputs: Sequence[RowInput], instances: int) -> list[dict[str, Any
     return rows
 
 
-# Figures a row of several rounds reports as the median of its rounds (the per-round values of
-# the first four are kept under ``rounds``); the rest are taken from the first round.
+# Figures a row of several rounds reports as the median of its rounds (their per-round values
+# are kept under ``rounds``); the rest are taken from the first round.
 _ROUND_FIELDS = (
     "added_p50_ms", "ttft_added_p50_ms", "router_cpu_ms_per_request", "throughput_vs_direct",
     "added_p99_ms", "throughput_rps", "hit_rate", "busiest_share", "fleet_cpu_ms_per_request",
@@ -138,8 +138,8 @@ def _row_key(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str, int
 def median_rows(rounds: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """One row per row of the first round: each figure the median of that row's rounds
     (rounds may run routers in another order; rows are matched by router, policy, load point
-    and occurrence). ``rounds`` keeps the per-round values of the headline figures and
-    ``noisy`` is set if any round was."""
+    and occurrence). ``rounds`` keeps the per-round values and ``noisy`` is set if any round
+    was."""
     if not rounds:
         return []
     indexed = [dict(zip(_row_key(r), r, strict=True)) for r in rounds]
@@ -155,7 +155,10 @@ def median_rows(rounds: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str,
         row["noisy"] = any(r["noisy"] for r in same)
         row["errors"] = sum(r["errors"] for r in same)
         row["completed"] = sum(r["completed"] for r in same)
-        row["rounds"] = {name: [r.get(name) for r in same] for name in _ROUND_FIELDS[:4]}
+        row["rounds"] = {
+            **{name: [r.get(name) for r in same] for name in _ROUND_FIELDS},
+            **{name: [r[name] for r in same] for name in _ROUND_NESTED},
+        }
         out.append(row)
     return out
 
