@@ -179,16 +179,18 @@ async def run_point(
     )  # fmt: skip
 
 
+def round_order(routers: Sequence[RouterSpec], round_index: int) -> list[RouterSpec]:
+    """``routers`` in even rounds, reversed in odd ones: no router always runs at the same
+    point of the machine's drift."""
+    return list(reversed(routers)) if round_index % 2 else list(routers)
+
+
 def overhead_order(routers: Sequence[RouterSpec], round_index: int) -> list[RouterSpec]:
     """Direct first and after every router (it brackets each, see ``peers_report``); the
-    routers in the given order in even rounds and reversed in odd ones, so no router always
-    runs at the same point of the machine's drift."""
+    routers in ``round_order``."""
     direct = [r for r in routers if r.router == "direct"]
-    others = [r for r in routers if r.router != "direct"]
-    if round_index % 2:
-        others.reverse()
     order: list[RouterSpec] = list(direct)
-    for spec in others:
+    for spec in round_order([r for r in routers if r.router != "direct"], round_index):
         order += [spec, *direct]
     return order
 
@@ -228,8 +230,8 @@ async def run_quality(
     scale: float,
     rounds: int = ROUNDS,
 ) -> list[list[RowInput]]:
-    """Every router x quality point on a fresh fleet each, ``rounds`` times (routers reversed
-    in odd rounds); one list of rows per round."""
+    """Every router x quality point on a fresh fleet each, ``rounds`` times (``round_order``);
+    one list of rows per round."""
     config = replace(QUALITY, requests=max(16, int(QUALITY.requests * scale)))
     requests = demo_workload(config)
     fleet_spec = {"preset": config.preset, "speedup": config.speedup, "seed": config.seed,
@@ -238,9 +240,8 @@ async def run_quality(
     out: list[list[RowInput]] = []
     for round_index in range(rounds):
         rows: list[RowInput] = []
-        order = list(reversed(routers)) if round_index % 2 else routers
         for point in (_scaled(p, scale) for p in QUALITY_POINTS):
-            for spec in order:
+            for spec in round_order(routers, round_index):
                 fleet = await start_fleet(
                     procs, name="fleet-quality", instances=INSTANCES, spec=fleet_spec
                 )
