@@ -105,14 +105,13 @@ async def start_router(
         gateway = await start_gateway(procs, fleet, routing_for(spec.policy), name=name)
         return RunningRouter(spec, gateway.url, gateway.child)
     port = free_port()
+    url = f"http://127.0.0.1:{port}"
     if spec.router == PASSTHROUGH:
         argv = [sys.executable, "-m", "warmfleet.bench.passthrough", "--port", str(port)]
         child = procs.start(name, [*argv, *fleet.urls])
-        url = f"http://127.0.0.1:{port}"
-        await wait_ready(url + "/health", child, timeout_s)
-        return RunningRouter(spec, url, child)
-    child = procs.start(name, _peer_argv(spec, paths, fleet, port), env=PEER_ENV)
-    url = f"http://127.0.0.1:{port}"
+    else:
+        child = procs.start(name, _peer_argv(spec, paths, fleet, port), env=PEER_ENV)
     await wait_ready(url + "/health", child, timeout_s)
-    await _wait_workers(url, fleet, child, timeout_s)
+    if spec.router != PASSTHROUGH:  # the peers register their workers asynchronously
+        await _wait_workers(url, fleet, child, timeout_s)
     return RunningRouter(spec, url, child)
