@@ -481,6 +481,35 @@ async def test_streamed_response_then_next_request_on_same_connection() -> None:
         assert (await read_answer(reader)).body == b"GET /next "
 
 
+async def test_stream_started_and_ended_at_once_is_one_write_then_keep_alive() -> None:
+    """A stream whose whole answer is at hand (``end=True``) leaves in a single write, framed
+    and terminated; the connection then serves the next request."""
+    writes: list[bytes] = []
+
+    async def handler(request: Request) -> Response | None:
+        if request.path != "/stream":
+            return await echo(request)
+        conn = request.conn
+        assert conn.transport is not None
+        real_write = conn.transport.write
+        conn.transport.write = lambda data: (writes.append(data), real_write(data))[1]  # type: ignore[method-assign]
+        try:
+            conn.start_stream(200, "text/event-stream", {}, b"data: 1\n\ndata: 2\n\n", end=True)
+        finally:
+            conn.transport.write = real_write  # type: ignore[method-assign]
+        return None
+
+    async with serving(handler) as (_, port), client(port) as (reader, writer):
+        writer.write(get("/stream"))
+        answer = await read_answer(reader)
+        assert answer.headers["transfer-encoding"] == "chunked"
+        assert answer.body == b"data: 1\n\ndata: 2\n\n"
+        assert len(writes) == 1
+        assert writes[0].endswith(b"\r\n0\r\n\r\n")
+        writer.write(get("/next"))
+        assert (await read_answer(reader)).body == b"GET /next "
+
+
 async def test_client_disconnect_cancels_the_handler() -> None:
     started = asyncio.Event()
     cancelled = asyncio.Event()

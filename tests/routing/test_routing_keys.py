@@ -16,6 +16,7 @@ from warmfleet.core.config import parse_document
 from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.core.hashing import chain_blocks, chain_seed
 from warmfleet.routing.config import PrefixHashConfig, RoutingConfig
+from warmfleet.routing.factory import strategy_config
 from warmfleet.routing.keys import KeySpec, key_from_blocks
 from warmfleet.routing.router import Router
 
@@ -31,7 +32,9 @@ class FakeTokenizer:
 
 
 def router(**key: Any) -> Router:
-    return Router(RoutingConfig(key=KeySpec(**key)), random.Random(0))
+    """A router whose strategy reads block hashes (keys are built in full)."""
+    config = RoutingConfig(key=KeySpec(**key), strategy=strategy_config("prefix_affinity"))
+    return Router(config, random.Random(0))
 
 
 def chat(content: Any = "hello " * 100, **extra: Any) -> dict[str, Any]:
@@ -190,7 +193,9 @@ def test_malformed_completions_prompts(prompt: Any) -> None:
 
 
 def test_tokens_mode_uses_the_tokenizer_and_engine_block_size() -> None:
-    config = RoutingConfig(key=KeySpec(mode="tokens", block_size=16))
+    config = RoutingConfig(
+        key=KeySpec(mode="tokens", block_size=16), strategy=strategy_config("prefix_affinity")
+    )
     r = Router(config, random.Random(0), FakeTokenizer())
     key = r.key_for_chat(chat("a" * 100), None)
     tokens = len("user: " + "a" * 100 + "\n")
@@ -233,7 +238,7 @@ def test_prefix_hash_covers_only_the_prefix() -> None:
     b = r.key_for_chat(chat("p" * 1100 + "b"), None)
     c = r.key_for_chat(chat("q" + "p" * 1100), None)
     assert a.prefix_hash == b.prefix_hash != c.prefix_hash
-    assert a.block_hashes[-1] != b.block_hashes[-1] or len(a.block_hashes) == len(b.block_hashes)
+    assert a.block_hashes == b.block_hashes == ()  # prefix_hash reads only prefix_hash
 
 
 def test_max_units_caps_hashed_blocks() -> None:
@@ -339,3 +344,20 @@ def test_ascii_fast_path_and_unicode_path_agree_on_shared_blocks() -> None:
     assert unicode.units == len(shared + "tä𝄞l" * 20)
     # a lone surrogate (valid in JSON) is hashed, not an error
     assert r.key_for_completions({"model": "m", "prompt": "\ud800" * 40}, None).block_hashes
+
+
+def test_keys_skip_block_hashes_for_strategies_that_never_read_them() -> None:
+    body = chat("a shared system prompt " * 40)
+    hashed = router().key_for_chat(body, None)
+    for strategy in ("random", "least_outstanding_requests"):
+        config = RoutingConfig.model_validate({"strategy": {"type": strategy}})
+        bare = Router(config, random.Random(0)).key_for_chat(body, None)
+        assert bare.block_hashes == ()
+        assert hashed.block_hashes
+        assert (bare.prefix_hash, bare.units, bare.prompt_tokens) == (
+            hashed.prefix_hash,
+            hashed.units,
+            hashed.prompt_tokens,
+        )
+    config = RoutingConfig.model_validate({"strategy": {"type": "prefix_hash"}})
+    assert Router(config, random.Random(0)).key_for_chat(body, None).block_hashes == ()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -253,3 +254,36 @@ def test_any_key_and_fleet_gives_a_member_of_the_fleet(
         assert d.instance_id in snapshot.ids()
         strategy.on_routed(k, d)
     strategy.on_instances_changed(snapshot.ids()[:1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    keys=st.lists(key_st, min_size=1, max_size=8),
+    states=st.lists(state_st, min_size=1, max_size=6, unique_by=lambda s: s.instance_id),
+    name=st.sampled_from(STRATEGY_NAMES),
+)
+def test_strategies_that_do_not_read_block_hashes_decide_the_same_without_them(
+    keys: list[RoutingKey], states: list[InstanceState], name: str
+) -> None:
+    """The gateway skips hashing blocks for these strategies (``reads_block_hashes``): their
+    decisions must not change when the hashes are gone."""
+    with_hashes = build_strategy(strategy_config(name), random.Random(3))
+    if with_hashes.reads_block_hashes:
+        return
+    without = build_strategy(strategy_config(name), random.Random(3))
+    snapshot = FleetSnapshot(tuple(states))
+    for k in keys:
+        bare = replace(k, block_hashes=())
+        a, b = with_hashes.choose(k, snapshot), without.choose(bare, snapshot)
+        assert a == b
+        with_hashes.on_routed(k, a)
+        without.on_routed(bare, b)
+
+
+def test_block_hash_readers_are_the_prefix_index_strategies() -> None:
+    readers = {
+        name
+        for name in STRATEGY_NAMES
+        if build_strategy(strategy_config(name), random.Random(0)).reads_block_hashes
+    }
+    assert readers == {"prefix_affinity", "sglang_cache_aware", "llmd_approx"}

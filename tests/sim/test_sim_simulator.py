@@ -40,6 +40,7 @@ class HashDouble:
     """Test double: first block's hash picks the instance; records what it was told."""
 
     name = "hash-double"
+    reads_block_hashes = True
 
     def __init__(self, block: int = 0) -> None:
         self.block = block  # which block's hash picks the instance

@@ -177,16 +177,15 @@ class _Relay:
         out = b"".join(self.pending)
         self.pending.clear()
         if not self.started:
-            self._start(out)
-            self.conn.end_stream()
+            self._start(out, end=True)  # the whole stream arrived at once: one write
         else:
             self.conn.send(out, end=True)
 
-    def _start(self, first: bytes) -> None:
+    def _start(self, first: bytes, *, end: bool = False) -> None:
         self.started = True
         call = self.call
         call.variant.m_ttft["true"].observe(perf_counter() - call.t_start)
-        self.conn.start_stream(self.status, self.content_type, self.headers, first)
+        self.conn.start_stream(self.status, self.content_type, self.headers, first, end=end)
 
     def drop_partial(self) -> None:
         """Write the whole events received, forget half an event: an error event must stand

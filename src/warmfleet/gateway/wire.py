@@ -306,12 +306,19 @@ class ServerConnection(asyncio.Protocol):
             self.transport.write(body)
 
     def start_stream(
-        self, status: int, content_type: str, headers: dict[str, str], first: bytes
+        self,
+        status: int,
+        content_type: str,
+        headers: dict[str, str],
+        first: bytes,
+        *,
+        end: bool = False,
     ) -> None:
-        """Send the head of a chunked response, with its first bytes. (An HTTP/1.0 client gets
-        the body unframed, ended by closing the connection.)"""
+        """Send the head of a chunked response, with its first bytes; ``end``: and the
+        last-chunk marker, all in one write. (An HTTP/1.0 client gets the body unframed, ended
+        by closing the connection.)"""
         assert self.transport is not None
-        self._chunked_out = True
+        self._chunked_out = not end
         current = self._current
         if current is not None and current.http10:
             current.keep_alive = False
@@ -319,7 +326,8 @@ class ServerConnection(asyncio.Protocol):
             self.transport.write(head + first)
             return
         head = head_bytes(status, content_type, headers, b"Transfer-Encoding: chunked\r\n\r\n")
-        self.transport.write(head + b"%x\r\n%s\r\n" % (len(first), first) if first else head)
+        out = head + b"%x\r\n%s\r\n" % (len(first), first) if first else head
+        self.transport.write(out + b"0\r\n\r\n" if end else out)
 
     def send(self, data: bytes, *, end: bool = False) -> None:
         """One chunk of a chunked response; ``end``: and the last-chunk marker, in one write."""

@@ -16,9 +16,15 @@ from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
 
 @runtime_checkable
 class Strategy(Protocol):
-    """Chooses one instance of a variant for one request."""
+    """Chooses one instance of a variant for one request.
+
+    ``reads_block_hashes``: whether ``choose``/``on_routed`` read ``key.block_hashes``. A
+    strategy that does not (load-only ones, ``prefix_hash``) gets keys without them: the
+    gateway then skips hashing each prompt's blocks, the largest part of building a key.
+    """
 
     name: str
+    reads_block_hashes: bool
 
     def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
         """Pick an instance among ``fleet.instances`` (never empty). Must not mutate state that

@@ -142,11 +142,19 @@ class KeyBuilder:
     """Builds ``RoutingKey``s for one ``KeySpec`` (and optional tokenizer)."""
 
     def __init__(
-        self, spec: KeySpec, tokenizer: Tokenizer | None = None, *, prefix_length: int | None = None
+        self,
+        spec: KeySpec,
+        tokenizer: Tokenizer | None = None,
+        *,
+        prefix_length: int | None = None,
+        hash_blocks: bool = True,
     ) -> None:
+        """``hash_blocks=False``: keys carry no ``block_hashes`` (for strategies that never
+        read them); everything else in a key is the same."""
         if spec.mode == "tokens" and tokenizer is None:
             raise ConfigError("key.mode: 'tokens' needs a tokenizer (none was configured)")
         self.spec = spec
+        self.hash_blocks = hash_blocks
         self.tokenizer = tokenizer
         self.block_size = spec.effective_block_size
         self.prefix_length = prefix_length or spec.prefix_length or DEFAULT_PREFIX_LENGTH
@@ -242,7 +250,7 @@ class KeyBuilder:
             return self._from_buffer(data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=tokens)
         # Each block of characters is hashed as its UTF-8 bytes, exactly like the ASCII path.
         size = self.block_size
-        end = min(len(text) - len(text) % size, self.max_blocks * size)
+        end = min(len(text) - len(text) % size, self.max_blocks * size) if self.hash_blocks else 0
         blocks = [text[i : i + size].encode("utf-8", "surrogatepass") for i in range(0, end, size)]
         prefix = text[: self.prefix_length].encode("utf-8", "surrogatepass")
         return RoutingKey(
@@ -278,7 +286,7 @@ class KeyBuilder:
         max_blocks = self.spec.max_units // block_units
         step = unit_bytes * block_units
         n_blocks = min(len(data) // step, max_blocks)
-        hashes = self.spans.chain(data, step, n_blocks, seed)
+        hashes = self.spans.chain(data, step, n_blocks, seed) if self.hash_blocks else ()
         prefix_hash = _h64(data[: self.prefix_length * unit_bytes], seed ^ _PREFIX_SALT)
         return RoutingKey(
             block_hashes=hashes,

@@ -27,7 +27,12 @@ class Router:
     ) -> None:
         self.config = config
         self.strategy: Strategy = build_strategy(config.strategy, rng)
-        self.keys = KeyBuilder(config.key, tokenizer, prefix_length=config.prefix_length)
+        self.keys = KeyBuilder(
+            config.key,
+            tokenizer,
+            prefix_length=config.prefix_length,
+            hash_blocks=self.strategy.reads_block_hashes,
+        )
 
     def key_for_chat(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
         """Key of an OpenAI chat-completions body; ``tenant`` is the tenant header (if any),

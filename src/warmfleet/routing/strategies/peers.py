@@ -32,6 +32,7 @@ class SglangCacheAwareStrategy:
     """
 
     name = "sglang_cache_aware"
+    reads_block_hashes = True
 
     def __init__(self, config: SglangCacheAwareConfig) -> None:
         self.config = config
@@ -81,6 +82,7 @@ class LlmdApproxStrategy:
     """
 
     name = "llmd_approx"
+    reads_block_hashes = True
 
     def __init__(self, config: LlmdApproxConfig, rng: random.Random) -> None:
         self.config = config

@@ -66,6 +66,7 @@ def prefill_work(
 
 class PrefixAffinityStrategy:
     name = "prefix_affinity"
+    reads_block_hashes = True
 
     def __init__(self, config: PrefixAffinityConfig) -> None:
         self.config = config

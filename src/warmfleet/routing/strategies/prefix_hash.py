@@ -18,6 +18,7 @@ from warmfleet.routing.ring import RendezvousHash
 
 class PrefixHashStrategy:
     name = "prefix_hash"
+    reads_block_hashes = False  # only key.prefix_hash
 
     def __init__(self, config: PrefixHashConfig) -> None:
         self.config = config

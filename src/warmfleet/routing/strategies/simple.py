@@ -11,6 +11,7 @@ from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, Reason, Ro
 
 class RandomStrategy:
     name = "random"
+    reads_block_hashes = False
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
@@ -30,6 +31,7 @@ class RoundRobinStrategy:
     """Cycles through the fleet in snapshot order; the cursor advances on ``on_routed``."""
 
     name = "round_robin"
+    reads_block_hashes = False
 
     def __init__(self) -> None:
         self._cursor = 0
@@ -49,6 +51,7 @@ class LeastOutstandingStrategy:
     """Fewest in-flight requests; ties broken at random (like SageMaker's LOR)."""
 
     name = "least_outstanding_requests"
+    reads_block_hashes = False
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
@@ -71,6 +74,7 @@ class PowerOfTwoStrategy:
     """Two distinct instances at random; the one with fewer in-flight requests wins."""
 
     name = "power_of_two"
+    reads_block_hashes = False
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
