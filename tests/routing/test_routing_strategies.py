@@ -238,12 +238,15 @@ state_st = st.builds(
 )
 
 
-@settings(max_examples=40, deadline=None)
-@given(
+keys_fleet_and_strategy = given(
     keys=st.lists(key_st, min_size=1, max_size=8),
     states=st.lists(state_st, min_size=1, max_size=6, unique_by=lambda s: s.instance_id),
     name=st.sampled_from(STRATEGY_NAMES),
 )
+
+
+@settings(max_examples=40, deadline=None)
+@keys_fleet_and_strategy
 def test_any_key_and_fleet_gives_a_member_of_the_fleet(
     keys: list[RoutingKey], states: list[InstanceState], name: str
 ) -> None:
@@ -257,11 +260,7 @@ def test_any_key_and_fleet_gives_a_member_of_the_fleet(
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    keys=st.lists(key_st, min_size=1, max_size=8),
-    states=st.lists(state_st, min_size=1, max_size=6, unique_by=lambda s: s.instance_id),
-    name=st.sampled_from(STRATEGY_NAMES),
-)
+@keys_fleet_and_strategy
 def test_strategies_that_do_not_read_block_hashes_decide_the_same_without_them(
     keys: list[RoutingKey], states: list[InstanceState], name: str
 ) -> None:
