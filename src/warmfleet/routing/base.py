@@ -32,7 +32,8 @@ class Strategy(Protocol):
         ...
 
     def on_routed(self, key: RoutingKey, decision: Decision) -> None:
-        """The request was sent to ``decision.instance_id``: learn from it (prefix index)."""
+        """The request goes to ``decision.instance_id`` (called before the next ``choose``):
+        learn from it (prefix index)."""
         ...
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:

@@ -16,8 +16,10 @@ from warmfleet.routing.keys import KeyBuilder, Tokenizer
 class Router:
     """One variant's router: key building (``config.key``) plus one strategy.
 
-    The caller tracks load and passes it in ``FleetSnapshot``; it calls ``on_routed`` once the
-    request is actually sent, and ``on_instances_changed`` when the healthy set changes.
+    The caller tracks load and passes it in ``FleetSnapshot``; it calls ``on_routed`` once it
+    commits to a decision, before its next ``choose`` (the gateway: before it may wait for an
+    upstream connection, so a concurrent request's decision sees this one), and
+    ``on_instances_changed`` when the healthy set changes.
     Every ``key_for_*`` raises ``core.errors.BadRequestError`` (never another exception) on a
     malformed body.
     """
