@@ -53,11 +53,15 @@ class LoadTracker:
             tuple(InstanceState(i, self.requests[i], self.tokens[i]) for i in self.ids)
         )
 
+    def add(self, pod: str, tokens: int, requests: int = 1) -> None:
+        """In-flight work starts (positive) or ends (negative) on ``pod``."""
+        self.tokens[pod] += tokens
+        self.requests[pod] += requests
+
     def route(self, strategy: Strategy, k: RoutingKey) -> Decision:
         d = strategy.choose(k, self.snapshot())
         strategy.on_routed(k, d)
-        self.tokens[d.instance_id] += k.prompt_tokens + k.output_tokens_hint
-        self.requests[d.instance_id] += 1
+        self.add(d.instance_id, k.prompt_tokens + k.output_tokens_hint)
         return d
 
 
@@ -247,8 +251,7 @@ def test_bounded_load_holds_in_a_closed_loop(seed: int, epsilon: float, floor: f
         if rng.random() < 0.5:  # some request finishes (any of the instance's, not the oldest)
             victim = rng.choice([i for i in tracker.ids if tracker.sent[i]])
             tokens = tracker.sent[victim].pop(rng.randrange(len(tracker.sent[victim])))
-            tracker.tokens[victim] -= tokens
-            tracker.requests[victim] -= 1
+            tracker.add(victim, -tokens, -1)
 
 
 def movement_keys(seed: int, count: int = 400) -> list[RoutingKey]:
@@ -408,12 +411,10 @@ def test_work_ledger_counts_hits_as_less_work_and_forgets_finished_requests() ->
     assert s.in_flight_work(tracker.snapshot())[pod] == full + (BLOCK + 5 + 10)
     # the caller reports the cold request finished (one request, its tokens): the ledger drops
     # exactly that entry, not the oldest-but-wrong one
-    tracker.tokens[cold.instance_id] -= full
-    tracker.requests[cold.instance_id] -= 1
+    tracker.add(cold.instance_id, -full, -1)
     assert s.in_flight_work(tracker.snapshot())[pod] == BLOCK + 5 + 10
     # tokens the ledger never saw (another gateway replica) count in full
-    tracker.tokens[cold.instance_id] += 1000
-    tracker.requests[cold.instance_id] += 1
+    tracker.add(cold.instance_id, 1000)
     assert s.in_flight_work(tracker.snapshot())[pod] == BLOCK + 5 + 10 + 1000
 
 
@@ -429,8 +430,7 @@ def test_conversation_is_followed_past_the_load_bound_but_a_shared_prefix_is_not
     # both homes become busier than the bound allows (work the ledger does not know), though
     # not so busy that waiting there costs more than recomputing the prefix elsewhere
     for pod in {home, doc_home}:
-        tracker.tokens[pod] += 10_000
-        tracker.requests[pod] += 1
+        tracker.add(pod, 10_000)
     # the conversation's next turn continues its own earlier prompt: it stays home
     nxt = key(turn.block_hashes + chain(rng, 3), output=10)
     loads, bound, exempt = work_bound(s, nxt, tracker.snapshot(), 0.1, 0.0)
@@ -455,8 +455,7 @@ def test_exact_repeats_of_one_prompt_spill_past_the_load_bound() -> None:
     prompt = key(chain(rng, 30), output=10)
     home = tracker.route(s, prompt).instance_id
     assert s.is_private(prompt.block_hashes[-1])  # it ended an earlier prompt...
-    tracker.tokens[home] += 10_000  # ...but its home is over the bound
-    tracker.requests[home] += 1
+    tracker.add(home, 10_000)  # ...but its home is over the bound
     loads, bound, exempt = work_bound(s, prompt, tracker.snapshot(), 0.1, 0.0)
     assert not exempt
     assert loads[tracker.ids.index(home)] > bound
