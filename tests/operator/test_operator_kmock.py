@@ -86,7 +86,10 @@ async def test_create_gate_deploy_roll_delete(env: tuple[FakeCluster, Controller
         for t in prefs["preferredDuringSchedulingIgnoredDuringExecution"]
     ]
     assert keys[0] == names.weights_label(cache["metadata"]["name"])
-    assert await c.get(kube.Resource("", "v1", "services"), NS, "llama") is not None
+    services = {s["metadata"]["name"]: s for s in await c.list(kube.SERVICES, NS)}
+    assert sorted(services) == ["llama", "llama-main"]  # the endpoint's and its variant's
+    assert services["llama-main"]["spec"]["selector"][names.LABEL_VARIANT] == "main"
+    assert names.LABEL_VARIANT not in services["llama"]["spec"]["selector"]
 
     await converge(cluster, controller)
     endpoint = await c.get(kube.ENDPOINTS, NS, "llama")
@@ -116,7 +119,13 @@ async def test_create_gate_deploy_roll_delete(env: tuple[FakeCluster, Controller
     result = await converge(cluster, controller)
     assert "llama" in result.released
     assert await c.get(kube.ENDPOINTS, NS, "llama") is None
-    for resource in (kube.DEPLOYMENTS, kube.MODEL_CACHES, kube.IMAGE_CACHES, kube.DAEMONSETS):
+    for resource in (
+        kube.DEPLOYMENTS,
+        kube.MODEL_CACHES,
+        kube.IMAGE_CACHES,
+        kube.DAEMONSETS,
+        kube.SERVICES,
+    ):
         assert await c.list(resource, NS) == [], resource
     for node in (await cluster.nodes()).values():
         ann = node["metadata"].get("annotations") or {}

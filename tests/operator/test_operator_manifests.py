@@ -12,9 +12,11 @@ import pytest
 import yaml
 from fleet_world import endpoint_world
 
+from warmfleet.control import names
 from warmfleet.control.crds import all_crds
 from warmfleet.control.reconciler import deployment_plan
 from warmfleet.control.resources import InferenceEndpoint, wire
+from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.operator import render
 from warmfleet.operator.manifests import rendered_files
 
@@ -124,12 +126,36 @@ def test_example_validates_against_crd_and_model() -> None:
         crd_validate("InferenceEndpoint", {**doc, "spec": {**doc["spec"], "port": 0}})
 
 
+def test_gateway_example_follows_the_example_endpoints_variant_services() -> None:
+    """The gateway ConfigMap example is a valid ConfigMap holding a valid Gateway document
+    whose variants discover the Services the operator creates for the endpoint example."""
+    doc = yaml.safe_load((DEPLOY / "examples/gateway-llama-3.1-70b.yaml").read_text())
+    k8s_validate(doc)
+    gateway = parse_gateway_config(yaml.safe_load(doc["data"]["gateway.yaml"]))
+    example = yaml.safe_load((DEPLOY / "examples/vllm-llama-3.1-70b.yaml").read_text())
+    endpoint = InferenceEndpoint.model_validate(example)
+    (gw_endpoint,) = gateway.spec.endpoints
+    assert gw_endpoint.name == endpoint.metadata.name
+    for gw_variant, variant in zip(gw_endpoint.variants, endpoint.spec.variants, strict=True):
+        disc = gw_variant.kubernetes_discovery()
+        assert disc is not None
+        assert disc.service == names.service_name(endpoint.metadata.name, variant.name)
+        assert disc.namespace == endpoint.metadata.namespace
+        assert gw_variant.routing.strategy == variant.routing.strategy
+        service = render.service(endpoint.metadata.name, 8000, "default", "uid-1", variant.name)
+        assert service["metadata"]["name"] == disc.service
+        assert service["spec"]["ports"][0]["name"] == disc.port
+    assert doc["metadata"]["name"] == "warmfleet-gateway"
+    assert gateway.spec.listen.host == "0.0.0.0"  # reachable from outside the pod
+
+
 def test_runtime_objects_and_statuses_validate() -> None:
     world, endpoint = endpoint_world()
     for variant in endpoint.spec.variants:
         plan = deployment_plan(endpoint, variant)
         k8s_validate(render.deployment(plan, "default", "uid-1"))
     k8s_validate(render.service(endpoint.name, 8000, "default", "uid-1"))
+    k8s_validate(render.service(endpoint.name, 8000, "default", "uid-1", variant="main"))
     k8s_validate(
         render.image_puller("img-abc", "vllm/vllm-openai:v0.9", {"pool": "gpu"}, "default")
     )

@@ -50,6 +50,11 @@ def deployment_name(endpoint: str, variant: str, rev: str) -> str:
     return f"{endpoint}-{variant}-{rev}"
 
 
+def service_name(endpoint: str, variant: str | None = None) -> str:
+    """The endpoint's Service (all its engines), or one variant's."""
+    return endpoint if variant is None else f"{endpoint}-{variant}"
+
+
 def weights_label(cache_name: str) -> str:
     return LABEL_PREFIX_WEIGHTS + cache_name
 

@@ -26,7 +26,12 @@ from pydantic import BaseModel, ValidationError
 
 from warmfleet.core.config import format_validation_error
 from warmfleet.core.errors import BadRequestError, ConfigError, NotFoundError, WarmfleetError
-from warmfleet.gateway.config import InstanceSpec, parse_instance_list
+from warmfleet.gateway.config import (
+    FileDiscovery,
+    InstanceSpec,
+    KubernetesDiscovery,
+    parse_instance_list,
+)
 from warmfleet.gateway.errors import ConflictError, UnauthorizedError, error_response
 from warmfleet.gateway.fleet import build_router_or_raise
 from warmfleet.gateway.routes import Routes
@@ -116,10 +121,9 @@ class AdminApi:
         return _json(self._variant(request).describe()["instances"])
 
     def _static(self, variant: VariantRuntime) -> VariantRuntime:
-        if variant.discovery is not None:
-            raise ConflictError(
-                f"variant {variant.name!r} takes its instances from {variant.discovery.path}"
-            )
+        disc = variant.config.discovery
+        if isinstance(disc, FileDiscovery | KubernetesDiscovery):
+            raise ConflictError(f"variant {variant.name!r} takes its instances from {disc.source}")
         return variant
 
     async def put_instances(self, request: Request) -> Response:

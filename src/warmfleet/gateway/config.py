@@ -124,8 +124,56 @@ class FileDiscovery(StrictModel):
     path: str = Field(min_length=1)
     poll_interval_s: float = Field(default=1.0, gt=0)
 
+    @property
+    def source(self) -> str:
+        return self.path
 
-Discovery = Annotated[StaticDiscovery | FileDiscovery, Field(discriminator="type")]
+
+_SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+class KubernetesDiscovery(StrictModel):
+    """The ready endpoints of a Kubernetes Service, from its EndpointSlices (list, then watch).
+
+    The fleet controller creates one Service per ``InferenceEndpoint``, named after it.
+    ``port``: the slice port's name (the Service port's name) or number. ``namespace`` ``None``:
+    the gateway pod's own (read from the service account). ``api_server`` ``None``: in-cluster
+    (``$KUBERNETES_SERVICE_HOST``/``_PORT``); the token and CA files are used when present."""
+
+    type: Literal["kubernetes"] = "kubernetes"
+    service: str = Field(pattern=_DNS_LABEL)
+    namespace: str | None = Field(default=None, pattern=_DNS_LABEL)
+    port: (
+        Annotated[str, Field(min_length=1, max_length=15)] | Annotated[int, Field(ge=1, le=65535)]
+    ) = "http"
+    scheme: Literal["http", "https"] = "http"
+    api_server: str | None = None
+    token_path: str = f"{_SERVICE_ACCOUNT}/token"
+    ca_path: str = f"{_SERVICE_ACCOUNT}/ca.crt"
+    namespace_path: str = f"{_SERVICE_ACCOUNT}/namespace"
+    timeout_s: float = Field(default=10.0, gt=0)
+    watch_timeout_s: float = Field(default=300.0, gt=0)
+    retry_interval_s: float = Field(default=2.0, gt=0)
+
+    @property
+    def source(self) -> str:
+        return f"the EndpointSlices of Service {self.namespace or '(own namespace)'}/{self.service}"
+
+    @field_validator("api_server")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        url = URL(value)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http(s) URL with a host")
+        return str(url).rstrip("/")
+
+
+Discovery = Annotated[
+    StaticDiscovery | FileDiscovery | KubernetesDiscovery, Field(discriminator="type")
+]
 
 
 class VariantConfig(StrictModel):
@@ -156,6 +204,14 @@ class VariantConfig(StrictModel):
 
     def file_discovery(self) -> FileDiscovery | None:
         return self.discovery if isinstance(self.discovery, FileDiscovery) else None
+
+    def kubernetes_discovery(self) -> KubernetesDiscovery | None:
+        return self.discovery if isinstance(self.discovery, KubernetesDiscovery) else None
+
+    @property
+    def discovered(self) -> bool:
+        """Instances come from a file or Kubernetes, not from this document."""
+        return isinstance(self.discovery, FileDiscovery | KubernetesDiscovery)
 
 
 class EndpointConfig(StrictModel):

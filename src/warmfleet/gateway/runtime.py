@@ -15,6 +15,7 @@ from warmfleet.gateway.config import GatewayConfig, load_gateway_config
 from warmfleet.gateway.discovery import FileDiscovery
 from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.health import HealthMonitor
+from warmfleet.gateway.kube_discovery import KubeDiscovery
 from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.models import ModelsCache
@@ -48,6 +49,7 @@ class Gateway:
         if kv_events is not None:
             kv_events.feed.register_metrics(self.metrics.registry)
         self.discovery = FileDiscovery(self.state)
+        self.kube_discovery = KubeDiscovery(self.state)
         self._proxy: Proxy | None = None
         self._health: HealthMonitor | None = None
         self._models: ModelsCache | None = None
@@ -91,6 +93,7 @@ class Gateway:
         self._tasks = [
             asyncio.create_task(self._health.run(), name="warmfleet-gateway-health"),
             asyncio.create_task(self.discovery.run(), name="warmfleet-gateway-discovery"),
+            asyncio.create_task(self.kube_discovery.run(), name="warmfleet-gateway-k8s-discovery"),
             asyncio.create_task(self._sweep_idle(), name="warmfleet-gateway-pool-sweep"),
         ]
         if self.kv_events is not None:

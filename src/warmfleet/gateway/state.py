@@ -151,7 +151,7 @@ class VariantRuntime:
             self.set_routing(config.routing)
         live = [self.spec_of(i) for i in self.instances.values()]
         self.config = config.model_copy(update={"routing": self.routing_config})
-        if config.file_discovery() is None and live != config.static_instances():
+        if not config.discovered and live != config.static_instances():
             self.set_instances(config.static_instances())
 
     def set_instances(self, specs: Sequence[InstanceSpec]) -> None:

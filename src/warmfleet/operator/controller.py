@@ -195,12 +195,16 @@ class Controller:
         elif isinstance(action, ApplyDeployment):
             owner_uid = endpoints[action.plan.endpoint].uid
             await c.apply(kube.DEPLOYMENTS, ns, render.deployment(action.plan, ns, owner_uid))
-            service = render.service(action.plan.endpoint, action.plan.port, ns, owner_uid)
-            await c.apply(kube.Resource("", "v1", "services"), ns, service)
+            plan = action.plan
+            for variant in (None, plan.variant):
+                service = render.service(plan.endpoint, plan.port, ns, owner_uid, variant)
+                await c.apply(kube.SERVICES, ns, service)
         elif isinstance(action, DeleteDeployment):
             await c.delete(kube.DEPLOYMENTS, ns, action.name)
         elif isinstance(action, ReleaseEndpoint):
-            await c.delete(kube.Resource("", "v1", "services"), ns, action.name)
+            # its Service and its variants' (ownerReferences would do it; kmock has no GC)
+            for service in await c.list(kube.SERVICES, ns, {names.LABEL_ENDPOINT: action.name}):
+                await c.delete(kube.SERVICES, ns, service["metadata"]["name"])
             result.released.add(action.name)
         else:
             await self._status(action)

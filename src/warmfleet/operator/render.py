@@ -148,19 +148,28 @@ def deployment(plan: DeploymentPlan, namespace: str, owner_uid: str) -> Obj:
     }
 
 
-def service(endpoint: str, port: int, namespace: str, owner_uid: str) -> Obj:
-    """The Service whose EndpointSlices the gateway watches to find an endpoint's engines."""
+def service(
+    endpoint: str, port: int, namespace: str, owner_uid: str, variant: str | None = None
+) -> Obj:
+    """The Service of an endpoint's engines (``variant`` ``None``: every variant's), named
+    ``<endpoint>`` or ``<endpoint>-<variant>``. A gateway variant with ``discovery: {type:
+    kubernetes, service: <endpoint>-<variant>}`` follows the latter's EndpointSlices."""
+    labels = {names.LABEL_ENDPOINT: endpoint, names.LABEL_MANAGED_BY: names.MANAGER}
+    selector = {names.LABEL_ENDPOINT: endpoint, LABEL_ROLE: "engine"}
+    if variant is not None:
+        labels[names.LABEL_VARIANT] = variant
+        selector[names.LABEL_VARIANT] = variant
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": endpoint,
+            "name": names.service_name(endpoint, variant),
             "namespace": namespace,
-            "labels": {names.LABEL_ENDPOINT: endpoint, names.LABEL_MANAGED_BY: names.MANAGER},
+            "labels": labels,
             "ownerReferences": [owner_reference("InferenceEndpoint", endpoint, owner_uid)],
         },
         "spec": {
-            "selector": {names.LABEL_ENDPOINT: endpoint, LABEL_ROLE: "engine"},
+            "selector": selector,
             "ports": [{"name": "http", "port": port, "targetPort": "http"}],
         },
     }

@@ -1,0 +1,95 @@
+"""Kubernetes EndpointSlices -> instances (pure: no I/O; ``kube_discovery`` feeds it).
+
+Follows the ``discovery.k8s.io/v1`` semantics a kube-proxy user expects:
+
+- a slice's port is picked by name (the Service port's name) or by number; a slice without it
+  contributes nothing;
+- an endpoint takes traffic when ``conditions.ready`` is true or absent ("nil means ready");
+  a terminating endpoint reports ``ready: false`` and is dropped;
+- only the first address of an endpoint is used (they are fungible); ``FQDN`` slices are used
+  as host names, IPv6 addresses are bracketed;
+- the instance id is the backing Pod's name (``targetRef``), so a restarted pod (new name) is a
+  new instance with an empty cache, and a pod keeps its id if its slice is split or merged; an
+  endpoint without a Pod reference is named after its address and port;
+- an endpoint listed in two slices (a slice being split) is one instance.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from warmfleet.gateway.config import InstanceSpec
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")
+
+
+def slice_port(slice_obj: Mapping[str, Any], port: str | int) -> int | None:
+    """The number of ``port`` (a name or a number) in a slice, or ``None``."""
+    for entry in slice_obj.get("ports") or ():
+        if not isinstance(entry, Mapping):
+            continue
+        number = entry.get("port")
+        if not isinstance(number, int):
+            continue
+        if (isinstance(port, int) and number == port) or (
+            isinstance(port, str) and entry.get("name") == port
+        ):
+            return number
+    return None
+
+
+def is_ready(endpoint: Mapping[str, Any]) -> bool:
+    conditions = endpoint.get("conditions")
+    if not isinstance(conditions, Mapping):
+        return True
+    return conditions.get("ready") is not False
+
+
+def _host(address: str, address_type: str) -> str:
+    return f"[{address}]" if address_type == "IPv6" else address
+
+
+def _instance_id(endpoint: Mapping[str, Any], address: str, number: int) -> str:
+    ref = endpoint.get("targetRef")
+    if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and isinstance(ref.get("name"), str):
+        return str(ref["name"])[:63]
+    return _ID_UNSAFE.sub("-", f"{address}-{number}").strip("-.")[:63]
+
+
+def instances_from_slices(
+    slices: Iterable[Mapping[str, Any]], port: str | int, scheme: str = "http"
+) -> list[InstanceSpec]:
+    """The ready instances behind a Service's slices, sorted by id (deterministic)."""
+    found: dict[str, InstanceSpec] = {}
+    for slice_obj in slices:
+        address_type = slice_obj.get("addressType", "IPv4")
+        number = slice_port(slice_obj, port)
+        if number is None or address_type not in _ADDRESS_TYPES:
+            continue
+        for endpoint in slice_obj.get("endpoints") or ():
+            if not isinstance(endpoint, Mapping) or not is_ready(endpoint):
+                continue
+            addresses = endpoint.get("addresses")
+            if not addresses or not isinstance(addresses[0], str):
+                continue
+            address = addresses[0]
+            iid = _instance_id(endpoint, address, number)
+            url = f"{scheme}://{_host(address, address_type)}:{number}"
+            if iid in found:
+                continue
+            try:
+                found[iid] = InstanceSpec(id=iid, url=url)
+            except ValueError:  # an address no URL can carry: that endpoint is skipped
+                continue
+    return [found[iid] for iid in sorted(found)]
+
+
+def belongs_to(slice_obj: Mapping[str, Any], service: str) -> bool:
+    """Whether a slice is one of ``service``'s (checked here as well: not every API server, or
+    API emulator, applies label selectors)."""
+    labels = (slice_obj.get("metadata") or {}).get("labels") or {}
+    return isinstance(labels, Mapping) and labels.get(SERVICE_NAME_LABEL) == service

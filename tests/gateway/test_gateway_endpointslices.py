@@ -1,0 +1,139 @@
+"""EndpointSlices -> instances (pure) and the ``kubernetes`` discovery config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from warmfleet.core.config import parse_document
+from warmfleet.core.errors import ConfigError
+from warmfleet.gateway.config import KubernetesDiscovery, VariantConfig
+from warmfleet.gateway.endpointslices import belongs_to, instances_from_slices
+
+
+def endpoint(
+    address: str, pod: str | None = None, ready: bool | None = True, **extra: Any
+) -> dict[str, Any]:
+    ep: dict[str, Any] = {"addresses": [address], **extra}
+    if ready is not None:
+        ep["conditions"] = {"ready": ready}
+    if pod is not None:
+        ep["targetRef"] = {"kind": "Pod", "name": pod, "namespace": "default"}
+    return ep
+
+
+def slice_of(
+    *endpoints: dict[str, Any],
+    name: str = "llama-abc",
+    service: str = "llama",
+    ports: list[dict[str, Any]] | None = None,
+    address_type: str = "IPv4",
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+        "addressType": address_type,
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}] if ports is None else ports,
+        "endpoints": list(endpoints),
+    }
+
+
+def test_ready_endpoints_become_instances_named_after_their_pods() -> None:
+    slices = [
+        slice_of(
+            endpoint("10.0.0.2", "llama-b"),
+            endpoint("10.0.0.1", "llama-a", ready=None),  # nil means ready
+            endpoint("10.0.0.3", "llama-c", ready=False),  # terminating or not ready
+        )
+    ]
+    specs = instances_from_slices(slices, "http")
+    assert [(s.id, s.url) for s in specs] == [
+        ("llama-a", "http://10.0.0.1:8000"),
+        ("llama-b", "http://10.0.0.2:8000"),
+    ]
+
+
+def test_port_by_name_or_number_and_missing_port() -> None:
+    ports = [{"name": "metrics", "port": 9090}, {"name": "http", "port": 8000}]
+    slices = [slice_of(endpoint("10.0.0.1", "a"), ports=ports)]
+    assert instances_from_slices(slices, "http")[0].url == "http://10.0.0.1:8000"
+    assert instances_from_slices(slices, 9090, "https")[0].url == "https://10.0.0.1:9090"
+    assert instances_from_slices(slices, "grpc") == []
+    assert instances_from_slices([slice_of(endpoint("10.0.0.1"), ports=[])], "http") == []
+
+
+def test_ipv6_fqdn_first_address_and_ids_without_pods() -> None:
+    v6 = slice_of(endpoint("fd00::5"), address_type="IPv6", name="s6")
+    fqdn = slice_of(endpoint("engine-0.engines.default.svc"), address_type="FQDN", name="sf")
+    two = slice_of({"addresses": ["10.0.0.7", "10.0.0.8"]}, name="s2")
+    specs = {s.id: s.url for s in instances_from_slices([v6, fqdn, two], "http")}
+    assert specs == {
+        "fd00--5-8000": "http://[fd00::5]:8000",
+        "engine-0.engines.default.svc-8000": "http://engine-0.engines.default.svc:8000",
+        "10.0.0.7-8000": "http://10.0.0.7:8000",
+    }
+
+
+def test_an_endpoint_in_two_slices_is_one_instance_and_bad_entries_are_skipped() -> None:
+    a = slice_of(endpoint("10.0.0.1", "pod-a"), name="s1")
+    moved = slice_of(endpoint("10.0.0.1", "pod-a"), endpoint("10.0.0.2", "pod-b"), name="s2")
+    junk = slice_of(
+        {"addresses": []},
+        {"conditions": {"ready": True}},
+        endpoint("", "pod-x"),  # no host: no URL
+        "not an endpoint",  # type: ignore[arg-type]
+        name="s3",
+    )
+    other_type = slice_of(endpoint("10.0.0.9", "pod-z"), address_type="Unknown", name="s4")
+    specs = instances_from_slices([a, moved, junk, other_type], "http")
+    assert [s.id for s in specs] == ["pod-a", "pod-b"]
+
+
+def test_belongs_to_checks_the_service_label() -> None:
+    assert belongs_to(slice_of(service="llama"), "llama")
+    assert not belongs_to(slice_of(service="mistral"), "llama")
+    assert not belongs_to({"metadata": {}}, "llama")
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 20), st.sampled_from([True, False, None])), max_size=30),
+    st.integers(1, 4),
+)
+def test_exactly_the_ready_pods_once_each(eps: list[tuple[int, bool | None]], n: int) -> None:
+    """However endpoints are spread over slices (and repeated), the result is the set of pods
+    with a ready (or unknown) entry, each once, sorted."""
+    slices = [
+        slice_of(
+            *[endpoint(f"10.0.1.{p}", f"pod-{p}", ready) for p, ready in eps[i::n]], name=f"s{i}"
+        )
+        for i in range(n)
+    ]
+    ids = [s.id for s in instances_from_slices(slices, "http")]
+    assert ids == sorted({f"pod-{p}" for p, ready in eps if ready is not False})
+
+
+def test_kubernetes_discovery_config_is_validated() -> None:
+    ok = parse_document(
+        VariantConfig,
+        {"name": "v1", "discovery": {"type": "kubernetes", "service": "llama", "port": 8000}},
+    )
+    disc = ok.kubernetes_discovery()
+    assert isinstance(disc, KubernetesDiscovery)
+    assert disc.port == 8000
+    assert ok.discovered
+    assert ok.static_instances() == []
+    for bad, field in (
+        ({"service": "Llama_1"}, "service"),
+        ({"service": "llama", "port": 0}, "port"),
+        ({"service": "llama", "api_server": "ftp://x"}, "api_server"),
+        ({"service": "llama", "namespace": "-x"}, "namespace"),
+        ({"service": "llama", "watch": True}, "watch"),
+    ):
+        with pytest.raises(ConfigError, match=field):
+            parse_document(
+                VariantConfig, {"name": "v1", "discovery": {"type": "kubernetes", **bad}}
+            )

@@ -1,0 +1,167 @@
+"""Kubernetes discovery against kmock's API emulator: the gateway follows a Service's
+EndpointSlices (list, then watch), keeps its instances when the API fails, and follows
+reloads that change the Service."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from gateway_support import MODEL, FakeBackend, backends_running, gateway_doc, wait_until
+
+from warmfleet.gateway.app import create_app
+from warmfleet.gateway.config import parse_gateway_config
+from warmfleet.gateway.server import StartedApp, start_app
+
+NS = "default"
+TOKEN = "admin-token-0123456789"
+SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
+
+
+def declare(kmock: Any) -> None:
+    kmock.resources["discovery.k8s.io/v1/endpointslices"] = kmock.ResourceInfo(
+        kind="EndpointSlice",
+        namespaced=True,
+        verbs=["get", "list", "watch", "create", "update", "patch", "delete"],
+    )
+
+
+def slice_body(name: str, service: str, ready: dict[FakeBackend, bool]) -> dict[str, Any]:
+    """One slice of ``service`` whose endpoints are the fake backends (all on one port each:
+    a slice has one port list, so each backend gets a slice of its own in these tests)."""
+    (backend,) = ready
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": backend.port, "protocol": "TCP"}],
+        "endpoints": [
+            {
+                "addresses": ["127.0.0.1"],
+                "conditions": {"ready": ready[backend]},
+                "targetRef": {"kind": "Pod", "name": f"pod-{backend.name}", "namespace": NS},
+            }
+        ],
+    }
+
+
+def k8s_variant(api: str, service: str, **extra: Any) -> dict[str, Any]:
+    discovery = {
+        "type": "kubernetes",
+        "service": service,
+        "namespace": NS,
+        "api_server": api,
+        "token_path": "/nonexistent/token",
+        "ca_path": "/nonexistent/ca.crt",
+        "retry_interval_s": 0.05,
+        "timeout_s": 2.0,
+        **extra,
+    }
+    return {"name": "v1", "models": [MODEL], "discovery": discovery}
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def ask(http: aiohttp.ClientSession, gw: StartedApp) -> tuple[int, str | None]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with http.post(gw.url + "/v1/chat/completions", json=body) as resp:
+        await resp.read()
+        return resp.status, resp.headers.get("x-warmfleet-instance")
+
+
+def ids(gw: StartedApp) -> list[str]:
+    return sorted(gw.gateway.state.default_endpoint().variant("v1").instances)
+
+
+async def test_follows_the_services_endpointslices(kmock: Any, http: aiohttp.ClientSession) -> None:
+    declare(kmock)
+    api = str(kmock.url).rstrip("/")
+    async with backends_running("a", "b") as (a, b):
+        await http.post(api + SLICES, json=slice_body("llama-a", "llama", {a: True}))
+        await http.post(api + SLICES, json=slice_body("mistral-x", "mistral", {b: True}))
+        doc = gateway_doc([], variants=[k8s_variant(api, "llama")], admin_token=TOKEN)
+        gw = await start_app(create_app(parse_gateway_config(doc)))
+        try:
+            disc = gw.gateway.kube_discovery
+            await wait_until(lambda: ids(gw) == ["pod-a"])  # the other Service's slice is not ours
+            assert await ask(http, gw) == (200, "pod-a")
+
+            await http.post(api + SLICES, json=slice_body("llama-b", "llama", {b: False}))
+            await http.patch(
+                api + f"{SLICES}/llama-a",
+                json={"endpoints": slice_body("llama-a", "llama", {a: False})["endpoints"]},
+            )
+            await wait_until(lambda: ids(gw) == [])  # both known, neither ready
+            assert (await ask(http, gw))[0] == 503
+
+            await http.patch(
+                api + f"{SLICES}/llama-b",
+                json={"endpoints": slice_body("llama-b", "llama", {b: True})["endpoints"]},
+            )
+            await wait_until(lambda: ids(gw) == ["pod-b"])
+            assert await ask(http, gw) == (200, "pod-b")
+            await http.delete(api + f"{SLICES}/llama-b")
+            await wait_until(lambda: ids(gw) == [])
+            assert disc.loads >= 4
+            assert disc.errors == 0
+
+            async with http.put(
+                gw.url + "/admin/v1/endpoints/main/variants/v1/instances",
+                json=[],
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            ) as resp:  # the Service is the source of truth, not the admin API
+                assert resp.status == 409
+                assert "EndpointSlices of Service default/llama" in await resp.text()
+        finally:
+            await gw.stop()
+
+
+async def test_api_failures_keep_the_instances_and_reload_switches_service(
+    kmock: Any, http: aiohttp.ClientSession, unused_tcp_port: int
+) -> None:
+    declare(kmock)
+    api = str(kmock.url).rstrip("/")
+    async with backends_running("a", "b") as (a, b):
+        await http.post(api + SLICES, json=slice_body("llama-a", "llama", {a: True}))
+        await http.post(api + SLICES, json=slice_body("mistral-b", "mistral", {b: True}))
+        doc = gateway_doc([], variants=[k8s_variant(api, "llama")])
+        gw = await start_app(create_app(parse_gateway_config(doc)))
+        try:
+            disc = gw.gateway.kube_discovery
+            await wait_until(lambda: ids(gw) == ["pod-a"])
+
+            # An API server that refuses connections: errors counted, instances kept.
+            dead = f"http://127.0.0.1:{unused_tcp_port}"
+            gw.gateway.apply(
+                parse_gateway_config(gateway_doc([], variants=[k8s_variant(dead, "llama")])),
+                "test",
+            )
+            await wait_until(lambda: disc.errors >= 2)
+            assert ids(gw) == ["pod-a"]
+            assert await ask(http, gw) == (200, "pod-a")
+
+            # A reload that names another Service: the watcher restarts on it.
+            gw.gateway.apply(
+                parse_gateway_config(gateway_doc([], variants=[k8s_variant(api, "mistral")])),
+                "test",
+            )
+            await wait_until(lambda: ids(gw) == ["pod-b"])
+            assert await ask(http, gw) == (200, "pod-b")
+        finally:
+            await gw.stop()
+        watchers = [
+            t for t in asyncio.all_tasks() if t.get_name().startswith("warmfleet-gateway-k8s")
+        ]
+        assert watchers == []  # the runtime stopped the supervisor and its watchers
