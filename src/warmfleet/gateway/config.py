@@ -16,6 +16,7 @@ from yarl import URL
 
 from warmfleet.core.config import StrictModel, load_yaml_file, parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.core.kubeapi import SERVICE_ACCOUNT_DIR, KubeApiSpec
 from warmfleet.routing.config import RoutingConfig
 
 API_VERSION = "warmfleet.dev/v1alpha1"
@@ -129,17 +130,16 @@ class FileDiscovery(StrictModel):
         return self.path
 
 
-_SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
-class KubernetesDiscovery(StrictModel):
+class KubernetesDiscovery(KubeApiSpec):
     """The ready endpoints of a Kubernetes Service, from its EndpointSlices (list, then watch).
 
-    The fleet controller creates one Service per ``InferenceEndpoint``, named after it.
-    ``port``: the slice port's name (the Service port's name) or number. ``namespace`` ``None``:
-    the gateway pod's own (read from the service account). ``api_server`` ``None``: in-cluster
-    (``$KUBERNETES_SERVICE_HOST``/``_PORT``); the token and CA files are used when present."""
+    The fleet controller creates a Service per ``InferenceEndpoint`` variant,
+    ``<endpoint>-<variant>``. ``port``: the slice port's name (the Service port's name) or
+    number. ``namespace`` ``None``: the gateway pod's own (read from ``namespace_path``). API
+    access (``api_server``, ``token_path``, ``ca_path``, ``timeout_s``): ``KubeApiSpec``."""
 
     type: Literal["kubernetes"] = "kubernetes"
     service: str = Field(pattern=_DNS_LABEL)
@@ -148,27 +148,13 @@ class KubernetesDiscovery(StrictModel):
         Annotated[str, Field(min_length=1, max_length=15)] | Annotated[int, Field(ge=1, le=65535)]
     ) = "http"
     scheme: Literal["http", "https"] = "http"
-    api_server: str | None = None
-    token_path: str = f"{_SERVICE_ACCOUNT}/token"
-    ca_path: str = f"{_SERVICE_ACCOUNT}/ca.crt"
-    namespace_path: str = f"{_SERVICE_ACCOUNT}/namespace"
-    timeout_s: float = Field(default=10.0, gt=0)
+    namespace_path: str = f"{SERVICE_ACCOUNT_DIR}/namespace"
     watch_timeout_s: float = Field(default=300.0, gt=0)
     retry_interval_s: float = Field(default=2.0, gt=0)
 
     @property
     def source(self) -> str:
         return f"the EndpointSlices of Service {self.namespace or '(own namespace)'}/{self.service}"
-
-    @field_validator("api_server")
-    @classmethod
-    def _api_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        url = URL(value)
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError("must be an http(s) URL with a host")
-        return str(url).rstrip("/")
 
 
 Discovery = Annotated[

@@ -18,18 +18,15 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import ssl
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from warmfleet.core.errors import WarmfleetError
 from warmfleet.gateway.config import KubernetesDiscovery
 from warmfleet.gateway.endpointslices import SERVICE_NAME_LABEL, belongs_to, instances_from_slices
 from warmfleet.gateway.fleet import GatewayState
+from warmfleet.kube.access import KubeAccessError, api_server, auth_headers, read_own, tls
 
 log = logging.getLogger(__name__)
 _SLICES = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
@@ -37,46 +34,6 @@ _TICK_S = 0.5
 _GONE = 410
 
 WatchKey = tuple[str, str, str]  # endpoint, variant, discovery config (JSON)
-
-
-class KubeDiscoveryError(WarmfleetError):
-    """The API server could not be reached or answered with an error."""
-
-
-def api_server(disc: KubernetesDiscovery) -> str:
-    if disc.api_server is not None:
-        return disc.api_server
-    host = os.environ.get("KUBERNETES_SERVICE_HOST")
-    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        raise KubeDiscoveryError(
-            "discovery.api_server is not set and $KUBERNETES_SERVICE_HOST is unset (not in a pod)"
-        )
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-
-
-def namespace_of(disc: KubernetesDiscovery) -> str:
-    if disc.namespace is not None:
-        return disc.namespace
-    try:
-        return Path(disc.namespace_path).read_text(encoding="utf-8").strip()
-    except OSError as err:
-        raise KubeDiscoveryError(
-            f"discovery.namespace is not set and {disc.namespace_path} is unreadable: {err}"
-        ) from err
-
-
-def _headers(disc: KubernetesDiscovery) -> dict[str, str]:
-    try:
-        token = Path(disc.token_path).read_text(encoding="utf-8").strip()
-    except OSError:
-        return {}
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def _ssl(disc: KubernetesDiscovery) -> ssl.SSLContext | bool:
-    """The cluster CA when its file exists, else the system's trust store (``True``)."""
-    return ssl.create_default_context(cafile=disc.ca_path) if Path(disc.ca_path).exists() else True
 
 
 class _Watcher:
@@ -91,22 +48,24 @@ class _Watcher:
     async def run(self) -> None:
         disc = self.disc
         failing = False
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_ssl(disc))) as http:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls(disc))) as http:
             while True:
                 try:
                     await self._list_and_watch(http)
                     failing = False
-                except (KubeDiscoveryError, aiohttp.ClientError, TimeoutError, ValueError) as err:
+                except (KubeAccessError, aiohttp.ClientError, TimeoutError, ValueError) as err:
                     self.owner.failed(self.key, err, first=not failing)
                     failing = True
                     await asyncio.sleep(disc.retry_interval_s)
 
     async def _list_and_watch(self, http: aiohttp.ClientSession) -> None:
         disc = self.disc
-        url = api_server(disc) + _SLICES.format(namespace=namespace_of(disc))
+        namespace = disc.namespace or read_own(disc.namespace_path, "discovery.namespace")
+        url = api_server(disc) + _SLICES.format(namespace=namespace)
         selector = {"labelSelector": f"{SERVICE_NAME_LABEL}={disc.service}"}
         timeout = aiohttp.ClientTimeout(total=disc.timeout_s)
-        async with http.get(url, params=selector, headers=_headers(disc), timeout=timeout) as resp:
+        headers = auth_headers(disc)
+        async with http.get(url, params=selector, headers=headers, timeout=timeout) as resp:
             listing = await _json_or_raise(resp)
         items = listing.get("items") or []
         self.slices = {_name(s): s for s in items if belongs_to(s, disc.service)}
@@ -125,7 +84,7 @@ class _Watcher:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(disc.watch_timeout_s + disc.timeout_s):
                 async with http.get(
-                    url, params=params, headers=_headers(disc), timeout=watch_timeout
+                    url, params=params, headers=auth_headers(disc), timeout=watch_timeout
                 ) as resp:
                     if resp.status != 200:
                         await _json_or_raise(resp)
@@ -141,7 +100,7 @@ class _Watcher:
             code = obj.get("code")
             if code == _GONE:
                 return False
-            raise KubeDiscoveryError(f"watch error {code}: {obj.get('message', '')}")
+            raise KubeAccessError(f"watch error {code}: {obj.get('message', '')}")
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             return True  # BOOKMARK
         name = _name(obj)
@@ -160,10 +119,10 @@ def _name(obj: Mapping[str, Any]) -> str:
 async def _json_or_raise(resp: aiohttp.ClientResponse) -> dict[str, Any]:
     text = await resp.text()
     if resp.status != 200:
-        raise KubeDiscoveryError(f"{resp.method} {resp.url.path}: HTTP {resp.status}: {text[:200]}")
+        raise KubeAccessError(f"{resp.method} {resp.url.path}: HTTP {resp.status}: {text[:200]}")
     data = json.loads(text)
     if not isinstance(data, dict):
-        raise KubeDiscoveryError(f"{resp.url.path}: not a JSON object")
+        raise KubeAccessError(f"{resp.url.path}: not a JSON object")
     return data
 
 

@@ -1,0 +1,52 @@
+"""Reaching the API server as ``KubeApiSpec`` says: its URL, the bearer token (re-read on every
+call: projected service-account tokens rotate) and TLS trust."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from pathlib import Path
+
+from warmfleet.core.errors import WarmfleetError
+from warmfleet.core.kubeapi import KubeApiSpec
+
+
+class KubeAccessError(WarmfleetError):
+    """The API server cannot be located or answered with an error."""
+
+
+def api_server(spec: KubeApiSpec) -> str:
+    if spec.api_server is not None:
+        return spec.api_server
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host:
+        raise KubeAccessError(
+            "api_server is not set and $KUBERNETES_SERVICE_HOST is unset (not in a pod)"
+        )
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+def auth_headers(spec: KubeApiSpec) -> dict[str, str]:
+    """``Authorization: Bearer <token>`` when the token file exists, else none."""
+    try:
+        token = Path(spec.token_path).read_text(encoding="utf-8").strip()
+    except OSError:
+        return {}
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def tls(spec: KubeApiSpec) -> ssl.SSLContext | bool:
+    """The cluster CA when its file exists, else the system's trust store (``True``)."""
+    return ssl.create_default_context(cafile=spec.ca_path) if Path(spec.ca_path).exists() else True
+
+
+def read_own(path: str, what: str) -> str:
+    """A value the pod learns from a file (its namespace from the service account)."""
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise KubeAccessError(f"{what} is not set and {path} is unreadable: {err}") from err
+    if not value:
+        raise KubeAccessError(f"{what} is not set and {path} is empty")
+    return value
