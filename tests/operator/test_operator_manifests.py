@@ -12,13 +12,14 @@ import pytest
 import yaml
 from fleet_world import endpoint_world
 
+from warmfleet.cache.config import load_node_config
 from warmfleet.control import names
 from warmfleet.control.crds import all_crds
 from warmfleet.control.reconciler import deployment_plan
 from warmfleet.control.resources import InferenceEndpoint, wire
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.operator import render
-from warmfleet.operator.manifests import rendered_files
+from warmfleet.operator.manifests import Values, agent_objects, rendered_files
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S_VERSION = "1.37.0"
@@ -147,6 +148,19 @@ def test_gateway_example_follows_the_example_endpoints_variant_services() -> Non
         assert service["spec"]["ports"][0]["name"] == disc.port
     assert doc["metadata"]["name"] == "warmfleet-gateway"
     assert gateway.spec.listen.host == "0.0.0.0"  # reachable from outside the pod
+
+
+def test_node_agent_config_serves_the_mounted_host_path() -> None:
+    """The agent's ConfigMap turns on the Node-annotation protocol for the hostPath that its
+    DaemonSet mounts at the cache root (engine pods mount that same path)."""
+    objects = {o["kind"]: o for o in agent_objects(Values())}
+    config = load_node_config(objects["ConfigMap"]["data"]["node.yaml"])
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "cache"]
+    assert config.spec.kubernetes is not None
+    assert config.spec.kubernetes.host_path == volume["hostPath"]["path"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert config.spec.root == mounts["cache"]
 
 
 def test_runtime_objects_and_statuses_validate() -> None:

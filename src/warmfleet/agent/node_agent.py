@@ -1,4 +1,5 @@
-"""The long-running node agent: keeps the configured artifacts cached and serves status.
+"""The long-running node agent: keeps the configured artifacts cached and serves status; with
+``spec.kubernetes``, it also serves the caches its Node is assigned (``kube_node``).
 
 Every ``reconcile_interval_s`` it prefetches each configured artifact with the holder
 ``config:<name>`` (a changed source resolves to a new key; once that version is ready the holder
@@ -19,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from warmfleet.agent.fleet_node import FleetNode
+from warmfleet.agent.kube_node import KubeNodeSync
 from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.status_api import build_app
@@ -37,6 +40,7 @@ class NodeAgent:
         self.stop_event = asyncio.Event()
         self.port = 0
         self.reconciles = 0
+        self.kube: KubeNodeSync | None = None  # with ``spec.kubernetes``, once running
 
     async def run(self) -> None:
         store = Store(Path(self.spec.root))
@@ -66,9 +70,16 @@ class NodeAgent:
             self.port = server.sockets[0].getsockname()[1] if server else 0  # type: ignore[attr-defined]
             self._write_discovery(manager.store.root)
             spawn(self._reconcile_loop(manager))
+            fleet: FleetNode | None = None
+            if self.spec.kubernetes is not None:
+                fleet = FleetNode(manager, tg)
+                self.kube = KubeNodeSync(fleet, self.spec.kubernetes)
+                spawn(self.kube.run())
             try:
                 await self.stop_event.wait()
             finally:
+                if fleet is not None:
+                    fleet.cancel()
                 for task in list(tasks):
                     task.cancel()
                 await runner.cleanup()

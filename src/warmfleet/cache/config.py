@@ -22,6 +22,7 @@ from pydantic import BeforeValidator, Field
 
 from warmfleet.cache.capacity import CapacityPolicy
 from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
+from warmfleet.core.kubeapi import KubeApiSpec
 
 API_VERSION: Literal["warmfleet.dev/v1alpha1"] = "warmfleet.dev/v1alpha1"
 
@@ -116,6 +117,21 @@ class ImageArtifactSpec(StrictModel):
 ArtifactSpec = Annotated[ModelArtifactSpec | ImageArtifactSpec, Field(discriminator="type")]
 
 
+class KubernetesNodeSpec(KubeApiSpec):
+    """The fleet's node protocol on Kubernetes: the agent reads the caches assigned to its Node
+    (annotation ``warmfleet.dev/assigned-caches``), fills them, links each ready one as
+    ``<root>/<cache>/`` (its files plus a ``.warmfleet-ready`` marker, which is what the engine
+    pods see at ``<hostPath>/<cache>``) and reports in ``warmfleet.dev/cache-status``.
+
+    ``host_path``: the host directory mounted at ``root`` (an assignment for another hostPath
+    cannot be served here and is reported unhealthy). ``node_name`` ``None``: ``$NODE_NAME``
+    (the downward API)."""
+
+    host_path: str = Field(min_length=1, pattern=r"^/")
+    node_name: str | None = Field(default=None, min_length=1)
+    interval_s: float = Field(default=5.0, gt=0)
+
+
 class NodeCacheSpec(StrictModel):
     root: str
     capacity: CapacitySpec
@@ -124,6 +140,7 @@ class NodeCacheSpec(StrictModel):
     status: StatusSpec = StatusSpec()
     reconcile_interval_s: float = Field(default=30.0, gt=0)
     artifacts: tuple[ArtifactSpec, ...] = ()
+    kubernetes: KubernetesNodeSpec | None = None
 
 
 class NodeCacheConfig(StrictModel):

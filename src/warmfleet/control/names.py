@@ -14,6 +14,10 @@ LABEL_VARIANT = "warmfleet.dev/variant"
 LABEL_REVISION = "warmfleet.dev/revision"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "warmfleet"
+# The node protocol (operator <-> node agent), as Node annotations: the caches a node must hold
+# (JSON list of {cache, uri, revision, hostPath}) and what it holds (JSON map cache -> report).
+ANN_ASSIGNED = "warmfleet.dev/assigned-caches"
+ANN_CACHE_STATUS = "warmfleet.dev/cache-status"
 
 
 def short_hash(*parts: str, length: int = 8) -> str:

@@ -26,7 +26,14 @@ import aiohttp
 from warmfleet.gateway.config import KubernetesDiscovery
 from warmfleet.gateway.endpointslices import SERVICE_NAME_LABEL, belongs_to, instances_from_slices
 from warmfleet.gateway.fleet import GatewayState
-from warmfleet.kube.access import KubeAccessError, api_server, auth_headers, read_own, tls
+from warmfleet.kube.access import (
+    KubeAccessError,
+    api_server,
+    auth_headers,
+    json_or_raise,
+    read_own,
+    tls,
+)
 
 log = logging.getLogger(__name__)
 _SLICES = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
@@ -66,7 +73,7 @@ class _Watcher:
         timeout = aiohttp.ClientTimeout(total=disc.timeout_s)
         headers = auth_headers(disc)
         async with http.get(url, params=selector, headers=headers, timeout=timeout) as resp:
-            listing = await _json_or_raise(resp)
+            listing = await json_or_raise(resp)
         items = listing.get("items") or []
         self.slices = {_name(s): s for s in items if belongs_to(s, disc.service)}
         self.owner.apply(self.key, self.disc, self.slices.values())
@@ -87,7 +94,7 @@ class _Watcher:
                     url, params=params, headers=auth_headers(disc), timeout=watch_timeout
                 ) as resp:
                     if resp.status != 200:
-                        await _json_or_raise(resp)
+                        await json_or_raise(resp)
                     async for line in resp.content:
                         if line.strip() and not self._event(json.loads(line)):
                             return
@@ -114,16 +121,6 @@ class _Watcher:
 
 def _name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
-
-
-async def _json_or_raise(resp: aiohttp.ClientResponse) -> dict[str, Any]:
-    text = await resp.text()
-    if resp.status != 200:
-        raise KubeAccessError(f"{resp.method} {resp.url.path}: HTTP {resp.status}: {text[:200]}")
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise KubeAccessError(f"{resp.url.path}: not a JSON object")
-    return data
 
 
 class KubeDiscovery:

@@ -3,9 +3,13 @@ call: projected service-account tokens rotate) and TLS trust."""
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 from pathlib import Path
+from typing import Any
+
+import aiohttp
 
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.core.kubeapi import KubeApiSpec
@@ -50,3 +54,14 @@ def read_own(path: str, what: str) -> str:
     if not value:
         raise KubeAccessError(f"{what} is not set and {path} is empty")
     return value
+
+
+async def json_or_raise(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The body of a 200 answer as a JSON object; ``KubeAccessError`` for anything else."""
+    text = await resp.text()
+    if resp.status != 200:
+        raise KubeAccessError(f"{resp.method} {resp.url.path}: HTTP {resp.status}: {text[:200]}")
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise KubeAccessError(f"{resp.url.path}: not a JSON object")
+    return data

@@ -187,6 +187,7 @@ def agent_objects(v: Values) -> list[Obj]:
     node_yaml = (
         "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\n"
         "spec:\n  root: /cache\n  capacity:\n    budget: 1TiB\n    reserve: 50GiB\n"
+        f"  kubernetes:\n    host_path: {v.host_path}\n"
     )
     config = {
         "apiVersion": "v1",

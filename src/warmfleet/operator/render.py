@@ -17,8 +17,8 @@ from typing import Any
 from warmfleet.control import names
 from warmfleet.control.actions import DeploymentPlan
 
-ANN_ASSIGNED = "warmfleet.dev/assigned-caches"
-ANN_CACHE_STATUS = "warmfleet.dev/cache-status"
+ANN_ASSIGNED = names.ANN_ASSIGNED
+ANN_CACHE_STATUS = names.ANN_CACHE_STATUS
 ANN_CREATED = "warmfleet.dev/created-at"
 ANN_SPEC_HASH = "warmfleet.dev/spec-hash"
 ANN_MODEL_CACHE = "warmfleet.dev/model-cache"

@@ -1,0 +1,136 @@
+"""The node protocol on Kubernetes: the agent's side of the Node annotations.
+
+Every ``interval_s``: read this agent's Node; take the caches assigned to it
+(``warmfleet.dev/assigned-caches``); let ``FleetNode`` fill, hold and evict; keep a view
+``<root>/<cache>/`` (``CacheLinks``) exactly for the usable ones; write the reports to
+``warmfleet.dev/cache-status`` when they changed. An assignment for a hostPath other than the
+one mounted at the agent's root cannot be served here: it is reported failed, not fetched. An
+unreadable assignment annotation keeps the previous assignments; an API error is logged once
+per streak and retried at the next interval. Every call has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import Any
+
+import aiohttp
+
+from warmfleet.agent.cache_links import CacheLinks, valid_cache_name
+from warmfleet.agent.fleet_node import Assignment, FleetNode
+from warmfleet.cache.config import KubernetesNodeSpec
+from warmfleet.control.names import ANN_ASSIGNED, ANN_CACHE_STATUS
+from warmfleet.core.errors import WarmfleetError
+from warmfleet.kube.access import KubeAccessError, api_server, auth_headers, json_or_raise, tls
+
+log = logging.getLogger("warmfleet.agent.kube")
+_MERGE_PATCH = "application/merge-patch+json"
+# what a sync may raise and the next interval retries (API, network, cache, file system)
+_RETRIED = (WarmfleetError, aiohttp.ClientError, TimeoutError, ValueError, OSError)
+
+
+def parse_assignments(
+    text: str | None, host_path: str
+) -> tuple[dict[str, Assignment], dict[str, str]]:
+    """The annotation -> (servable assignments, refused cache -> why). Raises ``ValueError``
+    if the annotation is not a JSON list (the caller keeps the previous assignments)."""
+    if text is None:
+        return {}, {}
+    entries = json.loads(text)
+    if not isinstance(entries, list):
+        raise ValueError(f"{ANN_ASSIGNED} is not a JSON list")
+    servable: dict[str, Assignment] = {}
+    refused: dict[str, str] = {}
+    for entry in entries:
+        cache = entry.get("cache") if isinstance(entry, dict) else None
+        if not isinstance(cache, str) or not valid_cache_name(cache):
+            log.warning("ignoring an assignment without a usable cache name: %r", entry)
+            continue
+        uri, revision, path = entry.get("uri"), entry.get("revision"), entry.get("hostPath")
+        if not isinstance(uri, str) or not uri:
+            refused[cache] = "the assignment has no uri"
+        elif path is not None and str(path).rstrip("/") != host_path.rstrip("/"):
+            refused[cache] = f"hostPath {path} is not this agent's cache directory ({host_path})"
+        else:
+            servable[cache] = Assignment(uri, str(revision) if revision is not None else None)
+    return servable, refused
+
+
+class KubeNodeSync:
+    def __init__(self, node: FleetNode, spec: KubernetesNodeSpec) -> None:
+        self.node = node
+        self.spec = spec
+        self.links = CacheLinks(node.manager.store)
+        self.refused: dict[str, str] = {}
+        self.syncs = 0
+        self.errors = 0
+        self._reported: str | None = None
+
+    def node_name(self) -> str:
+        name = self.spec.node_name or os.environ.get("NODE_NAME")
+        if not name:
+            raise KubeAccessError("kubernetes.node_name is not set and $NODE_NAME is unset")
+        return name
+
+    async def run(self) -> None:
+        failing = False
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=tls(self.spec))
+        ) as http:
+            while True:
+                try:
+                    await self.sync_once(http)
+                    failing = False
+                except (
+                    WarmfleetError,
+                    aiohttp.ClientError,
+                    TimeoutError,
+                    ValueError,
+                    OSError,
+                ) as err:
+                    self.errors += 1
+                    if not failing:
+                        log.error("node sync failed (retrying every %.1f s): %s",
+                                  self.spec.interval_s, err)  # fmt: skip
+                    failing = True
+                await asyncio.sleep(self.spec.interval_s)
+
+    async def sync_once(self, http: aiohttp.ClientSession) -> None:
+        url = f"{api_server(self.spec)}/api/v1/nodes/{self.node_name()}"
+        timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
+        async with http.get(url, headers=auth_headers(self.spec), timeout=timeout) as resp:
+            node = await json_or_raise(resp)
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        self.node.assigned, self.refused = parse_assignments(
+            annotations.get(ANN_ASSIGNED), self.spec.host_path
+        )
+        await self.node.tick()
+        records = self.node.manager.records()
+        usable = {}
+        for cache in self.node.assigned:
+            rec = self.node.usable(cache, records)
+            if rec is not None:
+                usable[cache] = rec.key
+        await asyncio.to_thread(self.links.sync, usable)
+        report = json.dumps(self.reports(usable), sort_keys=True)
+        if report != self._reported or annotations.get(ANN_CACHE_STATUS) != report:
+            patch = {"metadata": {"annotations": {ANN_CACHE_STATUS: report}}}
+            headers = {**auth_headers(self.spec), "Content-Type": _MERGE_PATCH}
+            data = json.dumps(patch)
+            async with http.patch(url, data=data, headers=headers, timeout=timeout) as resp:
+                await json_or_raise(resp)
+            self._reported = report
+        self.syncs += 1
+
+    def reports(self, usable: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """``FleetNode``'s reports, with ``path`` the view on the host (set once linked)."""
+        out = self.node.reports()
+        for cache, report in out.items():
+            report["path"] = f"{self.spec.host_path.rstrip('/')}/{cache}" if cache in usable else ""
+        for cache, why in self.refused.items():
+            out[cache] = {"state": "failed", "bytesDone": 0, "bytesTotal": 0,
+                          "healthy": False, "message": why, "path": ""}  # fmt: skip
+        return out

@@ -1,0 +1,132 @@
+"""The node agent's Kubernetes side against kmock's API emulator: it reads the caches assigned
+to its Node, fills them, shows each ready one as ``<root>/<cache>/`` with the ready marker and
+reports in the Node's ``cache-status`` annotation; unassigned caches lose their view and data."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from warmfleet.agent.cache_links import READY_MARKER
+from warmfleet.agent.kube_node import parse_assignments
+from warmfleet.agent.node_agent import NodeAgent
+from warmfleet.agent.testing.origin import Blob
+from warmfleet.cache.config import load_node_config
+from warmfleet.control.names import ANN_ASSIGNED, ANN_CACHE_STATUS
+
+NODE = "gpu-node-0"
+
+
+def _config(root: Path, api: str, host_path: str) -> Any:
+    return load_node_config(
+        f"""
+apiVersion: warmfleet.dev/v1alpha1
+kind: NodeCacheConfig
+spec:
+  root: {root}
+  capacity: {{budget: 50MB, reserve: 0}}
+  download: {{chunk: 128KiB, concurrency: 2, fsync_every_s: 0.05}}
+  status: {{host: 127.0.0.1, port: 0}}
+  reconcile_interval_s: 30
+  kubernetes:
+    api_server: "{api}"
+    host_path: {host_path}
+    node_name: {NODE}
+    interval_s: 0.05
+    token_path: /nonexistent/token
+    ca_path: /nonexistent/ca.crt
+"""
+    )
+
+
+async def _wait_for(pred: Any, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await pred():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+async def test_agent_serves_its_nodes_assignments(kmock: Any, origin: Any, tmp_path: Path) -> None:
+    org, url = origin
+    weights = os.urandom(300_000)
+    org.put("w.bin", Blob(data=weights))
+    kmock.resources["v1/nodes"] = kmock.ResourceInfo(
+        kind="Node", namespaced=False, verbs=["get", "list", "watch", "create", "patch"]
+    )
+    api = str(kmock.url).rstrip("/")
+    node_url = f"{api}/api/v1/nodes/{NODE}"
+    host_path = "/opt/warmfleet/cache"
+    assigned = [
+        {
+            "cache": "llama-w-1",
+            "uri": f"{url}/files/w.bin",
+            "revision": "v1",
+            "hostPath": host_path,
+        },
+        {"cache": "other-w-2", "uri": f"{url}/files/w.bin", "hostPath": "/somewhere/else"},
+    ]
+    agent = NodeAgent(_config(tmp_path, api, host_path))
+    async with aiohttp.ClientSession() as http:
+        meta = {"name": NODE, "annotations": {ANN_ASSIGNED: json.dumps(assigned)}}
+        await http.post(f"{api}/api/v1/nodes", json={"metadata": meta})
+
+        async def status() -> dict[str, Any]:
+            async with http.get(node_url) as resp:
+                node = await resp.json()
+            return json.loads(node["metadata"]["annotations"].get(ANN_CACHE_STATUS, "{}"))
+
+        async def ready() -> bool:
+            return (await status()).get("llama-w-1", {}).get("state") == "ready"
+
+        run = asyncio.create_task(agent.run())
+        try:
+            await _wait_for(ready)
+            report = await status()
+            assert report["llama-w-1"]["bytesTotal"] == 300_000
+            assert report["llama-w-1"]["healthy"] is True
+            assert report["llama-w-1"]["path"] == f"{host_path}/llama-w-1"
+            assert report["other-w-2"]["healthy"] is False  # another hostPath: not served here
+            assert "/somewhere/else" in report["other-w-2"]["message"]
+            view = tmp_path / "llama-w-1"
+            assert json.loads((view / READY_MARKER).read_text())["key"]
+            assert (view / "w.bin").read_bytes() == weights
+            assert (view / "w.bin").is_symlink()
+            assert not os.path.isabs(os.readlink(view / "w.bin"))  # valid in the pod's mount
+            assert not (tmp_path / "other-w-2").exists()
+
+            # unassigned: the view goes (marker first), the data is evicted, the report drops it
+            patch = {"metadata": {"annotations": {ANN_ASSIGNED: "[]"}}}
+            await http.patch(node_url, json=patch)
+
+            async def gone() -> bool:
+                return not view.exists() and await status() == {}
+
+            await _wait_for(gone)
+            assert not any((tmp_path / "objects").iterdir())
+            assert agent.kube is not None
+            assert agent.kube.errors == 0
+        finally:
+            agent.stop_event.set()
+            await asyncio.wait_for(run, 10)
+
+
+def test_parse_assignments() -> None:
+    good = {"cache": "a-w-1", "uri": "s3://m/a", "revision": "r1", "hostPath": "/cache/"}
+    servable, refused = parse_assignments(
+        json.dumps([good, {"cache": "b", "hostPath": "/cache"}, {"cache": "../x", "uri": "u"}]),
+        "/cache",
+    )
+    assert list(servable) == ["a-w-1"]
+    assert servable["a-w-1"].revision == "r1"
+    assert refused == {"b": "the assignment has no uri"}
+    assert parse_assignments(None, "/cache") == ({}, {})
+    with pytest.raises(ValueError, match="not a JSON list"):
+        parse_assignments('{"cache": "a"}', "/cache")
+    with pytest.raises(json.JSONDecodeError):
+        parse_assignments("not json", "/cache")
