@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Callable
@@ -12,7 +13,14 @@ from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.store import Store
 from warmfleet.agent.testing.audit import published_corrupt_or_partial as audit
-from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, SourcesSpec
+from warmfleet.cache.config import (
+    CapacitySpec,
+    DownloadSpec,
+    NodeCacheConfig,
+    NodeCacheSpec,
+    SourcesSpec,
+    load_node_config,
+)
 
 
 def spec_for(root: Path, budget: int = 10**9, **download: Any) -> NodeCacheSpec:
@@ -28,6 +36,30 @@ def spec_for(root: Path, budget: int = 10**9, **download: Any) -> NodeCacheSpec:
         download=DownloadSpec(**dl),
         sources=sources,
     )
+
+
+def agent_config(root: Path, rest: str) -> NodeCacheConfig:
+    """A node.yaml for an in-process agent under ``root``: a 50 MB budget, small chunks, the
+    status API on a free port, then ``rest`` (more ``spec`` lines, indented by two)."""
+    return load_node_config(
+        f"""
+apiVersion: warmfleet.dev/v1alpha1
+kind: NodeCacheConfig
+spec:
+  root: {root}
+  capacity: {{budget: 50MB, reserve: 0}}
+  download: {{chunk: 128KiB, concurrency: 2, fsync_every_s: 0.05}}
+  status: {{host: 127.0.0.1, port: 0}}
+{rest}"""
+    )
+
+
+async def wait_for(pred: Callable[[], Any], timeout_s: float = 20.0) -> None:
+    """Until the coroutine function ``pred`` returns true (fails after ``timeout_s``)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await pred():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager

@@ -12,28 +12,21 @@ from typing import Any
 
 import aiohttp
 import pytest
+from cache_support import agent_config, wait_for
 
 from warmfleet.agent.cache_links import READY_MARKER
 from warmfleet.agent.kube_node import parse_assignments
 from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.testing.origin import Blob
-from warmfleet.cache.config import load_node_config
 from warmfleet.control.names import ANN_ASSIGNED, ANN_CACHE_STATUS
 
 NODE = "gpu-node-0"
 
 
 def _config(root: Path, api: str, host_path: str) -> Any:
-    return load_node_config(
-        f"""
-apiVersion: warmfleet.dev/v1alpha1
-kind: NodeCacheConfig
-spec:
-  root: {root}
-  capacity: {{budget: 50MB, reserve: 0}}
-  download: {{chunk: 128KiB, concurrency: 2, fsync_every_s: 0.05}}
-  status: {{host: 127.0.0.1, port: 0}}
-  reconcile_interval_s: 30
+    return agent_config(
+        root,
+        f"""  reconcile_interval_s: 30
   kubernetes:
     api_server: "{api}"
     host_path: {host_path}
@@ -41,15 +34,8 @@ spec:
     interval_s: 0.05
     token_path: /nonexistent/token
     ca_path: /nonexistent/ca.crt
-"""
+""",
     )
-
-
-async def _wait_for(pred: Any, timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await pred():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
 
 
 async def test_agent_serves_its_nodes_assignments(kmock: Any, origin: Any, tmp_path: Path) -> None:
@@ -86,7 +72,7 @@ async def test_agent_serves_its_nodes_assignments(kmock: Any, origin: Any, tmp_p
 
         run = asyncio.create_task(agent.run())
         try:
-            await _wait_for(ready)
+            await wait_for(ready)
             report = await status()
             assert report["llama-w-1"]["bytesTotal"] == 300_000
             assert report["llama-w-1"]["healthy"] is True
@@ -107,7 +93,7 @@ async def test_agent_serves_its_nodes_assignments(kmock: Any, origin: Any, tmp_p
             async def gone() -> bool:
                 return not view.exists() and await status() == {}
 
-            await _wait_for(gone)
+            await wait_for(gone)
             assert not any((tmp_path / "objects").iterdir())
             assert agent.kube is not None
             assert agent.kube.errors == 0

@@ -6,34 +6,20 @@ import asyncio
 import os
 
 import aiohttp
+from cache_support import agent_config, wait_for
 
 from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.testing.origin import Blob
-from warmfleet.cache.config import load_node_config
 
 
 def _config(root, url, interval_s=0.1):
-    return load_node_config(
-        f"""
-apiVersion: warmfleet.dev/v1alpha1
-kind: NodeCacheConfig
-spec:
-  root: {root}
-  capacity: {{budget: 50MB, reserve: 0}}
-  download: {{chunk: 128KiB, concurrency: 2, fsync_every_s: 0.05}}
-  status: {{host: 127.0.0.1, port: 0}}
-  reconcile_interval_s: {interval_s}
+    return agent_config(
+        root,
+        f"""  reconcile_interval_s: {interval_s}
   artifacts:
     - {{type: model, name: weights, uri: "{url}/files/w.bin", pin: true}}
-"""
+""",
     )
-
-
-async def _wait_for(pred, timeout_s=20.0):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await pred():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
 
 
 async def test_agent_serves_status_and_rolls_over(origin, tmp_path):
@@ -60,7 +46,7 @@ async def test_agent_serves_status_and_rolls_over(origin, tmp_path):
                 >= n
             )
 
-        await _wait_for(lambda: ready("weights"))
+        await wait_for(lambda: ready("weights"))
         doc = await status()
         (art,) = doc["artifacts"]
         assert art["pinned"]
@@ -68,7 +54,7 @@ async def test_agent_serves_status_and_rolls_over(origin, tmp_path):
         assert art["bytes_done"] == 400_000
         assert doc["node"]["budget_bytes"] == 50_000_000
         org.put("w.bin", Blob(data=v2, mtime_s=2))  # changed in place at the same URI
-        await _wait_for(lambda: ready("weights", 2))
+        await wait_for(lambda: ready("weights", 2))
         arts = {a["key"]: a for a in (await status())["artifacts"]}
         current = [a for a in arts.values() if a["refs"] == ["config:weights"]]
         old = [a for a in arts.values() if not a["refs"]]
@@ -80,7 +66,7 @@ async def test_agent_serves_status_and_rolls_over(origin, tmp_path):
             json={"uri": f"{url}/files/extra.bin", "name": "extra", "holder": "ctl"},
         ) as resp:
             assert resp.status == 202
-        await _wait_for(lambda: ready("extra"))
+        await wait_for(lambda: ready("extra"))
         async with http.get(f"http://127.0.0.1:{agent.port}/v1/artifacts/extra") as resp:
             assert (await resp.json())["refs"] == ["ctl"]
         async with http.get(f"http://127.0.0.1:{agent.port}/v1/artifacts/nope") as resp:
@@ -100,7 +86,7 @@ async def test_agent_reverifies_at_start_and_refetches_damaged(origin, tmp_path)
     cfg = _config(tmp_path, url, interval_s=30)
     first = NodeAgent(cfg)
     run = asyncio.create_task(first.run())
-    await _wait_for(lambda: _has_object(tmp_path))
+    await wait_for(lambda: _has_object(tmp_path))
     first.stop_event.set()
     await asyncio.wait_for(run, 10)
     (obj,) = (tmp_path / "objects").iterdir()
@@ -108,7 +94,7 @@ async def test_agent_reverifies_at_start_and_refetches_damaged(origin, tmp_path)
         fh.truncate(1000)  # damaged while the agent was down
     second = NodeAgent(cfg)
     run = asyncio.create_task(second.run())
-    await _wait_for(lambda: _file_is(obj / "w.bin", data))
+    await wait_for(lambda: _file_is(obj / "w.bin", data))
     second.stop_event.set()
     await asyncio.wait_for(run, 10)
 
