@@ -9,9 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warmfleet.core.config import parse_document
-from warmfleet.core.errors import ConfigError
+from warmfleet.core.errors import ConfigError, WarmfleetError
 from warmfleet.gateway.config import KubernetesDiscovery, VariantConfig
 from warmfleet.gateway.endpointslices import belongs_to, instances_from_slices
+from warmfleet.gateway.kube_discovery import _Watcher
 
 
 def endpoint(
@@ -137,3 +138,30 @@ def test_kubernetes_discovery_config_is_validated() -> None:
             parse_document(
                 VariantConfig, {"name": "v1", "discovery": {"type": "kubernetes", **bad}}
             )
+
+
+class _Owner:
+    """Stands in for ``KubeDiscovery``: records what the watcher applies."""
+
+    def __init__(self) -> None:
+        self.applied: list[list[str]] = []
+
+    def apply(self, _key: object, _disc: object, slices: Any) -> None:
+        self.applied.append(sorted(s["metadata"]["name"] for s in slices))
+
+
+def test_watch_events_update_the_slices_and_410_restarts_from_a_list() -> None:
+    disc = KubernetesDiscovery(service="llama", namespace="default")
+    owner = _Owner()
+    watcher = _Watcher(owner, ("main", "v1", "{}"), disc)  # type: ignore[arg-type]
+    a, b = slice_of(name="llama-a"), slice_of(name="llama-b")
+    assert watcher._event({"type": "ADDED", "object": a})
+    assert watcher._event({"type": "MODIFIED", "object": b})
+    assert watcher._event({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}})
+    relabelled = slice_of(name="llama-a", service="mistral")  # no longer the Service's
+    assert watcher._event({"type": "MODIFIED", "object": relabelled})
+    assert watcher._event({"type": "DELETED", "object": b})
+    assert owner.applied == [["llama-a"], ["llama-a", "llama-b"], ["llama-b"], []]
+    assert not watcher._event({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
+    with pytest.raises(WarmfleetError, match="watch error 500"):
+        watcher._event({"type": "ERROR", "object": {"code": 500, "message": "boom"}})
