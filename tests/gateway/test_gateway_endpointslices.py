@@ -90,7 +90,11 @@ def test_an_endpoint_in_two_slices_is_one_instance_and_bad_entries_are_skipped()
         name="s3",
     )
     other_type = slice_of(endpoint("10.0.0.9", "pod-z"), address_type="Unknown", name="s4")
-    specs = instances_from_slices([a, moved, junk, other_type], "http")
+    shapeless = [
+        {"metadata": [], "ports": {"http": 1}, "endpoints": {"a": 1}},
+        slice_of({"addresses": {"0": "10.0.0.5"}}, name="s5"),
+    ]
+    specs = instances_from_slices([a, moved, junk, other_type, *shapeless], "http")
     assert [s.id for s in specs] == ["pod-a", "pod-b"]
 
 
@@ -98,6 +102,7 @@ def test_belongs_to_checks_the_service_label() -> None:
     assert belongs_to(slice_of(service="llama"), "llama")
     assert not belongs_to(slice_of(service="mistral"), "llama")
     assert not belongs_to({"metadata": {}}, "llama")
+    assert not belongs_to({"metadata": ["llama"]}, "llama")
 
 
 @given(
@@ -162,6 +167,9 @@ def test_watch_events_update_the_slices_and_410_restarts_from_a_list() -> None:
     assert watcher._event({"type": "MODIFIED", "object": relabelled})
     assert watcher._event({"type": "DELETED", "object": b})
     assert owner.applied == [["llama-a"], ["llama-a", "llama-b"], ["llama-b"], []]
+    assert watcher._event({"type": "MODIFIED", "object": ["not", "an", "object"]})
+    assert watcher._event({"type": "ADDED", "object": {"metadata": "shapeless"}})
+    assert owner.applied[-1] == []  # a nameless, label-less object is not one of the slices
     assert not watcher._event({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
     with pytest.raises(WarmfleetError, match="watch error 500"):
         watcher._event({"type": "ERROR", "object": {"code": 500, "message": "boom"}})

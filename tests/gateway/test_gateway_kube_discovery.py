@@ -14,6 +14,7 @@ from gateway_support import MODEL, FakeBackend, backends_running, gateway_doc, w
 
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import parse_gateway_config
+from warmfleet.gateway.kube_discovery import _Watcher
 from warmfleet.gateway.server import StartedApp, start_app
 
 NS = "default"
@@ -165,3 +166,31 @@ async def test_api_failures_keep_the_instances_and_reload_switches_service(
             t for t in asyncio.all_tasks() if t.get_name().startswith("warmfleet-gateway-k8s")
         ]
         assert watchers == []  # the runtime stopped the supervisor and its watchers
+
+
+async def test_a_crashed_watcher_is_restarted(
+    kmock: Any, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in a watcher (not an API error) is logged, counted, and the watcher starts again."""
+    declare(kmock)
+    api = str(kmock.url).rstrip("/")
+    real = _Watcher._list_and_watch
+    calls = []
+
+    async def buggy_once(self: _Watcher, session: aiohttp.ClientSession) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise AttributeError("a bug")
+        await real(self, session)
+
+    monkeypatch.setattr(_Watcher, "_list_and_watch", buggy_once)
+    async with backends_running("a") as (a,):
+        await http.post(api + SLICES, json=slice_body("llama-a", "llama", {a: True}))
+        doc = gateway_doc([], variants=[k8s_variant(api, "llama")])
+        gw = await start_app(create_app(parse_gateway_config(doc)))
+        try:
+            await wait_until(lambda: ids(gw) == ["pod-a"])
+            assert gw.gateway.kube_discovery.errors == 1
+            assert len(calls) >= 2
+        finally:
+            await gw.stop()

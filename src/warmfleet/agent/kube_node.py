@@ -103,7 +103,10 @@ class KubeNodeSync:
         timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
         async with http.get(url, headers=auth_headers(self.spec), timeout=timeout) as resp:
             node = await json_or_raise(resp)
-        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        meta = node.get("metadata")
+        annotations = meta.get("annotations") if isinstance(meta, dict) else None
+        if not isinstance(annotations, dict):
+            annotations = {}
         self.node.assigned, self.refused = parse_assignments(
             annotations.get(ANN_ASSIGNED), self.spec.host_path
         )

@@ -29,7 +29,8 @@ _ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")
 
 def slice_port(slice_obj: Mapping[str, Any], port: str | int) -> int | None:
     """The number of ``port`` (a name or a number) in a slice, or ``None``."""
-    for entry in slice_obj.get("ports") or ():
+    ports = slice_obj.get("ports")
+    for entry in ports if isinstance(ports, list) else ():
         if not isinstance(entry, Mapping):
             continue
         number = entry.get("port")
@@ -70,13 +71,14 @@ def instances_from_slices(
         number = slice_port(slice_obj, port)
         if number is None or address_type not in _ADDRESS_TYPES:
             continue
-        for endpoint in slice_obj.get("endpoints") or ():
+        endpoints = slice_obj.get("endpoints")
+        for endpoint in endpoints if isinstance(endpoints, list) else ():
             if not isinstance(endpoint, Mapping) or not is_ready(endpoint):
                 continue
             addresses = endpoint.get("addresses")
-            if not addresses or not isinstance(addresses[0], str):
+            address = addresses[0] if isinstance(addresses, list) and addresses else None
+            if not isinstance(address, str):
                 continue
-            address = addresses[0]
             iid = _instance_id(endpoint, address, number)
             url = f"{scheme}://{_host(address, address_type)}:{number}"
             if iid in found:
@@ -91,5 +93,6 @@ def instances_from_slices(
 def belongs_to(slice_obj: Mapping[str, Any], service: str) -> bool:
     """Whether a slice is one of ``service``'s (checked here as well: not every API server, or
     API emulator, applies label selectors)."""
-    labels = (slice_obj.get("metadata") or {}).get("labels") or {}
+    meta = slice_obj.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
     return isinstance(labels, Mapping) and labels.get(SERVICE_NAME_LABEL) == service

@@ -74,8 +74,12 @@ class _Watcher:
         headers = auth_headers(disc)
         async with http.get(url, params=selector, headers=headers, timeout=timeout) as resp:
             listing = await json_or_raise(resp)
-        items = listing.get("items") or []
-        self.slices = {_name(s): s for s in items if belongs_to(s, disc.service)}
+        items = listing.get("items")
+        if not isinstance(items, list):
+            raise KubeAccessError(f"{url}: the list has no items")
+        self.slices = {
+            _name(s): s for s in items if isinstance(s, dict) and belongs_to(s, disc.service)
+        }
         self.owner.apply(self.key, self.disc, self.slices.values())
         params = {
             **selector,
@@ -96,13 +100,16 @@ class _Watcher:
                     if resp.status != 200:
                         await json_or_raise(resp)
                     async for line in resp.content:
-                        if line.strip() and not self._event(json.loads(line)):
+                        event = json.loads(line) if line.strip() else None
+                        if isinstance(event, dict) and not self._event(event):
                             return
 
     def _event(self, event: Mapping[str, Any]) -> bool:
         """Apply one watch event; ``False``: the watch must restart from a new list."""
         kind = event.get("type")
-        obj = event.get("object") or {}
+        obj = event.get("object")
+        if not isinstance(obj, dict):
+            return True  # nothing to apply
         if kind == "ERROR":
             code = obj.get("code")
             if code == _GONE:
@@ -120,7 +127,8 @@ class _Watcher:
 
 
 def _name(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name", ""))
+    meta = obj.get("metadata")
+    return str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
 
 
 class KubeDiscovery:
@@ -145,6 +153,10 @@ class KubeDiscovery:
         wanted = self.wanted()
         for key in [k for k in self._tasks if k not in wanted]:
             self._tasks.pop(key).cancel()
+        for key in [k for k, task in self._tasks.items() if task.done()]:
+            crashed = self._tasks.pop(key)  # a bug, not an API error: log it, start afresh
+            if not crashed.cancelled() and crashed.exception() is not None:
+                self.failed(key, crashed.exception() or RuntimeError(), first=True)
         for key, disc in wanted.items():
             if key not in self._tasks:
                 name = f"warmfleet-gateway-k8s-{key[0]}-{key[1]}"
