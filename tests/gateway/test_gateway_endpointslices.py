@@ -12,7 +12,7 @@ from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError, WarmfleetError
 from warmfleet.gateway.config import KubernetesDiscovery, VariantConfig
 from warmfleet.gateway.endpointslices import belongs_to, instances_from_slices
-from warmfleet.gateway.kube_discovery import _Watcher
+from warmfleet.gateway.kube_discovery import slice_watch
 
 
 def endpoint(
@@ -158,18 +158,18 @@ class _Owner:
 def test_watch_events_update_the_slices_and_410_restarts_from_a_list() -> None:
     disc = KubernetesDiscovery(service="llama", namespace="default")
     owner = _Owner()
-    watcher = _Watcher(owner, ("main", "v1", "{}"), disc)  # type: ignore[arg-type]
+    watcher = slice_watch(owner, ("main", "v1", "{}"), disc)  # type: ignore[arg-type]
     a, b = slice_of(name="llama-a"), slice_of(name="llama-b")
-    assert watcher._event({"type": "ADDED", "object": a})
-    assert watcher._event({"type": "MODIFIED", "object": b})
-    assert watcher._event({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}})
+    assert watcher.event({"type": "ADDED", "object": a})
+    assert watcher.event({"type": "MODIFIED", "object": b})
+    assert watcher.event({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}})
     relabelled = slice_of(name="llama-a", service="mistral")  # no longer the Service's
-    assert watcher._event({"type": "MODIFIED", "object": relabelled})
-    assert watcher._event({"type": "DELETED", "object": b})
+    assert watcher.event({"type": "MODIFIED", "object": relabelled})
+    assert watcher.event({"type": "DELETED", "object": b})
     assert owner.applied == [["llama-a"], ["llama-a", "llama-b"], ["llama-b"], []]
-    assert watcher._event({"type": "MODIFIED", "object": ["not", "an", "object"]})
-    assert watcher._event({"type": "ADDED", "object": {"metadata": "shapeless"}})
+    assert watcher.event({"type": "MODIFIED", "object": ["not", "an", "object"]})
+    assert watcher.event({"type": "ADDED", "object": {"metadata": "shapeless"}})
     assert owner.applied[-1] == []  # a nameless, label-less object is not one of the slices
-    assert not watcher._event({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
+    assert not watcher.event({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
     with pytest.raises(WarmfleetError, match="watch error 500"):
-        watcher._event({"type": "ERROR", "object": {"code": 500, "message": "boom"}})
+        watcher.event({"type": "ERROR", "object": {"code": 500, "message": "boom"}})

@@ -14,8 +14,8 @@ from gateway_support import MODEL, FakeBackend, backends_running, gateway_doc, w
 
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import parse_gateway_config
-from warmfleet.gateway.kube_discovery import _Watcher
 from warmfleet.gateway.server import StartedApp, start_app
+from warmfleet.kube.watch import ListWatch
 
 NS = "default"
 TOKEN = "admin-token-0123456789"
@@ -174,16 +174,16 @@ async def test_a_crashed_watcher_is_restarted(
     """A bug in a watcher (not an API error) is logged, counted, and the watcher starts again."""
     declare(kmock)
     api = str(kmock.url).rstrip("/")
-    real = _Watcher._list_and_watch
+    real = ListWatch.list_and_watch
     calls = []
 
-    async def buggy_once(self: _Watcher, session: aiohttp.ClientSession) -> None:
+    async def buggy_once(self: ListWatch, session: aiohttp.ClientSession) -> None:
         calls.append(1)
         if len(calls) == 1:
             raise AttributeError("a bug")
         await real(self, session)
 
-    monkeypatch.setattr(_Watcher, "_list_and_watch", buggy_once)
+    monkeypatch.setattr(ListWatch, "list_and_watch", buggy_once)
     async with backends_running("a") as (a,):
         await http.post(api + SLICES, json=slice_body("llama-a", "llama", {a: True}))
         doc = gateway_doc([], variants=[k8s_variant(api, "llama")])
