@@ -10,9 +10,16 @@ from hypothesis import strategies as st
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError, WarmfleetError
-from warmfleet.gateway.config import KubernetesDiscovery, VariantConfig
+from warmfleet.gateway.config import (
+    InferenceEndpointsSource,
+    KubernetesDiscovery,
+    VariantConfig,
+    parse_gateway_config,
+)
 from warmfleet.gateway.endpointslices import belongs_to, instances_from_slices
+from warmfleet.gateway.inference_endpoints import derive_endpoints
 from warmfleet.gateway.kube_discovery import slice_watch
+from warmfleet.routing.config import RoutingConfig
 
 
 def endpoint(
@@ -173,3 +180,44 @@ def test_watch_events_update_the_slices_and_410_restarts_from_a_list() -> None:
     assert not watcher.event({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
     with pytest.raises(WarmfleetError, match="watch error 500"):
         watcher.event({"type": "ERROR", "object": {"code": 500, "message": "boom"}})
+
+
+def test_endpoints_derived_from_inference_endpoints() -> None:
+    source = InferenceEndpointsSource(api_server="https://10.0.0.1:6443", port=8000)
+
+    def obj(name: str, **meta: Any) -> dict[str, Any]:
+        variants = [
+            {"name": "main", "trafficWeight": 3, "routing": {"strategy": {"type": "random"}}},
+            {"name": "canary", "trafficWeight": 1},
+        ]
+        spec = {"modelSource": {"uri": "s3://m/x"}, "image": "vllm:1", "variants": variants}
+        return {"metadata": {"name": name, **meta}, "spec": spec}
+
+    broken = obj("broken")
+    del broken["spec"]["image"]
+    derived = derive_endpoints(
+        [obj("llama"), obj("gone", deletionTimestamp="2026-11-29T00:00:00Z"), broken, obj("mine")],
+        source,
+        "models",
+        taken=["mine"],  # the document defines it: the document wins
+    )
+    assert [e.name for e in derived] == ["llama"]
+    main, canary = derived[0].variants
+    assert (main.name, main.weight, main.models) == ("main", 3.0, ["llama"])
+    assert main.routing.strategy.type == "random"
+    assert canary.routing.strategy.type == RoutingConfig().strategy.type
+    disc = canary.kubernetes_discovery()
+    assert disc is not None
+    assert (disc.service, disc.namespace, disc.port) == ("llama-canary", "models", 8000)
+    assert disc.api_server == "https://10.0.0.1:6443"
+
+
+def test_a_gateway_needs_endpoints_or_their_source() -> None:
+    doc: dict[str, Any] = {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": {}}
+    with pytest.raises(ConfigError, match="endpoints: at least one endpoint"):
+        parse_gateway_config(doc)
+    doc["spec"]["inference_endpoints"] = {"namespace": "Bad_NS"}
+    with pytest.raises(ConfigError, match=r"inference_endpoints\.namespace"):
+        parse_gateway_config(doc)
+    doc["spec"]["inference_endpoints"] = {}
+    assert parse_gateway_config(doc).spec.default_endpoint_name is None

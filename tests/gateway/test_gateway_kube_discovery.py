@@ -194,3 +194,98 @@ async def test_a_crashed_watcher_is_restarted(
             assert len(calls) >= 2
         finally:
             await gw.stop()
+
+
+def declare_endpoints(kmock: Any) -> None:
+    kmock.resources["warmfleet.dev/v1alpha1/inferenceendpoints"] = kmock.ResourceInfo(
+        kind="InferenceEndpoint",
+        namespaced=True,
+        verbs=["get", "list", "watch", "create", "update", "patch", "delete"],
+    )
+
+
+def inference_endpoint(name: str, strategy: str = "prefix_affinity") -> dict[str, Any]:
+    return {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "InferenceEndpoint",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "modelSource": {"uri": f"s3://models/{name}", "revision": "v1"},
+            "image": "vllm/vllm-openai:v0.9",
+            "variants": [{"name": "main", "routing": {"strategy": {"type": strategy}}}],
+        },
+    }
+
+
+async def test_endpoints_follow_the_inference_endpoints(
+    kmock: Any, http: aiohttp.ClientSession
+) -> None:
+    """``spec.inference_endpoints``: one endpoint per InferenceEndpoint, its variants on the
+    operator's per-variant Services, chosen by the request's model; they follow the objects."""
+    declare(kmock)
+    declare_endpoints(kmock)
+    api = str(kmock.url).rstrip("/")
+    objects = f"/apis/warmfleet.dev/v1alpha1/namespaces/{NS}/inferenceendpoints"
+    access = {
+        "api_server": api,
+        "token_path": "/nonexistent/token",
+        "ca_path": "/nonexistent/ca.crt",
+        "retry_interval_s": 0.05,
+    }
+    doc = gateway_doc([])
+    doc["spec"]["endpoints"] = []
+    doc["spec"]["inference_endpoints"] = {"namespace": NS, **access}
+    doc["spec"]["model_selects_endpoint"] = True
+    async with backends_running("a", "b") as (a, b):
+        await http.post(api + SLICES, json=slice_body("llama-main-x", "llama-main", {a: True}))
+        await http.post(api + SLICES, json=slice_body("mistral-main-x", "mistral-main", {b: True}))
+        await http.post(api + objects, json=inference_endpoint("llama"))
+        bad = inference_endpoint("broken")
+        del bad["spec"]["image"]
+        await http.post(api + objects, json=bad)
+        gw = await start_app(create_app(parse_gateway_config(doc)))
+        state = gw.gateway.state
+
+        def served() -> dict[str, list[str]]:
+            return {
+                name: sorted(ep.variant("main").instances) for name, ep in state.endpoints.items()
+            }
+
+        async def ask_model(model: str) -> tuple[int, str | None]:
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(gw.url + "/v1/chat/completions", json=body) as resp:
+                await resp.read()
+                return resp.status, resp.headers.get("x-warmfleet-instance")
+
+        try:
+            await wait_until(lambda: served() == {"llama": ["pod-a"]})  # "broken" is left out
+            assert await ask_model("llama") == (200, "pod-a")
+            assert (await ask_model("mistral"))[0] == 404
+
+            await http.post(api + objects, json=inference_endpoint("mistral"))
+            await wait_until(lambda: served() == {"llama": ["pod-a"], "mistral": ["pod-b"]})
+            assert await ask_model("mistral") == (200, "pod-b")
+            async with http.get(gw.url + "/v1/models") as resp:
+                listed = sorted(m["id"] for m in (await resp.json())["data"])
+            assert listed == ["llama", "mistral"]
+
+            llama = state.endpoint("llama").variant("main")
+            assert llama.routing_config.strategy.type == "prefix_affinity"
+            patch = {"spec": {"variants": [{"name": "main", "routing": {"strategy": {
+                "type": "round_robin"}}}]}}  # fmt: skip
+            await http.patch(api + f"{objects}/llama", json=patch)
+            await wait_until(
+                lambda: (
+                    state.endpoint("llama").variant("main").routing_config.strategy.type
+                    == "round_robin"
+                )
+            )
+            assert state.endpoint("llama").variant("main") is llama  # same variant, new router
+            assert sorted(llama.instances) == ["pod-a"]  # its instances stay
+
+            await http.delete(api + f"{objects}/mistral")
+            await wait_until(lambda: served() == {"llama": ["pod-a"]})
+            assert (await ask_model("mistral"))[0] == 404
+            assert gw.gateway.endpoint_sync_errors == 0
+        finally:
+            await gw.stop()

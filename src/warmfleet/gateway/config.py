@@ -229,6 +229,24 @@ class KvEventsConfig(StrictModel):
     silence_timeout_s: float = Field(default=10.0, gt=0)
 
 
+class InferenceEndpointsSource(KubeApiSpec):
+    """Endpoints from the fleet controller's ``InferenceEndpoint`` objects (listed, then watched):
+    one gateway endpoint per InferenceEndpoint, named after it; one variant per production
+    variant (its name, ``trafficWeight`` and ``routing``), serving the model named like the
+    endpoint (engines run with ``--served-model-name <endpoint>``), whose instances are the
+    ready pods of the Service ``<endpoint>-<variant>`` (``discovery: {type: kubernetes}``).
+    ``namespace`` ``None``: the gateway pod's own. An endpoint named like one in
+    ``spec.endpoints`` is skipped (the document wins)."""
+
+    namespace: str | None = Field(default=None, pattern=_DNS_LABEL)
+    namespace_path: str = f"{SERVICE_ACCOUNT_DIR}/namespace"
+    port: (
+        Annotated[str, Field(min_length=1, max_length=15)] | Annotated[int, Field(ge=1, le=65535)]
+    ) = "http"
+    watch_timeout_s: float = Field(default=300.0, gt=0)
+    retry_interval_s: float = Field(default=2.0, gt=0)
+
+
 class GatewaySpec(StrictModel):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -238,12 +256,16 @@ class GatewaySpec(StrictModel):
     default_endpoint: str | None = None
     variant_header: str = Field(default="x-warmfleet-variant", min_length=1)
     models_cache_ttl_s: float = Field(default=10.0, ge=0)
-    endpoints: list[EndpointConfig] = Field(min_length=1)
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+    inference_endpoints: InferenceEndpointsSource | None = None
+    model_selects_endpoint: bool = False
     tokenizer_path: str | None = Field(default=None, min_length=1)
     kv_events: KvEventsConfig | None = None
 
     @model_validator(mode="after")
     def _endpoints_consistent(self) -> GatewaySpec:
+        if not self.endpoints and self.inference_endpoints is None:
+            raise ValueError("endpoints: at least one endpoint (or set inference_endpoints)")
         names = [e.name for e in self.endpoints]
         _require_unique(names, "endpoint name")
         if self.default_endpoint is not None and self.default_endpoint not in names:
@@ -293,8 +315,9 @@ class GatewaySpec(StrictModel):
         return self.kv_events.model or self.kv_events_variant().models[0]
 
     @property
-    def default_endpoint_name(self) -> str:
-        return self.default_endpoint or self.endpoints[0].name
+    def default_endpoint_name(self) -> str | None:
+        """``None``: no endpoint yet (only ``inference_endpoints``, none discovered)."""
+        return self.default_endpoint or (self.endpoints[0].name if self.endpoints else None)
 
 
 class GatewayConfig(StrictModel):

@@ -47,6 +47,7 @@ class GatewayState:
         self.admin_token = spec.admin.resolved_token()
         self.variant_header = spec.variant_header.lower()
         self.default_endpoint_name = spec.default_endpoint_name
+        self.model_selects_endpoint = spec.model_selects_endpoint
 
     # ---- lookups -------------------------------------------------------------------------
 
@@ -57,7 +58,25 @@ class GatewayState:
         return found
 
     def default_endpoint(self) -> EndpointRuntime:
+        if self.default_endpoint_name is None:
+            raise NotFoundError("no endpoint is configured yet")
         return self.endpoint(self.default_endpoint_name)
+
+    def openai_endpoint(self, model: str | None) -> EndpointRuntime:
+        """The endpoint the OpenAI routes serve ``model`` from: with
+        ``spec.model_selects_endpoint``, the one named like the model if there is one; else the
+        default endpoint."""
+        if self.model_selects_endpoint and model is not None:
+            found = self.endpoints.get(model)
+            if found is not None:
+                return found
+        return self.default_endpoint()
+
+    def openai_endpoints(self) -> list[EndpointRuntime]:
+        """Every endpoint the OpenAI routes can reach (``/v1/models`` lists their models)."""
+        if self.model_selects_endpoint:
+            return list(self.endpoints.values())
+        return [self.default_endpoint()] if self.default_endpoint_name is not None else []
 
     def variants(self) -> Iterator[VariantRuntime]:
         for endpoint in self.endpoints.values():

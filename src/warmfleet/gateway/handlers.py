@@ -67,7 +67,7 @@ class Handlers:
         try:
             body = parse_json_object(request.body)
             model, _stream = openai_fields(body)
-            endpoint = state.default_endpoint()
+            endpoint = state.openai_endpoint(model)
             variant = endpoint.pick_variant(
                 model, request.headers.get(state.variant_header), state.rng
             )

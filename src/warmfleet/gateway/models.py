@@ -45,7 +45,7 @@ class ModelsCache:
             return body
 
     async def _collect(self) -> list[dict[str, Any]]:
-        variants = list(self.state.default_endpoint().variants.values())
+        variants = [v for e in self.state.openai_endpoints() for v in e.variants.values()]
         reported = await asyncio.gather(*(self._variant_models(v) for v in variants))
         merged: dict[str, dict[str, Any]] = {}
         for variant, found in zip(variants, reported, strict=True):

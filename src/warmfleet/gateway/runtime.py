@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from aiohttp import ClientSession, DummyCookieJar, TCPConnector
 
+from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
-from warmfleet.gateway.config import GatewayConfig, load_gateway_config
+from warmfleet.gateway.config import GatewayConfig, InferenceEndpointsSource, load_gateway_config
 from warmfleet.gateway.discovery import FileDiscovery
-from warmfleet.gateway.fleet import GatewayState
+from warmfleet.gateway.fleet import GatewayState, build_router_or_raise
 from warmfleet.gateway.health import HealthMonitor
+from warmfleet.gateway.inference_endpoints import InferenceEndpointSync, derive_endpoints
 from warmfleet.gateway.kube_discovery import KubeDiscovery
 from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.metrics import GatewayMetrics
@@ -50,6 +53,12 @@ class Gateway:
             kv_events.feed.register_metrics(self.metrics.registry)
         self.discovery = FileDiscovery(self.state)
         self.kube_discovery = KubeDiscovery(self.state)
+        # The document as given (file, reload); what is applied adds the endpoints derived
+        # from InferenceEndpoints (``spec.inference_endpoints``), the latest set of which is kept.
+        self.base_config = config
+        self._endpoint_objects: tuple[list[Mapping[str, Any]], str] | None = None
+        self.endpoint_syncs = 0
+        self.endpoint_sync_errors = 0
         self._proxy: Proxy | None = None
         self._health: HealthMonitor | None = None
         self._models: ModelsCache | None = None
@@ -94,6 +103,7 @@ class Gateway:
             asyncio.create_task(self._health.run(), name="warmfleet-gateway-health"),
             asyncio.create_task(self.discovery.run(), name="warmfleet-gateway-discovery"),
             asyncio.create_task(self.kube_discovery.run(), name="warmfleet-gateway-k8s-discovery"),
+            asyncio.create_task(self._follow_inference_endpoints(), name="warmfleet-gateway-ie"),
             asyncio.create_task(self._sweep_idle(), name="warmfleet-gateway-pool-sweep"),
         ]
         if self.kv_events is not None:
@@ -140,11 +150,13 @@ class Gateway:
         return True
 
     def apply(self, config: GatewayConfig, source: str) -> None:
+        """Apply ``config`` (plus the endpoints derived from InferenceEndpoints, if any)."""
         try:
-            self.state.apply(config)
+            self.state.apply(self._with_derived(config))
         except ConfigError:
             self.metrics.reloads.labels(source, "error").inc()
             raise
+        self.base_config = config
         self.metrics.reloads.labels(source, "ok").inc()
         if _restart_only(config) != self._restart_only:
             log.warning(
@@ -155,6 +167,77 @@ class Gateway:
             self._models.invalidate()
         for listener in self.on_applied:
             listener(config)
+
+    # ---- endpoints from InferenceEndpoints (spec.inference_endpoints) --------------------
+
+    def _with_derived(self, config: GatewayConfig) -> GatewayConfig:
+        source = config.spec.inference_endpoints
+        if source is None or self._endpoint_objects is None:
+            return config
+        objects, namespace = self._endpoint_objects
+        taken = [e.name for e in config.spec.endpoints]
+        derived = derive_endpoints(objects, source, namespace, taken)
+        usable = []
+        for endpoint in derived:
+            try:
+                for variant in endpoint.variants:
+                    where = f"InferenceEndpoint {endpoint.name} variant {variant.name} routing"
+                    build_router_or_raise(self.state.factory, variant.routing, where)
+            except ConfigError as err:
+                log.warning("left out of the gateway: %s", err)
+                continue
+            usable.append(endpoint)
+        if not usable:
+            return config
+        doc = config.model_dump(mode="json")
+        doc["spec"]["endpoints"] += [e.model_dump(mode="json") for e in usable]
+        return parse_document(GatewayConfig, doc, "gateway config + InferenceEndpoints")
+
+    def publish_inference_endpoints(
+        self, objects: list[Mapping[str, Any]], source: InferenceEndpointsSource, namespace: str
+    ) -> None:
+        """A new set of InferenceEndpoint objects: apply the document plus their endpoints."""
+        if self.base_config.spec.inference_endpoints != source:
+            return  # a reload changed the source meanwhile; its own sync follows
+        previous = self._endpoint_objects
+        self._endpoint_objects = (objects, namespace)
+        try:
+            self.apply(self.base_config, "kubernetes")
+        except ConfigError as err:
+            self._endpoint_objects = previous
+            self.endpoint_sync_errors += 1
+            log.error("InferenceEndpoints not applied, keeping the previous set: %s", err)
+            return
+        self.endpoint_syncs += 1
+
+    def _endpoint_sync_failed(self, err: BaseException, first: bool) -> None:
+        self.endpoint_sync_errors += 1
+        self.metrics.reloads.labels("kubernetes", "error").inc()
+        if first:
+            log.error("InferenceEndpoints unavailable, keeping the last set: %s", err)
+
+    async def _follow_inference_endpoints(self) -> None:
+        """One sync while ``spec.inference_endpoints`` is set; restarted when it changes."""
+        running: tuple[InferenceEndpointsSource, asyncio.Task[None]] | None = None
+        try:
+            while True:
+                source = self.base_config.spec.inference_endpoints
+                if running is not None and (running[0] != source or running[1].done()):
+                    running[1].cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await running[1]
+                    running = None
+                if running is None and source is not None:
+                    sync = InferenceEndpointSync(
+                        source, self.publish_inference_endpoints, self._endpoint_sync_failed
+                    )
+                    running = (source, asyncio.create_task(sync.run(), name="warmfleet-ie-watch"))
+                await asyncio.sleep(0.5)
+        finally:
+            if running is not None:
+                running[1].cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await running[1]
 
 
 def _restart_only(config: GatewayConfig) -> tuple[str | None, str | None]:

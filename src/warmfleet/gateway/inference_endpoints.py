@@ -1,0 +1,128 @@
+"""Gateway endpoints from the fleet controller's ``InferenceEndpoint`` objects
+(``spec.inference_endpoints``).
+
+``derive_endpoints`` (pure) maps each object to a gateway endpoint of the same name, one variant
+per production variant (name, ``trafficWeight``, ``routing``; it serves the model named like the
+endpoint) whose instances come from the Service the operator makes for it,
+``<endpoint>-<variant>`` (``discovery: {type: kubernetes}``). Objects that are being deleted,
+invalid, or named like an endpoint of the document are left out (logged once each).
+
+``InferenceEndpointSync`` lists, then watches, the objects (``kube.watch.ListWatch``) and hands
+every new set to the runtime, which applies the document plus these endpoints. Unchanged
+endpoints keep their routers and instances; an API error keeps the last set.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from warmfleet.control.names import service_name
+from warmfleet.control.resources import InferenceEndpointSpec
+from warmfleet.core.kubeapi import KubeApiSpec
+from warmfleet.gateway.config import (
+    EndpointConfig,
+    InferenceEndpointsSource,
+    KubernetesDiscovery,
+    VariantConfig,
+)
+from warmfleet.kube.access import read_own
+from warmfleet.kube.watch import ListWatch, object_name
+
+log = logging.getLogger(__name__)
+_PATH = "/apis/warmfleet.dev/v1alpha1/namespaces/{namespace}/inferenceendpoints"
+
+
+def _api_fields(source: InferenceEndpointsSource) -> dict[str, Any]:
+    return source.model_dump(include=set(KubeApiSpec.model_fields))
+
+
+def derive_endpoint(
+    obj: Mapping[str, Any], source: InferenceEndpointsSource, namespace: str
+) -> EndpointConfig | None:
+    """The gateway endpoint for one InferenceEndpoint (``None``: left out, logged)."""
+    name = object_name(obj)
+    meta = obj.get("metadata")
+    if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
+        return None
+    try:
+        spec = InferenceEndpointSpec.model_validate(obj.get("spec") or {})
+        variants = [
+            VariantConfig(
+                name=v.name,
+                weight=v.traffic_weight,
+                models=[name],
+                routing=v.routing,
+                discovery=KubernetesDiscovery(
+                    service=service_name(name, v.name),
+                    namespace=namespace,
+                    port=source.port,
+                    watch_timeout_s=source.watch_timeout_s,
+                    retry_interval_s=source.retry_interval_s,
+                    **_api_fields(source),
+                ),
+            )
+            for v in spec.variants
+        ]
+        return EndpointConfig(name=name, variants=variants)
+    except ValidationError as err:
+        log.warning("InferenceEndpoint %r left out of the gateway: %s", name, err)
+        return None
+
+
+def derive_endpoints(
+    objects: Iterable[Mapping[str, Any]],
+    source: InferenceEndpointsSource,
+    namespace: str,
+    taken: Iterable[str] = (),
+) -> list[EndpointConfig]:
+    """Endpoints for ``objects`` (sorted by name), leaving out the names in ``taken``."""
+    taken = set(taken)
+    out = []
+    for obj in sorted(objects, key=object_name):
+        endpoint = derive_endpoint(obj, source, namespace)
+        if endpoint is None:
+            continue
+        if endpoint.name in taken:
+            log.warning("InferenceEndpoint %r: the gateway document has that endpoint; its "
+                        "definition wins", endpoint.name)  # fmt: skip
+            continue
+        out.append(endpoint)
+    return out
+
+
+class InferenceEndpointSync:
+    """Follows the InferenceEndpoints of one namespace for the runtime.
+
+    ``publish(objects, source, namespace)`` is called with the current objects after every
+    change; ``failed(err, first)`` on API errors."""
+
+    def __init__(
+        self,
+        source: InferenceEndpointsSource,
+        publish: Callable[[list[Mapping[str, Any]], InferenceEndpointsSource, str], None],
+        failed: Callable[[BaseException, bool], None],
+    ) -> None:
+        self.source = source
+        self.namespace = ""
+
+        def path() -> str:
+            self.namespace = source.namespace or read_own(
+                source.namespace_path, "spec.inference_endpoints.namespace"
+            )
+            return _PATH.format(namespace=self.namespace)
+
+        self.watch = ListWatch(
+            source,
+            path,
+            on_change=lambda objs: publish(list(objs.values()), source, self.namespace),
+            on_error=failed,
+            watch_timeout_s=source.watch_timeout_s,
+            retry_interval_s=source.retry_interval_s,
+        )
+
+    async def run(self) -> None:
+        await self.watch.run()
