@@ -18,6 +18,7 @@ from warmfleet.control.crds import all_crds
 from warmfleet.control.reconciler import deployment_plan
 from warmfleet.control.resources import InferenceEndpoint, wire
 from warmfleet.gateway.config import parse_gateway_config
+from warmfleet.gateway.inference_endpoints import derive_endpoints
 from warmfleet.operator import render
 from warmfleet.operator.manifests import Values, agent_objects, rendered_files
 
@@ -128,24 +129,30 @@ def test_example_validates_against_crd_and_model() -> None:
 
 
 def test_gateway_example_follows_the_example_endpoints_variant_services() -> None:
-    """The gateway ConfigMap example is a valid ConfigMap holding a valid Gateway document
-    whose variants discover the Services the operator creates for the endpoint example."""
+    """The gateway ConfigMap example is a valid ConfigMap holding a valid Gateway document that
+    derives the example endpoint's variants on the Services the operator creates for them, and
+    serves the model name the example's engines serve."""
     doc = yaml.safe_load((DEPLOY / "examples/gateway-llama-3.1-70b.yaml").read_text())
     k8s_validate(doc)
     gateway = parse_gateway_config(yaml.safe_load(doc["data"]["gateway.yaml"]))
+    source = gateway.spec.inference_endpoints
+    assert source is not None
+    assert gateway.spec.model_selects_endpoint
     example = yaml.safe_load((DEPLOY / "examples/vllm-llama-3.1-70b.yaml").read_text())
     endpoint = InferenceEndpoint.model_validate(example)
-    (gw_endpoint,) = gateway.spec.endpoints
-    assert gw_endpoint.name == endpoint.metadata.name
-    for gw_variant, variant in zip(gw_endpoint.variants, endpoint.spec.variants, strict=True):
+    name = endpoint.metadata.name
+    assert source.namespace == endpoint.metadata.namespace
+    (derived,) = derive_endpoints([example], source, endpoint.metadata.namespace)
+    assert derived.name == name
+    for gw_variant, variant in zip(derived.variants, endpoint.spec.variants, strict=True):
         disc = gw_variant.kubernetes_discovery()
         assert disc is not None
-        assert disc.service == names.service_name(endpoint.metadata.name, variant.name)
-        assert disc.namespace == endpoint.metadata.namespace
-        assert gw_variant.routing.strategy == variant.routing.strategy
-        service = render.service(endpoint.metadata.name, 8000, "default", "uid-1", variant.name)
-        assert service["metadata"]["name"] == disc.service
-        assert service["spec"]["ports"][0]["name"] == disc.port
+        service = render.service(name, 8000, "default", "uid-1", variant.name)
+        assert disc.service == service["metadata"]["name"] == names.service_name(name, variant.name)
+        assert disc.port == service["spec"]["ports"][0]["name"]
+        assert gw_variant.routing == variant.routing
+        assert gw_variant.models == [name]
+    assert f"--served-model-name {name}" in " ".join(endpoint.spec.args)
     assert doc["metadata"]["name"] == "warmfleet-gateway"
     assert gateway.spec.listen.host == "0.0.0.0"  # reachable from outside the pod
 
