@@ -24,7 +24,13 @@ from warmfleet.agent.fleet_node import Assignment, FleetNode
 from warmfleet.cache.config import KubernetesNodeSpec
 from warmfleet.control.names import ANN_ASSIGNED, ANN_CACHE_STATUS
 from warmfleet.core.errors import WarmfleetError
-from warmfleet.kube.access import KubeAccessError, api_server, auth_headers, json_or_raise, tls
+from warmfleet.kube.access import (
+    KubeAccessError,
+    api_loop,
+    api_server,
+    auth_headers,
+    json_or_raise,
+)
 
 log = logging.getLogger("warmfleet.agent.kube")
 _MERGE_PATCH = "application/merge-patch+json"
@@ -76,27 +82,19 @@ class KubeNodeSync:
         return name
 
     async def run(self) -> None:
-        failing = False
-        async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=tls(self.spec))
-        ) as http:
-            while True:
-                try:
-                    await self.sync_once(http)
-                    failing = False
-                except (
-                    WarmfleetError,
-                    aiohttp.ClientError,
-                    TimeoutError,
-                    ValueError,
-                    OSError,
-                ) as err:
-                    self.errors += 1
-                    if not failing:
-                        log.error("node sync failed (retrying every %.1f s): %s",
-                                  self.spec.interval_s, err)  # fmt: skip
-                    failing = True
-                await asyncio.sleep(self.spec.interval_s)
+        await api_loop(
+            self.spec,
+            self.sync_once,
+            self._failed,
+            retried=_RETRIED,
+            retry_interval_s=self.spec.interval_s,
+            interval_s=self.spec.interval_s,
+        )
+
+    def _failed(self, err: BaseException, first: bool) -> None:
+        self.errors += 1
+        if first:
+            log.error("node sync failed (retrying every %.1f s): %s", self.spec.interval_s, err)
 
     async def sync_once(self, http: aiohttp.ClientSession) -> None:
         url = f"{api_server(self.spec)}/api/v1/nodes/{self.node_name()}"

@@ -3,9 +3,11 @@ call: projected service-account tokens rotate) and TLS trust."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import ssl
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +67,27 @@ async def json_or_raise(resp: aiohttp.ClientResponse) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise KubeAccessError(f"{resp.url.path}: not a JSON object")
     return data
+
+
+async def api_loop(
+    spec: KubeApiSpec,
+    step: Callable[[aiohttp.ClientSession], Awaitable[None]],
+    on_error: Callable[[BaseException, bool], None],
+    *,
+    retried: tuple[type[BaseException], ...],
+    retry_interval_s: float,
+    interval_s: float = 0.0,
+) -> None:
+    """Run ``step`` forever on one session to the API server: ``interval_s`` after a success,
+    ``retry_interval_s`` after an error in ``retried`` (passed to ``on_error`` with ``first``:
+    the first of a streak). Anything else is a bug and ends the loop."""
+    failing = False
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls(spec))) as http:
+        while True:
+            try:
+                await step(http)
+                failing, delay_s = False, interval_s
+            except retried as err:
+                on_error(err, not failing)
+                failing, delay_s = True, retry_interval_s
+            await asyncio.sleep(delay_s)

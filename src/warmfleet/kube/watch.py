@@ -20,7 +20,13 @@ from typing import Any
 import aiohttp
 
 from warmfleet.core.kubeapi import KubeApiSpec
-from warmfleet.kube.access import KubeAccessError, api_server, auth_headers, json_or_raise, tls
+from warmfleet.kube.access import (
+    KubeAccessError,
+    api_loop,
+    api_server,
+    auth_headers,
+    json_or_raise,
+)
 
 Obj = dict[str, Any]
 _GONE = 410
@@ -57,18 +63,13 @@ class ListWatch:
         self.objects: dict[str, Obj] = {}
 
     async def run(self) -> None:
-        failing = False
-        async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=tls(self.spec))
-        ) as http:
-            while True:
-                try:
-                    await self.list_and_watch(http)
-                    failing = False
-                except _RETRIED as err:
-                    self.on_error(err, not failing)
-                    failing = True
-                    await asyncio.sleep(self.retry_interval_s)
+        await api_loop(
+            self.spec,
+            self.list_and_watch,
+            self.on_error,
+            retried=_RETRIED,
+            retry_interval_s=self.retry_interval_s,
+        )
 
     async def list_and_watch(self, http: aiohttp.ClientSession) -> None:
         url = api_server(self.spec) + self.path()
