@@ -283,6 +283,11 @@ async def test_endpoints_follow_the_inference_endpoints(
             assert state.endpoint("llama").variant("main") is llama  # same variant, new router
             assert sorted(llama.instances) == ["pod-a"]  # its instances stay
 
+            syncs = gw.gateway.endpoint_syncs
+            await http.patch(api + f"{objects}/llama", json={"status": {"phase": "Ready"}})
+            await asyncio.sleep(0.3)  # the event arrives; nothing for the gateway in it
+            assert gw.gateway.endpoint_syncs == syncs
+
             await http.delete(api + f"{objects}/mistral")
             await wait_until(lambda: served() == {"llama": ["pod-a"]})
             assert (await ask_model("mistral"))[0] == 404

@@ -108,14 +108,11 @@ class KubeNodeSync:
         self.node.assigned, self.refused = parse_assignments(
             annotations.get(ANN_ASSIGNED), self.spec.host_path
         )
+        # Views move to a cache's current version (or go) before the tick can evict what they
+        # showed, and show what became usable during the tick right after it.
+        await self._sync_views()
         await self.node.tick()
-        records = self.node.manager.records()
-        usable = {}
-        for cache in self.node.assigned:
-            rec = self.node.usable(cache, records)
-            if rec is not None:
-                usable[cache] = rec.key
-        await asyncio.to_thread(self.links.sync, usable)
+        usable = await self._sync_views()
         report = json.dumps(self.reports(usable), sort_keys=True)
         if report != self._reported or annotations.get(ANN_CACHE_STATUS) != report:
             patch = {"metadata": {"annotations": {ANN_CACHE_STATUS: report}}}
@@ -125,6 +122,17 @@ class KubeNodeSync:
                 await json_or_raise(resp)
             self._reported = report
         self.syncs += 1
+
+    async def _sync_views(self) -> dict[str, str]:
+        """Views exactly for the usable assigned caches; returns them (cache -> object key)."""
+        records = self.node.manager.records()
+        usable = {}
+        for cache in self.node.assigned:
+            rec = self.node.usable(cache, records)
+            if rec is not None:
+                usable[cache] = rec.key
+        await asyncio.to_thread(self.links.sync, usable)
+        return usable
 
     def reports(self, usable: dict[str, str]) -> dict[str, dict[str, Any]]:
         """``FleetNode``'s reports, with ``path`` the view on the host (set once linked)."""

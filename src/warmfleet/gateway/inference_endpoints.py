@@ -41,9 +41,13 @@ def _api_fields(source: InferenceEndpointsSource) -> dict[str, Any]:
 
 
 def derive_endpoint(
-    obj: Mapping[str, Any], source: InferenceEndpointsSource, namespace: str
+    obj: Mapping[str, Any],
+    source: InferenceEndpointsSource,
+    namespace: str,
+    problems: dict[str, str] | None = None,
 ) -> EndpointConfig | None:
-    """The gateway endpoint for one InferenceEndpoint (``None``: left out, logged)."""
+    """The gateway endpoint for one InferenceEndpoint (``None``: left out; why, if it is
+    invalid, goes to ``problems``)."""
     name = object_name(obj)
     meta = obj.get("metadata")
     if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
@@ -69,7 +73,8 @@ def derive_endpoint(
         ]
         return EndpointConfig(name=name, variants=variants)
     except ValidationError as err:
-        log.warning("InferenceEndpoint %r left out of the gateway: %s", name, err)
+        if problems is not None:
+            problems[name] = f"invalid: {err}"
         return None
 
 
@@ -78,17 +83,19 @@ def derive_endpoints(
     source: InferenceEndpointsSource,
     namespace: str,
     taken: Iterable[str] = (),
+    problems: dict[str, str] | None = None,
 ) -> list[EndpointConfig]:
-    """Endpoints for ``objects`` (sorted by name), leaving out the names in ``taken``."""
+    """Endpoints for ``objects`` (sorted by name), leaving out the names in ``taken``; why an
+    object is left out goes to ``problems`` (name -> reason)."""
     taken = set(taken)
     out = []
     for obj in sorted(objects, key=object_name):
-        endpoint = derive_endpoint(obj, source, namespace)
+        endpoint = derive_endpoint(obj, source, namespace, problems)
         if endpoint is None:
             continue
         if endpoint.name in taken:
-            log.warning("InferenceEndpoint %r: the gateway document has that endpoint; its "
-                        "definition wins", endpoint.name)  # fmt: skip
+            if problems is not None:
+                problems[endpoint.name] = "the gateway document defines that endpoint"
             continue
         out.append(endpoint)
     return out

@@ -13,7 +13,12 @@ from aiohttp import ClientSession, DummyCookieJar, TCPConnector
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
-from warmfleet.gateway.config import GatewayConfig, InferenceEndpointsSource, load_gateway_config
+from warmfleet.gateway.config import (
+    EndpointConfig,
+    GatewayConfig,
+    InferenceEndpointsSource,
+    load_gateway_config,
+)
 from warmfleet.gateway.discovery import FileDiscovery
 from warmfleet.gateway.fleet import GatewayState, build_router_or_raise
 from warmfleet.gateway.health import HealthMonitor
@@ -57,6 +62,8 @@ class Gateway:
         # from InferenceEndpoints (``spec.inference_endpoints``), the latest set of which is kept.
         self.base_config = config
         self._endpoint_objects: tuple[list[Mapping[str, Any]], str] | None = None
+        self._endpoint_problems: dict[str, str] = {}
+        self._applied_derived: list[EndpointConfig] = []
         self.endpoint_syncs = 0
         self.endpoint_sync_errors = 0
         self._proxy: Proxy | None = None
@@ -170,23 +177,33 @@ class Gateway:
 
     # ---- endpoints from InferenceEndpoints (spec.inference_endpoints) --------------------
 
-    def _with_derived(self, config: GatewayConfig) -> GatewayConfig:
+    def _derived(self, config: GatewayConfig) -> list[EndpointConfig]:
+        """The endpoints ``config`` gets from the latest InferenceEndpoints (each reason one is
+        left out is logged when it first appears)."""
         source = config.spec.inference_endpoints
         if source is None or self._endpoint_objects is None:
-            return config
+            return []
         objects, namespace = self._endpoint_objects
+        problems: dict[str, str] = {}
         taken = [e.name for e in config.spec.endpoints]
-        derived = derive_endpoints(objects, source, namespace, taken)
         usable = []
-        for endpoint in derived:
+        for endpoint in derive_endpoints(objects, source, namespace, taken, problems):
             try:
                 for variant in endpoint.variants:
-                    where = f"InferenceEndpoint {endpoint.name} variant {variant.name} routing"
+                    where = f"variant {variant.name} routing"
                     build_router_or_raise(self.state.factory, variant.routing, where)
             except ConfigError as err:
-                log.warning("left out of the gateway: %s", err)
+                problems[endpoint.name] = str(err)
                 continue
             usable.append(endpoint)
+        for name, why in problems.items():
+            if self._endpoint_problems.get(name) != why:
+                log.warning("InferenceEndpoint %r left out of the gateway: %s", name, why)
+        self._endpoint_problems = problems
+        return usable
+
+    def _with_derived(self, config: GatewayConfig) -> GatewayConfig:
+        usable = self._derived(config)
         if not usable:
             return config
         doc = config.model_dump(mode="json")
@@ -201,6 +218,9 @@ class Gateway:
             return  # a reload changed the source meanwhile; its own sync follows
         previous = self._endpoint_objects
         self._endpoint_objects = (objects, namespace)
+        derived = self._derived(self.base_config)
+        if previous is not None and derived == self._applied_derived:
+            return  # e.g. only an object's status changed: nothing for the gateway
         try:
             self.apply(self.base_config, "kubernetes")
         except ConfigError as err:
@@ -208,6 +228,7 @@ class Gateway:
             self.endpoint_sync_errors += 1
             log.error("InferenceEndpoints not applied, keeping the previous set: %s", err)
             return
+        self._applied_derived = derived
         self.endpoint_syncs += 1
 
     def _endpoint_sync_failed(self, err: BaseException, first: bool) -> None:
