@@ -243,6 +243,9 @@ async def test_endpoints_follow_the_inference_endpoints(
         bad = inference_endpoint("broken")
         del bad["spec"]["image"]
         await http.post(api + objects, json=bad)
+        tokens = inference_endpoint("tokens")  # key mode tokens, but the gateway has no tokenizer
+        tokens["spec"]["variants"][0]["routing"]["key"] = {"mode": "tokens"}
+        await http.post(api + objects, json=tokens)
         gw = await start_app(create_app(parse_gateway_config(doc)))
         state = gw.gateway.state
 
@@ -258,7 +261,8 @@ async def test_endpoints_follow_the_inference_endpoints(
                 return resp.status, resp.headers.get("x-warmfleet-instance")
 
         try:
-            await wait_until(lambda: served() == {"llama": ["pod-a"]})  # "broken" is left out
+            await wait_until(lambda: served() == {"llama": ["pod-a"]})  # the others: left out
+            assert sorted(gw.gateway._endpoint_problems) == ["broken", "tokens"]
             assert await ask_model("llama") == (200, "pod-a")
             assert (await ask_model("mistral"))[0] == 404
 

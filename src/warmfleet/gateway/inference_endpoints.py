@@ -5,7 +5,7 @@
 per production variant (name, ``trafficWeight``, ``routing``; it serves the model named like the
 endpoint) whose instances come from the Service the operator makes for it,
 ``<endpoint>-<variant>`` (``discovery: {type: kubernetes}``). Objects that are being deleted,
-invalid, or named like an endpoint of the document are left out (logged once each).
+invalid, or named like an endpoint of the document are left out (the caller gets why).
 
 ``InferenceEndpointSync`` lists, then watches, the objects (``kube.watch.ListWatch``) and hands
 every new set to the runtime, which applies the document plus these endpoints. Unchanged
@@ -14,7 +14,6 @@ endpoints keep their routers and instances; an API error keeps the last set.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -32,7 +31,6 @@ from warmfleet.gateway.config import (
 from warmfleet.kube.access import read_own
 from warmfleet.kube.watch import ListWatch, object_name
 
-log = logging.getLogger(__name__)
 _PATH = "/apis/warmfleet.dev/v1alpha1/namespaces/{namespace}/inferenceendpoints"
 
 

@@ -203,12 +203,20 @@ class Gateway:
         return usable
 
     def _with_derived(self, config: GatewayConfig) -> GatewayConfig:
-        usable = self._derived(config)
-        if not usable:
-            return config
-        doc = config.model_dump(mode="json")
-        doc["spec"]["endpoints"] += [e.model_dump(mode="json") for e in usable]
-        return parse_document(GatewayConfig, doc, "gateway config + InferenceEndpoints")
+        """``config`` plus each derived endpoint the whole document still validates with (one
+        that breaks a document-wide rule, such as ``kv_events``'s, is left out and logged: the
+        objects can never make the document itself fail)."""
+        merged = config
+        for endpoint in self._derived(config):
+            doc = merged.model_dump(mode="json")
+            doc["spec"]["endpoints"].append(endpoint.model_dump(mode="json"))
+            try:
+                merged = parse_document(
+                    GatewayConfig, doc, f"with InferenceEndpoint {endpoint.name}"
+                )
+            except ConfigError as err:
+                log.warning("InferenceEndpoint %r left out of the gateway: %s", endpoint.name, err)
+        return merged
 
     def publish_inference_endpoints(
         self, objects: list[Mapping[str, Any]], source: InferenceEndpointsSource, namespace: str
@@ -244,9 +252,12 @@ class Gateway:
             while True:
                 source = self.base_config.spec.inference_endpoints
                 if running is not None and (running[0] != source or running[1].done()):
-                    running[1].cancel()
+                    task = running[1]
+                    task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await running[1]
+                        await task
+                    if not task.cancelled() and task.exception() is not None:
+                        self._endpoint_sync_failed(task.exception() or RuntimeError(), True)
                     running = None
                 if running is None and source is not None:
                     sync = InferenceEndpointSync(
