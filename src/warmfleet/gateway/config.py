@@ -133,24 +133,29 @@ class FileDiscovery(StrictModel):
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
-class KubernetesDiscovery(KubeApiSpec):
-    """The ready endpoints of a Kubernetes Service, from its EndpointSlices (list, then watch).
+class KubeWatchSpec(KubeApiSpec):
+    """What the gateway watches in Kubernetes, and how. ``namespace`` ``None``: the gateway
+    pod's own (read from ``namespace_path``). ``port``: the engines' Service port, by name or
+    number. API access (``api_server``, ``token_path``, ``ca_path``, ``timeout_s``):
+    ``KubeApiSpec``."""
 
-    The fleet controller creates a Service per ``InferenceEndpoint`` variant,
-    ``<endpoint>-<variant>``. ``port``: the slice port's name (the Service port's name) or
-    number. ``namespace`` ``None``: the gateway pod's own (read from ``namespace_path``). API
-    access (``api_server``, ``token_path``, ``ca_path``, ``timeout_s``): ``KubeApiSpec``."""
-
-    type: Literal["kubernetes"] = "kubernetes"
-    service: str = Field(pattern=_DNS_LABEL)
     namespace: str | None = Field(default=None, pattern=_DNS_LABEL)
+    namespace_path: str = f"{SERVICE_ACCOUNT_DIR}/namespace"
     port: (
         Annotated[str, Field(min_length=1, max_length=15)] | Annotated[int, Field(ge=1, le=65535)]
     ) = "http"
-    scheme: Literal["http", "https"] = "http"
-    namespace_path: str = f"{SERVICE_ACCOUNT_DIR}/namespace"
     watch_timeout_s: float = Field(default=300.0, gt=0)
     retry_interval_s: float = Field(default=2.0, gt=0)
+
+
+class KubernetesDiscovery(KubeWatchSpec):
+    """The ready endpoints of a Kubernetes Service, from its EndpointSlices (list, then watch).
+    The fleet controller creates a Service per ``InferenceEndpoint`` variant,
+    ``<endpoint>-<variant>``."""
+
+    type: Literal["kubernetes"] = "kubernetes"
+    service: str = Field(pattern=_DNS_LABEL)
+    scheme: Literal["http", "https"] = "http"
 
     @property
     def source(self) -> str:
@@ -229,22 +234,13 @@ class KvEventsConfig(StrictModel):
     silence_timeout_s: float = Field(default=10.0, gt=0)
 
 
-class InferenceEndpointsSource(KubeApiSpec):
+class InferenceEndpointsSource(KubeWatchSpec):
     """Endpoints from the fleet controller's ``InferenceEndpoint`` objects (listed, then watched):
     one gateway endpoint per InferenceEndpoint, named after it; one variant per production
     variant (its name, ``trafficWeight`` and ``routing``), serving the model named like the
     endpoint (engines run with ``--served-model-name <endpoint>``), whose instances are the
     ready pods of the Service ``<endpoint>-<variant>`` (``discovery: {type: kubernetes}``).
-    ``namespace`` ``None``: the gateway pod's own. An endpoint named like one in
-    ``spec.endpoints`` is skipped (the document wins)."""
-
-    namespace: str | None = Field(default=None, pattern=_DNS_LABEL)
-    namespace_path: str = f"{SERVICE_ACCOUNT_DIR}/namespace"
-    port: (
-        Annotated[str, Field(min_length=1, max_length=15)] | Annotated[int, Field(ge=1, le=65535)]
-    ) = "http"
-    watch_timeout_s: float = Field(default=300.0, gt=0)
-    retry_interval_s: float = Field(default=2.0, gt=0)
+    An endpoint named like one in ``spec.endpoints`` is skipped (the document wins)."""
 
 
 class GatewaySpec(StrictModel):

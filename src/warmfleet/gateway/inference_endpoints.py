@@ -21,21 +21,17 @@ from pydantic import ValidationError
 
 from warmfleet.control.names import service_name
 from warmfleet.control.resources import InferenceEndpointSpec
-from warmfleet.core.kubeapi import KubeApiSpec
 from warmfleet.gateway.config import (
     EndpointConfig,
     InferenceEndpointsSource,
     KubernetesDiscovery,
+    KubeWatchSpec,
     VariantConfig,
 )
 from warmfleet.kube.access import read_own
 from warmfleet.kube.watch import ListWatch, object_name
 
 _PATH = "/apis/warmfleet.dev/v1alpha1/namespaces/{namespace}/inferenceendpoints"
-
-
-def _api_fields(source: InferenceEndpointsSource) -> dict[str, Any]:
-    return source.model_dump(include=set(KubeApiSpec.model_fields))
 
 
 def derive_endpoint(
@@ -50,6 +46,7 @@ def derive_endpoint(
     meta = obj.get("metadata")
     if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
         return None
+    shared = source.model_dump(include=set(KubeWatchSpec.model_fields))
     try:
         spec = InferenceEndpointSpec.model_validate(obj.get("spec") or {})
         variants = [
@@ -59,12 +56,7 @@ def derive_endpoint(
                 models=[name],
                 routing=v.routing,
                 discovery=KubernetesDiscovery(
-                    service=service_name(name, v.name),
-                    namespace=namespace,
-                    port=source.port,
-                    watch_timeout_s=source.watch_timeout_s,
-                    retry_interval_s=source.retry_interval_s,
-                    **_api_fields(source),
+                    service=service_name(name, v.name), **{**shared, "namespace": namespace}
                 ),
             )
             for v in spec.variants
