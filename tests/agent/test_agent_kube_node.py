@@ -23,7 +23,7 @@ from warmfleet.control.names import ANN_ASSIGNED, ANN_CACHE_STATUS
 NODE = "gpu-node-0"
 
 
-def _config(root: Path, api: str, host_path: str) -> Any:
+def _config(root: Path, api: str, host_path: str, interval_s: float) -> Any:
     return agent_config(
         root,
         f"""  reconcile_interval_s: 30
@@ -31,14 +31,18 @@ def _config(root: Path, api: str, host_path: str) -> Any:
     api_server: "{api}"
     host_path: {host_path}
     node_name: {NODE}
-    interval_s: 0.05
+    interval_s: {interval_s}
     token_path: /nonexistent/token
     ca_path: /nonexistent/ca.crt
 """,
     )
 
 
-async def test_agent_serves_its_nodes_assignments(kmock: Any, origin: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("interval_s", [0.05, 60.0], ids=["polled", "event-driven"])
+async def test_agent_serves_its_nodes_assignments(
+    kmock: Any, origin: Any, tmp_path: Path, interval_s: float
+) -> None:
+    """With a long interval every step must come from the Node watch or a fetch's end."""
     org, url = origin
     weights = os.urandom(300_000)
     org.put("w.bin", Blob(data=weights))
@@ -57,7 +61,7 @@ async def test_agent_serves_its_nodes_assignments(kmock: Any, origin: Any, tmp_p
         },
         {"cache": "other-w-2", "uri": f"{url}/files/w.bin", "hostPath": "/somewhere/else"},
     ]
-    agent = NodeAgent(_config(tmp_path, api, host_path))
+    agent = NodeAgent(_config(tmp_path, api, host_path, interval_s))
     async with aiohttp.ClientSession() as http:
         meta = {"name": NODE, "annotations": {ANN_ASSIGNED: json.dumps(assigned)}}
         await http.post(f"{api}/api/v1/nodes", json={"metadata": meta})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ class FleetNode:
         self.assigned: dict[str, Assignment] = {}  # cache name -> its source
         self._tg = tg
         self._fetching: dict[str, asyncio.Task[None]] = {}
+        self.on_fetched: Callable[[], None] | None = None  # called when a fetch ends
 
     async def tick(self) -> None:
         await self.manager.verify(full=False)
@@ -68,6 +70,8 @@ class FleetNode:
             log.warning("prefetch of %s failed: %s", cache, err)
         finally:
             self._fetching.pop(cache, None)
+            if self.on_fetched is not None:
+                self.on_fetched()
 
     def usable(self, cache: str, records: list[ArtifactRecord]) -> ArtifactRecord | None:
         """The ready, published, held version of ``cache`` (``None`` if there is none)."""

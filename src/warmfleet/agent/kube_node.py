@@ -1,20 +1,24 @@
 """The node protocol on Kubernetes: the agent's side of the Node annotations.
 
-Every ``interval_s``: read this agent's Node; take the caches assigned to it
+The agent watches its own Node (``kube.watch.ListWatch``, ``fieldSelector=metadata.name``: one
+watch instead of a read per interval). At every change of the Node, when a fetch ends, and
+every ``interval_s`` otherwise, it syncs: take the caches assigned to the Node
 (``warmfleet.dev/assigned-caches``); let ``FleetNode`` fill, hold and evict; keep a view
 ``<root>/<cache>/`` (``CacheLinks``) exactly for the usable ones; write the reports to
 ``warmfleet.dev/cache-status`` when they changed. An assignment for a hostPath other than the
 one mounted at the agent's root cannot be served here: it is reported failed, not fetched. An
 unreadable assignment annotation keeps the previous assignments; an API error is logged once
-per streak and retried at the next interval. Every call has a timeout.
+per streak and retried. Every call has a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -31,6 +35,7 @@ from warmfleet.kube.access import (
     auth_headers,
     json_or_raise,
 )
+from warmfleet.kube.watch import ListWatch, object_name
 
 log = logging.getLogger("warmfleet.agent.kube")
 _MERGE_PATCH = "application/merge-patch+json"
@@ -74,6 +79,9 @@ class KubeNodeSync:
         self.syncs = 0
         self.errors = 0
         self._reported: str | None = None
+        self._annotations: dict[str, Any] | None = None  # None: the Node not seen yet
+        self._changed = asyncio.Event()  # the Node changed or a fetch ended: sync now
+        node.on_fetched = self._changed.set
 
     def node_name(self) -> str:
         name = self.spec.node_name or os.environ.get("NODE_NAME")
@@ -82,29 +90,51 @@ class KubeNodeSync:
         return name
 
     async def run(self) -> None:
-        await api_loop(
+        name = self.node_name()
+        watch = ListWatch(
             self.spec,
-            self.sync_once,
-            self._failed,
-            retried=_RETRIED,
+            lambda: "/api/v1/nodes",
+            on_change=lambda nodes: self._node_changed(nodes.get(name)),
+            on_error=self._failed,
+            keep=lambda obj: object_name(obj) == name,
+            selectors={"fieldSelector": f"metadata.name={name}"},
             retry_interval_s=self.spec.interval_s,
-            interval_s=self.spec.interval_s,
         )
+        url = f"/api/v1/nodes/{name}"
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(watch.run())
+            tg.create_task(
+                api_loop(
+                    self.spec,
+                    lambda http: self._sync_when_due(http, url),
+                    self._failed,
+                    retried=_RETRIED,
+                    retry_interval_s=self.spec.interval_s,
+                )
+            )
+
+    def _node_changed(self, node: Mapping[str, Any] | None) -> None:
+        meta = node.get("metadata") if node is not None else None
+        annotations = meta.get("annotations") if isinstance(meta, dict) else None
+        self._annotations = annotations if isinstance(annotations, dict) else {}
+        self._changed.set()
 
     def _failed(self, err: BaseException, first: bool) -> None:
         self.errors += 1
         if first:
             log.error("node sync failed (retrying every %.1f s): %s", self.spec.interval_s, err)
 
-    async def sync_once(self, http: aiohttp.ClientSession) -> None:
-        url = f"{api_server(self.spec)}/api/v1/nodes/{self.node_name()}"
-        timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
-        async with http.get(url, headers=auth_headers(self.spec), timeout=timeout) as resp:
-            node = await json_or_raise(resp)
-        meta = node.get("metadata")
-        annotations = meta.get("annotations") if isinstance(meta, dict) else None
-        if not isinstance(annotations, dict):
-            annotations = {}
+    async def _sync_when_due(self, http: aiohttp.ClientSession, path: str) -> None:
+        """Wait for a change of the Node or ``interval_s``, then sync (once the Node is known)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), self.spec.interval_s)
+        self._changed.clear()
+        if self._annotations is not None:
+            await self.sync_once(http, path, self._annotations)
+
+    async def sync_once(
+        self, http: aiohttp.ClientSession, path: str, annotations: Mapping[str, Any]
+    ) -> None:
         self.node.assigned, self.refused = parse_assignments(
             annotations.get(ANN_ASSIGNED), self.spec.host_path
         )
@@ -117,6 +147,8 @@ class KubeNodeSync:
         if report != self._reported or annotations.get(ANN_CACHE_STATUS) != report:
             patch = {"metadata": {"annotations": {ANN_CACHE_STATUS: report}}}
             headers = {**auth_headers(self.spec), "Content-Type": _MERGE_PATCH}
+            timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
+            url = api_server(self.spec) + path
             data = json.dumps(patch)
             async with http.patch(url, data=data, headers=headers, timeout=timeout) as resp:
                 await json_or_raise(resp)

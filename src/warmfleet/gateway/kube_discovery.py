@@ -43,7 +43,7 @@ def slice_watch(owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery) 
         on_change=lambda slices: owner.apply(key, disc, slices.values()),
         on_error=lambda err, first: owner.failed(key, err, first=first),
         keep=lambda obj: belongs_to(obj, disc.service),
-        label_selector=f"{SERVICE_NAME_LABEL}={disc.service}",
+        selectors={"labelSelector": f"{SERVICE_NAME_LABEL}={disc.service}"},
         watch_timeout_s=disc.watch_timeout_s,
         retry_interval_s=disc.retry_interval_s,
     )

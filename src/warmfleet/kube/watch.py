@@ -6,7 +6,7 @@ deadline for a server that never ends it) or expires (a 410 ERROR event) leads t
 Any error is passed to ``on_error`` (``first``: the first of a streak) and the loop retries
 after ``retry_interval_s``; the last reported set stands meanwhile. Every call has a timeout;
 the token is re-read at every list. Objects ``keep`` rejects (checked here as well: not every
-API server or emulator applies label selectors) are not part of the set.
+API server or emulator applies selectors) are not part of the set.
 """
 
 from __future__ import annotations
@@ -47,17 +47,18 @@ class ListWatch:
         on_change: Callable[[Mapping[str, Obj]], None],
         on_error: Callable[[BaseException, bool], None],
         keep: Callable[[Obj], bool] = lambda _obj: True,
-        label_selector: str | None = None,
+        selectors: Mapping[str, str] | None = None,
         watch_timeout_s: float = 300.0,
         retry_interval_s: float = 2.0,
     ) -> None:
-        """``path``: the collection's API path (called at every list: it may read files)."""
+        """``path``: the collection's API path (called at every list: it may read files).
+        ``selectors``: ``labelSelector`` / ``fieldSelector`` query parameters."""
         self.spec = spec
         self.path = path
         self.on_change = on_change
         self.on_error = on_error
         self.keep = keep
-        self.label_selector = label_selector
+        self.selectors = dict(selectors or {})
         self.watch_timeout_s = watch_timeout_s
         self.retry_interval_s = retry_interval_s
         self.objects: dict[str, Obj] = {}
@@ -73,7 +74,7 @@ class ListWatch:
 
     async def list_and_watch(self, http: aiohttp.ClientSession) -> None:
         url = api_server(self.spec) + self.path()
-        params = {"labelSelector": self.label_selector} if self.label_selector else {}
+        params = dict(self.selectors)
         timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
         headers = auth_headers(self.spec)
         async with http.get(url, params=params, headers=headers, timeout=timeout) as resp:
