@@ -157,6 +157,24 @@ async def test_image_cache_shared_by_two_endpoints(env: tuple[FakeCluster, Contr
     assert await c.list(kube.DAEMONSETS, NS) == []
 
 
+async def test_a_removed_variant_loses_its_service(env: tuple[FakeCluster, Controller]) -> None:
+    cluster, controller = env
+    c = cluster.client
+    body = endpoint_body("llama")
+    body["spec"]["variants"].append({"name": "canary", "replicas": 1})
+    await create_endpoint(cluster, body)
+    await converge(cluster, controller)
+
+    async def services() -> list[str]:
+        return sorted(s["metadata"]["name"] for s in await c.list(kube.SERVICES, NS))
+
+    assert await services() == ["llama", "llama-canary", "llama-main"]
+    await c.patch(kube.ENDPOINTS, NS, "llama", {"spec": {"variants": [{"name": "main"}]}})
+    await converge(cluster, controller)
+    assert await services() == ["llama", "llama-main"]
+    assert all("canary" not in d["metadata"]["name"] for d in await c.list(kube.DEPLOYMENTS, NS))
+
+
 async def test_node_replacement(env: tuple[FakeCluster, Controller]) -> None:
     cluster, controller = env
     c = cluster.client

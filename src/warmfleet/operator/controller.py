@@ -88,7 +88,20 @@ class Controller:
             uids = {e.name: e for e in desired}
             for action in actions:
                 await self._execute(action, uids, now_s, result)
+            await self._prune_variant_services(desired)
             return result
+
+    async def _prune_variant_services(self, desired: list[DesiredEndpoint]) -> None:
+        """The Service of a variant removed from a live endpoint goes (the endpoint's own
+        Service, and those of endpoints being released, are the plan's business)."""
+        live = {e.name: {v.name for v in e.spec.variants} for e in desired if not e.deleting}
+        managed = {names.LABEL_MANAGED_BY: names.MANAGER}
+        for service in await self._client.list(kube.SERVICES, self._ns, managed):
+            meta = service.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            endpoint, variant = labels.get(names.LABEL_ENDPOINT), labels.get(names.LABEL_VARIANT)
+            if variant is not None and endpoint in live and variant not in live[endpoint]:
+                await self._client.delete(kube.SERVICES, self._ns, meta["name"])
 
     async def _autoscale(
         self, desired: list[DesiredEndpoint], observed: ObservedState, now_s: float
