@@ -76,7 +76,6 @@ class KubeNodeSync:
         self.spec = spec
         self.links = CacheLinks(node.manager.store)
         self.refused: dict[str, str] = {}
-        self.syncs = 0
         self.errors = 0
         self._reported: str | None = None
         self._annotations: dict[str, Any] | None = None  # None: the Node not seen yet
@@ -153,7 +152,6 @@ class KubeNodeSync:
             async with http.patch(url, data=data, headers=headers, timeout=timeout) as resp:
                 await json_or_raise(resp)
             self._reported = report
-        self.syncs += 1
 
     async def _sync_views(self) -> dict[str, str]:
         """Views exactly for the usable assigned caches; returns them (cache -> object key)."""
