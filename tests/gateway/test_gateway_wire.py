@@ -17,6 +17,7 @@ import pytest
 from gateway_support import MODEL, backends_running, gateway_config, gateway_running
 
 from warmfleet.gateway.errors import plain_error
+from warmfleet.gateway.messages import Request, Response, ServerLimits
 from warmfleet.gateway.upstream import (
     Addr,
     UpstreamClosedError,
@@ -24,7 +25,7 @@ from warmfleet.gateway.upstream import (
     UpstreamPool,
     UpstreamTimeout,
 )
-from warmfleet.gateway.wire import HttpServer, Request, Response, ServerLimits
+from warmfleet.gateway.wire import HttpServer
 
 LIMIT = 64  # max_body_bytes of the servers below
 WAIT_S = 1.5  # liveness bound for a single read in these tests (never a timing assertion)

@@ -34,10 +34,10 @@ from warmfleet.gateway.config import (
 )
 from warmfleet.gateway.errors import ConflictError, UnauthorizedError, error_response
 from warmfleet.gateway.fleet import build_router_or_raise
+from warmfleet.gateway.messages import Request, Response
 from warmfleet.gateway.routes import Routes
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.state import VariantRuntime
-from warmfleet.gateway.wire import Request, Response
 from warmfleet.routing.config import RoutingConfig
 
 M = TypeVar("M", bound=BaseModel)

@@ -17,7 +17,7 @@ from warmfleet.core.errors import (
     RequestTooLargeError,
     WarmfleetError,
 )
-from warmfleet.gateway.wire import Response
+from warmfleet.gateway.messages import Response
 
 INSTANCE_HEADER = "x-warmfleet-instance"
 REASON_HEADER = "x-warmfleet-reason"

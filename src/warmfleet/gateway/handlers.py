@@ -12,11 +12,11 @@ from warmfleet.core.errors import BadRequestError, WarmfleetError
 from warmfleet.core.types import RoutingKey
 from warmfleet.gateway.body import openai_fields, parse_json_object
 from warmfleet.gateway.errors import error_response, status_and_type
+from warmfleet.gateway.messages import Request, Response
 from warmfleet.gateway.metrics import CONTENT_TYPE
 from warmfleet.gateway.routes import Routes
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.state import RouterLike
-from warmfleet.gateway.wire import Request, Response
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from warmfleet.gateway.errors import (
     status_and_type,
 )
 from warmfleet.gateway.fleet import GatewayState
+from warmfleet.gateway.messages import Request, Response
 from warmfleet.gateway.state import InstanceRuntime, RouterLike, VariantRuntime
 from warmfleet.gateway.upstream import (
     Exchange,
@@ -36,7 +37,7 @@ from warmfleet.gateway.upstream import (
     UpstreamPool,
     UpstreamTimeout,
 )
-from warmfleet.gateway.wire import Request, Response, ServerConnection
+from warmfleet.gateway.wire import ServerConnection
 
 log = logging.getLogger(__name__)
 

@@ -22,102 +22,22 @@ import contextlib
 import logging
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable
-from http import HTTPStatus
+from collections.abc import Callable
 from time import monotonic
 from typing import Any, cast
 
 import httptools
 
+from warmfleet.gateway.messages import (
+    ErrorFactory,
+    Handler,
+    Request,
+    Response,
+    ServerLimits,
+    head_bytes,
+)
+
 log = logging.getLogger(__name__)
-
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-
-
-class Request:
-    """One parsed request; ``headers`` has lower-case names (repeated headers joined by ", ")."""
-
-    __slots__ = (
-        "body",
-        "conn",
-        "headers",
-        "http10",
-        "keep_alive",
-        "match_info",
-        "method",
-        "path",
-        "query",
-    )
-
-    def __init__(
-        self,
-        conn: ServerConnection,
-        method: str,
-        path: str,
-        *,
-        query: str,
-        headers: dict[str, str],
-        body: bytes,
-        keep_alive: bool,
-        http10: bool = False,
-    ) -> None:
-        self.conn = conn
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-        self.http10 = http10  # an HTTP/1.0 client: no chunked coding, keep-alive only if asked
-        self.match_info: dict[str, str] = {}
-
-
-class Response:
-    """A complete response. ``headers`` excludes Content-Type/Length (given separately)."""
-
-    __slots__ = ("body", "content_type", "headers", "status")
-
-    def __init__(
-        self,
-        status: int,
-        body: bytes,
-        content_type: str = "application/json",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.status = status
-        self.body = body
-        self.content_type = content_type
-        self.headers = headers
-
-
-Handler = Callable[[Request], Awaitable[Response | None]]
-# Builds the answer to a request the HTTP layer itself rejects: (status, message) -> response.
-ErrorFactory = Callable[[int, str], Response]
-
-
-def head_bytes(
-    status: int, content_type: str, headers: dict[str, str] | None, tail: bytes
-) -> bytes:
-    """Status line and headers; ``tail`` ends the head (framing headers and the blank line)."""
-    lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) if headers else ""
-    return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s" % (
-        status,
-        _REASONS.get(status, b"Unknown"),
-        content_type.encode("latin-1"),
-        lines.encode("latin-1"),
-        tail,
-    )
-
-
-class ServerLimits:
-    __slots__ = ("body_read_timeout_s", "keepalive_timeout_s", "max_body_bytes")
-
-    def __init__(
-        self, max_body_bytes: int, body_read_timeout_s: float, keepalive_timeout_s: float = 75.0
-    ) -> None:
-        self.max_body_bytes = max_body_bytes
-        self.body_read_timeout_s = body_read_timeout_s
-        self.keepalive_timeout_s = keepalive_timeout_s
 
 
 class ServerConnection(asyncio.Protocol):
