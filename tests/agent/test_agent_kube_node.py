@@ -18,7 +18,10 @@ from warmfleet.agent.cache_links import READY_MARKER
 from warmfleet.agent.kube_node import parse_assignments
 from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.testing.origin import Blob
+from warmfleet.control.actions import NodeCacheAssignment
 from warmfleet.control.names import ANN_ASSIGNED, ANN_CACHE_STATUS
+from warmfleet.control.resources import ModelSource
+from warmfleet.operator import render
 
 NODE = "gpu-node-0"
 
@@ -120,3 +123,18 @@ def test_parse_assignments() -> None:
         parse_assignments('{"cache": "a"}', "/cache")
     with pytest.raises(json.JSONDecodeError):
         parse_assignments("not json", "/cache")
+
+
+def test_the_operator_annotation_is_what_the_agent_reads() -> None:
+    """``render.assignments`` (operator) and ``parse_assignments`` (agent) agree on the format."""
+    caches = (
+        NodeCacheAssignment("ep-w-1", ModelSource(uri="s3://m/a", revision="v2"), "/cache"),
+        NodeCacheAssignment("ep-w-2", ModelSource(uri="hf://org/m"), "/cache/"),
+        NodeCacheAssignment("other-w-1", ModelSource(uri="s3://m/b"), "/elsewhere"),
+    )
+    servable, refused = parse_assignments(render.assignments(caches), "/cache")
+    assert {k: (a.uri, a.revision) for k, a in servable.items()} == {
+        "ep-w-1": ("s3://m/a", "v2"),
+        "ep-w-2": ("hf://org/m", ""),
+    }
+    assert list(refused) == ["other-w-1"]

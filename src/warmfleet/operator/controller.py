@@ -36,6 +36,14 @@ from warmfleet.operator.observe import ANN_AUTOSCALED, Snapshot, desired_endpoin
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
+_CACHE_ACTIONS = (
+    ApplyModelCache,
+    ApplyImageCache,
+    DeleteModelCache,
+    DeleteImageCache,
+    ApplyImagePuller,
+    DeleteImagePuller,
+)
 
 
 @dataclass
@@ -153,16 +161,27 @@ class Controller:
         now_s: float,
         result: PassResult,
     ) -> None:
+        if isinstance(action, _CACHE_ACTIONS):
+            await self._cache_action(action, endpoints, now_s)
+        elif isinstance(action, AssignNodeCaches | SetNodeLabels):
+            await self._node_action(action)
+        elif isinstance(action, ApplyDeployment | DeleteDeployment | ReleaseEndpoint):
+            await self._workload_action(action, endpoints, result)
+        else:
+            await self._status(action)
+
+    async def _cache_action(
+        self, action: Action, endpoints: dict[str, DesiredEndpoint], now_s: float
+    ) -> None:
         c, ns = self._client, self._ns
         if isinstance(action, ApplyModelCache):
-            owner = endpoints.get(action.spec.owner)
             await self._apply_cache(
                 resource=kube.MODEL_CACHES,
                 kind="ModelCache",
                 name=action.name,
                 spec=_wire(action.spec),
                 now_s=now_s,
-                owner=owner,
+                owner=endpoints.get(action.spec.owner),
             )
         elif isinstance(action, ApplyImageCache):
             await self._apply_cache(
@@ -182,45 +201,38 @@ class Controller:
             await c.apply(kube.DAEMONSETS, ns, body)
         elif isinstance(action, DeleteImagePuller):
             await c.delete(kube.DAEMONSETS, ns, render.puller_name(action.cache))
-        elif isinstance(action, AssignNodeCaches):
-            value = json.dumps(
-                [
-                    {
-                        "cache": a.cache,
-                        "uri": a.source.uri,
-                        "revision": a.source.revision,
-                        "hostPath": a.host_path,
-                    }
-                    for a in action.caches
-                ],
-                sort_keys=True,
-            )
-            await c.patch(
-                kube.NODES,
-                None,
-                action.node,
-                {"metadata": {"annotations": {render.ANN_ASSIGNED: value}}},
-            )
-        elif isinstance(action, SetNodeLabels):
+
+    async def _node_action(self, action: AssignNodeCaches | SetNodeLabels) -> None:
+        if isinstance(action, AssignNodeCaches):
+            value = render.assignments(action.caches)
+            metadata: Obj = {"annotations": {render.ANN_ASSIGNED: value}}
+        else:
             labels: dict[str, str | None] = dict.fromkeys(action.remove)
             labels.update(action.set_labels)
-            await c.patch(kube.NODES, None, action.node, {"metadata": {"labels": labels}})
-        elif isinstance(action, ApplyDeployment):
-            owner_uid = endpoints[action.plan.endpoint].uid
-            await c.apply(kube.DEPLOYMENTS, ns, render.deployment(action.plan, ns, owner_uid))
+            metadata = {"labels": labels}
+        await self._client.patch(kube.NODES, None, action.node, {"metadata": metadata})
+
+    async def _workload_action(
+        self,
+        action: ApplyDeployment | DeleteDeployment | ReleaseEndpoint,
+        endpoints: dict[str, DesiredEndpoint],
+        result: PassResult,
+    ) -> None:
+        c, ns = self._client, self._ns
+        if isinstance(action, ApplyDeployment):
             plan = action.plan
+            owner_uid = endpoints[plan.endpoint].uid
+            await c.apply(kube.DEPLOYMENTS, ns, render.deployment(plan, ns, owner_uid))
             for variant in (None, plan.variant):
                 service = render.service(plan.endpoint, plan.port, ns, owner_uid, variant)
                 await c.apply(kube.SERVICES, ns, service)
         elif isinstance(action, DeleteDeployment):
             await c.delete(kube.DEPLOYMENTS, ns, action.name)
-        elif isinstance(action, ReleaseEndpoint):
+        else:
             # its Service and its variants' (ownerReferences would do it; kmock has no GC)
             for service in await c.list(kube.SERVICES, ns, {names.LABEL_ENDPOINT: action.name}):
                 await c.delete(kube.SERVICES, ns, service["metadata"]["name"])
             result.released.add(action.name)
-        else:
-            await self._status(action)
 
     async def _status(self, action: Action) -> None:
         if isinstance(action, UpdateEndpointStatus):

@@ -12,10 +12,11 @@ when ``$WARMFLEET_MODEL_DIR/.warmfleet-ready`` exists), else load ``WARMFLEET_MO
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from warmfleet.control import names
-from warmfleet.control.actions import DeploymentPlan
+from warmfleet.control.actions import DeploymentPlan, NodeCacheAssignment
 
 ANN_ASSIGNED = names.ANN_ASSIGNED
 ANN_CACHE_STATUS = names.ANN_CACHE_STATUS
@@ -224,3 +225,17 @@ def image_puller(cache: str, image: str, node_selector: dict[str, str], namespac
             },
         },
     }
+
+
+def assignments(caches: Sequence[NodeCacheAssignment]) -> str:
+    """The value of ``ANN_ASSIGNED``: the caches a node must hold (``agent.kube_node`` reads it)."""
+    value = [
+        {
+            "cache": a.cache,
+            "uri": a.source.uri,
+            "revision": a.source.revision,
+            "hostPath": a.host_path,
+        }
+        for a in caches
+    ]
+    return json.dumps(value, sort_keys=True)
