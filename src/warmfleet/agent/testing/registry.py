@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from warmfleet.agent.oci import OCI_INDEX, OCI_MANIFEST, sha256_digest
 
@@ -130,6 +131,43 @@ class PushedImage:
     blob_bytes: int
 
 
+def _descriptor(registry: str, repo: str, media_type: str, blob: bytes) -> dict[str, Any]:
+    return {"mediaType": media_type, "digest": push_blob(registry, repo, blob), "size": len(blob)}
+
+
+def _push_manifest(registry: str, repo: str, ref: str, body: bytes, media_type: str) -> None:
+    url = f"http://{registry}/v2/{repo}/manifests/{ref}"
+    _request("PUT", url, body, {"Content-Type": media_type})
+
+
+def _platform_manifest(
+    registry: str, repo: str, plat: str, layers: list[dict[str, bytes]]
+) -> tuple[bytes, int]:
+    """Push one platform's layers and config; return its manifest and the bytes pushed."""
+    os_name, arch = plat.split("/")[:2]
+    blobs = [
+        layer_tar_gz({**files, f"platform-{i}": plat.encode()}) for i, files in enumerate(layers)
+    ]
+    config_doc = {
+        "architecture": arch,
+        "os": os_name,
+        "rootfs": {"type": "layers", "diff_ids": []},
+        "config": {},
+    }
+    config = json.dumps(config_doc, sort_keys=True).encode()
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": _descriptor(registry, repo, "application/vnd.oci.image.config.v1+json", config),
+        "layers": [
+            _descriptor(registry, repo, "application/vnd.oci.image.layer.v1.tar+gzip", blob)
+            for blob in blobs
+        ],
+    }
+    pushed = sum(len(blob) for blob in blobs) + len(config)
+    return json.dumps(manifest, sort_keys=True).encode(), pushed
+
+
 def push_image(
     registry: str,
     *,
@@ -140,74 +178,30 @@ def push_image(
     index: bool = False,
 ) -> PushedImage:
     """Push one image per platform (an OCI index over them when ``index``)."""
-    manifests: dict[str, tuple[bytes, str]] = {}
+    digests: dict[str, str] = {}
+    entries: list[dict[str, Any]] = []
     total = 0
     for plat in platforms:
+        body, pushed = _platform_manifest(registry, repo, plat, layers)
+        total += pushed
+        digest = digests[plat] = sha256_digest(body)
+        _push_manifest(registry, repo, digest if index else tag, body, OCI_MANIFEST)
         os_name, arch = plat.split("/")[:2]
-        descs = []
-        for i, files in enumerate(layers):
-            blob = layer_tar_gz({**files, f"platform-{i}": plat.encode()})
-            descs.append(
-                {
-                    "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                    "digest": push_blob(registry, repo, blob),
-                    "size": len(blob),
-                }
-            )
-            total += len(blob)
-        config = json.dumps(
+        entries.append(
             {
-                "architecture": arch,
-                "os": os_name,
-                "rootfs": {"type": "layers", "diff_ids": []},
-                "config": {},
-            },
-            sort_keys=True,
-        ).encode()
-        cdesc = {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "digest": push_blob(registry, repo, config),
-            "size": len(config),
-        }
-        total += len(config)
-        body = json.dumps(
-            {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": cdesc, "layers": descs},
-            sort_keys=True,
-        ).encode()
-        digest = sha256_digest(body)
-        ref = digest if index else tag
-        _request(
-            "PUT",
-            f"http://{registry}/v2/{repo}/manifests/{ref}",
-            body,
-            {"Content-Type": OCI_MANIFEST},
+                "mediaType": OCI_MANIFEST,
+                "digest": digest,
+                "size": len(body),
+                "platform": {"os": os_name, "architecture": arch},
+            }
         )
-        manifests[plat] = (body, digest)
-    top = manifests[platforms[0]][1]
+    top = digests[platforms[0]]
     if index:
-        body = json.dumps(
-            {
-                "schemaVersion": 2,
-                "mediaType": OCI_INDEX,
-                "manifests": [
-                    {
-                        "mediaType": OCI_MANIFEST,
-                        "digest": d,
-                        "size": len(b),
-                        "platform": {"os": p.split("/")[0], "architecture": p.split("/")[1]},
-                    }
-                    for p, (b, d) in manifests.items()
-                ],
-            },
-            sort_keys=True,
-        ).encode()
-        _request(
-            "PUT", f"http://{registry}/v2/{repo}/manifests/{tag}", body, {"Content-Type": OCI_INDEX}
-        )
+        doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}
+        body = json.dumps(doc, sort_keys=True).encode()
+        _push_manifest(registry, repo, tag, body, OCI_INDEX)
         top = sha256_digest(body)
-    return PushedImage(
-        f"{registry}/{repo}:{tag}", top, {p: d for p, (_, d) in manifests.items()}, total
-    )
+    return PushedImage(f"{registry}/{repo}:{tag}", top, digests, total)
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
