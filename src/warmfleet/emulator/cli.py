@@ -153,6 +153,11 @@ def emulate_command(  # noqa: PLR0917
         print(f"invalid emulator config:\n{err}", file=sys.stderr)
         raise typer.Exit(2) from err
 
+    _run(spec, ports_file, load_weights_from)
+
+
+def _run(spec: EmulatorSpec, ports_file: Path | None, load_weights_from: str | None) -> None:
+    """Serve ``spec`` until stopped; print (and write) the ready JSON once every port listens."""
     weights: dict[str, Any] = {}
 
     def on_weights(loaded: WeightsLoad) -> None:
