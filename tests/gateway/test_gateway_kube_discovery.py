@@ -298,3 +298,57 @@ async def test_endpoints_follow_the_inference_endpoints(
             assert gw.gateway.endpoint_sync_errors == 0
         finally:
             await gw.stop()
+
+
+async def test_admin_changes_survive_inference_endpoint_changes(
+    kmock: Any, http: aiohttp.ClientSession
+) -> None:
+    """An admin change to an endpoint of the document outlives a change of the
+    InferenceEndpoints (only a reload replaces it); a derived endpoint's routing is the object's
+    (409)."""
+    declare(kmock)
+    declare_endpoints(kmock)
+    api = str(kmock.url).rstrip("/")
+    objects = f"/apis/warmfleet.dev/v1alpha1/namespaces/{NS}/inferenceendpoints"
+    access = {"api_server": api, "token_path": "/nonexistent/token", "ca_path": "/nx/ca.crt"}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with backends_running("a", "b", "c") as (a, b, c):
+        doc = gateway_doc([a], admin_token=TOKEN)
+        doc["spec"]["inference_endpoints"] = {"namespace": NS, "retry_interval_s": 0.05, **access}
+        doc["spec"]["model_selects_endpoint"] = True
+        await http.post(api + SLICES, json=slice_body("llama-main-x", "llama-main", {c: True}))
+        gw = await start_app(create_app(parse_gateway_config(doc)))
+        state = gw.gateway.state
+        admin = gw.url + "/admin/v1/endpoints/{}/variants/{}/{}"
+        try:
+            least = {"strategy": {"type": "least_outstanding_requests"}}
+            async with http.put(admin.format("main", "v1", "routing"), json=least, headers=auth):
+                pass
+            async with http.post(
+                admin.format("main", "v1", "instances"),
+                json={"id": "b", "url": b.url},
+                headers=auth,
+            ) as resp:
+                assert resp.status == 201
+            await http.post(api + objects, json=inference_endpoint("llama"))
+            await wait_until(lambda: "llama" in state.endpoints)
+            main = state.endpoint("main").variant("v1")
+            assert main.routing_config.strategy.type == "least_outstanding_requests"
+            assert sorted(main.instances) == ["a", "b"]
+            assert gw.gateway.derived_endpoints == {"llama"}
+
+            async with http.put(
+                admin.format("llama", "main", "routing"), json=least, headers=auth
+            ) as resp:
+                assert resp.status == 409
+                assert "InferenceEndpoint" in (await resp.json())["error"]["message"]
+            assert state.endpoint("llama").variant("main").routing_config.strategy.type == (
+                "prefix_affinity"
+            )
+            await http.delete(api + f"{objects}/llama")
+            await wait_until(lambda: "llama" not in state.endpoints)
+            assert gw.gateway.derived_endpoints == frozenset()
+            assert main.routing_config.strategy.type == "least_outstanding_requests"
+            assert sorted(main.instances) == ["a", "b"]
+        finally:
+            await gw.stop()

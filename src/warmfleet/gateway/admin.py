@@ -12,7 +12,9 @@
 
 Changes apply to the next request; in-flight requests keep their instance. An invalid body is
 rejected with 400 naming the field, and the old setting stays. Admin changes last until the
-next reload from the file (the file stays the source of truth).
+next reload from the file (the file stays the source of truth); a change of the
+InferenceEndpoints (``spec.inference_endpoints``) leaves them alone. The endpoints derived from
+InferenceEndpoints are changed through the objects: their routing and instances answer 409.
 """
 
 from __future__ import annotations
@@ -108,6 +110,11 @@ class AdminApi:
 
     async def put_routing(self, request: Request) -> Response:
         variant = self._variant(request)
+        if variant.endpoint in self.gw.derived_endpoints:
+            raise ConflictError(
+                f"endpoint {variant.endpoint!r} comes from the InferenceEndpoint of that name: "
+                "change the routing of its variant there"
+            )
         routing = validate(RoutingConfig, await self._body(request), "routing")
         try:
             build_router_or_raise(self.gw.state.factory, routing, "routing")

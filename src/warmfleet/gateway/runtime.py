@@ -64,6 +64,9 @@ class Gateway:
         self._endpoint_objects: tuple[list[Mapping[str, Any]], str] | None = None
         self._endpoint_problems: dict[str, str] = {}
         self._applied_derived: list[EndpointConfig] = []
+        # Names of the endpoints in force that come from InferenceEndpoints (the admin API
+        # leaves their routing to the objects).
+        self.derived_endpoints: frozenset[str] = frozenset()
         self.endpoint_syncs = 0
         self.endpoint_sync_errors = 0
         self._proxy: Proxy | None = None
@@ -158,12 +161,15 @@ class Gateway:
 
     def apply(self, config: GatewayConfig, source: str) -> None:
         """Apply ``config`` (plus the endpoints derived from InferenceEndpoints, if any)."""
+        merged = self._with_derived(config)
         try:
-            self.state.apply(self._with_derived(config))
+            self.state.apply(merged)
         except ConfigError:
             self.metrics.reloads.labels(source, "error").inc()
             raise
         self.base_config = config
+        given = {e.name for e in config.spec.endpoints}
+        self.derived_endpoints = frozenset(e.name for e in merged.spec.endpoints) - given
         self.metrics.reloads.labels(source, "ok").inc()
         if _restart_only(config) != self._restart_only:
             log.warning(
@@ -218,6 +224,22 @@ class Gateway:
                 log.warning("InferenceEndpoint %r left out of the gateway: %s", endpoint.name, err)
         return merged
 
+    def _live_base(self) -> GatewayConfig:
+        """The document in force plus the admin API's changes to its own endpoints (routing,
+        instances): what a change of the InferenceEndpoints re-applies, so that change leaves
+        them alone (only a reload from the file replaces them)."""
+        endpoints = []
+        for endpoint in self.base_config.spec.endpoints:
+            live = self.state.endpoints.get(endpoint.name)
+            live_variants = live.variants if live is not None else {}
+            variants = [
+                live_variants[v.name].config if v.name in live_variants else v
+                for v in endpoint.variants
+            ]
+            endpoints.append(endpoint.model_copy(update={"variants": variants}))
+        spec = self.base_config.spec.model_copy(update={"endpoints": endpoints})
+        return self.base_config.model_copy(update={"spec": spec})
+
     def publish_inference_endpoints(
         self, objects: list[Mapping[str, Any]], source: InferenceEndpointsSource, namespace: str
     ) -> None:
@@ -230,7 +252,7 @@ class Gateway:
         if previous is not None and derived == self._applied_derived:
             return  # e.g. only an object's status changed: nothing for the gateway
         try:
-            self.apply(self.base_config, "kubernetes")
+            self.apply(self._live_base(), "kubernetes")
         except ConfigError as err:
             self._endpoint_objects = previous
             self.endpoint_sync_errors += 1
