@@ -6,6 +6,7 @@ Layout under ``root``::
     objects/<key>/.warmfleet-complete.json completion marker: manifest + verified digests
     staging/<key>/...                      in-progress downloads (+ progress file)
     index.json                             refs, pins, LRU times, states (under .lock)
+    locks/<key>.lock                       per-key download lock (only while held or awaited)
 
 A published directory appears only through ``rename(staging/<key>, objects/<key>)`` after the
 files and the marker were fsynced, so a reader never sees a partial artifact.
@@ -48,6 +49,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the open file ``fd``."""
+    try:
+        current = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (current.st_dev, current.st_ino) == (opened.st_dev, opened.st_ino)
+
+
 class Store:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -84,15 +95,27 @@ class Store:
     # ----- per-key download lock ----------------------------------------------------------
     @contextlib.contextmanager
     def download_lock(self, key: str, *, blocking: bool = True) -> Iterator[bool]:
-        """Exclusive per-key lock held while downloading; released when the process dies."""
-        with (self.locks / f"{key}.lock").open("a+") as fh:
-            flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
-            try:
-                fcntl.flock(fh.fileno(), flags)
-            except BlockingIOError:
-                yield False
+        """Exclusive per-key lock held while downloading; released when the process dies.
+
+        The lock file lives only while the lock is held or awaited: its holder unlinks it
+        before releasing, and whoever then gets the lock on the unlinked file (it opened the
+        file earlier) sees that the path no longer names it and locks the current file."""
+        path = self.locks / f"{key}.lock"
+        flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
+        while True:
+            with path.open("a+") as fh:
+                try:
+                    fcntl.flock(fh.fileno(), flags)
+                except BlockingIOError:
+                    yield False
+                    return
+                if not _names(path, fh.fileno()):
+                    continue  # its holder unlinked it meanwhile: lock the current file
+                try:
+                    yield True
+                finally:
+                    path.unlink(missing_ok=True)
                 return
-            yield True
 
     def is_locked(self, key: str) -> bool:
         with self.download_lock(key, blocking=False) as got:
