@@ -11,8 +11,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import typer
 import yaml
 from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc
+from typer.testing import CliRunner
+
+from warmfleet.gateway import cli as gateway_cli
 
 BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
 
@@ -67,3 +71,43 @@ def test_serve_sighup_reload_and_sigterm(tmp_path: Path) -> None:
             gw.signal(signal.SIGTERM)
             assert gw.proc is not None
             assert gw.proc.wait(20) == 0
+
+
+def test_serve_check_validates_without_serving(tmp_path: Path) -> None:
+    """``serve --check``: exit 0 with a summary for a document that would start (routers built,
+    discovery sources named); 2 with the field named for an invalid one, and for one that
+    validates but cannot start (its tokenizer cannot be loaded)."""
+    app = typer.Typer()
+    gateway_cli.register(app)
+    doc = gateway_doc([], strategy={"type": "prefix_affinity"})
+    doc["spec"]["endpoints"][0]["variants"][0]["instances"] = [
+        {"id": "a", "url": "http://127.0.0.1:9"}
+    ]
+    doc["spec"]["endpoints"][0]["variants"].append(
+        {
+            "name": "k8s",
+            "weight": 0.5,
+            "discovery": {"type": "kubernetes", "service": "llama-k8s", "namespace": "prod"},
+        }
+    )
+    path = tmp_path / "gateway.yaml"
+    _write(path, doc)
+    result = CliRunner().invoke(app, ["--config", str(path), "--check"])
+    assert result.exit_code == 0, result.output
+    assert "main/v1: prefix_affinity, weight 1, 1 static instance(s)" in result.output
+    assert "main/k8s: random, weight 0.5, instances from the EndpointSlices of Service prod/" in (
+        result.output
+    )
+
+    doc["spec"]["endpoints"][0]["variants"][0]["routing"]["key"] = {"mode": "tokens"}
+    _write(path, doc)
+    result = CliRunner().invoke(app, ["--config", str(path), "--check"])
+    assert result.exit_code == 2
+    assert "tokenizer_path: required when routing.key.mode is 'tokens'" in result.output
+    assert "endpoints.0.variants.0" in result.output
+
+    doc["spec"]["tokenizer_path"] = str(tmp_path / "no-such-tokenizer")  # valid, cannot load
+    _write(path, doc)
+    result = CliRunner().invoke(app, ["--config", str(path), "--check"])
+    assert result.exit_code == 2
+    assert "spec.tokenizer_path" in result.output

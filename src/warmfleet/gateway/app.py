@@ -6,6 +6,7 @@ import json
 import random
 from pathlib import Path
 
+from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.admin import AdminApi, add_admin_routes
 from warmfleet.gateway.config import GatewayConfig
 from warmfleet.gateway.errors import plain_error
@@ -36,7 +37,10 @@ def configured_routing(
     tokenizer cannot be loaded."""
     spec = config.spec
     if tokenizer is None and spec.tokenizer_path is not None:
-        tokenizer = HfChatTokenizer.from_dir(spec.tokenizer_path)
+        try:
+            tokenizer = HfChatTokenizer.from_dir(spec.tokenizer_path)
+        except ConfigError as err:
+            raise ConfigError(f"spec.tokenizer_path: {err}") from err
     model = spec.kv_events_model()
     if spec.kv_events is not None and model is not None:
         service = KvEventService(spec.kv_events, model)

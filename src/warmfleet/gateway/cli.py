@@ -1,4 +1,4 @@
-"""`warmfleet serve --config gateway.yaml`."""
+"""`warmfleet serve --config gateway.yaml [--check]`."""
 
 from __future__ import annotations
 
@@ -14,22 +14,63 @@ from warmfleet.core.errors import ConfigError
 def serve_command(
     config: Path = typer.Option(..., "--config", "-c", help="Gateway document (kind: Gateway)."),  # noqa: B008
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    check: bool = typer.Option(
+        False, "--check", help="Validate the document and build every router, then exit."
+    ),
 ) -> None:
     """Run the OpenAI-compatible gateway. SIGHUP reloads the config file."""
-    from warmfleet.gateway.server import StartedApp, run  # noqa: PLC0415
-
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:
+        if check:
+            print(check_config(config))
+            return
+        _serve(config)
+    except ConfigError as err:
+        print(f"invalid config:\n{err}", file=sys.stderr)
+        raise typer.Exit(2) from err
+
+
+def _serve(config: Path) -> None:
+    from warmfleet.gateway.server import StartedApp, run  # noqa: PLC0415
 
     def ready(started: StartedApp) -> None:
         print(f"warmfleet gateway listening on {started.url}", flush=True)
 
-    try:
-        run(config, ready)
-    except ConfigError as err:
-        print(f"invalid config:\n{err}", file=sys.stderr)
-        raise typer.Exit(2) from err
+    run(config, ready)
+
+
+def check_config(path: Path) -> str:
+    """What ``serve`` would do at start, short of opening sockets: load and validate the
+    document, load the tokenizer, build every variant's router and read the admin token.
+    Returns a summary; raises ``ConfigError`` naming the field."""
+    from warmfleet.gateway.app import create_app  # noqa: PLC0415
+    from warmfleet.gateway.config import (  # noqa: PLC0415
+        FileDiscovery,
+        KubernetesDiscovery,
+        load_gateway_config,
+    )
+
+    config = load_gateway_config(path)
+    state = create_app(config, config_path=path).gateway.state
+    spec = config.spec
+    lines = [f"{path}: valid; would listen on {spec.listen.host}:{spec.listen.port}"]
+    for endpoint in state.endpoints.values():
+        for variant in endpoint.variants.values():
+            disc = variant.config.discovery
+            if isinstance(disc, FileDiscovery | KubernetesDiscovery):
+                where = f"instances from {disc.source}"
+            else:
+                where = f"{len(variant.instances)} static instance(s)"
+            lines.append(
+                f"  {endpoint.name}/{variant.name}: {variant.routing_config.strategy.type}, "
+                f"weight {variant.weight:g}, {where}"
+            )
+    if spec.inference_endpoints is not None:
+        namespace = spec.inference_endpoints.namespace or "the pod's namespace"
+        lines.append(f"  + one endpoint per InferenceEndpoint in {namespace}")
+    return "\n".join(lines)
 
 
 def register(app: typer.Typer) -> None:
