@@ -22,6 +22,7 @@ from warmfleet.control.observed import NodeCacheReport, NodeCacheState, Observed
 from warmfleet.control.reconciler import plan
 from warmfleet.control.resources import EndpointPhase, GatePolicy
 from warmfleet.control.world import World
+from warmfleet.routing.config import RoutingConfig
 
 
 def test_create_gates_on_all_nodes_then_deploys() -> None:
@@ -241,3 +242,24 @@ def test_failed_cache_state() -> None:
     assert [c.type for c in cache.status.conditions] == ["Ready", "NodeFailures"]
     world.agents_step()
     assert world.nodes["n0"].weights[cache.name].state == NodeCacheState.FAILED
+
+
+def test_a_routing_change_leaves_the_engines_alone() -> None:
+    """Routing is the gateway's (read from the InferenceEndpoint): changing a variant's strategy
+    must not re-apply its Deployment nor restart a replica (their KV caches are the point)."""
+    world = World(nodes(3))
+    world.put_endpoint(endpoint("e"))
+    end = run(world)
+    pods = {name: d.pods for name, d in world.deployments.items()}
+    assert all(pods.values())
+    changed = spec()
+    variant = changed.variants[0]
+    routing = RoutingConfig.model_validate({"strategy": {"type": "least_outstanding_requests"}})
+    assert variant.routing != routing
+    variants = [variant.model_copy(update={"routing": routing})]
+    changed = changed.model_copy(update={"variants": variants})
+    world.put_endpoint(endpoint("e", changed))
+    trace = Trace()
+    run(world, start_s=end, trace=trace)
+    assert not [a for _, a in trace.all() if isinstance(a, ApplyDeployment | DeleteDeployment)]
+    assert {name: d.pods for name, d in world.deployments.items()} == pods

@@ -19,7 +19,6 @@ from warmfleet.control.resources import (
     ModelCacheSpec,
     ModelSource,
 )
-from warmfleet.routing.config import RoutingConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +49,11 @@ class DeploymentPlan:
     image_cache: str | None
     node_selector: Mapping[str, str]
     preferences: tuple[NodeAffinityPreference, ...]
-    routing: RoutingConfig
 
     def spec_hash(self) -> str:
-        """Identity of everything but ``replicas`` (scaling is not a new spec)."""
+        """Identity of everything but ``replicas`` (scaling is not a new spec). Routing is
+        not part of it, nor of the plan: it is the gateway's business, read from the
+        InferenceEndpoint, and changing it must not restart the engines (their KV caches)."""
         payload = {
             "image": self.image,
             "port": self.port,
@@ -66,7 +66,6 @@ class DeploymentPlan:
             "image_cache": self.image_cache,
             "selector": dict(sorted(self.node_selector.items())),
             "prefs": [(p.label, p.weight) for p in self.preferences],
-            "routing": self.routing.model_dump(mode="json"),
         }
         return short_hash(json.dumps(payload, sort_keys=True), length=12)
 

@@ -218,7 +218,6 @@ def deployment_plan(endpoint: DesiredEndpoint, variant: ProductionVariant) -> De
         image_cache=image_cache,
         node_selector=dict(spec.node_selector),
         preferences=preferences(model_cache, image_cache),
-        routing=variant.routing,
     )
 
 

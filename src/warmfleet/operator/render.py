@@ -24,7 +24,6 @@ ANN_CREATED = "warmfleet.dev/created-at"
 ANN_SPEC_HASH = "warmfleet.dev/spec-hash"
 ANN_MODEL_CACHE = "warmfleet.dev/model-cache"
 ANN_IMAGE_CACHE = "warmfleet.dev/image-cache"
-ANN_ROUTING = "warmfleet.dev/routing"
 ANN_PREPARED = "warmfleet.dev/prepared"
 LABEL_IMAGE_CACHE = "warmfleet.dev/image-cache"
 LABEL_ROLE = "warmfleet.dev/role"
@@ -104,7 +103,6 @@ def deployment(plan: DeploymentPlan, namespace: str, owner_uid: str) -> Obj:
         ANN_SPEC_HASH: plan.spec_hash(),
         ANN_MODEL_CACHE: plan.model_cache or "",
         ANN_IMAGE_CACHE: plan.image_cache or "",
-        ANN_ROUTING: json.dumps(plan.routing.model_dump(mode="json"), sort_keys=True),
     }
     pod_spec: Obj = {
         "containers": [_engine_container(plan)],
