@@ -17,6 +17,7 @@ from yarl import URL
 from warmfleet.core.config import StrictModel, load_yaml_file, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.kubeapi import SERVICE_ACCOUNT_DIR, KubeApiSpec
+from warmfleet.gateway.kv_config import KvEventsConfig
 from warmfleet.routing.config import RoutingConfig
 
 API_VERSION = "warmfleet.dev/v1alpha1"
@@ -214,24 +215,6 @@ class EndpointConfig(StrictModel):
     def _unique_variants(cls, value: list[VariantConfig]) -> list[VariantConfig]:
         _require_unique([v.name for v in value], "variant name")
         return value
-
-
-class KvEventsConfig(StrictModel):
-    """Engine KV-cache events (vLLM's ZMQ publisher) feeding ``prefix_affinity``'s exact index.
-
-    ``bind: true`` (engines configured with a concrete host *connect*, so the gateway binds
-    ``endpoint`` and one socket collects every engine); ``bind: false`` connects to a relay.
-    The instance is named by the topic: ``<topic_prefix><instance id>``. ``model`` is the model
-    name clients send (it seeds the routing hashes); default: the tokens-mode variant's only
-    entry in ``models``.
-    """
-
-    endpoint: str = Field(pattern=r"^(tcp|ipc|inproc)://.+")
-    bind: bool = True
-    topic_prefix: str = Field(default="kv.", min_length=1)
-    model: str | None = Field(default=None, min_length=1)
-    resync_batches: int = Field(default=3, ge=1)
-    silence_timeout_s: float = Field(default=10.0, gt=0)
 
 
 class InferenceEndpointsSource(KubeWatchSpec):

@@ -78,6 +78,14 @@ class GatewayState:
             return list(self.endpoints.values())
         return [self.default_endpoint()] if self.default_endpoint_name is not None else []
 
+    def instance_url(self, instance_id: str) -> str | None:
+        """The URL of the instance named ``instance_id`` in any variant (None: unknown)."""
+        for variant in self.variants():
+            inst = variant.instances.get(instance_id)
+            if inst is not None:
+                return inst.base_url
+        return None
+
     def variants(self) -> Iterator[VariantRuntime]:
         for endpoint in self.endpoints.values():
             yield from endpoint.variants.values()

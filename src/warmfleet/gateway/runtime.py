@@ -117,7 +117,7 @@ class Gateway:
             asyncio.create_task(self._sweep_idle(), name="warmfleet-gateway-pool-sweep"),
         ]
         if self.kv_events is not None:
-            await self.kv_events.start()
+            await self.kv_events.start(self.state.instance_url)
 
     async def stop(self) -> None:
         if self.kv_events is not None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import aiohttp
 
-from warmfleet.bench.live_procs import Child, ProcessSet, free_port, wait_ready
+from warmfleet.bench.live_fleet import consecutive_free_ports
+from warmfleet.bench.live_procs import Child, ProcessSet, wait_ready
 from warmfleet.gateway.kv_events import TOPIC_PREFIX
 
 MODEL_NAME = "tiny-llama"
@@ -17,6 +18,10 @@ MODEL_NAME = "tiny-llama"
 # blocks) is far larger than one instance's cache and fits in two only if each prefix stays on
 # one instance, as on a real fleet under load (see docs/real-vllm.md).
 KV_CACHE_BLOCKS = 48
+# Each engine's replay socket (vLLM ``replay_endpoint``) is on its HTTP port + 1; its buffer
+# holds every batch of the run, so a gateway that joins late recovers the whole history.
+REPLAY_PORT_OFFSET = 1
+REPLAY_BUFFER_BATCHES = 1_000_000
 MAX_MODEL_LEN = 4096
 PID_FILE = "engine-pids"  # in the log dir: one PID a line, each the leader of its own session
 _COUNTER_RE = re.compile(
@@ -42,6 +47,8 @@ def vllm_argv(venv: Path, model_dir: Path, spec: EngineSpec, events_endpoint: st
         "publisher": "zmq",
         "endpoint": events_endpoint,
         "topic": f"{TOPIC_PREFIX}{spec.instance_id}",
+        "replay_endpoint": f"tcp://127.0.0.1:{spec.port + REPLAY_PORT_OFFSET}",
+        "buffer_steps": REPLAY_BUFFER_BATCHES,
     }
     return [
         str(venv / "bin" / "python"),
@@ -96,7 +103,7 @@ async def start_engines(
     """Start ``count`` instances, each pinned to its own core, and wait until all are healthy."""
     started = []
     for i in range(count):
-        spec = EngineSpec(f"vllm-{i}", free_port(), i % 2)
+        spec = EngineSpec(f"vllm-{i}", consecutive_free_ports(1 + REPLAY_PORT_OFFSET), i % 2)
         child = procs.start(
             spec.instance_id, vllm_argv(venv, model_dir, spec, events_endpoint), vllm_env(spec)
         )

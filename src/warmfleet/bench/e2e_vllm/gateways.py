@@ -17,7 +17,12 @@ from typing import Any
 import aiohttp
 import yaml
 
-from warmfleet.bench.e2e_vllm.engines import MODEL_NAME, EngineSpec, reset_prefix_cache
+from warmfleet.bench.e2e_vllm.engines import (
+    MODEL_NAME,
+    REPLAY_PORT_OFFSET,
+    EngineSpec,
+    reset_prefix_cache,
+)
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import load_gateway_config
 from warmfleet.gateway.kv_events import KvEventFeed
@@ -59,7 +64,12 @@ def gateway_document(
         ],
     }
     if kv_events_endpoint is not None:
-        spec["kv_events"] = {"endpoint": kv_events_endpoint, "bind": False, "resync_batches": 3}
+        spec["kv_events"] = {
+            "endpoint": kv_events_endpoint,
+            "bind": False,
+            "resync_batches": 3,
+            "replay": {"port_offset": REPLAY_PORT_OFFSET, "timeout_s": 30.0},
+        }
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
 
 

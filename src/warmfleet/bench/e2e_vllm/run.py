@@ -267,6 +267,18 @@ def check(out: dict[str, Any]) -> list[str]:
     four = out["replicas"]["4"]
     if four["hit_rate"] < 0.8 * four["ideal_reuse"]:
         failures.append(f"4 exact replicas: hit rate {four['hit_rate']} < 0.8 x ideal")
+    return failures + _replay_failures(pa["exact"].get("kv_events", []), out["engine"])
+
+
+def _replay_failures(feeds: Sequence[dict[str, Any]], engine: dict[str, Any]) -> list[str]:
+    """The exact gateway joined the engines' event streams late: it must have recovered their
+    history by replay from each engine (vLLM's replay socket), never by the late-join fall-back."""
+    failures = []
+    if not feeds:
+        return ["prefix_affinity/exact: no KV-event feed recorded"]
+    for stats in (feed["stats"] for feed in feeds):
+        if stats["late_joins"] or stats["replays_recovered"] < len(engine["instances"]):
+            failures.append(f"prefix_affinity/exact: late join not recovered by replay: {stats}")
     return failures
 
 

@@ -22,6 +22,9 @@ incomplete: the instance drops out of the exact index (so ``prefix_affinity`` us
 approximate index for it: mode ``approximate``) and resyncs: it returns to ``exact`` on an
 ``AllBlocksCleared`` (a full reset) or after ``resync_batches`` consecutive batches whose every
 stored block translated, with the blocks seen since the gap (a subset of the truth).
+With ``replay`` (vLLM's ``replay_endpoint``), a gap or a late join first asks the engine for the
+missed batches and holds the instance's new ones meanwhile; only if the answer does not cover
+the gap does the instance fall back.
 Silence: ``expect_events`` (called when a request that must store new blocks is routed) arms a
 deadline; if no batch arrives from that instance within ``silence_timeout_s`` it goes
 ``approximate`` too. See docs/real-vllm.md.

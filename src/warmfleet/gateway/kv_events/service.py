@@ -10,7 +10,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from warmfleet.gateway.config import KvEventsConfig
+from warmfleet.core.types import InstanceId
+from warmfleet.gateway.kv_config import KvEventsConfig
 from warmfleet.gateway.kv_events.transport import KvEventSubscriber
 from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.gateway.state import RouterLike
@@ -26,6 +27,7 @@ class KvEventService:
             model,
             resync_batches=config.resync_batches,
             silence_timeout_s=config.silence_timeout_s,
+            replay=config.replay is not None,
         )
         self.subscriber: KvEventSubscriber | None = None
         self._task: asyncio.Task[None] | None = None
@@ -43,13 +45,22 @@ class KvEventService:
 
         return factory
 
-    async def start(self) -> None:
-        """Bind (engines connect) or connect (to a relay) and start the subscriber task."""
+    async def start(self, instance_url: Callable[[InstanceId], str | None]) -> None:
+        """Bind (engines connect) or connect (to a relay) and start the subscriber task.
+        ``instance_url`` finds an instance's URL (its host is where its replay socket is)."""
+        replay = self.config.replay
+
+        def replay_endpoint(instance_id: InstanceId) -> str | None:
+            url = instance_url(instance_id)
+            return replay.endpoint(url) if replay is not None and url is not None else None
+
         self.subscriber = KvEventSubscriber(
             self.feed,
             self.config.endpoint,
             bind=self.config.bind,
             topic_prefix=self.config.topic_prefix,
+            replay_endpoint=replay_endpoint if replay is not None else None,
+            replay_timeout_s=replay.timeout_s if replay is not None else 2.0,
         )
         self._task = asyncio.create_task(self.subscriber.run(), name="warmfleet-gateway-kv-events")
 

@@ -6,7 +6,7 @@ import logging
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import xxhash
 
@@ -58,9 +58,23 @@ class _InstanceView:
     # engine hashes known to be held since the last sync point (a subset of the truth after a gap)
     held: set[EngineHash] = field(default_factory=set)
     clean_batches: int = 0
+    # Waiting for a replay of the batches from ``replay_from`` on: the batches that arrive
+    # meanwhile, in order (None: not waiting).
+    stash: list[tuple[int, EventBatch]] | None = None
+    replay_from: int = 0
+    replay_serial: int = 0
     last_batch_s: float = 0.0
     expect_by_s: float | None = None
     cause: str = "no events yet"
+
+
+class ReplayRequest(NamedTuple):
+    """Ask ``instance_id``'s engine for its batches from ``from_seq`` on; ``serial`` ties the
+    answer to the request (an answer to an older one is ignored)."""
+
+    instance_id: InstanceId
+    from_seq: int
+    serial: int
 
 
 @dataclass
@@ -71,6 +85,8 @@ class TranslatorStats:
     untranslatable_blocks: int = 0
     block_size_mismatches: int = 0
     silences: int = 0
+    replays: int = 0  # replays asked for (gaps and late joins, with ``replay`` on)
+    replays_recovered: int = 0  # ... that delivered every missed batch (no fall-back)
 
 
 class KvEventTranslator:
@@ -87,8 +103,15 @@ class KvEventTranslator:
         *,
         resync_batches: int = 3,
         silence_timeout_s: float = 10.0,
+        replay: bool = False,
     ) -> None:
+        """``replay``: on a gap (or a late join) ask the engine to replay what was missed
+        (``take_replay_requests``) and hold the instance's batches until ``replayed``; the
+        fall-back to approximate happens only if the replay cannot fill the gap."""
         self.index = index
+        self.replay = replay
+        self._replay_requests: list[ReplayRequest] = []
+        self._replay_serial = 0
         self.seed = seed
         self.block_size = block_size
         self.resync_batches = resync_batches
@@ -119,8 +142,69 @@ class KvEventTranslator:
 
     def apply(self, instance_id: InstanceId, seq: int, batch: EventBatch, now_s: float) -> None:
         view = self._views.setdefault(instance_id, _InstanceView())
-        self.stats.batches += 1
+        if view.stash is not None:
+            if seq != 0:
+                view.stash.append((seq, batch))  # applied in order once the replay is in
+                view.expect_by_s = None  # the engine is not silent
+                return
+            view.stash = None  # the engine restarted: what was missed no longer matters
+        self._apply(instance_id, view, seq, batch, now_s, replay=self.replay)
+
+    def take_replay_requests(self) -> list[ReplayRequest]:
+        """The replays asked for since the last call."""
+        requests, self._replay_requests = self._replay_requests, []
+        return requests
+
+    def replayed(
+        self,
+        request: ReplayRequest,
+        batches: Sequence[tuple[int, EventBatch]] | None,
+        now_s: float,
+    ) -> None:
+        """The engine's answer to a replay request (``None``: none came). If it holds every
+        missed batch they are applied, then the held ones, as if nothing had been lost;
+        otherwise the gap is handled as without replay (fall back, resync)."""
+        instance_id = request.instance_id
+        view = self._views.get(instance_id)
+        if view is None or view.stash is None or view.replay_serial != request.serial:
+            return  # forgotten meanwhile, the engine restarted, or an older request
+        stash, view.stash = view.stash, None
+        missed = range(view.replay_from, stash[0][0])
+        got = {seq: b for seq, b in batches or () if seq in missed}
+        recovered = len(got) == len(missed)
+        if recovered:
+            self.stats.replays_recovered += 1
+            for seq in missed:
+                self._apply(instance_id, view, seq, got[seq], now_s, replay=False)
+        for i, (seq, batch) in enumerate(stash):
+            # a gap inside the held batches may be replayed; the one that failed may not
+            self._apply(
+                instance_id, view, seq, batch, now_s, replay=self.replay and (recovered or i > 0)
+            )
+            if view.stash is not None:  # a new replay was asked for: hold the rest
+                view.stash.extend(stash[i + 1 :])
+                return
+
+    def _apply(
+        self,
+        instance_id: InstanceId,
+        view: _InstanceView,
+        seq: int,
+        batch: EventBatch,
+        now_s: float,
+        *,
+        replay: bool,
+    ) -> None:
         expected = 0 if view.last_seq is None else view.last_seq + 1
+        if replay and seq > expected:  # a gap, or a late join: ask for what was missed
+            self._replay_serial += 1
+            view.stash = [(seq, batch)]
+            view.replay_from, view.replay_serial = expected, self._replay_serial
+            view.expect_by_s = None
+            self._replay_requests.append(ReplayRequest(instance_id, expected, self._replay_serial))
+            self.stats.replays += 1
+            return
+        self.stats.batches += 1
         view.last_seq = seq
         view.last_batch_s = now_s
         view.expect_by_s = None
@@ -253,3 +337,12 @@ class BatchConsumer(Protocol):
     def apply(self, instance_id: InstanceId, seq: int, batch: EventBatch, now_s: float) -> None: ...
 
     def check_silence(self, now_s: float) -> list[InstanceId]: ...
+
+    def take_replay_requests(self) -> list[ReplayRequest]: ...
+
+    def replayed(
+        self,
+        request: ReplayRequest,
+        batches: Sequence[tuple[int, EventBatch]] | None,
+        now_s: float,
+    ) -> None: ...

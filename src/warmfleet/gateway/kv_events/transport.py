@@ -11,15 +11,21 @@ from collections.abc import Callable, Sequence
 import zmq
 import zmq.asyncio
 
-from warmfleet.gateway.kv_events.translator import BatchConsumer
+from warmfleet.core.types import InstanceId
+from warmfleet.gateway.kv_events.translator import BatchConsumer, ReplayRequest
 from warmfleet.gateway.kv_events.wire import (
     TOPIC_PREFIX,
+    EventBatch,
     KvEventDecodeError,
     decode_frames,
     instance_of_topic,
 )
 
 log = logging.getLogger(__name__)
+# vLLM's replay socket ends an answer with this sequence number (and an empty topic)
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+MAX_REPLAY_BATCHES = 100_000  # vLLM keeps 10,000 by default (``buffer_steps``)
+ReplayEndpoint = Callable[[InstanceId], str | None]
 
 
 class KvEventSubscriber:
@@ -36,8 +42,15 @@ class KvEventSubscriber:
         clock: Callable[[], float] = time.monotonic,
         poll_interval_s: float = 0.5,
         topic_prefix: str = TOPIC_PREFIX,
+        replay_endpoint: ReplayEndpoint | None = None,
+        replay_timeout_s: float = 2.0,
     ) -> None:
+        """``replay_endpoint``: where an instance's engine answers replay requests (None: it
+        does not); the consumer's replay requests are sent there, each with its own DEALER
+        socket and ``replay_timeout_s``."""
         self.consumer = consumer
+        self.replay_endpoint = replay_endpoint
+        self.replay_timeout_s = replay_timeout_s
         self.topic_prefix = topic_prefix
         self.frames = 0
         self._closed = False
@@ -69,12 +82,61 @@ class KvEventSubscriber:
 
     async def run(self) -> None:
         try:
-            while True:
-                if await self._sock.poll(self.poll_interval_s * 1000.0):
-                    self.handle(await self._sock.recv_multipart())
-                self.consumer.check_silence(self.clock())
+            async with asyncio.TaskGroup() as replays:
+                while True:
+                    if await self._sock.poll(self.poll_interval_s * 1000.0):
+                        self.handle(await self._sock.recv_multipart())
+                    for request in self.consumer.take_replay_requests():
+                        replays.create_task(self._replay(request))
+                    self.consumer.check_silence(self.clock())
         finally:
             self.close()
+
+    async def _replay(self, request: ReplayRequest) -> None:
+        """Ask the instance's engine for the batches it missed; the consumer gets them, or
+        ``None`` if none could be had (no endpoint, an error, no full answer in time)."""
+        batches: list[tuple[int, EventBatch]] | None = None
+        endpoint = None
+        try:
+            endpoint = self.replay_endpoint(request.instance_id) if self.replay_endpoint else None
+            if endpoint is not None:
+                batches = await asyncio.wait_for(
+                    self._fetch_replay(endpoint, request), self.replay_timeout_s
+                )
+        except (TimeoutError, zmq.ZMQError, KvEventDecodeError) as err:
+            log.warning(
+                "replay of %s from batch %d (%s) failed: %r",
+                request.instance_id,
+                request.from_seq,
+                endpoint,
+                err,
+            )
+        except Exception:  # a bug must not stop the subscriber: the gap is handled as one
+            log.exception("replay of %s failed", request.instance_id)
+        self.consumer.replayed(request, batches, self.clock())
+
+    async def _fetch_replay(
+        self, endpoint: str, request: ReplayRequest
+    ) -> list[tuple[int, EventBatch]]:
+        """vLLM's replay protocol: send ``[b"", first seq]`` to its ROUTER; it answers
+        ``[b"", topic, seq, payload]`` per buffered batch from there, then ``[b"", b"",
+        END_SEQ, b""]``."""
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(endpoint)
+            await sock.send_multipart([b"", request.from_seq.to_bytes(8, "big", signed=True)])
+            batches: list[tuple[int, EventBatch]] = []
+            while len(batches) < MAX_REPLAY_BATCHES:
+                frames = await sock.recv_multipart()
+                if len(frames) == 4 and frames[2] == END_SEQ:
+                    break
+                topic, seq, batch = decode_frames(frames[1:])
+                if instance_of_topic(topic, self.topic_prefix) == request.instance_id:
+                    batches.append((seq, batch))
+            return batches
+        finally:
+            sock.close(linger=0)
 
     def close(self) -> None:
         """Idempotent (a task cancelled before it ran never reaches ``run``'s ``finally``)."""

@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
-from warmfleet.gateway.kv_events.translator import ExactIndex, KvEventTranslator
+from warmfleet.gateway.kv_events.translator import ExactIndex, KvEventTranslator, ReplayRequest
 from warmfleet.gateway.kv_events.wire import EventBatch
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import Tokenizer
@@ -74,9 +74,11 @@ class KvEventFeed:
         *,
         resync_batches: int = 3,
         silence_timeout_s: float = 10.0,
+        replay: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
+        self.replay = replay
         self.resync_batches = resync_batches
         self.silence_timeout_s = silence_timeout_s
         self.clock = clock
@@ -112,6 +114,7 @@ class KvEventFeed:
             block_size,
             resync_batches=self.resync_batches,
             silence_timeout_s=self.silence_timeout_s,
+            replay=self.replay,
         )
 
     def apply(self, instance_id: InstanceId, seq: int, batch: EventBatch, now_s: float) -> None:
@@ -120,6 +123,18 @@ class KvEventFeed:
 
     def check_silence(self, now_s: float) -> list[InstanceId]:
         return self.translator.check_silence(now_s) if self.translator is not None else []
+
+    def take_replay_requests(self) -> list[ReplayRequest]:
+        return self.translator.take_replay_requests() if self.translator is not None else []
+
+    def replayed(
+        self,
+        request: ReplayRequest,
+        batches: Sequence[tuple[int, EventBatch]] | None,
+        now_s: float,
+    ) -> None:
+        if self.translator is not None:
+            self.translator.replayed(request, batches, now_s)
 
     def expect_events(self, instance_id: InstanceId) -> None:
         if self.translator is not None:
@@ -167,3 +182,15 @@ class _FeedCollector(Collector):
         )
         gaps.add_metric([], float(translator.stats.gaps if translator is not None else 0))
         yield gaps
+        replays = GaugeMetricFamily(
+            "warmfleet_gateway_kv_events_replays",
+            "Replays asked of the engines after a gap or a late join (asked), and those that "
+            "delivered every missed batch (recovered)",
+            labels=["result"],
+        )
+        stats = translator.stats if translator is not None else None
+        replays.add_metric(["asked"], float(stats.replays if stats is not None else 0))
+        replays.add_metric(
+            ["recovered"], float(stats.replays_recovered if stats is not None else 0)
+        )
+        yield replays
