@@ -310,3 +310,34 @@ def test_replayed_gaps_leave_the_same_index_as_no_gaps(
     for root in chains:
         longest = router_block_hashes(list(range(root * 1000, root * 1000 + 80 * BS)), BS, SEED)
         assert index.match(longest) == reference.match(longest)
+
+
+def test_batches_arriving_while_a_replay_is_applied_queue_behind_it() -> None:
+    """The subscriber applies a replay a slice at a time; what arrives meanwhile waits its turn
+    (a gap among it is asked for again), a restart ends the replay."""
+    index, tr = make()
+    tr.apply("a", 0, batch(block((1,), None, range(4))), 0.0)
+    tr.apply("a", 3, batch(block((4,), 3, range(12, 16))), 0.0)
+    (request,) = tr.take_replay_requests()
+    answer = [(1, batch(block((2,), 1, range(4, 8)))), (2, batch(block((3,), 2, range(8, 12))))]
+    steps = tr.replay_steps(request, answer, 0.0)
+    next(steps)  # batch 1 applied
+    tr.apply("a", 4, batch(block((5,), 4, range(16, 20))), 0.0)  # arrives mid-replay
+    tr.apply("a", 6, batch(), 0.0)  # and a new gap behind it
+    assert list(steps) == [None] * 4  # batches 2, 3 and 4 applied; 6 asks for 5
+    assert index.match(chain(5)) == {"a": 5}
+    (again,) = tr.take_replay_requests()
+    assert again.from_seq == 5
+    tr.replayed(again, [(5, batch())], 0.0)
+    assert (tr.stats.gaps, tr.stats.replays_recovered) == (0, 2)
+    assert tr.describe()["instances"]["a"]["last_seq"] == 6
+
+    tr.apply("a", 9, batch(), 0.0)
+    (third,) = tr.take_replay_requests()
+    late = batch(block((9,), None, range(90, 94)))
+    steps = tr.replay_steps(third, [(7, batch()), (8, late)], 0.0)
+    next(steps)
+    tr.apply("a", 0, batch(), 0.0)  # the engine restarted: the rest of the replay is moot
+    assert list(steps) == []
+    assert index.match(router_block_hashes(list(range(90, 94)), BS, SEED)) == {}
+    assert tr.describe()["instances"]["a"]["last_seq"] == 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -58,9 +59,10 @@ class _InstanceView:
     # engine hashes known to be held since the last sync point (a subset of the truth after a gap)
     held: set[EngineHash] = field(default_factory=set)
     clean_batches: int = 0
-    # Waiting for a replay of the batches from ``replay_from`` on: the batches that arrive
-    # meanwhile, in order (None: not waiting).
-    stash: list[tuple[int, EventBatch]] | None = None
+    # Waiting for a replay of the batches from ``replay_from`` on, or applying one
+    # (``draining``): the batches that arrive meanwhile, in order (None: neither).
+    stash: deque[tuple[int, EventBatch]] | None = None
+    draining: bool = False
     replay_from: int = 0
     replay_serial: int = 0
     last_batch_s: float = 0.0
@@ -147,7 +149,7 @@ class KvEventTranslator:
                 view.stash.append((seq, batch))  # applied in order once the replay is in
                 view.expect_by_s = None  # the engine is not silent
                 return
-            view.stash = None  # the engine restarted: what was missed no longer matters
+            view.stash, view.draining = None, False  # the engine restarted: the gap is moot
         self._apply(instance_id, view, seq, batch, now_s, replay=self.replay)
 
     def take_replay_requests(self) -> list[ReplayRequest]:
@@ -161,29 +163,46 @@ class KvEventTranslator:
         batches: Sequence[tuple[int, EventBatch]] | None,
         now_s: float,
     ) -> None:
-        """The engine's answer to a replay request (``None``: none came). If it holds every
-        missed batch they are applied, then the held ones, as if nothing had been lost;
-        otherwise the gap is handled as without replay (fall back, resync)."""
-        instance_id = request.instance_id
-        view = self._views.get(instance_id)
-        if view is None or view.stash is None or view.replay_serial != request.serial:
-            return  # forgotten meanwhile, the engine restarted, or an older request
-        stash, view.stash = view.stash, None
-        missed = range(view.replay_from, stash[0][0])
+        """``replay_steps`` all at once."""
+        for _step in self.replay_steps(request, batches, now_s):
+            pass
+
+    def replay_steps(
+        self,
+        request: ReplayRequest,
+        batches: Sequence[tuple[int, EventBatch]] | None,
+        now_s: float,
+    ) -> Iterator[None]:
+        """Apply the engine's answer to a replay request (``None``: none came), one batch per
+        step (a caller on an event loop can yield between steps; batches that arrive
+        meanwhile queue behind). If it holds every missed batch they are applied, then the
+        held ones, as if nothing had been lost; otherwise the gap is handled as without replay
+        (fall back, resync)."""
+        view = self._views.get(request.instance_id)
+        if view is None or view.stash is None or view.draining:
+            return
+        if view.replay_serial != request.serial:
+            return  # the engine restarted meanwhile, or an answer to an older request
+        view.draining = True
+        missed = range(view.replay_from, view.stash[0][0])
         got = {seq: b for seq, b in batches or () if seq in missed}
         recovered = len(got) == len(missed)
         if recovered:
             self.stats.replays_recovered += 1
             for seq in missed:
-                self._apply(instance_id, view, seq, got[seq], now_s, replay=False)
-        for i, (seq, batch) in enumerate(stash):
-            # a gap inside the held batches may be replayed; the one that failed may not
-            self._apply(
-                instance_id, view, seq, batch, now_s, replay=self.replay and (recovered or i > 0)
-            )
-            if view.stash is not None:  # a new replay was asked for: hold the rest
-                view.stash.extend(stash[i + 1 :])
-                return
+                if not view.draining:
+                    return  # the engine restarted (or was forgotten) meanwhile
+                self._apply(request.instance_id, view, seq, got[seq], now_s, replay=False)
+                yield
+        # a gap inside the held batches may be replayed; the one that failed may not
+        may_replay = self.replay and recovered
+        while view.draining and view.stash:
+            seq, batch = view.stash.popleft()
+            self._apply(request.instance_id, view, seq, batch, now_s, replay=may_replay)
+            may_replay = self.replay
+            yield
+        if view.draining:
+            view.stash, view.draining = None, False
 
     def _apply(
         self,
@@ -198,7 +217,10 @@ class KvEventTranslator:
         expected = 0 if view.last_seq is None else view.last_seq + 1
         if replay and seq > expected:  # a gap, or a late join: ask for what was missed
             self._replay_serial += 1
-            view.stash = [(seq, batch)]
+            if view.stash is None:
+                view.stash = deque()
+            view.stash.appendleft((seq, batch))  # held, with the rest if a replay is applied
+            view.draining = False
             view.replay_from, view.replay_serial = expected, self._replay_serial
             view.expect_by_s = None
             self._replay_requests.append(ReplayRequest(instance_id, expected, self._replay_serial))
@@ -320,7 +342,9 @@ class KvEventTranslator:
 
     def forget(self, instance_ids: Iterable[InstanceId]) -> None:
         for iid in instance_ids:
-            self._views.pop(iid, None)
+            view = self._views.pop(iid, None)
+            if view is not None:  # a replay being applied stops there
+                view.stash, view.draining = None, False
 
     def rebind(self, index: ExactIndex) -> None:
         """Feed ``index`` from now on (a router swapped in by a reload): it gets the current
@@ -340,9 +364,9 @@ class BatchConsumer(Protocol):
 
     def take_replay_requests(self) -> list[ReplayRequest]: ...
 
-    def replayed(
+    def replay_steps(
         self,
         request: ReplayRequest,
         batches: Sequence[tuple[int, EventBatch]] | None,
         now_s: float,
-    ) -> None: ...
+    ) -> Iterator[None]: ...

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 # vLLM's replay socket ends an answer with this sequence number (and an empty topic)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MAX_REPLAY_BATCHES = 100_000  # vLLM keeps 10,000 by default (``buffer_steps``)
+REPLAY_SLICE_BATCHES = 64  # ~1 ms of translation between two chances for requests to run
 ReplayEndpoint = Callable[[InstanceId], str | None]
 
 
@@ -113,7 +114,10 @@ class KvEventSubscriber:
             )
         except Exception:  # a bug must not stop the subscriber: the gap is handled as one
             log.exception("replay of %s failed", request.instance_id)
-        self.consumer.replayed(request, batches, self.clock())
+        # applied a slice at a time: a long replay must not stall the gateway's requests
+        for step, _ in enumerate(self.consumer.replay_steps(request, batches, self.clock())):
+            if step % REPLAY_SLICE_BATCHES == REPLAY_SLICE_BATCHES - 1:
+                await asyncio.sleep(0)
 
     async def _fetch_replay(
         self, endpoint: str, request: ReplayRequest

@@ -127,14 +127,14 @@ class KvEventFeed:
     def take_replay_requests(self) -> list[ReplayRequest]:
         return self.translator.take_replay_requests() if self.translator is not None else []
 
-    def replayed(
+    def replay_steps(
         self,
         request: ReplayRequest,
         batches: Sequence[tuple[int, EventBatch]] | None,
         now_s: float,
-    ) -> None:
+    ) -> Iterator[None]:
         if self.translator is not None:
-            self.translator.replayed(request, batches, now_s)
+            yield from self.translator.replay_steps(request, batches, now_s)
 
     def expect_events(self, instance_id: InstanceId) -> None:
         if self.translator is not None:
