@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -26,6 +27,7 @@ from warmfleet.gateway.kv_events import (
     KvEventTranslator,
     router_block_hashes,
 )
+from warmfleet.gateway.kv_events.translator import ReplayRequest
 from warmfleet.gateway.kv_events.transport import END_SEQ
 from warmfleet.routing.index import ExactPrefixIndex
 
@@ -341,3 +343,29 @@ def test_batches_arriving_while_a_replay_is_applied_queue_behind_it() -> None:
     assert list(steps) == []
     assert index.match(router_block_hashes(list(range(90, 94)), BS, SEED)) == {}
     assert tr.describe()["instances"]["a"]["last_seq"] == 0
+
+
+async def test_a_replay_cancelled_half_way_is_finished() -> None:
+    """The subscriber yields to the loop every 64 batches; cancelled meanwhile (the gateway
+    stops) it still applies the rest, so no instance is left holding batches forever."""
+    applied: list[int] = []
+
+    class Consumer:
+        def replay_steps(self, *_args: object) -> Iterator[None]:
+            for i in range(200):
+                applied.append(i)
+                yield
+
+    _index, tr = make()
+    sub = KvEventSubscriber(tr, f"tcp://127.0.0.1:{free_port()}")
+    sub.consumer = Consumer()  # type: ignore[assignment]
+    try:
+        task = asyncio.create_task(sub._replay(ReplayRequest("a", 1, 1)))
+        while len(applied) < 64:
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert len(applied) == 200
+    finally:
+        sub.close()

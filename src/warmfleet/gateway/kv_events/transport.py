@@ -115,9 +115,14 @@ class KvEventSubscriber:
         except Exception:  # a bug must not stop the subscriber: the gap is handled as one
             log.exception("replay of %s failed", request.instance_id)
         # applied a slice at a time: a long replay must not stall the gateway's requests
-        for step, _ in enumerate(self.consumer.replay_steps(request, batches, self.clock())):
-            if step % REPLAY_SLICE_BATCHES == REPLAY_SLICE_BATCHES - 1:
-                await asyncio.sleep(0)
+        steps = self.consumer.replay_steps(request, batches, self.clock())
+        try:
+            for step, _ in enumerate(steps):
+                if step % REPLAY_SLICE_BATCHES == REPLAY_SLICE_BATCHES - 1:
+                    await asyncio.sleep(0)
+        finally:
+            for _ in steps:  # cancelled half-way: finish, so no instance is left waiting
+                pass
 
     async def _fetch_replay(
         self, endpoint: str, request: ReplayRequest
