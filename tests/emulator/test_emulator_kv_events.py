@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -111,3 +113,48 @@ async def test_events_decode_with_the_gateway_subscriber(
     topic, _seq, batch = kv.decode_frames(frames[0])
     assert topic == "kv.a0"
     assert batch.events
+
+
+async def test_a_late_subscriber_recovers_the_history_by_replay() -> None:
+    """``replay_port_offset``: as vLLM's ``replay_endpoint``, the instance keeps its batches and
+    resends them, so the gateway's subscriber, started after the instance published, ends up
+    with every block of the prompts it never saw."""
+    kv = pytest.importorskip("warmfleet.gateway.kv_events")
+    from warmfleet.bench.live_fleet import consecutive_free_ports  # noqa: PLC0415
+    from warmfleet.bench.live_procs import free_port  # noqa: PLC0415
+    from warmfleet.routing.index import ExactPrefixIndex  # noqa: PLC0415
+
+    events = f"tcp://127.0.0.1:{free_port()}"
+    base = consecutive_free_ports(2)
+    spec = fast_spec(base_port=base, kv_events={"endpoint": events, "replay_port_offset": 1})
+    index = ExactPrefixIndex()
+    translator = kv.KvEventTranslator(index, 99, BLOCK, replay=True)
+    before = [chat_body(f"early {i} " + words(200 + i, 60), "q") for i in range(3)]
+    async with EmulatedFleet(spec) as fleet, aiohttp.ClientSession() as session:
+        for body in before:  # published to nobody: no subscriber yet
+            await post_json(session, fleet.urls[0], body)
+        sub = kv.KvEventSubscriber(
+            translator,
+            events,
+            poll_interval_s=0.05,
+            replay_endpoint=lambda _iid: f"tcp://127.0.0.1:{base + 1}",
+        )
+        task = asyncio.create_task(sub.run())
+        try:
+            for attempt in range(100):
+                await post_json(session, fleet.urls[0], chat_body(f"late {attempt}", "q"))
+                await asyncio.sleep(0.05)
+                if translator.stats.replays_recovered:
+                    break
+            else:
+                pytest.fail(f"no replay recovered: {translator.describe()}")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert translator.stats.late_joins == 0
+    assert translator.mode("emu-0") == "exact"
+    for body in before:
+        ids = chat_ids(body)
+        matched = index.match(kv.router_block_hashes(ids, BLOCK, 99)).get("emu-0", 0)
+        assert matched >= len(ids) // BLOCK - 1 > 0

@@ -48,6 +48,10 @@ class KvEventsSpec(StrictModel):
     endpoint: str = Field(min_length=1)
     topic: str = "kv.{name}"
     max_batch_events: int = Field(256, ge=1)
+    # vLLM's replay socket (``replay_endpoint``): a ROUTER on the instance's host at its HTTP
+    # port plus this offset, resending the last ``buffer_batches`` batches from a given seq.
+    replay_port_offset: int | None = Field(None, ge=1, le=65534)
+    buffer_batches: int = Field(10_000, ge=1)
 
     @model_validator(mode="after")
     def _check_topic(self) -> KvEventsSpec:

@@ -52,6 +52,7 @@ class _Live:
     runtime: Runtime
     driver_task: asyncio.Task[None]
     publisher: KvEventPublisher | None
+    replay_task: asyncio.Task[None] | None = None
 
 
 class EmulatedInstance:
@@ -177,7 +178,10 @@ class EmulatedInstance:
             await site.start()
             self.port = int(runner.addresses[0][1])
             if publisher is not None:
-                publisher.start(name=self.name, index=self.index, port=self.port)
+                publisher.start(name=self.name, index=self.index, port=self.port, host=self.host)
+                live.replay_task = asyncio.create_task(
+                    publisher.serve_replays(), name=f"{self.name}-kv-replay"
+                )
         except BaseException:
             await self._teardown(live)
             raise
@@ -222,9 +226,11 @@ class EmulatedInstance:
                 if connection.transport is not None:
                     connection.transport.abort()
         await runner.cleanup()
-        live.driver_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await live.driver_task
+        for task in (live.driver_task, live.replay_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if live.publisher is not None:
             live.publisher.close()
         log.info("emulated instance %s stopped", self.name)

@@ -13,6 +13,9 @@ Block hashes are the emulator's chained 64-bit block hashes (``tokenizer.prompt_
 so a subscriber can also recompute them from ``token_ids``. As vLLM does with a concrete host, the
 PUB socket *connects* to ``endpoint``: one subscriber that binds there collects every instance.
 PUB drops messages nobody receives yet (a subscriber must tolerate gaps; ``seq`` shows them).
+With ``replay_port_offset``, as vLLM with ``replay_endpoint``, a ROUTER socket at the instance's
+port plus the offset keeps the last ``buffer_batches`` batches and answers ``[b"", first seq]``
+with ``[b"", topic, seq, payload]`` per batch from there, then ``[b"", b"", -1, b""]``.
 
 The engine calls ``block_stored``/``blocks_removed`` synchronously while it advances; events are
 buffered and sent as one batch per ``flush()`` (the driver flushes after every advance).
@@ -20,18 +23,22 @@ buffered and sent as one batch per ``flush()`` (the driver flushes after every a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 import zmq
+import zmq.asyncio
 
 from warmfleet.emulator.config import KvEventsSpec
 
 MEDIUM = "GPU"
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 @dataclass(slots=True)
@@ -56,12 +63,25 @@ class KvEventPublisher:
         self._meta: dict[int, _BlockMeta] = {}
         self._requests: dict[int, tuple[int, ...]] = {}
         self.sent_batches = 0
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=spec.buffer_batches)
+        self._router: zmq.Socket[Any] | None = None  # the replay socket
+        self.replays = 0
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, *, name: str, index: int, port: int) -> None:
-        """Connect and announce an empty cache; the topic template is filled in here."""
+    def start(self, *, name: str, index: int, port: int, host: str = "127.0.0.1") -> None:
+        """Connect and announce an empty cache; the topic template is filled in here. With
+        ``replay_port_offset`` the replay socket is bound too (``serve_replays`` answers)."""
         self._topic = self.spec.topic.format(name=name, index=index, port=port).encode()
+        if self.spec.replay_port_offset is not None:
+            router = self._context.socket(zmq.ROUTER)
+            router.setsockopt(zmq.LINGER, 0)
+            try:
+                router.bind(f"tcp://{host}:{port + self.spec.replay_port_offset}")
+            except zmq.ZMQError:
+                router.close(linger=0)
+                raise
+            self._router = router
         socket = self._context.socket(zmq.PUB)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 100_000)
@@ -74,6 +94,29 @@ class KvEventPublisher:
         socket, self._socket = self._socket, None
         if socket is not None:
             socket.close(linger=0)
+        router, self._router = self._router, None
+        if router is not None:
+            router.close(linger=0)
+
+    async def serve_replays(self) -> None:
+        """Answer replay requests until cancelled (a task of the instance's lifespan)."""
+        if self._router is None:
+            return
+        sock = zmq.asyncio.Socket.shadow(self._router.underlying)
+        while True:
+            frames = await sock.recv_multipart()
+            if len(frames) != 3:
+                continue
+            client, _empty, start = frames
+            first = int.from_bytes(start, "big", signed=True)
+            self.replays += 1
+            for seq, payload in list(self._buffer):
+                if seq >= first:
+                    await sock.send_multipart(
+                        [client, b"", self._topic, seq.to_bytes(8, "big"), payload]
+                    )
+            await sock.send_multipart([client, b"", b"", END_SEQ, b""])
+            await asyncio.sleep(0)
 
     # ------------------------------------------------------------------ request bookkeeping
 
@@ -145,5 +188,6 @@ class KvEventPublisher:
             frames = [self._topic, self._seq.to_bytes(8, "big"), payload]
             with contextlib.suppress(zmq.Again):  # a gap the subscriber sees in ``seq``
                 socket.send_multipart(frames, flags=zmq.NOBLOCK)
+            self._buffer.append((self._seq, payload))  # a lost one can still be replayed
             self._seq += 1
             self.sent_batches += 1
