@@ -327,6 +327,9 @@ class FakeRouter:
     def on_routed(self, key: RoutingKey, decision: Decision) -> None:
         pass
 
+    def adopt(self, previous: object) -> None:
+        pass
+
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self.instance_sets.append(list(instance_ids))
 

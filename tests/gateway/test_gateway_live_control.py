@@ -224,3 +224,30 @@ async def test_backend_helper_restart_keeps_port() -> None:
     await backend.restart()
     assert backend.port == port
     await backend.stop()
+
+
+async def test_tuning_prefix_affinity_live_keeps_the_learnt_cache_map() -> None:
+    """An admin change of prefix_affinity's parameters swaps the router but not what it learnt:
+    the next request of a known prefix is still a prefix hit on the same instance."""
+    affinity = {"type": "prefix_affinity"}
+    async with backends_running("a", "b", "c", "d") as backends, aiohttp.ClientSession() as c:
+        config = gateway_config(backends, admin_token=TOKEN, strategy=affinity)
+        async with gateway_running(config) as gw:
+
+            async def ask(i: int) -> tuple[str, str]:
+                async with c.post(gw.url + "/v1/chat/completions", json=chat(i, False)) as r:
+                    assert r.status == 200
+                    return r.headers["x-warmfleet-instance"], r.headers["x-warmfleet-reason"]
+
+            first, reason = await ask(0)
+            assert reason == "no_match"
+            tuned = {"strategy": {**affinity, "load_weight": 0.5}}
+            async with c.put(gw.url + VARIANT + "/routing", json=tuned, headers=AUTH) as r:
+                assert r.status == 200
+            assert await ask(4) == (first, "prefix_hit")  # same system prompt, new question
+            other = {"strategy": {"type": "round_robin"}}
+            async with c.put(gw.url + VARIANT + "/routing", json=other, headers=AUTH) as r:
+                assert r.status == 200
+            async with c.put(gw.url + VARIANT + "/routing", json=tuned, headers=AUTH) as r:
+                assert r.status == 200
+            assert (await ask(8))[1] == "no_match"  # learnt by nobody in between

@@ -497,3 +497,34 @@ def test_cold_starts_rotate_over_the_instances() -> None:
         placed.append(d.instance_id)
     for start in range(0, 24, 8):
         assert sorted(placed[start : start + 8]) == ids(8)
+
+
+def test_a_replacing_router_keeps_what_the_old_one_learnt() -> None:
+    """A reload or an admin change of prefix_affinity's parameters swaps in a new router; it
+    keeps the learnt cache map (same keys), unless the keys are built differently or the
+    strategy changes kind."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "shared doc " * 400}]}
+    fleet = idle(4)
+    old = Router(RoutingConfig(strategy=PrefixAffinityConfig()), random.Random(1))
+    first_key = old.key_for_chat(body, None)
+    first = old.choose(first_key, fleet)
+    old.on_routed(first_key, first)
+
+    def replaced(config: RoutingConfig) -> Decision:
+        new = Router(config, random.Random(2))
+        new.adopt(old)
+        new.on_instances_changed(fleet.ids())
+        return new.choose(new.key_for_chat(body, None), fleet)
+
+    tuned = replaced(RoutingConfig(strategy=PrefixAffinityConfig(load_weight=0.5)))
+    assert (tuned.instance_id, tuned.reason) == (first.instance_id, Reason.PREFIX_HIT)
+    other_keys = RoutingConfig.model_validate(
+        {"strategy": {"type": "prefix_affinity"}, "key": {"block_size": 64}}
+    )
+    assert replaced(other_keys).reason is Reason.NO_MATCH
+    new_kind = Router(RoutingConfig(strategy=PrefixHashConfig()), random.Random(2))
+    new_kind.adopt(old)  # nothing to take over: no error either
+    back = Router(RoutingConfig(strategy=PrefixAffinityConfig()), random.Random(3))
+    back.adopt(new_kind)
+    back.on_instances_changed(fleet.ids())
+    assert back.choose(back.key_for_chat(body, None), fleet).reason is Reason.NO_MATCH

@@ -43,6 +43,10 @@ class RouterLike(Protocol):
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None: ...
 
+    def adopt(self, previous: object) -> None:
+        """Replace ``previous``: keep what it learnt if it means the same on this router."""
+        ...
+
 
 RouterFactory = Callable[[RoutingConfig, random.Random], RouterLike]
 
@@ -140,6 +144,7 @@ class VariantRuntime:
     def set_routing(self, routing: RoutingConfig) -> None:
         """Swap in a new router; requests already routed keep their instance."""
         router = self._new_router(routing)
+        router.adopt(self.router)  # a parameter change must not forget the engines' caches
         router.on_instances_changed([i.instance_id for i in self.healthy])
         self.router = router
         self.routing_config = routing

@@ -42,6 +42,18 @@ class Strategy(Protocol):
 
 
 @runtime_checkable
+class LearnsFromRouting(Protocol):
+    """A strategy whose learnt state (what the engines are predicted to hold) stays true when
+    it replaces another of its kind on the same keys: a reload or an admin change of its
+    parameters must not make it forget the fleet's caches."""
+
+    def adopt(self, previous: Strategy) -> None:
+        """Take over what ``previous``, the strategy this one replaces, learnt (nothing if it
+        is of another kind)."""
+        ...
+
+
+@runtime_checkable
 class KvEventSink(Protocol):
     """Exact knowledge of engine caches, fed by engine KV events (BlockStored/BlockRemoved).
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
-from warmfleet.routing.base import KvEventSink, Strategy
+from warmfleet.routing.base import KvEventSink, LearnsFromRouting, Strategy
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import build_strategy
 from warmfleet.routing.keys import KeyBuilder, Tokenizer
@@ -56,6 +56,18 @@ class Router:
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self.strategy.on_instances_changed(instance_ids)
+
+    def adopt(self, previous: object) -> None:
+        """This router replaces ``previous``: keep what it learnt of the engines' caches when
+        both build keys the same way (same key settings and tokenizer, so a block hash names
+        the same tokens) and the strategy can use it (``LearnsFromRouting``)."""
+        if (
+            isinstance(previous, Router)
+            and previous.config.key == self.config.key
+            and previous.keys.tokenizer is self.keys.tokenizer
+            and isinstance(self.strategy, LearnsFromRouting)
+        ):
+            self.strategy.adopt(previous.strategy)
 
     @property
     def kv_event_sink(self) -> KvEventSink | None:

@@ -55,6 +55,9 @@ class ExactModeRouter:
         if decision.predicted_cached_blocks < len(key.block_hashes):
             self._feed.expect_events(decision.instance_id)
 
+    def adopt(self, previous: object) -> None:
+        self.router.adopt(previous.router if isinstance(previous, ExactModeRouter) else previous)
+
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self._feed.activate(self)
         self.router.on_instances_changed(instance_ids)

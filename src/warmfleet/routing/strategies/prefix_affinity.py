@@ -152,6 +152,18 @@ class PrefixAffinityStrategy:
         self._snap_instances = instances
         return snap
 
+    def adopt(self, previous: object) -> None:
+        """Take over what a ``prefix_affinity`` this one replaces learnt from routing: the
+        approximate index (what each engine is predicted to hold), conversation ends, branch
+        points and the recency of cold starts. In-flight work is re-learnt from the caller's
+        counts; engine KV events re-feed the exact index (``KvEventTranslator.rebind``)."""
+        if not isinstance(previous, PrefixAffinityStrategy):
+            return
+        self.index = previous.index
+        self.index.default_capacity_blocks = self.config.default_capacity_blocks
+        self._fanout, self._ends = previous._fanout, previous._ends
+        self._cold_serial, self._last_cold = previous._cold_serial, previous._last_cold
+
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self.index.retain(instance_ids)
         self.exact_index.retain(instance_ids)
