@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import zmq
@@ -28,7 +28,7 @@ from warmfleet.gateway.kv_events import (
     router_block_hashes,
 )
 from warmfleet.gateway.kv_events.translator import ReplayRequest
-from warmfleet.gateway.kv_events.transport import END_SEQ
+from warmfleet.gateway.kv_events.transport import END_SEQ, ReplaySource
 from warmfleet.routing.index import ExactPrefixIndex
 
 
@@ -36,6 +36,17 @@ def make() -> tuple[ExactPrefixIndex, KvEventTranslator]:
     index = ExactPrefixIndex()
     translator = KvEventTranslator(index, SEED, BS, resync_batches=2, replay=True)
     return index, translator
+
+
+def replayed(
+    tr: KvEventTranslator,
+    request: ReplayRequest,
+    batches: Sequence[tuple[int, EventBatch]] | None,
+    now_s: float,
+) -> None:
+    """An answer applied all at once (the subscriber applies it a slice at a time)."""
+    for _step in tr.replay_steps(request, batches, now_s):
+        pass
 
 
 def chain(blocks: int) -> list[int]:
@@ -51,7 +62,7 @@ def test_a_replayed_gap_keeps_the_instance_exact() -> None:
     (request,) = tr.take_replay_requests()
     assert (request.instance_id, request.from_seq) == ("a", 1)
     assert index.match(chain(4)) == {"a": 1}  # still exact, just behind
-    tr.replayed(request, [(0, batch()), (1, missed), (2, batch()), (3, batch())], 1.5)
+    replayed(tr, request, [(0, batch()), (1, missed), (2, batch()), (3, batch())], 1.5)
     assert tr.mode("a") == "exact"
     assert index.match(chain(4)) == {"a": 4}  # nothing missing: no hit goes unseen
     assert (tr.stats.gaps, tr.stats.replays, tr.stats.replays_recovered) == (0, 1, 1)
@@ -64,7 +75,7 @@ def test_an_unanswered_replay_falls_back_as_before() -> None:
     tr.apply("a", 5, batch(block((6,), None, range(20, 24))), 1.0)
     tr.apply("a", 6, batch(block((7,), 6, range(24, 28))), 1.0)
     (request,) = tr.take_replay_requests()
-    tr.replayed(request, [(4, batch())], 2.0)  # batches 1-3 are no longer in its buffer
+    replayed(tr, request, [(4, batch())], 2.0)  # batches 1-3 are no longer in its buffer
     assert tr.mode("a") == "exact"  # resynced on the two clean batches held meanwhile
     assert (tr.stats.gaps, tr.stats.replays_recovered) == (1, 0)
     assert tr.take_replay_requests() == []  # the failed gap is not asked for again
@@ -75,7 +86,7 @@ def test_an_unanswered_replay_falls_back_as_before() -> None:
     tr2.apply("a", 0, batch(), 0.0)
     tr2.apply("a", 3, batch(), 0.0)
     (request,) = tr2.take_replay_requests()
-    tr2.replayed(request, None, 1.0)
+    replayed(tr2, request, None, 1.0)
     assert tr2.mode("a") == "approximate"
     assert not tr2_index.knows("a")
 
@@ -89,7 +100,7 @@ def test_a_late_join_is_replayed_from_the_first_batch() -> None:
         (0, batch(AllBlocksCleared(), block((1,), None, range(4)))),
         (1, batch(block((2,), 1, range(4, 8)))),
     ]
-    tr.replayed(request, history, 0.5)
+    replayed(tr, request, history, 0.5)
     assert tr.mode("a") == "exact"
     assert index.match(chain(3)) == {"a": 3}
     assert tr.stats.late_joins == 0
@@ -101,13 +112,13 @@ def test_a_restart_while_waiting_drops_the_replay() -> None:
     tr.apply("a", 3, batch(), 0.0)
     (stale,) = tr.take_replay_requests()
     tr.apply("a", 0, batch(block((9,), None, range(40, 44))), 0.0)  # restarted meanwhile
-    tr.replayed(stale, [(1, batch(block((2,), 1, range(4, 8)))), (2, batch())], 0.5)
+    replayed(tr, stale, [(1, batch(block((2,), 1, range(4, 8)))), (2, batch())], 0.5)
     assert tr.mode("a") == "exact"
     assert index.match(chain(2)) == {}  # the old incarnation's blocks are gone
     assert index.match(router_block_hashes(list(range(40, 44)), BS, SEED)) == {"a": 1}
     tr.apply("a", 2, batch(), 1.0)  # a new gap: a new request; the stale answer stays stale
     (fresh,) = tr.take_replay_requests()
-    tr.replayed(stale, [(1, batch())], 1.0)
+    replayed(tr, stale, [(1, batch())], 1.0)
     assert tr.mode("a") == "exact"
     assert fresh.serial != stale.serial
 
@@ -191,7 +202,7 @@ async def test_subscriber_recovers_a_lost_batch_by_replay() -> None:
         tr,
         events,
         poll_interval_s=0.05,
-        replay_endpoint=lambda _iid: config.endpoint("http://127.0.0.1:8000"),
+        replay=ReplaySource(lambda _iid: config.endpoint("http://127.0.0.1:8000"), 2.0),
     )
     ctx = zmq.asyncio.Context()
     engine = VllmLikePublisher(ctx, events, f"tcp://127.0.0.1:{replay_port}", "kv.vllm-0")
@@ -230,7 +241,7 @@ async def test_subscriber_without_an_answer_falls_back() -> None:
     index, tr = make()
     dead = f"tcp://127.0.0.1:{free_port()}"
     sub = KvEventSubscriber(
-        tr, events, poll_interval_s=0.05, replay_endpoint=lambda _iid: dead, replay_timeout_s=0.3
+        tr, events, poll_interval_s=0.05, replay=ReplaySource(lambda _iid: dead, 0.3)
     )
     ctx = zmq.asyncio.Context()
     pub = ctx.socket(zmq.PUB)
@@ -297,12 +308,12 @@ def test_replayed_gaps_leave_the_same_index_as_no_gaps(
         pending += [(r, seq + answer_after) for r in tr.take_replay_requests()]
         for request, due in [p for p in pending if p[1] <= seq]:
             pending.remove((request, due))
-            tr.replayed(request, list(enumerate(history))[request.from_seq : seq + 1], 0.0)
+            replayed(tr, request, list(enumerate(history))[request.from_seq : seq + 1], 0.0)
     # the rest of the answers come after the last batch (one may lead to another request)
     pending += [(r, 0) for r in tr.take_replay_requests()]
     while pending:
         request, _due = pending.pop(0)
-        tr.replayed(request, list(enumerate(history))[request.from_seq :], 0.0)
+        replayed(tr, request, list(enumerate(history))[request.from_seq :], 0.0)
         pending += [(r, 0) for r in tr.take_replay_requests()]
     assert tr.stats.gaps == 0
     runs = sum(1 for d in dropped if d - 1 not in dropped and d < len(history))
@@ -330,7 +341,7 @@ def test_batches_arriving_while_a_replay_is_applied_queue_behind_it() -> None:
     assert index.match(chain(5)) == {"a": 5}
     (again,) = tr.take_replay_requests()
     assert again.from_seq == 5
-    tr.replayed(again, [(5, batch())], 0.0)
+    replayed(tr, again, [(5, batch())], 0.0)
     assert (tr.stats.gaps, tr.stats.replays_recovered) == (0, 2)
     assert tr.describe()["instances"]["a"]["last_seq"] == 6
 

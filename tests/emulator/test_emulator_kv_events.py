@@ -122,6 +122,7 @@ async def test_a_late_subscriber_recovers_the_history_by_replay() -> None:
     kv = pytest.importorskip("warmfleet.gateway.kv_events")
     from warmfleet.bench.live_fleet import consecutive_free_ports  # noqa: PLC0415
     from warmfleet.bench.live_procs import free_port  # noqa: PLC0415
+    from warmfleet.gateway.kv_events.transport import ReplaySource  # noqa: PLC0415
     from warmfleet.routing.index import ExactPrefixIndex  # noqa: PLC0415
 
     events = f"tcp://127.0.0.1:{free_port()}"
@@ -137,7 +138,7 @@ async def test_a_late_subscriber_recovers_the_history_by_replay() -> None:
             translator,
             events,
             poll_interval_s=0.05,
-            replay_endpoint=lambda _iid: f"tcp://127.0.0.1:{base + 1}",
+            replay=ReplaySource(lambda _iid: f"tcp://127.0.0.1:{base + 1}", 2.0),
         )
         task = asyncio.create_task(sub.run())
         try:

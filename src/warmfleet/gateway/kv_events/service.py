@@ -8,11 +8,12 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from warmfleet.core.types import InstanceId
-from warmfleet.gateway.kv_config import KvEventsConfig
-from warmfleet.gateway.kv_events.transport import KvEventSubscriber
+from warmfleet.gateway.kv_config import KvEventsConfig, KvReplayConfig
+from warmfleet.gateway.kv_events.transport import KvEventSubscriber, ReplaySource
 from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.gateway.state import RouterLike
 from warmfleet.routing.config import RoutingConfig
@@ -49,18 +50,16 @@ class KvEventService:
         """Bind (engines connect) or connect (to a relay) and start the subscriber task.
         ``instance_url`` finds an instance's URL (its host is where its replay socket is)."""
         replay = self.config.replay
-
-        def replay_endpoint(instance_id: InstanceId) -> str | None:
-            url = instance_url(instance_id)
-            return replay.endpoint(url) if replay is not None and url is not None else None
-
+        source = None
+        if replay is not None:
+            endpoint = partial(_replay_endpoint, replay, instance_url)
+            source = ReplaySource(endpoint, replay.timeout_s)
         self.subscriber = KvEventSubscriber(
             self.feed,
             self.config.endpoint,
             bind=self.config.bind,
             topic_prefix=self.config.topic_prefix,
-            replay_endpoint=replay_endpoint if replay is not None else None,
-            replay_timeout_s=replay.timeout_s if replay is not None else 2.0,
+            replay=source,
         )
         self._task = asyncio.create_task(self.subscriber.run(), name="warmfleet-gateway-kv-events")
 
@@ -89,3 +88,12 @@ class KvEventService:
             "modes": self.feed.modes(),
             **state,
         }
+
+
+def _replay_endpoint(
+    replay: KvReplayConfig,
+    instance_url: Callable[[InstanceId], str | None],
+    instance_id: InstanceId,
+) -> str | None:
+    url = instance_url(instance_id)
+    return replay.endpoint(url) if url is not None else None

@@ -108,8 +108,9 @@ class KvEventTranslator:
         replay: bool = False,
     ) -> None:
         """``replay``: on a gap (or a late join) ask the engine to replay what was missed
-        (``take_replay_requests``) and hold the instance's batches until ``replayed``; the
-        fall-back to approximate happens only if the replay cannot fill the gap."""
+        (``take_replay_requests``) and hold the instance's batches until ``replay_steps``
+        applies the answer; the fall-back to approximate happens only if the replay cannot
+        fill the gap."""
         self.index = index
         self.replay = replay
         self._replay_requests: list[ReplayRequest] = []
@@ -156,16 +157,6 @@ class KvEventTranslator:
         """The replays asked for since the last call."""
         requests, self._replay_requests = self._replay_requests, []
         return requests
-
-    def replayed(
-        self,
-        request: ReplayRequest,
-        batches: Sequence[tuple[int, EventBatch]] | None,
-        now_s: float,
-    ) -> None:
-        """``replay_steps`` all at once."""
-        for _step in self.replay_steps(request, batches, now_s):
-            pass
 
     def replay_steps(
         self,

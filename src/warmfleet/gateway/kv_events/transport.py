@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
@@ -26,7 +27,15 @@ log = logging.getLogger(__name__)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MAX_REPLAY_BATCHES = 100_000  # vLLM keeps 10,000 by default (``buffer_steps``)
 REPLAY_SLICE_BATCHES = 64  # ~1 ms of translation between two chances for requests to run
-ReplayEndpoint = Callable[[InstanceId], str | None]
+
+
+@dataclass(frozen=True)
+class ReplaySource:
+    """Where an instance's engine answers replay requests (``endpoint``; None: it has no
+    replay socket) and how long one answer may take."""
+
+    endpoint: Callable[[InstanceId], str | None]
+    timeout_s: float
 
 
 class KvEventSubscriber:
@@ -43,15 +52,12 @@ class KvEventSubscriber:
         clock: Callable[[], float] = time.monotonic,
         poll_interval_s: float = 0.5,
         topic_prefix: str = TOPIC_PREFIX,
-        replay_endpoint: ReplayEndpoint | None = None,
-        replay_timeout_s: float = 2.0,
+        replay: ReplaySource | None = None,
     ) -> None:
-        """``replay_endpoint``: where an instance's engine answers replay requests (None: it
-        does not); the consumer's replay requests are sent there, each with its own DEALER
-        socket and ``replay_timeout_s``."""
+        """``replay``: where the consumer's replay requests go, each with its own DEALER socket
+        (None: every replay request is answered "none")."""
         self.consumer = consumer
-        self.replay_endpoint = replay_endpoint
-        self.replay_timeout_s = replay_timeout_s
+        self.replay = replay
         self.topic_prefix = topic_prefix
         self.frames = 0
         self._closed = False
@@ -97,13 +103,12 @@ class KvEventSubscriber:
         """Ask the instance's engine for the batches it missed; the consumer gets them, or
         ``None`` if none could be had (no endpoint, an error, no full answer in time)."""
         batches: list[tuple[int, EventBatch]] | None = None
-        endpoint = None
+        replay, endpoint = self.replay, None
         try:
-            endpoint = self.replay_endpoint(request.instance_id) if self.replay_endpoint else None
-            if endpoint is not None:
-                batches = await asyncio.wait_for(
-                    self._fetch_replay(endpoint, request), self.replay_timeout_s
-                )
+            endpoint = replay.endpoint(request.instance_id) if replay is not None else None
+            if replay is not None and endpoint is not None:
+                fetch = self._fetch_replay(endpoint, request)
+                batches = await asyncio.wait_for(fetch, replay.timeout_s)
         except (TimeoutError, zmq.ZMQError, KvEventDecodeError) as err:
             log.warning(
                 "replay of %s from batch %d (%s) failed: %r",
