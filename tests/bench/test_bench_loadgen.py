@@ -309,3 +309,18 @@ async def test_reference_passthrough_relays_round_robin(
     finally:
         procs.stop_all()
     assert not router.child.alive()
+
+
+def test_spills_count_every_spill_reason_like_the_simulator() -> None:
+    """The simulator counts decisions with ``spilled`` (prefix_hash overflow and
+    prefix_affinity replicate); the live summary must count both reasons too."""
+    from warmfleet.bench.loadgen import LoadResult, RequestResult  # noqa: PLC0415
+
+    results = []
+    for index, reason in enumerate(["replicate", "overflow", "prefix_hit", "replicate"]):
+        result = RequestResult(index, 0.0, 0.2, 0.1)
+        result.instance, result.reason = "a", reason
+        results.append(result)
+    summary = summarize(LoadResult(results, 4, 0, 1.0))
+    assert summary["spills"] == 3
+    assert summary["decisions_by_reason"] == {"overflow": 1, "prefix_hit": 1, "replicate": 2}

@@ -148,3 +148,35 @@ def test_invalid_flags_exit_2() -> None:
     result = CliRunner().invoke(app, ["emulate", "--preset", "nope"])
     assert result.exit_code == 2
     assert "preset" in result.output
+
+
+def test_kv_events_flag_publishes_topics_the_gateway_attributes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--kv-events-endpoint` alone must give each instance its own `kv.<name>` topic, the form
+    the gateway's subscriber maps to an instance (a bare "kv" topic is dropped there)."""
+    from warmfleet.emulator import cli as emulator_cli  # noqa: PLC0415
+    from warmfleet.gateway.kv_events import instance_of_topic  # noqa: PLC0415
+
+    served: list[EmulatorSpec] = []
+    monkeypatch.setattr(emulator_cli, "_run", lambda spec, *_args: served.append(spec))
+    app = typer.Typer()
+
+    @app.callback()
+    def root() -> None:
+        """A stand-in root, so ``emulate`` stays a subcommand."""
+
+    register(app)
+    argv = ["emulate", "--instances", "2", "--kv-events-endpoint", "tcp://127.0.0.1:9"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    kv_events = served[0].kv_events
+    assert kv_events is not None
+    topics = [kv_events.topic.format(name=f"emu-{i}", index=i, port=1) for i in range(2)]
+    assert [instance_of_topic(t) for t in topics] == ["emu-0", "emu-1"]
+    # an explicit topic still wins
+    served.clear()
+    result = CliRunner().invoke(app, [*argv, "--kv-events-topic", "kv.{index}"])
+    assert result.exit_code == 0, result.output
+    assert served[0].kv_events is not None
+    assert served[0].kv_events.topic == "kv.{index}"

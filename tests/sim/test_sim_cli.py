@@ -43,3 +43,18 @@ def test_sim_cli_rejects_unknown_strategy_and_scenario(tmp_path: Path) -> None:
     bad_scenario = runner.invoke(app, ["sim", "--scenario", "nope", "--strategies", "random"])
     assert bad_scenario.exit_code == 2
     assert "unknown scenario" in bad_scenario.output
+
+
+def test_sim_cli_concurrency_runs_closed_loop_without_warnings(tmp_path: Path) -> None:
+    """``--concurrency`` (saturation mode) re-times the scenario as a closed loop; pytest turns
+    any warning (e.g. pydantic serialising an unvalidated field) into a failure."""
+    out = tmp_path / "out.json"
+    args = [
+        "sim", "--scenario", "gsp", "--requests", "40", "--preset", "tiny-cpu",
+        "--instances", "2", "--strategies", "random", "--concurrency", "3", "--json", str(out),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["closed_loop_concurrency"] == 3
+    assert report["strategies"]["random"]["requests"]["completed"] == 40

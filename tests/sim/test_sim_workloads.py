@@ -222,3 +222,55 @@ def test_scenario_yaml_roundtrip_and_errors(tmp_path: Path) -> None:
         load_scenario_file(bad)
     with pytest.raises(ConfigError, match="unknown scenario"):
         builtin_scenario("nope", 1, "tiny-cpu", 0)
+
+
+def test_azure_timestamps_offsets_and_local_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Azure's 2024 traces write ``+00:00`` offsets and sometimes no fraction; the trace's clock
+    is UTC whatever the machine's time zone (here one with a DST jump inside the trace)."""
+    import time  # noqa: PLC0415
+
+    path = tmp_path / "azure.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2024-03-10 01:59:59.500000+00:00,10,2\n"
+        "2024-03-10 03:00:00+00:00,20,3\n"
+        "2024-03-10 03:00:01.25,30,4\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        requests = azure(path, seed=0)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert [r.arrival_s for r in requests] == [0.0, 3600.5, 3601.75]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"bad\.csv:2"):
+        azure(bad, seed=0)
+
+
+def test_mooncake_odd_rows(tmp_path: Path) -> None:
+    """Prompt length is ``input_length`` even when ``hash_ids`` does not hold exactly
+    ceil(input_length / 512) ids; a malformed line is a ConfigError naming it."""
+    path = tmp_path / "odd.jsonl"
+    rows = [
+        {"timestamp": 0, "input_length": 100, "hash_ids": [7, 8], "output_length": 1},
+        {"timestamp": 3000, "input_length": 1100, "hash_ids": [7], "output_length": 2},
+        {"timestamp": 3000, "input_length": 1024, "hash_ids": [7, 9], "output_length": 3},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n", encoding="utf-8")
+    requests = sorted(mooncake(path, seed=0, spread_buckets=False), key=lambda r: r.request_id)
+    assert [r.prompt_tokens for r in requests] == [100, 1100, 1024]
+    assert [s.content_id for s in requests[2].segments] == [7, 9]
+    blocks = [prompt_blocks(r.segments, 512, 1) for r in requests]
+    assert len(blocks[1]) == 2
+    assert blocks[1][0] == blocks[2][0]  # block 0 shared (id 7)
+    assert blocks[1][1] != blocks[2][1]  # the id-less tail is its own content
+    for line in ('{"timestamp": 0}', "[1, 2]"):
+        path.write_text(json.dumps(rows[0]) + "\n" + line + "\n", encoding="utf-8")
+        with pytest.raises(ConfigError, match=r"odd\.jsonl:2"):
+            mooncake(path, seed=0)

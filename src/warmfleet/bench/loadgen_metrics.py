@@ -24,6 +24,10 @@ QUERIES = "vllm:prefix_cache_queries_total"
 # Engine request counters, first present wins (vLLM: request_success_total{finished_reason}).
 REQUEST_COUNTERS = ("vllm:request_success_total", "vllm:num_requests_total")
 SCRAPE_TIMEOUT_S = 5.0
+# Reasons of decisions that always spill off the preferred instance (the simulator's ``spills``
+# counts ``Decision.spilled``). prefix_hash's ``load_balance`` when every instance is at the
+# threshold spills too, but the header cannot tell it from least_outstanding_requests'.
+SPILL_REASONS = (Reason.OVERFLOW.value, Reason.REPLICATE.value)
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -169,7 +173,7 @@ def summarize(
         "reuse": reuse,
         "share": {"min": min(shares), "max": max(shares), "per_instance": share_pct},
         "share_source": share_source,
-        "spills": reasons.get(Reason.OVERFLOW.value, 0),
+        "spills": sum(reasons.get(reason, 0) for reason in SPILL_REASONS),
         "moved_fraction": [],
         "decisions_by_reason": dict(sorted(reasons.items())),
         "requests": {

@@ -36,7 +36,7 @@ def build_cli_spec(
     fault_overrides: dict[str, Any],
     fault_flags: list[str],
     kv_events_endpoint: str | None,
-    kv_events_topic: str,
+    kv_events_topic: str | None,
 ) -> EmulatorSpec:
     """The config file (if any) with every flag that was given applied on top."""
     base = load_emulator_config(config) if config is not None else EmulatorSpec()
@@ -49,8 +49,14 @@ def build_cli_spec(
         index, raw = parse_fault_flag(flag)
         per_instance[index] = {**faults, **per_instance.get(index, {}), **raw}
     fields["instance_faults"] = per_instance
+    # the file's kv_events with the flags on top; no topic anywhere: kv.{name}
+    kv_events: dict[str, Any] = dict(fields.get("kv_events") or {})
     if kv_events_endpoint is not None:
-        fields["kv_events"] = {"endpoint": kv_events_endpoint, "topic": kv_events_topic}
+        kv_events["endpoint"] = kv_events_endpoint
+    if kv_events_topic is not None and kv_events:
+        kv_events["topic"] = kv_events_topic
+    if kv_events:
+        fields["kv_events"] = kv_events
     return build_spec(**fields)
 
 
@@ -112,7 +118,9 @@ def emulate_command(  # noqa: PLR0917
         [], "--fault", help="Per-instance faults: INDEX:key=value[,key=value]; repeatable."
     ),
     kv_events_endpoint: str | None = typer.Option(None, help="ZMQ endpoint to connect to."),
-    kv_events_topic: str = typer.Option("kv", help="Topic frame of KV events."),
+    kv_events_topic: str | None = typer.Option(
+        None, help="Topic template of KV events ({name}, {index}, {port}); default kv.{name}."
+    ),
     config: Path | None = typer.Option(None, "--config", "-c", help="kind: Emulator document."),  # noqa: B008
     ports_file: Path | None = typer.Option(None, help="Write the ready JSON here too."),  # noqa: B008
     log_level: str = typer.Option("warning", help="debug, info, warning or error."),

@@ -176,10 +176,9 @@ def run_comparison(
 ) -> Comparison:
     spec = engine_spec(scenario)
     if concurrency is not None:
-        scenario = scenario.model_copy(
-            update={"arrival": {"type": "closed", "concurrency": concurrency}}
-        )
-        scenario = ScenarioSpec.model_validate(scenario.model_dump(by_alias=True))
+        data = scenario.model_dump(by_alias=True)
+        data["arrival"] = {"type": "closed", "concurrency": concurrency}
+        scenario = ScenarioSpec.model_validate(data)
     workload = build_workload(scenario, spec, trace=trace, rate_rps=rate_rps)
     spec = spec.with_block_tokens(workload.block_tokens)
     prepared = prepare(workload.requests, workload.block_tokens)

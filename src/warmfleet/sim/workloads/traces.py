@@ -11,7 +11,7 @@ import itertools
 import json
 import random
 import statistics
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -74,27 +74,50 @@ def _spread(timestamps_ms: list[int], rng: random.Random) -> list[float]:
     return out
 
 
+def _mooncake_row(path: Path, line_no: int, line: str) -> tuple[int, list[int], int, int]:
+    """(timestamp ms, hash ids, input tokens, output tokens) of one JSONL line."""
+    try:
+        row = json.loads(line)
+        if not isinstance(row, dict):
+            raise TypeError("a line must be a JSON object")
+        ids = [int(h) for h in row["hash_ids"]]
+        return int(row["timestamp"]), ids, int(row["input_length"]), int(row["output_length"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"trace: {path}:{line_no}: not a Mooncake trace row: {err}") from err
+
+
+def _mooncake_segments(ids: list[int], input_tokens: int, tail_id: int) -> tuple[Segment, ...]:
+    """One segment per ``hash_id`` block (the last one partial), ``input_tokens`` in all: ids
+    past the prompt are dropped, a prompt longer than its ids ends with unique content."""
+    segments = []
+    left = input_tokens
+    for h in ids:
+        if left <= 0:
+            break
+        take = min(MOONCAKE_BLOCK_TOKENS, left)
+        segments.append(Segment(h, take))
+        left -= take
+    if left > 0:
+        segments.append(Segment(tail_id, left))
+    return tuple(segments)
+
+
 def mooncake(path: Path, seed: int, spread_buckets: bool = True) -> tuple[WorkloadRequest, ...]:
     """Each ``hash_ids`` entry is one 512-token block; the last block is partial."""
-    rows = []
-    for line_no, line in enumerate(_open_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"trace: {path}:{line_no}: not JSON: {err}") from err
-    stamps = [int(r["timestamp"]) for r in rows]
+    rows = [
+        _mooncake_row(path, line_no, line)
+        for line_no, line in enumerate(_open_text(path).splitlines(), 1)
+        if line.strip()
+    ]
+    stamps = [row[0] for row in rows]
     arrivals = _spread(stamps, random.Random(seed)) if spread_buckets else [t / 1e3 for t in stamps]
     out = []
-    for index, (row, arrival_s) in enumerate(zip(rows, arrivals, strict=True)):
-        ids = [int(h) for h in row["hash_ids"]]
-        input_tokens = int(row["input_length"])
-        segments = [Segment(h, MOONCAKE_BLOCK_TOKENS) for h in ids[:-1]]
-        last = input_tokens - MOONCAKE_BLOCK_TOKENS * (len(ids) - 1)
-        if ids and last > 0:
-            segments.append(Segment(ids[-1], last))
-        out.append(WorkloadRequest(index, arrival_s, tuple(segments), int(row["output_length"])))
+    for index, ((_, ids, input_tokens, output), arrival_s) in enumerate(
+        zip(rows, arrivals, strict=True)
+    ):
+        tail_id = hash_str(f"mooncake-tail:{index}", seed)
+        segments = _mooncake_segments(ids, input_tokens, tail_id)
+        out.append(WorkloadRequest(index, arrival_s, segments, output))
     return tuple(sorted(out, key=lambda r: (r.arrival_s, r.request_id)))
 
 
@@ -106,25 +129,36 @@ class AzureConfig(StrictModel):
 
 
 def _parse_azure_time(text: str) -> float:
-    whole, _, frac = text.strip().partition(".")
-    stamp = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").timestamp()
-    return stamp + (float("0." + frac) if frac else 0.0)
+    """Seconds since the epoch of ``2023-11-16 18:15:46.6805900`` (2023 traces: 7 fraction
+    digits, no offset) or ``2024-05-10 00:00:00.009930+00:00`` (2024: an offset, the fraction
+    sometimes absent). A stamp without an offset is UTC, never the machine's local time."""
+    stamp = datetime.fromisoformat(text.strip())  # 3.11: digits past microseconds are cut
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return stamp.timestamp()
+
+
+def _azure_row(path: Path, line_no: int, row: dict[str, str]) -> tuple[float, int, int]:
+    try:
+        return (
+            _parse_azure_time(row["TIMESTAMP"]),
+            max(1, int(row["ContextTokens"])),
+            max(1, int(row["GeneratedTokens"])),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"trace: {path}:{line_no}: not an Azure LLM trace row: {err}") from err
 
 
 def azure(path: Path, seed: int) -> tuple[WorkloadRequest, ...]:
     reader = csv.DictReader(_open_text(path).splitlines())
-    rows = list(reader)
+    rows = [_azure_row(path, line_no, row) for line_no, row in enumerate(reader, 2)]
     if not rows:
         return ()
-    start_s = _parse_azure_time(rows[0]["TIMESTAMP"])
+    start_s = min(stamp for stamp, _, _ in rows)
     out = []
-    for index, row in enumerate(rows):
-        arrival_s = _parse_azure_time(row["TIMESTAMP"]) - start_s
-        prompt = max(1, int(row["ContextTokens"]))
+    for index, (stamp_s, prompt, output) in enumerate(rows):
         segment = Segment(hash_str(f"azure:{index}", seed), prompt)
-        out.append(
-            WorkloadRequest(index, arrival_s, (segment,), max(1, int(row["GeneratedTokens"])))
-        )
+        out.append(WorkloadRequest(index, stamp_s - start_s, (segment,), output))
     return tuple(sorted(out, key=lambda r: (r.arrival_s, r.request_id)))
 
 
