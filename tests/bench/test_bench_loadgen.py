@@ -283,6 +283,18 @@ def test_bench_cli_writes_json(threaded_engine: FakeEngine, tmp_path: Path) -> N
     assert run["hit_rate_source"] == "engine_metrics"
     assert threaded_engine.requests == 12
     assert (tmp_path / "r" / "report.md").exists()
+    assert (report["preset"], report["seed"]) == ("llama-3.1-70b-p5", 0)
+
+
+@pytest.mark.parametrize(
+    "flags", [["--rate", "0"], ["--rate", "2", "--concurrency", "2"]], ids=["zero", "both"]
+)
+def test_bench_cli_rejects_a_rate_it_cannot_run(flags: list[str]) -> None:
+    """A clean usage error (exit 2, the option named), never a traceback from validation."""
+    args = ["bench", "--url", "http://127.0.0.1:9", "--scenario", "gsp", *flags]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--rate" in result.output
 
 
 @pytest.mark.parametrize("stream", [False, True])

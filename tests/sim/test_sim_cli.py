@@ -45,6 +45,14 @@ def test_sim_cli_rejects_unknown_strategy_and_scenario(tmp_path: Path) -> None:
     assert "unknown scenario" in bad_scenario.output
 
 
+def test_sim_cli_rejects_rate_with_concurrency() -> None:
+    """Closed loop has no offered rate: giving both is an error, not a silently ignored flag."""
+    args = ["sim", "--scenario", "gsp", "--rate", "5", "--concurrency", "3"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "--rate" in result.output
+
+
 def test_sim_cli_concurrency_runs_closed_loop_without_warnings(tmp_path: Path) -> None:
     """``--concurrency`` (saturation mode) re-times the scenario as a closed loop; pytest turns
     any warning (e.g. pydantic serialising an unvalidated field) into a failure."""

@@ -104,7 +104,7 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     scenario: Annotated[str, typer.Option(help="built-in scenario name or a Scenario YAML")],
     requests: Annotated[int, typer.Option(min=1, help="number of requests")] = 200,
     concurrency: Annotated[int | None, typer.Option(min=1, help="closed loop, N clients")] = None,
-    rate: Annotated[float | None, typer.Option(min=0.0, help="open loop, requests/s")] = None,
+    rate: Annotated[float | None, typer.Option(min=1e-6, help="open loop, requests/s")] = None,
     stream: Annotated[bool, typer.Option(help="SSE streaming (measures TTFT and ITL)")] = False,
     metrics_url: Annotated[
         list[str] | None, typer.Option(help="engine /metrics URL (ID=URL); repeat per instance")
@@ -162,6 +162,8 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
         load, summary = run_async(measure(workload, load_spec, targets, on_done=on_done))
     meta = {
         "scenario": spec.name,
+        "preset": spec.preset,
+        "seed": seed,
         "requests": len(workload),
         "instances": len(targets) or None,
         "closed_loop_concurrency": concurrency,

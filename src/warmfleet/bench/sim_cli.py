@@ -93,6 +93,8 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     ] = None,
 ) -> None:
     """Compare routing strategies on a simulated fleet (virtual time)."""
+    if concurrency is not None and rate is not None:
+        raise typer.BadParameter("give at most one of --concurrency and --rate")
     try:
         spec = _scenario(scenario, instances, preset, seed, requests)
         comparison = run_comparison(
