@@ -9,7 +9,7 @@ import os
 import pytest
 from cache_support import manager_for, published_corrupt_or_partial
 
-from warmfleet.agent.sources.base import SourceChangedError
+from warmfleet.agent.sources.base import SourceChangedError, TransientSourceError
 from warmfleet.agent.testing.origin import Blob
 from warmfleet.cache.state import ArtifactState
 from warmfleet.core.errors import InsufficientCapacityError, IntegrityError
@@ -185,3 +185,66 @@ async def test_concurrent_prefetch_of_one_key_downloads_once(origin, tmp_path):
     assert org.bytes_served == len(data)  # the second waited on the per-key lock
     async with manager_for(tmp_path) as m:
         assert m.records()[0].refs == {"x", "y"}
+
+
+def _disk(root, size_bytes: int):
+    """Free space of a ``size_bytes`` disk that holds only what is allocated under ``root``."""
+
+    def free() -> int:
+        used = sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+        return size_bytes - used
+
+    return free
+
+
+async def test_retry_after_transient_failure_counts_its_own_staged_bytes_once(origin, tmp_path):
+    """The staged (pre-allocated) part of a failed download is reused by its retry, so it
+    must not also be taken off the free space the retry is admitted against."""
+    org, url = origin
+    data = os.urandom(MB)
+    org.put("w.bin", Blob(data=data, faults=["error"]))
+    free = _disk(tmp_path, 3 * MB // 2)
+    async with manager_for(tmp_path, free_bytes_fn=free, concurrency=1, max_attempts=1) as m:
+        with pytest.raises(TransientSourceError):
+            await m.prefetch(f"{url}/files/w.bin")
+        assert free() < MB  # the staging area holds its allocation
+        rec = await m.prefetch(f"{url}/files/w.bin")
+    assert (tmp_path / "objects" / rec.key / "w.bin").read_bytes() == data
+
+
+async def test_rollback_to_a_cached_version_moves_the_holder_back(origin, tmp_path):
+    """v1 -> v2 -> v1 while v1 is still on disk: the holder leaves v2 (else v2 is never
+    evictable), although v1 needed no download."""
+    org, url = origin
+    org.put("w.bin", Blob(data=b"a" * 1000, mtime_s=1_700_000_000))
+    async with manager_for(tmp_path) as m:
+        v1 = await m.prefetch(f"{url}/files/w.bin", name="w", holder="dep")
+        org.put("w.bin", Blob(data=b"b" * 1000, mtime_s=1_700_000_100))
+        v2 = await m.prefetch(f"{url}/files/w.bin", name="w", holder="dep")
+        org.put("w.bin", Blob(data=b"a" * 1000, mtime_s=1_700_000_000))
+        again = await m.prefetch(f"{url}/files/w.bin", name="w", holder="dep")
+        assert again.key == v1.key
+        recs = {r.key: r for r in m.records()}
+        assert recs[v1.key].refs == {"dep"}
+        assert recs[v2.key].refs == frozenset()
+        assert m.gc(evict_all_unreferenced=True).evict == (v2.key,)
+
+
+async def test_a_cancelled_download_holds_no_reservation_and_recovers_as_pending(origin, tmp_path):
+    org, url = origin
+    org.put("w.bin", Blob(data=os.urandom(2 * MB)))
+    org.set_throttle(2 * MB)
+    async with manager_for(tmp_path, concurrency=1) as m:
+        task = asyncio.create_task(m.prefetch(f"{url}/files/w.bin"))
+        while org.bytes_served < MB // 2:
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        (rec,) = m.records()
+        assert rec.state == ArtifactState.FAILED  # not in progress: its space is not reserved
+        assert m.status_of(rec.key).state == ArtifactState.FAILED
+    async with manager_for(tmp_path) as m:  # a restart: an interrupted download is pending
+        m.recover()
+        (rec,) = m.records()
+        assert (rec.state, rec.reason) == (ArtifactState.PENDING, "")

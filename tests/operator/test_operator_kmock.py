@@ -251,3 +251,24 @@ async def test_autoscaling_from_gateway_metrics(kmock: Any) -> None:
             endpoint["metadata"]["annotations"]["warmfleet.dev/autoscaled-replicas"]
             == '{"main": 3}'
         )
+
+
+async def test_a_removed_node_selector_key_is_removed_from_cache_and_deployment(
+    env: tuple[FakeCluster, Controller],
+) -> None:
+    """A merge patch keeps map keys it does not mention: dropping a selector key from the
+    endpoint must still reach the ModelCache and the pod template (and the pass converge)."""
+    cluster, controller = env
+    c = cluster.client
+    for node in ("n0", "n1", "n2"):
+        await c.patch(kube.NODES, None, node, {"metadata": {"labels": {"zone": "a"}}})
+    body = endpoint_body("e")
+    body["spec"]["nodeSelector"] = {"pool": "gpu", "zone": "a"}
+    await create_endpoint(cluster, body)
+    await converge(cluster, controller)
+    await c.patch(kube.ENDPOINTS, NS, "e", {"spec": {"nodeSelector": {"zone": None}}})
+    await converge(cluster, controller)
+    (cache,) = await c.list(kube.MODEL_CACHES, NS)
+    assert cache["spec"]["nodeSelector"] == {"pool": "gpu"}
+    (dep,) = await c.list(kube.DEPLOYMENTS, NS)
+    assert dep["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
 from typing import Any
 
-from warmfleet.cache.manifest import FileEntry
+from warmfleet.cache.manifest import FileEntry, Manifest
 from warmfleet.core.errors import IntegrityError
 
 HASH_BLOCK_BYTES = 4 << 20
@@ -75,3 +76,23 @@ def check_file(
     got = file_digests(path, entry)
     check_digests(entry, got, recorded)
     return got
+
+
+async def verify_staged(
+    staging: Path, manifest: Manifest, inline: dict[str, dict[str, str]]
+) -> dict[str, dict[str, str]]:
+    """Sizes + digests of a staged download; digests computed during the download are
+    reused, the rest are hashed now (two files at a time)."""
+    sem = asyncio.Semaphore(2)
+
+    async def one(entry: FileEntry) -> dict[str, str]:
+        path = staging / entry.path
+        if entry.path in inline:
+            check_size(path, entry)
+            check_digests(entry, inline[entry.path])
+            return inline[entry.path]
+        async with sem:
+            return await asyncio.to_thread(check_file, path, entry)
+
+    results = await asyncio.gather(*(one(e) for e in manifest.files))
+    return {e.path: r for e, r in zip(manifest.files, results, strict=True)}

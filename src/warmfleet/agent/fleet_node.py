@@ -4,8 +4,8 @@ does about them, and the per-cache reports.
 The operator assigns the complete set of caches a node must hold (on Kubernetes, the Node's
 ``warmfleet.dev/assigned-caches`` annotation; embedded, ``PUT /v1/fleet/assignments``). Every
 tick cheaply re-verifies published data (a deleted cache is noticed and unpublished), prefetches
-every assigned cache that is not usable (holder ``fleet:<cache>``), drops the holders of caches
-no longer assigned and evicts everything unreferenced.
+every assigned cache that is not usable (holder ``fleet:<cache>``), stops the downloads of caches
+no longer assigned, drops their holders and evicts everything unreferenced.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ class FleetNode:
 
     async def tick(self) -> None:
         await self.manager.verify(full=False)
+        for cache, task in list(self._fetching.items()):
+            if cache not in self.assigned:  # taken off this node: stop downloading it
+                task.cancel()
         records = self.manager.records()
         for cache, source in self.assigned.items():
             if cache in self._fetching or self.usable(cache, records) is not None:
@@ -68,6 +71,8 @@ class FleetNode:
             )
         except WarmfleetError as err:
             log.warning("prefetch of %s failed: %s", cache, err)
+        except Exception:  # e.g. EIO/ESTALE from a shared FS: retried, never fatal to the agent
+            log.exception("prefetch of %s failed", cache)
         finally:
             self._fetching.pop(cache, None)
             if self.on_fetched is not None:

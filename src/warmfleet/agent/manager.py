@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 from dataclasses import replace
 
-from warmfleet.agent.digests import check_digests, check_file, check_size
+from warmfleet.agent.digests import verify_staged
 from warmfleet.agent.downloader import Downloader
 from warmfleet.agent.metrics import CacheMetrics
 from warmfleet.agent.sources.base import TransientSourceError
@@ -21,15 +21,16 @@ from warmfleet.agent.store import Store, VerifyResult
 from warmfleet.cache.capacity import EvictionPlan, occupied_bytes, plan_admission, plan_gc
 from warmfleet.cache.config import NodeCacheSpec
 from warmfleet.cache.index import CacheIndex
-from warmfleet.cache.manifest import FileEntry, Manifest
+from warmfleet.cache.manifest import Manifest
 from warmfleet.cache.state import ArtifactRecord, ArtifactState
 from warmfleet.cache.transfer import RateMeter, TokenBucket
 from warmfleet.cache.uri import parse_uri
 from warmfleet.core.clock import Clock, MonotonicClock
-from warmfleet.core.errors import IntegrityError, WarmfleetError
+from warmfleet.core.errors import IntegrityError, NotFoundError, WarmfleetError
 
 IN_PROGRESS = frozenset({ArtifactState.PENDING, ArtifactState.DOWNLOADING, ArtifactState.VERIFYING})
 LOCK_POLL_S = 0.2
+CANCELLED = "cancelled (staged data kept)"
 
 
 class CacheManager:
@@ -90,7 +91,7 @@ class CacheManager:
             await asyncio.sleep(LOCK_POLL_S)  # another process is downloading this key
             rec = self.store.read_index().get(key)
             if rec is not None and rec.state == ArtifactState.READY:
-                return rec
+                return self._settle(key, name, holder)
 
     def _admit(
         self, manifest: Manifest, name: str, holder: str | None, pin: bool
@@ -101,6 +102,8 @@ class CacheManager:
             if rec is not None and rec.state == ArtifactState.READY:
                 if self.store.is_published(key):
                     self._hold(idx, key, holder, pin, now)
+                    if holder:  # e.g. a rollback to a version still on disk
+                        self._roll_over(idx, key, name, holder)
                     return idx.get(key)
                 idx.set_state(key, ArtifactState.FAILED, "published directory vanished")
             plan = plan_admission(
@@ -108,7 +111,7 @@ class CacheManager:
                 key=key,
                 name=name,
                 size_bytes=manifest.size_bytes,
-                disk_free_bytes=self._free_for_admission(idx, key),
+                disk_free_bytes=self._free_for_admission(idx, key, manifest.size_bytes),
                 policy=self.policy,
             )
             self._evict(idx, plan)
@@ -143,14 +146,16 @@ class CacheManager:
         if pin:
             idx.set_pinned(key, True)
 
-    def _free_for_admission(self, idx: CacheIndex, new_key: str) -> int:
-        """File system free space minus what other in-flight downloads still must write."""
+    def _free_for_admission(self, idx: CacheIndex, new_key: str, new_size_bytes: int) -> int:
+        """File system free space minus what other in-flight downloads still must write, plus
+        what the new artifact already has staged (a resumed download reuses it)."""
         outstanding = sum(
             max(r.size_bytes - self.store.staged_bytes(r.key), 0)
             for r in idx
             if r.state in IN_PROGRESS and r.key != new_key
         )
-        return self._free_bytes() - outstanding
+        own = min(self.store.staged_bytes(new_key), new_size_bytes)
+        return self._free_bytes() - outstanding + own
 
     def _evict(self, idx: CacheIndex, plan: EvictionPlan) -> None:
         for rec in idx.check_evictions(plan):
@@ -174,7 +179,7 @@ class CacheManager:
         key = manifest.key()
         rec = self.store.read_index().get(key)
         if rec is not None and rec.state == ArtifactState.READY and self.store.is_published(key):
-            return rec
+            return self._settle(key, name, holder)  # another process filled it meanwhile
         if rec is None or rec.state == ArtifactState.FAILED:
             # another process failed (or GC dropped its record) while we waited for the lock
             done = self._admit(manifest, name, holder, pin=False)
@@ -202,13 +207,23 @@ class CacheManager:
             self._set_state(key, ArtifactState.FAILED, f"{type(err).__name__}: {err}")
             self.metrics.downloads.labels(kind, "failed").inc()
             raise
+        except asyncio.CancelledError:
+            # Stopped (unassigned, shutdown, Ctrl-C): not in progress any more, so its space is
+            # not reserved and GC may drop it; the staged data stays for a resume.
+            self._set_state(key, ArtifactState.FAILED, CANCELLED)
+            raise
         self.metrics.downloads.labels(kind, "ok").inc()
         self.metrics.download_seconds.labels(kind).observe(self._mono.now_s() - started)
+        return self._settle(key, name, holder)
+
+    def _settle(self, key: str, name: str, holder: str | None) -> ArtifactRecord:
+        """``key`` is ready: the holder moves to it from older versions of ``name``."""
         with self.store.index_txn() as idx:
             if holder:
                 self._roll_over(idx, key, name, holder)
             out = idx.get(key)
-        assert out is not None
+        if out is None:
+            raise NotFoundError(f"artifact {name} ({key[:16]}) vanished from the index")
         return out
 
     def _roll_over(self, idx: CacheIndex, key: str, name: str, holder: str) -> None:
@@ -253,7 +268,8 @@ class CacheManager:
             await downloader.download(source, manifest, staging)
             self._set_state(key, ArtifactState.VERIFYING)
             try:
-                digests = await self._verify_staged(manifest, downloader.digests)
+                staged = self.store.staging_dir(key)
+                digests = await verify_staged(staged, manifest, downloader.digests)
             except IntegrityError:
                 self.metrics.integrity_failures.inc()
                 self.store.discard_staging(key)
@@ -264,26 +280,6 @@ class CacheManager:
             await asyncio.to_thread(self.store.publish, manifest, digests, self._wall.now_s())
             self._set_state(key, ArtifactState.READY)
             return
-
-    async def _verify_staged(
-        self, manifest: Manifest, inline: dict[str, dict[str, str]]
-    ) -> dict[str, dict[str, str]]:
-        """Sizes + digests; digests computed during the download are reused, the rest are
-        hashed now (two files at a time)."""
-        staging = self.store.staging_dir(manifest.key())
-        sem = asyncio.Semaphore(2)
-
-        async def one(entry: FileEntry) -> dict[str, str]:
-            path = staging / entry.path
-            if entry.path in inline:
-                check_size(path, entry)
-                check_digests(entry, inline[entry.path])
-                return inline[entry.path]
-            async with sem:
-                return await asyncio.to_thread(check_file, path, entry)
-
-        results = await asyncio.gather(*(one(e) for e in manifest.files))
-        return {e.path: r for e, r in zip(manifest.files, results, strict=True)}
 
     # ----- queries / admin --------------------------------------------------------------------
     def records(self) -> list[ArtifactRecord]:
@@ -387,11 +383,13 @@ class CacheManager:
             )
 
     def recover(self) -> None:
-        """After a restart: downloads nobody holds a lock for go back to pending."""
+        """After a restart: downloads nobody holds a lock for (or that were cancelled by a
+        stop) go back to pending."""
         with self.store.index_txn() as idx:
             for rec in list(idx):
-                if rec.state in IN_PROGRESS and not self.store.is_locked(rec.key):
-                    idx.put(replace(rec, state=ArtifactState.PENDING))
+                stopped = rec.state == ArtifactState.FAILED and rec.reason == CANCELLED
+                if (rec.state in IN_PROGRESS or stopped) and not self.store.is_locked(rec.key):
+                    idx.put(replace(rec, state=ArtifactState.PENDING, reason=""))
             self._update_gauges(idx)
 
     def _update_gauges(self, idx: CacheIndex) -> None:

@@ -96,6 +96,8 @@ class NodeAgent:
             await coro
         except WarmfleetError as err:
             log.warning("background task failed: %s", err)
+        except Exception:  # an OSError, a bug: logged, the agent keeps serving
+            log.exception("background task failed")
 
     async def _reconcile_loop(self, manager: CacheManager) -> None:
         while not self.stop_event.is_set():
@@ -122,6 +124,9 @@ class NodeAgent:
                 )
             except WarmfleetError as err:
                 log.warning("prefetch of %s failed: %s", art.name, err)
+                continue
+            except Exception:  # one artifact's failure must not stop the others nor the GC
+                log.exception("prefetch of %s failed", art.name)
                 continue
             for old in manager.records():  # a config pin follows the current version
                 if art.pin and old.name == art.name and old.key != rec.key and old.pinned:

@@ -222,7 +222,8 @@ class Controller:
         if isinstance(action, ApplyDeployment):
             plan = action.plan
             owner_uid = endpoints[plan.endpoint].uid
-            await c.apply(kube.DEPLOYMENTS, ns, render.deployment(plan, ns, owner_uid))
+            body = render.deployment(plan, ns, owner_uid)
+            await c.apply(kube.DEPLOYMENTS, ns, body, exact=render.DEPLOYMENT_EXACT_PATHS)
             for variant in (None, plan.variant):
                 service = render.service(plan.endpoint, plan.port, ns, owner_uid, variant)
                 await c.apply(kube.SERVICES, ns, service)
@@ -261,8 +262,9 @@ class Controller:
         owner: DesiredEndpoint | None,
     ) -> None:
         c, ns = self._client, self._ns
-        if await c.get(resource, ns, name) is not None:
-            await c.patch(resource, ns, name, {"spec": spec})
+        current = await c.get(resource, ns, name)
+        if current is not None:  # the spec is ours: keys it no longer has are removed
+            await c.patch(resource, ns, name, {"spec": kube.merge_patch(current.get("spec"), spec)})
             return
         meta: Obj = {
             "name": name,

@@ -6,8 +6,9 @@ code runs against a real API server and against kmock (which ignores label selec
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,12 +126,25 @@ class KubeClient:
         path = resource.path(namespace, name, sub)
         return await self._call("PATCH", path, body, content_type="application/merge-patch+json")
 
-    async def apply(self, resource: Resource, namespace: str | None, body: Obj) -> Obj:
-        """Create, or merge-patch the existing object to ``body`` (idempotent)."""
+    async def apply(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        body: Obj,
+        *,
+        exact: Sequence[tuple[str, ...]] = (),
+    ) -> Obj:
+        """Create, or merge-patch the existing object to ``body`` (idempotent). A merge patch
+        keeps map keys it does not mention: at each ``exact`` path the object ends up exactly
+        as in ``body`` (keys ``body`` lacks there are removed, an absent path is removed)."""
         name = body["metadata"]["name"]
-        if await self.get(resource, namespace, name) is None:
+        current = await self.get(resource, namespace, name)
+        if current is None:
             return await self.create(resource, namespace, body)
-        return await self.patch(resource, namespace, name, body)
+        patch = copy.deepcopy(body)
+        for path in exact:
+            _set_path(patch, path, merge_patch(_get_path(current, path), _get_path(body, path)))
+        return await self.patch(resource, namespace, name, patch)
 
     async def delete(self, resource: Resource, namespace: str | None, name: str) -> None:
         try:
@@ -138,6 +152,30 @@ class KubeClient:
         except KubeError as err:
             if err.status != 404:
                 raise
+
+
+def merge_patch(current: Any, desired: Any) -> Any:
+    """The JSON merge patch (RFC 7386) turning ``current`` into ``desired``: keys that only
+    ``current`` has are set to null (removed), nested maps are patched the same way."""
+    if not isinstance(current, dict) or not isinstance(desired, dict):
+        return desired
+    patch = {k: merge_patch(current.get(k), v) for k, v in desired.items()}
+    patch.update({k: None for k in current if k not in desired})
+    return patch
+
+
+def _get_path(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _set_path(obj: Obj, path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        obj = obj.setdefault(key, {})
+    obj[path[-1]] = value
 
 
 def _has_labels(obj: Obj, labels: Mapping[str, str]) -> bool:

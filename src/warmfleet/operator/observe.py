@@ -98,19 +98,41 @@ def desired_endpoints(snapshot: Snapshot) -> list[DesiredEndpoint]:
     return result
 
 
-def _reports(raw: str | None) -> dict[str, NodeCacheReport]:
+def _reports(node: str, raw: str | None) -> dict[str, NodeCacheReport]:
+    """A node agent's ``cache-status`` annotation; what cannot be read counts as not reported
+    (one bad node must not stop the pass for every endpoint)."""
     if not raw:
         return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        log.warning("node %s: unreadable %s annotation ignored", node, render.ANN_CACHE_STATUS)
+        return {}
     out = {}
-    for cache, r in json.loads(raw).items():
-        out[cache] = NodeCacheReport(
-            state=NodeCacheState(r.get("state", "pending")),
-            bytes_done=int(r.get("bytesDone", 0)),
-            bytes_total=int(r.get("bytesTotal", 0)),
-            healthy=bool(r.get("healthy", True)),
-            message=str(r.get("message", "")),
-        )
+    for cache, r in data.items():
+        try:
+            out[str(cache)] = NodeCacheReport(
+                state=NodeCacheState(r.get("state", "pending")),
+                bytes_done=int(r.get("bytesDone", 0)),
+                bytes_total=int(r.get("bytesTotal", 0)),
+                healthy=bool(r.get("healthy", True)),
+                message=str(r.get("message", "")),
+            )
+        except (AttributeError, TypeError, ValueError):
+            log.warning("node %s: unreadable report for cache %s ignored: %r", node, cache, r)
     return out
+
+
+def _assigned(node: str, raw: str | None) -> frozenset[str]:
+    """The caches the operator last assigned (``[]`` when unreadable: re-assigned this pass)."""
+    try:
+        entries = json.loads(raw or "[]")
+        return frozenset(str(a["cache"]) for a in entries)
+    except (ValueError, TypeError, KeyError):
+        log.warning("node %s: unreadable %s annotation", node, render.ANN_ASSIGNED)
+        return frozenset()
 
 
 def _pod_ready_s(pod: Obj) -> float | None:
@@ -147,14 +169,14 @@ def _nodes(snapshot: Snapshot) -> tuple[ObservedNode, ...]:
         conditions = (obj.get("status") or {}).get("conditions") or []
         ready_conds = [c for c in conditions if c.get("type") == "Ready"]
         ready = not ready_conds or ready_conds[0].get("status") == "True"
-        assigned = json.loads(_annotations(obj).get(render.ANN_ASSIGNED, "[]"))
+        name, annotations = meta["name"], _annotations(obj)
         nodes.append(
             ObservedNode(
-                name=meta["name"],
+                name=name,
                 labels=dict(meta.get("labels") or {}),
                 ready=ready and not (obj.get("spec") or {}).get("unschedulable", False),
-                assigned=frozenset(a["cache"] for a in assigned),
-                weights=_reports(_annotations(obj).get(render.ANN_CACHE_STATUS)),
+                assigned=_assigned(name, annotations.get(render.ANN_ASSIGNED)),
+                weights=_reports(name, annotations.get(render.ANN_CACHE_STATUS)),
                 images=images.get(meta["name"], {}),
             )
         )

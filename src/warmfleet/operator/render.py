@@ -92,6 +92,13 @@ def _engine_container(plan: DeploymentPlan) -> Obj:
     return container
 
 
+# Parts of a Deployment that an update must leave exactly as rendered (a merge patch would
+# keep a node-selector key, an affinity or a volume the new plan no longer has).
+DEPLOYMENT_EXACT_PATHS: tuple[tuple[str, ...], ...] = tuple(
+    ("spec", "template", "spec", key) for key in ("nodeSelector", "affinity", "volumes")
+)
+
+
 def deployment(plan: DeploymentPlan, namespace: str, owner_uid: str) -> Obj:
     labels = {
         names.LABEL_ENDPOINT: plan.endpoint,
