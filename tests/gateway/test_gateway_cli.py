@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -111,3 +113,43 @@ def test_serve_check_validates_without_serving(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["--config", str(path), "--check"])
     assert result.exit_code == 2
     assert "spec.tokenizer_path" in result.output
+
+
+def _stream(url: str) -> bytes:
+    split = urlsplit(url)
+    conn = http.client.HTTPConnection(split.hostname, split.port, timeout=30)
+    try:
+        body = json.loads(BODY)
+        body["stream"] = True
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode())
+        return conn.getresponse().read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.e2e
+def test_sighup_during_the_graceful_stop_does_not_kill_the_gateway(tmp_path: Path) -> None:
+    """Regression: the SIGHUP handler was removed before the graceful stop, so a SIGHUP then
+    (a config reloader racing a rolling update) killed the process and cut the requests it
+    was finishing."""
+    with ThreadedGateway(None, ["a"]) as fleet:
+        backend = fleet.backends[0]
+        loop = fleet._loop
+        assert loop is not None
+        gate = asyncio.Event()
+        backend.gate = gate  # the stream stalls after its first chunk until released
+        doc = gateway_doc(fleet.backends)
+        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
+        path = tmp_path / "gateway.yaml"
+        _write(path, doc)
+        with GatewayProcess(path) as gw, ThreadPoolExecutor(1) as pool:
+            stream = pool.submit(_stream, gw.url)
+            _until(lambda: backend.stats.streams_started == 1)
+            gw.signal(signal.SIGTERM)  # stop: the stream in progress gets up to 5 s
+            time.sleep(0.3)
+            gw.signal(signal.SIGHUP)
+            time.sleep(0.3)
+            loop.call_soon_threadsafe(gate.set)
+            assert stream.result(20).endswith(b"data: [DONE]\n\n")
+            assert gw.proc is not None
+            assert gw.proc.wait(20) == 0

@@ -16,7 +16,8 @@ from warmfleet.gateway.health import HealthMonitor
 from warmfleet.gateway.state import VariantRuntime
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "tell me"}]}
-HEALTH = {"interval_s": 0.1, "timeout_s": 0.1, "unhealthy_threshold": 2, "healthy_threshold": 2}
+# Probes get a quarter second: on a loaded 2-core box a 0.1 s probe timeout fails healthy probes.
+HEALTH = {"interval_s": 0.25, "timeout_s": 0.25, "unhealthy_threshold": 2, "healthy_threshold": 2}
 
 
 async def _rounds_until(

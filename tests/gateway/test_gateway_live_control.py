@@ -251,3 +251,24 @@ async def test_tuning_prefix_affinity_live_keeps_the_learnt_cache_map() -> None:
             async with c.put(gw.url + VARIANT + "/routing", json=tuned, headers=AUTH) as r:
                 assert r.status == 200
             assert (await ask(8))[1] == "no_match"  # learnt by nobody in between
+
+
+async def test_reloaded_upstream_connection_limit_applies_to_the_next_requests() -> None:
+    """Regression: ``max_upstream_connections`` (and ``upstream_connect_timeout_s``) were read
+    once at start; a reload changed the config but not the pool."""
+    async with backends_running("a", chunks=2) as backends:
+        (a,) = backends
+        gate = asyncio.Event()
+        a.gate = gate
+        async with gateway_running(gateway_config(backends)) as gw:
+            gw.gateway.apply(gateway_config(backends, limits={"max_upstream_connections": 1}), "t")
+            async with aiohttp.ClientSession() as client:
+                tasks = [asyncio.create_task(_stream(client, gw.url, i)) for i in range(3)]
+                await wait_until(lambda: a.stats.streams_started == 1)
+                await asyncio.sleep(0.2)  # the others wait for the one connection
+                assert a.stats.streams_started == 1
+                gw.gateway.apply(gateway_config(backends), "t")  # unlimited again: all go
+                await wait_until(lambda: a.stats.streams_started == 3)
+                gate.set()
+                results = await asyncio.gather(*tasks)
+        assert [(status, events[-1]) for status, _, events in results] == [(200, "[DONE]")] * 3

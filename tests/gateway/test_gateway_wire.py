@@ -1,6 +1,7 @@
-"""The HTTP layer on raw sockets: ``wire.HttpServer`` (keep-alive, pipelining, 100-continue,
-chunked bodies, limits, malformed requests, cancellation, shutdown) and ``upstream.UpstreamPool``
-(reuse, connection limit, timeouts, broken connections, idle sweep)."""
+"""The HTTP layer on raw sockets: ``listener.HttpServer`` and ``wire.ServerConnection``
+(keep-alive, pipelining, 100-continue, chunked bodies, limits, malformed requests, cancellation,
+shutdown) and ``upstream.UpstreamPool`` (reuse, connection limit, timeouts, broken connections,
+idle sweep)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from gateway_support import MODEL, backends_running, gateway_config, gateway_running
 
 from warmfleet.gateway.errors import plain_error
+from warmfleet.gateway.listener import HttpServer
 from warmfleet.gateway.messages import Request, Response, ServerLimits
 from warmfleet.gateway.upstream import (
     Addr,
@@ -25,7 +27,6 @@ from warmfleet.gateway.upstream import (
     UpstreamPool,
     UpstreamTimeout,
 )
-from warmfleet.gateway.wire import HttpServer
 
 LIMIT = 64  # max_body_bytes of the servers below
 WAIT_S = 1.5  # liveness bound for a single read in these tests (never a timing assertion)

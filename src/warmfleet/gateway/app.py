@@ -12,12 +12,12 @@ from warmfleet.gateway.config import GatewayConfig
 from warmfleet.gateway.errors import plain_error
 from warmfleet.gateway.handlers import Handlers, add_public_routes
 from warmfleet.gateway.kv_events.service import KvEventService
+from warmfleet.gateway.listener import HttpServer
 from warmfleet.gateway.messages import ErrorFactory, Request, Response, ServerLimits
 from warmfleet.gateway.routes import Routes
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.state import RouterFactory, RouterLike
 from warmfleet.gateway.tokenizer import HfChatTokenizer
-from warmfleet.gateway.wire import HttpServer
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import Tokenizer
 from warmfleet.routing.router import Router

@@ -281,7 +281,8 @@ class Proxy:
         try:
             await ex.done  # the relay has answered the client by now
         except asyncio.CancelledError:
-            up.abort()  # the client left; the instance sees the disconnect
+            if up.exchange is ex:  # still ours (done: it may already serve another request)
+                up.abort()  # the client left; the instance sees the disconnect
             call.count("client_disconnect")
             raise
         except (UpstreamTimeout, UpstreamClosedError) as err:
@@ -294,8 +295,9 @@ class Proxy:
             raise _Retry(UpstreamError(f"instance {inst.instance_id!r} failed: {err}")) from err
         finally:
             conn.on_pause = None
+        # The instance is done: its load is released now, not when the client has read the
+        # answer (the server holds the connection's next request until then).
         call.count("client_disconnect" if conn.closed else str(ex.status))
-        await conn.drain()
         return None
 
     def _mid_stream_failure(self, call: _Attempt, relay: _Relay, err: Exception) -> None:

@@ -2,7 +2,7 @@
 
 Static paths are one dict lookup (the OpenAI routes are static); patterns are tried in the order
 they were added. A known path with another method gets 405, an unknown path 404, both as the
-OpenAI error envelope.
+OpenAI error envelope. HEAD is answered by the GET handler (the HTTP layer sends no body).
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ class Routes:
         if methods is None:
             return self._error(404, f"no route for {request.method} {request.path}")
         handler = methods.get(request.method)
+        if handler is None and request.method == "HEAD":
+            handler = methods.get("GET")
         if handler is None:
             return self._error(405, f"method {request.method} not allowed on {request.path}")
         return await handler(request)

@@ -178,6 +178,11 @@ class Gateway:
             )
         if self._models is not None:
             self._models.invalidate()
+        if self._pool is not None:
+            limits = merged.spec.limits
+            self._pool.set_limits(
+                limits.upstream_connect_timeout_s, limits.max_upstream_connections
+            )
         for listener in self.on_applied:
             listener(config)
 

@@ -77,26 +77,42 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 async def serve(config_path: Path, ready: Callable[[StartedApp], None] | None = None) -> None:
-    """Serve until SIGINT/SIGTERM; SIGHUP re-reads ``config_path`` (invalid: logged, old kept)."""
-    config = load_gateway_config(config_path)
-    app = create_app(config, config_path=config_path)
-    listen = config.spec.listen
-    started = await start_app(app, listen.host, listen.port)
+    """Serve until SIGINT/SIGTERM; SIGHUP re-reads ``config_path`` (invalid: logged, old kept).
+    The signal handlers are in place from the start to the end of the graceful stop: a SIGHUP
+    while starting is applied once started, one while stopping reloads (never kills)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: started.gateway.reload("sighup"))
-    tune_gc_for_serving()
-    log.info("warmfleet gateway listening on %s", started.url)
-    if ready is not None:
-        ready(started)
+    started: StartedApp | None = None
+    missed_reload = False
+
+    def on_sighup() -> None:
+        nonlocal missed_reload
+        if started is None:
+            missed_reload = True
+        else:
+            started.gateway.reload("sighup")
+
+    handlers = {signal.SIGINT: stop.set, signal.SIGTERM: stop.set, signal.SIGHUP: on_sighup}
+    for sig, handler in handlers.items():
+        loop.add_signal_handler(sig, handler)
     try:
-        await stop.wait()
+        config = load_gateway_config(config_path)
+        app = create_app(config, config_path=config_path)
+        listen = config.spec.listen
+        started = await start_app(app, listen.host, listen.port)
+        try:
+            if missed_reload:  # the file may have changed after it was read
+                started.gateway.reload("sighup")
+            tune_gc_for_serving()
+            log.info("warmfleet gateway listening on %s", started.url)
+            if ready is not None:
+                ready(started)
+            await stop.wait()
+        finally:
+            await started.stop()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in handlers:
             loop.remove_signal_handler(sig)
-        await started.stop()
 
 
 def run(config_path: Path, ready: Callable[[StartedApp], None] | None = None) -> None:

@@ -95,6 +95,9 @@ class Exchange:
         self.sink: Sink | None = None
 
 
+_BODYLESS = frozenset((204, 304))  # answers that never have a body (RFC 9110 6.4.1)
+
+
 def _fail(
     fut: asyncio.Future[object] | asyncio.Future[int] | asyncio.Future[bytes], err: BaseException
 ) -> None:
@@ -131,6 +134,8 @@ class UpstreamConnection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
             self._broken(UpstreamClosedError(f"malformed answer from {self.addr}: {err}"))
+        except httptools.HttpParserUpgrade:  # not an HttpParserError; never asked for
+            self._broken(UpstreamClosedError(f"unrequested protocol switch from {self.addr}"))
         if ex is not None and ex.sink is not None:
             ex.sink.flush()
 
@@ -165,9 +170,14 @@ class UpstreamConnection(asyncio.Protocol):
         ex = self.exchange
         if ex is None:
             return
-        ex.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if status < 200:  # interim (100 Continue, 103 Early Hints): the answer follows
+            ex.headers.clear()
+            return
+        ex.status = status
         ex.content_type = ex.headers.get("content-type", ex.content_type)
-        ex.chunked = "content-length" not in ex.headers
+        # 204 and 304 have no body whatever their headers say: relayed whole, not streamed
+        ex.chunked = "content-length" not in ex.headers and status not in _BODYLESS
         if ex.sink is not None:
             ex.sink.head(ex)
         if not ex.head.done():
@@ -183,7 +193,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         ex = self.exchange
-        if ex is None:
+        if ex is None or not ex.status:  # not an answer yet: an interim 1xx (or none at all)
             return
         self.exchange = None
         if ex.sink is not None:
@@ -273,6 +283,15 @@ class UpstreamPool:
         self._ticker: asyncio.TimerHandle | None = None
         self._tick_s = 0.0
         self._connecting = 0
+
+    def set_limits(self, connect_timeout_s: float, max_connections: int) -> None:
+        """New limits (a config reload) for the next connections and waiters."""
+        self.connect_timeout_s = connect_timeout_s
+        self.max_connections = max_connections
+        waiters, self._waiters = self._waiters, deque()
+        for waiter in waiters:  # each checks the new limit again (and waits again if over)
+            if not waiter.done():
+                waiter.set_result(None)
 
     def watch(self, timeout_s: float) -> None:
         """Make sure exchange timeouts are checked often enough for ``timeout_s`` (a quarter

@@ -6,9 +6,11 @@ stream readers, middlewares, a task and several futures per request) cost 4x the
 module on the same work (``docs/gateway.md`` has the measurements); that difference is what
 separates a Python gateway from the Rust routers. Everything a framework would otherwise give
 us that the gateway needs is here: keep-alive, pipelined requests answered in order,
-``Expect: 100-continue``, chunked request bodies, a body size limit (413), a deadline for
-slow senders (408), malformed requests (400), idle timeouts, cancellation of the handler when
-the client disconnects, back-pressure for streamed responses and a graceful shutdown.
+``Expect: 100-continue``, chunked request bodies, a body size limit (413), a head size limit
+(431), a deadline for slow senders (408), malformed requests (400), HEAD, idle timeouts,
+cancellation of the handler when the client disconnects, back-pressure (a client that does not
+read its answers is not given more, and is dropped after ``keepalive_timeout_s``) and a
+graceful shutdown.
 
 A handler gets a :class:`Request` whose body has been read in full and returns a
 :class:`Response`, or ``None`` after streaming its answer through ``request.conn``. The module
@@ -18,26 +20,26 @@ knows nothing of warmfleet: the error envelope comes from the ``error`` factory 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections import deque
 from collections.abc import Callable
 from time import monotonic
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from warmfleet.gateway.messages import (
-    ErrorFactory,
-    Handler,
-    Request,
-    Response,
-    ServerLimits,
-    head_bytes,
-)
+from warmfleet.gateway.messages import Request, Response, head_bytes
+
+if TYPE_CHECKING:
+    from warmfleet.gateway.listener import HttpServer
 
 log = logging.getLogger(__name__)
+# After an error answer the connection stops reading requests but keeps draining the client's
+# bytes this long (until the client closes): closing with unread input makes the kernel send
+# a reset, which can destroy the answer before the client has read it.
+LINGER_S = 2.0
+_BODYLESS = frozenset((204, 304))
 
 
 class ServerConnection(asyncio.Protocol):
@@ -64,6 +66,11 @@ class ServerConnection(asyncio.Protocol):
         self._chunked_out = False
         self._continue_due = False
         self._current: Request | None = None  # the request being answered
+        self._head_open = False  # the request being read has not finished its head yet
+        self._fed = 0  # bytes of that request counted so far (-1: it began in this read)
+        self._failure: tuple[int, str] | None = None  # rejected behind requests in progress
+        self._stalled_since = 0.0  # when the client stopped taking our bytes
+        self._close_by = 0.0  # closed: dropped at this time if the client has not gone yet
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -75,6 +82,8 @@ class ServerConnection(asyncio.Protocol):
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        if self._failure is not None:
+            return  # the parser has failed; the answers before the rejected request are due
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -85,6 +94,25 @@ class ServerConnection(asyncio.Protocol):
                 self._fail(cause.status, str(cause))
             else:
                 self._fail(400, f"malformed HTTP request: {err}")
+        else:
+            if self._reading:  # a request is still incomplete after this read
+                self._count_overhead(len(data))
+
+    def _count_overhead(self, size: int) -> None:
+        """Bound what a request sends beyond its body data: its head (llhttp has no limit, and
+        httptools copies a growing header value at every read: quadratic), chunk framing and
+        trailers. The read in which a request begins counts only its body bytes (part of it
+        may be the previous request's), so a limit is overrun by at most one read."""
+        fed = self._fed
+        fed = fed + size if fed >= 0 else self._size
+        self._fed = fed
+        extra = fed - self._size
+        limits = self.limits
+        if self._head_open:
+            if extra > limits.max_head_bytes:
+                self._fail(431, f"request head over the limit of {limits.max_head_bytes} bytes")
+        elif extra > limits.max_head_bytes + limits.max_body_bytes:
+            self._fail(431, "request head, chunk framing and trailers over the limit")
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002
         self.closed = True
@@ -98,6 +126,7 @@ class ServerConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self.writable is None or self.writable.done():
             self.writable = asyncio.get_running_loop().create_future()
+            self._stalled_since = monotonic()
         if self.on_pause is not None:
             self.on_pause(True)
 
@@ -116,6 +145,8 @@ class ServerConnection(asyncio.Protocol):
         self._body = []
         self._size = 0
         self._began = monotonic()
+        self._head_open = True
+        self._fed = -1
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -127,6 +158,7 @@ class ServerConnection(asyncio.Protocol):
         self._headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
+        self._head_open = False
         if self.parser.should_upgrade():
             raise _Reject(400, "protocol upgrades are not supported")
         declared = self._headers.get("content-length")
@@ -193,14 +225,27 @@ class ServerConnection(asyncio.Protocol):
                 self._task = None
                 return
             if response is not None:
-                self.write_response(response, request.keep_alive, request.http10)
+                head_only = request.method == "HEAD"
+                self.write_response(response, request.keep_alive, request.http10, head_only)
             if not request.keep_alive:
                 self.close()
                 self._task = None
                 return
+            writable = self.writable
+            if writable is not None and not writable.done():
+                # The client reads slower than it asks: its next request waits (else a client
+                # that pipelines without reading grows the write buffer without bound).
+                try:
+                    await writable
+                except (asyncio.CancelledError, ConnectionError):
+                    self._task = None
+                    return
             request = self._pending.popleft() if self._pending else None
         self._task = None
         self._idle_since = monotonic()
+        if self._failure is not None:  # a request rejected behind the ones just answered
+            self._fail(*self._failure)
+            return
         if self._reading:
             self._began = self._idle_since  # its clock starts once the connection is its own
         if self.transport is not None and not self.closed:
@@ -210,8 +255,13 @@ class ServerConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def write_response(
-        self, response: Response, keep_alive: bool = True, http10: bool = False
+        self,
+        response: Response,
+        keep_alive: bool = True,
+        http10: bool = False,
+        head_only: bool = False,
     ) -> None:
+        """``head_only``: the answer to a HEAD request (its length, not its body)."""
         if self.transport is None or self.closed:
             return
         body = response.body
@@ -219,8 +269,15 @@ class ServerConnection(asyncio.Protocol):
             connection = b"Connection: close\r\n"
         else:
             connection = b"Connection: keep-alive\r\n" if http10 else b""
-        tail = b"Content-Length: %d\r\n%s\r\n" % (len(body), connection)
-        head = head_bytes(response.status, response.content_type, response.headers, tail)
+        status = response.status
+        if status in _BODYLESS:  # no body and no length (RFC 9110 8.6, 15.4.5)
+            tail = connection + b"\r\n"
+            body = b""
+        else:
+            tail = b"Content-Length: %d\r\n%s\r\n" % (len(body), connection)
+            if head_only:
+                body = b""
+        head = head_bytes(status, response.content_type, response.headers, tail)
         self.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
             self.transport.write(body)
@@ -275,10 +332,16 @@ class ServerConnection(asyncio.Protocol):
         if self.writable is not None and not self.writable.done():
             await self.writable
 
+    @property
+    def busy(self) -> bool:
+        """A request is being answered (or waits for the client to take its answer)."""
+        return self._task is not None
+
     def close(self) -> None:
         if self.transport is not None and not self.closed:
             self.closed = True
-            self.transport.close()
+            self._close_by = monotonic() + self.limits.keepalive_timeout_s
+            self.transport.close()  # flushes first: connection_lost once the client has read
 
     # ---- timeouts and rejections ---------------------------------------------------------
 
@@ -287,6 +350,16 @@ class ServerConnection(asyncio.Protocol):
         ``keepalive_timeout_s`` idle. (One ticker for all connections: a timer per request
         costs the gateway ~10 % of its CPU.)"""
         limits = self.limits
+        if self.closed:  # still flushing to, or draining, a client that has not gone
+            if now >= self._close_by and self.transport is not None:
+                self.transport.abort()
+            return
+        if self.writable is not None and not self.writable.done():
+            # An answer waits for a client that reads nothing: it may be gone for good
+            # without a FIN; drop it rather than hold its buffer forever.
+            if now - self._stalled_since >= limits.keepalive_timeout_s and self.transport:
+                self.transport.abort()
+            return
         if self._reading:
             # While an earlier pipelined request is answered, the next one's clock waits (a 408
             # now would close the connection under the answer in progress).
@@ -297,10 +370,34 @@ class ServerConnection(asyncio.Protocol):
 
     def _fail(self, status: int, message: str) -> None:
         """Answer a request the parser or a limit rejected, then close: the rest of the
-        connection's bytes can no longer be framed."""
-        if self._task is None and not self.closed:
-            self.write_response(self.server.error(status, message), keep_alive=False)
-        self.close()
+        connection's bytes can no longer be framed. Requests received before it are answered
+        first (in order), so this waits while one is in progress."""
+        if self.closed:
+            return
+        if self._task is not None:
+            if self._failure is None:
+                self._failure = (status, message)
+            if self.transport is not None:
+                self.transport.pause_reading()
+            return
+        self.write_response(self.server.error(status, message), keep_alive=False)
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close after an error answer without losing it (``LINGER_S``): send FIN after the
+        answer, discard what the client still sends, close when it closes or the time is up."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        if not transport.can_write_eof():
+            self.close()
+            return
+        self.closed = True
+        self._close_by = monotonic() + LINGER_S
+        if self._failure is None:
+            self._failure = (0, "")  # data_received discards from now on
+        transport.write_eof()
+        transport.resume_reading()
 
 
 class _Reject(Exception):
@@ -312,61 +409,3 @@ class _Reject(Exception):
 def _too_large(limit: int, declared: int | None) -> _Reject:
     what = f"request body of {declared} bytes" if declared is not None else "request body"
     return _Reject(413, f"{what} exceeds the limit of {limit} bytes")
-
-
-class HttpServer:
-    """Listening sockets and their connections; ``handler`` answers every request."""
-
-    def __init__(self, handler: Handler, limits: ServerLimits, error: ErrorFactory) -> None:
-        self.handler = handler
-        self.limits = limits
-        self.error = error
-        self.connections: set[ServerConnection] = set()
-        self._server: asyncio.AbstractServer | None = None
-        self._ticker: asyncio.TimerHandle | None = None
-
-    @property
-    def tick_s(self) -> float:
-        """Timeouts are checked every tick: they fire up to a quarter of their value late."""
-        limits = self.limits
-        return max(0.01, min(1.0, limits.body_read_timeout_s / 4, limits.keepalive_timeout_s / 4))
-
-    def set_limits(self, max_body_bytes: int, body_read_timeout_s: float) -> None:
-        """New limits for the next requests of every connection (a config reload)."""
-        self.limits.max_body_bytes = max_body_bytes
-        self.limits.body_read_timeout_s = body_read_timeout_s
-
-    async def start(self, host: str, port: int, backlog: int = 1024) -> int:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: ServerConnection(self), host, port, backlog=backlog, reuse_address=True
-        )
-        sock: Any = self._server.sockets[0]
-        self._ticker = loop.call_later(self.tick_s, self._tick)
-        return int(sock.getsockname()[1])
-
-    def _tick(self) -> None:
-        now = monotonic()
-        for conn in list(self.connections):
-            if not conn.closed:
-                conn.check_timers(now)
-        self._ticker = asyncio.get_running_loop().call_later(self.tick_s, self._tick)
-
-    async def stop(self, grace_s: float = 5.0) -> None:
-        """Stop accepting, let requests in progress finish (up to ``grace_s``), then close."""
-        if self._ticker is not None:
-            self._ticker.cancel()
-            self._ticker = None
-        if self._server is not None:
-            self._server.close()
-        deadline = monotonic() + grace_s
-        while any(c._task is not None for c in self.connections) and monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        for conn in list(self.connections):
-            if conn.transport is not None:
-                conn.transport.abort() if conn._task is not None else conn.close()
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), timeout=grace_s)
-            self._server = None
-        await asyncio.sleep(0)

@@ -1,0 +1,70 @@
+"""The gateway's listening side: sockets, the one timeout ticker for every connection, and the
+graceful stop. Each connection is a ``wire.ServerConnection``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from time import monotonic
+from typing import Any
+
+from warmfleet.gateway.messages import ErrorFactory, Handler, ServerLimits
+from warmfleet.gateway.wire import ServerConnection
+
+
+class HttpServer:
+    """Listening sockets and their connections; ``handler`` answers every request."""
+
+    def __init__(self, handler: Handler, limits: ServerLimits, error: ErrorFactory) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.error = error
+        self.connections: set[ServerConnection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._ticker: asyncio.TimerHandle | None = None
+
+    @property
+    def tick_s(self) -> float:
+        """Timeouts are checked every tick: they fire up to a quarter of their value late."""
+        limits = self.limits
+        return max(0.01, min(1.0, limits.body_read_timeout_s / 4, limits.keepalive_timeout_s / 4))
+
+    def set_limits(self, max_body_bytes: int, body_read_timeout_s: float) -> None:
+        """New limits for the next requests of every connection (a config reload)."""
+        self.limits.max_body_bytes = max_body_bytes
+        self.limits.body_read_timeout_s = body_read_timeout_s
+
+    async def start(self, host: str, port: int, backlog: int = 1024) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: ServerConnection(self), host, port, backlog=backlog, reuse_address=True
+        )
+        sock: Any = self._server.sockets[0]
+        self._ticker = loop.call_later(self.tick_s, self._tick)
+        return int(sock.getsockname()[1])
+
+    def _tick(self) -> None:
+        now = monotonic()
+        for conn in list(self.connections):
+            conn.check_timers(now)
+        self._ticker = asyncio.get_running_loop().call_later(self.tick_s, self._tick)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, let requests in progress finish (up to ``grace_s``), then close."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        if self._server is not None:
+            self._server.close()
+        deadline = monotonic() + grace_s
+        while any(c.busy for c in self.connections) and monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                busy = conn.busy or conn.closed  # closed: flushing or lingering
+                conn.transport.abort() if busy else conn.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), timeout=grace_s)
+            self._server = None
+        await asyncio.sleep(0)
