@@ -90,6 +90,7 @@ async def test_admin_api_auth_validation_and_reads() -> None:
         async with gateway_running(gateway_config(backends, admin_token=TOKEN)) as gw:
             async with client.get(gw.url + "/admin/v1/endpoints") as r:
                 assert r.status == 401
+                assert r.headers["WWW-Authenticate"].startswith("Bearer ")
                 assert (await r.json())["error"]["type"] == "authentication_error"
             bad = {"Authorization": "Bearer wrong-token-wrong-token"}
             async with client.get(gw.url + "/admin/v1/endpoints", headers=bad) as r:

@@ -21,6 +21,7 @@ from test_gateway_wire import (
     echo,
     get,
     pool_for,
+    post,
     read_answer,
     read_to_eof,
     read_until_closed,
@@ -127,6 +128,47 @@ async def test_oversized_chunked_trailer_is_431_and_closes() -> None:
             await writer.drain()
         assert_envelope(await read_answer(reader), 431)
         assert await read_to_eof(reader) == b""
+
+
+async def _headers(request: Request) -> Response:
+    return Response(200, json.dumps(request.headers, sort_keys=True).encode())
+
+
+async def test_chunked_trailers_never_become_request_headers() -> None:
+    """Regression: trailers were merged into the headers, so a trailer could pick the variant
+    (``x-warmfleet-variant``) or carry ``authorization`` past what a proxy in front checked."""
+    async with serving(_headers) as (_, port), client(port) as (reader, writer):
+        writer.write(b"POST /t HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(b"3\r\nabc\r\n0\r\nAuthorization: Bearer x\r\nX-Warmfleet-Variant: v2\r\n\r\n")
+        seen = json.loads((await read_answer(reader)).body)
+        assert "authorization" not in seen
+        assert "x-warmfleet-variant" not in seen
+        assert seen["transfer-encoding"] == "chunked"
+
+
+@pytest.mark.parametrize("coding", ["gzip, chunked", "deflate,chunked"])
+async def test_a_transfer_coding_besides_chunked_is_refused(coding: str) -> None:
+    """Regression: ``gzip, chunked`` was de-chunked and the still-gzipped bytes handed on as
+    the body; the gateway decodes only chunked."""
+    async with serving() as (_, port), client(port) as (reader, writer):
+        writer.write(
+            b"POST /t HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: %s\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+            % coding.encode()
+        )
+        answer = await read_answer(reader)
+        assert_envelope(answer, 400)
+        assert "transfer coding" in json.loads(answer.body)["error"]["message"]
+
+
+async def test_wrong_method_405_names_the_allowed_ones() -> None:
+    routes = Routes(plain_error)
+    routes.add("GET", "/health", echo)
+    routes.add("POST", "/v1/x", echo)
+    async with serving(routes.dispatch) as (_, port), client(port) as (reader, writer):
+        writer.write(post("/health", b"{}") + get("/v1/x"))
+        first, second = await read_answer(reader), await read_answer(reader)
+        assert (first.status, first.headers["allow"]) == (405, "GET, HEAD")
+        assert (second.status, second.headers["allow"]) == (405, "POST")
 
 
 # ---- a bad request pipelined behind good ones --------------------------------------------------

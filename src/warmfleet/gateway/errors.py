@@ -80,6 +80,8 @@ def error_response(
     status, kind = status_and_type(err)
     param = err.param if isinstance(err, BadRequestError) else None
     headers = {INSTANCE_HEADER: instance, REASON_HEADER: reason}
+    if status == 401:  # RFC 9110 11.6.1: a 401 names the scheme it wants
+        headers["WWW-Authenticate"] = 'Bearer realm="warmfleet-admin"'
     if extra_headers:
         headers.update(extra_headers)
     return Response(status, error_body(str(err), kind, param, status), headers=headers)

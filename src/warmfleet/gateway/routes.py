@@ -1,8 +1,9 @@
 """Request dispatch: method + path -> handler, with ``{name}`` path parameters.
 
 Static paths are one dict lookup (the OpenAI routes are static); patterns are tried in the order
-they were added. A known path with another method gets 405, an unknown path 404, both as the
-OpenAI error envelope. HEAD is answered by the GET handler (the HTTP layer sends no body).
+they were added. A known path with another method gets 405 (with an ``Allow`` header), an
+unknown path 404, both as the OpenAI error envelope. HEAD is answered by the GET handler (the
+HTTP layer sends no body).
 """
 
 from __future__ import annotations
@@ -47,5 +48,8 @@ class Routes:
         if handler is None and request.method == "HEAD":
             handler = methods.get("GET")
         if handler is None:
-            return self._error(405, f"method {request.method} not allowed on {request.path}")
+            answer = self._error(405, f"method {request.method} not allowed on {request.path}")
+            allowed = sorted({*methods, "HEAD"} if "GET" in methods else methods)
+            answer.headers = {**(answer.headers or {}), "Allow": ", ".join(allowed)}
+            return answer
         return await handler(request)

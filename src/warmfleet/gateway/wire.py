@@ -152,6 +152,8 @@ class ServerConnection(asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._head_open:  # a chunked body's trailer: never a header of the request
+            return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self._headers.get(key)
@@ -161,6 +163,10 @@ class ServerConnection(asyncio.Protocol):
         self._head_open = False
         if self.parser.should_upgrade():
             raise _Reject(400, "protocol upgrades are not supported")
+        coding = self._headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            # e.g. "gzip, chunked": the body would be relayed still encoded (RFC 9112 6.1)
+            raise _Reject(400, f"transfer coding {coding!r} is not supported (only chunked)")
         declared = self._headers.get("content-length")
         if (
             declared is not None
