@@ -248,3 +248,37 @@ async def test_a_cancelled_download_holds_no_reservation_and_recovers_as_pending
         m.recover()
         (rec,) = m.records()
         assert (rec.state, rec.reason) == (ArtifactState.PENDING, "")
+
+
+async def test_gc_keeps_a_held_partial_download_for_its_resume(origin, tmp_path):
+    """A transient failure leaves staged chunks; while the artifact is still held (the agent's
+    ``config:``/``fleet:`` holder) GC, even ``gc --all``, keeps them and the next prefetch
+    resumes; once nobody holds it, GC drops the record and its staged data."""
+    org, url = origin
+    data = os.urandom(MB)  # 4 chunks of 256 KiB: the third GET fails
+    org.put("w.bin", Blob(data=data, faults=["", "", "error"]))
+    async with manager_for(tmp_path, concurrency=1, max_attempts=1) as m:
+        with pytest.raises(TransientSourceError):
+            await m.prefetch(f"{url}/files/w.bin", name="w", holder="config:w")
+        (rec,) = m.records()
+        staged = m.store.staged_bytes(rec.key)
+        assert staged > 0
+        m.gc()  # the node agent's reconcile
+        m.gc(evict_all_unreferenced=True)  # a fleet tick
+        (kept,) = m.records()
+        assert (kept.state, kept.refs) == (ArtifactState.FAILED, {"config:w"})
+        assert m.store.staged_bytes(rec.key) == staged
+        served = org.bytes_served
+        again = await m.prefetch(f"{url}/files/w.bin", name="w", holder="config:w")
+        assert again.key == rec.key
+        assert org.bytes_served - served == MB // 2  # only the two missing chunks
+        assert (tmp_path / "objects" / rec.key / "w.bin").read_bytes() == data
+
+        org.put("x.bin", Blob(data=os.urandom(MB), faults=["", "error"]))
+        with pytest.raises(TransientSourceError):
+            await m.prefetch(f"{url}/files/x.bin", name="x", holder="config:x")
+        failed = next(r for r in m.records() if r.name == "x")
+        m.drop_ref(failed.key, "config:x")  # no longer configured
+        m.gc()
+        assert [r.name for r in m.records()] == ["w"]
+        assert not m.store.staging_dir(failed.key).exists()

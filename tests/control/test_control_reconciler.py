@@ -128,6 +128,30 @@ def test_rollover_order_and_zero_downtime() -> None:
     assert all(old_cache not in n.weights for n in world.nodes.values())
 
 
+def test_available_counts_serving_replicas_of_every_revision_during_a_rollover() -> None:
+    """Like a Deployment's ``Available`` (minimum availability): the old revision's ready
+    replicas keep the endpoint available while the new one is gated and rolled out; the
+    phase and ``readyReplicas`` (the current revision's) still show the rollover's progress."""
+    world = World(nodes(3))
+    world.put_endpoint(endpoint("e"))
+    end = run(world)
+    world.put_endpoint(endpoint("e", spec(revision="v2")))
+    seen: list[tuple[EndpointPhase, int, str]] = []
+
+    def check(w: World, _actions: object) -> None:
+        status = w.endpoints["e"].status
+        assert status is not None
+        available = next(c for c in status.conditions if c.type == "Available")
+        seen.append((status.phase, status.ready_replicas, available.status))
+
+    run(world, start_s=end, on_plan=check)
+    assert all(avail == "True" for _, _, avail in seen), seen
+    phases = {phase for phase, _, _ in seen}
+    assert {EndpointPhase.GATED, EndpointPhase.ROLLING} <= phases
+    assert any(ready < 2 for phase, ready, _ in seen if phase != EndpointPhase.READY)
+    assert seen[-1][:2] == (EndpointPhase.READY, 2)
+
+
 def test_shared_image_cache_refcount() -> None:
     world = World(nodes(2))
     world.put_endpoint(endpoint("a", spec(uri="s3://a")))

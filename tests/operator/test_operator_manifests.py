@@ -20,7 +20,7 @@ from warmfleet.control.resources import InferenceEndpoint, wire
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.inference_endpoints import derive_endpoints
 from warmfleet.operator import render
-from warmfleet.operator.manifests import Values, agent_objects, rendered_files
+from warmfleet.operator.manifests import Values, agent_objects, gateway_objects, rendered_files
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S_VERSION = "1.37.0"
@@ -198,3 +198,20 @@ def test_runtime_objects_and_statuses_validate() -> None:
     for image in world.image_caches.values():
         assert image.status is not None
         crd_validate("ImageCache", {"spec": wire(image.spec), "status": wire(image.status)})
+
+
+def test_gateway_liveness_probes_health_and_readiness_stays_tcp() -> None:
+    """A wedged event loop is restarted (/health answers from it); readiness does not use
+    /ready, which fails while any endpoint lacks a healthy engine (every gateway pod would
+    leave the Service at once)."""
+    deployment = next(o for o in gateway_objects(Values()) if o["kind"] == "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "http", "containerPort": 8080} in container["ports"]
+    assert container["livenessProbe"] == {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": 10,
+        "failureThreshold": 3,
+        "timeoutSeconds": 2,
+    }
+    assert container["readinessProbe"] == {"tcpSocket": {"port": "http"}}
+    k8s_validate(deployment)

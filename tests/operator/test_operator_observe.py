@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
+
+import pytest
 
 from warmfleet.control.observed import NodeCacheState
 from warmfleet.operator import render
-from warmfleet.operator.observe import Snapshot, observed_state
+from warmfleet.operator.observe import ANN_AUTOSCALED, Snapshot, desired_endpoints, observed_state
 
 
 def _node(name: str, annotations: dict[str, str]) -> dict[str, Any]:
@@ -31,3 +34,29 @@ def test_unreadable_node_annotations_count_as_not_reported() -> None:
     assert by_name["n1"].weights["a"].state == NodeCacheState.READY
     assert by_name["n2"].weights == {}
     assert by_name["n3"].assigned == frozenset({"a"})
+
+
+def _endpoint(name: str, autoscaled: str) -> dict[str, Any]:
+    spec = {
+        "modelSource": {"uri": "s3://models/m", "revision": "v1"},
+        "image": "vllm/vllm-openai:v0.9",
+        "variants": [{"name": "main", "replicas": 2}],
+    }
+    meta = {"name": name, "annotations": {ANN_AUTOSCALED: autoscaled}}
+    return {"metadata": meta, "spec": spec}
+
+
+def test_an_unreadable_autoscaled_annotation_counts_as_absent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bad = ["{oops", "[3]", json.dumps({"main": "x"}), json.dumps({"main": [1]})]
+    endpoints = [_endpoint(f"bad{i}", raw) for i, raw in enumerate(bad)]
+    endpoints.append(_endpoint("good", json.dumps({"main": 5})))
+    with caplog.at_level(logging.WARNING, logger="warmfleet.operator.observe"):
+        desired = desired_endpoints(Snapshot(endpoints, [], [], [], [], [], []))
+    by_name = {e.name: e for e in desired}
+    assert set(by_name) == {"bad0", "bad1", "bad2", "bad3", "good"}
+    assert all(by_name[f"bad{i}"].autoscaled_replicas == {} for i in range(len(bad)))
+    assert by_name["good"].autoscaled_replicas == {"main": 5}
+    warned = [r.getMessage() for r in caplog.records if ANN_AUTOSCALED in r.getMessage()]
+    assert len(warned) == len(bad)

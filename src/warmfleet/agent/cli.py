@@ -247,7 +247,10 @@ def gc(
         return manager.gc(evict_all_unreferenced=evict_all)
 
     plan = _run(lambda: _with_manager(spec, go))
-    Console().print(f"evicted {len(plan.evict)} artifacts, {plan.freed_bytes} bytes")
+    Console().print(
+        f"evicted {len(plan.evict)} artifacts, dropped {len(plan.discard)} failed downloads, "
+        f"{plan.freed_bytes} bytes"
+    )
 
 
 @cache_app.command()

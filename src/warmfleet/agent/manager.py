@@ -26,11 +26,16 @@ from warmfleet.cache.state import ArtifactRecord, ArtifactState
 from warmfleet.cache.transfer import RateMeter, TokenBucket
 from warmfleet.cache.uri import parse_uri
 from warmfleet.core.clock import Clock, MonotonicClock
-from warmfleet.core.errors import IntegrityError, NotFoundError, WarmfleetError
+from warmfleet.core.errors import CacheError, IntegrityError, NotFoundError, WarmfleetError
 
 IN_PROGRESS = frozenset({ArtifactState.PENDING, ArtifactState.DOWNLOADING, ArtifactState.VERIFYING})
 LOCK_POLL_S = 0.2
 CANCELLED = "cancelled (staged data kept)"
+
+
+class DownloadLockTimeoutError(CacheError):
+    """Another process held an artifact's download lock longer than
+    ``download.lock_wait_timeout_s`` (a hung holder); the caller may try again later."""
 
 
 class CacheManager:
@@ -84,10 +89,18 @@ class CacheManager:
         done = self._admit(manifest, name, holder, pin)
         if done is not None:
             return done
+        timeout_s = self.spec.download.lock_wait_timeout_s
+        deadline_s = self._mono.now_s() + timeout_s
         while True:
             with self.store.download_lock(key, blocking=False) as got:
                 if got:
-                    return await self._fill(manifest, name, holder)
+                    return await self._fill(manifest, name, holder, pin)
+            if self._mono.now_s() >= deadline_s:
+                raise DownloadLockTimeoutError(
+                    f"artifact {name} ({key[:16]}): another process has held its download "
+                    f"lock for more than {timeout_s:g} s (download.lock_wait_timeout_s); "
+                    f"gave up waiting"
+                )
             await asyncio.sleep(LOCK_POLL_S)  # another process is downloading this key
             rec = self.store.read_index().get(key)
             if rec is not None and rec.state == ArtifactState.READY:
@@ -106,8 +119,10 @@ class CacheManager:
                         self._roll_over(idx, key, name, holder)
                     return idx.get(key)
                 idx.set_state(key, ArtifactState.FAILED, "published directory vanished")
+            records, staged = self.store.planning_view(idx)
             plan = plan_admission(
-                idx,
+                records,
+                staged_bytes=staged,
                 key=key,
                 name=name,
                 size_bytes=manifest.size_bytes,
@@ -163,6 +178,9 @@ class CacheManager:
             idx.remove(rec.key)
             self.metrics.evictions.inc()
             self.metrics.evicted_bytes.inc(rec.size_bytes)
+        for key in plan.discard:  # failed downloads: their staged data goes with the record
+            self.store.discard_staging(key)
+            idx.remove(key)
 
     def _set_state(self, key: str, state: ArtifactState, reason: str = "") -> None:
         with self.store.index_txn() as idx:
@@ -175,14 +193,16 @@ class CacheManager:
             if state in (ArtifactState.READY, ArtifactState.FAILED):
                 live.finished_at = self._wall.now_s()
 
-    async def _fill(self, manifest: Manifest, name: str, holder: str | None) -> ArtifactRecord:
+    async def _fill(
+        self, manifest: Manifest, name: str, holder: str | None, pin: bool
+    ) -> ArtifactRecord:
         key = manifest.key()
         rec = self.store.read_index().get(key)
         if rec is not None and rec.state == ArtifactState.READY and self.store.is_published(key):
             return self._settle(key, name, holder)  # another process filled it meanwhile
         if rec is None or rec.state == ArtifactState.FAILED:
             # another process failed (or GC dropped its record) while we waited for the lock
-            done = self._admit(manifest, name, holder, pin=False)
+            done = self._admit(manifest, name, holder, pin)
             if done is not None:
                 return done
         status = ArtifactStatus(
@@ -329,19 +349,19 @@ class CacheManager:
             return idx.drop_ref(idx.resolve(key_or_name).key, holder)
 
     def gc(self, *, evict_all_unreferenced: bool = False) -> EvictionPlan:
-        """Watermark GC (or everything evictable), plus failed leftovers not being retried."""
+        """Watermark GC (or everything evictable). Failed downloads nobody holds or pins are
+        dropped with their staged data; wanted ones keep it for a resume unless space is
+        needed (``cache.capacity.plan_gc``). One another process is retrying is left alone."""
         with self.store.index_txn() as idx:
+            records, staged = self.store.planning_view(idx)
             plan = plan_gc(
-                idx,
+                records,
                 disk_free_bytes=self._free_bytes(),
                 policy=self.policy,
                 evict_all_unreferenced=evict_all_unreferenced,
+                staged_bytes=staged,
             )
             self._evict(idx, plan)
-            for rec in list(idx):
-                if rec.state == ArtifactState.FAILED and not self.store.is_locked(rec.key):
-                    self.store.discard_staging(rec.key)
-                    idx.remove(rec.key)
             self._update_gauges(idx)
         return plan
 
@@ -349,7 +369,7 @@ class CacheManager:
         """Cheap (sizes + markers) or full (re-hash) check; failures are unpublished."""
         with self.store.index_txn() as idx:
             wanted = keys or [r.key for r in idx if r.state == ArtifactState.READY]
-            self._adopt_orphans(idx)
+            self.store.adopt_orphans(idx, self._wall.now_s())
         results = []
         for key in wanted:
             res = await asyncio.to_thread(self.store.verify_published, key, full=full)
@@ -358,29 +378,6 @@ class CacheManager:
                 self._set_state(key, ArtifactState.FAILED, f"verification failed: {res.reason}")
             results.append(res)
         return results
-
-    def _adopt_orphans(self, idx: CacheIndex) -> None:
-        """Published directories the index lost (crash between rename and index write)."""
-        for key in self.store.published_keys():
-            if key in idx:
-                continue
-            res = self.store.verify_published(key, full=False)
-            if not res.ok:
-                self.store.delete_object(key)
-                continue
-            manifest = Manifest.from_json(self.store.read_marker(key)["manifest"])
-            now = self._wall.now_s()
-            idx.put(
-                ArtifactRecord(
-                    key,
-                    parse_uri(manifest.uri).default_name(),
-                    manifest.uri,
-                    manifest.size_bytes,
-                    ArtifactState.READY,
-                    created_s=now,
-                    last_used_s=now,
-                )
-            )
 
     def recover(self) -> None:
         """After a restart: downloads nobody holds a lock for (or that were cancelled by a

@@ -28,6 +28,8 @@ from warmfleet.agent.digests import check_file
 from warmfleet.agent.downloader import atomic_write_json
 from warmfleet.cache.index import CacheIndex
 from warmfleet.cache.manifest import Manifest
+from warmfleet.cache.state import ArtifactRecord, ArtifactState
+from warmfleet.cache.uri import parse_uri
 from warmfleet.core.errors import CacheError, IntegrityError
 
 MARKER = ".warmfleet-complete.json"
@@ -211,6 +213,41 @@ class Store:
         if not staging.exists():
             return 0
         return sum(p.stat().st_blocks * 512 for p in staging.rglob("*") if p.is_file())
+
+    def planning_view(self, idx: CacheIndex) -> tuple[list[ArtifactRecord], dict[str, int]]:
+        """The records the capacity planners may act on, and what failed downloads staged. A
+        failed download whose lock another process holds (it is about to retry) is left out."""
+        records: list[ArtifactRecord] = []
+        staged: dict[str, int] = {}
+        for rec in idx:
+            if rec.state == ArtifactState.FAILED:
+                if self.is_locked(rec.key):
+                    continue
+                staged[rec.key] = self.staged_bytes(rec.key)
+            records.append(rec)
+        return records, staged
+
+    def adopt_orphans(self, idx: CacheIndex, now_s: float) -> None:
+        """Index the published directories the index lost (crash between rename and index
+        write); a directory that fails the cheap check is deleted."""
+        for key in self.published_keys():
+            if key in idx:
+                continue
+            if not self.verify_published(key, full=False).ok:
+                self.delete_object(key)
+                continue
+            manifest = Manifest.from_json(self.read_marker(key)["manifest"])
+            idx.put(
+                ArtifactRecord(
+                    key,
+                    parse_uri(manifest.uri).default_name(),
+                    manifest.uri,
+                    manifest.size_bytes,
+                    ArtifactState.READY,
+                    created_s=now_s,
+                    last_used_s=now_s,
+                )
+            )
 
     def free_bytes(self) -> int:
         st = os.statvfs(self.root)

@@ -7,11 +7,19 @@ times. Artifacts that are pinned, referenced, or not yet ready (pending / downlo
 verifying: their space is reserved) are never evicted. Among the rest, least recently used
 goes first. During an update the old version is still referenced, so the new one must fit next
 to it: the "old + new" rule falls out of the refcounts.
+
+Failed downloads hold no reservation, but what they staged is on disk and counts as used
+(callers pass ``staged_bytes``). A failed artifact that is still wanted (referenced or pinned)
+keeps its staged data for a resume; it is reclaimed only when space is needed, after every
+evictable ready artifact and only as much as needed to get under the high watermark (and
+above the reserve): the hysteresis down to the low watermark applies to ready artifacts. A
+failed artifact nobody wants is garbage: GC always drops it, and admission reclaims its data
+first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from warmfleet.cache.state import ArtifactRecord, ArtifactState
@@ -47,17 +55,18 @@ class CapacityPolicy:
 
 @dataclass(frozen=True, slots=True)
 class EvictionPlan:
-    evict: tuple[str, ...]
-    freed_bytes: int
+    evict: tuple[str, ...]  # ready artifacts to delete
+    freed_bytes: int  # evicted sizes plus the staged bytes of the discarded
     used_after_bytes: int  # cache usage after the evictions (and the admission, if any)
+    discard: tuple[str, ...] = ()  # failed artifacts whose record and staged data go
 
     @property
     def empty(self) -> bool:
-        return not self.evict
+        return not self.evict and not self.discard
 
 
 def occupied_bytes(records: Iterable[ArtifactRecord]) -> int:
-    """Bytes the cache holds or has reserved (failed artifacts hold nothing)."""
+    """Bytes the cache holds or has reserved (failed artifacts reserve nothing)."""
     return sum(r.size_bytes for r in records if r.state != ArtifactState.FAILED)
 
 
@@ -65,15 +74,73 @@ def lru_candidates(records: Iterable[ArtifactRecord]) -> list[ArtifactRecord]:
     return sorted((r for r in records if r.evictable), key=lambda r: (r.last_used_s, r.key))
 
 
-def _take(candidates: list[ArtifactRecord], target_bytes: int) -> tuple[list[str], int]:
+def resumable(record: ArtifactRecord) -> bool:
+    """A failed artifact whose staged data is kept for a resume while there is room."""
+    return record.state == ArtifactState.FAILED and (bool(record.refs) or record.pinned)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reclaimable:
+    """What may be freed, in the order it goes: garbage, evictable ready LRU, partials LRU."""
+
+    garbage: list[tuple[str, int]]  # failed, nobody wants it: (key, staged bytes)
+    ready: list[tuple[str, int]]  # evictable ready artifacts: (key, size)
+    partials: list[tuple[str, int]]  # failed but wanted, with staged data: (key, staged bytes)
+
+    @property
+    def staged_bytes(self) -> int:
+        return sum(b for _, b in self.garbage) + sum(b for _, b in self.partials)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.staged_bytes + sum(b for _, b in self.ready)
+
+
+def _reclaimable(
+    recs: list[ArtifactRecord], staged_bytes: Mapping[str, int], skip_key: str | None = None
+) -> _Reclaimable:
+    failed = sorted(
+        (r for r in recs if r.state == ArtifactState.FAILED and r.key != skip_key),
+        key=lambda r: (r.last_used_s, r.key),
+    )
+    return _Reclaimable(
+        garbage=[(r.key, staged_bytes.get(r.key, 0)) for r in failed if not resumable(r)],
+        ready=[(r.key, r.size_bytes) for r in lru_candidates(recs)],
+        partials=[
+            (r.key, staged_bytes[r.key]) for r in failed if resumable(r) and staged_bytes.get(r.key)
+        ],
+    )
+
+
+def _take(candidates: list[tuple[str, int]], target_bytes: int) -> tuple[list[str], int]:
     chosen: list[str] = []
     freed = 0
-    for rec in candidates:
+    for key, size_bytes in candidates:
         if freed >= target_bytes:
             break
-        chosen.append(rec.key)
-        freed += rec.size_bytes
+        chosen.append(key)
+        freed += size_bytes
     return chosen, freed
+
+
+def _plan(
+    pool: _Reclaimable,
+    need_bytes: int,
+    target_bytes: int,
+    used_bytes: int,
+    *,
+    all_garbage: bool = False,
+    all_ready: bool = False,
+) -> EvictionPlan:
+    """Free ``target_bytes`` (hysteresis included) from garbage and ready artifacts, in the
+    pool's order, and wanted partial data only for what is still missing of ``need_bytes``
+    (``all_*``: that whole group goes)."""
+    garbage, freed_garbage = _take(pool.garbage, 1 << 62 if all_garbage else target_bytes)
+    ready_target = 1 << 62 if all_ready else target_bytes - freed_garbage
+    ready, freed_ready = _take(pool.ready, ready_target)
+    partials, freed_partials = _take(pool.partials, need_bytes - freed_garbage - freed_ready)
+    freed = freed_garbage + freed_ready + freed_partials
+    return EvictionPlan(tuple(ready), freed, used_bytes - freed, tuple(garbage + partials))
 
 
 def plan_admission(
@@ -84,14 +151,16 @@ def plan_admission(
     size_bytes: int,
     disk_free_bytes: int,
     policy: CapacityPolicy,
+    staged_bytes: Mapping[str, int] | None = None,
 ) -> EvictionPlan:
     """Plan the evictions needed to admit ``size_bytes`` more, or raise naming the shortfall.
 
     ``disk_free_bytes`` is the file system's free space minus what in-flight downloads still
-    have to write.
+    have to write; ``staged_bytes`` what failed downloads staged (key -> bytes on disk).
     """
     recs = list(records)
-    used = occupied_bytes(recs)
+    pool = _reclaimable(recs, staged_bytes or {}, skip_key=key)
+    used = occupied_bytes(recs) + pool.staged_bytes
     existing = {r.key: r for r in recs}.get(key)
     if existing is not None and existing.state != ArtifactState.FAILED:
         return EvictionPlan((), 0, used)
@@ -100,8 +169,7 @@ def plan_admission(
     need = max(need_budget, need_disk, 0)
     if need == 0:
         return EvictionPlan((), 0, used + size_bytes)
-    candidates = lru_candidates(recs)
-    evictable = sum(r.size_bytes for r in candidates)
+    evictable = pool.total_bytes
     if evictable < need:
         shortfall = need - evictable
         raise InsufficientCapacityError(
@@ -114,8 +182,7 @@ def plan_admission(
         )
     # Hysteresis: once we must evict, free down to the low watermark if we can.
     target = max(need, used + size_bytes - policy.low_limit_bytes)
-    chosen, freed = _take(candidates, target)
-    return EvictionPlan(tuple(chosen), freed, used - freed + size_bytes)
+    return _plan(pool, need, target, used + size_bytes)
 
 
 def plan_gc(
@@ -124,24 +191,19 @@ def plan_gc(
     disk_free_bytes: int,
     policy: CapacityPolicy,
     evict_all_unreferenced: bool = False,
+    staged_bytes: Mapping[str, int] | None = None,
 ) -> EvictionPlan:
     """Evictions for a periodic GC: only when above the high watermark (or below the disk
     reserve), then down to the low watermark; ``evict_all_unreferenced`` frees everything
-    evictable (``warmfleet cache gc --all``)."""
+    evictable (``warmfleet cache gc --all``). Failed artifacts nobody wants are always
+    discarded; wanted ones keep their staged data unless space is needed after that."""
     recs = list(records)
-    used = occupied_bytes(recs)
-    candidates = lru_candidates(recs)
-    if evict_all_unreferenced:
-        freed = sum(r.size_bytes for r in candidates)
-        return EvictionPlan(tuple(r.key for r in candidates), freed, used - freed)
-    over_budget = used > policy.high_limit_bytes
-    under_reserve = disk_free_bytes < policy.reserve_bytes
-    if not (over_budget or under_reserve):
-        return EvictionPlan((), 0, used)
-    target = 0
-    if over_budget:
-        target = used - policy.low_limit_bytes
-    if under_reserve:
-        target = max(target, policy.reserve_bytes - disk_free_bytes)
-    chosen, freed = _take(candidates, target)
-    return EvictionPlan(tuple(chosen), freed, used - freed)
+    pool = _reclaimable(recs, staged_bytes or {})
+    used = occupied_bytes(recs) + pool.staged_bytes
+    need = target = 0
+    if used > policy.high_limit_bytes:
+        need, target = used - policy.high_limit_bytes, used - policy.low_limit_bytes
+    if disk_free_bytes < policy.reserve_bytes:
+        need = max(need, policy.reserve_bytes - disk_free_bytes)
+        target = max(target, need)
+    return _plan(pool, need, target, used, all_garbage=True, all_ready=evict_all_unreferenced)

@@ -82,6 +82,9 @@ class DownloadSpec(StrictModel):
     request_timeout_s: float = Field(default=60.0, gt=0)
     preallocate: bool = True
     fsync_every_s: float = Field(default=1.0, ge=0)
+    # How long a prefetch waits for another process's download of the same artifact (its
+    # per-key lock) before it fails with DownloadLockTimeoutError: bounds a hung holder.
+    lock_wait_timeout_s: float = Field(default=3600.0, gt=0)
 
 
 class SourcesSpec(StrictModel):

@@ -59,6 +59,9 @@ def endpoint_status(
     pods = sorted((p for d in current for p in d.pods), key=lambda p: p.name)
     wanted = sum(variant_replicas(endpoint, v) for v in endpoint.spec.variants)
     ready = sum(1 for p in pods if p.ready)
+    # Serving capacity counts every revision (Kubernetes' Deployment ``Available``: minimum
+    # availability): during a rollover the old revision's replicas still take traffic.
+    serving = sum(1 for d in mine for p in d.pods if p.ready)
     gate_open, gate_reason, gate_message = gate
     if endpoint.deleting:
         phase = EndpointPhase.DELETING
@@ -81,9 +84,9 @@ def endpoint_status(
         ),
         Condition(
             type="Available",
-            status="True" if ready > 0 or wanted == 0 else "False",
+            status="True" if serving > 0 or wanted == 0 else "False",
             reason=phase.value,
-            message=f"{ready}/{wanted} replicas ready",
+            message=f"{serving} replicas serving; {ready}/{wanted} of revision {rev} ready",
         ),
     )
     replica_status = tuple(

@@ -225,7 +225,18 @@ def gateway_objects(v: Values) -> list[Obj]:
                             "imagePullPolicy": v.pull_policy,
                             "args": ["serve", "--config", "/etc/warmfleet/gateway.yaml"],
                             "ports": [{"name": "http", "containerPort": 8080}],
+                            # Readiness stays a TCP check on purpose: the gateway's /ready
+                            # is 503 while any endpoint has no healthy engine, which would
+                            # drop every gateway pod from the Service at once (and with it
+                            # the endpoints that do have engines).
                             "readinessProbe": {"tcpSocket": {"port": "http"}},
+                            # /health answers from the event loop: a wedged loop is restarted.
+                            "livenessProbe": {
+                                "httpGet": {"path": "/health", "port": "http"},
+                                "periodSeconds": 10,
+                                "failureThreshold": 3,
+                                "timeoutSeconds": 2,
+                            },
                             "volumeMounts": [{"name": "config", "mountPath": "/etc/warmfleet"}],
                             "resources": {
                                 "requests": {"cpu": "500m", "memory": "256Mi"},

@@ -83,7 +83,7 @@ def desired_endpoints(snapshot: Snapshot) -> list[DesiredEndpoint]:
         except ValidationError as err:
             log.warning("InferenceEndpoint %s: invalid spec, skipped: %s", meta.get("name"), err)
             continue
-        scaled = json.loads(_annotations(obj).get(ANN_AUTOSCALED, "{}"))
+        scaled = _autoscaled(meta.get("name"), _annotations(obj).get(ANN_AUTOSCALED))
         result.append(
             DesiredEndpoint(
                 name=meta["name"],
@@ -91,11 +91,38 @@ def desired_endpoints(snapshot: Snapshot) -> list[DesiredEndpoint]:
                 uid=meta.get("uid", ""),
                 namespace=meta.get("namespace", "default"),
                 deleting=bool(meta.get("deletionTimestamp")),
-                autoscaled_replicas={str(k): int(v) for k, v in scaled.items()},
+                autoscaled_replicas=scaled,
                 status=_optional(EndpointStatus, obj.get("status")),
             )
         )
     return result
+
+
+def _autoscaled(endpoint: str | None, raw: str | None) -> dict[str, int]:
+    """The autoscaler's last decision (variant -> replicas); an unreadable value (e.g. a hand
+    edit) counts as absent, so the variants run their declared replicas and the pass goes on."""
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise TypeError("not a JSON object")
+        return {str(k): _replica_count(v) for k, v in data.items()}
+    except (ValueError, TypeError) as err:
+        log.warning(
+            "InferenceEndpoint %s: unreadable %s annotation ignored (%s): %r",
+            endpoint,
+            ANN_AUTOSCALED,
+            err,
+            raw,
+        )
+        return {}
+
+
+def _replica_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"replicas must be an integer, got {value!r}")
+    return int(value)
 
 
 def _reports(node: str, raw: str | None) -> dict[str, NodeCacheReport]:
