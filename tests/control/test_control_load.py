@@ -9,10 +9,10 @@ from warmfleet.control.resources import AutoscalingSpec, ProductionVariant
 
 TEXT = """# HELP warmfleet_gateway_in_flight_requests In-flight requests
 # TYPE warmfleet_gateway_in_flight_requests gauge
-warmfleet_gateway_in_flight_requests{endpoint="llama",instance="a",variant="main"} 12.0
-warmfleet_gateway_in_flight_requests{endpoint="llama",instance="b",variant="main"} 8.0
-warmfleet_gateway_in_flight_requests{endpoint="other",instance="c",variant="main"} 1.0
-warmfleet_gateway_requests_total{endpoint="llama",instance="a",variant="main"} 99.0
+warmfleet_gateway_in_flight_requests{endpoint="llama",instance_id="a",variant="main"} 12.0
+warmfleet_gateway_in_flight_requests{endpoint="llama",instance_id="b",variant="main"} 8.0
+warmfleet_gateway_in_flight_requests{endpoint="other",instance_id="c",variant="main"} 1.0
+warmfleet_gateway_requests_total{endpoint="llama",instance_id="a",variant="main"} 99.0
 """
 
 

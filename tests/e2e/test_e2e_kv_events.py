@@ -266,7 +266,7 @@ def test_feed_hooks_the_live_router_and_survives_a_reload() -> None:
     registry = CollectorRegistry()
     feed.register_metrics(registry)
     text = generate_latest(registry).decode()
-    assert 'warmfleet_gateway_kv_events_exact{instance="b"} 1.0' in text
+    assert 'warmfleet_gateway_kv_events_exact{instance_id="b"} 1.0' in text
     reloaded = factory(routing(), random.Random(2))
     reloaded.on_instances_changed(["a", "b"])
     assert reloaded.choose(key, fleet).instance_id == "b"  # the view moved to the new router

@@ -233,8 +233,8 @@ async def test_exact_mode_from_config_routes_on_engine_events(
         assert instance == target
         assert cached_tokens(response) >= 12 * BLOCK  # the engine agrees: a real hit
     lines = await metric_lines(session, started.url)
-    assert 'warmfleet_gateway_kv_events_exact{instance="emu-0"} 1.0' in lines
-    assert 'warmfleet_gateway_kv_events_exact{instance="emu-1"} 1.0' in lines
+    assert 'warmfleet_gateway_kv_events_exact{instance_id="emu-0"} 1.0' in lines
+    assert 'warmfleet_gateway_kv_events_exact{instance_id="emu-1"} 1.0' in lines
     async with session.get(f"{started.url}/admin/v1/kv-events", headers=HEADERS) as resp:
         admin = await resp.json()
     assert admin["enabled"] is True
@@ -281,8 +281,12 @@ async def test_gap_falls_back_to_approximate_then_resyncs(
     assert modes(started)["emu-0"] == "approximate"
     assert modes(started)["emu-1"] == "exact"
     lines = await metric_lines(session, started.url)
-    assert 'warmfleet_gateway_kv_events_exact{instance="emu-0"} 0.0' in lines
-    assert not any(ln.startswith("warmfleet_gateway_kv_events_gaps 0") for ln in lines)
+    assert 'warmfleet_gateway_kv_events_exact{instance_id="emu-0"} 0.0' in lines
+    gaps = [ln for ln in lines if ln.startswith("warmfleet_gateway_kv_events_gaps_total ")]
+    assert len(gaps) == 1
+    assert float(gaps[0].split()[1]) >= 1.0
+    assert "# TYPE warmfleet_gateway_kv_events_gaps_total counter" in lines  # not a gauge
+    assert "# TYPE warmfleet_gateway_kv_events_replays_total counter" in lines
     async with session.get(f"{started.url}/admin/v1/kv-events", headers=HEADERS) as resp:
         admin = await resp.json()
     assert admin["instances"]["emu-0"]["cause"].startswith("sequence gap")

@@ -16,6 +16,7 @@ from warmfleet.core.errors import BadRequestError, ConfigError, NotFoundError
 from warmfleet.gateway.body import openai_fields, parse_json_object
 from warmfleet.gateway.config import InstanceSpec, parse_gateway_config, parse_instance_list
 from warmfleet.gateway.fleet import GatewayState
+from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.proxy import SseFramer
 
@@ -213,6 +214,7 @@ def test_dashboard_uses_only_existing_metrics() -> None:
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"warmfleet_gateway_[a-z_]+", e)}
     metrics = GatewayMetrics()
+    KvEventFeed("m").register_metrics(metrics.registry)
     known: set[str] = set()
     for family in metrics.registry.collect():
         suffixes = {
@@ -222,4 +224,23 @@ def test_dashboard_uses_only_existing_metrics() -> None:
         }
         known.update(family.name + s for s in suffixes[family.type])
     assert used <= known, used - known
-    assert len(used) >= 10
+    assert len(used) >= 13
+
+
+def test_no_metric_label_collides_with_prometheus_target_labels() -> None:
+    """A scraped ``instance`` or ``job`` label would be renamed ``exported_instance`` by a stock
+    Prometheus (honor_labels: false), and ``by (instance)`` would group by the gateway's
+    address instead of the engine instance."""
+    metrics = GatewayMetrics()
+    feed = KvEventFeed("m")
+    feed.register_metrics(metrics.registry)
+    metrics.in_flight.labels("e", "v", "i0").set(1)
+    metrics.requests.labels("e", "v", "i0", "prefix_hit", "200").inc()
+    labels = {
+        name
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        for name in sample.labels
+    }
+    assert "instance_id" in labels
+    assert not labels & {"instance", "job"}

@@ -84,9 +84,9 @@ def test_start_times_split_warm_and_cold(starts: list[tuple[bool, float]]) -> No
 def test_in_flight_by_instance_sums_the_gateway_gauge() -> None:
     text = (
         "# TYPE warmfleet_gateway_in_flight_requests gauge\n"
-        'warmfleet_gateway_in_flight_requests{endpoint="e",variant="v",instance="r1"} 2.0\n'
-        'warmfleet_gateway_in_flight_requests{endpoint="e",variant="w",instance="r1"} 1.0\n'
-        'warmfleet_gateway_in_flight_requests{endpoint="e",variant="v",instance="r2"} 0.0\n'
+        'warmfleet_gateway_in_flight_requests{endpoint="e",variant="v",instance_id="r1"} 2.0\n'
+        'warmfleet_gateway_in_flight_requests{endpoint="e",variant="w",instance_id="r1"} 1.0\n'
+        'warmfleet_gateway_in_flight_requests{endpoint="e",variant="v",instance_id="r2"} 0.0\n'
     )
     assert in_flight_by_instance(text) == {"r1": 3.0, "r2": 0.0}
 

@@ -222,7 +222,7 @@ async def test_unhealthy_cache_drops_the_label(env: tuple[FakeCluster, Controlle
 
 async def test_autoscaling_from_gateway_metrics(kmock: Any) -> None:
     declare_resources(kmock)
-    text = 'warmfleet_gateway_in_flight_requests{endpoint="e",instance="i0",variant="main"} 70\n'
+    text = 'warmfleet_gateway_in_flight_requests{endpoint="e",instance_id="i0",variant="main"} 70\n'
     kmock["get /gateway/metrics"] << text.encode()
     async with aiohttp.ClientSession() as session:
         cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))

@@ -203,7 +203,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
         variant = ("endpoint", "variant")
-        instance = ("endpoint", "variant", "instance")
+        instance = ("endpoint", "variant", "instance_id")
         self.requests = FastCounter(
             f"{_PREFIX}_requests",
             "Proxied requests by outcome",

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
@@ -161,8 +161,9 @@ class KvEventFeed:
         return self.translator.describe() if self.translator is not None else {"instances": {}}
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
-        """``warmfleet_gateway_kv_events_exact{instance}`` (1 exact, 0 approximate) and
-        ``warmfleet_gateway_kv_events_gaps`` on the gateway's registry."""
+        """``warmfleet_gateway_kv_events_exact{instance_id}`` (1 exact, 0 approximate),
+        ``warmfleet_gateway_kv_events_gaps_total`` and
+        ``warmfleet_gateway_kv_events_replays_total{result}`` on the gateway's registry."""
         registry.register(_FeedCollector(self))
 
 
@@ -170,22 +171,22 @@ class _FeedCollector(Collector):
     def __init__(self, feed: KvEventFeed) -> None:
         self._feed = feed
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         exact = GaugeMetricFamily(
             "warmfleet_gateway_kv_events_exact",
             "1 if the instance's cache view comes from engine KV events, 0 if approximate",
-            labels=["instance"],
+            labels=["instance_id"],
         )
         for iid, mode in sorted(self._feed.modes().items()):
             exact.add_metric([iid], 1.0 if mode == "exact" else 0.0)
         yield exact
         translator = self._feed.translator
-        gaps = GaugeMetricFamily(
+        gaps = CounterMetricFamily(  # counts since the translator began (a reset: a restart)
             "warmfleet_gateway_kv_events_gaps", "KV event sequence gaps seen (resyncs needed)"
         )
         gaps.add_metric([], float(translator.stats.gaps if translator is not None else 0))
         yield gaps
-        replays = GaugeMetricFamily(
+        replays = CounterMetricFamily(
             "warmfleet_gateway_kv_events_replays",
             "Replays asked of the engines after a gap or a late join (asked), and those that "
             "delivered every missed batch (recovered)",

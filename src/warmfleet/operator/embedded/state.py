@@ -29,8 +29,8 @@ def in_flight_by_instance(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == IN_FLIGHT and "instance" in sample.labels:
-                key = sample.labels["instance"]
+            if sample.name == IN_FLIGHT and "instance_id" in sample.labels:
+                key = sample.labels["instance_id"]
                 out[key] = out.get(key, 0.0) + sample.value
     return out
 
