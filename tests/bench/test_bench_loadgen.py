@@ -221,7 +221,22 @@ def test_engine_delta_and_counter_resets() -> None:
     delta = engine_delta(before, after)
     assert delta.hit_rate == pytest.approx(0.3)
     assert delta.requests == {"a": 4.0}
+    assert delta.missing == ("b",)  # its scrape failed: unknown, said so
     assert engine_delta({}, {"a": {}}).hit_rate is None
+
+
+def test_engine_delta_restart_and_failed_first_scrape() -> None:
+    """A counter that went down was reset by a restart (counted from zero, not clamped to
+    nothing); an instance whose first scrape failed has no baseline: its whole counter is not
+    the run's."""
+    hits, queries = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+    before = {"a": {hits: 50.0, queries: 100.0}, "b": {}}
+    after = {"a": {hits: 3.0, queries: 10.0}, "b": {hits: 900.0, queries: 1000.0}}
+    delta = engine_delta(before, after)
+    assert delta.hits == {"a": 3.0}
+    assert delta.queries == {"a": 10.0}
+    assert delta.missing == ("b",)
+    assert delta.hit_rate == pytest.approx(0.3)
     assert MetricsTarget.parse("e0=http://h:1/metrics") == MetricsTarget("e0", "http://h:1/metrics")
     assert MetricsTarget.parse("http://h:1/metrics").instance == "http://h:1/metrics"
 

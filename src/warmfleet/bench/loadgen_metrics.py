@@ -99,6 +99,8 @@ class EngineDelta:
     hits: dict[str, float]
     queries: dict[str, float]
     requests: dict[str, float]
+    # instances with a failed scrape (before or after): their counts are unknown, not zero
+    missing: tuple[str, ...] = ()
 
     @property
     def hit_rate(self) -> float | None:
@@ -107,9 +109,12 @@ class EngineDelta:
 
 
 def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> float | None:
+    """The counter's increase; a counter that went down was reset (the instance restarted
+    during the run): it counts from zero, as Prometheus' ``increase`` does."""
     if name not in after:
         return None
-    return max(after[name] - before.get(name, 0.0), 0.0)
+    now, then = after[name], before.get(name, 0.0)
+    return now - then if now >= then else now
 
 
 def engine_delta(
@@ -118,8 +123,11 @@ def engine_delta(
     hits: dict[str, float] = {}
     queries: dict[str, float] = {}
     requests: dict[str, float] = {}
+    missing = sorted({*before, *after} - {i for i in after if after[i] and before.get(i)})
     for instance, now in after.items():
         then = before.get(instance, {})
+        if not then:  # the first scrape failed: its baseline is unknown, not zero
+            continue
         hit = _delta(then, now, HITS)
         query = _delta(then, now, QUERIES)
         if hit is not None and query is not None:
@@ -129,7 +137,7 @@ def engine_delta(
             if count is not None:
                 requests[instance] = count
                 break
-    return EngineDelta(hits, queries, requests)
+    return EngineDelta(hits, queries, requests, tuple(missing))
 
 
 def _shares(counts: Mapping[str, float], instances: Iterable[str]) -> dict[str, float]:
@@ -188,9 +196,11 @@ def summarize(
 
 
 def _hit_rate(ok: Sequence[RequestResult], engine: EngineDelta | None) -> tuple[float, str]:
-    """Engine-delivered (metrics deltas) when scraped, else from ``usage.cached_tokens``."""
+    """Engine-delivered (metrics deltas) when scraped (``engine_metrics_partial``: some
+    instance could not be scraped, the rate is over the others), else from
+    ``usage.cached_tokens``."""
     if engine is not None and engine.hit_rate is not None:
-        return engine.hit_rate, "engine_metrics"
+        return engine.hit_rate, "engine_metrics_partial" if engine.missing else "engine_metrics"
     prompt = cached = 0
     for r in ok:
         if r.prompt_tokens is not None and r.cached_tokens is not None:
