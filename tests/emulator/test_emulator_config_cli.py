@@ -33,7 +33,7 @@ def _cli(**kwargs: Any) -> EmulatorSpec:
         "fault_overrides": {},
         "fault_flags": [],
         "kv_events_endpoint": None,
-        "kv_events_topic": "kv.{name}",
+        "kv_events_topic": None,
     }
     defaults.update(kwargs)
     return build_cli_spec(**defaults)
@@ -180,3 +180,9 @@ def test_kv_events_flag_publishes_topics_the_gateway_attributes(
     assert result.exit_code == 0, result.output
     assert served[0].kv_events is not None
     assert served[0].kv_events.topic == "kv.{index}"
+    # a topic with nowhere to publish is an error, not a flag silently dropped
+    served.clear()
+    result = CliRunner().invoke(app, ["emulate", "--kv-events-topic", "kv.{index}"])
+    assert result.exit_code == 2
+    assert "--kv-events-endpoint" in result.output
+    assert served == []

@@ -53,7 +53,11 @@ def build_cli_spec(
     kv_events: dict[str, Any] = dict(fields.get("kv_events") or {})
     if kv_events_endpoint is not None:
         kv_events["endpoint"] = kv_events_endpoint
-    if kv_events_topic is not None and kv_events:
+    if kv_events_topic is not None:
+        if not kv_events:
+            raise ConfigError(
+                "--kv-events-topic needs --kv-events-endpoint (or kv_events in --config)"
+            )
         kv_events["topic"] = kv_events_topic
     if kv_events:
         fields["kv_events"] = kv_events
