@@ -13,7 +13,10 @@ binds and one socket collects every engine; the instance is named by the topic
 
 Engine block hashes are not the router's: ``KvEventTranslator`` recomputes the router's chained
 hash of each stored block from the event's ``token_ids`` and the router hash of its parent (kept
-per instance, engine hash -> router hash), with the router's seed for root blocks.
+per instance, engine hash -> router hash), with the router's seed for root blocks. Only the
+engine's own tier counts (``medium`` GPU or absent; offload tiers are ignored). Blocks of a LoRA
+adapter or with extra hash keys (multimodal, cache salt), and their children, are never indexed:
+the router's keys cannot name them.
 
 Gaps: each instance's batches carry a sequence number. A first batch numbered 0 is the
 engine's whole history (``exact``). A missing number, a first batch that is not number 0 (the

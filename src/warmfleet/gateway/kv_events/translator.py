@@ -24,6 +24,9 @@ from warmfleet.gateway.kv_events.wire import (
 
 log = logging.getLogger(__name__)
 _h64 = xxhash.xxh3_64_intdigest
+# ``translate`` value of an engine block the router's keys cannot name: stored for a LoRA
+# adapter, with extra hash keys (multimodal, cache salt, prompt embeddings), or a child of one.
+_FOREIGN = -1
 
 
 def router_block_hashes(token_ids: Sequence[int], block_size: int, parent: int) -> list[int]:
@@ -70,6 +73,22 @@ class _InstanceView:
     cause: str = "no events yet"
 
 
+def _primary_tier(medium: str | None) -> bool:
+    """The engine's own KV cache (vLLM's ``GPU``; no medium: an older vLLM). Offload tiers
+    (``CPU``, ``STORAGE``...) publish the same block hashes with their own stores and removals."""
+    return medium is None or medium.upper() == "GPU"
+
+
+def _foreign_from(event: BlockStored, parent: int) -> int:
+    """Index of the event's first block that the router's keys cannot name (its length: none)."""
+    if parent == _FOREIGN or event.lora_name is not None or event.lora_id is not None:
+        return 0
+    for i, keys in enumerate(event.extra_keys or ()):
+        if keys:
+            return i
+    return len(event.block_hashes)
+
+
 class ReplayRequest(NamedTuple):
     """Ask ``instance_id``'s engine for its batches from ``from_seq`` on; ``serial`` ties the
     answer to the request (an answer to an older one is ignored)."""
@@ -85,6 +104,8 @@ class TranslatorStats:
     gaps: int = 0
     late_joins: int = 0  # first batch seen was not number 0: resync needed, nothing lost yet
     untranslatable_blocks: int = 0
+    foreign_blocks: int = 0  # LoRA / extra-key blocks: kept out of the exact index
+    other_tier_events: int = 0  # events of an offload tier (medium not GPU): ignored
     block_size_mismatches: int = 0
     silences: int = 0
     replays: int = 0  # replays asked for (gaps and late joins, with ``replay`` on)
@@ -249,12 +270,15 @@ class KvEventTranslator:
             self._enter_exact(instance_id, view)
             self.index.on_instance_cleared(instance_id)
             return True
+        if not _primary_tier(event.medium):
+            self.stats.other_tier_events += 1
+            return True
         if isinstance(event, BlockRemoved):
             gone = []
             for engine_hash in event.block_hashes:
                 ours = view.translate.pop(engine_hash, None)
                 view.held.discard(engine_hash)
-                if ours is not None:
+                if ours is not None and ours != _FOREIGN:
                     gone.append(ours)
             if view.mode == "exact" and gone:
                 self.index.on_blocks_removed(instance_id, gone)
@@ -279,13 +303,23 @@ class KvEventTranslator:
                 self._fall_back(instance_id, view, "stored block with an unknown parent")
                 return False
             parent = known
-        ours = router_block_hashes(event.token_ids, self.block_size, parent)
-        if len(ours) != len(event.block_hashes):
-            self.stats.untranslatable_blocks += len(event.block_hashes)
+        engine = event.block_hashes
+        if len(event.token_ids) // self.block_size != len(engine):
+            self.stats.untranslatable_blocks += len(engine)
             return False
-        view.translate.update(zip(event.block_hashes, ours, strict=True))
-        view.held.update(event.block_hashes)
-        if view.mode == "exact":
+        # Blocks the router cannot name (and their children) are remembered, never indexed:
+        # a base-model prompt with the same tokens would not hit them in the engine.
+        split = _foreign_from(event, parent)
+        tokens = (
+            event.token_ids if split == len(engine) else event.token_ids[: split * self.block_size]
+        )
+        ours = router_block_hashes(tokens, self.block_size, parent)
+        if split < len(engine):
+            self.stats.foreign_blocks += len(engine) - split
+            view.translate.update(dict.fromkeys(engine[split:], _FOREIGN))
+        view.translate.update(zip(engine[:split], ours, strict=True))
+        view.held.update(engine[:split])
+        if view.mode == "exact" and ours:
             self.index.on_blocks_stored(instance_id, ours)
         return True
 
@@ -310,7 +344,8 @@ class KvEventTranslator:
     @staticmethod
     def _publish_view(index: ExactIndex, instance_id: InstanceId, view: _InstanceView) -> None:
         index.on_instance_cleared(instance_id)  # known, empty
-        held = [view.translate[h] for h in view.held if h in view.translate]
+        translate = view.translate
+        held = [translate[h] for h in view.held if translate.get(h, _FOREIGN) != _FOREIGN]
         if held:
             index.on_blocks_stored(instance_id, held)
 

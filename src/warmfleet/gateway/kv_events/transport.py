@@ -66,6 +66,7 @@ class KvEventSubscriber:
         self.clock = clock
         self.poll_interval_s = poll_interval_s
         self.decode_errors = 0
+        self.apply_errors = 0
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -84,8 +85,13 @@ class KvEventSubscriber:
             return
         self.frames += 1
         instance_id = instance_of_topic(topic, self.topic_prefix)
-        if instance_id is not None:
+        if instance_id is None:
+            return
+        try:
             self.consumer.apply(instance_id, seq, batch, self.clock())
+        except Exception:  # a bug must not stop the subscriber (and with it silence checks)
+            self.apply_errors += 1
+            log.exception("applying a KV event batch of %s failed", instance_id)
 
     async def run(self) -> None:
         try:

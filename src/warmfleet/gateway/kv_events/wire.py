@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,12 +23,17 @@ class KvEventDecodeError(WarmfleetError):
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
+    """``extra_keys``: vLLM's per-block extra hash keys (LoRA name, multimodal features, cache
+    salt, prompt embeddings), one entry per block; None when no block has any."""
+
     block_hashes: tuple[EngineHash, ...]
     parent_block_hash: EngineHash | None
     token_ids: tuple[int, ...]
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: tuple[object, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,35 @@ def _hash(value: object) -> EngineHash:
     return value
 
 
+def _hashes(value: object) -> tuple[EngineHash, ...]:
+    if not isinstance(value, list):
+        raise KvEventDecodeError(f"block_hashes must be an array, got {type(value).__name__}")
+    return tuple(_hash(h) for h in value)
+
+
+def _typed(value: object, kind: type, name: str) -> Any:
+    """``value`` if it is None or a ``kind`` (never a bool for ``int``)."""
+    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    raise KvEventDecodeError(f"{name} must be {kind.__name__} or nil, got {type(value).__name__}")
+
+
+def _token_ids(value: object) -> tuple[int, ...]:
+    """Token ids as the router hashes them: uint64 (``array`` checks every id in C)."""
+    if not isinstance(value, list):
+        raise KvEventDecodeError("token_ids must be an array")
+    return tuple(array("Q", value))
+
+
+def _extra_keys(value: object) -> tuple[object, ...] | None:
+    """One entry per block (None: no extra keys); None if no block has any."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise KvEventDecodeError("extra_keys must be an array or nil")
+    return tuple(value) if any(value) else None
+
+
 _FIELDS: dict[str, tuple[str, ...]] = {
     "BlockStored": (
         "block_hashes",
@@ -65,6 +100,8 @@ _FIELDS: dict[str, tuple[str, ...]] = {
         "block_size",
         "lora_id",
         "medium",
+        "lora_name",
+        "extra_keys",
     ),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
@@ -86,17 +123,23 @@ def _event(raw: object) -> KvEvent:
     try:
         if tag == "BlockStored":
             parent = f.get("parent_block_hash")
+            block_size = f["block_size"]
+            if not isinstance(block_size, int) or isinstance(block_size, bool):
+                raise KvEventDecodeError(f"block_size must be an int, got {block_size!r}")
             return BlockStored(
-                tuple(_hash(h) for h in f["block_hashes"]),
+                _hashes(f["block_hashes"]),
                 None if parent is None else _hash(parent),
-                tuple(int(t) for t in f["token_ids"]),
-                int(f["block_size"]),
-                f.get("lora_id"),
-                f.get("medium"),
+                _token_ids(f["token_ids"]),
+                block_size,
+                _typed(f.get("lora_id"), int, "lora_id"),
+                _typed(f.get("medium"), str, "medium"),
+                _typed(f.get("lora_name"), str, "lora_name"),
+                _extra_keys(f.get("extra_keys")),
             )
         if tag == "BlockRemoved":
-            return BlockRemoved(tuple(_hash(h) for h in f["block_hashes"]), f.get("medium"))
-    except (ValueError, TypeError, KeyError) as err:
+            medium = _typed(f.get("medium"), str, "medium")
+            return BlockRemoved(_hashes(f["block_hashes"]), medium)
+    except (ValueError, TypeError, KeyError, OverflowError) as err:
         raise KvEventDecodeError(f"malformed {tag} event: {err!r}") from err
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
@@ -107,10 +150,12 @@ def decode_batch(payload: bytes) -> EventBatch:
     """Decode one msgpack ``EventBatch`` (array form; unknown trailing fields ignored)."""
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as err:
+    except (ValueError, TypeError, msgpack.UnpackException) as err:  # TypeError: a list as key
         raise KvEventDecodeError(f"not msgpack: {err}") from err
     if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
         raise KvEventDecodeError("event batch must be [ts, [events...], dp_rank?]")
+    if not isinstance(raw[0], int | float):  # msgpack ints (< 2**64) all fit a float
+        raise KvEventDecodeError(f"event batch timestamp must be a number, got {raw[0]!r:.40}")
     rank = raw[2] if len(raw) > 2 and isinstance(raw[2], int) else None
     return EventBatch(float(raw[0]), tuple(_event(e) for e in raw[1]), rank)
 
@@ -138,6 +183,8 @@ def encode_batch(batch: EventBatch) -> bytes:
                     "block_size": ev.block_size,
                     "lora_id": ev.lora_id,
                     "medium": ev.medium,
+                    "lora_name": ev.lora_name,
+                    "extra_keys": None if ev.extra_keys is None else list(ev.extra_keys),
                 }
             )
         elif isinstance(ev, BlockRemoved):

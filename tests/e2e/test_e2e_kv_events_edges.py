@@ -1,0 +1,175 @@
+"""KV events as vLLM 0.32 really sends them beyond the simple case: malformed payloads, offload
+tiers (``medium``), LoRA and extra-key blocks."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from warmfleet.gateway.kv_events import (
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEventDecodeError,
+    KvEventSubscriber,
+    KvEventTranslator,
+    decode_frames,
+    router_block_hashes,
+)
+from warmfleet.gateway.kv_events.translator import ReplayRequest
+from warmfleet.routing.index import ExactPrefixIndex
+
+BS = 4
+SEED = 12345
+
+
+def frame(payload: bytes, seq: int = 0) -> list[bytes]:
+    return [b"kv.a", seq.to_bytes(8, "big"), payload]
+
+
+def stored_map(**fields: object) -> dict[str, object]:
+    event: dict[str, object] = {
+        "type": "BlockStored",
+        "block_hashes": [1],
+        "parent_block_hash": None,
+        "token_ids": [1, 2, 3, 4],
+        "block_size": BS,
+        "lora_id": None,
+        "medium": "GPU",
+    }
+    event.update(fields)
+    return event
+
+
+MALFORMED = {
+    "ts nil": msgpack.packb([None, []]),
+    "ts string": msgpack.packb(["x", []]),
+    "ts ext timestamp": msgpack.packb([msgpack.Timestamp(1, 0), []]),
+    "a list as a map key": b"\x92\xcb" + b"\x00" * 8 + b"\x91\x81\x91\x01\x01",
+    "block_size infinite": msgpack.packb([1.0, [stored_map(block_size=float("inf"))]]),
+    "block_size nil": msgpack.packb([1.0, [stored_map(block_size=None)]]),
+    "token id infinite": msgpack.packb([1.0, [stored_map(token_ids=[float("inf")] * 4)]]),
+    "token id negative": msgpack.packb([1.0, [stored_map(token_ids=[-1, 2, 3, 4])]]),
+    "token ids as bytes": msgpack.packb([1.0, [stored_map(token_ids=b"\x00" * 32)]]),
+    "block hashes as bytes": msgpack.packb([1.0, [stored_map(block_hashes=b"\x01\x02")]]),
+    "medium not a string": msgpack.packb([1.0, [stored_map(medium=3)]]),
+}
+
+
+@pytest.mark.parametrize("payload", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_payloads_are_decode_errors(payload: bytes) -> None:
+    with pytest.raises(KvEventDecodeError):
+        decode_frames(frame(payload))
+
+
+def make() -> tuple[ExactPrefixIndex, KvEventTranslator]:
+    index = ExactPrefixIndex()
+    return index, KvEventTranslator(index, SEED, BS, resync_batches=2, silence_timeout_s=5.0)
+
+
+def test_the_subscriber_survives_every_malformed_payload() -> None:
+    _index, tr = make()
+    sub = KvEventSubscriber(tr, "inproc://kv-edges-malformed")
+    try:
+        for payload in MALFORMED.values():
+            sub.handle(frame(payload))
+        assert sub.decode_errors == len(MALFORMED)
+        sub.handle(frame(msgpack.packb([1.0, [stored_map()]])))
+        assert tr.mode("a") == "exact"
+    finally:
+        sub.close()
+
+
+class _Broken:
+    def apply(self, instance_id: str, seq: int, batch: EventBatch, now_s: float) -> None:
+        raise RuntimeError("a bug in the consumer")
+
+    def check_silence(self, now_s: float) -> list[str]:
+        return []
+
+    def take_replay_requests(self) -> list[ReplayRequest]:
+        return []
+
+    def replay_steps(self, request: object, batches: object, now_s: float) -> object:
+        return iter(())
+
+
+def test_a_consumer_error_does_not_escape_the_subscriber() -> None:
+    sub = KvEventSubscriber(_Broken(), "inproc://kv-edges-broken")  # type: ignore[arg-type]
+    try:
+        sub.handle(frame(msgpack.packb([1.0, [stored_map()]])))
+        assert sub.apply_errors == 1
+    finally:
+        sub.close()
+
+
+# ------------------------------------------------------------------------------ offload tiers
+
+
+def test_offload_tier_events_leave_the_gpu_view_alone() -> None:
+    """vLLM's offloading connector publishes CPU-tier stores (placeholders: block_size 0, no
+    tokens) and removals with the GPU blocks' hashes."""
+    index, tr = make()
+    chain = router_block_hashes(list(range(8)), BS, SEED)
+    tr.apply("a", 0, EventBatch(0.0, (BlockStored((1, 2), None, tuple(range(8)), BS),)), 0.0)
+    cpu_store = BlockStored((1,), None, (), 0, medium="CPU")
+    tr.apply("a", 1, EventBatch(0.0, (cpu_store,)), 0.0)
+    assert tr.mode("a") == "exact"
+    tr.apply("a", 2, EventBatch(0.0, (BlockRemoved((1, 2), "CPU"),)), 0.0)
+    assert index.match(chain) == {"a": 2}  # still on the GPU
+    # and a child of a block whose CPU copy went away still translates
+    tr.apply("a", 3, EventBatch(0.0, (BlockStored((3,), 2, tuple(range(8, 12)), BS),)), 0.0)
+    assert index.match(router_block_hashes(list(range(12)), BS, SEED)) == {"a": 3}
+    assert tr.mode("a") == "exact"
+    assert tr.stats.other_tier_events == 2
+    tr.apply("a", 4, EventBatch(0.0, (BlockRemoved((3,), "GPU"),)), 0.0)
+    assert index.match(router_block_hashes(list(range(12)), BS, SEED)) == {"a": 2}
+
+
+# ------------------------------------------------------------------------- LoRA / extra keys
+
+
+def test_lora_blocks_are_never_predicted_for_base_model_prompts() -> None:
+    index, tr = make()
+    tokens = tuple(range(8))
+    lora = BlockStored((1, 2), None, tokens, BS, lora_id=1, lora_name="adapter")
+    tr.apply("a", 0, EventBatch(0.0, (lora,)), 0.0)
+    assert index.match(router_block_hashes(list(tokens), BS, SEED)) == {}
+    # its children are the adapter's too, and an unknown parent it is not
+    tr.apply("a", 1, EventBatch(0.0, (BlockStored((3,), 2, tuple(range(8, 12)), BS),)), 0.0)
+    assert tr.mode("a") == "exact"
+    assert index.match(router_block_hashes(list(range(12)), BS, SEED)) == {}
+    assert tr.stats.foreign_blocks == 3
+    # the base model's own copy of the same tokens is indexed
+    tr.apply("a", 2, EventBatch(0.0, (BlockStored((7, 8), None, tokens, BS),)), 0.0)
+    assert index.match(router_block_hashes(list(tokens), BS, SEED)) == {"a": 2}
+    tr.apply("a", 3, EventBatch(0.0, (BlockRemoved((1, 2, 3)),)), 0.0)
+    assert index.match(router_block_hashes(list(tokens), BS, SEED)) == {"a": 2}
+
+
+def test_extra_keys_cut_the_chain_where_they_start() -> None:
+    """A multimodal block (or a cache salt) hashes more than its tokens: the router's key of
+    the same placeholder tokens names another block."""
+    index, tr = make()
+    tokens = list(range(12))
+    event = {
+        **stored_map(block_hashes=[1, 2, 3], token_ids=tokens),
+        "lora_name": None,
+        "extra_keys": [None, [["mm-sha", 0]], None],
+    }
+    _topic, _seq, decoded = decode_frames(frame(msgpack.packb([1.0, [event], 0])))
+    tr.apply("a", 0, decoded, 0.0)
+    assert index.match(router_block_hashes(tokens, BS, SEED)) == {"a": 1}
+    assert tr.stats.foreign_blocks == 2
+
+
+def test_decoding_keeps_lora_name_and_extra_keys() -> None:
+    event = {**stored_map(block_hashes=[1, 2], token_ids=list(range(8)))}
+    event.update(lora_id=3, lora_name="adapter", extra_keys=[["adapter"], ["adapter"]])
+    _topic, _seq, decoded = decode_frames(frame(msgpack.packb([1.0, [event], 0])))
+    (got,) = decoded.events
+    assert isinstance(got, BlockStored)
+    assert (got.lora_id, got.lora_name, got.extra_keys) == (3, "adapter", (["adapter"],) * 2)
+    plain = {**stored_map(), "lora_name": None, "extra_keys": [None]}
+    _topic, _seq, decoded = decode_frames(frame(msgpack.packb([1.0, [plain], 0])))
+    assert decoded.events == (BlockStored((1,), None, (1, 2, 3, 4), BS, None, "GPU"),)
