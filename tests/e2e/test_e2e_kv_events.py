@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from warmfleet.bench.live_procs import free_port
-from warmfleet.core.types import FleetSnapshot, InstanceState
+from warmfleet.core.types import FleetSnapshot, InstanceState, Reason
 from warmfleet.gateway.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -270,6 +270,40 @@ def test_feed_hooks_the_live_router_and_survives_a_reload() -> None:
     reloaded = factory(routing(), random.Random(2))
     reloaded.on_instances_changed(["a", "b"])
     assert reloaded.choose(key, fleet).instance_id == "b"  # the view moved to the new router
+
+
+@pytest.mark.parametrize("other", ["tenant", "adapter", "alias"])
+def test_keys_chained_from_another_start_keep_their_affinity_in_exact_mode(other: str) -> None:
+    """Regression: the exact view is chained from (model, no adapter, no tenant). A tenant's
+    (or adapter's, or model alias's) key names other hashes for the same tokens, so on exact
+    instances it never matched and every such request was routed as new. Such keys now use
+    the approximate index, and do not arm the silence check (the engine may already hold their
+    tokens under its shared hashes and publish nothing)."""
+    now = [0.0]
+    feed = KvEventFeed("m", silence_timeout_s=5.0, clock=lambda: now[0])
+    live = feed.router_factory(_NullTokenizer())(routing(), random.Random(1))
+    live.on_instances_changed(["a", "b"])
+    for iid in ("a", "b"):  # both exact, holding an unrelated block
+        feed.apply(iid, 0, batch(block((7,), None, range(50, 54))), 0.0)
+    keys = live.router.keys
+    seed = {
+        "tenant": keys.seed("m", None, "t1"),
+        "adapter": keys.seed("m", "lora-1", None),
+        "alias": keys.seed("m-alias", None, None),
+    }[other]
+    key = keys.from_token_ids(list(range(12)), seed, 0, BS)
+    fleet = FleetSnapshot((InstanceState("a"), InstanceState("b")))
+    first = live.choose(key, fleet)
+    live.on_routed(key, first)
+    again = live.choose(key, fleet)
+    assert again.instance_id == first.instance_id
+    assert again.reason is Reason.PREFIX_HIT
+    now[0] = 60.0
+    assert feed.check_silence(now[0]) == []
+    assert feed.modes() == {"a": "exact", "b": "exact"}
+    # a key chained like the engine's view still goes by the exact index (nothing held: new)
+    plain = keys.from_token_ids(list(range(12)), keys.seed("m", None, None), 0, BS)
+    assert live.choose(plain, fleet).reason is not Reason.PREFIX_HIT
 
 
 # ------------------------------------------------------------------------------ sockets

@@ -34,7 +34,9 @@ class RoutingKey:
     ``block_size`` is how many units make one block (the last block may be partial and is
     not hashed). ``prompt_tokens`` is the best estimate of the prompt's length in engine
     tokens, used for cost models. ``prefix_hash`` hashes the first ``prefix_length`` units
-    (AWS-style routing) together with the tenant key.
+    (AWS-style routing) together with the tenant key. ``chain_seed`` is where the chain starts
+    (salt, model, adapter, tenant; ``None`` if unknown): hashes of chains with different starts
+    never name the same tokens.
     """
 
     block_hashes: tuple[int, ...]
@@ -43,6 +45,7 @@ class RoutingKey:
     prompt_tokens: int
     prefix_hash: int
     output_tokens_hint: int = 0
+    chain_seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,20 +1,22 @@
 """Prometheus metrics of one gateway app, in a per-app ``CollectorRegistry`` (no global state).
 
-Names (all prefixed ``warmfleet_gateway_``):
+Names (all prefixed ``warmfleet_gateway_``; the engine instance is ``instance_id``: a scraped
+``instance`` label would collide with the one Prometheus gives every target):
 
-- ``requests_total{endpoint,variant,instance,reason,status}``: finished proxied requests;
+- ``requests_total{endpoint,variant,instance_id,reason,status}``: finished proxied requests;
   ``status`` is the HTTP status sent, or ``stream_error`` when a stream ended with an error event,
   or ``client_disconnect``.
 - ``rejected_requests_total{status}``: requests answered with an error before routing.
-- ``in_flight_requests{endpoint,variant,instance}``, ``instance_healthy{endpoint,variant,instance}``
+- ``in_flight_requests{endpoint,variant,instance_id}``,
+  ``instance_healthy{endpoint,variant,instance_id}``
 - ``decision_seconds{endpoint,variant}``: time inside ``Router.choose``.
 - ``overhead_seconds{endpoint,variant}``: request handler entered -> upstream request issued
   (body read, JSON parse, key, decision, bookkeeping).
 - ``ttft_seconds{endpoint,variant,stream}``: request handler entered -> first upstream body byte.
-- ``spills_total{endpoint,variant,instance}``, ``predicted_prefix_hits_total{endpoint,variant}``,
+- ``spills_total{endpoint,variant,instance_id}``, ``predicted_prefix_hits_total{endpoint,variant}``,
   ``predicted_cached_blocks_total{endpoint,variant}``
-- ``retries_total{endpoint,variant}``, ``ejections_total{endpoint,variant,instance,cause}``,
-  ``readmissions_total{endpoint,variant,instance}``, ``config_reloads_total{source,result}``.
+- ``retries_total{endpoint,variant}``, ``ejections_total{endpoint,variant,instance_id,cause}``,
+  ``readmissions_total{endpoint,variant,instance_id}``, ``config_reloads_total{source,result}``.
 
 The metrics updated on every proxied request (requests, in-flight, decision/overhead/TTFT
 histograms, predicted hits, retries) are ``FastCounter`` / ``FastGauge`` / ``FastHistogram``:

@@ -251,6 +251,13 @@ class ExactPrefixIndex(_BitIndex):
     def __init__(self) -> None:
         super().__init__()
         self._blocks: dict[InstanceId, set[int]] = {}
+        # Where the chains of the hashes it is fed start (set by the feeder; None: any). A key
+        # chained from another start (a tenant, an adapter, another model name) names other
+        # hashes for the same tokens: this index cannot speak for it.
+        self.chain_seed: int | None = None
+
+    def comparable(self, key_chain_seed: int | None) -> bool:
+        return self.chain_seed is None or key_chain_seed == self.chain_seed
 
     def knows(self, instance_id: InstanceId) -> bool:
         return instance_id in self._blocks

@@ -260,6 +260,7 @@ class KeyBuilder:
             prompt_tokens=tokens,
             prefix_hash=_h64(prefix, seed ^ _PREFIX_SALT),
             output_tokens_hint=hint,
+            chain_seed=seed,
         )
 
     def from_token_ids(self, ids: Sequence[int], seed: int, hint: int, block: int) -> RoutingKey:
@@ -295,6 +296,7 @@ class KeyBuilder:
             prompt_tokens=max(prompt_tokens, 1 if units else 0),
             prefix_hash=prefix_hash,
             output_tokens_hint=hint,
+            chain_seed=seed,
         )
 
 
@@ -320,4 +322,6 @@ def key_from_blocks(
         prefix_hash = hashes[n_prefix - 1]
     else:
         prefix_hash = _h64(units.to_bytes(8, "little"), seed ^ _PREFIX_SALT)
-    return RoutingKey(hashes, block_size, units, prompt_tokens, prefix_hash, output_tokens_hint)
+    return RoutingKey(
+        hashes, block_size, units, prompt_tokens, prefix_hash, output_tokens_hint, chain_seed=seed
+    )

@@ -52,6 +52,12 @@ class ExactIndex(Protocol):
 
     def remove_instance(self, instance_id: InstanceId) -> None: ...
 
+    # where the translated chains start (the translator's seed): keys chained from elsewhere
+    # (a tenant, an adapter) are matched on the approximate index instead
+    chain_seed: int | None
+
+    def comparable(self, key_chain_seed: int | None) -> bool: ...
+
 
 @dataclass
 class _InstanceView:

@@ -52,7 +52,14 @@ class ExactModeRouter:
 
     def on_routed(self, key: RoutingKey, decision: Decision) -> None:
         self.router.on_routed(key, decision)
-        if decision.predicted_cached_blocks < len(key.block_hashes):
+        exact = self.exact_index
+        # New blocks are due (a silent engine will be suspected) only for keys the exact view
+        # can name: a tenant's prompt may be cached already under the engine's shared hashes.
+        if (
+            exact is not None
+            and exact.comparable(key.chain_seed)
+            and decision.predicted_cached_blocks < len(key.block_hashes)
+        ):
             self._feed.expect_events(decision.instance_id)
 
     def adopt(self, previous: object) -> None:
@@ -106,6 +113,7 @@ class KvEventFeed:
             self.translator = None
             return
         seed = router.router.keys.seed(self.model, None, None)
+        index.chain_seed = seed
         block_size = router.router.keys.block_size
         old = self.translator
         if old is not None and old.seed == seed and old.block_size == block_size:

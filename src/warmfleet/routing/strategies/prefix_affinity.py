@@ -189,7 +189,11 @@ class PrefixAffinityStrategy:
         """Matched leading blocks per instance (exact knowledge wins where available)."""
         matches = self.index.match(key.block_hashes)
         exact = self.exact_index
-        if self.config.use_exact_index and exact.known_instances:
+        if (
+            self.config.use_exact_index
+            and exact.known_instances
+            and (exact.chain_seed is None or key.chain_seed == exact.chain_seed)
+        ):
             exact_matches = exact.match(key.block_hashes)
             for iid in exact.known_instances:
                 blocks = exact_matches.get(iid)
