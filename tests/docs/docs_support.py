@@ -1,0 +1,127 @@
+"""Helpers for the documentation tests: README sections, code blocks, tables, model trees."""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+EXAMPLES = ROOT / "examples"
+
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def section(text: str, heading: str) -> str:
+    """The body of the Markdown section ``heading`` (up to the next heading of its level or
+    higher)."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = text.splitlines()
+    start = lines.index(heading)
+    end = len(lines)
+    for i in range(start + 1, len(lines)):
+        match = re.match(r"^(#+) ", lines[i])
+        if match and len(match.group(1)) <= level:
+            end = i
+            break
+    return "\n".join(lines[start + 1 : end])
+
+
+def code_blocks(text: str, lang: str) -> list[tuple[int, str]]:
+    """(line number, body) of every fenced block tagged ``lang``."""
+    return [
+        (text[: m.start()].count("\n") + 1, m.group(2))
+        for m in _FENCE.finditer(text)
+        if m.group(1) == lang
+    ]
+
+
+def top_level_chunks(block: str) -> list[str]:
+    """Split a YAML block at every line that starts in column 0 (not a comment): alternatives
+    such as three ``discovery:`` lines are validated one by one."""
+    chunks: list[list[str]] = []
+    for line in block.splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            chunks.append([line])
+        elif chunks:
+            chunks[-1].append(line)
+    return ["\n".join(c) for c in chunks]
+
+
+def tables_after(text: str, marker: str) -> list[list[str]]:
+    """The rows (cells as raw strings) of the first Markdown table after the line ``marker``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(marker))
+    rows: list[list[str]] = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if set("".join(cells)) <= set("-: "):
+            continue
+        rows.append(cells)
+    return rows[1:]  # without the header
+
+
+def code_spans(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+        return
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        yield from _models_in(typing.get_args(annotation)[0])
+        return
+    if origin is not None or isinstance(annotation, types.UnionType):
+        for arg in typing.get_args(annotation):
+            yield from _models_in(arg)
+
+
+def model_tree(root: type[BaseModel]) -> list[type[BaseModel]]:
+    """``root`` and every model reachable through its fields (unions, lists, optionals)."""
+    seen: list[type[BaseModel]] = []
+    todo = [root]
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.append(model)
+        for field in model.model_fields.values():
+            todo.extend(_models_in(field.annotation))
+    return seen
+
+
+def field_at(root: type[BaseModel], path: str) -> tuple[type[BaseModel], str]:
+    """(owning model, field name) of a dotted ``path`` below ``root``; ``KeyError`` if absent.
+    Through a union of models the first member that has the next field is taken."""
+    model = root
+    parts = path.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part not in model.model_fields:
+            raise KeyError(path)
+        candidates = _models_in(model.model_fields[part].annotation)
+        found = next((m for m in candidates if parts[i + 1] in m.model_fields), None)
+        if found is None:
+            raise KeyError(path)
+        model = found
+    if parts[-1] not in model.model_fields:
+        raise KeyError(path)
+    return model, parts[-1]
+
+
+def default_of(model: type[BaseModel], name: str) -> Any:
+    field = model.model_fields[name]
+    if field.is_required():
+        return "<required>"
+    return field.get_default(call_default_factory=True)
