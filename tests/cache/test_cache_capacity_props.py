@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,16 +94,9 @@ def check_reclaim_order(recs: list[ArtifactRecord], plan: EvictionPlan) -> None:
 def test_admission_never_exceeds_budget_nor_touches_protected(recs_staged, policy, size, free):
     recs, staged = recs_staged
     used = occupied_bytes(recs) + sum(staged.values())
+    admit = functools.partial(plan_admission, key="new", name="new", size_bytes=size, policy=policy)
     try:
-        plan = plan_admission(
-            recs,
-            key="new",
-            name="new",
-            size_bytes=size,
-            disk_free_bytes=free,
-            policy=policy,
-            staged_bytes=staged,
-        )
+        plan = admit(recs, disk_free_bytes=free, staged_bytes=staged)
     except InsufficientCapacityError as err:
         # honest refusal: even evicting every evictable artifact would not make room
         evictable = sum(r.size_bytes for r in recs if r.evictable) + sum(staged.values())
@@ -121,15 +116,7 @@ def test_admission_never_exceeds_budget_nor_touches_protected(recs_staged, polic
     assert free_after >= policy.reserve_bytes
     # re-planning the same admission (now in progress) is empty, a GC evicts nothing and
     # drops only failed downloads nobody wants
-    again = plan_admission(
-        after,
-        key="new",
-        name="new",
-        size_bytes=size,
-        disk_free_bytes=free_after,
-        policy=policy,
-        staged_bytes=staged_after,
-    )
+    again = admit(after, disk_free_bytes=free_after, staged_bytes=staged_after)
     assert again.empty
     gc = plan_gc(after, disk_free_bytes=free_after, policy=policy, staged_bytes=staged_after)
     assert gc.evict == ()

@@ -38,3 +38,23 @@ def test_autoscale_uses_the_current_deployment_and_keeps_state() -> None:
     assert ("llama", "main") in states
     fixed = endpoint("fixed", spec())
     assert autoscale([fixed], [], {("fixed", "main"): 100.0}, 0.0, {}) == ({}, {})
+
+
+def test_a_non_finite_or_negative_sample_is_no_data_and_keeps_the_count() -> None:
+    """Prometheus text may carry NaN/+Inf; a negative gauge is an accounting bug. Either one
+    makes the variant's total unknown: it must neither crash the pass (math.ceil(nan) raises)
+    nor scale on garbage, so the variant keeps its count like one without a sample."""
+    scaling = AutoscalingSpec(
+        enabled=True, min_replicas=1, max_replicas=10, target_in_flight_per_replica=5
+    )
+    s = spec(replicas=3).model_copy(
+        update={"variants": (ProductionVariant(name="main", replicas=3, autoscaling=scaling),)}
+    )
+    e = endpoint("llama", s)
+    dep = ObservedDeployment("d", "llama", "main", names.revision(s), 3, None, None)
+    for bad in ("NaN", "+Inf", "-Inf", "-4.0"):
+        text = TEXT.replace("8.0", bad)
+        totals = in_flight_by_variant([text])
+        assert totals == {("other", "main"): 1.0}, bad
+        decisions, _ = autoscale([e], [dep], totals, 0.0, {})
+        assert decisions == {"llama": {"main": 3}}, bad

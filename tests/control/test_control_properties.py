@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 
 from control_support import FAILED, READY, endpoint, run, spec
@@ -231,3 +232,36 @@ def test_node_churn_reconverges(
     for name, cache in world.model_caches.items():
         if fresh.matches(cache.spec.node_selector):
             assert name in fresh.assigned  # a new node is warmed with every wanted cache
+
+
+@settings(max_examples=40, deadline=None)
+@given(fleets(), st.randoms(use_true_random=False))
+def test_plan_does_not_depend_on_the_order_things_were_listed_in(
+    fleet: tuple[World, list[str], frozenset[str]], rnd: random.Random
+) -> None:
+    world, names_, failing = fleet
+    fill = _filler(failing)
+    for step in range(5):
+        now = step * 10.0
+        if step == 3:  # a rollover and a deletion in flight: old and new objects side by side
+            old = world.endpoints[names_[0]]
+            source = old.spec.model_source.model_copy(update={"revision": "v9"})
+            world.put_endpoint(
+                endpoint(names_[0], old.spec.model_copy(update={"model_source": source}))
+            )
+            world.delete_endpoint(names_[-1])
+        observed = world.observed(now)
+        shuffled = replace(
+            observed,
+            nodes=tuple(rnd.sample(observed.nodes, len(observed.nodes))),
+            model_caches=tuple(rnd.sample(observed.model_caches, len(observed.model_caches))),
+            image_caches=tuple(rnd.sample(observed.image_caches, len(observed.image_caches))),
+            deployments=tuple(rnd.sample(observed.deployments, len(observed.deployments))),
+        )
+        desired = world.desired()
+        actions = plan(desired, observed)
+        assert plan(rnd.sample(desired, len(desired)), shuffled) == actions
+        world.apply(actions, now)
+        world.agents_step(fill)  # type: ignore[arg-type]
+        world.schedule(now)
+        world.mark_ready(now)

@@ -287,3 +287,65 @@ def test_a_routing_change_leaves_the_engines_alone() -> None:
     run(world, start_s=end, trace=trace)
     assert not [a for _, a in trace.all() if isinstance(a, ApplyDeployment | DeleteDeployment)]
     assert {name: d.pods for name, d in world.deployments.items()} == pods
+
+
+def test_enabling_the_weights_cache_switches_running_replicas_only_through_the_gate() -> None:
+    """The revision does not change when caching is turned on, so the running Deployment is
+    updated in place: it must keep loading from the origin (and keep scaling) until the new
+    cache passes the gate, instead of restarting every replica cold onto an empty cache."""
+    world = World(nodes(2))
+    world.put_endpoint(endpoint("e", spec(weights=False)))
+    end = run(world)
+    (name,) = world.deployments
+    world.put_endpoint(endpoint("e", spec(weights=True, replicas=3)))
+    cache = names.model_cache_name("e", spec())
+    first = plan(world.desired(), world.observed(end))
+    applied = [a.plan for a in first if isinstance(a, ApplyDeployment)]
+    assert [(p.name, p.model_cache, p.replicas) for p in applied] == [(name, None, 3)]
+    world.apply(first, end)
+    world.agents_step(lambda node, cache: DOWNLOADING)
+    waiting = plan(world.desired(), world.observed(end + 1))
+    assert not any(isinstance(a, ApplyDeployment) for a in waiting)
+    world.apply(waiting, end + 1)
+    assert world.deployments[name].ready_replicas == 2  # still serving, not restarted
+    status = world.endpoints["e"].status
+    assert status is not None
+    assert status.phase == EndpointPhase.GATED
+    gate = next(c for c in status.conditions if c.type == "WeightsGateOpen")
+    assert (gate.status, gate.reason) == ("False", "WaitingForCache")
+    world.schedule(end + 1)
+    world.mark_ready(end + 1)
+    for node in list(world.nodes.values()):  # the downloads finish
+        world.nodes[node.name] = replace(node, weights={cache: READY})
+    run(world, start_s=end + 2)
+    (dep,) = world.deployments.values()
+    assert dep.model_cache == cache
+    assert [p.prepared for p in dep.pods] == [True, True, True]
+    status = world.endpoints["e"].status
+    assert status is not None
+    assert status.phase == EndpointPhase.READY
+
+
+def test_an_unlisted_endpoint_keeps_the_caches_its_deployments_load_from() -> None:
+    """A backend may fail to list an endpoint (the operator skips one whose spec no longer
+    validates) while its Deployments still run. Only a deleting endpoint gives its caches up:
+    the caches and image reference of such orphaned Deployments stay until they are gone."""
+    world = World(nodes(2))
+    world.put_endpoint(endpoint("a", spec(uri="s3://a")))
+    world.put_endpoint(endpoint("b", spec(uri="s3://b")))
+    end = run(world)
+    caches, images = dict(world.model_caches), dict(world.image_caches)
+    labels = {n.name: dict(n.labels) for n in world.nodes.values()}
+    hidden = world.endpoints.pop("a")
+    run(world, start_s=end)
+    assert set(world.model_caches) == set(caches)
+    assert {n: c.spec for n, c in world.image_caches.items()} == {
+        n: c.spec for n, c in images.items()
+    }
+    assert {n.name: dict(n.labels) for n in world.nodes.values()} == labels
+    assert all(n.assigned == set(caches) for n in world.nodes.values())
+    world.endpoints["a"] = replace(hidden, deleting=True)  # listed again, and deleted
+    run(world, start_s=end + 1000)
+    assert set(world.model_caches) == {names.model_cache_name("b", spec(uri="s3://b"))}
+    (image,) = world.image_caches.values()
+    assert [p.name for p in image.spec.parent_references] == ["b"]

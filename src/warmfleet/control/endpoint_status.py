@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from warmfleet.control import names
-from warmfleet.control.observed import DesiredEndpoint, ObservedState
+from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment, ObservedState
 from warmfleet.control.placement import unprepared_share
 from warmfleet.control.resources import (
     CacheState,
@@ -50,6 +50,28 @@ def _image_summary(endpoint: DesiredEndpoint, observed: ObservedState) -> CacheS
     )
 
 
+def _switching_cache(endpoint: DesiredEndpoint, current: list[ObservedDeployment]) -> bool:
+    """A Deployment of the current revision does not load from the endpoint's weights cache yet
+    (caching was just enabled: it switches once the gate opens)."""
+    weights = endpoint.spec.model_cache_config.weights_cache
+    cache = names.model_cache_name(endpoint.name, endpoint.spec) if weights.enabled else None
+    return any(d.model_cache != cache for d in current)
+
+
+def _phase(
+    deleting: bool, gated: bool, deployed: bool, rolling: bool, all_ready: bool
+) -> EndpointPhase:
+    if deleting:
+        return EndpointPhase.DELETING
+    if gated:
+        return EndpointPhase.GATED
+    if not deployed:
+        return EndpointPhase.DEPLOYING
+    if rolling:
+        return EndpointPhase.ROLLING
+    return EndpointPhase.READY if all_ready else EndpointPhase.DEPLOYING
+
+
 def endpoint_status(
     endpoint: DesiredEndpoint, observed: ObservedState, gate: tuple[bool, str, str]
 ) -> EndpointStatus:
@@ -63,22 +85,13 @@ def endpoint_status(
     # availability): during a rollover the old revision's replicas still take traffic.
     serving = sum(1 for d in mine for p in d.pods if p.ready)
     gate_open, gate_reason, gate_message = gate
-    if endpoint.deleting:
-        phase = EndpointPhase.DELETING
-    elif not current and not gate_open:
-        phase = EndpointPhase.GATED
-    elif not current:
-        phase = EndpointPhase.DEPLOYING
-    elif any(d.revision != rev for d in mine):
-        phase = EndpointPhase.ROLLING
-    elif ready >= wanted:
-        phase = EndpointPhase.READY
-    else:
-        phase = EndpointPhase.DEPLOYING
+    gated = not gate_open and (not current or _switching_cache(endpoint, current))
+    rolling = any(d.revision != rev for d in mine)
+    phase = _phase(endpoint.deleting, gated, bool(current), rolling, ready >= wanted)
     conditions = (
         Condition(
             type="WeightsGateOpen",
-            status="True" if gate_open or current else "False",
+            status="False" if gated else "True",
             reason=gate_reason,
             message=gate_message,
         ),

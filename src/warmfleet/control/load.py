@@ -3,6 +3,7 @@ variant (pure; the caller keeps the ``AutoscalerState`` between calls)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -21,8 +22,12 @@ VariantKey = tuple[str, str]  # (endpoint, variant)
 
 def in_flight_by_variant(texts: Iterable[str]) -> dict[VariantKey, float]:
     """Sum ``warmfleet_gateway_in_flight_requests`` over instances and over every gateway's
-    Prometheus text exposition."""
+    Prometheus text exposition.
+
+    A variant with a NaN, infinite or negative sample is left out (its total is unknown: the
+    autoscaler then keeps its count, as for a variant without a sample)."""
     totals: dict[VariantKey, float] = {}
+    unknown: set[VariantKey] = set()
     for text in texts:
         for line in text.splitlines():
             match = _SAMPLE.match(line)
@@ -31,10 +36,13 @@ def in_flight_by_variant(texts: Iterable[str]) -> dict[VariantKey, float]:
             labels = dict(_LABEL.findall(match["labels"] or ""))
             key = (labels.get("endpoint", ""), labels.get("variant", ""))
             try:
-                totals[key] = totals.get(key, 0.0) + float(match["value"])
+                value = float(match["value"])
             except ValueError:
                 continue
-    return totals
+            if not math.isfinite(value) or value < 0.0:
+                unknown.add(key)
+            totals[key] = totals.get(key, 0.0) + value
+    return {k: v for k, v in totals.items() if k not in unknown}
 
 
 def autoscale(

@@ -18,7 +18,7 @@ Rules (docs/fleet-controller.md has the reasoning):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from warmfleet.control import names
 from warmfleet.control.actions import (
@@ -71,6 +71,7 @@ class _Wanted:
 
 def plan(desired: Sequence[DesiredEndpoint], observed: ObservedState) -> list[Action]:
     endpoints = sorted(desired, key=lambda e: e.name)
+    observed = _by_name(observed)
     wanted = _wanted(endpoints, observed)
     actions: list[Action] = []
     actions += _model_cache_objects(wanted, observed)
@@ -83,6 +84,18 @@ def plan(desired: Sequence[DesiredEndpoint], observed: ObservedState) -> list[Ac
     actions += _statuses(endpoints, wanted, observed)
     actions += _releases(endpoints, observed)
     return actions
+
+
+def _by_name(observed: ObservedState) -> ObservedState:
+    """The observed collections in name order: the plan (its action order included) must not
+    depend on the order a backend listed things in."""
+    return replace(
+        observed,
+        nodes=tuple(sorted(observed.nodes, key=lambda n: n.name)),
+        model_caches=tuple(sorted(observed.model_caches, key=lambda c: c.name)),
+        image_caches=tuple(sorted(observed.image_caches, key=lambda c: c.name)),
+        deployments=tuple(sorted(observed.deployments, key=lambda d: d.name)),
+    )
 
 
 # ------------------------------------------------------------------------------ what is wanted
@@ -108,21 +121,26 @@ def _wanted(endpoints: Sequence[DesiredEndpoint], observed: ObservedState) -> _W
         if cache_config.image_cache.enabled:
             cache = names.image_cache_name(spec.image, spec.node_selector)
             wanted.want_image(cache, spec.image, dict(spec.node_selector), _parent(endpoint))
+    listed = {e.name for e in endpoints}
     for deployment in observed.deployments:  # caches still used by older revisions stay
         endpoint_or_none = live.get(deployment.endpoint)
-        if endpoint_or_none is None:
-            continue
+        if endpoint_or_none is None and deployment.endpoint in listed:
+            continue  # deleting: its Deployments go in this pass, its caches after them
         model = observed.model_cache(deployment.model_cache or "")
         if model is not None and deployment.model_cache not in wanted.model_caches:
             wanted.model_caches[model.name] = model.spec
         image = observed.image_cache(deployment.image_cache or "")
-        if image is not None:
-            wanted.want_image(
-                image.name,
-                image.spec.image,
-                dict(image.spec.node_selector),
-                _parent(endpoint_or_none),
-            )
+        if image is None:
+            continue
+        # an endpoint the backend did not list (e.g. its spec no longer validates) keeps the
+        # references it had: only a deleting endpoint gives its caches up
+        parents = (
+            [_parent(endpoint_or_none)]
+            if endpoint_or_none is not None
+            else [p for p in image.spec.parent_references if p.name == deployment.endpoint]
+        )
+        for parent in parents:
+            wanted.want_image(image.name, image.spec.image, dict(image.spec.node_selector), parent)
     return wanted
 
 
@@ -242,10 +260,13 @@ def _deployments(endpoint: DesiredEndpoint, observed: ObservedState) -> list[Act
     rev = names.revision(endpoint.spec)
     current = {d.variant: d for d in mine if d.revision == rev}
     plans = [deployment_plan(endpoint, v) for v in endpoint.spec.variants]
+    gate_open = gate_is_open(endpoint, observed)[0]
     actions: list[Action] = []
-    if current or gate_is_open(endpoint, observed)[0]:
+    if current or gate_open:
         for p in plans:
             have = current.get(p.variant)
+            if have is not None and not gate_open:
+                p = _keep_cache(p, have)
             if have is None or have.spec_hash != p.spec_hash() or have.replicas != p.replicas:
                 actions.append(ApplyDeployment(p))
     variant_names = {p.variant for p in plans}
@@ -254,6 +275,20 @@ def _deployments(endpoint: DesiredEndpoint, observed: ObservedState) -> list[Act
         stale += [d for d in mine if d.revision != rev]
     actions += [DeleteDeployment(d.name) for d in sorted(stale, key=lambda d: d.name)]
     return actions
+
+
+def _keep_cache(p: DeploymentPlan, have: ObservedDeployment) -> DeploymentPlan:
+    """While the gate is closed, a running Deployment keeps the weights cache it loads from
+    (enabling caching does not change the revision, so it is an in-place update): it still
+    scales, and it switches to the new cache only once that cache passes the gate."""
+    if have.model_cache == p.model_cache:
+        return p
+    return replace(
+        p,
+        model_cache=have.model_cache,
+        host_path=p.host_path if have.model_cache else None,
+        preferences=preferences(have.model_cache, p.image_cache),
+    )
 
 
 def _revision_ready(

@@ -22,7 +22,8 @@ DEFAULT_WORKDIR = Path(".warmfleet/fleet")
 
 
 async def _watch_file(fleet: EmbeddedFleet, path: Path, stop: asyncio.Event) -> None:
-    """Re-read the endpoints of ``fleet.yaml`` when it changes (a new revision rolls over)."""
+    """Re-read the endpoints of ``fleet.yaml`` when it changes (a new revision rolls over, an
+    endpoint no longer listed is deleted)."""
     mtime = path.stat().st_mtime_ns
     while not stop.is_set():
         await asyncio.sleep(1.0)
@@ -35,8 +36,7 @@ async def _watch_file(fleet: EmbeddedFleet, path: Path, stop: asyncio.Event) -> 
         except (OSError, ConfigError) as err:
             log.warning("fleet file not applied, the running config stays: %s", err)
             continue
-        for entry in config.spec.endpoints:
-            fleet.put_endpoint(entry.name, entry.spec)
+        fleet.apply_endpoints(config.spec.endpoints)
         fleet.event("fleet_file_reloaded", endpoints=[e.name for e in config.spec.endpoints])
 
 

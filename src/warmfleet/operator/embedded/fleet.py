@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from warmfleet.control.reconciler import plan
 from warmfleet.control.world import World
 from warmfleet.gateway.server import StartedApp
 from warmfleet.operator.embedded import infra
-from warmfleet.operator.embedded.config import LocalFleet, origin_path
+from warmfleet.operator.embedded.config import EndpointEntry, LocalFleet, origin_path
 from warmfleet.operator.embedded.procs import Child, stop_all
 from warmfleet.operator.embedded.replicas import (
     EngineArgs,
@@ -129,6 +130,17 @@ class EmbeddedFleet:
         scaled = old.autoscaled_replicas if old else {}
         self.world.put_endpoint(DesiredEndpoint(name, spec, uid=name, autoscaled_replicas=scaled))
 
+    def apply_endpoints(self, entries: Sequence[EndpointEntry]) -> None:
+        """The fleet file's endpoints after an edit: put every listed one, delete the others
+        (a deleted endpoint is garbage-collected by the reconciler, then released)."""
+        listed = {entry.name for entry in entries}
+        for entry in entries:
+            self.put_endpoint(entry.name, entry.spec)
+        for name, endpoint in list(self.world.endpoints.items()):
+            if name not in listed and not endpoint.deleting:
+                self.world.delete_endpoint(name)
+                self.event("endpoint_deleted", endpoint=name)
+
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self.reconcile_once()
@@ -211,6 +223,10 @@ class EmbeddedFleet:
                 del self.replicas[replica.name]
                 info["state"] = "exited"
                 self.event("replica_exited", replica=replica.name, rc=replica.child.proc.returncode)
+            elif self._start_timed_out(replica):  # replaced below, stopped by _reap
+                self._drain(replica)
+                info["state"] = "startTimedOut"
+                self.event("replica_start_timeout", replica=replica.name, node=replica.node)
         for name, dep in list(self.world.deployments.items()):
             pods = tuple(
                 r.observed(self.t0_wall_s)
@@ -218,6 +234,13 @@ class EmbeddedFleet:
                 if r.deployment == name and r.draining_since_s is None
             )
             self.world.deployments[name] = replace(dep, pods=pods)
+
+    def _start_timed_out(self, replica: Replica) -> bool:
+        """Not ready ``engine.startTimeoutS`` after its start (e.g. a stalled weights load): a
+        stuck replica would otherwise hold its slot and block a rollover for ever."""
+        if replica.draining_since_s is not None or replica.ready:
+            return False
+        return time.time() - replica.child.started_wall_s > self.spec.engine.start_timeout_s
 
     def _autoscale(self, now: float) -> None:
         text = getattr(self, "_metrics_text", None)
