@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from warmfleet.control.autoscaler import AutoscalerState, recommend
 from warmfleet.control.resources import AutoscalingSpec
@@ -71,3 +73,10 @@ def test_always_within_bounds_and_steps(current: int, loads: list[float]) -> Non
         if SPEC.min_replicas <= replicas <= SPEC.max_replicas and rec.replicas < replicas:
             assert rec.raw < replicas
         replicas, state = rec.replicas, rec.state
+
+
+def test_min_replicas_zero_is_rejected_like_hpa() -> None:
+    """At zero replicas no engine reports in-flight load, so an autoscaled variant scaled to
+    zero would never come back: minReplicas must be at least 1 (as in a Kubernetes HPA)."""
+    with pytest.raises(ValidationError, match="minReplicas"):
+        AutoscalingSpec.model_validate({"enabled": True, "minReplicas": 0, "maxReplicas": 3})

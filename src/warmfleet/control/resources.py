@@ -110,7 +110,7 @@ class AutoscalingSpec(WireModel):
     """HPA-like scaling on in-flight requests per replica (from the gateway's metrics)."""
 
     enabled: bool = False
-    min_replicas: int = Field(default=1, ge=0)
+    min_replicas: int = Field(default=1, ge=1)  # as HPA: at 0 no replica reports load
     max_replicas: int = Field(default=1, ge=1)
     target_in_flight_per_replica: float = Field(default=16.0, gt=0.0)
     tolerance: float = Field(default=0.1, ge=0.0, lt=1.0)
