@@ -4,7 +4,7 @@ from control_support import endpoint, spec
 
 from warmfleet.control import names
 from warmfleet.control.load import autoscale, in_flight_by_variant
-from warmfleet.control.observed import ObservedDeployment
+from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment
 from warmfleet.control.resources import AutoscalingSpec, ProductionVariant
 
 TEXT = """# HELP warmfleet_gateway_in_flight_requests In-flight requests
@@ -22,15 +22,23 @@ def test_in_flight_sums_instances_and_gateways() -> None:
     assert in_flight_by_variant(["garbage\n{}", ""]) == {}
 
 
-def test_autoscale_uses_the_current_deployment_and_keeps_state() -> None:
+def _autoscaled_llama(replicas: int) -> tuple[DesiredEndpoint, ObservedDeployment]:
+    """Endpoint llama, variant main autoscaled (1-10, 5 in flight per replica), running
+    ``replicas`` of its current revision."""
     scaling = AutoscalingSpec(
         enabled=True, min_replicas=1, max_replicas=10, target_in_flight_per_replica=5
     )
-    s = spec(replicas=2).model_copy(
-        update={"variants": (ProductionVariant(name="main", replicas=2, autoscaling=scaling),)}
+    s = spec(replicas=replicas).model_copy(
+        update={
+            "variants": (ProductionVariant(name="main", replicas=replicas, autoscaling=scaling),)
+        }
     )
-    e = endpoint("llama", s)
-    dep = ObservedDeployment("d", "llama", "main", names.revision(s), 2, None, None)
+    dep = ObservedDeployment("d", "llama", "main", names.revision(s), replicas, None, None)
+    return endpoint("llama", s), dep
+
+
+def test_autoscale_uses_the_current_deployment_and_keeps_state() -> None:
+    e, dep = _autoscaled_llama(replicas=2)
     decisions, states = autoscale([e], [dep], {("llama", "main"): 58.0}, 0.0, {})
     assert decisions == {"llama": {"main": 6}}  # 12 wanted, +4 pods per decision at most
     decisions, states = autoscale([e], [dep], {}, 15.0, states)
@@ -44,14 +52,7 @@ def test_a_non_finite_or_negative_sample_is_no_data_and_keeps_the_count() -> Non
     """Prometheus text may carry NaN/+Inf; a negative gauge is an accounting bug. Either one
     makes the variant's total unknown: it must neither crash the pass (math.ceil(nan) raises)
     nor scale on garbage, so the variant keeps its count like one without a sample."""
-    scaling = AutoscalingSpec(
-        enabled=True, min_replicas=1, max_replicas=10, target_in_flight_per_replica=5
-    )
-    s = spec(replicas=3).model_copy(
-        update={"variants": (ProductionVariant(name="main", replicas=3, autoscaling=scaling),)}
-    )
-    e = endpoint("llama", s)
-    dep = ObservedDeployment("d", "llama", "main", names.revision(s), 3, None, None)
+    e, dep = _autoscaled_llama(replicas=3)
     for bad in ("NaN", "+Inf", "-Inf", "-4.0"):
         text = TEXT.replace("8.0", bad)
         totals = in_flight_by_variant([text])

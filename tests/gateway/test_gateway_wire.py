@@ -148,6 +148,15 @@ def assert_envelope(answer: Answer, status: int) -> None:
     assert set(error) == {"message", "type", "param", "code"}
 
 
+async def assert_refused_and_closed(reader: asyncio.StreamReader, status: int) -> Answer:
+    """The next answer is a ``status`` envelope that closes the connection, and it does."""
+    answer = await read_answer(reader)
+    assert_envelope(answer, status)
+    assert answer.headers["connection"] == "close"
+    assert await read_to_eof(reader) == b""
+    return answer
+
+
 # ---- server: keep-alive, pipelining, 100-continue, chunked bodies --------------------------------
 
 
@@ -329,10 +338,7 @@ async def test_chunked_body_growing_over_limit_is_413_and_closes() -> None:
         await writer.drain()
         await asyncio.sleep(0.02)
         writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))  # now over it
-        answer = await read_answer(reader)
-        assert_envelope(answer, 413)
-        assert answer.headers["connection"] == "close"
-        assert await read_to_eof(reader) == b""
+        await assert_refused_and_closed(reader, 413)
         assert calls == []
 
 
@@ -378,10 +384,7 @@ async def test_partial_pipelined_request_does_not_cut_the_answer_in_progress() -
 async def test_malformed_request_is_400_envelope_and_closes(garbage: bytes) -> None:
     async with serving() as (_, port), client(port) as (reader, writer):
         writer.write(garbage)
-        answer = await read_answer(reader)
-        assert_envelope(answer, 400)
-        assert answer.headers["connection"] == "close"
-        assert await read_to_eof(reader) == b""
+        await assert_refused_and_closed(reader, 400)
 
 
 async def test_malformed_request_after_a_good_one_is_400() -> None:
