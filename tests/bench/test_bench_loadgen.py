@@ -16,7 +16,13 @@ from typer.testing import CliRunner
 
 from warmfleet.bench.live_fleet import FleetHandle
 from warmfleet.bench.live_procs import ProcessSet
-from warmfleet.bench.loadgen import LoadSpec, prepare_requests, run_load
+from warmfleet.bench.loadgen import (
+    LoadResult,
+    LoadSpec,
+    RequestResult,
+    prepare_requests,
+    run_load,
+)
 from warmfleet.bench.loadgen_metrics import (
     MetricsTarget,
     engine_delta,
@@ -177,7 +183,6 @@ def test_report_field_names_match_the_simulator() -> None:
         output_tokens_per_s=1.0, hit_rate=0.5, reuse={"delivered": 0.5}, share_pct={"a": 100.0},
         spills=0, decisions_by_reason={},
     ).as_report()  # fmt: skip
-    from warmfleet.bench.loadgen import LoadResult, RequestResult  # noqa: PLC0415
 
     live = summarize(LoadResult([RequestResult(0, 0.0, 0.2, 0.1)], 1, 0, 1.0))
     assert set(sim) <= set(live)
@@ -341,7 +346,6 @@ async def test_reference_passthrough_relays_round_robin(
 def test_spills_count_every_spill_reason_like_the_simulator() -> None:
     """The simulator counts decisions with ``spilled`` (prefix_hash overflow and
     prefix_affinity replicate); the live summary must count both reasons too."""
-    from warmfleet.bench.loadgen import LoadResult, RequestResult  # noqa: PLC0415
 
     results = []
     for index, reason in enumerate(["replicate", "overflow", "prefix_hit", "replicate"]):
@@ -351,3 +355,16 @@ def test_spills_count_every_spill_reason_like_the_simulator() -> None:
     summary = summarize(LoadResult(results, 4, 0, 1.0))
     assert summary["spills"] == 3
     assert summary["decisions_by_reason"] == {"overflow": 1, "prefix_hit": 1, "replicate": 2}
+
+
+def test_usage_hit_rate_counts_a_missing_cached_tokens_as_zero_once_any_is_reported() -> None:
+    """vLLM (--enable-prompt-tokens-details) leaves ``cached_tokens`` out when nothing was
+    cached: those requests hit 0 tokens and must weigh in, not vanish from the rate. With no
+    answer carrying it at all, the rate is unknown."""
+    hit = RequestResult(0, 0.0, e2e_s=0.1, prompt_tokens=100, cached_tokens=80)
+    miss = RequestResult(1, 0.0, e2e_s=0.1, prompt_tokens=100, cached_tokens=None)
+    summary = summarize(LoadResult([hit, miss], submitted=2, not_sent=0, wall_s=1.0))
+    assert summary["hit_rate"] == pytest.approx(0.4)
+    assert summary["hit_rate_source"] == "usage_cached_tokens"
+    none = summarize(LoadResult([miss], submitted=1, not_sent=0, wall_s=1.0))
+    assert (none["hit_rate"], none["hit_rate_source"]) == (0.0, "unknown")

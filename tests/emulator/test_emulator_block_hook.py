@@ -44,11 +44,14 @@ class Recorder:
         st.tuples(st.integers(0, 5), st.integers(1, 12), st.integers(1, 6)),
         min_size=1,
         max_size=25,
-    )
+    ),
+    st.booleans(),
 )
-def test_listener_sees_every_store_and_eviction(requests: list[tuple[int, int, int]]) -> None:
+def test_listener_sees_every_store_and_eviction(
+    requests: list[tuple[int, int, int]], cache_when_scheduled: bool
+) -> None:
     recorder = Recorder()
-    engine = EngineModel(SPEC, block_listener=recorder)
+    engine = EngineModel(SPEC, block_listener=recorder, cache_when_scheduled=cache_when_scheduled)
     now_s = 0.0
     for rid, (group, blocks, output) in enumerate(requests):
         hashes = tuple(group * 1000 + i for i in range(blocks))

@@ -85,6 +85,21 @@ async def test_cancel_frees_the_engine() -> None:
         assert events[-1].kind is EngineEventKind.FINISHED
 
 
+async def test_a_prompt_admitted_with_its_twin_reuses_its_blocks() -> None:
+    """vLLM V1 caches a chunk's blocks when it schedules the chunk: of two identical prompts
+    admitted in the same step, the second is served from the first one's blocks."""
+    slow = SPEC.model_copy(update={"step_overhead_s": 0.2})  # 0.2 s wall per step at 1x
+    async with running_driver(slow, speedup=1.0) as driver:
+        blocker = driver.submit(tuple(range(50, 60)), 40, 1, wants_tokens=False)
+        prompt = tuple(range(1, 9))  # 8 blocks of 4 tokens
+        twins = [driver.submit(prompt, 32, 1, wants_tokens=False) for _ in range(2)]
+        await _collect(blocker)  # the twins wait for the blocker's step, then run together
+        first, second = [(await _collect(twin))[0][0] for twin in twins]
+    assert first.time_s == second.time_s  # one step
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == 7 * 4  # all but the block of the recomputed last token
+
+
 @settings(max_examples=15, deadline=None)
 @given(
     st.lists(

@@ -126,12 +126,27 @@ async def test_client_disconnect_cancels_the_engine_request(
 
         def cancelled() -> bool:
             stats = instance.stats()
-            return driver.in_flight == 0 and stats is not None and stats.running == 0
+            return (
+                driver.in_flight == 0
+                and stats is not None
+                and stats.running == 0
+                and stats.kv_usage_frac == 0.0  # its KV blocks are free
+            )
 
         await eventually(cancelled)
         metrics = await scrape(session, url)
         assert metrics.get("vllm:request_success_total", 0) == 0
         assert metrics["vllm:generation_tokens_total"] < 3000
+        # a non-streamed request whose client gives up is cancelled too
+        body = {**_long_stream(), "stream": False}
+        queried_tokens = driver.stats().prefix_cache_queries_tokens
+        with pytest.raises(asyncio.TimeoutError):
+            async with session.post(
+                url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=0.3)
+            ) as resp:
+                await resp.read()
+        assert driver.stats().prefix_cache_queries_tokens > queried_tokens  # it was admitted
+        await eventually(cancelled)
 
 
 async def test_kill_mid_stream_cuts_the_stream_and_restart_serves(

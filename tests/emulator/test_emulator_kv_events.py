@@ -50,7 +50,9 @@ def _events(frames: list[list[bytes]], topic: bytes) -> list[list[Any]]:
             continue
         seqs.append(int.from_bytes(message[1], "big"))
         batch = msgpack.unpackb(message[2])
-        assert isinstance(batch[0], float)
+        ts, _, data_parallel_rank = batch  # vLLM 0.10+: [ts, events, data_parallel_rank]
+        assert isinstance(ts, float)
+        assert data_parallel_rank == 0
         events.extend(batch[1])
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs  # no gaps once joined
     return events

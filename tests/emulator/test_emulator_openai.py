@@ -278,6 +278,70 @@ async def test_bad_requests_are_openai_errors(
     assert status == 400
 
 
+async def test_completions_default_to_16_tokens_like_vllm(session: aiohttp.ClientSession) -> None:
+    """vLLM's CompletionRequest.max_tokens defaults to 16; chat has no default limit, and
+    ``max_completion_tokens`` is a chat field only."""
+    async with EmulatedFleet(fast_spec(eos_min_tokens=40, eos_max_tokens=60)) as fleet:
+        url = fleet.urls[0]
+        body = {"model": MODEL, "prompt": words(8, 20)}  # emulated EOS after 40-60 tokens
+        status, reply = await post_json(session, url, body, "/v1/completions")
+        assert status == 200
+        assert reply["usage"]["completion_tokens"] == 16
+        assert reply["choices"][0]["finish_reason"] == "length"
+        chat_field = {**body, "max_completion_tokens": 3}
+        status, reply = await post_json(session, url, chat_field, "/v1/completions")
+        assert reply["usage"]["completion_tokens"] == 16
+        unlimited = {**body, "max_tokens": None}
+        status, reply = await post_json(session, url, unlimited, "/v1/completions")
+        assert status == 200
+        assert reply["usage"]["completion_tokens"] >= 40
+        assert reply["choices"][0]["finish_reason"] == "stop"
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": words(8, 20)}]}
+        status, reply = await post_json(session, url, chat)
+        assert reply["usage"]["completion_tokens"] >= 40
+        status, reply = await post_json(session, url, {**chat, "max_completion_tokens": 3})
+        assert reply["usage"]["completion_tokens"] == 3
+
+
+async def test_min_tokens_over_max_tokens_is_a_400(
+    fleet: EmulatedFleet, session: aiohttp.ClientSession
+) -> None:
+    url = fleet.urls[0]
+    too_many = {"model": MODEL, "prompt": words(8, 20), "min_tokens": 17}  # max_tokens 16
+    status, err = await post_json(session, url, too_many, "/v1/completions")
+    assert status == 400
+    assert err["error"]["param"] == "min_tokens"
+    status, err = await post_json(session, url, chat_body("s", "u", max_tokens=4, min_tokens=5))
+    assert status == 400
+    status, _ = await post_json(session, url, chat_body("s", "u", max_tokens=4, min_tokens=4))
+    assert status == 200
+
+
+async def test_deeply_nested_values_are_a_400_not_a_500(
+    fleet: EmulatedFleet, session: aiohttp.ClientSession
+) -> None:
+    """Values rendered into the prompt as JSON (tools, tool calls, non-text content parts),
+    nested as deeply as the body parser accepts, are the client's error."""
+    url = fleet.urls[0]
+    deep = "[" * 1000 + "]" * 1000
+    head = f'{{"model": "{MODEL}", '
+    user = '{"role": "user", "content": "hi"}'
+    bodies = {
+        "tools": head + f'"messages": [{user}], "tools": {deep}}}',
+        "messages[0].tool_calls": head
+        + f'"messages": [{{"role": "assistant", "content": "", "tool_calls": {deep}}}]}}',
+        "messages[0].content[0]": head
+        + f'"messages": [{{"role": "user", "content": [{{"type": "x", "v": {deep}}}]}}]}}',
+    }
+    for param, raw in bodies.items():
+        for path in ("/v1/chat/completions", "/tokenize", "/v1/chat/completions/render"):
+            async with session.post(url + path, data=raw.encode()) as resp:
+                assert resp.status == 400, (param, path, resp.status)
+                err = (await resp.json())["error"]
+            assert err["param"] == param
+            assert err["code"] == 400
+
+
 async def test_http2_probe_is_answered_without_error_logs(
     fleet: EmulatedFleet, session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -197,6 +197,27 @@ def test_cancel_releases_blocks_and_silences_the_request() -> None:
     assert engine.stats().kv_usage_frac == 0.0
 
 
+def _twin_cached_tokens(cache_when_scheduled: bool, prompt_blocks: int) -> int:
+    """Cached tokens of the second of two identical prompts submitted while another request
+    runs (so both are admitted by the same plan, the first one's prefill may be chunked)."""
+    engine = EngineModel(small_spec(), cache_when_scheduled=cache_when_scheduled)
+    engine.submit(req(1, [900, 901]), 0.0)
+    blocks = list(range(1, prompt_blocks + 1))
+    engine.submit(req(2, blocks), 0.001)
+    engine.submit(req(3, blocks), 0.001)
+    return first_token(run_all(engine), 3).cached_tokens
+
+
+def test_cache_when_scheduled_serves_a_twin_admitted_in_the_same_step() -> None:
+    # 4 blocks: both twins are admitted by one plan. 20 blocks (320 tokens; budget 256 less
+    # request 1's decode token): the first twin's first chunk (255 tokens, 15 full blocks)
+    # fills the step; the second twin is admitted with the first one's last chunk.
+    assert _twin_cached_tokens(True, 4) == 3 * BT
+    assert _twin_cached_tokens(False, 4) == 0
+    assert _twin_cached_tokens(True, 20) == 19 * BT
+    assert _twin_cached_tokens(False, 20) == 15 * BT
+
+
 def test_too_large_requests_are_rejected() -> None:
     engine = EngineModel(small_spec(kv_capacity_tokens=4 * BT))
     engine.submit(req(1, [1, 2, 3, 4, 5]), 0.0)

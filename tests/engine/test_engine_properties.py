@@ -51,10 +51,12 @@ def _requests(
 
 
 def _drive(
-    plan: list[tuple[float, EngineRequest, bool]], step_s: float | None
+    plan: list[tuple[float, EngineRequest, bool]],
+    step_s: float | None,
+    cache_when_scheduled: bool = False,
 ) -> tuple[list[EngineEvent], set[int]]:
     """Submit at the planned times; advance to each next event, or in fixed ``step_s`` ticks."""
-    engine = EngineModel(SPEC, emit_token_events=True)
+    engine = EngineModel(SPEC, emit_token_events=True, cache_when_scheduled=cache_when_scheduled)
     events: list[EngineEvent] = []
     cancelled: set[int] = set()
     pending = list(plan)
@@ -83,10 +85,12 @@ def _drive(
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(request_st, min_size=1, max_size=12))
-def test_every_request_is_conserved_and_time_is_monotonic(raw: list) -> None:
+@given(st.lists(request_st, min_size=1, max_size=12), st.booleans())
+def test_every_request_is_conserved_and_time_is_monotonic(
+    raw: list, cache_when_scheduled: bool
+) -> None:
     plan = _requests(raw)
-    events, cancelled = _drive(plan, None)
+    events, cancelled = _drive(plan, None, cache_when_scheduled)
     times = [e.time_s for e in events]
     assert times == sorted(times)
     submitted = {r.request_id: (t, r) for t, r, _ in plan}
@@ -110,11 +114,17 @@ def test_every_request_is_conserved_and_time_is_monotonic(raw: list) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(request_st, min_size=1, max_size=8), st.sampled_from([0.003, 0.05, 0.4]))
-def test_advancing_in_small_ticks_gives_the_same_events(raw: list, step_s: float) -> None:
+@given(
+    st.lists(request_st, min_size=1, max_size=8),
+    st.sampled_from([0.003, 0.05, 0.4]),
+    st.booleans(),
+)
+def test_advancing_in_small_ticks_gives_the_same_events(
+    raw: list, step_s: float, cache_when_scheduled: bool
+) -> None:
     plan = [(round(t, 3), r, False) for t, r, _ in _requests(raw)]
-    coarse, _ = _drive(plan, None)
-    fine, _ = _drive(plan, step_s)
+    coarse, _ = _drive(plan, None, cache_when_scheduled)
+    fine, _ = _drive(plan, step_s, cache_when_scheduled)
 
     def ends(events: list[EngineEvent]) -> dict[int, float]:
         return {e.request_id: e.time_s for e in events if e.kind != EngineEventKind.TOKEN}

@@ -201,11 +201,14 @@ def _hit_rate(ok: Sequence[RequestResult], engine: EngineDelta | None) -> tuple[
     ``usage.cached_tokens``."""
     if engine is not None and engine.hit_rate is not None:
         return engine.hit_rate, "engine_metrics_partial" if engine.missing else "engine_metrics"
+    # vLLM reports cached_tokens only with --enable-prompt-tokens-details, and then leaves it
+    # out when nothing was cached: once any answer carries it, a missing one means 0.
+    reported = any(r.cached_tokens is not None for r in ok)
     prompt = cached = 0
     for r in ok:
-        if r.prompt_tokens is not None and r.cached_tokens is not None:
+        if r.prompt_tokens is not None and reported:
             prompt += r.prompt_tokens
-            cached += r.cached_tokens
+            cached += r.cached_tokens or 0
     if prompt:
         return cached / prompt, "usage_cached_tokens"
     return 0.0, "unknown"

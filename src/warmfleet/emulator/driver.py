@@ -110,8 +110,13 @@ class EngineDriver:
         self._sink = block_sink
         # Two token events per run of decode steps keep ``_dispatch``'s view exact: a stream's
         # latest count and the gap between its last two tokens (all ``RequestStream`` keeps).
+        # Blocks are cached when their chunk is scheduled, as vLLM V1 does.
         self._model = EngineModel(
-            spec, emit_token_events=True, block_listener=block_sink, token_event_steps=2
+            spec,
+            emit_token_events=True,
+            block_listener=block_sink,
+            token_event_steps=2,
+            cache_when_scheduled=True,
         )
         self._loop = asyncio.get_running_loop()
         self._clock = time.monotonic

@@ -2,7 +2,8 @@
 
 Wire format, as vLLM's ``ZmqEventPublisher``: each message is three frames
 ``[topic, seq (8-byte big-endian, from 0), payload]``; the payload is a msgpack
-``EventBatch`` array ``[ts, events]`` whose events are msgspec-style tagged arrays:
+``KVEventBatch`` array ``[ts, events, data_parallel_rank]`` (the rank is always 0: vLLM
+0.10+'s publisher stamps its own) whose events are msgspec-style tagged arrays:
 
 - ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``
 - ``["BlockRemoved", block_hashes, medium]``
@@ -40,6 +41,7 @@ from warmfleet.emulator.config import KvEventsSpec
 log = logging.getLogger(__name__)
 MEDIUM = "GPU"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+DATA_PARALLEL_RANK = 0  # one engine per instance: vLLM's rank 0
 
 
 @dataclass(slots=True)
@@ -186,7 +188,8 @@ class KvEventPublisher:
             return
         step = self.spec.max_batch_events
         for start in range(0, len(events), step):
-            payload = msgpack.packb([time.time(), events[start : start + step]])
+            batch = [time.time(), events[start : start + step], DATA_PARALLEL_RANK]
+            payload = msgpack.packb(batch)
             frames = [self._topic, self._seq.to_bytes(8, "big"), payload]
             with contextlib.suppress(zmq.Again):  # a gap the subscriber sees in ``seq``
                 socket.send_multipart(frames, flags=zmq.NOBLOCK)

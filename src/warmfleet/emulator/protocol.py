@@ -32,6 +32,7 @@ from warmfleet.engine.spec import EngineSpec
 Kind = Literal["chat", "completion"]
 DONE = b"data: [DONE]\n\n"
 _MAX_TOKEN_ID = (1 << 63) - 1
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,13 +161,22 @@ def _cache_salt(body: Mapping[str, Any]) -> str | None:
     return salt
 
 
+def _requested_max_tokens(body: Mapping[str, Any], kind: Kind) -> int | None:
+    """vLLM's limit: chat reads ``max_completion_tokens`` then ``max_tokens`` (default: none);
+    completions read only ``max_tokens``, 16 when absent (an explicit null: none)."""
+    if kind == "chat":
+        max_tokens = _opt_int(body, "max_completion_tokens", 1)
+        return max_tokens if max_tokens is not None else _opt_int(body, "max_tokens", 1)
+    if "max_tokens" not in body:
+        return COMPLETIONS_DEFAULT_MAX_TOKENS
+    return _opt_int(body, "max_tokens", 1)
+
+
 def _output_tokens(
-    body: Mapping[str, Any], prompt_len: int, text_seed: int, ctx: ParseContext
+    body: Mapping[str, Any], kind: Kind, prompt_len: int, text_seed: int, ctx: ParseContext
 ) -> tuple[int, str]:
     limit = ctx.spec.max_model_len
-    max_tokens = _opt_int(body, "max_completion_tokens", 1)
-    if max_tokens is None:
-        max_tokens = _opt_int(body, "max_tokens", 1)
+    max_tokens = _requested_max_tokens(body, kind)
     if max_tokens is None:
         max_tokens = limit - prompt_len
     if prompt_len + max(max_tokens, 1) > limit:
@@ -176,11 +186,16 @@ def _output_tokens(
             "the completion). Please reduce the length of the messages or completion.",
             "max_tokens",
         )
+    min_tokens = _opt_int(body, "min_tokens", 0) or 0
+    if min_tokens > max_tokens:
+        raise _bad(
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.",
+            "min_tokens",
+        )
     if _opt_bool(body, "ignore_eos"):
         return max_tokens, "length"
     span = ctx.eos_max_tokens - ctx.eos_min_tokens + 1
-    natural = ctx.eos_min_tokens + text_seed % span
-    natural = max(natural, _opt_int(body, "min_tokens", 0) or 0)
+    natural = max(ctx.eos_min_tokens + text_seed % span, min_tokens)
     if natural >= max_tokens:
         return max_tokens, "length"
     return natural, "stop"
@@ -211,7 +226,7 @@ def parse_job(body: object, kind: Kind, ctx: ParseContext) -> Job:
     stream, include_usage = _stream_flags(body)
     data = array("Q", ids).tobytes()  # ids are in [0, 2**63) (tokenizer or _token_list)
     text_seed = xxhash.xxh3_64_intdigest(data)
-    output_tokens, finish_reason = _output_tokens(body, len(ids), text_seed, ctx)
+    output_tokens, finish_reason = _output_tokens(body, kind, len(ids), text_seed, ctx)
     seed = hash_seed(ctx.hash_seed, _cache_salt(body))
     hashes = prompt_block_hashes_bytes(data, ctx.spec.block_tokens, seed)
     return Job(

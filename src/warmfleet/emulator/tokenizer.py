@@ -219,6 +219,15 @@ def _bad(message: str, param: str) -> BadRequestError:
     return BadRequestError(message, param=param)
 
 
+def _json_text(value: object, param: str) -> str:
+    """Compact, key-sorted JSON of a request value rendered into the prompt; a value nested
+    too deeply to serialise (the body parser accepts 1,024 levels) is the client's error."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except RecursionError as err:
+        raise _bad(f"'{param}' is nested too deeply", param) from err
+
+
 def _content_text(content: object, param: str) -> str:
     if content is None:
         return ""
@@ -235,7 +244,7 @@ def _content_text(content: object, param: str) -> str:
         elif part.get("type") == "image_url":
             pieces.append(IMAGE)
         else:
-            pieces.append(json.dumps(part, sort_keys=True, separators=(",", ":")))
+            pieces.append(_json_text(part, f"{param}[{i}]"))
     return "".join(pieces)
 
 
@@ -249,7 +258,7 @@ def chat_parts(
         raise _bad("'messages' must be a non-empty array", "messages")
     out = [BOS]
     if tools:
-        tools_json = json.dumps(tools, sort_keys=True, separators=(",", ":"))
+        tools_json = _json_text(tools, "tools")
         out += (START_HEADER, "tools", END_HEADER, tools_json, EOT)
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
@@ -261,7 +270,7 @@ def chat_parts(
         text = _content_text(message.get("content"), f"{param}.content")
         calls = message.get("tool_calls")
         if calls:
-            text += json.dumps(calls, sort_keys=True, separators=(",", ":"))
+            text += _json_text(calls, f"{param}.tool_calls")
         out += (START_HEADER, role, END_HEADER, text, EOT)
     if add_generation_prompt:
         out += (START_HEADER, "assistant", END_HEADER)

@@ -11,7 +11,9 @@ served while fewer than ``max_num_seqs`` run and KV blocks are available (chunke
 A request reserves at admission every block it will need (prompt + output), so there is no
 preemption; its cached prefix (leading full blocks already in the cache) is not recomputed, but at
 least one prompt token always is. Full prompt blocks are registered in the cache as their chunk
-completes, so a concurrent request can already reuse them.
+completes, so a concurrent request can already reuse them; with ``cache_when_scheduled`` they
+are registered when their chunk is scheduled, as vLLM V1's ``allocate_slots`` does, so a request
+admitted in the same step (or the next one, while the chunk still runs) reuses them too.
 
 Decode-only stretches (nothing in prefill, nothing admissible) are fast-forwarded: the engine
 plans one "macro step" of ``k`` decode steps up to the next finish, with the exact closed-form sum
@@ -25,52 +27,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from warmfleet.engine.blocks import BlockListener, BlockPool
+from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest, EngineStats
 from warmfleet.engine.spec import EngineSpec
 
-
-@dataclass(frozen=True, slots=True)
-class EngineRequest:
-    request_id: int
-    block_hashes: tuple[int, ...]  # chained hashes of the prompt's full blocks
-    prompt_tokens: int
-    output_tokens: int
-    # chained hashes of the full blocks the generated tokens complete (continuing
-    # ``block_hashes``), when the caller knows them (the next turn of a conversation
-    # re-sends the answer); registered in the prefix cache when the request finishes
-    output_block_hashes: tuple[int, ...] = ()
-    # with ``emit_token_events``: False skips this request's TOKEN events (a caller that only
-    # needs its first token and its end saves one event per output token)
-    token_events: bool = True
-
-
-class EngineEventKind(StrEnum):
-    FIRST_TOKEN = "first_token"
-    TOKEN = "token"  # every output token after the first (only with emit_token_events)
-    FINISHED = "finished"
-    REJECTED = "rejected"  # can never fit: longer than max_model_len or the whole KV cache
-
-
-@dataclass(frozen=True, slots=True)
-class EngineEvent:
-    kind: EngineEventKind
-    request_id: int
-    time_s: float
-    cached_tokens: int = 0  # FIRST_TOKEN: prompt tokens served from the prefix cache
-    output_tokens: int = 0  # FIRST_TOKEN/TOKEN/FINISHED: output tokens produced so far
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    prefix_cache_queries_tokens: int
-    prefix_cache_hits_tokens: int
-    running: int
-    waiting: int
-    kv_usage_frac: float
-    cached_blocks: int
-    capacity_blocks: int
+__all__ = ["EngineEvent", "EngineEventKind", "EngineModel", "EngineRequest", "EngineStats"]
 
 
 @dataclass(slots=True, eq=False)
@@ -133,16 +95,20 @@ class EngineModel:
         emit_token_events: bool = False,
         block_listener: BlockListener | None = None,
         token_event_steps: int | None = None,
+        cache_when_scheduled: bool = False,
     ) -> None:
         """``token_event_steps``: with ``emit_token_events``, emit only the TOKEN events of the
         last N decode steps of each fast-forwarded run that an ``advance`` passes (None: all).
         A consumer that keeps each request's latest count and the gap between its last two
-        tokens sees exactly the same with N = 2, at a fraction of the events."""
+        tokens sees exactly the same with N = 2, at a fraction of the events.
+        ``cache_when_scheduled``: register a prefill chunk's full blocks when the chunk is
+        scheduled (vLLM V1), not when it completes (see the module docstring)."""
         if token_event_steps is not None and token_event_steps < 1:
             raise ValueError("token_event_steps must be >= 1")
         self.spec = spec
         self._emit_tokens = emit_token_events
         self._token_event_steps = token_event_steps
+        self._cache_when_scheduled = cache_when_scheduled
         self._bt = spec.block_tokens
         self._pool = BlockPool(spec.capacity_blocks, block_listener)
         self._waiting: deque[_Seq] = deque()
@@ -278,7 +244,7 @@ class EngineModel:
                 budget -= 1
             elif budget > 0:
                 chunk = min(left, budget)
-                prefills.append((seq, chunk))
+                self._schedule_prefill(seq, chunk, prefills)
                 budget -= chunk
         waiting = self._waiting
         while waiting and budget > 0 and len(self._running) < self.spec.max_num_seqs:
@@ -288,7 +254,7 @@ class EngineModel:
             waiting.popleft()
             self._running.append(seq)
             chunk = min(seq.req.prompt_tokens - seq.computed_tokens, budget)
-            prefills.append((seq, chunk))
+            self._schedule_prefill(seq, chunk, prefills)
             budget -= chunk
         if prefills:
             self._step = self._mixed_step(now_s, prefills, decodes)
@@ -296,6 +262,11 @@ class EngineModel:
             self._step = self._decode_macro(now_s, decodes)
         else:
             self._step = None
+
+    def _schedule_prefill(self, seq: _Seq, chunk: int, prefills: list[tuple[_Seq, int]]) -> None:
+        prefills.append((seq, chunk))
+        if self._cache_when_scheduled:
+            self._register_blocks(seq, seq.computed_tokens + chunk)
 
     def _mixed_step(
         self, now_s: float, prefills: list[tuple[_Seq, int]], decodes: list[_Seq]
@@ -367,7 +338,8 @@ class EngineModel:
             if seq.cancelled:
                 continue
             seq.computed_tokens += chunk
-            self._register_blocks(seq)
+            if not self._cache_when_scheduled:
+                self._register_blocks(seq, seq.computed_tokens)
             if seq.computed_tokens >= seq.req.prompt_tokens:
                 seq.generated = 1
                 events.append(
@@ -390,9 +362,10 @@ class EngineModel:
         for seq in finished:
             self._finish(seq, end_s, events)
 
-    def _register_blocks(self, seq: _Seq) -> None:
+    def _register_blocks(self, seq: _Seq, tokens: int) -> None:
+        """Register ``seq``'s prompt blocks that ``tokens`` prompt tokens fill."""
         hashes = seq.req.block_hashes
-        full = min(seq.computed_tokens // self._bt, len(hashes))
+        full = min(tokens // self._bt, len(hashes))
         if full > seq.next_block:
             registered = self._pool.register_many(hashes[seq.next_block : full])
             seq.held.extend(registered)
