@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+import socket
 
+import aiohttp
 import pytest
+from aiohttp import web
 from cache_support import manager_for
 from huggingface_hub import hf_hub_download
 
+from warmfleet.agent.sources.base import SourceError, TransientSourceError
+from warmfleet.agent.sources.hf import HfSource
+from warmfleet.agent.sources.http import HttpSource
+from warmfleet.agent.testing.origin import ServerThread
 from warmfleet.cache.config import SourcesSpec
+from warmfleet.cache.manifest import FileEntry
 from warmfleet.core.errors import IntegrityError, NotFoundError
 
 WEIGHTS = os.urandom(700_000)
@@ -87,3 +95,76 @@ def test_server_speaks_what_huggingface_hub_requests(origin, tmp_path):
     with open(path, "rb") as fh:
         assert fh.read() == WEIGHTS
     assert repo.commit in path
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_hf_hub_unreachable_is_a_transient_source_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    async with manager_for(tmp_path / "c", request_timeout_s=5) as m:
+        with pytest.raises(TransientSourceError, match="hf://org/tiny@main"):
+            await m.prefetch("hf://org/tiny")
+
+
+async def test_hf_hub_503_is_transient_and_403_is_not(tmp_path, monkeypatch):
+    status = {"code": 503}
+
+    async def api(_: web.Request) -> web.Response:
+        return web.Response(status=status["code"], text="busy or gated")
+
+    def app() -> web.Application:
+        application = web.Application()
+        application.router.add_route("*", "/{tail:.*}", api)
+        return application
+
+    with ServerThread(app) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        async with manager_for(tmp_path / "c") as m:
+            with pytest.raises(TransientSourceError, match="503"):
+                await m.prefetch("hf://org/tiny")
+            status["code"] = 403
+            with pytest.raises(SourceError, match="403") as info:
+                await m.prefetch("hf://org/tiny")
+            assert not isinstance(info.value, TransientSourceError)
+
+
+async def test_hf_token_is_not_sent_to_a_cdn_on_another_host(tmp_path):
+    """The Hub answers ``resolve`` for an LFS file with a redirect to its CDN: the ranged GET
+    follows it, and the token stays with the Hub."""
+    data = os.urandom(1000)
+    seen: dict[str, list[str]] = {"hub": [], "cdn": []}
+
+    async def cdn(request: web.Request) -> web.Response:
+        seen["cdn"].append(request.headers.get("Authorization", ""))
+        first, _, last = request.headers["Range"].removeprefix("bytes=").partition("-")
+        start, end = int(first), int(last) + 1
+        headers = {"Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}
+        return web.Response(status=206, body=data[start:end], headers=headers)
+
+    def cdn_app() -> web.Application:
+        application = web.Application()
+        application.router.add_get("/blob", cdn)
+        return application
+
+    with ServerThread(cdn_app) as cdn_server:
+
+        async def resolve(request: web.Request) -> web.Response:
+            seen["hub"].append(request.headers.get("Authorization", ""))
+            raise web.HTTPFound(f"{cdn_server.url}/blob?signature=x")
+
+        def hub_app() -> web.Application:
+            application = web.Application()
+            application.router.add_get("/{tail:.*}", resolve)
+            return application
+
+        with ServerThread(hub_app) as hub:
+            async with aiohttp.ClientSession() as session:
+                source = HfSource(HttpSource(session), endpoint=hub.url, token="hf_x", timeout_s=5)
+                entry = FileEntry("w.bin", len(data), f"{hub.url}/org/m/resolve/{'a' * 40}/w.bin")
+                got = b"".join([b async for b in source.open_range(entry, 100, 600)])
+    assert got == data[100:600]
+    assert seen == {"hub": ["Bearer hf_x"], "cdn": [""]}

@@ -33,6 +33,7 @@ from warmfleet.core.errors import CacheError, WarmfleetError
 PROGRESS_FILE = ".warmfleet-progress.json"
 WRITE_BLOCK_BYTES = 4 << 20
 MAX_IOV = 512  # well under IOV_MAX (1024 on Linux)
+MAX_RETRY_AFTER_S = 120.0  # an origin's Retry-After is honoured up to this
 
 
 def atomic_write_json(path: Path, data: object) -> None:
@@ -56,6 +57,12 @@ def _raise_os(err: OSError, what: str) -> NoReturn:
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         raise DiskFullError(f"disk full while {what}: {err}") from err
     raise CacheError(f"I/O error while {what}: {err}") from err
+
+
+def _pinned(entry: FileEntry) -> bool:
+    """The entry names one version of its object (a validator or a digest), so chunks staged
+    by an earlier attempt can be reused: a changed object has another key or is refused."""
+    return entry.has_digest() or any((entry.etag, entry.version_id, entry.last_modified))
 
 
 def _ignore(_: object) -> None:
@@ -106,7 +113,10 @@ class Downloader:
     async def download(self, source: Source, manifest: Manifest, staging: Path) -> None:
         key = manifest.key()
         chunk_bytes = self._spec.chunk if source.supports_ranges(manifest) else 1 << 62
-        state = load_resume(staging, key, chunk_bytes)
+        if all(_pinned(entry) for entry in manifest.files):
+            state = load_resume(staging, key, chunk_bytes)
+        else:  # nothing tells whether staged chunks are of the same version: start over
+            state = ResumeState(key, chunk_bytes)
         fds: dict[str, int] = {}
         try:
             todo: list[Chunk] = []
@@ -222,7 +232,14 @@ class Downloader:
                         f"{attempt} attempts: {err}"
                     ) from err
                 self._on_retry(type(err).__name__)
-                await asyncio.sleep(self._backoff.delay_s(attempt, self._rng))
+                await asyncio.sleep(self._retry_delay_s(attempt, err))
+
+    def _retry_delay_s(self, attempt: int, err: TransientSourceError) -> float:
+        """Backoff with jitter, but never sooner than the origin's Retry-After (capped)."""
+        delay_s = self._backoff.delay_s(attempt, self._rng)
+        if err.retry_after_s is not None:
+            delay_s = max(delay_s, min(err.retry_after_s, MAX_RETRY_AFTER_S))
+        return delay_s
 
     async def _stream_chunk(self, source: Source, entry: FileEntry, chunk: Chunk, fd: int) -> int:
         copy_range = getattr(source, "copy_range", None)

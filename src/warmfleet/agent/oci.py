@@ -18,8 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from warmfleet.agent.sources.base import SourceError, TransientSourceError
-from warmfleet.agent.sources.http import HttpSource
+from warmfleet.agent.sources.base import AuthChallengeError, SourceError, TransientSourceError
+from warmfleet.agent.sources.http import RETRYABLE_STATUS, HttpSource
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
 from warmfleet.cache.uri import ParsedUri
 from warmfleet.core.errors import IntegrityError, NotFoundError
@@ -76,6 +76,30 @@ def _platform_matches(desc: Mapping[str, Any], platform: str) -> bool:
     return have == want
 
 
+def _descriptor(desc: Any, where: str) -> dict[str, Any]:
+    """A content descriptor pinned by a sha256 digest and a size (else refused)."""
+    if not isinstance(desc, dict) or not _DIGEST_RE.match(str(desc.get("digest", ""))):
+        raise SourceError(f"{where}: descriptor without a sha256 digest: {desc!r}")
+    size = desc.get("size")
+    if not isinstance(size, int) or size < 0:
+        raise SourceError(f"{where}: descriptor {desc['digest']} without a valid size")
+    return desc
+
+
+def _platform_descriptor(index: bytes, platform: str, where: str) -> dict[str, Any]:
+    descs = [d for d in json.loads(index).get("manifests", []) if _platform_matches(d, platform)]
+    if not descs:
+        raise NotFoundError(f"{where}: no manifest for {platform}")
+    return _descriptor(descs[0], where)
+
+
+def _blob_descriptors(image: bytes, where: str) -> list[dict[str, Any]]:
+    doc = json.loads(image)
+    if not isinstance(doc.get("config"), dict):
+        raise SourceError(f"{where}: image manifest without a config")
+    return [_descriptor(d, where) for d in [doc["config"], *doc.get("layers", [])]]
+
+
 class OciSource:
     kind = SourceKind.OCI
 
@@ -91,48 +115,60 @@ class OciSource:
         self._insecure = insecure_hosts
         self._platform = platform
         self._inline: dict[str, bytes] = {}
-        self._tokens: dict[str, str] = {}
+        self._tokens: dict[str, str] = {}  # per repository base URL: tokens are scoped
+        self._refs: dict[str, ImageRef] = {}
 
     def _base(self, ref: ImageRef) -> str:
         host = ref.registry.rsplit(":", 1)[0]
         scheme = "http" if host in self._insecure else "https"
         return f"{scheme}://{ref.registry}/v2/{ref.repository}"
 
-    def _auth(self, ref: ImageRef) -> dict[str, str]:
-        token = self._tokens.get(ref.registry)
+    def _auth(self, base: str) -> dict[str, str]:
+        token = self._tokens.get(base)
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def _get(self, ref: ImageRef, url: str, headers: dict[str, str]) -> tuple[bytes, Any]:
-        for _ in range(2):
+        base = self._base(ref)
+        for attempt in range(2):
             try:
-                async with self._session.get(url, headers={**headers, **self._auth(ref)}) as resp:
-                    if resp.status == 401 and ref.registry not in self._tokens:
-                        await self._login(ref, resp.headers.get("WWW-Authenticate", ""))
+                async with self._session.get(url, headers={**headers, **self._auth(base)}) as resp:
+                    if resp.status == 401 and attempt == 0:  # no token yet, or it expired
+                        await self._login(base, ref, resp.headers.get("WWW-Authenticate", ""))
                         continue
                     if resp.status == 404:
                         raise NotFoundError(f"{url}: not found in registry")
                     if resp.status >= 400:
-                        err = TransientSourceError if resp.status >= 500 else SourceError
+                        err = (
+                            TransientSourceError if resp.status in RETRYABLE_STATUS else SourceError
+                        )
                         raise err(f"{url}: HTTP {resp.status}")
                     return await resp.read(), resp.headers
             except aiohttp.ClientError as err:
                 raise TransientSourceError(f"GET {url}: {err}") from err
         raise SourceError(f"{url}: registry refused the credentials")
 
-    async def _login(self, ref: ImageRef, challenge: str) -> None:
+    async def _login(self, base: str, ref: ImageRef, challenge: str) -> None:
+        """Anonymous bearer token for one repository (tokens are scoped to it and expire)."""
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         if not challenge.lower().startswith("bearer") or "realm" not in params:
             raise SourceError(f"{ref.registry}: unsupported auth challenge {challenge!r}")
         query = {k: v for k, v in params.items() if k in ("service", "scope")}
         query.setdefault("scope", f"repository:{ref.repository}:pull")
-        async with self._session.get(params["realm"], params=query) as resp:
-            if resp.status >= 400:
-                raise SourceError(f"{ref.registry}: token endpoint HTTP {resp.status}")
-            body = await resp.json(content_type=None)
+        try:
+            async with self._session.get(params["realm"], params=query) as resp:
+                if resp.status >= 400:
+                    err = TransientSourceError if resp.status >= 500 else SourceError
+                    raise err(f"{ref.registry}: token endpoint HTTP {resp.status}")
+                body = await resp.json(content_type=None)
+        except aiohttp.ClientError as err:
+            raise TransientSourceError(f"{ref.registry}: token endpoint: {err}") from err
+        except ValueError as err:
+            raise SourceError(f"{ref.registry}: token endpoint sent no JSON: {err}") from err
         token = body.get("token") or body.get("access_token")
         if not token:
             raise SourceError(f"{ref.registry}: token endpoint returned no token")
-        self._tokens[ref.registry] = str(token)
+        self._tokens[base] = str(token)
+        self._refs[base] = ref
 
     async def fetch_manifest(self, ref: ImageRef, reference: str) -> tuple[bytes, str, str]:
         """Manifest bytes, media type and verified digest."""
@@ -145,7 +181,12 @@ class OciSource:
         claimed = headers.get("Docker-Content-Digest")
         if claimed and claimed != digest:
             raise IntegrityError(f"registry claims {claimed} but manifest hashes to {digest}")
-        doc = json.loads(body)
+        try:
+            doc = json.loads(body)
+        except ValueError as err:
+            raise SourceError(f"manifest {reference} of {ref.repository} is not JSON") from err
+        if not isinstance(doc, dict):
+            raise SourceError(f"manifest {reference} of {ref.repository} is not a JSON object")
         media = doc.get("mediaType") or headers.get("Content-Type", "").split(";")[0]
         return body, media, digest
 
@@ -156,19 +197,17 @@ class OciSource:
         self._inline[top_digest] = top
         image, image_digest = top, top_digest
         if media in INDEX_TYPES:
-            descs = [
-                d for d in json.loads(top)["manifests"] if _platform_matches(d, self._platform)
-            ]
-            if not descs:
-                raise NotFoundError(f"{parsed.location}: no manifest for {self._platform}")
-            image, _, image_digest = await self.fetch_manifest(ref, descs[0]["digest"])
+            child = _platform_descriptor(top, self._platform, parsed.location)
+            image, child_media, image_digest = await self.fetch_manifest(ref, child["digest"])
+            if child_media in INDEX_TYPES or len(image) != child["size"]:
+                raise SourceError(
+                    f"{parsed.location}: {child['digest']} is not the image manifest the "
+                    f"index describes ({child_media}, {len(image)} of {child['size']} bytes)"
+                )
             self._inline[image_digest] = image
             blobs[image_digest] = (len(image), INLINE + image_digest)
-        doc = json.loads(image)
-        for desc in [doc["config"], *doc.get("layers", [])]:
-            if not _DIGEST_RE.match(desc["digest"]):
-                raise SourceError(f"unsupported blob digest {desc['digest']}")
-            blobs[desc["digest"]] = (int(desc["size"]), f"{self._base(ref)}/blobs/{desc['digest']}")
+        for desc in _blob_descriptors(image, parsed.location):
+            blobs[desc["digest"]] = (desc["size"], f"{self._base(ref)}/blobs/{desc['digest']}")
         files = [
             FileEntry(path=f"blobs/sha256/{d[7:]}", size_bytes=size, locator=loc, sha256=d[7:])
             for d, (size, loc) in blobs.items()
@@ -209,12 +248,17 @@ class OciSource:
                 raise SourceError(f"{entry.path}: resolve the image again before downloading")
             yield data[start:end]
             return
-        ref_headers: dict[str, str] = {}
-        for registry, token in self._tokens.items():
-            if f"//{registry}/" in entry.locator:
-                ref_headers["Authorization"] = f"Bearer {token}"
-        async for block in self._http.open_range_with(entry, start, end, ref_headers):
-            yield block
+        base = entry.locator.rsplit("/blobs/", 1)[0]
+        for attempt in range(2):
+            try:
+                async for block in self._http.open_range_with(entry, start, end, self._auth(base)):
+                    yield block
+                return
+            except AuthChallengeError as err:  # before any byte: the token expired
+                ref = self._refs.get(base)
+                if attempt or ref is None:
+                    raise
+                await self._login(base, ref, err.challenge)
 
     async def aclose(self) -> None:
         return None

@@ -17,7 +17,21 @@ class SourceError(CacheError):
 
 
 class TransientSourceError(SourceError):
-    """Worth retrying: connection reset, truncated body, timeout, 5xx, throttling."""
+    """Worth retrying: connection reset, truncated body, timeout, 5xx, throttling.
+    ``retry_after_s`` is the origin's ``Retry-After`` (429/503), the least wait before a retry."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class AuthChallengeError(SourceError):
+    """HTTP 401: the credentials are missing or expired; ``challenge`` is the origin's
+    ``WWW-Authenticate`` header (a registry token may be refreshed and the request repeated)."""
+
+    def __init__(self, message: str, challenge: str) -> None:
+        super().__init__(message)
+        self.challenge = challenge
 
 
 class SourceChangedError(SourceError):

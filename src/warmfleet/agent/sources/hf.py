@@ -15,12 +15,15 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from huggingface_hub.utils._headers import build_hf_headers
 
 from warmfleet.agent.sources.base import SourceError, TransientSourceError
-from warmfleet.agent.sources.http import HttpSource
+from warmfleet.agent.sources.http import RETRYABLE_STATUS, HttpSource
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
 from warmfleet.cache.uri import ParsedUri
 from warmfleet.core.errors import NotFoundError
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+# The hub client's network errors (refused, reset, timed out): requests' are OSErrors, httpx's
+# (huggingface_hub >= 1) are not, but HfHubHTTPError derives from that library's base error.
+_NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError, *HfHubHTTPError.__bases__)
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
@@ -63,9 +66,11 @@ class HfSource:
         except (RepositoryNotFoundError, RevisionNotFoundError) as err:
             raise NotFoundError(f"hf://{parsed.location}@{rev}: {err}") from err
         except HfHubHTTPError as err:
-            raise SourceError(f"hf://{parsed.location}@{rev}: {err}") from err
-        except OSError as err:
-            raise TransientSourceError(f"hf://{parsed.location}@{rev}: {err}") from err
+            status = getattr(err.response, "status_code", None)
+            error = TransientSourceError if status in RETRYABLE_STATUS else SourceError
+            raise error(f"hf://{parsed.location}@{rev}: {err}") from err
+        except _NETWORK_ERRORS as err:
+            raise TransientSourceError(f"hf://{parsed.location}@{rev}: {err!r}") from err
         commit = info.sha
         if not commit or not _COMMIT_RE.match(commit):
             raise SourceError(f"hf://{parsed.location}@{rev}: hub returned no commit sha")

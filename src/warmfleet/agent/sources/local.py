@@ -38,9 +38,7 @@ class LocalSource:
         if root.is_file():
             files = [(root.name, root)]
         else:
-            files = sorted(
-                (p.relative_to(root).as_posix(), p) for p in root.rglob("*") if p.is_file()
-            )
+            files = sorted(_walk_files(root))
             if not files:
                 raise SourceError(f"local source directory is empty: {root}")
         entries = await asyncio.gather(*(self._entry(rel, p) for rel, p in files))
@@ -97,6 +95,41 @@ class LocalSource:
 
     async def aclose(self) -> None:
         return None
+
+
+def _walk_files(root: Path) -> list[tuple[str, Path]]:
+    """Every regular file under ``root`` as (relative posix path, path), following symbolic
+    links to files and to directories (a linked shard folder is part of the model, as with
+    ``cp -rL``); a directory link back into its own ancestry is refused."""
+    out: list[tuple[str, Path]] = []
+    for top, dirs, names in os.walk(root, followlinks=True, onerror=_raise_walk_error):
+        here = Path(top)
+        here_st = os.stat(here)
+        for name in dirs:
+            sub = here / name
+            if sub.is_symlink() and _is_ancestor(sub, here, root, here_st):
+                raise SourceError(f"local source has a directory link loop: {sub}")
+        for name in names:
+            path = here / name
+            if path.is_file():
+                out.append((path.relative_to(root).as_posix(), path))
+    return out
+
+
+def _is_ancestor(link: Path, here: Path, root: Path, here_st: os.stat_result) -> bool:
+    target = os.stat(link)
+    node, st = here, here_st
+    while True:
+        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+            return True
+        if node == root:
+            return False
+        node = node.parent
+        st = os.stat(node)
+
+
+def _raise_walk_error(err: OSError) -> None:
+    raise SourceError(f"cannot list local source: {err}") from err
 
 
 def _check_unchanged(fd: int, entry: FileEntry) -> None:

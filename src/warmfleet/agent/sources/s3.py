@@ -18,6 +18,7 @@ from warmfleet.agent.sources.base import (
     SourceError,
     TransientSourceError,
 )
+from warmfleet.agent.sources.http import RETRYABLE_STATUS
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
 from warmfleet.cache.uri import ParsedUri
 from warmfleet.core.errors import NotFoundError
@@ -37,13 +38,35 @@ def make_s3_client(
     )
 
 
+_TRANSIENT_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"}
+)
+
+
 def _error_code(err: ClientError) -> str:
     return str(err.response.get("Error", {}).get("Code", ""))
 
 
+def _client_error(err: ClientError, what: str) -> SourceError:
+    """5xx, throttling and request timeouts are retried; 403, 400 and the like are not."""
+    status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    if status in RETRYABLE_STATUS or _error_code(err) in _TRANSIENT_CODES:
+        return TransientSourceError(f"{what}: {err}")
+    return SourceError(f"{what}: {err}")
+
+
+def _etag_is_md5(etag: str | None, head: dict[str, Any]) -> bool:
+    """Only a single-part ETag of an object that is unencrypted or SSE-S3 is the data's md5
+    (SSE-KMS, DSSE-KMS and SSE-C objects have ETags that are not)."""
+    if not etag or "-" in etag or len(etag.strip('"')) != 32:
+        return False
+    encryption = str(head.get("ServerSideEncryption") or "AES256")
+    return encryption == "AES256" and not head.get("SSECustomerAlgorithm")
+
+
 def _entry_from_head(rel: str, key: str, bucket: str, head: dict[str, Any]) -> FileEntry:
     etag = str(head.get("ETag", "")) or None
-    md5 = etag.strip('"') if etag and "-" not in etag and len(etag.strip('"')) == 32 else None
+    md5 = etag.strip('"') if etag and _etag_is_md5(etag, head) else None
     sha256 = None
     if head.get("ChecksumSHA256") and head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
         sha256 = base64.b64decode(head["ChecksumSHA256"]).hex()
@@ -77,7 +100,7 @@ class S3Source:
             except ClientError as err:
                 if _error_code(err) in ("404", "NoSuchKey", "NotFound"):
                     return None
-                raise SourceError(f"s3://{bucket}/{key}: {err}") from err
+                raise _client_error(err, f"s3://{bucket}/{key}") from err
             except BotoCoreError as err:
                 raise TransientSourceError(f"s3://{bucket}/{key}: {err}") from err
 
@@ -92,7 +115,7 @@ class S3Source:
         try:
             return await asyncio.to_thread(run)
         except ClientError as err:
-            raise SourceError(f"s3://{bucket}/{prefix}: {err}") from err
+            raise _client_error(err, f"s3://{bucket}/{prefix}") from err
         except BotoCoreError as err:
             raise TransientSourceError(f"s3://{bucket}/{prefix}: {err}") from err
 
@@ -129,9 +152,9 @@ class S3Source:
         except ClientError as err:
             if _error_code(err) in ("PreconditionFailed", "412"):
                 raise SourceChangedError(f"s3://{entry.locator} changed since resolve") from err
-            if _error_code(err) in ("NoSuchKey", "404", "NoSuchVersion"):
-                raise SourceChangedError(f"s3://{entry.locator} is gone") from err
-            raise TransientSourceError(f"s3://{entry.locator}: {err}") from err
+            if _error_code(err) in ("NoSuchKey", "404", "NoSuchVersion", "InvalidRange", "416"):
+                raise SourceChangedError(f"s3://{entry.locator} is gone or shrank") from err
+            raise _client_error(err, f"s3://{entry.locator}") from err
         except BotoCoreError as err:
             raise TransientSourceError(f"s3://{entry.locator}: {err}") from err
         body = resp["Body"]
