@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -59,6 +60,15 @@ def served() -> Iterator[Callable[..., str]]:
         server.__exit__()
 
 
+async def _refused_and_nothing_published(
+    tmp_path: Path, url: str, error: type[Exception], match: str
+) -> None:
+    async with manager_for(tmp_path) as m:
+        with pytest.raises(error, match=match):
+            await m.prefetch(url)
+    assert not any((tmp_path / "objects").iterdir())
+
+
 async def test_a_206_for_other_bytes_than_asked_is_refused(served, tmp_path):
     def from_the_start(request: web.Request, data: bytes) -> web.Response:
         start, end = _range(request)  # answers every range with the file's first bytes
@@ -67,10 +77,7 @@ async def test_a_206_for_other_bytes_than_asked_is_refused(served, tmp_path):
         return web.Response(status=206, body=data[:size], headers=headers)
 
     url = served(os.urandom(600_000), from_the_start)
-    async with manager_for(tmp_path) as m:
-        with pytest.raises(SourceError, match="asked for bytes"):
-            await m.prefetch(url)
-    assert not any((tmp_path / "objects").iterdir())
+    await _refused_and_nothing_published(tmp_path, url, SourceError, "asked for bytes")
 
 
 async def test_a_416_after_the_object_shrank_is_a_source_change(served, tmp_path):
@@ -83,10 +90,7 @@ async def test_a_416_after_the_object_shrank_is_a_source_change(served, tmp_path
         return web.Response(status=206, body=data[start:end], headers=headers)
 
     url = served(os.urandom(600_000), shrunk)
-    async with manager_for(tmp_path) as m:
-        with pytest.raises(SourceChangedError, match="range not satisfiable"):
-            await m.prefetch(url)
-    assert not any((tmp_path / "objects").iterdir())
+    await _refused_and_nothing_published(tmp_path, url, SourceChangedError, "range not satisfiable")
 
 
 async def test_429_waits_at_least_retry_after(served, tmp_path):
