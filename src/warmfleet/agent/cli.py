@@ -44,6 +44,12 @@ DestOpt = Annotated[
 ]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="node.yaml (NodeCacheConfig)")]
 BudgetOpt = Annotated[str | None, typer.Option("--budget", help="Cache budget, e.g. 200GiB")]
+ReserveOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reserve", help="Disk space always left free, e.g. 2GiB (default: 5 %, <= 10GiB)"
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
 
 
@@ -53,9 +59,14 @@ def default_root() -> Path:
 
 
 def build_spec(
-    dest: Path | None, config: Path | None, budget: str | None = None, **download: Any
+    dest: Path | None,
+    config: Path | None,
+    budget: str | None = None,
+    reserve: str | None = None,
+    **download: Any,
 ) -> NodeCacheSpec:
-    """From node.yaml if given, else defaults: budget = file system size, reserve = 5%."""
+    """From node.yaml if given, else defaults: budget = file system size, reserve = 5 % of it
+    (at most 10 GiB); ``budget``/``reserve`` given on the command line win."""
     if config is not None:
         try:
             text = config.read_text()
@@ -70,10 +81,18 @@ def build_spec(
     st = os.statvfs(root)
     total = st.f_blocks * st.f_frsize
     capacity = CapacitySpec(
-        budget=parse_size(budget) if budget else total, reserve=min(total // 20, 10 * 2**30)
+        budget=_size_option(budget, "--budget") if budget else total,
+        reserve=_size_option(reserve, "--reserve") if reserve else min(total // 20, 10 * 2**30),
     )
     dl = DownloadSpec(**{k: v for k, v in download.items() if v is not None})
     return NodeCacheSpec(root=str(root), capacity=capacity, download=dl)
+
+
+def _size_option(value: str, flag: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as err:  # a usage error (exit 2), not a traceback
+        raise typer.BadParameter(str(err), param_hint=flag) from err
 
 
 def _run(fn: Callable[[], Awaitable[T]]) -> T:
@@ -101,6 +120,7 @@ def prefetch(  # noqa: PLR0917 (typer maps parameters to options)
     dest: DestOpt = None,
     config: ConfigOpt = None,
     budget: BudgetOpt = None,
+    reserve: ReserveOpt = None,
     name: Annotated[str | None, typer.Option(help="Artifact name")] = None,
     ref: Annotated[str | None, typer.Option(help="Holder that references it")] = None,
     pin: Annotated[bool, typer.Option(help="Pin it (never evicted)")] = False,
@@ -111,7 +131,13 @@ def prefetch(  # noqa: PLR0917 (typer maps parameters to options)
 ) -> None:
     """Resolve, admit, download, verify and publish one artifact."""
     spec = build_spec(
-        dest, config, budget, concurrency=concurrency, chunk=chunk, bandwidth_limit=bandwidth_limit
+        dest,
+        config,
+        budget,
+        reserve,
+        concurrency=concurrency,
+        chunk=chunk,
+        bandwidth_limit=bandwidth_limit,
     )
 
     async def go(manager: CacheManager) -> dict[str, Any]:
@@ -239,9 +265,10 @@ def gc(
     dest: DestOpt = None,
     config: ConfigOpt = None,
     budget: BudgetOpt = None,
+    reserve: ReserveOpt = None,
 ) -> None:
     """Evict unreferenced, unpinned artifacts (LRU, down to the low watermark)."""
-    spec = build_spec(dest, config, budget)
+    spec = build_spec(dest, config, budget, reserve)
 
     async def go(manager: CacheManager) -> Any:
         return manager.gc(evict_all_unreferenced=evict_all)
