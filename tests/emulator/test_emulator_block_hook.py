@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warmfleet.engine.model import EngineModel, EngineRequest
+from warmfleet.engine.events import EngineRequest
+from warmfleet.engine.model import EngineModel
 from warmfleet.engine.spec import EngineSpec
 
 SPEC = EngineSpec(

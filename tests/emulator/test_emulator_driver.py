@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmfleet.emulator.driver import EngineDriver, RequestStream, running_driver
-from warmfleet.engine.model import EngineEvent, EngineEventKind
+from warmfleet.engine.events import EngineEvent, EngineEventKind
 from warmfleet.engine.spec import EngineSpec
 
 SPEC = EngineSpec(

@@ -26,7 +26,8 @@ from warmfleet.emulator.tokenizer import (
     output_pieces_json,
     render_chat,
 )
-from warmfleet.engine.model import EngineEvent, EngineEventKind, EngineModel, EngineRequest
+from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
+from warmfleet.engine.model import EngineModel
 from warmfleet.engine.spec import EngineSpec
 
 # ------------------------------------------------------------------ reference tokenizer

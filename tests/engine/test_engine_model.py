@@ -6,12 +6,8 @@ import itertools
 
 import pytest
 
-from warmfleet.engine.model import (
-    EngineEvent,
-    EngineEventKind,
-    EngineModel,
-    EngineRequest,
-)
+from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
+from warmfleet.engine.model import EngineModel
 from warmfleet.engine.presets import get_preset, preset_names
 from warmfleet.engine.spec import EngineSpec
 

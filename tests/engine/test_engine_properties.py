@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warmfleet.engine.model import EngineEvent, EngineEventKind, EngineModel, EngineRequest
+from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
+from warmfleet.engine.model import EngineModel
 from warmfleet.engine.spec import EngineSpec
 
 BT = 16

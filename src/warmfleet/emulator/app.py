@@ -32,7 +32,7 @@ from warmfleet.emulator.protocol import (
     parse_job,
     tokenize_ids,
 )
-from warmfleet.engine.model import EngineEvent, EngineEventKind
+from warmfleet.engine.events import EngineEvent, EngineEventKind
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 

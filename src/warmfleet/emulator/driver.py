@@ -24,13 +24,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from warmfleet.engine.model import (
-    EngineEvent,
-    EngineEventKind,
-    EngineModel,
-    EngineRequest,
-    EngineStats,
-)
+from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest, EngineStats
+from warmfleet.engine.model import EngineModel
 from warmfleet.engine.spec import EngineSpec
 
 _LATE_POLL_FRACTION = 0.05  # a missed token boundary is polled again after 5 % of a step

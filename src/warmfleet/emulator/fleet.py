@@ -21,7 +21,7 @@ import zmq
 from warmfleet.emulator.config import EmulatorSpec, FaultSpec
 from warmfleet.emulator.instance import EmulatedInstance
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
-from warmfleet.engine.model import EngineStats
+from warmfleet.engine.events import EngineStats
 
 
 class EmulatedFleet:

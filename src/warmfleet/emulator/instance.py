@@ -25,7 +25,7 @@ from warmfleet.emulator.kv_events import KvEventPublisher
 from warmfleet.emulator.metrics import InstanceMetrics
 from warmfleet.emulator.protocol import ParseContext
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
-from warmfleet.engine.model import EngineStats
+from warmfleet.engine.events import EngineStats
 from warmfleet.engine.spec import EngineSpec
 
 log = logging.getLogger(__name__)

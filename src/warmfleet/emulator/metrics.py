@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from warmfleet.engine.model import EngineStats
+from warmfleet.engine.events import EngineStats
 from warmfleet.engine.spec import EngineSpec
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -32,8 +32,6 @@ from warmfleet.engine.blocks import BlockListener, BlockPool
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest, EngineStats
 from warmfleet.engine.spec import EngineSpec
 
-__all__ = ["EngineEvent", "EngineEventKind", "EngineModel", "EngineRequest", "EngineStats"]
-
 
 @dataclass(slots=True, eq=False)
 class _Seq:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from warmfleet.core.types import FleetSnapshot, InstanceId, InstanceState, RoutingKey
-from warmfleet.engine.model import EngineEvent, EngineEventKind, EngineModel, EngineRequest
+from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
+from warmfleet.engine.model import EngineModel
 from warmfleet.engine.spec import EngineSpec
 from warmfleet.routing.base import Strategy
 from warmfleet.sim.workloads.base import WorkloadRequest

@@ -38,7 +38,8 @@ from warmfleet.control.observed import ObservedNode
 from warmfleet.control.placement import choose_nodes, preferences
 from warmfleet.control.resources import AutoscalingSpec
 from warmfleet.core.config import StrictModel
-from warmfleet.engine.model import EngineEventKind, EngineModel, EngineRequest
+from warmfleet.engine.events import EngineEventKind, EngineRequest
+from warmfleet.engine.model import EngineModel
 from warmfleet.engine.presets import get_preset
 from warmfleet.sim.metrics import percentile
 

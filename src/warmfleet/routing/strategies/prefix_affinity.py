@@ -192,7 +192,7 @@ class PrefixAffinityStrategy:
         if (
             self.config.use_exact_index
             and exact.known_instances
-            and (exact.chain_seed is None or key.chain_seed == exact.chain_seed)
+            and exact.comparable(key.chain_seed)
         ):
             exact_matches = exact.match(key.block_hashes)
             for iid in exact.known_instances:
