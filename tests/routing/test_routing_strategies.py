@@ -141,7 +141,18 @@ def test_prefix_hash_sticks_and_spills_in_hash_order() -> None:
     assert s.choose(k, fleet(*loads)).instance_id == spill.instance_id
     full = s.choose(k, fleet(2, 3, 2, 4, 2))
     assert full.reason is Reason.LOAD_BALANCE
-    assert full.instance_id in {"i0", "i2", "i4"}
+    walk = [i for i in s._ring.walk(12345, ids) if i in {"i0", "i2", "i4"}]
+    assert full.instance_id == walk[0]  # the tie goes to the first in the key's hash order
+
+
+def test_prefix_hash_ties_at_the_threshold_spread_over_prefixes() -> None:
+    """Every instance at the threshold with equal counts: each prefix takes the first instance
+    in its own hash order, so the ties spread instead of all going to the snapshot's first."""
+    s = PrefixHashStrategy(PrefixHashConfig(concurrency_threshold=1))
+    s.on_instances_changed([f"i{n}" for n in range(4)])
+    picks = Counter(s.choose(key(1, prefix=p), fleet(1, 1, 1, 1)).instance_id for p in range(200))
+    assert set(picks) == {"i0", "i1", "i2", "i3"}
+    assert max(picks.values()) < 80
 
 
 def test_prefix_hash_same_prefix_same_instance_different_tenant_spreads() -> None:

@@ -111,7 +111,6 @@ class EngineDriver:
             emit_token_events=True,
             block_listener=block_sink,
             token_event_steps=2,
-            cache_when_scheduled=True,
         )
         self._loop = asyncio.get_running_loop()
         self._clock = time.monotonic

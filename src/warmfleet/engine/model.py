@@ -10,10 +10,11 @@ a chunk for a request still in prefill), then waiting requests are admitted firs
 served while fewer than ``max_num_seqs`` run and KV blocks are available (chunked prefill).
 A request reserves at admission every block it will need (prompt + output), so there is no
 preemption; its cached prefix (leading full blocks already in the cache) is not recomputed, but at
-least one prompt token always is. Full prompt blocks are registered in the cache as their chunk
-completes, so a concurrent request can already reuse them; with ``cache_when_scheduled`` they
-are registered when their chunk is scheduled, as vLLM V1's ``allocate_slots`` does, so a request
-admitted in the same step (or the next one, while the chunk still runs) reuses them too.
+least one prompt token always is. Full prompt blocks are registered in the cache when their
+prefill chunk is scheduled, as vLLM V1's ``allocate_slots`` does, so a request admitted in the
+same step (or the next one, while the chunk still runs) reuses them;
+``cache_when_scheduled=False`` registers them only when the chunk completes (SGLang inserts a
+chunk into its radix tree after it ran).
 
 Decode-only stretches (nothing in prefill, nothing admissible) are fast-forwarded: the engine
 plans one "macro step" of ``k`` decode steps up to the next finish, with the exact closed-form sum
@@ -93,14 +94,14 @@ class EngineModel:
         emit_token_events: bool = False,
         block_listener: BlockListener | None = None,
         token_event_steps: int | None = None,
-        cache_when_scheduled: bool = False,
+        cache_when_scheduled: bool = True,
     ) -> None:
         """``token_event_steps``: with ``emit_token_events``, emit only the TOKEN events of the
         last N decode steps of each fast-forwarded run that an ``advance`` passes (None: all).
         A consumer that keeps each request's latest count and the gap between its last two
         tokens sees exactly the same with N = 2, at a fraction of the events.
         ``cache_when_scheduled``: register a prefill chunk's full blocks when the chunk is
-        scheduled (vLLM V1), not when it completes (see the module docstring)."""
+        scheduled (vLLM V1, the default), else when it completes (see the module docstring)."""
         if token_event_steps is not None and token_event_steps < 1:
             raise ValueError("token_event_steps must be >= 1")
         self.spec = spec

@@ -4,7 +4,8 @@
 The owner of ``key.prefix_hash`` (rendezvous hashing) gets the request unless it holds
 ``concurrency_threshold`` in-flight requests; then the request spills, deterministically, to the
 next instance in the key's hash order that is under the threshold (so the spill target warms up
-too); if every instance is at the threshold, to the one with the fewest in-flight requests.
+too); if every instance is at the threshold, to the one with the fewest in-flight requests (the
+first of them in the key's hash order).
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ class PrefixHashStrategy:
         owner = self._ring.owner(key.prefix_hash, tuple(by_id))
         if by_id[owner].in_flight_requests < threshold:
             return Decision(owner, Reason.HASH)
-        for iid in self._ring.walk(key.prefix_hash, tuple(by_id)):
+        order = self._ring.walk(key.prefix_hash, tuple(by_id))
+        for iid in order:
             if by_id[iid].in_flight_requests < threshold:
                 return Decision(iid, Reason.OVERFLOW, spilled=True)
-        least = min(fleet.instances, key=lambda s: s.in_flight_requests)
-        return Decision(least.instance_id, Reason.LOAD_BALANCE, spilled=True)
+        # Ties go to the first in the key's hash order, not in the snapshot's (which sent every
+        # tie of every prefix to the same instance).
+        least = min(order, key=lambda iid: by_id[iid].in_flight_requests)
+        return Decision(least, Reason.LOAD_BALANCE, spilled=True)
 
     def on_routed(self, key: RoutingKey, decision: Decision) -> None:
         return None
