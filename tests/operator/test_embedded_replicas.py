@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from pathlib import Path
 
 from warmfleet.control.reconciler import plan
+from warmfleet.operator.embedded.backoff import CrashBackoff
 from warmfleet.operator.embedded.config import parse_fleet
 from warmfleet.operator.embedded.fleet import EmbeddedFleet
 from warmfleet.operator.embedded.procs import start_child
@@ -81,3 +84,53 @@ def test_an_endpoint_removed_from_the_fleet_file_is_deleted_and_released(tmp_pat
         world.apply(plan(world.desired(), world.observed(float(step))), float(step))
     assert world.released == ["b"]
     assert [d.endpoint for d in world.deployments.values()] == ["a"]
+
+
+def test_crash_backoff_replaces_the_first_exit_at_once_then_doubles() -> None:
+    backoff = CrashBackoff(initial_s=10.0, max_s=300.0)
+    assert backoff.exited("d", 100.0) == 0.0  # one crash: replaced at once
+    assert backoff.wait_s("d", 100.0) == 0.0
+    assert [backoff.exited("d", 100.0) for _ in range(7)] == [10, 20, 40, 80, 160, 300, 300]
+    assert backoff.wait_s("d", 250.0) == 150.0
+    assert backoff.wait_s("other", 100.0) == 0.0  # per Deployment
+    backoff.ready("d")  # a ready replica forgives the exits
+    assert (backoff.exits("d"), backoff.wait_s("d", 100.0)) == (0, 0.0)
+    backoff.exited("d", 0.0)
+    backoff.exited("d", 0.0)
+    backoff.retain(["other"])  # a deleted Deployment is forgotten
+    assert (backoff.exits("d"), backoff.wait_s("d", 0.0)) == (0, 0.0)
+
+
+async def test_a_replica_that_keeps_exiting_is_restarted_with_a_growing_wait(
+    tmp_path: Path,
+) -> None:
+    """Each replica of the Deployment exits before it is ready: the first is replaced at the
+    next pass, the second only after engine.crashBackoffS (not at every pass)."""
+    fleet = _fleet(tmp_path, endpoints=("a",))
+    fleet.put_endpoint("a", fleet.spec.endpoints[0].spec)
+    world = fleet.world
+    for step in range(4):
+        world.apply(plan(world.desired(), world.observed(float(step))), float(step))
+    (deployment,) = world.deployments
+    placed: list[int] = []
+
+    async def place(name: str, count: int) -> None:
+        assert name == deployment
+        placed.append(count)
+
+    fleet._place = place  # type: ignore[method-assign]
+    argv = [sys.executable, "-c", "raise SystemExit(3)"]
+    for attempt in range(2):
+        child = await start_child(f"c{attempt}", argv, tmp_path / f"c{attempt}.json", tmp_path)
+        await asyncio.wait_for(child.proc.wait(), 30.0)
+        replica = Replica(f"c{attempt}", deployment, "a", "main", "a", False, "origin", child)
+        fleet.replicas[replica.name] = replica
+        fleet.history[replica.name] = replica.summary()
+        fleet._observe_replicas()
+        await fleet._sync_replicas()
+    exited = [e for e in fleet.events if e["kind"] == "replica_exited"]
+    assert [(e["rc"], e["backoff_s"]) for e in exited] == [(3, 0.0), (3, 10.0)]
+    assert len(placed) == 1  # replaced after the first exit only: the second waits 10 s
+    fleet.backoff._not_before_s[deployment] = time.time() - 1.0  # the wait is over
+    await fleet._sync_replicas()
+    assert len(placed) == 2

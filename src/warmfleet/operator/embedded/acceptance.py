@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -143,6 +144,23 @@ async def rollover(fleet: EmbeddedFleet, load: SteadyLoad, replicas: int) -> dic
     }
 
 
+def kill_agent(fleet: EmbeddedFleet, node: str) -> int:
+    """Fault: SIGKILL ``node``'s agent (the fleet restarts it)."""
+    child = fleet.agents[node]
+    child.kill()
+    fleet.event("fault_kill_agent", node=node, pid=child.pid)
+    return child.pid
+
+
+def delete_node_cache(fleet: EmbeddedFleet, node: str, cache: str) -> str | None:
+    """Fault: delete ``cache``'s published directory on ``node``."""
+    path = fleet.cache_paths.get((node, cache))
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+        fleet.event("fault_delete_cache", node=node, cache=cache, path=path)
+    return path
+
+
 async def node_loss(
     fleet: EmbeddedFleet, load: SteadyLoad, node: str, kind: str, replicas: int
 ) -> dict[str, Any]:
@@ -151,9 +169,9 @@ async def node_loss(
     load.phase = "node_loss"
     started = time.monotonic()
     if kind == "kill_agent":
-        fleet.kill_agent(node)
+        kill_agent(fleet, node)
     else:
-        fleet.delete_node_cache(node, cache)
+        delete_node_cache(fleet, node, cache)
     lost_s = await wait_for(
         f"{node} loses its ready label", lambda: not _has_label(fleet, node, cache), 60.0
     )

@@ -44,6 +44,8 @@ class EngineConfig(WireModel):
     speedup: float = Field(default=20.0, gt=0)
     replicas_per_node: int = Field(default=2, ge=1)
     start_timeout_s: float = Field(default=120.0, gt=0)
+    crash_backoff_s: float = Field(default=10.0, ge=0)
+    crash_backoff_max_s: float = Field(default=300.0, ge=0)
 
 
 class GatewayPorts(WireModel):

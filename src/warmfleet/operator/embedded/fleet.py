@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -40,17 +40,22 @@ from warmfleet.control.reconciler import plan
 from warmfleet.control.world import World
 from warmfleet.gateway.server import StartedApp
 from warmfleet.operator.embedded import infra
+from warmfleet.operator.embedded.backoff import CrashBackoff
 from warmfleet.operator.embedded.config import EndpointEntry, LocalFleet, origin_path
 from warmfleet.operator.embedded.procs import Child, stop_all
 from warmfleet.operator.embedded.replicas import (
     EngineArgs,
     Replica,
     drained,
-    instance_file,
     start_replica,
-    write_instances,
+    write_instance_files,
 )
-from warmfleet.operator.embedded.state import in_flight_by_instance, snapshot, write_state
+from warmfleet.operator.embedded.state import (
+    MAX_EVENTS,
+    in_flight_by_instance,
+    snapshot,
+    write_state,
+)
 
 
 class EmbeddedFleet:
@@ -67,7 +72,10 @@ class EmbeddedFleet:
         self.assignments: dict[str, tuple[NodeCacheAssignment, ...]] = {}
         self.replicas: dict[str, Replica] = {}
         self.history: dict[str, dict[str, Any]] = {}
-        self.events: list[dict[str, Any]] = []
+        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
+        self.backoff = CrashBackoff(
+            self.spec.engine.crash_backoff_s, self.spec.engine.crash_backoff_max_s
+        )
         self.origin: Child | None = None
         self.origin_url = ""
         self.gateway: StartedApp | None = None
@@ -161,7 +169,7 @@ class EmbeddedFleet:
         self._record(actions)
         await self._push_assignments()
         await self._sync_replicas()
-        self._write_instance_files()
+        write_instance_files(self.workdir, self.world.endpoints.values(), self.replicas.values())
         await self._reap()
         self.passes += 1
         self.last_pass_s = time.monotonic() - started
@@ -217,12 +225,15 @@ class EmbeddedFleet:
             info = self.history[replica.name]
             if replica.ready and info.get("timeToReadyS") is None:
                 info.update(replica.summary())
+                self.backoff.ready(replica.deployment)
                 self.event("replica_ready", replica=replica.name, node=replica.node)
             if not replica.child.alive and replica.draining_since_s is None:
                 replica.failed = True
                 del self.replicas[replica.name]
                 info["state"] = "exited"
-                self.event("replica_exited", replica=replica.name, rc=replica.child.proc.returncode)
+                wait_s = self.backoff.exited(replica.deployment, time.time())
+                rc = replica.child.proc.returncode
+                self.event("replica_exited", replica=replica.name, rc=rc, backoff_s=wait_s)
             elif self._start_timed_out(replica):  # replaced below, stopped by _reap
                 self._drain(replica)
                 info["state"] = "startTimedOut"
@@ -301,8 +312,9 @@ class EmbeddedFleet:
                 : max(len(mine) - dep.replicas, 0)
             ]:
                 self._drain(extra)
-            if len(mine) < dep.replicas:
+            if len(mine) < dep.replicas and self.backoff.wait_s(name, time.time()) <= 0:
                 await self._place(name, dep.replicas - len(mine))
+        self.backoff.retain(self.world.deployments)
         for replica in self.replicas.values():
             if replica.deployment not in self.world.deployments:
                 self._drain(replica)
@@ -351,20 +363,6 @@ class EmbeddedFleet:
             replica.draining_since_s = time.time()
             self.event("replica_draining", replica=replica.name)
 
-    def _write_instance_files(self) -> None:
-        for endpoint in self.world.endpoints.values():
-            for variant in endpoint.spec.variants:
-                instances = [
-                    {"id": r.name, "url": r.url or ""}
-                    for r in sorted(self.replicas.values(), key=lambda r: r.name)
-                    if r.endpoint == endpoint.name
-                    and r.variant == variant.name
-                    and r.draining_since_s is None
-                    and r.ready
-                    and r.url
-                ]
-                write_instances(instance_file(self.workdir, endpoint.name, variant.name), instances)
-
     async def _reap(self) -> None:
         """Stop drained replicas in the background (a slow exit never stalls the loop)."""
         for replica in list(self.replicas.values()):
@@ -380,18 +378,3 @@ class EmbeddedFleet:
             self._stopping.pop(replica.name, None)
             self.history[replica.name]["state"] = "stopped"
             self.event("replica_stopped", replica=replica.name, pid=replica.child.pid)
-
-    # ------------------------------------------------------------------ fault injection
-
-    def kill_agent(self, node: str) -> int:
-        child = self.agents[node]
-        child.kill()
-        self.event("fault_kill_agent", node=node, pid=child.pid)
-        return child.pid
-
-    def delete_node_cache(self, node: str, cache: str) -> str | None:
-        path = self.cache_paths.get((node, cache))
-        if path is not None:
-            shutil.rmtree(path, ignore_errors=True)
-            self.event("fault_delete_cache", node=node, cache=cache, path=path)
-        return path

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmfleet.control.observed import ObservedReplica
+from warmfleet.control.observed import DesiredEndpoint, ObservedReplica
 from warmfleet.operator.embedded.procs import Child, emulate_argv, start_child
 
 
@@ -144,3 +144,21 @@ def drained(replica: Replica, in_flight: Mapping[str, float], grace_s: float) ->
         return True
     waited = time.time() - replica.draining_since_s
     return waited >= grace_s and in_flight.get(replica.name, 0.0) <= 0.0
+
+
+def write_instance_files(
+    workdir: Path, endpoints: Iterable[DesiredEndpoint], replicas: Iterable[Replica]
+) -> None:
+    """Each variant's instance file for the gateway: its ready replicas that are not draining."""
+    ready = sorted(
+        (r for r in replicas if r.draining_since_s is None and r.ready and r.url),
+        key=lambda r: r.name,
+    )
+    for endpoint in endpoints:
+        for variant in endpoint.spec.variants:
+            instances = [
+                {"id": r.name, "url": r.url or ""}
+                for r in ready
+                if r.endpoint == endpoint.name and r.variant == variant.name
+            ]
+            write_instances(instance_file(workdir, endpoint.name, variant.name), instances)

@@ -109,7 +109,7 @@ def snapshot(fleet: EmbeddedFleet, *, running: bool) -> dict[str, Any]:
         "replicas": [r.summary() for r in fleet.replicas.values()],
         "starts": start_times(history),
         "history": history,
-        "events": fleet.events[-MAX_EVENTS:],
+        "events": list(fleet.events)[-MAX_EVENTS:],
     }
 
 
