@@ -6,6 +6,10 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+
+import aiohttp
+from aiohttp import web
 
 from warmfleet.control.reconciler import plan
 from warmfleet.operator.embedded.backoff import CrashBackoff
@@ -134,3 +138,43 @@ async def test_a_replica_that_keeps_exiting_is_restarted_with_a_growing_wait(
     fleet.backoff._not_before_s[deployment] = time.time() - 1.0  # the wait is over
     await fleet._sync_replicas()
     assert len(placed) == 2
+
+
+async def test_a_failed_gateway_scrape_is_no_autoscaling_sample(tmp_path: Path) -> None:
+    """A 503, an unparsable body or a refused connection leaves no metrics for the autoscaler
+    (it holds its counts instead of re-reading the last good sample) and raises nothing; drains
+    keep the last known in-flight counts."""
+    answers = [
+        (200, 'warmfleet_gateway_in_flight_requests{instance_id="r1",variant="main"} 3\n'),
+        (503, "unavailable"),
+        (200, "this is { not the exposition format"),
+    ]
+
+    async def metrics(_: web.Request) -> web.Response:
+        status, body = answers.pop(0)
+        return web.Response(status=status, text=body)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    fleet = _fleet(tmp_path)
+    fleet.gateway = SimpleNamespace(url=f"http://127.0.0.1:{port}")  # type: ignore[assignment]
+    fleet._session = aiohttp.ClientSession()
+    try:
+        await fleet._observe_gateway()
+        assert fleet._metrics_text is not None
+        assert fleet.in_flight == {"r1": 3.0}
+        for _ in range(2):  # the 503, then the garbage
+            await fleet._observe_gateway()
+            assert fleet._metrics_text is None
+            assert fleet.in_flight == {"r1": 3.0}
+        await runner.cleanup()
+        await fleet._observe_gateway()  # connection refused
+        assert fleet._metrics_text is None
+    finally:
+        await fleet._session.close()
+        await runner.cleanup()

@@ -80,6 +80,7 @@ class EmbeddedFleet:
         self.origin_url = ""
         self.gateway: StartedApp | None = None
         self.in_flight: dict[str, float] = {}
+        self._metrics_text: str | None = None  # the gateway's /metrics at the latest pass
         self.scaling: dict[VariantKey, AutoscalerState] = {}
         self.passes = 0
         self.last_pass_s = 0.0
@@ -210,14 +211,20 @@ class EmbeddedFleet:
     async def _observe_gateway(self) -> None:
         if self.gateway is None or self._session is None:
             return
+        # A failed scrape is no sample: the autoscaler holds its counts rather than act on the
+        # last good one again; drains keep the last known in-flight counts.
+        self._metrics_text = None
         try:
             async with self._session.get(
                 self.gateway.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2.0)
             ) as resp:
+                if resp.status != 200:
+                    return
                 text = await resp.text()
-        except (aiohttp.ClientError, TimeoutError):
+            in_flight = in_flight_by_instance(text)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             return
-        self.in_flight = in_flight_by_instance(text)
+        self.in_flight = in_flight
         self._metrics_text = text
 
     def _observe_replicas(self) -> None:
@@ -254,7 +261,7 @@ class EmbeddedFleet:
         return time.time() - replica.child.started_wall_s > self.spec.engine.start_timeout_s
 
     def _autoscale(self, now: float) -> None:
-        text = getattr(self, "_metrics_text", None)
+        text = self._metrics_text
         if text is None:
             return
         endpoints = self.world.desired()
