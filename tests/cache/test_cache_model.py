@@ -8,6 +8,7 @@ import pytest
 
 from warmfleet.cache.config import load_node_config, parse_size
 from warmfleet.cache.manifest import FileEntry, Manifest, ManifestError, SourceKind
+from warmfleet.cache.presigned import identity_uri
 from warmfleet.cache.state import ArtifactRecord, ArtifactState, StateTransitionError
 from warmfleet.cache.transfer import Backoff, RateMeter, ResumeState, TokenBucket, plan_chunks
 from warmfleet.cache.uri import parse_uri
@@ -146,3 +147,36 @@ def test_uri_parsing():
     assert parse_uri("oci://127.0.0.1:5000/img:1").location == "127.0.0.1:5000/img:1"
     with pytest.raises(BadRequestError):
         parse_uri("ftp://x/y")
+
+
+SIGV4 = (
+    "https://b.s3.amazonaws.com/llama/w.bin?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+    "&X-Amz-Credential=AKIA%2F20261130%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Date={date}"
+    "&X-Amz-Expires=3600&X-Amz-SignedHeaders=host&X-Amz-Signature={sig}"
+)
+
+
+def test_identity_uri_drops_what_signs_a_url_and_keeps_what_names_the_object():
+    a = SIGV4.format(date="20261130T000000Z", sig="aa11")
+    b = SIGV4.format(date="20261130T060000Z", sig="bb22")
+    assert identity_uri(a) == identity_uri(b) == "https://b.s3.amazonaws.com/llama/w.bin"
+    v2 = "https://b.s3.amazonaws.com/w.bin?AWSAccessKeyId=AKIA&Expires=1764460800&Signature=x%3D"
+    assert identity_uri(v2) == "https://b.s3.amazonaws.com/w.bin"
+    gcs = "https://storage.googleapis.com/b/w.bin?x-goog-signature=ab&X-Goog-Date=1&alt=media"
+    assert identity_uri(gcs) == "https://storage.googleapis.com/b/w.bin?alt=media"
+    sas = "https://acct.blob.core.windows.net/c/w.bin?sv=2022-11-02&se=2026-12-01&sp=r&sr=b&sig=Zz"
+    assert identity_uri(sas) == "https://acct.blob.core.windows.net/c/w.bin"
+    # Without a signature, the same names are the object's own parameters: kept.
+    plain = "https://models.example/get?file=w.bin&expires=never&sp=1&sv=2"
+    assert identity_uri(plain) == plain
+    for other in ("s3://b/w.bin", "/data/w.bin", "hf://org/m@main", "https://h/w.bin"):
+        assert identity_uri(other) == other
+
+
+def test_the_cache_key_of_a_presigned_url_survives_signing_it_again():
+    def signed(sig: str, etag: str = '"a"') -> Manifest:
+        uri = SIGV4.format(date="20261130T000000Z", sig=sig)
+        return Manifest(SourceKind.HTTP, uri, (FileEntry("w.bin", 10, uri, etag=etag),))
+
+    assert signed("aa11").key() == signed("bb22").key()
+    assert signed("aa11", etag='"b"').key() != signed("aa11").key()  # the object changed

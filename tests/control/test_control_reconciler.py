@@ -349,3 +349,28 @@ def test_an_unlisted_endpoint_keeps_the_caches_its_deployments_load_from() -> No
     assert set(world.model_caches) == {names.model_cache_name("b", spec(uri="s3://b"))}
     (image,) = world.image_caches.values()
     assert [p.name for p in image.spec.parent_references] == ["b"]
+
+
+def test_signing_a_presigned_source_again_updates_the_cache_without_a_rollover() -> None:
+    """A presigned URL's signature changes each time it is issued; the object does not. The
+    cache and the Deployment keep their names (no new cache, no rollover); the ModelCache is
+    updated in place so new downloads use the fresh signature."""
+    signed = (
+        "https://b.s3.amazonaws.com/w.bin?X-Amz-Date={d}&X-Amz-Expires=3600&X-Amz-Signature={d}"
+    )
+    first, second = signed.format(d="1"), signed.format(d="2")
+    world = World(nodes(3))
+    world.put_endpoint(endpoint("e", spec(uri=first)))
+    end = run(world)
+    cache = names.model_cache_name("e", spec(uri=first))
+    assert cache == names.model_cache_name("e", spec(uri=second))
+    deployments = set(world.deployments)
+    world.put_endpoint(endpoint("e", spec(uri=second)))
+    trace = Trace()
+    run(world, start_s=end, trace=trace)
+    assert set(world.deployments) == deployments
+    assert set(world.model_caches) == {cache}
+    assert world.model_caches[cache].spec.model_source.uri == second
+    assert not any(isinstance(a, DeleteModelCache | DeleteDeployment) for _, a in trace.all())
+    # A different object (another path) is a new model: a new cache.
+    assert names.model_cache_name("e", spec(uri=signed.replace("w.bin", "v.bin"))) != cache

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from warmfleet.cache.presigned import identity_uri
 from warmfleet.core.errors import CacheError
 
 KEY_HEX_CHARS = 64
@@ -127,11 +128,12 @@ def _check_relpath(path: str) -> None:
 
 
 def cache_key(manifest: Manifest) -> str:
-    """sha256 over the canonical JSON of kind, uri, revision and every file's identity."""
+    """sha256 over the canonical JSON of kind, uri (without the query parameters that sign a
+    presigned URL), revision and every file's identity."""
     doc = {
         "v": 1,
         "kind": manifest.kind.value,
-        "uri": manifest.uri,
+        "uri": identity_uri(manifest.uri),
         "revision": manifest.revision,
         "files": [f.identity() for f in sorted(manifest.files, key=lambda e: e.path)],
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+from warmfleet.cache.presigned import identity_uri
 from warmfleet.control.resources import InferenceEndpointSpec, ModelSource
 
 LABEL_PREFIX_WEIGHTS = "weights.warmfleet.dev/"
@@ -26,15 +27,20 @@ def short_hash(*parts: str, length: int = 8) -> str:
 
 
 def source_key(source: ModelSource, host_path: str) -> str:
-    """Content identity of a weights cache: the source URI, its revision and the node path."""
-    return short_hash(source.uri, source.revision, host_path)
+    """Content identity of a weights cache: the source URI (without the query parameters that
+    sign a presigned URL: signing it again is not a new model), its revision and the node
+    path."""
+    return short_hash(identity_uri(source.uri), source.revision, host_path)
 
 
 def revision(spec: InferenceEndpointSpec) -> str:
     """What a rollover is keyed on: model content, image and the weights host path."""
     weights = spec.model_cache_config.weights_cache
     return short_hash(
-        spec.model_source.uri, spec.model_source.revision, spec.image, weights.host_path
+        identity_uri(spec.model_source.uri),
+        spec.model_source.revision,
+        spec.image,
+        weights.host_path,
     )
 
 
