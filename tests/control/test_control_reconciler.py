@@ -374,3 +374,38 @@ def test_signing_a_presigned_source_again_updates_the_cache_without_a_rollover()
     assert not any(isinstance(a, DeleteModelCache | DeleteDeployment) for _, a in trace.all())
     # A different object (another path) is a new model: a new cache.
     assert names.model_cache_name("e", spec(uri=signed.replace("w.bin", "v.bin"))) != cache
+
+
+def test_moving_to_other_nodes_waits_for_the_weights_there() -> None:
+    """A new node selector is a new revision: the Deployment on the new nodes is created only
+    once the weights are on them (the gate), and the old one serves until it is ready. It used
+    to be an in-place update that restarted every replica cold on nodes without the cache."""
+    pool = [ObservedNode(f"n{i}", labels={"zone": "a" if i < 2 else "b"}) for i in range(4)]
+    world = World(pool)
+    world.put_endpoint(endpoint("e", spec(selector={"zone": "a"})))
+    end = run(world)
+    (old,) = world.deployments
+    cache = names.model_cache_name("e", spec(selector={"zone": "b"}))
+    world.put_endpoint(endpoint("e", spec(selector={"zone": "b"})))
+
+    def slow(node: str, name: str) -> str:
+        return DOWNLOADING if node in ("n2", "n3") and name == cache else READY
+
+    for step in range(3):  # n2 and n3 are still downloading: the gate holds
+        world.agents_step(slow)
+        world.schedule(end + step)
+        world.mark_ready(end + step)
+        actions = plan(world.desired(), world.observed(end + step))
+        assert not any(isinstance(a, ApplyDeployment) and a.plan.name != old for a in actions)
+        assert not any(isinstance(a, DeleteDeployment) for a in actions)
+        world.apply(actions, end + step)
+    assert world.deployments[old].ready_replicas == 2
+    for name in ("n2", "n3"):  # the downloads finish
+        world.nodes[name] = replace(world.nodes[name], weights={cache: READY})
+    run(world, start_s=end + 3)
+    (new,) = world.deployments.values()
+    assert new.name != old
+    assert {p.node for p in new.pods} <= {"n2", "n3"}
+    assert all(p.prepared for p in new.pods)
+    unchanged = names.revision(spec())
+    assert unchanged == names.revision(spec(selector={}))  # no selector: the name is kept

@@ -34,14 +34,19 @@ def source_key(source: ModelSource, host_path: str) -> str:
 
 
 def revision(spec: InferenceEndpointSpec) -> str:
-    """What a rollover is keyed on: model content, image and the weights host path."""
+    """What a rollover is keyed on: model content, image, the weights host path and the node
+    selector (moving to other nodes needs the weights there first, so it goes through the gate
+    like a new model; an empty selector adds nothing, so such endpoints keep their names)."""
     weights = spec.model_cache_config.weights_cache
-    return short_hash(
+    parts = [
         identity_uri(spec.model_source.uri),
         spec.model_source.revision,
         spec.image,
         weights.host_path,
-    )
+    ]
+    if spec.node_selector:
+        parts.append(",".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items())))
+    return short_hash(*parts)
 
 
 def model_cache_name(endpoint: str, spec: InferenceEndpointSpec) -> str:
