@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -17,6 +18,7 @@ from warmfleet.operator.embedded.config import parse_fleet
 from warmfleet.operator.embedded.fleet import EmbeddedFleet
 from warmfleet.operator.embedded.procs import start_child
 from warmfleet.operator.embedded.replicas import Replica
+from warmfleet.operator.embedded.state import trim_history
 
 
 def _endpoint(name: str) -> dict[str, object]:
@@ -178,3 +180,11 @@ async def test_a_failed_gateway_scrape_is_no_autoscaling_sample(tmp_path: Path) 
     finally:
         await fleet._session.close()
         await runner.cleanup()
+
+
+def test_the_history_keeps_live_replicas_and_drops_the_oldest_gone_ones() -> None:
+    history: dict[str, Any] = {f"r{i}": {"state": "stopped"} for i in range(6)}
+    trim_history(history, live={"r0", "r4"}, limit=4)
+    assert list(history) == ["r0", "r3", "r4", "r5"]
+    trim_history(history, live={"r0", "r3", "r4", "r5"}, limit=2)  # all live: all kept
+    assert list(history) == ["r0", "r3", "r4", "r5"]

@@ -52,8 +52,10 @@ from warmfleet.operator.embedded.replicas import (
 )
 from warmfleet.operator.embedded.state import (
     MAX_EVENTS,
+    MAX_HISTORY,
     in_flight_by_instance,
     snapshot,
+    trim_history,
     write_state,
 )
 
@@ -359,6 +361,7 @@ class EmbeddedFleet:
             )
             self.replicas[name] = replica
             self.history[name] = {**replica.summary(), "revision": plan_.revision}
+            trim_history(self.history, {*self.replicas, *self._stopping}, MAX_HISTORY)
             self.event("replica_started", replica=name, node=placement.node, prepared=prepared)
 
     def _source_url(self, plan_: Any) -> str:
@@ -383,5 +386,6 @@ class EmbeddedFleet:
             await replica.child.stop()
         finally:
             self._stopping.pop(replica.name, None)
-            self.history[replica.name]["state"] = "stopped"
+            if (info := self.history.get(replica.name)) is not None:
+                info["state"] = "stopped"
             self.event("replica_stopped", replica=replica.name, pid=replica.child.pid)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 STATE_FILE = "state.json"
 IN_FLIGHT = "warmfleet_gateway_in_flight_requests"
 MAX_EVENTS = 200
+MAX_HISTORY = 1000  # replicas kept in the history (the oldest gone ones are dropped first)
 
 
 def in_flight_by_instance(text: str) -> dict[str, float]:
@@ -33,6 +34,14 @@ def in_flight_by_instance(text: str) -> dict[str, float]:
                 key = sample.labels["instance_id"]
                 out[key] = out.get(key, 0.0) + sample.value
     return out
+
+
+def trim_history(history: dict[str, Any], live: set[str], limit: int) -> None:
+    """Drop the oldest entries of replicas that are gone (not in ``live``) until at most
+    ``limit`` remain (``history`` is in start order)."""
+    excess = len(history) - limit
+    for name in [n for n in history if n not in live][: max(excess, 0)]:
+        del history[name]
 
 
 def start_times(history: list[dict[str, Any]]) -> dict[str, Any]:
