@@ -59,3 +59,15 @@ def test_a_non_finite_or_negative_sample_is_no_data_and_keeps_the_count() -> Non
         assert totals == {("other", "main"): 1.0}, bad
         decisions, _ = autoscale([e], [dep], totals, 0.0, {})
         assert decisions == {"llama": {"main": 3}}, bad
+
+
+def test_a_partial_sample_may_scale_up_but_never_down() -> None:
+    """With a gateway unreachable the total is only a lower bound of the load: enough to scale
+    up on, never to scale down on (that would shed capacity under load)."""
+    e, dep = _autoscaled_llama(replicas=4)
+    low = {("llama", "main"): 2.0}  # 1 replica's worth, from the gateways that answered
+    decisions, states = autoscale([e], [dep], low, 0.0, {}, partial=True)
+    assert (decisions, states) == ({"llama": {"main": 4}}, {})
+    assert autoscale([e], [dep], low, 0.0, {})[0] == {"llama": {"main": 1}}  # complete: down
+    high = {("llama", "main"): 40.0}
+    assert autoscale([e], [dep], high, 0.0, {}, partial=True)[0] == {"llama": {"main": 8}}

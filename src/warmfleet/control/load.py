@@ -51,11 +51,16 @@ def autoscale(
     in_flight: Mapping[VariantKey, float],
     now_s: float,
     states: Mapping[VariantKey, AutoscalerState],
+    *,
+    partial: bool = False,
 ) -> tuple[dict[str, dict[str, int]], dict[VariantKey, AutoscalerState]]:
     """Replicas per endpoint and variant for every autoscaled variant, and the new states.
 
     The current count is the variant's Deployment at the endpoint's newest revision (else the
     previous decision, else the spec's replicas). Variants without a metric sample keep their count.
+    ``partial``: some gateways could not be scraped, so each total is only a lower bound of the
+    load; it may scale a variant up, never down (a recommendation below the current count keeps
+    the count and the previous state, as for a variant without a sample).
     """
     decisions: dict[str, dict[str, int]] = {}
     new_states: dict[VariantKey, AutoscalerState] = {}
@@ -73,6 +78,11 @@ def autoscale(
                     new_states[key] = states[key]
                 continue
             rec = recommend(variant.autoscaling, current, in_flight[key], now_s, states.get(key))
+            if partial and rec.replicas < current:
+                decisions.setdefault(endpoint.name, {})[variant.name] = current
+                if key in states:
+                    new_states[key] = states[key]
+                continue
             decisions.setdefault(endpoint.name, {})[variant.name] = rec.replicas
             new_states[key] = rec.state
     return decisions, new_states

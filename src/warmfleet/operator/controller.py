@@ -61,7 +61,7 @@ class Controller:
         namespace: str,
         clock: Callable[[], float],
         *,
-        metrics: Callable[[], Awaitable[list[str]]] | None = None,
+        metrics: Callable[[], Awaitable[list[str | None]]] | None = None,
     ) -> None:
         """``metrics`` returns the gateways' Prometheus texts (None: no autoscaling)."""
         self._client = client
@@ -118,9 +118,16 @@ class Controller:
         endpoint annotation so it survives operator restarts."""
         if self._metrics is None:
             return desired
-        in_flight = in_flight_by_variant(await self._metrics())
+        scraped = await self._metrics()  # None: a gateway that could not be scraped
+        texts = [text for text in scraped if text is not None]
+        in_flight = in_flight_by_variant(texts)
         decisions, self._scale_states = autoscale(
-            desired, observed.deployments, in_flight, now_s, self._scale_states
+            desired,
+            observed.deployments,
+            in_flight,
+            now_s,
+            self._scale_states,
+            partial=len(texts) < len(scraped),
         )
         result = []
         for endpoint in desired:

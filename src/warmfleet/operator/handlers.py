@@ -44,19 +44,20 @@ def _session(in_cluster: bool) -> aiohttp.ClientSession:
 
 def _scraper(
     session: aiohttp.ClientSession, urls: Sequence[str], timeout_s: float = 3.0
-) -> Callable[[], Awaitable[list[str]]]:
-    """Fetch every gateway's /metrics; an unreachable gateway is skipped (and logged)."""
+) -> Callable[[], Awaitable[list[str | None]]]:
+    """Fetch every gateway's /metrics; an unreachable gateway gives ``None`` (and is logged)."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
 
-    async def scrape() -> list[str]:
-        texts = []
+    async def scrape() -> list[str | None]:
+        texts: list[str | None] = []
         for url in urls:
             try:
                 async with session.get(url, timeout=timeout) as resp:
                     resp.raise_for_status()
                     texts.append(await resp.text())
-            except (aiohttp.ClientError, TimeoutError) as err:
+            except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as err:
                 log.warning("gateway metrics %s unavailable: %s", url, err)
+                texts.append(None)
         return texts
 
     return scrape
