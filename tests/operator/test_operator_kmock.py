@@ -7,12 +7,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from kmock_cluster import NS, FakeCluster, declare_resources, endpoint_body, forget_requests
 
 from warmfleet.control import names
+from warmfleet.control.load import in_flight_by_variant
+from warmfleet.gateway.endpointslices import SERVICE_NAME_LABEL as SERVICE_LABEL
 from warmfleet.operator import kube, render
 from warmfleet.operator.controller import Controller, PassResult
-from warmfleet.operator.handlers import _scraper
+from warmfleet.operator.gateway_metrics import GatewayService, scraper
 
 FINALIZER = "warmfleet.dev/finalizer"
 
@@ -226,7 +229,7 @@ async def test_autoscaling_from_gateway_metrics(kmock: Any) -> None:
     kmock["get /gateway/metrics"] << text.encode()
     async with aiohttp.ClientSession() as session:
         cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))
-        scrape = _scraper(
+        scrape = scraper(
             session, [f"{kmock.url}/gateway/metrics", "http://127.0.0.1:9/unreachable"]
         )
         controller = Controller(
@@ -272,3 +275,75 @@ async def test_a_removed_node_selector_key_is_removed_from_cache_and_deployment(
     assert cache["spec"]["nodeSelector"] == {"pool": "gpu"}
     (dep,) = await c.list(kube.DEPLOYMENTS, NS)
     assert dep["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
+
+
+def gateway_slice(name: str, port: int, pods: dict[str, bool], service: str) -> dict[str, Any]:
+    """One EndpointSlice of ``service``: every pod on 127.0.0.1 at ``port``, ready or not."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": NS, "labels": {SERVICE_LABEL: service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": [
+            {
+                "addresses": ["127.0.0.1"],
+                "conditions": {"ready": ready},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS},
+            }
+            for pod, ready in pods.items()
+        ],
+    }
+
+
+async def test_a_gateway_service_is_scraped_pod_by_pod(kmock: Any) -> None:
+    """A Service URL reaches one gateway replica per request; --gateway-service lists the
+    Service's ready pods and scrapes each, and a pod that cannot be read is reported as such
+    (None), so the autoscaler knows the sum is partial."""
+    declare_resources(kmock)
+    kmock.resources["discovery.k8s.io/v1/endpointslices"] = kmock.ResourceInfo(
+        kind="EndpointSlice", namespaced=True, verbs=["get", "list", "watch", "create"]
+    )
+    line = 'warmfleet_gateway_in_flight_requests{{endpoint="e",instance_id="{}",variant="v"}} {}\n'
+    runners = []
+    ports = []
+    for index, value in enumerate((30, 12)):
+
+        async def metrics(_: web.Request, text: str = line.format(index, value)) -> web.Response:
+            return web.Response(text=text)
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        ports.append(runner.addresses[0][1])
+    async with aiohttp.ClientSession() as session:
+        client = kube.KubeClient(session, str(kmock.url))
+        for i, port in enumerate(ports):
+            body = gateway_slice(f"gw-{i}", port, {f"gw-{i}": True}, "warmfleet-gateway")
+            await client.create(kube.ENDPOINT_SLICES, NS, body)
+        for name, pods, service in (
+            ("gw-off", {"gw-starting": False}, "warmfleet-gateway"),  # not ready: skipped
+            ("gw-dead", {"gw-dead": True}, "warmfleet-gateway"),  # ready but not answering
+            ("other", {"other": True}, "another-service"),
+        ):
+            await client.create(kube.ENDPOINT_SLICES, NS, gateway_slice(name, 9, pods, service))
+        service = GatewayService.parse(f"{NS}/warmfleet-gateway:http")
+        try:
+            texts = await scraper(session, [], [service], client, timeout_s=2.0)()
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+    assert sorted(t is None for t in texts) == [False, False, True]
+    assert in_flight_by_variant([t for t in texts if t]) == {("e", "v"): 42.0}
+
+
+def test_gateway_service_references() -> None:
+    assert GatewayService.parse("ns/gw") == GatewayService("ns", "gw", "http")
+    assert GatewayService.parse("ns/gw:8080") == GatewayService("ns", "gw", 8080)
+    assert GatewayService.parse("ns/gw:metrics") == GatewayService("ns", "gw", "metrics")
+    for bad in ("gw", "/gw", "ns/", "ns/gw:", "ns/a/b"):
+        with pytest.raises(ValueError, match="namespace/name"):
+            GatewayService.parse(bad)

@@ -69,11 +69,23 @@ def operator(
     gateway_metrics: Annotated[
         list[str] | None, typer.Option(help="gateway /metrics URL (repeat); enables autoscaling")
     ] = None,
+    gateway_service: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="gateway Service as namespace/name[:port] (repeat): scrape /metrics of each of "
+            "its ready pods; enables autoscaling"
+        ),
+    ] = None,
 ) -> None:
     """Run the kopf operator against the cluster of the current kubeconfig / service account."""
+    from warmfleet.operator.gateway_metrics import GatewayService  # noqa: PLC0415
     from warmfleet.operator.handlers import run_operator  # noqa: PLC0415
 
-    run_operator(namespace, gateway_metrics or ())
+    try:
+        services = [GatewayService.parse(text) for text in gateway_service or ()]
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--gateway-service") from err
+    run_operator(namespace, gateway_metrics or (), services)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -20,6 +20,7 @@ import kopf
 
 from warmfleet.operator import kube
 from warmfleet.operator.controller import Controller
+from warmfleet.operator.gateway_metrics import GatewayService, scraper
 
 log = logging.getLogger(__name__)
 GROUP, VERSION, PLURAL = "warmfleet.dev", "v1alpha1", "inferenceendpoints"
@@ -42,27 +43,6 @@ def _session(in_cluster: bool) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
 
 
-def _scraper(
-    session: aiohttp.ClientSession, urls: Sequence[str], timeout_s: float = 3.0
-) -> Callable[[], Awaitable[list[str | None]]]:
-    """Fetch every gateway's /metrics; an unreachable gateway gives ``None`` (and is logged)."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-
-    async def scrape() -> list[str | None]:
-        texts: list[str | None] = []
-        for url in urls:
-            try:
-                async with session.get(url, timeout=timeout) as resp:
-                    resp.raise_for_status()
-                    texts.append(await resp.text())
-            except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as err:
-                log.warning("gateway metrics %s unavailable: %s", url, err)
-                texts.append(None)
-        return texts
-
-    return scrape
-
-
 def build_registry(
     namespace: str,
     *,
@@ -71,6 +51,7 @@ def build_registry(
     interval_s: float = 5.0,
     clock: Callable[[], float] = time.time,
     gateway_metrics: Sequence[str] = (),
+    gateway_services: Sequence[GatewayService] = (),
 ) -> kopf.OperatorRegistry:
     """A kopf registry bound to one namespace; ``server`` None means in-cluster credentials."""
     registry = kopf.OperatorRegistry()
@@ -93,7 +74,11 @@ def build_registry(
         session = _session(in_cluster=server is None)
         state["session"] = session
         client = kube.KubeClient(session, base, token=bearer)
-        metrics = _scraper(session, gateway_metrics) if gateway_metrics else None
+        metrics = (
+            scraper(session, gateway_metrics, gateway_services, client)
+            if gateway_metrics or gateway_services
+            else None
+        )
         state["controller"] = Controller(client, namespace, clock, metrics=metrics)
 
     @kopf.on.cleanup(registry=registry)
@@ -128,8 +113,14 @@ def build_registry(
     return registry
 
 
-def run_operator(namespace: str, gateway_metrics: Sequence[str] = ()) -> None:
+def run_operator(
+    namespace: str,
+    gateway_metrics: Sequence[str] = (),
+    gateway_services: Sequence[GatewayService] = (),
+) -> None:
     """Run against the cluster this pod is in (service-account credentials)."""
-    registry = build_registry(namespace, gateway_metrics=gateway_metrics)
+    registry = build_registry(
+        namespace, gateway_metrics=gateway_metrics, gateway_services=gateway_services
+    )
     kopf.configure(verbose=False)
     kopf.run(registry=registry, namespaces=[namespace], standalone=True, clusterwide=False)

@@ -91,6 +91,7 @@ def operator_objects(v: Values) -> list[Obj]:
         ),
         _rule(["apps"], ["deployments", "daemonsets"], CRUD),
         _rule([""], ["services"], CRUD),
+        _rule(["discovery.k8s.io"], ["endpointslices"], READ),  # the gateway pods to scrape
         _rule([""], ["pods"], [*READ, "patch"]),
         _rule([""], ["nodes"], [*READ, "patch"]),
         _rule([""], ["namespaces"], READ),
@@ -121,8 +122,8 @@ def operator_objects(v: Values) -> list[Obj]:
                                 "operator",
                                 "--namespace",
                                 v.watch_namespace,
-                                "--gateway-metrics",
-                                f"http://warmfleet-gateway.{v.namespace}.svc/metrics",
+                                "--gateway-service",
+                                f"{v.namespace}/warmfleet-gateway:http",
                             ],
                             "resources": {
                                 "requests": {"cpu": "100m", "memory": "128Mi"},

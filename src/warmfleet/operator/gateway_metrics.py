@@ -1,0 +1,85 @@
+"""The gateways' ``/metrics`` for autoscaling: fixed URLs, and every ready pod of a Service.
+
+A Service URL reaches one gateway replica per request, so with several replicas it shows a
+fraction of the in-flight requests. ``--gateway-service namespace/name[:port]`` instead lists
+the Service's EndpointSlices at every scrape (the same rules as the gateway's own engine
+discovery: ready endpoints, the port by name or number) and scrapes each pod. A gateway that
+cannot be read, or a listing that fails, gives ``None``: the autoscaler then treats the sum as
+a lower bound (``control.load.autoscale(partial=True)``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from warmfleet.gateway.endpointslices import belongs_to, instances_from_slices
+from warmfleet.operator import kube
+
+log = logging.getLogger(__name__)
+Scrape = Callable[[], Awaitable[list[str | None]]]
+
+
+@dataclass(frozen=True)
+class GatewayService:
+    namespace: str
+    name: str
+    port: str | int = "http"
+
+    @classmethod
+    def parse(cls, text: str) -> GatewayService:
+        """``namespace/name[:port]`` (port: a Service port name or number; default ``http``)."""
+        ref, colon, port = text.partition(":")
+        namespace, _, name = ref.partition("/")
+        if not namespace or not name or "/" in name or (colon and not port):
+            raise ValueError(f"gateway service {text!r}: expected namespace/name[:port]")
+        return cls(namespace, name, int(port) if port.isdigit() else port or "http")
+
+
+def scraper(
+    session: aiohttp.ClientSession,
+    urls: Sequence[str],
+    services: Sequence[GatewayService] = (),
+    client: kube.KubeClient | None = None,
+    timeout_s: float = 3.0,
+) -> Scrape:
+    """Every fixed URL, then every ready pod of every Service (``client`` lists the slices)."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def fetch(url: str) -> str | None:
+        try:
+            async with session.get(url, timeout=timeout) as resp:
+                resp.raise_for_status()
+                return await resp.text()
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as err:
+            log.warning("gateway metrics %s unavailable: %s", url, err)
+            return None
+
+    async def pods(service: GatewayService) -> list[str] | None:
+        assert client is not None
+        try:
+            slices = await client.list(kube.ENDPOINT_SLICES, service.namespace)
+        except (kube.KubeError, aiohttp.ClientError, TimeoutError) as err:
+            log.warning(
+                "gateway service %s/%s not listed: %s", service.namespace, service.name, err
+            )
+            return None
+        mine = [s for s in slices if belongs_to(s, service.name)]
+        return [f"{i.url}/metrics" for i in instances_from_slices(mine, service.port)]
+
+    async def scrape() -> list[str | None]:
+        texts = [await fetch(url) for url in urls]
+        for service in services:
+            found = await pods(service)
+            if found is None:
+                texts.append(None)
+                continue
+            texts += [await fetch(url) for url in found]
+        return texts
+
+    if services and client is None:
+        raise ValueError("a gateway service needs a Kubernetes client to list its pods")
+    return scrape
