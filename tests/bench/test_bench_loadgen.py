@@ -20,6 +20,7 @@ from warmfleet.bench.loadgen import (
     LoadResult,
     LoadSpec,
     RequestResult,
+    _has_content,
     prepare_requests,
     run_load,
 )
@@ -368,3 +369,21 @@ def test_usage_hit_rate_counts_a_missing_cached_tokens_as_zero_once_any_is_repor
     assert summary["hit_rate_source"] == "usage_cached_tokens"
     none = summarize(LoadResult([miss], submitted=1, not_sent=0, wall_s=1.0))
     assert (none["hit_rate"], none["hit_rate_source"]) == (0.0, "unknown")
+
+
+def test_reasoning_and_tool_call_deltas_are_tokens() -> None:
+    """A reasoning model streams its thinking first (vLLM: delta.reasoning_content, newer
+    delta.reasoning) and a tool call streams delta.tool_calls: those are generated tokens, so
+    TTFT is not pushed back to the first visible answer token."""
+    role_only = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    usage_only = {"choices": [], "usage": {"completion_tokens": 3}}
+    assert not _has_content(role_only)
+    assert not _has_content(usage_only)
+    for delta in (
+        {"content": "Hi"},
+        {"reasoning_content": "Let me think"},
+        {"reasoning": "Let me think"},
+        {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]},
+    ):
+        assert _has_content({"choices": [{"index": 0, "delta": delta}]}), delta
+    assert _has_content({"choices": [{"index": 0, "text": "Hi"}]})  # completions

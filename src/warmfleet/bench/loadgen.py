@@ -156,12 +156,18 @@ def _usage(result: RequestResult, usage: Any) -> None:
         result.cached_tokens = details["cached_tokens"]
 
 
+# Fields of a chat delta that carry generated tokens: the answer, a reasoning model's thinking
+# (vLLM's reasoning parsers: ``reasoning_content``, newer ``reasoning``) and tool calls. The
+# first chunk (``role`` only) and the usage-only chunk carry none.
+_DELTA_TOKENS = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
 def _has_content(event: dict[str, Any]) -> bool:
     for choice in event.get("choices") or ():
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
-        if isinstance(delta, dict) and delta.get("content"):
+        if isinstance(delta, dict) and any(delta.get(field) for field in _DELTA_TOKENS):
             return True
         if choice.get("text"):
             return True
