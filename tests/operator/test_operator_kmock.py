@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,6 +17,7 @@ from warmfleet.gateway.endpointslices import SERVICE_NAME_LABEL as SERVICE_LABEL
 from warmfleet.operator import kube, render
 from warmfleet.operator.controller import Controller, PassResult
 from warmfleet.operator.gateway_metrics import GatewayService, scraper
+from warmfleet.operator.handlers import service_account_token
 
 FINALIZER = "warmfleet.dev/finalizer"
 
@@ -347,3 +349,36 @@ def test_gateway_service_references() -> None:
     for bad in ("gw", "/gw", "ns/", "ns/gw:", "ns/a/b"):
         with pytest.raises(ValueError, match="namespace/name"):
             GatewayService.parse(bad)
+
+
+async def test_the_client_reads_a_rotating_token_at_every_request(tmp_path: Path) -> None:
+    """The kubelet rewrites a projected service-account token before it expires; a client that
+    read it once at start gets 401s an hour later (kopf's own login re-reads it)."""
+    seen: list[str | None] = []
+
+    async def nodes(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"items": []})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/nodes", nodes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    token_file = tmp_path / "token"
+    token_file.write_text("first\n")
+    try:
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            client = kube.KubeClient(
+                session, url, token=lambda: service_account_token(str(token_file))
+            )
+            await client.list(kube.NODES, None)
+            token_file.write_text("second\n")
+            await client.list(kube.NODES, None)
+            token_file.unlink()  # between the kubelet's unlink and rename: no header
+            await client.list(kube.NODES, None)
+            await kube.KubeClient(session, url, token="fixed").list(kube.NODES, None)
+    finally:
+        await runner.cleanup()
+    assert seen == ["Bearer first", "Bearer second", None, "Bearer fixed"]

@@ -32,8 +32,16 @@ def in_cluster_server() -> tuple[str, str | None]:
     if not host:
         raise kopf.LoginError("not in a cluster: set KUBERNETES_SERVICE_HOST or pass a server")
     port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    with open(f"{SA_DIR}/token") as fh:
-        return f"https://{host}:{port}", fh.read().strip()
+    return f"https://{host}:{port}", service_account_token()
+
+
+def service_account_token(path: str = f"{SA_DIR}/token") -> str | None:
+    """The pod's service-account token as it is now (the kubelet rotates the projected file)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
 
 
 def _session(in_cluster: bool) -> aiohttp.ClientSession:
@@ -73,7 +81,9 @@ def build_registry(
         base, bearer = (server, token) if server is not None else in_cluster_server()
         session = _session(in_cluster=server is None)
         state["session"] = session
-        client = kube.KubeClient(session, base, token=bearer)
+        client = kube.KubeClient(
+            session, base, token=bearer if server is not None else service_account_token
+        )
         metrics = (
             scraper(session, gateway_metrics, gateway_services, client)
             if gateway_metrics or gateway_services

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,20 +56,27 @@ IMAGE_CACHES = Resource("warmfleet.dev", "v1alpha1", "imagecaches")
 
 
 class KubeClient:
-    """One aiohttp session against ``server`` (a base URL), optional bearer token."""
+    """One aiohttp session against ``server`` (a base URL), optional bearer token: a string, or
+    a function called for every request (a projected service-account token file is rotated by
+    the kubelet, so it must be re-read, as kopf's login and the gateway's client do)."""
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
         server: str,
         *,
-        token: str | None = None,
+        token: str | Callable[[], str | None] | None = None,
         timeout_s: float = 10.0,
     ) -> None:
         self._session = session
         self._server = server.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._token = token
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    @property
+    def _headers(self) -> dict[str, str]:
+        token = self._token() if callable(self._token) else self._token
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def _call(
         self,
