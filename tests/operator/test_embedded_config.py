@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from http_support import serving
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -110,19 +111,10 @@ async def test_weights_are_read_from_a_directory_and_a_url(tmp_path: Path) -> No
     async def weights(_request: web.Request) -> web.Response:
         return web.Response(body=b"z" * 123_456)
 
-    app = web.Application()
-    app.router.add_get("/w.bin", weights)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        remote = await load_weights(f"http://127.0.0.1:{port}/w.bin")
+    async with serving({"/w.bin": weights}) as (url, _):
+        remote = await load_weights(f"{url}/w.bin")
         assert remote.bytes_read == 123_456
         with pytest.raises(WeightsLoadError, match="HTTP 404"):
-            await load_weights(f"http://127.0.0.1:{port}/missing")
-    finally:
-        await runner.cleanup()
+            await load_weights(f"{url}/missing")
     with pytest.raises(WeightsLoadError, match="does not exist"):
         await load_weights(str(tmp_path / "missing"))

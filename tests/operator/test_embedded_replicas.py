@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from http_support import serving
 
 from warmfleet.control.reconciler import plan
 from warmfleet.operator.embedded.backoff import CrashBackoff
@@ -156,17 +157,10 @@ async def test_a_failed_gateway_scrape_is_no_autoscaling_sample(tmp_path: Path) 
         status, body = answers.pop(0)
         return web.Response(status=status, text=body)
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
     fleet = _fleet(tmp_path)
-    fleet.gateway = SimpleNamespace(url=f"http://127.0.0.1:{port}")  # type: ignore[assignment]
-    fleet._session = aiohttp.ClientSession()
-    try:
+    async with serving({"/metrics": metrics}) as (url, runner), aiohttp.ClientSession() as http:
+        fleet.gateway = SimpleNamespace(url=url)  # type: ignore[assignment]
+        fleet._session = http
         await fleet._observe_gateway()
         assert fleet._metrics_text is not None
         assert fleet.in_flight == {"r1": 3.0}
@@ -177,9 +171,6 @@ async def test_a_failed_gateway_scrape_is_no_autoscaling_sample(tmp_path: Path) 
         await runner.cleanup()
         await fleet._observe_gateway()  # connection refused
         assert fleet._metrics_text is None
-    finally:
-        await fleet._session.close()
-        await runner.cleanup()
 
 
 def test_the_history_keeps_live_replicas_and_drops_the_oldest_gone_ones() -> None:

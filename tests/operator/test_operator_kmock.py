@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from http_support import Handler, serving
 from kmock_cluster import NS, FakeCluster, declare_resources, endpoint_body, forget_requests
 
 from warmfleet.control import names
@@ -307,23 +308,21 @@ async def test_a_gateway_service_is_scraped_pod_by_pod(kmock: Any) -> None:
         kind="EndpointSlice", namespaced=True, verbs=["get", "list", "watch", "create"]
     )
     line = 'warmfleet_gateway_in_flight_requests{{endpoint="e",instance_id="{}",variant="v"}} {}\n'
-    runners = []
-    ports = []
-    for index, value in enumerate((30, 12)):
 
-        async def metrics(_: web.Request, text: str = line.format(index, value)) -> web.Response:
-            return web.Response(text=text)
+    def metrics(value: int) -> Handler:
+        async def handler(_: web.Request) -> web.Response:
+            return web.Response(text=line.format(value, value))
 
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        ports.append(runner.addresses[0][1])
-    async with aiohttp.ClientSession() as session:
+        return handler
+
+    async with (
+        serving({"/metrics": metrics(30)}) as (first, _),
+        serving({"/metrics": metrics(12)}) as (second, _),
+        aiohttp.ClientSession() as session,
+    ):
         client = kube.KubeClient(session, str(kmock.url))
-        for i, port in enumerate(ports):
+        for i, url in enumerate((first, second)):
+            port = int(url.rsplit(":", 1)[1])
             body = gateway_slice(f"gw-{i}", port, {f"gw-{i}": True}, "warmfleet-gateway")
             await client.create(kube.ENDPOINT_SLICES, NS, body)
         for name, pods, service in (
@@ -333,11 +332,7 @@ async def test_a_gateway_service_is_scraped_pod_by_pod(kmock: Any) -> None:
         ):
             await client.create(kube.ENDPOINT_SLICES, NS, gateway_slice(name, 9, pods, service))
         service = GatewayService.parse(f"{NS}/warmfleet-gateway:http")
-        try:
-            texts = await scraper(session, [], [service], client, timeout_s=2.0)()
-        finally:
-            for runner in runners:
-                await runner.cleanup()
+        texts = await scraper(session, [], [service], client, timeout_s=2.0)()
     assert sorted(t is None for t in texts) == [False, False, True]
     assert in_flight_by_variant([t for t in texts if t]) == {("e", "v"): 42.0}
 
@@ -360,25 +355,14 @@ async def test_the_client_reads_a_rotating_token_at_every_request(tmp_path: Path
         seen.append(request.headers.get("Authorization"))
         return web.json_response({"items": []})
 
-    app = web.Application()
-    app.router.add_get("/api/v1/nodes", nodes)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
     token_file = tmp_path / "token"
     token_file.write_text("first\n")
-    try:
-        async with aiohttp.ClientSession() as session:
-            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            client = kube.KubeClient(
-                session, url, token=lambda: service_account_token(str(token_file))
-            )
-            await client.list(kube.NODES, None)
-            token_file.write_text("second\n")
-            await client.list(kube.NODES, None)
-            token_file.unlink()  # between the kubelet's unlink and rename: no header
-            await client.list(kube.NODES, None)
-            await kube.KubeClient(session, url, token="fixed").list(kube.NODES, None)
-    finally:
-        await runner.cleanup()
+    async with serving({"/api/v1/nodes": nodes}) as (url, _), aiohttp.ClientSession() as session:
+        client = kube.KubeClient(session, url, token=lambda: service_account_token(str(token_file)))
+        await client.list(kube.NODES, None)
+        token_file.write_text("second\n")
+        await client.list(kube.NODES, None)
+        token_file.unlink()  # between the kubelet's unlink and rename: no header
+        await client.list(kube.NODES, None)
+        await kube.KubeClient(session, url, token="fixed").list(kube.NODES, None)
     assert seen == ["Bearer first", "Bearer second", None, "Bearer fixed"]
