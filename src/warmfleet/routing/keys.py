@@ -28,9 +28,11 @@ from warmfleet.core.hashing import chain_blocks, chain_seed
 from warmfleet.core.types import RoutingKey
 from warmfleet.routing.parse import (
     bad_request,
+    completions_output_hint,
     completions_prompt,
     model_of,
     output_hint,
+    prompt_count,
     render_chat_text,
     validate_messages,
     validate_tenant,
@@ -45,6 +47,7 @@ _SEED_CACHE_ENTRIES = 4096
 _SPAN_CACHE_ENTRIES = 8192
 _h64 = xxhash.xxh3_64_intdigest
 _h128 = xxhash.xxh3_128_intdigest
+_CACHE_SALT_TAG = "cache_salt:"
 
 
 class Tokenizer(Protocol):
@@ -72,6 +75,17 @@ class KeySpec(StrictModel):
     @property
     def effective_block_size(self) -> int:
         return self.block_size if self.block_size is not None else DEFAULT_BLOCK_SIZE[self.mode]
+
+
+def _cache_salt(body: Mapping[str, Any]) -> str | None:
+    """vLLM's ``cache_salt``: its prefix-cache blocks are only shared by requests with the same
+    salt, so it is part of the chain seed. vLLM rejects anything but a non-empty string."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise bad_request("'cache_salt' must be a non-empty string", "cache_salt")
+    return salt
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,19 +173,28 @@ class KeyBuilder:
         self.block_size = spec.effective_block_size
         self.prefix_length = prefix_length or spec.prefix_length or DEFAULT_PREFIX_LENGTH
         self.max_blocks = spec.max_units // self.block_size
-        self._seeds: dict[tuple[str, str | None, str | None], int] = {}
+        self._seeds: dict[tuple[str, str | None, str | None, str | None], int] = {}
         self.spans = SpanMemo()
 
-    def seed(self, model: str, lora_adapter: str | None, tenant: str | None) -> int:
-        """Start of the chain for (model, adapter, tenant), memoised in a bounded map."""
+    def seed(
+        self,
+        model: str,
+        lora_adapter: str | None,
+        tenant: str | None,
+        cache_salt: str | None = None,
+    ) -> int:
+        """Start of the chain for (model, adapter, tenant[, vLLM cache_salt]), memoised in a
+        bounded map. Without a cache salt the seed is the unsalted one (KV-event translation
+        starts its chains there)."""
         cache = self._seeds
-        seed = cache.get((model, lora_adapter, tenant))
+        memo = (model, lora_adapter, tenant, cache_salt)
+        seed = cache.get(memo)
         if seed is None:
             if len(cache) >= _SEED_CACHE_ENTRIES:
                 cache.clear()
-            seed = cache[(model, lora_adapter, tenant)] = chain_seed(
-                self.spec.salt, model, lora_adapter, tenant
-            )
+            parts = (model, lora_adapter, tenant)
+            salted = parts if cache_salt is None else (*parts, _CACHE_SALT_TAG + cache_salt)
+            seed = cache[memo] = chain_seed(self.spec.salt, *salted)
         return seed
 
     def _tenant(self, body: Mapping[str, Any] | None, header_tenant: str | None) -> str | None:
@@ -183,17 +206,19 @@ class KeyBuilder:
 
     def _prologue(
         self, body: object, tenant: str | None, lora_adapter: str | None
-    ) -> tuple[Mapping[str, Any], int, int]:
-        """Validate the body's shape; return it as a mapping, the chain seed and the output hint."""
+    ) -> tuple[Mapping[str, Any], int]:
+        """Validate the body's shape; return it as a mapping and the chain seed."""
         if type(body) is not dict and not isinstance(body, Mapping):
             raise bad_request("the request body must be a JSON object", "body")
-        seed = self.seed(model_of(body), lora_adapter, self._tenant(body, tenant))
-        return body, seed, output_hint(body)
+        tenant_key = self._tenant(body, tenant)
+        seed = self.seed(model_of(body), lora_adapter, tenant_key, _cache_salt(body))
+        return body, seed
 
     def for_chat(
         self, body: object, tenant: str | None, lora_adapter: str | None = None
     ) -> RoutingKey:
-        body, seed, hint = self._prologue(body, tenant, lora_adapter)
+        body, seed = self._prologue(body, tenant, lora_adapter)
+        hint = output_hint(body)
         if self.spec.mode == "tokens":
             assert self.tokenizer is not None
             render_chat_text(body)  # full validation before the tokenizer sees the messages
@@ -204,8 +229,9 @@ class KeyBuilder:
     def for_completions(
         self, body: object, tenant: str | None, lora_adapter: str | None = None
     ) -> RoutingKey:
-        body, seed, hint = self._prologue(body, tenant, lora_adapter)
+        body, seed = self._prologue(body, tenant, lora_adapter)
         prompt = completions_prompt(body)
+        hint = completions_output_hint(body, prompt_count(body))
         if isinstance(prompt, list):
             # Token ids: in text/bytes modes a block holds block_size / CHARS_PER_TOKEN ids.
             block = (

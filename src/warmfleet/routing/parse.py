@@ -19,6 +19,8 @@ _MASK64 = (1 << 64) - 1
 _MSG = "\x1e"
 _FIELD = "\x1f"
 _PART = "\x1d"
+# Content-part types vLLM reads as plain text (``vllm.renderers.chat_utils.TEXT_PART_TYPES``).
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -47,15 +49,44 @@ def model_of(body: Mapping[str, Any]) -> str:
     return model
 
 
+def _max_tokens(body: Mapping[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad_request(f"'{name}' must be a non-negative integer", name)
+    return value
+
+
+def _choices(body: Mapping[str, Any]) -> int:
+    """``n``: completions generated per prompt (default 1)."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise bad_request("'n' must be a positive integer", "n")
+    return n
+
+
 def output_hint(body: Mapping[str, Any]) -> int:
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad_request(f"'{name}' must be a non-negative integer", name)
-        return value
-    return 0
+    """Chat: ``n`` x (``max_completion_tokens``, else ``max_tokens``); 0 (unknown) if neither,
+    as vLLM then generates up to the context length."""
+    limit = _max_tokens(body, "max_completion_tokens")
+    if limit is None:
+        limit = _max_tokens(body, "max_tokens")
+    return (limit or 0) * _choices(body)
+
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+def completions_output_hint(body: Mapping[str, Any], prompts: int) -> int:
+    """Completions: ``prompts`` x ``n`` x ``max_tokens`` (absent or null: 16, as in the OpenAI
+    API and vLLM; ``max_completion_tokens`` is not a completions parameter and is ignored)."""
+    limit = _max_tokens(body, "max_tokens")
+    if limit is None:
+        limit = COMPLETIONS_DEFAULT_MAX_TOKENS
+    return limit * _choices(body) * prompts
 
 
 def _canonical_json(value: object, param: str) -> str:
@@ -86,7 +117,7 @@ def _render_part(part: object, param: str) -> str:
     kind = part.get("type")
     if not isinstance(kind, str):
         raise bad_request(f"'{param}.type' must be a string", f"{param}.type")
-    if kind == "text":
+    if kind in _TEXT_PARTS:
         text = part.get("text")
         if not isinstance(text, str):
             raise bad_request(f"'{param}.text' must be a string", f"{param}.text")
@@ -112,7 +143,8 @@ def _render_content(content: object, param: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(_render_part(p, f"{param}[{i}]") for i, p in enumerate(content))
+        # vLLM hands the template the parts' texts joined with newlines.
+        return "\n".join(_render_part(p, f"{param}[{i}]") for i, p in enumerate(content))
     raise bad_request(f"'{param}' must be a string, an array of content parts or null", param)
 
 
@@ -194,6 +226,15 @@ def _is_token_list(value: object) -> bool:
     if not all(type(t) is int for t in value):
         return False
     return not value or (min(value) >= 0 and max(value) <= _MASK64)
+
+
+def prompt_count(body: Mapping[str, Any]) -> int:
+    """How many prompts a (validated) completions body holds: an array of strings or of token-id
+    arrays is a batch; a string or one array of token ids is one prompt."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return len(prompt)
+    return 1
 
 
 def completions_prompt(body: Mapping[str, Any]) -> str | list[int]:
