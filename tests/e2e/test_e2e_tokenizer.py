@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,34 @@ def test_tiny_model_tokenizer_roundtrip() -> None:
     ids = tok.encode_chat(messages)
     assert ids[0] == tok.encode_raw("<|begin_of_text|>")[0]
     assert tok._tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+)
+
+
+def test_tools_reach_the_template_as_vllm_dumps_them(tmp_path: Path) -> None:
+    """vLLM renders the request's tools into the prompt (Llama 3.1, Qwen and others print them
+    first); without them every tool-calling request's token blocks differed from the engine's
+    from the first block on. vLLM passes its pydantic dump: absent fields as null, in order."""
+    tok = HfChatTokenizer.from_dir(write_model(tmp_path, TOOLS_TEMPLATE))
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    text = tok.render_chat([{"role": "user", "content": "hi"}], tools=[tool])
+    first = text.split("\n", 1)[0]
+    assert json.loads(first) == {
+        "type": "function",
+        "function": {"name": "f", "description": None, "parameters": {"type": "object"}},
+        "defer_loading": None,
+    }
+    assert list(json.loads(first)["function"]) == ["name", "description", "parameters"]
+    keys = KeyBuilder(KeySpec(mode="tokens", block_size=4), tok)
+    plain = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with_tools = {**plain, "tools": [tool]}
+    assert keys.for_chat(with_tools, None).prompt_tokens == len(
+        tok.encode_chat(plain["messages"], tools=[tool])
+    )
+    assert keys.for_chat(with_tools, None).block_hashes != keys.for_chat(plain, None).block_hashes
+    with pytest.raises(BadRequestError):
+        tok.render_chat([{"role": "user", "content": "hi"}], tools=[1])  # type: ignore[list-item]

@@ -28,8 +28,14 @@ class FakeTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        return self.encode("".join(f"{m['role']}: {m.get('content')}\n" for m in messages))
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
+        head = f"tools: {tools}\n" if tools else ""
+        return self.encode(head + "".join(f"{m['role']}: {m.get('content')}\n" for m in messages))
 
 
 def router(**key: Any) -> Router:

@@ -92,6 +92,31 @@ def _template_source(directory: Path, config: Mapping[str, Any]) -> str:
     raise ConfigError(f"{directory}: no chat template (tokenizer_config.json chat_template)")
 
 
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})  # vLLM reads these as text
+
+
+def vllm_tool(tool: object) -> dict[str, Any]:
+    """One request ``tools`` entry as vLLM hands it to the chat template (its pydantic
+    ``ChatCompletionToolsParam.model_dump()``: declared fields in order, absent ones as None,
+    the function's ``strict``/``defer_loading`` only when set, the function's unknown fields
+    dropped, the tool's kept), so a template that prints the tools (``tool | tojson``) renders
+    the same text as the engine's."""
+    if not isinstance(tool, Mapping):
+        raise BadRequestError("'tools' entries must be objects", param="tools")
+    raw = tool.get("function")
+    fn: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    function = {k: fn.get(k) for k in ("name", "description", "parameters")}
+    if fn.get("strict") is not None:
+        function["strict"] = fn["strict"]
+    defer = tool.get("defer_loading")
+    if (fn_defer := fn.get("defer_loading", defer)) is not None:
+        function["defer_loading"] = fn_defer
+    out: dict[str, Any] = {"type": tool.get("type", "function"), "function": function}
+    out["defer_loading"] = defer
+    out.update((k, v) for k, v in tool.items() if k not in out)
+    return out
+
+
 def normalize_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """One OpenAI chat message as vLLM hands it to a "string"-format chat template."""
     content = message.get("content")
@@ -102,7 +127,7 @@ def normalize_message(message: Mapping[str, Any]) -> dict[str, Any]:
     elif isinstance(content, list):
         parts = []
         for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "text":
+            if isinstance(part, Mapping) and part.get("type") in _TEXT_PARTS:
                 parts.append(str(part.get("text", "")))
             elif isinstance(part, Mapping) and part.get("type") == "refusal":
                 parts.append(str(part.get("refusal", "")))
@@ -154,14 +179,17 @@ class HfChatTokenizer:
         return cls(tokenizer, _template_source(directory, config), specials, str(directory))
 
     def render_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The prompt text vLLM builds for ``messages``."""
+        """The prompt text vLLM builds for ``messages`` (and the request's ``tools``)."""
         try:
             return self._template.render(
                 messages=[normalize_message(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
-                tools=None,
+                tools=None if tools is None else [vllm_tool(t) for t in tools],
                 documents=None,
                 **self.special_tokens,
             )
@@ -176,6 +204,11 @@ class HfChatTokenizer:
         """Ids of ``text`` without special tokens."""
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
         """Chat prompt ids: the rendered template, encoded without adding special tokens."""
-        return self.encode_raw(self.render_chat(messages))
+        return self.encode_raw(self.render_chat(messages, tools=tools))

@@ -55,7 +55,12 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]: ...
 
 
 class KeySpec(StrictModel):
@@ -222,7 +227,8 @@ class KeyBuilder:
         if self.spec.mode == "tokens":
             assert self.tokenizer is not None
             render_chat_text(body)  # full validation before the tokenizer sees the messages
-            ids = self.tokenizer.encode_chat(validate_messages(body))
+            tools = body.get("tools")  # validated above: a list of objects, or absent
+            ids = self.tokenizer.encode_chat(validate_messages(body), tools=tools)
             return self.from_token_ids(ids, seed, hint, self.block_size)
         return self._from_text(render_chat_text(body), seed, hint)
 
