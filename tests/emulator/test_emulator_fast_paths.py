@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmfleet.emulator.driver import EngineDriver
-from warmfleet.emulator.protocol import ChunkWriter, Job
+from warmfleet.emulator.protocol import Job
+from warmfleet.emulator.responses import ChunkWriter
 from warmfleet.emulator.tokenizer import (
     SPECIAL_IDS,
     EmulatorTokenizer,

@@ -23,15 +23,14 @@ from warmfleet.emulator.driver import EngineDriver, RequestStream
 from warmfleet.emulator.metrics import CONTENT_TYPE, InstanceMetrics
 from warmfleet.emulator.protocol import (
     DONE,
-    ChunkWriter,
     Job,
     Kind,
     ParseContext,
     error_body,
-    full_response,
     parse_job,
     tokenize_ids,
 )
+from warmfleet.emulator.responses import ChunkWriter, full_response
 from warmfleet.engine.events import EngineEvent, EngineEventKind
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

@@ -1,16 +1,11 @@
-"""OpenAI/vLLM wire format of the emulator: request parsing and response shapes (no I/O).
+"""OpenAI/vLLM wire format of the emulator: request parsing into a ``Job`` (no I/O).
 
-Shapes follow vLLM's OpenAI server: ``chatcmpl-``/``cmpl-`` ids, a first chat chunk carrying
-``{"role": "assistant", "content": ""}``, one chunk per output token, ``finish_reason`` on the
-last token's chunk, an optional usage chunk with ``"choices": []`` when
-``stream_options.include_usage`` is set, then ``data: [DONE]``.
+Response bodies are in ``responses``; sampling options (stop, logprobs, echo) in ``sampling``.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import time
 import uuid
 from array import array
 from collections.abc import Iterator, Mapping
@@ -20,13 +15,8 @@ from typing import Any, Literal
 import xxhash
 
 from warmfleet.core.errors import BadRequestError, NotFoundError
-from warmfleet.emulator.tokenizer import (
-    EmulatorTokenizer,
-    hash_seed,
-    output_pieces_json,
-    output_text,
-    prompt_block_hashes_bytes,
-)
+from warmfleet.emulator.sampling import find_stop, parse_stop, reject_unsupported
+from warmfleet.emulator.tokenizer import EmulatorTokenizer, hash_seed, prompt_block_hashes_bytes
 from warmfleet.engine.spec import EngineSpec
 
 Kind = Literal["chat", "completion"]
@@ -66,6 +56,9 @@ class Job:
     stream: bool
     include_usage: bool
     text_seed: int
+    stop_reason: str | int | None = None  # the stop string or token id that ended the output
+    text_chars: int | None = None  # the output text is cut to this many characters (stop)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage)
 
 
 def _bad(message: str, param: str | None = None) -> BadRequestError:
@@ -174,7 +167,8 @@ def _requested_max_tokens(body: Mapping[str, Any], kind: Kind) -> int | None:
 
 def _output_tokens(
     body: Mapping[str, Any], kind: Kind, prompt_len: int, text_seed: int, ctx: ParseContext
-) -> tuple[int, str]:
+) -> tuple[int, str, int]:
+    """(output tokens, finish reason, min_tokens) before any stop string or token."""
     limit = ctx.spec.max_model_len
     max_tokens = _requested_max_tokens(body, kind)
     if max_tokens is None:
@@ -193,25 +187,28 @@ def _output_tokens(
             "min_tokens",
         )
     if _opt_bool(body, "ignore_eos"):
-        return max_tokens, "length"
+        return max_tokens, "length", min_tokens
     span = ctx.eos_max_tokens - ctx.eos_min_tokens + 1
     natural = max(ctx.eos_min_tokens + text_seed % span, min_tokens)
     if natural >= max_tokens:
-        return max_tokens, "length"
-    return natural, "stop"
+        return max_tokens, "length", min_tokens
+    return natural, "stop", min_tokens
 
 
-def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
+def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous usage): vLLM sends a running usage on every chunk
+    only when both ``include_usage`` and ``continuous_usage_stats`` are set."""
     stream = _opt_bool(body, "stream")
     options = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous = False
     if options is not None:
         if not isinstance(options, Mapping):
             raise _bad("'stream_options' must be an object", "stream_options")
         if not stream:
             raise _bad("'stream_options' can only be set when 'stream' is true", "stream_options")
         include_usage = _opt_bool(options, "include_usage")
-    return stream, include_usage
+        continuous = include_usage and _opt_bool(options, "continuous_usage_stats")
+    return stream, include_usage, continuous
 
 
 def parse_job(body: object, kind: Kind, ctx: ParseContext) -> Job:
@@ -222,11 +219,16 @@ def parse_job(body: object, kind: Kind, ctx: ParseContext) -> Job:
     n = body.get("n", 1)
     if n not in (None, 1):
         raise _bad("the emulator supports only 'n': 1", "n")
+    reject_unsupported(body, kind)
+    stop = parse_stop(body)
     ids = prompt_ids(body, kind, ctx.tokenizer)
-    stream, include_usage = _stream_flags(body)
+    stream, include_usage, continuous = _stream_flags(body)
     data = array("Q", ids).tobytes()  # ids are in [0, 2**63) (tokenizer or _token_list)
     text_seed = xxhash.xxh3_64_intdigest(data)
-    output_tokens, finish_reason = _output_tokens(body, kind, len(ids), text_seed, ctx)
+    output_tokens, finish_reason, min_tokens = _output_tokens(body, kind, len(ids), text_seed, ctx)
+    hit = find_stop(stop, text_seed, output_tokens, min_tokens)
+    if hit is not None:
+        output_tokens, finish_reason = hit.output_tokens, "stop"
     seed = hash_seed(ctx.hash_seed, _cache_salt(body))
     hashes = prompt_block_hashes_bytes(data, ctx.spec.block_tokens, seed)
     return Job(
@@ -240,106 +242,10 @@ def parse_job(body: object, kind: Kind, ctx: ParseContext) -> Job:
         stream,
         include_usage,
         text_seed,
+        stop_reason=None if hit is None else hit.reason,
+        text_chars=None if hit is None else hit.text_chars,
+        continuous_usage=continuous,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Responses
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def full_response(job: Job, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    text = output_text(job.text_seed, completion_tokens)
-    choice: dict[str, Any]
-    if job.kind == "chat":
-        choice = {
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": text,
-                "refusal": None,
-                "tool_calls": [],
-                "reasoning_content": None,
-            },
-            "logprobs": None,
-            "finish_reason": job.finish_reason,
-            "stop_reason": None,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": job.finish_reason,
-            "stop_reason": None,
-            "prompt_logprobs": None,
-        }
-        obj = "text_completion"
-    return {
-        "id": job.response_id,
-        "object": obj,
-        "created": int(time.time()),
-        "model": job.model,
-        "choices": [choice],
-        "usage": usage(len(job.prompt_ids), completion_tokens, cached_tokens),
-        "system_fingerprint": None,
-    }
-
-
-class ChunkWriter:
-    """Pre-serialised SSE chunks of one streamed response (only the text is encoded per token)."""
-
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        chat = job.kind == "chat"
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        self._head = (
-            f'data: {{"id":"{job.response_id}","object":"{obj}","created":{int(time.time())},'
-            f'"model":{json.dumps(job.model)},"choices":'
-        ).encode()
-        self._lead = self._head + (
-            b'[{"index":0,"delta":{"content":' if chat else b'[{"index":0,"text":'
-        )
-        close = b"}," if chat else b","
-        tail = b'"logprobs":null,"finish_reason":null}]}\n\n'
-        if not chat:
-            tail = b'"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-        last_tail = b'"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n' % (
-            job.finish_reason.encode()
-        )
-        self._between = close + tail + self._lead  # from one token's text to the next one's
-        self._end = close + tail
-        self._last_end = close + last_tail  # the last output token's chunk carries the reason
-
-    def role(self) -> bytes:
-        """Chat only: the first chunk, with the assistant role and empty content."""
-        return (
-            self._head
-            + b'[{"index":0,"delta":{"role":"assistant","content":""},'
-            + b'"logprobs":null,"finish_reason":null}]}\n\n'
-        )
-
-    def tokens(self, first_index: int, last_index: int) -> bytes:
-        """Chunks for output tokens ``first_index`` .. ``last_index - 1`` (one bytes object)."""
-        if last_index <= first_index:
-            return b""
-        texts = output_pieces_json(self.job.text_seed, first_index, last_index)
-        end = self._last_end if last_index == self.job.output_tokens else self._end
-        return self._lead + self._between.join(texts) + end
-
-    def usage(self, completion_tokens: int, cached_tokens: int) -> bytes:
-        body = usage(len(self.job.prompt_ids), completion_tokens, cached_tokens)
-        usage_json = json.dumps(body, separators=(",", ":")).encode()
-        return self._head + b'[],"usage":' + usage_json + b"}\n\n"
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:

@@ -329,6 +329,11 @@ def output_piece(text_seed: int, index: int) -> str:
     return table[_word_index(text_seed, index)]
 
 
+def output_token_id(text_seed: int, index: int) -> int:
+    """The token id of output token ``index`` (its text re-tokenizes to exactly this id)."""
+    return _hash_piece(output_piece(text_seed, index))
+
+
 def output_piece_json(text_seed: int, index: int) -> bytes:
     """``output_piece`` as a JSON string literal (pre-encoded: the streaming hot path)."""
     table = _FIRST_JSON if index == 0 else _LATER_JSON
