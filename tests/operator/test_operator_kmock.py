@@ -15,10 +15,10 @@ from kmock_cluster import NS, FakeCluster, declare_resources, endpoint_body, for
 from warmfleet.control import names
 from warmfleet.control.load import in_flight_by_variant
 from warmfleet.gateway.endpointslices import SERVICE_NAME_LABEL as SERVICE_LABEL
+from warmfleet.kube.access import read_token
 from warmfleet.operator import kube, render
 from warmfleet.operator.controller import Controller, PassResult
 from warmfleet.operator.gateway_metrics import GatewayService, scraper
-from warmfleet.operator.handlers import service_account_token
 
 FINALIZER = "warmfleet.dev/finalizer"
 
@@ -358,7 +358,7 @@ async def test_the_client_reads_a_rotating_token_at_every_request(tmp_path: Path
     token_file = tmp_path / "token"
     token_file.write_text("first\n")
     async with serving({"/api/v1/nodes": nodes}) as (url, _), aiohttp.ClientSession() as session:
-        client = kube.KubeClient(session, url, token=lambda: service_account_token(str(token_file)))
+        client = kube.KubeClient(session, url, token=lambda: read_token(str(token_file)))
         await client.list(kube.NODES, None)
         token_file.write_text("second\n")
         await client.list(kube.NODES, None)

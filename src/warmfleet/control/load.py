@@ -72,13 +72,12 @@ def autoscale(
                 continue
             key = (endpoint.name, variant.name)
             current = _current(endpoint, variant.name, variant.replicas, deployments)
-            if key not in in_flight:
-                decisions.setdefault(endpoint.name, {})[variant.name] = current
-                if key in states:
-                    new_states[key] = states[key]
-                continue
-            rec = recommend(variant.autoscaling, current, in_flight[key], now_s, states.get(key))
-            if partial and rec.replicas < current:
+            rec = None
+            if key in in_flight:
+                rec = recommend(
+                    variant.autoscaling, current, in_flight[key], now_s, states.get(key)
+                )
+            if rec is None or (partial and rec.replicas < current):  # hold: count and state
                 decisions.setdefault(endpoint.name, {})[variant.name] = current
                 if key in states:
                     new_states[key] = states[key]

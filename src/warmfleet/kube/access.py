@@ -33,12 +33,18 @@ def api_server(spec: KubeApiSpec) -> str:
     return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
+def read_token(path: str) -> str | None:
+    """A bearer token file as it is now (the kubelet rotates projected service-account tokens,
+    so callers read it for every request); ``None`` if it is missing or empty."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
 def auth_headers(spec: KubeApiSpec) -> dict[str, str]:
     """``Authorization: Bearer <token>`` when the token file exists, else none."""
-    try:
-        token = Path(spec.token_path).read_text(encoding="utf-8").strip()
-    except OSError:
-        return {}
+    token = read_token(spec.token_path)
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 

@@ -73,12 +73,10 @@ def scraper(
 
     async def scrape() -> list[str | None]:
         """All gateways at once (one slow pod costs one timeout, not one per pod)."""
-        targets: list[str | None] = list(urls)
-        for found in await asyncio.gather(*(pods(service) for service in services)):
-            targets += [None] if found is None else found
-        return list(
-            await asyncio.gather(*(fetch(url) for url in targets if url is not None)),
-        ) + [None] * targets.count(None)
+        listed = await asyncio.gather(*(pods(service) for service in services))
+        targets = [*urls, *(url for found in listed if found is not None for url in found)]
+        unlisted: list[str | None] = [None] * sum(found is None for found in listed)
+        return [*await asyncio.gather(*(fetch(url) for url in targets)), *unlisted]
 
     if services and client is None:
         raise ValueError("a gateway service needs a Kubernetes client to list its pods")

@@ -13,11 +13,13 @@ import os
 import ssl
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import aiohttp
 import kopf
 
+from warmfleet.kube.access import read_token
 from warmfleet.operator import kube
 from warmfleet.operator.controller import Controller
 from warmfleet.operator.gateway_metrics import GatewayService, scraper
@@ -25,6 +27,7 @@ from warmfleet.operator.gateway_metrics import GatewayService, scraper
 log = logging.getLogger(__name__)
 GROUP, VERSION, PLURAL = "warmfleet.dev", "v1alpha1", "inferenceendpoints"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SA_TOKEN = f"{SA_DIR}/token"
 
 
 def in_cluster_server() -> tuple[str, str | None]:
@@ -32,16 +35,7 @@ def in_cluster_server() -> tuple[str, str | None]:
     if not host:
         raise kopf.LoginError("not in a cluster: set KUBERNETES_SERVICE_HOST or pass a server")
     port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    return f"https://{host}:{port}", service_account_token()
-
-
-def service_account_token(path: str = f"{SA_DIR}/token") -> str | None:
-    """The pod's service-account token as it is now (the kubelet rotates the projected file)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read().strip() or None
-    except OSError:
-        return None
+    return f"https://{host}:{port}", read_token(SA_TOKEN)
 
 
 def _session(in_cluster: bool) -> aiohttp.ClientSession:
@@ -82,7 +76,7 @@ def build_registry(
         session = _session(in_cluster=server is None)
         state["session"] = session
         client = kube.KubeClient(
-            session, base, token=bearer if server is not None else service_account_token
+            session, base, token=bearer if server is not None else partial(read_token, SA_TOKEN)
         )
         metrics = (
             scraper(session, gateway_metrics, gateway_services, client)

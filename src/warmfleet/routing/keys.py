@@ -28,6 +28,7 @@ from warmfleet.core.hashing import chain_blocks, chain_seed
 from warmfleet.core.types import RoutingKey
 from warmfleet.routing.parse import (
     bad_request,
+    cache_salt_of,
     completions_output_hint,
     completions_prompt,
     model_of,
@@ -80,17 +81,6 @@ class KeySpec(StrictModel):
     @property
     def effective_block_size(self) -> int:
         return self.block_size if self.block_size is not None else DEFAULT_BLOCK_SIZE[self.mode]
-
-
-def _cache_salt(body: Mapping[str, Any]) -> str | None:
-    """vLLM's ``cache_salt``: its prefix-cache blocks are only shared by requests with the same
-    salt, so it is part of the chain seed. vLLM rejects anything but a non-empty string."""
-    salt = body.get("cache_salt")
-    if salt is None:
-        return None
-    if not isinstance(salt, str) or not salt:
-        raise bad_request("'cache_salt' must be a non-empty string", "cache_salt")
-    return salt
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,7 +206,7 @@ class KeyBuilder:
         if type(body) is not dict and not isinstance(body, Mapping):
             raise bad_request("the request body must be a JSON object", "body")
         tenant_key = self._tenant(body, tenant)
-        seed = self.seed(model_of(body), lora_adapter, tenant_key, _cache_salt(body))
+        seed = self.seed(model_of(body), lora_adapter, tenant_key, cache_salt_of(body))
         return body, seed
 
     def for_chat(

@@ -42,6 +42,17 @@ def validate_tenant(value: object, param: str) -> str:
     return value
 
 
+def cache_salt_of(body: Mapping[str, Any]) -> str | None:
+    """vLLM's ``cache_salt``: its prefix-cache blocks are only shared by requests with the same
+    salt, so it is part of the chain seed. vLLM rejects anything but a non-empty string."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise bad_request("'cache_salt' must be a non-empty string", "cache_salt")
+    return salt
+
+
 def model_of(body: Mapping[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:

@@ -118,7 +118,7 @@ def snapshot(fleet: EmbeddedFleet, *, running: bool) -> dict[str, Any]:
         "replicas": [r.summary() for r in fleet.replicas.values()],
         "starts": start_times(history),
         "history": history,
-        "events": list(fleet.events)[-MAX_EVENTS:],
+        "events": list(fleet.events),  # the last MAX_EVENTS (a bounded deque)
     }
 
 
