@@ -140,6 +140,40 @@ async def test_create_gate_deploy_roll_delete(env: tuple[FakeCluster, Controller
     assert all(not labels for labels in (await cluster.managed_labels()).values())
 
 
+async def test_a_rolling_rollout_scales_the_old_deployment_down_as_the_new_one_grows(
+    env: tuple[FakeCluster, Controller],
+) -> None:
+    """``rollout: Rolling, maxSurge 0``: the declared replicas of both revisions never exceed
+    the variant's 2 (no spare GPU needed); the old Deployment is scaled (a replicas patch),
+    then deleted; the Deployments' own update strategy carries the same bounds."""
+    cluster, controller = env
+    c = cluster.client
+    body = endpoint_body("llama")
+    body["spec"]["rollout"] = {"type": "Rolling", "maxSurge": 0, "maxUnavailable": 1}
+    await create_endpoint(cluster, body)
+    await converge(cluster, controller)
+    (old,) = await c.list(kube.DEPLOYMENTS, NS)
+    assert old["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    await c.patch(kube.ENDPOINTS, NS, "llama", {"spec": {"modelSource": {"revision": "v2"}}})
+    old_sizes: list[int] = []
+    for _ in range(20):
+        cluster.on_round()
+        await cluster.agents()
+        await cluster.kubelet()
+        deps = await c.list(kube.DEPLOYMENTS, NS)
+        assert sum(d["spec"]["replicas"] for d in deps) <= 2
+        old_sizes += [
+            d["spec"]["replicas"] for d in deps if d["metadata"]["name"] == old["metadata"]["name"]
+        ]
+        result = await controller.reconcile()
+        if not result.actions:
+            break
+    (new,) = await c.list(kube.DEPLOYMENTS, NS)
+    assert new["metadata"]["name"] != old["metadata"]["name"]
+    assert new["spec"]["replicas"] == 2
+    assert 1 in old_sizes, old_sizes
+
+
 async def test_image_cache_shared_by_two_endpoints(env: tuple[FakeCluster, Controller]) -> None:
     cluster, controller = env
     c = cluster.client

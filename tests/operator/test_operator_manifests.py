@@ -95,7 +95,7 @@ def _walk(node: Any, path: str) -> None:
         return
     for forbidden in ("$ref", "anyOf", "oneOf", "allOf"):
         assert forbidden not in node, path
-    if node.get("x-kubernetes-preserve-unknown-fields"):
+    if node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string"):
         return
     assert "type" in node, f"{path}: every schema node needs a type (structural schema)"
     assert not ("properties" in node and "additionalProperties" in node), path
@@ -124,6 +124,7 @@ def test_example_validates_against_crd_and_model() -> None:
     crd_validate("InferenceEndpoint", doc)
     endpoint = InferenceEndpoint.model_validate(doc)
     assert endpoint.spec.variants[0].routing.strategy.type == "prefix_affinity"
+    assert (endpoint.spec.rollout.surge, endpoint.spec.rollout.unavailable) == (0, 1)
     with pytest.raises(jsonschema.ValidationError):
         crd_validate("InferenceEndpoint", {**doc, "spec": {**doc["spec"], "port": 0}})
 

@@ -16,6 +16,7 @@ from warmfleet.control.resources import (
     EndpointStatus,
     ImageCacheSpec,
     ImageCacheStatus,
+    IntOrPercent,
     ModelCacheSpec,
     ModelSource,
 )
@@ -49,6 +50,9 @@ class DeploymentPlan:
     image_cache: str | None
     node_selector: Mapping[str, str]
     preferences: tuple[NodeAffinityPreference, ...]
+    # the Deployment's own update strategy (maxSurge, maxUnavailable) for in-place changes; not
+    # in the spec hash: it is no part of the pod template, changing it restarts nothing
+    update_bounds: tuple[IntOrPercent, IntOrPercent] = (1, 0)
 
     def spec_hash(self) -> str:
         """Identity of everything but ``replicas`` (scaling is not a new spec). Routing is
@@ -138,6 +142,14 @@ class ApplyDeployment:
 
 
 @dataclass(frozen=True, slots=True)
+class ScaleDeployment:
+    """Set a Deployment's replica count only (an old revision's, during a rolling rollout)."""
+
+    name: str
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteDeployment:
     name: str
 
@@ -177,6 +189,7 @@ Action = (
     | AssignNodeCaches
     | SetNodeLabels
     | ApplyDeployment
+    | ScaleDeployment
     | DeleteDeployment
     | UpdateEndpointStatus
     | UpdateModelCacheStatus

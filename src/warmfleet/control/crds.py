@@ -51,15 +51,29 @@ def _non_null(options: list[Any]) -> list[Any]:
     return [o for o in options if o != {"type": "null"}]
 
 
+def _int_or_string(node: dict[str, Any]) -> dict[str, Any] | None:
+    """Kubernetes' IntOrString (``int | str``, optionally nullable), else None."""
+    options = _non_null(node.get("anyOf", []))
+    if sorted(o.get("type", "") for o in options) != ["integer", "string"]:
+        return None
+    out: dict[str, Any] = {"x-kubernetes-int-or-string": True}  # no type: allowed for it
+    if len(options) < len(node["anyOf"]):
+        out["nullable"] = True
+    if "description" in node:
+        out["description"] = node["description"]
+    return out
+
+
 def _structural(node: Any) -> Any:
     if isinstance(node, list):
         return [_structural(n) for n in node]
     if not isinstance(node, dict):
         return node
+    if (int_or_string := _int_or_string(node)) is not None:
+        return int_or_string
     if _is_union(node):
         desc = node.get("description", "a discriminated union on `type`")
         return {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": desc}
-    out: dict[str, Any] = {}
     if "anyOf" in node:  # Optional[X]
         (inner,) = _non_null(node["anyOf"])
         merged = {**inner, **{k: v for k, v in node.items() if k != "anyOf"}}
@@ -67,30 +81,29 @@ def _structural(node: Any) -> Any:
         out["nullable"] = True
         out.pop("default", None)
         return out
+    out = {}
     for key, value in node.items():
-        if key in _DROP:
-            continue
-        if key == "additionalProperties" and value is False:
-            continue
-        if key == "const":
-            out["enum"] = [value]
-        elif key == "exclusiveMinimum":
-            out["minimum"] = value
-            out["exclusiveMinimum"] = True
-        elif key == "exclusiveMaximum":
-            out["maximum"] = value
-            out["exclusiveMaximum"] = True
-        elif key == "default" and isinstance(value, dict | list):
-            continue  # nested defaults are applied by pydantic, not the API server
-        elif key == "prefixItems":
-            continue
-        elif key in ("properties",):
-            out[key] = {k: _structural(v) for k, v in value.items()}
-        else:
-            out[key] = _structural(value)
+        out.update(_structural_item(key, value))
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     return out
+
+
+def _structural_item(key: str, value: Any) -> dict[str, Any]:
+    """One keyword of a schema node, in OpenAPI 3.0 structural form (nothing: dropped)."""
+    if key in _DROP or (key == "additionalProperties" and value is False):
+        return {}
+    if key == "const":
+        return {"enum": [value]}
+    if key == "exclusiveMinimum":
+        return {"minimum": value, "exclusiveMinimum": True}
+    if key == "exclusiveMaximum":
+        return {"maximum": value, "exclusiveMaximum": True}
+    if (key == "default" and isinstance(value, dict | list)) or key == "prefixItems":
+        return {}  # nested defaults are applied by pydantic, not the API server
+    if key == "properties":
+        return {key: {k: _structural(v) for k, v in value.items()}}
+    return {key: _structural(value)}
 
 
 def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from warmfleet.control.resources import (
     ImageCacheSpec,
     ImageCacheStatus,
     InferenceEndpointSpec,
+    IntOrPercent,
     ModelCacheSpec,
 )
 
@@ -110,6 +111,9 @@ class ObservedDeployment:
     image_cache: str | None
     spec_hash: str = ""  # DeploymentPlan.spec_hash() of what was applied
     pods: tuple[ObservedReplica, ...] = ()
+    # its update strategy's (maxSurge, maxUnavailable); None: not observed (re-applied only
+    # when something else changes)
+    update_bounds: tuple[IntOrPercent, IntOrPercent] | None = None
 
     @property
     def ready_replicas(self) -> int:

@@ -10,7 +10,9 @@ Rules (docs/fleet-controller.md has the reasoning):
 - an image cache per (image, node selector), shared, refcounted by ``parentReferences``;
 - the first Deployment of a revision waits for the weights gate; images never gate;
 - rollover: new cache -> gate -> new Deployments -> all new replicas ready -> old Deployments
-  deleted -> old cache unassigned -> its data gone -> old cache deleted;
+  deleted -> old cache unassigned -> its data gone -> old cache deleted; with a Rolling
+  ``rollout`` the new Deployments grow and the old ones shrink step by step instead, within
+  maxSurge/maxUnavailable (``control/rollout.py``);
 - a node's ready label exists only while its agent reports the cache ready and healthy;
 - a deleted endpoint is released only when its Deployments, caches, data and refs are gone.
 """
@@ -35,6 +37,7 @@ from warmfleet.control.actions import (
     DeploymentPlan,
     NodeCacheAssignment,
     ReleaseEndpoint,
+    ScaleDeployment,
     SetNodeLabels,
     UpdateEndpointStatus,
 )
@@ -48,6 +51,7 @@ from warmfleet.control.resources import (
     ParentReference,
     ProductionVariant,
 )
+from warmfleet.control.rollout import rolling_step
 from warmfleet.control.status import count, gate_decision, target_nodes
 
 
@@ -236,6 +240,7 @@ def deployment_plan(endpoint: DesiredEndpoint, variant: ProductionVariant) -> De
         image_cache=image_cache,
         node_selector=dict(spec.node_selector),
         preferences=preferences(model_cache, image_cache),
+        update_bounds=(spec.rollout.surge, spec.rollout.unavailable),
     )
 
 
@@ -261,19 +266,50 @@ def _deployments(endpoint: DesiredEndpoint, observed: ObservedState) -> list[Act
     current = {d.variant: d for d in mine if d.revision == rev}
     plans = [deployment_plan(endpoint, v) for v in endpoint.spec.variants]
     gate_open = gate_is_open(endpoint, observed)[0]
+    rolling = endpoint.spec.rollout.type == "Rolling"
     actions: list[Action] = []
+    retired: set[str] = set()
     if current or gate_open:
         for p in plans:
             have = current.get(p.variant)
             if have is not None and not gate_open:
                 p = _keep_cache(p, have)
-            if have is None or have.spec_hash != p.spec_hash() or have.replicas != p.replicas:
+            older = [d for d in mine if d.revision != rev and d.variant == p.variant]
+            if rolling and older:
+                step = rolling_step(p.replicas, endpoint.spec.rollout, have, older)
+                p = replace(p, replicas=step.new_replicas)
+                actions += _shrink(older, step.old_replicas, retired)
+            if have is None or _differs(have, p):
                 actions.append(ApplyDeployment(p))
     variant_names = {p.variant for p in plans}
     stale = [d for d in current.values() if d.variant not in variant_names]
     if _revision_ready(plans, current):
         stale += [d for d in mine if d.revision != rev]
+    stale = [d for d in stale if d.name not in retired]
     actions += [DeleteDeployment(d.name) for d in sorted(stale, key=lambda d: d.name)]
+    return actions
+
+
+def _differs(have: ObservedDeployment, p: DeploymentPlan) -> bool:
+    return (
+        have.spec_hash != p.spec_hash()
+        or have.replicas != p.replicas
+        or (have.update_bounds is not None and have.update_bounds != p.update_bounds)
+    )
+
+
+def _shrink(
+    older: Sequence[ObservedDeployment], targets: dict[str, int], retired: set[str]
+) -> list[Action]:
+    """Scale the old revision's Deployments to a rolling step's targets; delete those at 0."""
+    actions: list[Action] = []
+    for dep in older:
+        target = targets[dep.name]
+        if target == 0:
+            actions.append(DeleteDeployment(dep.name))
+            retired.add(dep.name)
+        elif target != dep.replicas:
+            actions.append(ScaleDeployment(dep.name, target))
     return actions
 
 

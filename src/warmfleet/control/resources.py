@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from warmfleet.core.config import StrictModel
@@ -82,6 +82,65 @@ class GatePolicy(WireModel):
         if self.mode != "minReady" and (has_count or has_percent):
             raise ValueError("minReadyNodes/minReadyPercent only apply to mode minReady")
         return self
+
+
+IntOrPercent = int | Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}%$")]
+
+
+class RolloutPolicy(WireModel):
+    """How a new revision (new weights, image, host path or nodes) replaces the old one.
+
+    ``BlueGreen`` (default): the new revision's Deployments come up in full beside the old ones,
+    which are deleted once every new replica is ready: never below full capacity, but up to twice
+    the replicas (and GPUs) meanwhile. ``Rolling``: Kubernetes' RollingUpdate across the two
+    revisions: at most ``maxSurge`` replicas above the variant's count, at most
+    ``maxUnavailable`` below it ready (an integer or a percentage of the count; surge rounds up,
+    unavailable down, and if both come to 0, one may be unavailable, as in Kubernetes). With
+    ``maxSurge: 0`` a fleet with no spare GPU can move to a new model. The same bounds are the
+    Deployments' own update strategy for in-place changes (BlueGreen: maxSurge 1,
+    maxUnavailable 0).
+    """
+
+    type: Literal["BlueGreen", "Rolling"] = "BlueGreen"
+    max_surge: IntOrPercent | None = None
+    max_unavailable: IntOrPercent | None = None
+
+    @field_validator("max_surge", "max_unavailable")
+    @classmethod
+    def _non_negative(cls, value: IntOrPercent | None) -> IntOrPercent | None:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("must be >= 0")
+        return value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RolloutPolicy:
+        if self.type == "BlueGreen":
+            if self.max_surge is not None or self.max_unavailable is not None:
+                raise ValueError("maxSurge/maxUnavailable only apply to type Rolling")
+            return self
+        if isinstance(self.max_unavailable, str) and int(self.max_unavailable[:-1]) > 100:
+            raise ValueError("maxUnavailable may not be over 100%")
+        if _is_zero(self.surge) and _is_zero(self.unavailable):
+            raise ValueError("maxSurge and maxUnavailable may not both be 0")
+        return self
+
+    @property
+    def surge(self) -> IntOrPercent:
+        """``maxSurge`` (Rolling default 25 %, as Kubernetes; BlueGreen 1 for in-place
+        updates)."""
+        if self.type == "BlueGreen":
+            return 1
+        return "25%" if self.max_surge is None else self.max_surge
+
+    @property
+    def unavailable(self) -> IntOrPercent:
+        if self.type == "BlueGreen":
+            return 0
+        return "25%" if self.max_unavailable is None else self.max_unavailable
+
+
+def _is_zero(value: IntOrPercent) -> bool:
+    return value == 0 or (isinstance(value, str) and int(value[:-1]) == 0)
 
 
 class WeightsCacheConfig(WireModel):
@@ -150,6 +209,7 @@ class InferenceEndpointSpec(WireModel):
     gpus_per_replica: int = Field(default=0, ge=0)
     node_selector: dict[str, str] = Field(default_factory=dict)
     model_cache_config: ModelCacheConfig = Field(default_factory=ModelCacheConfig)
+    rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
     variants: tuple[ProductionVariant, ...] = Field(min_length=1)
 
     @field_validator("variants")

@@ -25,6 +25,7 @@ from warmfleet.control.actions import (
     DeleteImagePuller,
     DeleteModelCache,
     ReleaseEndpoint,
+    ScaleDeployment,
     SetNodeLabels,
     UpdateEndpointStatus,
     UpdateImageCacheStatus,
@@ -125,6 +126,10 @@ class World:
             self._set_labels(action)
         elif isinstance(action, ApplyDeployment):
             self._apply_deployment(action)
+        elif isinstance(action, ScaleDeployment):
+            dep = self.deployments.get(action.name)
+            if dep is not None:
+                self.deployments[action.name] = replace(dep, replicas=action.replicas)
         elif isinstance(action, DeleteDeployment):
             self.deployments.pop(action.name, None)
             self.plans.pop(action.name, None)
@@ -168,6 +173,7 @@ class World:
             image_cache=p.image_cache,
             spec_hash=p.spec_hash(),
             pods=pods,
+            update_bounds=p.update_bounds,
         )
         self.plans[p.name] = action
 
@@ -201,7 +207,8 @@ class World:
             dep = self.deployments[name]
             pods = [p for p in dep.pods if self._node_ready(p.node)]
             plan = self.plans[name].plan
-            if len(pods) > dep.replicas:
+            if len(pods) > dep.replicas:  # as a ReplicaSet: replicas not ready go first
+                pods.sort(key=lambda p: not p.ready)
                 pods = pods[: dep.replicas]
             missing = dep.replicas - len(pods)
             if missing > 0:

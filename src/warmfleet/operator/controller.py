@@ -22,6 +22,7 @@ from warmfleet.control.actions import (
     DeleteImagePuller,
     DeleteModelCache,
     ReleaseEndpoint,
+    ScaleDeployment,
     SetNodeLabels,
     UpdateEndpointStatus,
     UpdateImageCacheStatus,
@@ -44,6 +45,8 @@ _CACHE_ACTIONS = (
     ApplyImagePuller,
     DeleteImagePuller,
 )
+_WorkloadAction = ApplyDeployment | ScaleDeployment | DeleteDeployment | ReleaseEndpoint
+_WORKLOAD_ACTIONS = (ApplyDeployment, ScaleDeployment, DeleteDeployment, ReleaseEndpoint)
 
 
 @dataclass
@@ -172,7 +175,9 @@ class Controller:
             await self._cache_action(action, endpoints, now_s)
         elif isinstance(action, AssignNodeCaches | SetNodeLabels):
             await self._node_action(action)
-        elif isinstance(action, ApplyDeployment | DeleteDeployment | ReleaseEndpoint):
+        elif isinstance(
+            action, ApplyDeployment | ScaleDeployment | DeleteDeployment | ReleaseEndpoint
+        ):
             await self._workload_action(action, endpoints, result)
         else:
             await self._status(action)
@@ -221,7 +226,7 @@ class Controller:
 
     async def _workload_action(
         self,
-        action: ApplyDeployment | DeleteDeployment | ReleaseEndpoint,
+        action: _WorkloadAction,
         endpoints: dict[str, DesiredEndpoint],
         result: PassResult,
     ) -> None:
@@ -234,6 +239,10 @@ class Controller:
             for variant in (None, plan.variant):
                 service = render.service(plan.endpoint, plan.port, ns, owner_uid, variant)
                 await c.apply(kube.SERVICES, ns, service)
+        elif isinstance(action, ScaleDeployment):
+            await c.patch(
+                kube.DEPLOYMENTS, ns, action.name, {"spec": {"replicas": action.replicas}}
+            )
         elif isinstance(action, DeleteDeployment):
             await c.delete(kube.DEPLOYMENTS, ns, action.name)
         else:

@@ -290,9 +290,22 @@ def _deployments(snapshot: Snapshot) -> tuple[ObservedDeployment, ...]:
                 image_cache=ann.get(render.ANN_IMAGE_CACHE) or None,
                 spec_hash=ann.get(render.ANN_SPEC_HASH, ""),
                 pods=tuple(sorted(pods, key=lambda r: r.name)),
+                update_bounds=_update_bounds(obj),
             )
         )
     return tuple(sorted(result, key=lambda d: d.name))
+
+
+def _update_bounds(deployment: Obj) -> tuple[int | str, int | str] | None:
+    """(maxSurge, maxUnavailable) of a RollingUpdate strategy; None for anything else."""
+    strategy = (deployment.get("spec") or {}).get("strategy")
+    rolling = strategy.get("rollingUpdate") if isinstance(strategy, dict) else None
+    if not isinstance(rolling, dict):
+        return None
+    surge, unavailable = rolling.get("maxSurge"), rolling.get("maxUnavailable")
+    if isinstance(surge, int | str) and isinstance(unavailable, int | str):
+        return surge, unavailable
+    return None
 
 
 def observed_state(snapshot: Snapshot, now_s: float) -> ObservedState:

@@ -141,7 +141,10 @@ def deployment(plan: DeploymentPlan, namespace: str, owner_uid: str) -> Obj:
             },
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+                "rollingUpdate": {
+                    "maxSurge": plan.update_bounds[0],
+                    "maxUnavailable": plan.update_bounds[1],
+                },
             },
             "template": {
                 "metadata": {

@@ -30,6 +30,7 @@ from warmfleet.control.actions import (
     DeleteDeployment,
     DeleteModelCache,
     NodeCacheAssignment,
+    ScaleDeployment,
     SetNodeLabels,
 )
 from warmfleet.control.autoscaler import AutoscalerState
@@ -294,6 +295,8 @@ class EmbeddedFleet:
                 self.event(type(action).__name__, name=action.name)
             elif isinstance(action, ApplyDeployment):
                 self.event("ApplyDeployment", name=action.plan.name, replicas=action.plan.replicas)
+            elif isinstance(action, ScaleDeployment):
+                self.event("ScaleDeployment", name=action.name, replicas=action.replicas)
 
     async def _push_assignments(self) -> None:
         assert self._session is not None
