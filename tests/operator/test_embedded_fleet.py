@@ -34,6 +34,12 @@ async def test_rollover_and_cache_loss_lose_no_request(tmp_path: Path) -> None:
     assert loss["scale_out_replica_prepared"]
     assert out["requests"]["sent"]["node_loss"] > 0
     assert out["node_loss_failed_requests"] == 0
+    # a Rolling rollout (one replica: maxSurge 1, maxUnavailable 0) under load
+    rolling = out["rolling_rollover"]
+    assert rolling["rollout"] == {"type": "Rolling", "maxSurge": 1, "maxUnavailable": 0}
+    assert out["requests"]["sent"]["rolling_rollover"] > 0
+    assert out["rolling_rollover_failed_requests"] == 0
+    assert rolling["max_declared_replicas"] == 2  # the surge, never both revisions in full
     # the state file `warmfleet status` reads, and every process stopped
     doc = read_state(tmp_path)
     assert doc["running"] is False
@@ -41,7 +47,7 @@ async def test_rollover_and_cache_loss_lose_no_request(tmp_path: Path) -> None:
     render(doc, console)
     text = console.export_text()
     assert "node-a" in text
-    assert roll["new_cache"] in text
+    assert rolling["new_cache"] in text  # the cache of the last revision
     events = [e["kind"] for e in doc["events"]]
     assert "fault_delete_cache" in events
     assert "replica_stopped" in events

@@ -52,7 +52,9 @@ def fleet_config(workdir: Path, size_bytes: int, throttle_bps: int, replicas: in
                 "nodes": nodes,
                 "origin": {
                     "throttle": throttle_bps,
-                    "models": [{"name": ENDPOINT, "size": size_bytes, "revisions": ["v1", "v2"]}],
+                    "models": [
+                        {"name": ENDPOINT, "size": size_bytes, "revisions": ["v1", "v2", "v3"]}
+                    ],
                 },
                 "engine": {"speedup": 50, "replicasPerNode": 2},
                 "gateway": {"port": 0, "pollIntervalS": 0.2},
@@ -66,8 +68,10 @@ def fleet_config(workdir: Path, size_bytes: int, throttle_bps: int, replicas: in
     )
 
 
-def endpoint_spec(revision: str, gate: str, replicas: int) -> dict[str, Any]:
-    return {
+def endpoint_spec(
+    revision: str, gate: str, replicas: int, rollout: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
         "modelSource": {"uri": f"origin://{ENDPOINT}", "revision": revision},
         "image": "warmfleet/emulator:local",
         "modelCacheConfig": {
@@ -79,10 +83,15 @@ def endpoint_spec(revision: str, gate: str, replicas: int) -> dict[str, Any]:
         },
         "variants": [{"name": "main", "replicas": replicas}],
     }
+    if rollout is not None:
+        spec["rollout"] = rollout
+    return spec
 
 
-def _spec(revision: str, gate: str, replicas: int) -> InferenceEndpointSpec:
-    return InferenceEndpointSpec.model_validate(endpoint_spec(revision, gate, replicas))
+def _spec(
+    revision: str, gate: str, replicas: int, rollout: dict[str, Any] | None = None
+) -> InferenceEndpointSpec:
+    return InferenceEndpointSpec.model_validate(endpoint_spec(revision, gate, replicas, rollout))
 
 
 async def wait_for(what: str, cond: Callable[[], bool], timeout_s: float) -> float:
@@ -140,6 +149,36 @@ async def rollover(fleet: EmbeddedFleet, load: SteadyLoad, replicas: int) -> dic
         "old_cache": old_cache,
         "old_cache_deleted": old_cache not in fleet.world.model_caches,
         "old_cache_data_gone": all(not Path(p).exists() for p in old_dirs),
+        "new_cache": _current_cache(fleet),
+    }
+
+
+async def rolling_rollover(
+    fleet: EmbeddedFleet, load: SteadyLoad, replicas: int, revision: str
+) -> dict[str, Any]:
+    """Roll to ``revision`` with a Rolling rollout that needs no spare replica (maxSurge 0;
+    with one replica that would leave none serving, so then maxSurge 1, maxUnavailable 0)."""
+    rollout: dict[str, Any] = {"type": "Rolling", "maxSurge": 0, "maxUnavailable": 1}
+    if replicas == 1:
+        rollout = {"type": "Rolling", "maxSurge": 1, "maxUnavailable": 0}
+    old_cache = _current_cache(fleet)
+    load.phase = "rolling_rollover"
+    fleet.put_endpoint(ENDPOINT, _spec(revision, "all", replicas, rollout))
+    peak = {"declared": 0, "not_draining": 0}
+
+    def done() -> bool:
+        declared = sum(d.replicas for d in fleet.world.deployments.values())
+        live = sum(1 for r in fleet.replicas.values() if r.draining_since_s is None)
+        peak["declared"] = max(peak["declared"], declared)
+        peak["not_draining"] = max(peak["not_draining"], live)
+        return _serving(fleet, _revision(fleet), replicas) and _current_cache(fleet) != old_cache
+
+    took = await wait_for(f"rolling rollover to {revision}", done, 240.0)
+    return {
+        "rollout": rollout,
+        "rolling_rollover_s": round(took, 2),
+        "max_declared_replicas": peak["declared"],
+        "max_replicas_not_draining": peak["not_draining"],
         "new_cache": _current_cache(fleet),
     }
 
@@ -249,6 +288,7 @@ async def _scenario(
         await asyncio.sleep(1.0)
         roll = await rollover(fleet, load, replicas)
         losses = [await node_loss(fleet, load, _spare_node(fleet), f, replicas) for f in faults]
+        rolling = await rolling_rollover(fleet, load, replicas, "v3")
         load.phase = "after"
         await asyncio.sleep(1.0)
     finally:
@@ -258,6 +298,7 @@ async def _scenario(
     return {
         "rollover_failed_requests": load.failed["rollover"],
         "node_loss_failed_requests": load.failed["node_loss"],
+        "rolling_rollover_failed_requests": load.failed["rolling_rollover"],
         "warm_start_s": _round(starts["warmStartS"]),
         "cold_start_s": _round(starts["coldStartS"]),
         "warm_weights_load_s": _round(starts["warmWeightsLoadS"]),
@@ -270,6 +311,7 @@ async def _scenario(
         "requests": {"sent": dict(load.sent), "failed": dict(load.failed), "errors": load.errors},
         "rollover": roll,
         "node_loss": losses,
+        "rolling_rollover": rolling,
     }
 
 
@@ -340,6 +382,7 @@ def main() -> None:
                 for k in (
                     "rollover_failed_requests",
                     "node_loss_failed_requests",
+                    "rolling_rollover_failed_requests",
                     "warm_start_s",
                     "cold_start_s",
                     "unprepared_replica_share",
