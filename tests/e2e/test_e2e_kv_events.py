@@ -132,7 +132,9 @@ class _NullTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
-    def encode_chat(self, messages: object, *, tools: object = None) -> list[int]:
+    def encode_chat(
+        self, messages: object, *, tools: object = None, options: object = None
+    ) -> list[int]:
         return []
 
 

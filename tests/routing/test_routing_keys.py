@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.core.hashing import chain_blocks, chain_seed
+from warmfleet.routing.chat_options import ChatTemplateOptions
 from warmfleet.routing.config import PrefixHashConfig, RoutingConfig
 from warmfleet.routing.factory import strategy_config
 from warmfleet.routing.keys import KeySpec, key_from_blocks
@@ -33,9 +34,13 @@ class FakeTokenizer:
         messages: Sequence[Mapping[str, Any]],
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        options: ChatTemplateOptions | None = None,
     ) -> list[int]:
         head = f"tools: {tools}\n" if tools else ""
-        return self.encode(head + "".join(f"{m['role']}: {m.get('content')}\n" for m in messages))
+        text = head + "".join(f"{m['role']}: {m.get('content')}\n" for m in messages)
+        if options is None or options.add_generation_prompt:
+            text += "assistant: "
+        return self.encode(text)
 
 
 def router(**key: Any) -> Router:
@@ -181,11 +186,12 @@ def test_completions_prompt_forms() -> None:
     r = router(block_size=8)
     text = r.key_for_completions({"model": "m", "prompt": "abc " * 50}, None)
     first = r.key_for_completions({"model": "m", "prompt": ["abc " * 50, "zzz"]}, None)
-    # A batch is keyed by its first prompt; its output hint covers both prompts.
-    assert first == replace(text, output_tokens_hint=2 * text.output_tokens_hint)
+    # A batch is keyed by its first prompt; its output hint and prompt tokens cover both prompts.
+    both = {"output_tokens_hint": 2 * text.output_tokens_hint, "prompt_tokens": 50 + 1}
+    assert first == replace(text, **both)
     ids = r.key_for_completions({"model": "m", "prompt": list(range(40))}, None)
     nested = r.key_for_completions({"model": "m", "prompt": [list(range(40)), [1]]}, None)
-    assert nested == replace(ids, output_tokens_hint=2 * ids.output_tokens_hint)
+    assert nested == replace(ids, output_tokens_hint=2 * ids.output_tokens_hint, prompt_tokens=41)
     assert ids.prompt_tokens == 40
     assert ids.block_size == 2  # 8 chars / 4 chars per token
     assert len(ids.block_hashes) == 20
@@ -206,7 +212,7 @@ def test_tokens_mode_uses_the_tokenizer_and_engine_block_size() -> None:
     )
     r = Router(config, random.Random(0), FakeTokenizer())
     key = r.key_for_chat(chat("a" * 100), None)
-    tokens = len("user: " + "a" * 100 + "\n")
+    tokens = len("user: " + "a" * 100 + "\n" + "assistant: ")
     assert key.prompt_tokens == tokens == key.units
     assert len(key.block_hashes) == tokens // 16
     comp = r.key_for_completions({"model": "m", "prompt": "q" * 40}, None)

@@ -32,6 +32,7 @@ import xxhash
 
 from warmfleet.core.errors import BadRequestError
 from warmfleet.core.hashing import hash_str
+from warmfleet.routing.chat_options import ChatTemplateOptions
 from warmfleet.routing.keys import chain_buffer
 
 VOCAB_SIZE = 128_000
@@ -194,13 +195,18 @@ class EmulatorTokenizer:
         *,
         add_generation_prompt: bool = True,
         tools: Sequence[Any] | None = None,
+        options: ChatTemplateOptions | None = None,
     ) -> list[int]:
         """``encode(render_chat(...))``, encoding the template's parts one by one.
 
         Equal to encoding the rendered text: every special token has ``<`` only as its first
         character and none is a prefix of another, so no special token can straddle the border
-        between a template token and the text around it.
+        between a template token and the text around it. ``options`` (the gateway's, as a
+        ``routing.keys.Tokenizer``): only ``add_generation_prompt`` applies, the one rendering
+        option the emulator's server reads.
         """
+        if options is not None:
+            add_generation_prompt = options.add_generation_prompt
         out: list[int] = []
         for part in chat_parts(messages, add_generation_prompt, tools):
             special = SPECIAL_IDS.get(part)

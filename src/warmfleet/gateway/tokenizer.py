@@ -3,16 +3,25 @@
 ``HfChatTokenizer.from_dir(path)`` loads a model directory's ``tokenizer.json`` (with the
 ``tokenizers`` library, no ``transformers``) and its chat template (``tokenizer_config.json``'s
 ``chat_template``, or ``chat_template.jinja``), and renders chat requests the way vLLM's OpenAI
-server does:
+server does (``vllm/renderers/hf.py`` ``safe_apply_chat_template``, then ``transformers``'
+``apply_chat_template``):
 
 - messages are normalised like vLLM's "string" content format: text parts joined with ``"\\n"``,
   a missing content becomes ``""``; ``name``, ``tool_calls`` and ``tool_call_id`` pass through;
 - the template runs in a sandboxed Jinja environment configured like ``transformers``
   (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``tojson``, ``raise_exception``,
-  ``strftime_now``) with the special tokens as variables and ``add_generation_prompt=True``;
-- the rendered chat text is encoded *without* special tokens (the template already has them;
-  vLLM's chat endpoint defaults ``add_special_tokens`` to false), while ``encode`` (completions)
-  adds them, as vLLM's completions endpoint does.
+  ``strftime_now``) with ``messages``, ``tools``, ``documents``, ``add_generation_prompt``, the
+  special tokens and the request's ``chat_template_kwargs`` as variables
+  (``routing.chat_options.ChatTemplateOptions``). Like vLLM, only the entries that are undeclared
+  variables of the template are kept (``resolve_chat_template_kwargs``); kept entries override
+  the special tokens; an entry named ``messages``, ``conversation`` or ``self`` is a 400 (vLLM's
+  call fails with "multiple values for keyword argument");
+- ``continue_final_message``: the rendered text is cut right after the final message's content,
+  as ``transformers`` cuts it (the content not found in the text is a 400);
+- the rendered chat text is encoded *without* special tokens unless the request sets
+  ``add_special_tokens`` (vLLM's chat default is false: the template already has them; a truthy
+  ``chat_template_kwargs.tokenize`` makes the template's own encoding win, which adds none),
+  while ``encode`` (completions) adds them, as vLLM's completions endpoint does.
 
 Implements ``warmfleet.routing.keys.Tokenizer``.
 """
@@ -27,12 +36,37 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as RustTokenizer
 
 from warmfleet.core.errors import BadRequestError, ConfigError
+from warmfleet.routing.chat_options import DEFAULT_CHAT_OPTIONS, ChatTemplateOptions
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
+# transformers' PreTrainedTokenizerBase.apply_chat_template parameters: vLLM keeps request kwargs
+# of these names too, but they are consumed as arguments and never become template variables.
+_HF_PARAMS = frozenset(
+    {
+        "self",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+# Request kwargs that make vLLM's call fail ("got multiple values for keyword argument").
+_COLLIDING = frozenset({"self", "conversation", "messages"})
 
 
 def _raise_exception(message: str) -> None:
@@ -67,6 +101,34 @@ def compile_chat_template(source: str) -> jinja2.Template:
         return env.from_string(source)
     except jinja2.TemplateError as err:
         raise ConfigError(f"chat_template: cannot compile: {err}") from err
+
+
+def template_variables(source: str) -> frozenset[str]:
+    """The variables a chat template reads from its context (``jinja2.meta``), found the way
+    vLLM finds them: parsed in a fresh environment, so ``raise_exception`` and ``strftime_now``
+    count (a request kwarg of that name shadows the function, as in ``transformers``)."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
+
+
+def cut_after_final_message(rendered: str, final: str) -> str:
+    """``continue_final_message``: ``rendered`` cut right after the last occurrence of the final
+    message's content, as ``transformers``' ``render_jinja_template`` cuts it (after the content
+    with its leading whitespace stripped, or stripped on both sides when the template trimmed
+    its trailing whitespace)."""
+    core = final.strip()
+    at = rendered.rfind(core)
+    if at < 0:
+        raise BadRequestError(
+            "continue_final_message: the template drops the final message's content",
+            param="messages",
+        )
+    lead_trimmed = final.lstrip()
+    if rendered[at : at + len(lead_trimmed)] == final:
+        return rendered[: at + len(lead_trimmed)]
+    return rendered[: at + len(core)]
 
 
 def _token_text(value: object) -> str | None:
@@ -153,6 +215,12 @@ class HfChatTokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._template = compile_chat_template(chat_template)
+        # The request kwargs vLLM keeps (resolve_chat_template_kwargs), but chat_template and
+        # tokenize, which routing.chat_options resolves before the renderer sees them.
+        self._accepted = (template_variables(chat_template) | _HF_PARAMS) - {
+            "chat_template",
+            "tokenize",
+        }
         self.chat_template = chat_template
         self.special_tokens = dict(special_tokens)
         self.source = source
@@ -181,20 +249,49 @@ class HfChatTokenizer:
     def render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],
-        add_generation_prompt: bool = True,
+        *,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        options: ChatTemplateOptions | None = None,
     ) -> str:
-        """The prompt text vLLM builds for ``messages`` (and the request's ``tools``)."""
+        """The prompt text vLLM builds for ``messages``, the request's ``tools`` and its
+        rendering ``options`` (``None``: the defaults)."""
+        opts = options or DEFAULT_CHAT_OPTIONS
+        conversation = [normalize_message(m) for m in messages]
+        variables = self._variables(conversation, tools, opts)
         try:
-            return self._template.render(
-                messages=[normalize_message(m) for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                tools=None if tools is None else [vllm_tool(t) for t in tools],
-                documents=None,
-                **self.special_tokens,
-            )
-        except jinja2.TemplateError as err:
+            text = self._template.render(**variables)
+        except BadRequestError:
+            raise
+        except Exception as err:  # vLLM answers any failure of the template with a 400, too
             raise BadRequestError(f"chat template failed: {err}", param="messages") from err
+        if opts.continue_final_message and conversation:
+            text = cut_after_final_message(text, conversation[-1]["content"])
+        return text
+
+    def _variables(
+        self,
+        conversation: list[dict[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        opts: ChatTemplateOptions,
+    ) -> dict[str, Any]:
+        """The template's context, as ``transformers`` builds it from vLLM's arguments."""
+        kept = {k: v for k, v in opts.template_kwargs.items() if k in self._accepted}
+        clash = sorted(_COLLIDING & kept.keys())
+        if clash:
+            param = f"chat_template_kwargs.{clash[0]}"
+            raise BadRequestError(f"'{param}' cannot be set: the renderer sets it", param=param)
+        if "tools" in kept:  # vLLM: a chat_template_kwargs entry wins over the request's tools
+            listed = kept["tools"]
+        else:
+            listed = None if tools is None else [vllm_tool(t) for t in tools]
+        return {
+            **self.special_tokens,
+            **{k: v for k, v in kept.items() if k not in _HF_PARAMS},
+            "messages": conversation,
+            "tools": listed,
+            "documents": opts.documents,
+            "add_generation_prompt": opts.add_generation_prompt,
+        }
 
     def encode(self, text: str) -> list[int]:
         """Completions prompt ids (special tokens added, as vLLM's completions endpoint does)."""
@@ -209,6 +306,12 @@ class HfChatTokenizer:
         messages: Sequence[Mapping[str, Any]],
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        options: ChatTemplateOptions | None = None,
     ) -> list[int]:
-        """Chat prompt ids: the rendered template, encoded without adding special tokens."""
-        return self.encode_raw(self.render_chat(messages, tools=tools))
+        """Chat prompt ids: the rendered template, encoded without adding special tokens unless
+        the request's ``add_special_tokens`` asks for them (and no truthy ``tokenize`` kwarg
+        had the template encode the text itself, which adds none)."""
+        opts = options or DEFAULT_CHAT_OPTIONS
+        text = self.render_chat(messages, tools=tools, options=opts)
+        special = opts.add_special_tokens and not opts.template_kwargs.get("tokenize")
+        return list(self._tokenizer.encode(text, add_special_tokens=special).ids)

@@ -7,8 +7,12 @@ Three key modes (see docs/routing.md):
   counted in characters (each block of characters is hashed as its UTF-8 bytes).
 - ``bytes``: AWS parity; the first bytes of the raw body (native invocations) or of the UTF-8
   canonical text (chat/completions bodies, which arrive parsed).
-- ``tokens``: token ids from an injected ``Tokenizer`` (with the engine's chat template); the
-  block size should equal the engine's.
+- ``tokens``: token ids from an injected ``Tokenizer`` (with the engine's chat template and the
+  request's rendering options, ``chat_options``); the block size should equal the engine's.
+
+A batch of completions prompts is keyed on its first prompt (a key is one chain, and the engine
+chains each prompt of a batch from the start, so the first stands for the batch), but
+``prompt_tokens`` counts every prompt (the load the batch puts on its instance).
 
 Only hashes leave this module; no raw text is kept.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 import xxhash
@@ -26,14 +31,14 @@ from warmfleet.core.config import StrictModel
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.hashing import chain_blocks, chain_seed
 from warmfleet.core.types import RoutingKey
+from warmfleet.routing.chat_options import ChatTemplateOptions, chat_template_options
 from warmfleet.routing.parse import (
     bad_request,
     cache_salt_of,
     completions_output_hint,
-    completions_prompt,
+    completions_prompts,
     model_of,
     output_hint,
-    prompt_count,
     render_chat_text,
     validate_messages,
     validate_tenant,
@@ -52,7 +57,12 @@ _CACHE_SALT_TAG = "cache_salt:"
 
 
 class Tokenizer(Protocol):
-    """A local tokenizer with the engine's chat template (a Hugging Face adapter comes later)."""
+    """A local tokenizer with the engine's chat template (``gateway.tokenizer.HfChatTokenizer``).
+
+    ``encode``: a completions prompt's ids. ``encode_chat``: a chat prompt's ids as the engine
+    builds them for ``messages``, the request's ``tools`` and its rendering ``options`` (``None``:
+    the defaults, ``chat_options.DEFAULT_CHAT_OPTIONS``).
+    """
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -61,6 +71,7 @@ class Tokenizer(Protocol):
         messages: Sequence[Mapping[str, Any]],
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        options: ChatTemplateOptions | None = None,
     ) -> list[int]: ...
 
 
@@ -147,6 +158,16 @@ class SpanMemo:
         return tuple(out)
 
 
+def _estimated_tokens(text: str, mode: str) -> int:
+    """``prompt_tokens`` of a text in ``text``/``bytes`` modes: characters / 4 (rounded up), or
+    UTF-8 bytes / 4 (rounded down); at least 1 for a non-empty text."""
+    if mode == "bytes":
+        count = len(text.encode("utf-8", "surrogatepass")) // CHARS_PER_TOKEN
+    else:
+        count = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    return max(count, 1 if text else 0)
+
+
 class KeyBuilder:
     """Builds ``RoutingKey``s for one ``KeySpec`` (and optional tokenizer)."""
 
@@ -217,17 +238,26 @@ class KeyBuilder:
         if self.spec.mode == "tokens":
             assert self.tokenizer is not None
             render_chat_text(body)  # full validation before the tokenizer sees the messages
-            tools = body.get("tools")  # validated above: a list of objects, or absent
-            ids = self.tokenizer.encode_chat(validate_messages(body), tools=tools)
+            tools = body.get("tools")  # validated above: a list, or absent
+            options = chat_template_options(body)
+            ids = self.tokenizer.encode_chat(validate_messages(body), tools=tools, options=options)
             return self.from_token_ids(ids, seed, hint, self.block_size)
         return self._from_text(render_chat_text(body), seed, hint)
 
     def for_completions(
         self, body: object, tenant: str | None, lora_adapter: str | None = None
     ) -> RoutingKey:
+        """Keyed on the first prompt of a batch; ``prompt_tokens`` counts every prompt."""
         body, seed = self._prologue(body, tenant, lora_adapter)
-        prompt = completions_prompt(body)
-        hint = completions_output_hint(body, prompt_count(body))
+        prompts = completions_prompts(body)
+        hint = completions_output_hint(body, len(prompts))
+        key = self._completion_key(prompts[0], seed, hint)
+        if len(prompts) == 1:
+            return key
+        rest = sum(self._prompt_tokens(p) for p in prompts[1:])
+        return replace(key, prompt_tokens=key.prompt_tokens + rest)
+
+    def _completion_key(self, prompt: str | list[int], seed: int, hint: int) -> RoutingKey:
         if isinstance(prompt, list):
             # Token ids: in text/bytes modes a block holds block_size / CHARS_PER_TOKEN ids.
             block = (
@@ -240,6 +270,15 @@ class KeyBuilder:
             assert self.tokenizer is not None
             return self.from_token_ids(self.tokenizer.encode(prompt), seed, hint, self.block_size)
         return self._from_text(prompt, seed, hint)
+
+    def _prompt_tokens(self, prompt: str | list[int]) -> int:
+        """A prompt's ``prompt_tokens`` as its own key would count it (without hashing it)."""
+        if isinstance(prompt, list):
+            return len(prompt)
+        if self.spec.mode == "tokens":
+            assert self.tokenizer is not None
+            return len(self.tokenizer.encode(prompt))
+        return _estimated_tokens(prompt, self.spec.mode)
 
     def for_bytes(
         self, raw: bytes, tenant: str | None, model: str, lora_adapter: str | None = None
@@ -261,13 +300,12 @@ class KeyBuilder:
         return self._from_text(text, seed, 0)
 
     def _from_text(self, text: str, seed: int, hint: int) -> RoutingKey:
+        data = text.encode("utf-8", "surrogatepass")
         if self.spec.mode == "bytes":
-            data = text.encode("utf-8", "surrogatepass")
             return self._from_buffer(
                 data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=len(data) // CHARS_PER_TOKEN
             )
-        tokens = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
-        data = text.encode("utf-8", "surrogatepass")
+        tokens = _estimated_tokens(text, "text")
         if len(data) == len(text):  # ASCII: character blocks are byte blocks
             return self._from_buffer(data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=tokens)
         # Each block of characters is hashed as its UTF-8 bytes, exactly like the ASCII path.

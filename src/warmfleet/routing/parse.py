@@ -239,34 +239,27 @@ def _is_token_list(value: object) -> bool:
     return not value or (min(value) >= 0 and max(value) <= _MASK64)
 
 
-def prompt_count(body: Mapping[str, Any]) -> int:
-    """How many prompts a (validated) completions body holds: an array of strings or of token-id
-    arrays is a batch; a string or one array of token ids is one prompt."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        return len(prompt)
-    return 1
-
-
-def completions_prompt(body: Mapping[str, Any]) -> str | list[int]:
-    """The first prompt of a completions body: text, or token ids."""
+def completions_prompts(body: Mapping[str, Any]) -> list[str] | list[list[int]]:
+    """Every prompt of a completions body, validated: a string or one array of token ids is one
+    prompt; an array of strings or of token-id arrays is a batch (the engine runs each as its own
+    request). Token-id arrays are returned as they are (not copied)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return prompt
+        return [prompt]
     if isinstance(prompt, list) and prompt:
         first = prompt[0]
         if isinstance(first, str):
             if not all(isinstance(p, str) for p in prompt):
                 raise bad_request("'prompt' array must hold only strings", "prompt")
-            return first
+            return prompt
         if isinstance(first, list):
             if not all(_is_token_list(p) and p for p in prompt):
                 raise bad_request(
                     "'prompt' must be an array of non-empty token-id arrays", "prompt"
                 )
-            return list(first)
+            return prompt
         if _is_token_list(prompt):
-            return list(prompt)
+            return [prompt]
     raise bad_request(
         "'prompt' must be a string, an array of strings, token ids or token-id arrays",
         "prompt",

@@ -1,0 +1,142 @@
+"""Chat rendering options for ``tokens`` keys (``routing.chat_options``).
+
+vLLM renders a chat request with more than ``messages`` and ``tools``
+(``ChatCompletionRequest.build_chat_params`` in
+``vllm/entrypoints/openai/chat_completion/protocol.py``, ``merge_kwargs`` in
+``vllm/renderers/params.py``); the key builder reads those fields in ``tokens`` mode and hands
+them to the tokenizer. Rendering with a real template: ``tests/gateway/
+test_gateway_chat_template_options.py``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from warmfleet.core.errors import BadRequestError
+from warmfleet.routing.chat_options import (
+    DEFAULT_CHAT_OPTIONS,
+    ChatTemplateOptions,
+    chat_template_options,
+)
+from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.factory import strategy_config
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.router import Router
+
+
+class CharTokenizer:
+    """One token per character; records the options of the last chat it encoded."""
+
+    def __init__(self) -> None:
+        self.options: ChatTemplateOptions | None = None
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        options: ChatTemplateOptions | None = None,
+    ) -> list[int]:
+        self.options = options
+        text = "".join(f"{m['role']}: {m.get('content')}\n" for m in messages)
+        if options is None or options.add_generation_prompt:
+            text += "assistant: "
+        return self.encode(text)
+
+
+def router(tokenizer: CharTokenizer | None = None, **key: Any) -> Router:
+    config = RoutingConfig(key=KeySpec(**key), strategy=strategy_config("prefix_affinity"))
+    return Router(config, random.Random(0), tokenizer)
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hello " * 60}], **extra}
+
+
+def test_defaults_when_no_field_is_set() -> None:
+    assert chat_template_options(chat()) is DEFAULT_CHAT_OPTIONS
+    assert chat_template_options(chat(add_generation_prompt=None)) == DEFAULT_CHAT_OPTIONS
+
+
+def test_precedence_follows_vllm_merge_kwargs() -> None:
+    """Request fields win over same-named kwargs unless null; null/"auto" kwargs are unset."""
+    opts = chat_template_options(
+        chat(
+            add_generation_prompt=False,
+            documents=None,
+            reasoning_effort=None,
+            chat_template_kwargs={
+                "add_generation_prompt": True,
+                "continue_final_message": True,
+                "documents": [{"title": "t"}],
+                "reasoning_effort": "high",
+                "enable_thinking": False,
+                "unset": None,
+                "auto": "auto",
+            },
+        )
+    )
+    assert opts.add_generation_prompt is False
+    assert opts.continue_final_message is False
+    assert opts.documents == [{"title": "t"}]
+    assert opts.template_kwargs == {"reasoning_effort": "high", "enable_thinking": False}
+    fields_set = chat_template_options(
+        chat(
+            documents=[{"title": "a", "text": "b"}],
+            reasoning_effort="low",
+            add_special_tokens=True,
+            chat_template_kwargs={"documents": [{"x": "y"}], "reasoning_effort": "high"},
+        )
+    )
+    assert fields_set.documents == [{"title": "a", "text": "b"}]
+    assert fields_set.template_kwargs == {"reasoning_effort": "low"}
+    assert fields_set.add_special_tokens is True
+
+
+def test_tokens_mode_hands_the_options_to_the_tokenizer() -> None:
+    tok = CharTokenizer()
+    r = router(tok, mode="tokens", block_size=4)
+    with_prompt = r.key_for_chat(chat(), None)
+    without = r.key_for_chat(chat(add_generation_prompt=False), None)
+    assert tok.options is not None
+    assert tok.options.add_generation_prompt is False
+    assert with_prompt.prompt_tokens == without.prompt_tokens + len("assistant: ")
+    r.key_for_chat(chat(chat_template_kwargs={"enable_thinking": False}), None)
+    assert tok.options is not None
+    assert tok.options.template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"chat_template": "{{ x }}"}, "chat_template"),
+        ({"add_generation_prompt": 0}, "add_generation_prompt"),
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+        ({"documents": {"title": "x"}}, "documents"),
+    ],
+)
+def test_tokens_mode_refuses_malformed_fields(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(BadRequestError) as err:
+        router(CharTokenizer(), mode="tokens").key_for_chat(chat(**fields), None)
+    assert err.value.param == param
+
+
+@pytest.mark.parametrize("mode", ["text", "bytes"])
+def test_text_and_bytes_modes_ignore_the_rendering_fields(mode: str) -> None:
+    """They key a canonical rendering of the messages: the fields only change the prompt's
+    tail, so they neither change the key nor are validated there."""
+    r = router(mode=mode, block_size=16)
+    plain = r.key_for_chat(chat(), None)
+    for extra in (
+        {"add_generation_prompt": False, "chat_template_kwargs": {"enable_thinking": False}},
+        {"chat_template": "{{ x }}", "continue_final_message": True, "documents": "x"},
+    ):
+        assert r.key_for_chat(chat(**extra), None) == plain

@@ -1,0 +1,88 @@
+"""Batched completions: a ``prompt`` array is a batch the engine runs as one request per prompt.
+
+The key is the first prompt's (its blocks and prefix: one prompt stands for the batch, and the
+engine caches each prompt under its own chain anyway), but ``prompt_tokens`` -- the load the
+request puts on its instance (in-flight tokens, predicted prefill) -- counts every prompt: exactly
+in ``tokens`` mode and for token-id arrays, by the one-prompt estimate in ``text``/``bytes``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.factory import strategy_config
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.router import Router
+
+
+class CharTokenizer:
+    """One token per character."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], *, tools: object = None, options: object = None
+    ) -> list[int]:
+        return self.encode("".join(f"{m['role']}: {m.get('content')}\n" for m in messages))
+
+
+def router(tokenizer: CharTokenizer | None = None, **key: Any) -> Router:
+    config = RoutingConfig(key=KeySpec(**key), strategy=strategy_config("prefix_affinity"))
+    return Router(config, random.Random(0), tokenizer)
+
+
+def completion(prompt: Any) -> dict[str, Any]:
+    return {"model": "m", "prompt": prompt}
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        # chars / 4 rounded up, per prompt: 10 + 2 + 1
+        ("text", 13),
+        # UTF-8 bytes / 4 rounded down, at least 1 per non-empty prompt: 10 + 3 + 1
+        ("bytes", 14),
+    ],
+)
+def test_batch_prompt_tokens_count_every_prompt(mode: str, expected: int) -> None:
+    r = router(mode=mode, block_size=8)
+    batch = ["a" * 40, "é" * 6, "c"]  # 40 chars (40 bytes), 6 chars (12 bytes), 1
+    key = r.key_for_completions(completion(batch), None)
+    alone = r.key_for_completions(completion(batch[0]), None)
+    assert key.prompt_tokens == expected
+    # blocks, prefix and units stay the first prompt's; the hint covers the whole batch
+    assert key == replace(
+        alone, prompt_tokens=expected, output_tokens_hint=3 * alone.output_tokens_hint
+    )
+
+
+def test_batch_of_token_ids_counts_exactly() -> None:
+    r = router(block_size=8)
+    key = r.key_for_completions(completion([list(range(20)), [7] * 9, [1]]), None)
+    alone = r.key_for_completions(completion(list(range(20))), None)
+    assert key.prompt_tokens == 20 + 9 + 1
+    assert key.block_hashes == alone.block_hashes
+
+
+def test_tokens_mode_counts_each_prompt_with_the_tokenizer() -> None:
+    """Exact counts, not the chars / 4 estimate (this tokenizer has a token per character)."""
+    r = router(CharTokenizer(), mode="tokens", block_size=4)
+    key = r.key_for_completions(completion(["abcdefgh", "xyz", "q" * 11]), None)
+    alone = r.key_for_completions(completion("abcdefgh"), None)
+    assert key.prompt_tokens == 8 + 3 + 11
+    assert key.block_hashes == alone.block_hashes
+    ids = r.key_for_completions(completion([[5] * 6, [6] * 2]), None)
+    assert ids.prompt_tokens == 8
+
+
+def test_one_prompt_counts_are_unchanged() -> None:
+    assert router().key_for_completions(completion("abcde"), None).prompt_tokens == 2
+    assert router(mode="bytes").key_for_completions(completion("abc"), None).prompt_tokens == 1
+    assert router().key_for_completions(completion(["abcde"]), None).prompt_tokens == 2
