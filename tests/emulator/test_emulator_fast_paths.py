@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmfleet.emulator.driver import EngineDriver
-from warmfleet.emulator.protocol import Job
+from warmfleet.emulator.protocol import Choice, Job
 from warmfleet.emulator.responses import ChunkWriter
 from warmfleet.emulator.tokenizer import (
     SPECIAL_IDS,
@@ -121,11 +121,9 @@ def _job(kind: str, output_tokens: int, finish_reason: str, seed: int) -> Job:
         "m",
         [1, 2, 3],
         (),
-        output_tokens,
-        finish_reason,
+        (Choice(0, seed, output_tokens, finish_reason),),
         True,
         True,
-        seed,
     )
 
 

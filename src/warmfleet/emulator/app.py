@@ -4,13 +4,12 @@ Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/invocations`` (Sa
 ``/tokenize``, ``/v1/chat/completions/render``, ``/v1/completions/render``; ``GET /v1/models``,
 ``/health``, ``/ping``, ``/version``, ``/server_info``, ``/model_info``, ``/metrics``.
 The app is served with ``handler_cancellation=True``: a client that disconnects cancels its
-handler, whose ``finally`` cancels the engine request.
+handler, whose ``finally`` cancels its engine requests (one per choice, ``generation``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,10 +18,10 @@ from aiohttp import web
 
 from warmfleet.core.errors import BadRequestError, NotFoundError
 from warmfleet.core.jsonio import loads_body
-from warmfleet.emulator.driver import EngineDriver, RequestStream
+from warmfleet.emulator.driver import EngineDriver
+from warmfleet.emulator.generation import Generation, serve_full, serve_stream
 from warmfleet.emulator.metrics import CONTENT_TYPE, InstanceMetrics
 from warmfleet.emulator.protocol import (
-    DONE,
     Job,
     Kind,
     ParseContext,
@@ -30,10 +29,6 @@ from warmfleet.emulator.protocol import (
     parse_job,
     tokenize_ids,
 )
-from warmfleet.emulator.responses import ChunkWriter, full_response
-from warmfleet.engine.events import EngineEvent, EngineEventKind
-
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,32 +62,6 @@ class Runtime:
     driver: EngineDriver
     metrics: InstanceMetrics
     created_s: int
-
-
-@dataclass(slots=True)
-class _Batch:
-    """What a batch of one request's engine events amounts to."""
-
-    first: EngineEvent | None = None
-    finished: EngineEvent | None = None
-    rejected: bool = False
-    produced: int = 0  # output tokens produced by the end of the batch
-
-
-def _summarise(events: list[EngineEvent]) -> _Batch:
-    batch = _Batch()
-    for event in events:
-        batch.produced = max(batch.produced, event.output_tokens)
-        kind = event.kind
-        if kind is EngineEventKind.TOKEN:
-            continue
-        if kind is EngineEventKind.FIRST_TOKEN:
-            batch.first = event
-        elif kind is EngineEventKind.FINISHED:
-            batch.finished = event
-        else:
-            batch.rejected = True
-    return batch
 
 
 def _error(message: str, status: int, param: str | None = None) -> web.Response:
@@ -148,92 +117,32 @@ class Handlers:
         if action.spike_s > 0:
             rt.metrics.faults.labels("latency_spike").inc()
             await asyncio.sleep(action.spike_s)
-        stream = rt.driver.submit(
+        streams = rt.driver.submit_n(
             job.block_hashes,
             len(job.prompt_ids),
-            job.output_tokens,
+            [choice.output_tokens for choice in job.choices],
             wants_tokens=job.stream,
             arrival_s=arrival_s,
             prompt_ids=job.prompt_ids,
         )
+        gen = Generation(job, streams, rt.driver, rt.metrics)
         try:
             if job.stream:
-                return await self._stream(request, job, stream)
-            return await self._full(job, stream)
+                return await serve_stream(request, gen)
+            return await serve_full(gen)
         finally:
-            rt.driver.cancel(stream)  # no-op once finished; cancels on client disconnect
+            rt.driver.cancel(*streams)  # no-op once finished; cancels on client disconnect
 
     def _check_fits(self, job: Job) -> None:
+        """Each choice is an engine request of its own: the longest must fit the KV cache."""
         spec = self.rt.ctx.spec
-        total = len(job.prompt_ids) + max(job.output_tokens, 1)
+        total = len(job.prompt_ids) + max(job.max_output_tokens, 1)
         if -(-total // spec.block_tokens) > spec.capacity_blocks:
             raise BadRequestError(
                 f"the request needs {total} tokens of KV cache; this instance holds "
                 f"{spec.capacity_blocks * spec.block_tokens}",
                 param="messages" if job.kind == "chat" else "prompt",
             )
-
-    def _on_first_token(self, stream: RequestStream, time_s: float) -> None:
-        metrics = self.rt.metrics
-        metrics.prompt_tokens.inc(stream.prompt_tokens)
-        metrics.ttft_s.observe(max(0.0, self.rt.driver.wall_s(time_s) - stream.arrival_s))
-
-    def _on_finished(self, job: Job, stream: RequestStream, time_s: float) -> None:
-        metrics = self.rt.metrics
-        metrics.e2e_s.observe(max(0.0, self.rt.driver.wall_s(time_s) - stream.arrival_s))
-        metrics.request_finished(job.finish_reason)
-
-    async def _full(self, job: Job, stream: RequestStream) -> web.Response:
-        cached = 0
-        produced = 0
-        while True:
-            batch = _summarise(await stream.next_batch())
-            if batch.rejected:
-                return _error("the request cannot fit this engine", 400)
-            if batch.first is not None:
-                cached = batch.first.cached_tokens
-                self._on_first_token(stream, batch.first.time_s)
-            if batch.produced > produced:
-                self.rt.metrics.generation_tokens.inc(batch.produced - produced)
-                produced = batch.produced
-            if batch.finished is not None:
-                self._on_finished(job, stream, batch.finished.time_s)
-                return web.json_response(full_response(job, job.output_tokens, cached))
-
-    async def _stream(
-        self, request: web.Request, job: Job, stream: RequestStream
-    ) -> web.StreamResponse:
-        resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
-        await resp.prepare(request)
-        writer = ChunkWriter(job)
-        cached = 0
-        sent = 0
-        while True:
-            batch = _summarise(await stream.next_batch())
-            if batch.rejected:
-                err = error_body("the request cannot fit this engine", 400)
-                await resp.write_eof(b"data: " + json.dumps(err).encode() + b"\n\n" + DONE)
-                return resp
-            out: list[bytes] = []
-            if batch.first is not None:
-                cached = batch.first.cached_tokens
-                self._on_first_token(stream, batch.first.time_s)
-                if job.kind == "chat":
-                    out.append(writer.role())
-            upto = min(batch.produced, job.output_tokens)
-            if upto > sent:
-                self.rt.metrics.generation_tokens.inc(upto - sent)
-                out.append(writer.tokens(sent, upto))
-                sent = upto
-            if batch.finished is not None:
-                self._on_finished(job, stream, batch.finished.time_s)
-                if job.include_usage:
-                    out.append(writer.usage(job.output_tokens, cached))
-                out.append(DONE)
-                await resp.write_eof(b"".join(out))  # last chunks + chunked end: one write
-                return resp
-            if out:
-                await resp.write(b"".join(out))
 
     # ------------------------------------------------------------------ tokens
 
@@ -269,7 +178,7 @@ class Handlers:
             "request_id": job.response_id,
             "model": job.model,
             "token_ids": job.prompt_ids,
-            "sampling_params": {"max_tokens": job.output_tokens},
+            "sampling_params": {"max_tokens": job.choices[0].output_tokens},
         }
         return web.json_response(rendered if kind == "chat" else [rendered])
 

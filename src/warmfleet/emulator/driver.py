@@ -33,30 +33,29 @@ _TOKEN_SLACK = 1.001  # the next step is a hair longer (its KV read grows)
 _MIN_TOKEN_WAKE_WALL_S = 0.0005  # tokens closer than this (wall) share one wake-up and write
 
 
-@dataclass(eq=False)
-class RequestStream:
-    """One request's events, in order; ``arrival_s`` is wall-clock (``now_wall_s``) time."""
+class EventQueue:
+    """The engine events of one client request (its ``n`` engine requests), in dispatch order.
 
-    request_id: int
-    prompt_tokens: int
-    output_tokens: int
-    wants_tokens: bool
-    arrival_s: float
-    done: bool = False
-    decoding: bool = False
-    last_token_s: float = -1.0
-    _pending: list[EngineEvent] = field(default_factory=list)
-    _waiter: asyncio.Future[None] | None = None
+    A TOKEN event carries its request's running count, so a request's pending TOKEN event is
+    replaced by its next one: the queue holds at most one TOKEN event per request."""
+
+    __slots__ = ("_pending", "_tokens", "_waiter")
+
+    def __init__(self) -> None:
+        self._pending: list[EngineEvent] = []
+        self._tokens: dict[int, int] = {}  # request id -> index of its pending TOKEN event
+        self._waiter: asyncio.Future[None] | None = None
 
     def push(self, event: EngineEvent) -> None:
         pending = self._pending
-        if (
-            pending
-            and event.kind is EngineEventKind.TOKEN
-            and pending[-1].kind is EngineEventKind.TOKEN
-        ):
-            pending[-1] = event  # a TOKEN event carries the running count: keep the latest
-            return
+        if event.kind is EngineEventKind.TOKEN:
+            at = self._tokens.get(event.request_id)
+            if at is not None:
+                pending[at] = event  # keep the latest count
+                return
+            self._tokens[event.request_id] = len(pending)
+        else:
+            self._tokens.pop(event.request_id, None)
         pending.append(event)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -71,7 +70,32 @@ class RequestStream:
             finally:
                 self._waiter = None
         batch, self._pending = self._pending, []
+        self._tokens.clear()
         return batch
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """One engine request; ``arrival_s`` is wall-clock (``now_wall_s``) time. Its events go to
+    ``queue``, which the ``n`` engine requests of one client request share (``submit_n``)."""
+
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int
+    wants_tokens: bool
+    arrival_s: float
+    queue: EventQueue = field(default_factory=EventQueue)
+    index: int = 0  # choice index within its client request
+    done: bool = False
+    decoding: bool = False
+    last_token_s: float = -1.0
+
+    def push(self, event: EngineEvent) -> None:
+        self.queue.push(event)
+
+    async def next_batch(self) -> list[EngineEvent]:
+        """Every event of the shared queue not yet taken (see ``EventQueue.next_batch``)."""
+        return await self.queue.next_batch()
 
 
 class BlockEventSink(Protocol):
@@ -148,37 +172,59 @@ class EngineDriver:
         prompt_ids: Sequence[int] = (),
     ) -> RequestStream:
         """Queue a request now; ``prompt_ids`` only feed KV events (``token_ids``)."""
-        now_s = self._catch_up()
-        rid = next(self._ids)
-        stream = RequestStream(
-            rid,
+        return self.submit_n(
+            block_hashes,
             prompt_tokens,
-            output_tokens,
-            wants_tokens,
-            self._clock() if arrival_s is None else arrival_s,
-        )
-        self._streams[rid] = stream
+            (output_tokens,),
+            wants_tokens=wants_tokens,
+            arrival_s=arrival_s,
+            prompt_ids=prompt_ids,
+        )[0]
+
+    def submit_n(
+        self,
+        block_hashes: tuple[int, ...],
+        prompt_tokens: int,
+        output_tokens: Sequence[int],
+        *,
+        wants_tokens: bool,
+        arrival_s: float | None = None,
+        prompt_ids: Sequence[int] = (),
+    ) -> list[RequestStream]:
+        """Queue one engine request per entry of ``output_tokens``, all with this prompt, in
+        order and as one arrival (``EngineModel.submit_many``: vLLM fans ``n`` > 1 out into
+        child requests this way); their events share one ``EventQueue``."""
+        now_s = self._catch_up()
+        arrival = self._clock() if arrival_s is None else arrival_s
+        queue = EventQueue()
         sink = self._sink
-        if sink is not None:
-            sink.request_submitted(rid, block_hashes, prompt_ids)
-        request = EngineRequest(
-            rid, block_hashes, prompt_tokens, output_tokens, token_events=wants_tokens
-        )
-        self._model.submit(request, now_s)
+        streams: list[RequestStream] = []
+        requests: list[EngineRequest] = []
+        for index, tokens in enumerate(output_tokens):
+            rid = next(self._ids)
+            stream = RequestStream(rid, prompt_tokens, tokens, wants_tokens, arrival, queue, index)
+            self._streams[rid] = stream
+            streams.append(stream)
+            if sink is not None:
+                sink.request_submitted(rid, block_hashes, prompt_ids)
+            requests.append(
+                EngineRequest(rid, block_hashes, prompt_tokens, tokens, token_events=wants_tokens)
+            )
+        self._model.submit_many(requests, now_s)
         if sink is not None:
             sink.flush()
         self._wake.set()
-        return stream
+        return streams
 
-    def cancel(self, stream: RequestStream) -> None:
-        """Forget ``stream`` (its client went away); a finished stream is left alone."""
-        if stream.done:
+    def cancel(self, *streams: RequestStream) -> None:
+        """Forget ``streams`` (their client went away); finished ones are left alone."""
+        if all(stream.done for stream in streams):
             return
         now_s = self._catch_up()
-        if stream.done:
-            return
-        self._model.cancel(stream.request_id, now_s)
-        self._close(stream)
+        for stream in streams:
+            if not stream.done:
+                self._model.cancel(stream.request_id, now_s)
+                self._close(stream)
         self._wake.set()
 
     def stats(self) -> EngineStats:

@@ -28,6 +28,7 @@ E2E_BUCKETS_S = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+REQUEST_PARAMS_N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)  # vLLM's, for vllm:request_params_n
 _LABELS = ("model_name", "engine")
 
 
@@ -74,10 +75,9 @@ class InstanceMetrics:
         spec: EngineSpec,
         stats: Callable[[], EngineStats | None],
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        labels = (model_name, "0")
+        self.registry = reg = CollectorRegistry(auto_describe=True)
+        self._labels = labels = (model_name, "0")
         self.registry.register(_EngineCollector(stats, labels))
-        reg = self.registry
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", _LABELS, registry=reg
         ).labels(*labels)
@@ -93,21 +93,21 @@ class InstanceMetrics:
             [*_LABELS, "finished_reason"],
             registry=reg,
         )
-        self._labels = labels
-        self.ttft_s = Histogram(
+        self.ttft_s = self._histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
-            _LABELS,
-            buckets=TTFT_BUCKETS_S,
-            registry=reg,
-        ).labels(*labels)
-        self.e2e_s = Histogram(
+            TTFT_BUCKETS_S,
+        )
+        self.e2e_s = self._histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
-            _LABELS,
-            buckets=E2E_BUCKETS_S,
-            registry=reg,
-        ).labels(*labels)
+            E2E_BUCKETS_S,
+        )
+        self.params_n = self._histogram(
+            "vllm:request_params_n",
+            "Histogram of the n request parameter.",
+            REQUEST_PARAMS_N_BUCKETS,
+        )
         cache_info = Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -121,6 +121,11 @@ class InstanceMetrics:
             ["kind"],
             registry=reg,
         )
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        """A histogram with vLLM's labels, its one series already created."""
+        family = Histogram(name, doc, _LABELS, buckets=buckets, registry=self.registry)
+        return family.labels(*self._labels)
 
     def request_finished(self, finished_reason: str) -> None:
         self._success.labels(*self._labels, finished_reason).inc()

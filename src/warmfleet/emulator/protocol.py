@@ -15,7 +15,13 @@ from typing import Any, Literal
 import xxhash
 
 from warmfleet.core.errors import BadRequestError, NotFoundError
-from warmfleet.emulator.sampling import find_stop, parse_stop, reject_unsupported
+from warmfleet.emulator.sampling import (
+    StopParams,
+    find_stop,
+    parse_n,
+    parse_stop,
+    reject_unsupported,
+)
 from warmfleet.emulator.tokenizer import EmulatorTokenizer, hash_seed, prompt_block_hashes_bytes
 from warmfleet.engine.spec import EngineSpec
 
@@ -43,22 +49,43 @@ class ParseContext:
 
 
 @dataclass(frozen=True, slots=True)
+class Choice:
+    """One of a request's ``n`` choices: one engine request (a vLLM child request)."""
+
+    index: int
+    text_seed: int  # seeds the output text, its emulated EOS and where a stop hits
+    output_tokens: int
+    finish_reason: str  # "length" (hit max_tokens) or "stop" (emulated EOS, stop string/token)
+    stop_reason: str | int | None = None  # the stop string or token id that ended the output
+    text_chars: int | None = None  # the output text is cut to this many characters (stop)
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
-    """One generation request, ready for the engine."""
+    """One generation request, ready for the engine: ``n`` choices sharing one prompt."""
 
     kind: Kind
     response_id: str
     model: str
     prompt_ids: list[int]
     block_hashes: tuple[int, ...]
-    output_tokens: int
-    finish_reason: str  # "length" (hit max_tokens) or "stop" (emulated EOS)
+    choices: tuple[Choice, ...]
     stream: bool
     include_usage: bool
-    text_seed: int
-    stop_reason: str | int | None = None  # the stop string or token id that ended the output
-    text_chars: int | None = None  # the output text is cut to this many characters (stop)
     continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage)
+
+    @property
+    def max_output_tokens(self) -> int:
+        return max(choice.output_tokens for choice in self.choices)
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """A request's output limits, the same for each of its choices."""
+
+    max_tokens: int
+    min_tokens: int
+    ignore_eos: bool
 
 
 def _bad(message: str, param: str | None = None) -> BadRequestError:
@@ -165,10 +192,8 @@ def _requested_max_tokens(body: Mapping[str, Any], kind: Kind) -> int | None:
     return _opt_int(body, "max_tokens", 1)
 
 
-def _output_tokens(
-    body: Mapping[str, Any], kind: Kind, prompt_len: int, text_seed: int, ctx: ParseContext
-) -> tuple[int, str, int]:
-    """(output tokens, finish reason, min_tokens) before any stop string or token."""
+def _limits(body: Mapping[str, Any], kind: Kind, prompt_len: int, ctx: ParseContext) -> _Limits:
+    """``max_tokens`` (checked against ``max_model_len``), ``min_tokens`` and ``ignore_eos``."""
     limit = ctx.spec.max_model_len
     max_tokens = _requested_max_tokens(body, kind)
     if max_tokens is None:
@@ -186,13 +211,24 @@ def _output_tokens(
             f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.",
             "min_tokens",
         )
-    if _opt_bool(body, "ignore_eos"):
-        return max_tokens, "length", min_tokens
-    span = ctx.eos_max_tokens - ctx.eos_min_tokens + 1
-    natural = max(ctx.eos_min_tokens + text_seed % span, min_tokens)
-    if natural >= max_tokens:
-        return max_tokens, "length", min_tokens
-    return natural, "stop", min_tokens
+    return _Limits(max_tokens, min_tokens, _opt_bool(body, "ignore_eos"))
+
+
+def _choice(
+    index: int, text_seed: int, limits: _Limits, stop: StopParams, ctx: ParseContext
+) -> Choice:
+    """Where choice ``index`` ends: emulated EOS (unless ``ignore_eos``), ``max_tokens``, or
+    the first stop string / token id, as vLLM decides each child request on its own."""
+    output_tokens, finish_reason = limits.max_tokens, "length"
+    if not limits.ignore_eos:
+        span = ctx.eos_max_tokens - ctx.eos_min_tokens + 1
+        natural = max(ctx.eos_min_tokens + text_seed % span, limits.min_tokens)
+        if natural < limits.max_tokens:
+            output_tokens, finish_reason = natural, "stop"
+    hit = find_stop(stop, text_seed, output_tokens, limits.min_tokens)
+    if hit is None:
+        return Choice(index, text_seed, output_tokens, finish_reason)
+    return Choice(index, text_seed, hit.output_tokens, "stop", hit.reason, hit.text_chars)
 
 
 def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
@@ -216,19 +252,16 @@ def parse_job(body: object, kind: Kind, ctx: ParseContext) -> Job:
     if not isinstance(body, Mapping):
         raise _bad("the request body must be a JSON object")
     model = check_model(body, ctx.model)
-    n = body.get("n", 1)
-    if n not in (None, 1):
-        raise _bad("the emulator supports only 'n': 1", "n")
+    n = parse_n(body, kind)
     reject_unsupported(body, kind)
     stop = parse_stop(body)
     ids = prompt_ids(body, kind, ctx.tokenizer)
     stream, include_usage, continuous = _stream_flags(body)
     data = array("Q", ids).tobytes()  # ids are in [0, 2**63) (tokenizer or _token_list)
-    text_seed = xxhash.xxh3_64_intdigest(data)
-    output_tokens, finish_reason, min_tokens = _output_tokens(body, kind, len(ids), text_seed, ctx)
-    hit = find_stop(stop, text_seed, output_tokens, min_tokens)
-    if hit is not None:
-        output_tokens, finish_reason = hit.output_tokens, "stop"
+    limits = _limits(body, kind, len(ids), ctx)
+    # choice 0 is what n = 1 gets; the others are other samples of the same prompt
+    seeds = [xxhash.xxh3_64_intdigest(data, seed=index) for index in range(n)]
+    choices = tuple(_choice(index, seed, limits, stop, ctx) for index, seed in enumerate(seeds))
     seed = hash_seed(ctx.hash_seed, _cache_salt(body))
     hashes = prompt_block_hashes_bytes(data, ctx.spec.block_tokens, seed)
     return Job(
@@ -237,13 +270,9 @@ def parse_job(body: object, kind: Kind, ctx: ParseContext) -> Job:
         model,
         ids,
         hashes,
-        output_tokens,
-        finish_reason,
+        choices,
         stream,
         include_usage,
-        text_seed,
-        stop_reason=None if hit is None else hit.reason,
-        text_chars=None if hit is None else hit.text_chars,
         continuous_usage=continuous,
     )
 

@@ -10,10 +10,13 @@
 - ``logprobs``, ``top_logprobs``, ``prompt_logprobs`` and ``echo``: the emulator has no real
   logits or detokenizer, so a request that asks for them gets a 400 (after vLLM's own checks)
   rather than a silent ``null``; ``false`` / ``null`` / ``0`` are accepted.
+- ``n`` and ``temperature``: vLLM's ``SamplingParams`` checks (``_verify_num_sequences``, the
+  temperature range, ``_verify_greedy_sampling``: ``n`` > 1 needs a temperature above 0).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,6 +25,8 @@ from warmfleet.core.errors import BadRequestError
 from warmfleet.emulator.tokenizer import output_piece, output_token_id
 
 _MAX_TOKEN_ID = (1 << 63) - 1
+MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
+_DEFAULT_TEMPERATURE = 1.0  # vLLM's, for a model without a generation config
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,3 +147,36 @@ def reject_unsupported(body: Mapping[str, Any], kind: Literal["chat", "completio
         raise _bad("'echo' must be a boolean", "echo")
     if echo:
         raise _unsupported("echo")
+
+
+def _temperature(body: Mapping[str, Any]) -> float:
+    value = body.get("temperature")
+    if value is None:
+        return _DEFAULT_TEMPERATURE
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad("'temperature' must be a number", "temperature")
+    if not math.isfinite(value):
+        raise _bad(f"temperature must be a finite number, got {value}.", "temperature")
+    if value < 0:
+        raise _bad(f"temperature must be non-negative, got {value}.", "temperature")
+    if value > 2:
+        raise _bad(f"temperature must be in [0, 2], got {value}.", "temperature")
+    return float(value)
+
+
+def parse_n(body: Mapping[str, Any], kind: Literal["chat", "completion"]) -> int:
+    """``n``, the number of choices, checked as vLLM does: an integer (not a boolean) in
+    ``[1, MAX_N]``, ``null`` meaning 1 for chat only (``CompletionRequest.n`` is not optional),
+    and 1 when sampling is greedy (``temperature`` 0: ``_verify_greedy_sampling``)."""
+    n = body.get("n", 1)
+    if n is None and kind == "chat":
+        n = 1
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise _bad("'n' must be an integer", "n")
+    if n < 1:
+        raise _bad(f"n must be at least 1, got {n}.", "n")
+    if n > MAX_N:
+        raise _bad(f"n must be at most {MAX_N}, got {n}.", "n")
+    if _temperature(body) == 0 and n > 1:
+        raise _bad(f"n must be 1 when using greedy sampling, got {n}.", "n")
+    return n

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from warmfleet.engine.blocks import BlockListener, BlockPool
@@ -122,18 +123,30 @@ class EngineModel:
     # ------------------------------------------------------------------ public API
 
     def submit(self, req: EngineRequest, now_s: float) -> None:
+        self.submit_many((req,), now_s)
+
+    def submit_many(self, reqs: Sequence[EngineRequest], now_s: float) -> None:
+        """Requests arriving together (the ``n`` child requests of a vLLM request with
+        ``n`` > 1) all wait before a step is planned, as vLLM's engine core takes every queued
+        request before it schedules: an idle engine admits them in one step."""
         self._set_now(now_s)
-        if req.request_id in self._seqs:
-            raise ValueError(f"request {req.request_id} already submitted")
-        if not self._fits(req):
-            self._pending.append(EngineEvent(EngineEventKind.REJECTED, req.request_id, now_s))
-            return
-        seq = _Seq(req)
-        self._seqs[req.request_id] = seq
-        self._waiting.append(seq)
-        if self._step is None:
+        for req in reqs:
+            if req.request_id in self._seqs:
+                raise ValueError(f"request {req.request_id} already submitted")
+        if len(reqs) > 1 and len({req.request_id for req in reqs}) < len(reqs):
+            raise ValueError("request ids submitted together must differ")
+        queued = False
+        for req in reqs:
+            if not self._fits(req):
+                self._pending.append(EngineEvent(EngineEventKind.REJECTED, req.request_id, now_s))
+                continue
+            seq = _Seq(req)
+            self._seqs[req.request_id] = seq
+            self._waiting.append(seq)
+            queued = True
+        if queued and self._step is None:
             self._plan(now_s)
-        else:
+        elif queued:
             self._shorten_macro(now_s)
 
     def cancel(self, request_id: int, now_s: float) -> None:
