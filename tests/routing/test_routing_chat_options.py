@@ -140,3 +140,33 @@ def test_text_and_bytes_modes_ignore_the_rendering_fields(mode: str) -> None:
         {"chat_template": "{{ x }}", "continue_final_message": True, "documents": "x"},
     ):
         assert r.key_for_chat(chat(**extra), None) == plain
+
+
+def test_the_engines_default_kwargs_go_under_the_requests() -> None:
+    """vLLM's ``--default-chat-template-kwargs``: every request renders with them, its own
+    ``chat_template_kwargs`` entries win, and the request fields still win over both."""
+    defaults = {"enable_thinking": False, "flavour": "plain"}
+    options = chat_template_options(chat(), defaults)
+    assert options.template_kwargs == defaults
+    options = chat_template_options(chat(chat_template_kwargs={"flavour": "spicy"}), defaults)
+    assert options.template_kwargs == {"enable_thinking": False, "flavour": "spicy"}
+    options = chat_template_options(
+        chat(chat_template_kwargs={"enable_thinking": None}), {"enable_thinking": True}
+    )
+    assert "enable_thinking" not in options.template_kwargs  # null: unset, as in vLLM
+    options = chat_template_options(chat(add_generation_prompt=False), {"add_generation_prompt": 1})
+    assert options.add_generation_prompt is False
+
+
+def test_the_key_builder_passes_the_configured_defaults() -> None:
+    tokenizer = CharTokenizer()
+    r = router(tokenizer, mode="tokens", default_chat_template_kwargs={"enable_thinking": False})
+    r.key_for_chat(chat(), None)
+    assert tokenizer.options is not None
+    assert tokenizer.options.template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize("name", ["messages", "conversation", "self", "chat_template"])
+def test_defaults_that_would_replace_the_renderers_arguments_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="default_chat_template_kwargs"):
+        KeySpec(mode="tokens", default_chat_template_kwargs={name: "x"})

@@ -49,6 +49,9 @@ _FIELDS = (
 # and are not template variables of their own: vLLM hands them to the template by name.
 _FIXED = frozenset({"add_generation_prompt", "continue_final_message", "documents"})
 _UNSET = (None, "auto")  # vllm/renderers/params.py merge_kwargs(unset_values=...)
+# chat_template_kwargs entries a deployment's defaults may not set: the renderer's own arguments
+# (vLLM's call fails on the first three) and a template (only the model's is known here).
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "conversation", "self", "chat_template"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,15 +104,18 @@ def _reject_request_template(body: Mapping[str, Any], kwargs: Mapping[str, Any])
             )
 
 
-def _merged_kwargs(body: Mapping[str, Any], fixed: Mapping[str, Any]) -> dict[str, Any]:
-    """vLLM's ``merge_kwargs(chat_template_kwargs, fields)``, then unset entries dropped."""
+def _merged_kwargs(
+    body: Mapping[str, Any], fixed: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """vLLM's ``merge_kwargs(defaults | chat_template_kwargs, fields)``, then unset entries
+    dropped."""
     raw = body.get("chat_template_kwargs")
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
         raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     _reject_request_template(body, raw)
-    merged = {**raw, **{k: v for k, v in fixed.items() if v not in _UNSET}}
+    merged = {**defaults, **raw, **{k: v for k, v in fixed.items() if v not in _UNSET}}
     merged = {k: v for k, v in merged.items() if v not in _UNSET}
     tools = merged.get("tools")
     if tools is not None:
@@ -117,9 +123,13 @@ def _merged_kwargs(body: Mapping[str, Any], fixed: Mapping[str, Any]) -> dict[st
     return merged
 
 
-def chat_template_options(body: Mapping[str, Any]) -> ChatTemplateOptions:
-    """The rendering options of a chat body (validated); the defaults if it sets none."""
-    if not any(name in body for name in _FIELDS):
+def chat_template_options(
+    body: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
+) -> ChatTemplateOptions:
+    """The rendering options of a chat body (validated); the defaults if it sets none.
+    ``defaults``: the engine's ``--default-chat-template-kwargs`` (vLLM merges the request's
+    ``chat_template_kwargs`` over them)."""
+    if not defaults and not any(name in body for name in _FIELDS):
         return DEFAULT_CHAT_OPTIONS
     generation = _flag(body, "add_generation_prompt", True)
     continue_final = _flag(body, "continue_final_message", False)
@@ -140,7 +150,7 @@ def chat_template_options(body: Mapping[str, Any]) -> ChatTemplateOptions:
         "documents": documents,
         "reasoning_effort": effort,
     }
-    merged = _merged_kwargs(body, fixed)
+    merged = _merged_kwargs(body, fixed, defaults or {})
     documents = merged.get("documents")
     if documents is not None:  # from chat_template_kwargs (transformers checks the entries)
         documents = _objects(documents, "chat_template_kwargs.documents", strings=False)

@@ -25,13 +25,17 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 import xxhash
-from pydantic import Field
+from pydantic import Field, JsonValue, field_validator
 
 from warmfleet.core.config import StrictModel
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.hashing import chain_blocks, chain_seed
 from warmfleet.core.types import RoutingKey
-from warmfleet.routing.chat_options import ChatTemplateOptions, chat_template_options
+from warmfleet.routing.chat_options import (
+    RESERVED_TEMPLATE_KWARGS,
+    ChatTemplateOptions,
+    chat_template_options,
+)
 from warmfleet.routing.parse import (
     bad_request,
     cache_salt_of,
@@ -80,6 +84,8 @@ class KeySpec(StrictModel):
 
     ``prefix_length`` (units) bounds ``RoutingKey.prefix_hash``; ``None`` means "the strategy's
     prefix_length, else 4096". ``max_units`` caps how much of a prompt is hashed into blocks.
+    ``default_chat_template_kwargs`` (``tokens`` mode): the engines' own
+    ``--default-chat-template-kwargs``, under each request's ``chat_template_kwargs``.
     """
 
     mode: KeyMode = "text"
@@ -88,6 +94,15 @@ class KeySpec(StrictModel):
     max_units: int = Field(default=1 << 22, gt=0)
     salt: str = "warmfleet"
     tenant_header: str = "x-prefix-aware-id"
+    default_chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @field_validator("default_chat_template_kwargs")
+    @classmethod
+    def _no_renderer_arguments(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        taken = sorted(RESERVED_TEMPLATE_KWARGS & value.keys())
+        if taken:
+            raise ValueError(f"{taken[0]!r} cannot be set here (the renderer sets it)")
+        return value
 
     @property
     def effective_block_size(self) -> int:
@@ -239,7 +254,7 @@ class KeyBuilder:
             assert self.tokenizer is not None
             render_chat_text(body)  # full validation before the tokenizer sees the messages
             tools = body.get("tools")  # validated above: a list, or absent
-            options = chat_template_options(body)
+            options = chat_template_options(body, self.spec.default_chat_template_kwargs)
             ids = self.tokenizer.encode_chat(validate_messages(body), tools=tools, options=options)
             return self.from_token_ids(ids, seed, hint, self.block_size)
         return self._from_text(render_chat_text(body), seed, hint)
