@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,21 @@ def test_acceptance_checks_pass_and_fail() -> None:
     assert checks["2. busiest share at c=1 <= 1.5 x fair"]["pass"] is False  # 0.5 > 0.375
     assert checks["2. hit rate >= 2 x random"]["pass"] is True
     assert checks["2. P50 TTFT ms <= 0.5 x random"]["pass"] is True
+
+
+def test_a_value_equal_to_its_limit_passes_despite_floating_point() -> None:
+    """90 CPU ticks over 3,000 requests is 0.30 ms; read as the difference of two /proc samples
+    (2.04 s - 1.14 s) it is 0.30000000000000004 ms in floating point."""
+    cpu_s = 204 / 100 - 114 / 100
+    inputs = [
+        row("direct", "client_round_robin", "c32_8k", summary(5.0, 9.0, 5.0, 100.0)),
+        row("warmfleet", "prefix_affinity", "c32_8k", summary(7.0, 9.0, 7.0, 100.0), cpu_s),
+    ]
+    inputs[1] = replace(inputs[1], sent=3000)
+    rows = build_rows(inputs, 4)
+    assert rows[1]["router_cpu_ms_per_request"] > 0.3
+    checks = {c["check"]: c for c in acceptance(rows)}
+    assert checks["1. router CPU ms/request at c=32 <= 0.30"]["pass"] is True
 
 
 def test_overhead_workload_is_8k_chars_with_shared_prefixes() -> None:
