@@ -4,10 +4,11 @@ The OpenAPI v3 schemas are generated from the pydantic models, then made *struct
 references inlined, ``anyOf [X, null]`` turned into ``X`` + ``nullable``, ``const`` into a
 one-value ``enum``, JSON-Schema-2020 ``exclusiveMinimum: x`` into OpenAPI 3.0's
 ``minimum: x, exclusiveMinimum: true``, ``additionalProperties: false`` dropped (unknown fields are
-pruned by the API server and rejected by the operator's pydantic parse). The only subtree kept
-open with ``x-kubernetes-preserve-unknown-fields`` is a variant's routing ``strategy`` (a
-discriminated union on ``type``, which structural schemas cannot express); the operator validates
-it with ``warmfleet.routing.config.RoutingConfig``.
+pruned by the API server and rejected by the operator's pydantic parse). The subtrees kept
+open with ``x-kubernetes-preserve-unknown-fields`` are a variant's routing ``strategy`` (a
+discriminated union on ``type``, which structural schemas cannot express) and the free-form JSON
+map ``routing.key.default_chat_template_kwargs``; the operator validates both with
+``warmfleet.routing.config.RoutingConfig``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def _structural(node: Any) -> Any:
         return node
     if (int_or_string := _int_or_string(node)) is not None:
         return int_or_string
+    if node.get("type") == "object" and node.get("additionalProperties") == {}:
+        # a map of arbitrary JSON values (``dict[str, JsonValue]``): kept whole, checked by
+        # the operator's pydantic parse
+        free = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        return {**free, **({"description": node["description"]} if "description" in node else {})}
     if _is_union(node):
         desc = node.get("description", "a discriminated union on `type`")
         return {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": desc}
