@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,9 +12,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from warmfleet.emulator.config import EmulatorSpec, build_spec
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
+from warmfleet.engine.spec import EngineSpec
 
 MODEL = "warmfleet-emulated"
 BLOCK = 16
+# A small engine for driver-level tests: 4-token blocks, 10 ms steps.
+DRIVER_SPEC = EngineSpec(
+    name="test",
+    block_tokens=4,
+    kv_capacity_tokens=4096,
+    max_num_seqs=8,
+    max_num_batched_tokens=64,
+    step_overhead_s=0.01,
+    prefill_s_per_token=1e-4,
+    decode_s_per_seq=1e-3,
+    kv_read_s_per_token=1e-6,
+)
 
 
 def fast_spec(**fields: Any) -> EmulatorSpec:
@@ -99,3 +113,13 @@ async def post_json(
 ) -> tuple[int, Any]:
     async with session.post(url + path, json=body) as resp:
         return resp.status, await resp.json()
+
+
+async def sse_events(session: aiohttp.ClientSession, url: str, path: str, body: Any) -> list[Any]:
+    """POST ``body`` streamed; the parsed ``data:`` events before ``[DONE]`` (asserted last)."""
+    async with session.post(url + path, json={**body, "stream": True}) as resp:
+        assert resp.status == 200
+        raw = (await resp.read()).decode()
+    events = [line[6:] for line in raw.split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]

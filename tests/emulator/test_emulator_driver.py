@@ -4,24 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from emulator_support import DRIVER_SPEC
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmfleet.emulator.driver import EngineDriver, RequestStream, running_driver
 from warmfleet.engine.events import EngineEvent, EngineEventKind
-from warmfleet.engine.spec import EngineSpec
-
-SPEC = EngineSpec(
-    name="test",
-    block_tokens=4,
-    kv_capacity_tokens=4096,
-    max_num_seqs=8,
-    max_num_batched_tokens=64,
-    step_overhead_s=0.01,
-    prefill_s_per_token=1e-4,
-    decode_s_per_seq=1e-3,
-    kv_read_s_per_token=1e-6,
-)
 
 
 async def _collect(stream: RequestStream) -> tuple[list[EngineEvent], int]:
@@ -54,7 +42,7 @@ def _check_order(events: list[EngineEvent], output_tokens: int, streaming: bool)
 
 
 async def test_streaming_events_in_order_and_prefix_reuse() -> None:
-    async with running_driver(SPEC, speedup=10.0) as driver:
+    async with running_driver(DRIVER_SPEC, speedup=10.0) as driver:
         prefix = tuple(range(1, 9))  # 8 blocks
         first = driver.submit(prefix, 34, 30, wants_tokens=True)
         events, batches = await _collect(first)
@@ -72,7 +60,7 @@ async def test_streaming_events_in_order_and_prefix_reuse() -> None:
 
 
 async def test_cancel_frees_the_engine() -> None:
-    async with running_driver(SPEC, speedup=10.0) as driver:
+    async with running_driver(DRIVER_SPEC, speedup=10.0) as driver:
         long = driver.submit((1, 2, 3), 12, 2000, wants_tokens=True)
         first = await long.next_batch()
         assert first[0].kind is EngineEventKind.FIRST_TOKEN
@@ -88,7 +76,7 @@ async def test_cancel_frees_the_engine() -> None:
 async def test_a_prompt_admitted_with_its_twin_reuses_its_blocks() -> None:
     """vLLM V1 caches a chunk's blocks when it schedules the chunk: of two identical prompts
     admitted in the same step, the second is served from the first one's blocks."""
-    slow = SPEC.model_copy(update={"step_overhead_s": 0.2})  # 0.2 s wall per step at 1x
+    slow = DRIVER_SPEC.model_copy(update={"step_overhead_s": 0.2})  # 0.2 s wall per step at 1x
     async with running_driver(slow, speedup=1.0) as driver:
         blocker = driver.submit(tuple(range(50, 60)), 40, 1, wants_tokens=False)
         prompt = tuple(range(1, 9))  # 8 blocks of 4 tokens
@@ -112,7 +100,7 @@ def test_every_concurrent_request_completes_with_its_tokens(
     requests: list[tuple[int, int, int, bool]],
 ) -> None:
     async def run() -> None:
-        async with running_driver(SPEC, speedup=50.0) as driver:
+        async with running_driver(DRIVER_SPEC, speedup=50.0) as driver:
             streams = []
             for group, prompt, output, streaming in requests:
                 blocks = tuple(group * 100 + b for b in range(prompt // 4))

@@ -14,6 +14,7 @@ from typing import Any
 
 import uvloop
 import xxhash
+from emulator_support import DRIVER_SPEC
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,6 @@ from warmfleet.emulator.tokenizer import (
 )
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
-from warmfleet.engine.spec import EngineSpec
 
 # ------------------------------------------------------------------ reference tokenizer
 
@@ -159,17 +159,6 @@ def test_batched_token_chunks_are_one_chunk_per_token(
 
 # ------------------------------------------------------------------ engine token events
 
-SPEC = EngineSpec(
-    name="test",
-    block_tokens=4,
-    kv_capacity_tokens=4096,
-    max_num_seqs=8,
-    max_num_batched_tokens=64,
-    step_overhead_s=0.01,
-    prefill_s_per_token=1e-4,
-    decode_s_per_seq=1e-3,
-    kv_read_s_per_token=1e-6,
-)
 
 _arrivals = st.lists(
     st.tuples(st.floats(0, 0.3), st.integers(1, 40), st.integers(1, 30), st.booleans()),
@@ -184,7 +173,7 @@ def _run(
     steps: int | None,
     use_flag: bool,
 ) -> list[EngineEvent]:
-    model = EngineModel(SPEC, emit_token_events=True, token_event_steps=steps)
+    model = EngineModel(DRIVER_SPEC, emit_token_events=True, token_event_steps=steps)
     events: list[EngineEvent] = []
     todo = sorted((at, i, p, o, t) for i, (at, p, o, t) in enumerate(arrivals))
     for now in sorted({*polls, *(a[0] for a in todo), 10.0}):
@@ -232,7 +221,7 @@ def test_fast_driver_does_not_spin_on_a_millisecond_loop_clock() -> None:
     of 1e6 a request's events are sub-microsecond apart: a few wake-ups serve it)."""
 
     async def main() -> int:
-        driver = EngineDriver(SPEC, speedup=1e6)
+        driver = EngineDriver(DRIVER_SPEC, speedup=1e6)
         calls = 0
         catch_up = driver._catch_up
 

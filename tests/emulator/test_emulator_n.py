@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +10,7 @@ import openai
 import pytest
 from emulator_support import (
     BLOCK,
+    DRIVER_SPEC,
     MODEL,
     chat_body,
     chat_ids,
@@ -18,13 +18,13 @@ from emulator_support import (
     fast_spec,
     post_json,
     scrape,
+    sse_events,
     words,
 )
 
 from warmfleet.emulator.driver import running_driver
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.engine.events import EngineEvent, EngineEventKind
-from warmfleet.engine.spec import EngineSpec
 
 COMPLETIONS = "/v1/completions"
 
@@ -39,15 +39,6 @@ async def fleet() -> AsyncIterator[EmulatedFleet]:
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as client:
         yield client
-
-
-async def _sse(session: aiohttp.ClientSession, url: str, body: Any, path: str) -> list[Any]:
-    async with session.post(url + path, json={**body, "stream": True}) as resp:
-        assert resp.status == 200
-        raw = (await resp.read()).decode()
-    events = [line[6:] for line in raw.split("\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 def _by_index(chunks: list[Any]) -> dict[int, list[Any]]:
@@ -136,7 +127,7 @@ async def test_chat_stream_n2_role_and_finish_per_choice_one_usage_chunk(
     options = {"include_usage": True, "continuous_usage_stats": True}
     body = chat_body("sys " + words(4, 50), "go", max_tokens=5, n=2, stream_options=options)
     prompt = len(chat_ids(body))
-    chunks = await _sse(session, url, body, "/v1/chat/completions")
+    chunks = await sse_events(session, url, "/v1/chat/completions", body)
     usage_chunks = [c for c in chunks if not c["choices"]]
     assert usage_chunks == chunks[-1:]  # one usage chunk, at the end
     final = usage_chunks[0]["usage"]
@@ -174,7 +165,7 @@ async def test_completions_stream_n2_warm_prompt(
     status, _ = await post_json(session, url, body, COMPLETIONS)  # warms the prompt's blocks
     assert status == 200
     stream_body = {**body, "n": 2, "stream_options": {"include_usage": True}}
-    chunks = await _sse(session, url, stream_body, COMPLETIONS)
+    chunks = await sse_events(session, url, COMPLETIONS, stream_body)
     assert [c for c in chunks if not c["choices"]] == chunks[-1:]
     usage = chunks[-1]["usage"]
     assert usage["prompt_tokens"] == 41
@@ -207,7 +198,7 @@ async def test_stop_strings_apply_to_each_choice(
     body = {**base, "stop": [stop]}
     status, cut = await post_json(session, url, body, COMPLETIONS)
     assert status == 200
-    streamed = _by_index(await _sse(session, url, body, COMPLETIONS))
+    streamed = _by_index(await sse_events(session, url, COMPLETIONS, body))
     expected_tokens = 0
     for index, (choice, text) in enumerate(zip(cut["choices"], full, strict=True)):
         if stop in text:
@@ -351,21 +342,8 @@ async def test_openai_client_parses_n2(fleet: EmulatedFleet) -> None:
     assert completion.usage.completion_tokens == 6
 
 
-SPEC = EngineSpec(
-    name="test",
-    block_tokens=4,
-    kv_capacity_tokens=4096,
-    max_num_seqs=8,
-    max_num_batched_tokens=64,
-    step_overhead_s=0.01,
-    prefill_s_per_token=1e-4,
-    decode_s_per_seq=1e-3,
-    kv_read_s_per_token=1e-6,
-)
-
-
 async def test_driver_submit_n_children_share_a_queue_and_the_prompt() -> None:
-    async with running_driver(SPEC, speedup=10.0) as driver:
+    async with running_driver(DRIVER_SPEC, speedup=10.0) as driver:
         prefix = tuple(range(1, 9))  # 8 full blocks of a 34-token prompt
         streams = driver.submit_n(prefix, 34, [3, 5, 2], wants_tokens=True)
         assert [s.index for s in streams] == [0, 1, 2]

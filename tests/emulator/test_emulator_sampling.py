@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-from emulator_support import MODEL, fast_spec, post_json, words
+from emulator_support import MODEL, fast_spec, post_json, sse_events, words
 
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.emulator.sampling import StopParams, find_stop
@@ -35,15 +34,6 @@ def _completion(max_tokens: int = 24, **extra: Any) -> dict[str, Any]:
         "ignore_eos": True,
         **extra,
     }
-
-
-async def _sse(session: aiohttp.ClientSession, url: str, path: str, body: Any) -> list[Any]:
-    async with session.post(url + path, json={**body, "stream": True}) as resp:
-        assert resp.status == 200
-        raw = (await resp.read()).decode()
-    events = [line[6:] for line in raw.split("\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 async def _plain(session: aiohttp.ClientSession, url: str, **extra: Any) -> str:
@@ -79,7 +69,7 @@ async def test_stop_string_ends_the_choice_like_vllm(
     assert choice["finish_reason"] == "stop"
     assert choice["stop_reason"] == stop
     assert reply["usage"]["completion_tokens"] == tokens
-    chunks = await _sse(session, url, "/v1/completions", body)
+    chunks = await sse_events(session, url, "/v1/completions", body)
     assert "".join(c["choices"][0]["text"] for c in chunks) == full[:index]
     assert len(chunks) == tokens
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
@@ -102,7 +92,7 @@ async def test_stop_string_in_chat_stream_and_not(url: str, session: aiohttp.Cli
     assert reply["choices"][0]["message"]["content"] == full[:index]
     assert reply["choices"][0]["stop_reason"] == stop
     assert reply["usage"]["completion_tokens"] == _tokens_through(full, index + len(stop))
-    chunks = await _sse(session, url, "/v1/chat/completions", {**chat, "stop": stop})
+    chunks = await sse_events(session, url, "/v1/chat/completions", {**chat, "stop": stop})
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert text == full[:index]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
@@ -150,7 +140,7 @@ async def test_continuous_usage_stats_put_a_running_usage_on_every_chunk(
         "ignore_eos": True,
         "stream_options": options,
     }
-    chunks = await _sse(session, url, "/v1/chat/completions", chat)
+    chunks = await sse_events(session, url, "/v1/chat/completions", chat)
     running = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
     assert running == [0, 1, 2, 3, 4, 5]  # the role chunk, then one per token
     assert chunks[-1]["choices"] == []
@@ -159,10 +149,14 @@ async def test_continuous_usage_stats_put_a_running_usage_on_every_chunk(
     assert all(
         c["usage"]["total_tokens"] == prompt + c["usage"]["completion_tokens"] for c in chunks
     )
-    plain = await _sse(session, url, "/v1/completions", _completion(5, stream_options=options))
+    plain = await sse_events(
+        session, url, "/v1/completions", _completion(5, stream_options=options)
+    )
     assert [c["usage"]["completion_tokens"] for c in plain if c["choices"]] == [1, 2, 3, 4, 5]
     alone = {"include_usage": False, "continuous_usage_stats": True}  # vLLM: needs both
-    chunks = await _sse(session, url, "/v1/chat/completions", {**chat, "stream_options": alone})
+    chunks = await sse_events(
+        session, url, "/v1/chat/completions", {**chat, "stream_options": alone}
+    )
     assert all("usage" not in c for c in chunks)
 
 
