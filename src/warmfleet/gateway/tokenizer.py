@@ -1,9 +1,11 @@
 """A local Hugging Face tokenizer + chat template: the ``tokens`` key mode for real engines.
 
 ``HfChatTokenizer.from_dir(path)`` loads a model directory's ``tokenizer.json`` (with the
-``tokenizers`` library, no ``transformers``) and its chat template (``tokenizer_config.json``'s
-``chat_template``, or ``chat_template.jinja``), and renders chat requests the way vLLM's OpenAI
-server does (``vllm/renderers/hf.py`` ``safe_apply_chat_template``, then ``transformers``'
+``tokenizers`` library, no ``transformers``) and its chat templates (``chat_template.jinja`` and
+``additional_chat_templates/*.jinja``, or ``tokenizer_config.json``'s ``chat_template``: one, or
+a list of named ones; a request with ``tools`` renders with ``tool_use`` when there is one, as
+``transformers``' ``get_chat_template`` picks for vLLM), and renders chat requests the way vLLM's
+OpenAI server does (``vllm/renderers/hf.py`` ``safe_apply_chat_template``, then ``transformers``'
 ``apply_chat_template``):
 
 - messages are normalised like vLLM's "string" content format: text parts joined with ``"\\n"``,
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -140,18 +143,30 @@ def _token_text(value: object) -> str | None:
     return None
 
 
-def _template_source(directory: Path, config: Mapping[str, Any]) -> str:
+def _template_sources(directory: Path, config: Mapping[str, Any]) -> dict[str, str]:
+    """The model's chat templates by name, as ``transformers`` finds them: ``chat_template.jinja``
+    (the default) with ``additional_chat_templates/<name>.jinja``, else tokenizer_config.json's
+    ``chat_template`` (one string, or a list of ``{name, template}``). A default is required."""
     jinja_file = directory / "chat_template.jinja"
+    sources: dict[str, str] = {}
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
-    template = config.get("chat_template")
-    if isinstance(template, str):
-        return template
-    if isinstance(template, list):  # [{name, template}, ...]: the "default" one
-        for item in template:
-            if isinstance(item, Mapping) and item.get("name") == "default":
-                return str(item["template"])
-    raise ConfigError(f"{directory}: no chat template (tokenizer_config.json chat_template)")
+        sources["default"] = jinja_file.read_text(encoding="utf-8")
+        for extra in sorted((directory / "additional_chat_templates").glob("*.jinja")):
+            sources[extra.stem] = extra.read_text(encoding="utf-8")
+    else:
+        template = config.get("chat_template")
+        if isinstance(template, str):
+            sources["default"] = template
+        elif isinstance(template, list):
+            for item in template:
+                if isinstance(item, Mapping) and isinstance(item.get("template"), str):
+                    sources[str(item.get("name"))] = item["template"]
+    if "default" not in sources:
+        raise ConfigError(
+            f"{directory}: no default chat template (chat_template.jinja or "
+            "tokenizer_config.json chat_template)"
+        )
+    return sources
 
 
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})  # vLLM reads these as text
@@ -203,25 +218,38 @@ def normalize_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _NamedTemplate:
+    compiled: jinja2.Template
+    # The request kwargs vLLM keeps for it (resolve_chat_template_kwargs), but chat_template and
+    # tokenize, which routing.chat_options resolves before the renderer sees them.
+    accepted: frozenset[str]
+
+    @classmethod
+    def compile(cls, source: str) -> _NamedTemplate:
+        accepted = (template_variables(source) | _HF_PARAMS) - {"chat_template", "tokenize"}
+        return cls(compile_chat_template(source), accepted)
+
+
 class HfChatTokenizer:
     """``encode``/``encode_chat`` over a local tokenizer.json + chat template."""
 
     def __init__(
         self,
         tokenizer: RustTokenizer,
-        chat_template: str,
+        chat_template: str | Mapping[str, str],
         special_tokens: Mapping[str, str],
         source: str = "",
     ) -> None:
+        """``chat_template``: the template, or the model's templates by name (``default``
+        required; ``tool_use``, when present, renders the requests that carry ``tools``, as
+        ``transformers``' ``get_chat_template`` picks it for vLLM)."""
         self._tokenizer = tokenizer
-        self._template = compile_chat_template(chat_template)
-        # The request kwargs vLLM keeps (resolve_chat_template_kwargs), but chat_template and
-        # tokenize, which routing.chat_options resolves before the renderer sees them.
-        self._accepted = (template_variables(chat_template) | _HF_PARAMS) - {
-            "chat_template",
-            "tokenize",
-        }
-        self.chat_template = chat_template
+        sources = {"default": chat_template} if isinstance(chat_template, str) else chat_template
+        if "default" not in sources:
+            raise ConfigError("chat_template: no template named 'default'")
+        self._templates = {name: _NamedTemplate.compile(src) for name, src in sources.items()}
+        self.chat_template = sources["default"]
         self.special_tokens = dict(special_tokens)
         self.source = source
 
@@ -244,7 +272,7 @@ class HfChatTokenizer:
         specials = {
             name: text for name in _SPECIAL_NAMES if (text := _token_text(config.get(name)))
         }
-        return cls(tokenizer, _template_source(directory, config), specials, str(directory))
+        return cls(tokenizer, _template_sources(directory, config), specials, str(directory))
 
     def render_chat(
         self,
@@ -257,9 +285,11 @@ class HfChatTokenizer:
         rendering ``options`` (``None``: the defaults)."""
         opts = options or DEFAULT_CHAT_OPTIONS
         conversation = [normalize_message(m) for m in messages]
-        variables = self._variables(conversation, tools, opts)
+        template = self._templates.get("tool_use") if tools is not None else None
+        template = template or self._templates["default"]
+        variables = self._variables(template, conversation, tools, opts)
         try:
-            text = self._template.render(**variables)
+            text = template.compiled.render(**variables)
         except BadRequestError:
             raise
         except Exception as err:  # vLLM answers any failure of the template with a 400, too
@@ -270,12 +300,13 @@ class HfChatTokenizer:
 
     def _variables(
         self,
+        template: _NamedTemplate,
         conversation: list[dict[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         opts: ChatTemplateOptions,
     ) -> dict[str, Any]:
         """The template's context, as ``transformers`` builds it from vLLM's arguments."""
-        kept = {k: v for k, v in opts.template_kwargs.items() if k in self._accepted}
+        kept = {k: v for k, v in opts.template_kwargs.items() if k in template.accepted}
         clash = sorted(_COLLIDING & kept.keys())
         if clash:
             param = f"chat_template_kwargs.{clash[0]}"
