@@ -144,23 +144,23 @@ def _token_text(value: object) -> str | None:
 
 
 def _template_sources(directory: Path, config: Mapping[str, Any]) -> dict[str, str]:
-    """The model's chat templates by name, as ``transformers`` finds them: ``chat_template.jinja``
-    (the default) with ``additional_chat_templates/<name>.jinja``, else tokenizer_config.json's
-    ``chat_template`` (one string, or a list of ``{name, template}``). A default is required."""
-    jinja_file = directory / "chat_template.jinja"
+    """The model's chat templates by name, in ``transformers``' order: tokenizer_config.json's
+    ``chat_template`` (one string, the default, or a list of ``{name, template}``), then
+    ``chat_template.jinja`` (the default), then ``additional_chat_templates/<name>.jinja``.
+    A default is required."""
     sources: dict[str, str] = {}
+    template = config.get("chat_template")
+    if isinstance(template, str):
+        sources["default"] = template
+    elif isinstance(template, list):
+        for item in template:
+            if isinstance(item, Mapping) and isinstance(item.get("template"), str):
+                sources[str(item.get("name"))] = item["template"]
+    jinja_file = directory / "chat_template.jinja"
     if jinja_file.is_file():
         sources["default"] = jinja_file.read_text(encoding="utf-8")
-        for extra in sorted((directory / "additional_chat_templates").glob("*.jinja")):
-            sources[extra.stem] = extra.read_text(encoding="utf-8")
-    else:
-        template = config.get("chat_template")
-        if isinstance(template, str):
-            sources["default"] = template
-        elif isinstance(template, list):
-            for item in template:
-                if isinstance(item, Mapping) and isinstance(item.get("template"), str):
-                    sources[str(item.get("name"))] = item["template"]
+    for extra in sorted((directory / "additional_chat_templates").glob("*.jinja")):
+        sources[extra.stem] = extra.read_text(encoding="utf-8")
     if "default" not in sources:
         raise ConfigError(
             f"{directory}: no default chat template (chat_template.jinja or "
@@ -227,8 +227,9 @@ class _NamedTemplate:
 
     @classmethod
     def compile(cls, source: str) -> _NamedTemplate:
+        compiled = compile_chat_template(source)  # first: a ConfigError for bad syntax
         accepted = (template_variables(source) | _HF_PARAMS) - {"chat_template", "tokenize"}
-        return cls(compile_chat_template(source), accepted)
+        return cls(compiled, accepted)
 
 
 class HfChatTokenizer:
