@@ -67,3 +67,12 @@ def test_named_templates_without_a_default_are_refused_at_load(tmp_path: Path) -
     config_file.write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="no default chat template"):
         HfChatTokenizer.from_dir(tmp_path)
+
+
+def test_chat_template_jinja_replaces_only_the_default_of_a_named_list(tmp_path: Path) -> None:
+    """transformers' order: tokenizer_config.json's list, then chat_template.jinja as default."""
+    _named_in_config(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text("plain: {{ messages[0].content }}")
+    tok = HfChatTokenizer.from_dir(tmp_path)
+    assert tok.render_chat(USER) == "plain: where is the cache?"
+    assert tok.render_chat(USER, tools=TOOLS).startswith("<tools>1</tools>")
