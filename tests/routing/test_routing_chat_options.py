@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+from test_routing_keys import FakeTokenizer
 
 from warmfleet.core.errors import BadRequestError
 from warmfleet.routing.chat_options import (
@@ -28,14 +29,11 @@ from warmfleet.routing.keys import KeySpec
 from warmfleet.routing.router import Router
 
 
-class CharTokenizer:
-    """One token per character; records the options of the last chat it encoded."""
+class CharTokenizer(FakeTokenizer):
+    """``FakeTokenizer`` that records the options of the last chat it encoded."""
 
     def __init__(self) -> None:
         self.options: ChatTemplateOptions | None = None
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
 
     def encode_chat(
         self,
@@ -45,10 +43,7 @@ class CharTokenizer:
         options: ChatTemplateOptions | None = None,
     ) -> list[int]:
         self.options = options
-        text = "".join(f"{m['role']}: {m.get('content')}\n" for m in messages)
-        if options is None or options.add_generation_prompt:
-            text += "assistant: "
-        return self.encode(text)
+        return super().encode_chat(messages, tools=tools, options=options)
 
 
 def router(tokenizer: CharTokenizer | None = None, **key: Any) -> Router:

@@ -9,11 +9,11 @@ in ``tokens`` mode and for token-id arrays, by the one-prompt estimate in ``text
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from test_routing_keys import FakeTokenizer
 
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import strategy_config
@@ -21,19 +21,7 @@ from warmfleet.routing.keys import KeySpec
 from warmfleet.routing.router import Router
 
 
-class CharTokenizer:
-    """One token per character."""
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], *, tools: object = None, options: object = None
-    ) -> list[int]:
-        return self.encode("".join(f"{m['role']}: {m.get('content')}\n" for m in messages))
-
-
-def router(tokenizer: CharTokenizer | None = None, **key: Any) -> Router:
+def router(tokenizer: FakeTokenizer | None = None, **key: Any) -> Router:
     config = RoutingConfig(key=KeySpec(**key), strategy=strategy_config("prefix_affinity"))
     return Router(config, random.Random(0), tokenizer)
 
@@ -73,7 +61,7 @@ def test_batch_of_token_ids_counts_exactly() -> None:
 
 def test_tokens_mode_counts_each_prompt_with_the_tokenizer() -> None:
     """Exact counts, not the chars / 4 estimate (this tokenizer has a token per character)."""
-    r = router(CharTokenizer(), mode="tokens", block_size=4)
+    r = router(FakeTokenizer(), mode="tokens", block_size=4)
     key = r.key_for_completions(completion(["abcdefgh", "xyz", "q" * 11]), None)
     alone = r.key_for_completions(completion("abcdefgh"), None)
     assert key.prompt_tokens == 8 + 3 + 11
