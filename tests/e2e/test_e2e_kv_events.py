@@ -129,7 +129,7 @@ def test_router_hashes_equal_key_builder_chain() -> None:
 
 
 class _NullTokenizer:
-    def encode(self, text: str) -> list[int]:
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
     def encode_chat(

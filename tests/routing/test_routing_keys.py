@@ -24,10 +24,13 @@ from warmfleet.routing.router import Router
 
 
 class FakeTokenizer:
-    """One token per character, chat rendered as 'role: content' lines."""
+    """One token per character (no special tokens), chat rendered as 'role: content' lines."""
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.encode(text)
 
     def encode_chat(
         self,

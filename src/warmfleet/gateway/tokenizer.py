@@ -327,7 +327,11 @@ class HfChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Completions prompt ids (special tokens added, as vLLM's completions endpoint does)."""
-        return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+        return self.encode_prompt(text)
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Completions prompt ids; the special tokens unless the request says otherwise."""
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_raw(self, text: str) -> list[int]:
         """Ids of ``text`` without special tokens."""

@@ -39,6 +39,7 @@ from warmfleet.routing.chat_options import (
 from warmfleet.routing.parse import (
     bad_request,
     cache_salt_of,
+    completions_add_special_tokens,
     completions_output_hint,
     completions_prompts,
     model_of,
@@ -63,12 +64,14 @@ _CACHE_SALT_TAG = "cache_salt:"
 class Tokenizer(Protocol):
     """A local tokenizer with the engine's chat template (``gateway.tokenizer.HfChatTokenizer``).
 
-    ``encode``: a completions prompt's ids. ``encode_chat``: a chat prompt's ids as the engine
-    builds them for ``messages``, the request's ``tools`` and its rendering ``options`` (``None``:
-    the defaults, ``chat_options.DEFAULT_CHAT_OPTIONS``).
+    ``encode_prompt``: a completions prompt's ids, with the tokenizer's special tokens (BOS)
+    unless the request's ``add_special_tokens`` is false, as vLLM's completions endpoint builds
+    them. ``encode_chat``: a chat prompt's ids as the engine builds them for ``messages``, the
+    request's ``tools`` and its rendering ``options`` (``None``: the defaults,
+    ``chat_options.DEFAULT_CHAT_OPTIONS``).
     """
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def encode_chat(
         self,
@@ -266,13 +269,16 @@ class KeyBuilder:
         body, seed = self._prologue(body, tenant, lora_adapter)
         prompts = completions_prompts(body)
         hint = completions_output_hint(body, len(prompts))
-        key = self._completion_key(prompts[0], seed, hint)
+        special = completions_add_special_tokens(body) if self.spec.mode == "tokens" else True
+        key = self._completion_key(prompts[0], seed, hint, special)
         if len(prompts) == 1:
             return key
-        rest = sum(self._prompt_tokens(p) for p in prompts[1:])
+        rest = sum(self._prompt_tokens(p, special) for p in prompts[1:])
         return replace(key, prompt_tokens=key.prompt_tokens + rest)
 
-    def _completion_key(self, prompt: str | list[int], seed: int, hint: int) -> RoutingKey:
+    def _completion_key(
+        self, prompt: str | list[int], seed: int, hint: int, special: bool
+    ) -> RoutingKey:
         if isinstance(prompt, list):
             # Token ids: in text/bytes modes a block holds block_size / CHARS_PER_TOKEN ids.
             block = (
@@ -283,16 +289,17 @@ class KeyBuilder:
             return self.from_token_ids(prompt, seed, hint, block)
         if self.spec.mode == "tokens":
             assert self.tokenizer is not None
-            return self.from_token_ids(self.tokenizer.encode(prompt), seed, hint, self.block_size)
+            ids = self.tokenizer.encode_prompt(prompt, special)
+            return self.from_token_ids(ids, seed, hint, self.block_size)
         return self._from_text(prompt, seed, hint)
 
-    def _prompt_tokens(self, prompt: str | list[int]) -> int:
+    def _prompt_tokens(self, prompt: str | list[int], special: bool) -> int:
         """A prompt's ``prompt_tokens`` as its own key would count it (without hashing it)."""
         if isinstance(prompt, list):
             return len(prompt)
         if self.spec.mode == "tokens":
             assert self.tokenizer is not None
-            return len(self.tokenizer.encode(prompt))
+            return len(self.tokenizer.encode_prompt(prompt, special))
         return _estimated_tokens(prompt, self.spec.mode)
 
     def for_bytes(
@@ -311,7 +318,7 @@ class KeyBuilder:
         text = bytes(raw).decode("utf-8", "replace")
         if self.spec.mode == "tokens":
             assert self.tokenizer is not None
-            return self.from_token_ids(self.tokenizer.encode(text), seed, 0, self.block_size)
+            return self.from_token_ids(self.tokenizer.encode_prompt(text), seed, 0, self.block_size)
         return self._from_text(text, seed, 0)
 
     def _from_text(self, text: str, seed: int, hint: int) -> RoutingKey:

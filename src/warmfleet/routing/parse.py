@@ -239,6 +239,17 @@ def _is_token_list(value: object) -> bool:
     return not value or (min(value) >= 0 and max(value) <= _MASK64)
 
 
+def completions_add_special_tokens(body: Mapping[str, Any]) -> bool:
+    """vLLM's completions ``add_special_tokens`` (default true: the tokenizer's BOS is added to a
+    text prompt; clients that send an already templated prompt set it false)."""
+    value = body.get("add_special_tokens")
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise bad_request("'add_special_tokens' must be a boolean", "add_special_tokens")
+    return value
+
+
 def completions_prompts(body: Mapping[str, Any]) -> list[str] | list[list[int]]:
     """Every prompt of a completions body, validated: a string or one array of token ids is one
     prompt; an array of strings or of token-id arrays is a batch (the engine runs each as its own
