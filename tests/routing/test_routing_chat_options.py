@@ -165,3 +165,16 @@ def test_the_key_builder_passes_the_configured_defaults() -> None:
 def test_defaults_that_would_replace_the_renderers_arguments_are_refused(name: str) -> None:
     with pytest.raises(ValueError, match="default_chat_template_kwargs"):
         KeySpec(mode="tokens", default_chat_template_kwargs={name: "x"})
+
+
+def test_tools_are_left_out_with_tool_choice_none_when_the_engines_do() -> None:
+    """vLLM's --exclude-tools-when-tool-choice-none: tool_choice "none" renders without tools."""
+    tools = [{"type": "function", "function": {"name": "look"}}]
+    request = chat(tools=tools, tool_choice="none")
+    plain = router(CharTokenizer(), mode="tokens").key_for_chat(chat(), None)
+    with_tools = router(CharTokenizer(), mode="tokens").key_for_chat(request, None)
+    assert with_tools.block_hashes != plain.block_hashes
+    excluding = router(CharTokenizer(), mode="tokens", exclude_tools_when_tool_choice_none=True)
+    assert excluding.key_for_chat(request, None).block_hashes == plain.block_hashes
+    auto = excluding.key_for_chat(chat(tools=tools, tool_choice="auto"), None)
+    assert auto.block_hashes == with_tools.block_hashes

@@ -89,6 +89,8 @@ class KeySpec(StrictModel):
     prefix_length, else 4096". ``max_units`` caps how much of a prompt is hashed into blocks.
     ``default_chat_template_kwargs`` (``tokens`` mode): the engines' own
     ``--default-chat-template-kwargs``, under each request's ``chat_template_kwargs``.
+    ``exclude_tools_when_tool_choice_none`` (``tokens`` mode): the engines run with vLLM's flag
+    of that name, so a request with ``tool_choice: "none"`` renders without its tools.
     """
 
     mode: KeyMode = "text"
@@ -98,6 +100,7 @@ class KeySpec(StrictModel):
     salt: str = "warmfleet"
     tenant_header: str = "x-prefix-aware-id"
     default_chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
+    exclude_tools_when_tool_choice_none: bool = False
 
     @field_validator("default_chat_template_kwargs")
     @classmethod
@@ -257,6 +260,8 @@ class KeyBuilder:
             assert self.tokenizer is not None
             render_chat_text(body)  # full validation before the tokenizer sees the messages
             tools = body.get("tools")  # validated above: a list, or absent
+            if self.spec.exclude_tools_when_tool_choice_none and body.get("tool_choice") == "none":
+                tools = None
             options = chat_template_options(body, self.spec.default_chat_template_kwargs)
             ids = self.tokenizer.encode_chat(validate_messages(body), tools=tools, options=options)
             return self.from_token_ids(ids, seed, hint, self.block_size)
