@@ -39,7 +39,7 @@ def test_chat_ids_have_one_bos_and_completions_get_one(tok: HfChatTokenizer) -> 
     chat = tok.encode_chat([{"role": "user", "content": "the prefix"}])
     assert chat[0] == bos[0]
     assert chat.count(bos[0]) == 1  # the template's BOS only: no special tokens added
-    assert tok.encode("the prefix") == bos + tok.encode_raw("the prefix")
+    assert tok.encode_prompt("the prefix") == bos + tok.encode_raw("the prefix")
 
 
 def test_tokens_key_mode_uses_the_adapter(tok: HfChatTokenizer) -> None:

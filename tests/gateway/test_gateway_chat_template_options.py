@@ -79,7 +79,7 @@ def key_of_text(
     keys: KeyBuilder, tok: HfChatTokenizer, text: str, special: bool = False
 ) -> RoutingKey:
     """The key of exactly ``text`` (encoded with or without the tokenizer's special tokens)."""
-    ids = tok.encode(text) if special else tok.encode_raw(text)
+    ids = tok.encode_prompt(text) if special else tok.encode_raw(text)
     return keys.from_token_ids(ids, keys.seed("m", None, None), 0, BS)
 
 

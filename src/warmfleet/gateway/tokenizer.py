@@ -23,7 +23,8 @@ OpenAI server does (``vllm/renderers/hf.py`` ``safe_apply_chat_template``, then 
 - the rendered chat text is encoded *without* special tokens unless the request sets
   ``add_special_tokens`` (vLLM's chat default is false: the template already has them; a truthy
   ``chat_template_kwargs.tokenize`` makes the template's own encoding win, which adds none),
-  while ``encode`` (completions) adds them, as vLLM's completions endpoint does.
+  while ``encode_prompt`` (completions) adds them unless the request sets
+  ``add_special_tokens: false``, as vLLM's completions endpoint does.
 
 Implements ``warmfleet.routing.keys.Tokenizer``.
 """
@@ -233,7 +234,7 @@ class _NamedTemplate:
 
 
 class HfChatTokenizer:
-    """``encode``/``encode_chat`` over a local tokenizer.json + chat template."""
+    """``encode_prompt``/``encode_chat`` over a local tokenizer.json + chat template."""
 
     def __init__(
         self,
@@ -325,12 +326,9 @@ class HfChatTokenizer:
             "add_generation_prompt": opts.add_generation_prompt,
         }
 
-    def encode(self, text: str) -> list[int]:
-        """Completions prompt ids (special tokens added, as vLLM's completions endpoint does)."""
-        return self.encode_prompt(text)
-
     def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Completions prompt ids; the special tokens unless the request says otherwise."""
+        """Completions prompt ids: with the special tokens unless the request says otherwise,
+        as vLLM's completions endpoint builds them."""
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_raw(self, text: str) -> list[int]:
