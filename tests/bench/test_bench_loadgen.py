@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from warmfleet.bench.live_fleet import FleetHandle
-from warmfleet.bench.live_procs import ProcessSet
+from warmfleet.bench.live_procs import ProcessSet, free_port
 from warmfleet.bench.loadgen import (
     LoadResult,
     LoadSpec,
@@ -32,7 +32,13 @@ from warmfleet.bench.loadgen_metrics import (
     summarize,
 )
 from warmfleet.bench.loadgen_report import comparison_report, write_report
-from warmfleet.bench.peers_routers import PASSTHROUGH, PeerPaths, RouterSpec, start_router
+from warmfleet.bench.peers_routers import (
+    PASSTHROUGH,
+    PROTOCOL_PASSTHROUGH,
+    PeerPaths,
+    RouterSpec,
+    start_router,
+)
 from warmfleet.cli import app
 from warmfleet.sim.metrics import RunMetrics
 from warmfleet.sim.workloads.arrivals import PoissonArrival, apply_arrivals
@@ -319,15 +325,16 @@ def test_bench_cli_rejects_a_rate_it_cannot_run(flags: list[str]) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("proxy", [PASSTHROUGH, PROTOCOL_PASSTHROUGH])
 async def test_reference_passthrough_relays_round_robin(
-    engines: list[FakeEngine], tmp_path: Path, stream: bool
+    engines: list[FakeEngine], tmp_path: Path, stream: bool, proxy: str
 ) -> None:
-    """bench-peers' reference proxy: a child process, round robin, bodies and streams intact."""
+    """bench-peers' reference proxies: a child process, round robin, bodies and streams intact."""
     fleet = FleetHandle(("e0", "e1"), tuple(e.url for e in engines), None, "model")  # type: ignore[arg-type]
     procs = ProcessSet(tmp_path)
     try:
         router = await start_router(
-            procs, RouterSpec(PASSTHROUGH, "round_robin"), PeerPaths(None, None), fleet
+            procs, RouterSpec(proxy, "round_robin"), PeerPaths(None, None), fleet
         )
         assert router.url is not None
         assert router.child is not None
@@ -342,6 +349,26 @@ async def test_reference_passthrough_relays_round_robin(
     finally:
         procs.stop_all()
     assert not router.child.alive()
+
+
+async def test_protocol_passthrough_answers_502_for_a_dead_upstream(
+    engines: list[FakeEngine], tmp_path: Path
+) -> None:
+    """An upstream that refuses connections gets the client a 502, not a hang, and the proxy
+    goes on serving through the live one."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    fleet = FleetHandle(("e0", "dead"), (engines[0].url, dead), None, "model")  # type: ignore[arg-type]
+    procs = ProcessSet(tmp_path)
+    try:
+        spec = RouterSpec(PROTOCOL_PASSTHROUGH, "round_robin")
+        router = await start_router(procs, spec, PeerPaths(None, None), fleet)
+        assert router.url is not None
+        load = await run_load(small_gsp(4), LoadSpec(urls=(router.url,), concurrency=1))
+        assert [r.ok for r in load.results] == [True, False, True, False]
+        assert [r.error for r in load.results][1::2] == ["http_502", "http_502"]
+        assert engines[0].requests == 2
+    finally:
+        procs.stop_all()
 
 
 def test_spills_count_every_spill_reason_like_the_simulator() -> None:

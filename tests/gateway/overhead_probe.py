@@ -6,7 +6,8 @@
 Starts 4 fake OpenAI backends in one subprocess and the gateway (`warmfleet serve`) in another,
 then from this process (aiohttp + uvloop, keep-alive) measures direct (client round-robins over
 the backends) vs a bare aiohttp pass-through proxy (``warmfleet.bench.passthrough``) vs the
-same pass-through on uvloop protocols + httptools (``raw_proxy``) vs through the gateway:
+same pass-through on uvloop protocols + httptools (``raw_proxy``:
+``warmfleet.bench.protocol_passthrough``) vs through the gateway:
 p50/p99 latency at c=1 and c=32 with ~8,000-character chat prompts, streamed TTFT at c=32, and
 the gateway process's CPU time per proxied request (utime+stime from /proc).
 ``--gateway-src old=/tmp/old/src`` adds a gateway that imports warmfleet from another source
@@ -47,119 +48,6 @@ async def main():
         await b.start()
     print(" ".join(b.url for b in bs), flush=True)
     await asyncio.Event().wait()
-uvloop.run(main())
-"""
-
-# A floor for the HTTP plumbing: the same pass-through on uvloop protocols + httptools (what the
-# gateway's wire.py / upstream.py are built on), round-robin, no routing, no limits or timeouts.
-RAW_PROXY_SCRIPT = """
-import asyncio, itertools, sys
-import httptools, uvloop
-
-urls = sys.argv[1:]
-addrs = []
-for u in urls:
-    host, port = u.split("//")[1].split(":")
-    addrs.append((host, int(port)))
-
-
-class Up(asyncio.Protocol):
-    def __init__(self, pool):
-        self.pool = pool
-        self.parser = httptools.HttpResponseParser(self)
-        self.client = None
-        self.chunked = False
-
-    def connection_made(self, t):
-        self.t = t
-        t.get_extra_info("socket").setsockopt(6, 1, 1)
-
-    def data_received(self, data):
-        self.parser.feed_data(data)
-
-    def on_header(self, name, value):
-        if name.lower() == b"content-type":
-            self.ctype = value
-        elif name.lower() == b"transfer-encoding":
-            self.chunked = True
-
-    def on_headers_complete(self):
-        c = self.client
-        status = self.parser.get_status_code()
-        if self.chunked:
-            c.t.write(b"HTTP/1.1 %d OK\\r\\nContent-Type: %s\\r\\n"
-                      b"Transfer-Encoding: chunked\\r\\n\\r\\n" % (status, self.ctype))
-        else:
-            self.cl = True
-            self.buf = []
-
-    def on_body(self, body):
-        if self.chunked:
-            self.client.t.write(b"%x\\r\\n%s\\r\\n" % (len(body), body))
-        else:
-            self.buf.append(body)
-
-    def on_message_complete(self):
-        c = self.client
-        if self.chunked:
-            c.t.write(b"0\\r\\n\\r\\n")
-        else:
-            b = b"".join(self.buf)
-            c.t.write(b"HTTP/1.1 200 OK\\r\\nContent-Type: %s\\r\\n"
-                      b"Content-Length: %d\\r\\n\\r\\n%s" % (self.ctype, len(b), b))
-        self.client = None
-        self.chunked = False
-        self.pool.append(self)
-        c.done()
-
-
-class Srv(asyncio.Protocol):
-    def __init__(self, pools, rr):
-        self.parser = httptools.HttpRequestParser(self)
-        self.pools = pools
-        self.rr = rr
-
-    def connection_made(self, t):
-        self.t = t
-
-    def data_received(self, data):
-        self.parser.feed_data(data)
-
-    def on_url(self, url):
-        self.url = url
-        self.body = []
-
-    def on_body(self, b):
-        self.body.append(b)
-
-    def on_message_complete(self):
-        body = b"".join(self.body)
-        i = next(self.rr)
-        asyncio.ensure_future(self.forward(i, body))
-
-    async def forward(self, i, body):
-        pool = self.pools[i]
-        if pool:
-            up = pool.pop()
-        else:
-            _, up = await loop.create_connection(lambda: Up(pool), *addrs[i])
-        up.client = self
-        up.t.write(b"POST %s HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\n"
-                   b"Content-Length: %d\\r\\n\\r\\n" % (self.url, len(body)) + body)
-
-    def done(self):
-        pass
-
-
-async def main():
-    global loop
-    loop = asyncio.get_running_loop()
-    pools = [[] for _ in addrs]
-    rr = itertools.cycle(range(len(addrs)))
-    server = await loop.create_server(lambda: Srv(pools, rr), "127.0.0.1", 0)
-    print("http://127.0.0.1:%d" % server.sockets[0].getsockname()[1], flush=True)
-    await asyncio.Event().wait()
-
 uvloop.run(main())
 """
 
@@ -333,7 +221,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "bare_proxy": (bare, [bare_url]),
             }
             raw = subprocess.Popen(
-                [sys.executable, "-c", RAW_PROXY_SCRIPT, *urls], stdout=subprocess.PIPE, text=True
+                [sys.executable, "-m", "warmfleet.bench.protocol_passthrough", *urls],
+                stdout=subprocess.PIPE,
+                text=True,
             )
             procs.append(raw)
             assert raw.stdout is not None

@@ -44,6 +44,8 @@ from warmfleet.bench.peers_report import (
 )
 from warmfleet.bench.peers_routers import (
     PASSTHROUGH,
+    PROTOCOL_PASSTHROUGH,
+    REFERENCE_PROXIES,
     PeerPaths,
     RouterSpec,
     RunningRouter,
@@ -86,6 +88,7 @@ QUALITY_POINTS = (
 ROUTERS = (
     RouterSpec("direct", "client_round_robin"),
     RouterSpec(PASSTHROUGH, "round_robin"),
+    RouterSpec(PROTOCOL_PASSTHROUGH, "round_robin"),
     RouterSpec("warmfleet", "prefix_affinity"),
     RouterSpec("warmfleet", "random"),
     RouterSpec("sglang-router", "cache_aware"),
@@ -236,7 +239,7 @@ async def run_quality(
     requests = demo_workload(config)
     fleet_spec = {"preset": config.preset, "speedup": config.speedup, "seed": config.seed,
                   "kv_capacity_tokens": kv_capacity_tokens(requests, config)}  # fmt: skip
-    routers = [r for r in routers if r.router != PASSTHROUGH]  # a reference for overhead only
+    routers = [r for r in routers if r.router not in REFERENCE_PROXIES]  # overhead only
     out: list[list[RowInput]] = []
     for round_index in range(rounds):
         rows: list[RowInput] = []
@@ -326,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     routers: tuple[RouterSpec, ...] = ROUTERS
     if args.routers:
         keep = set(args.routers.split(","))
-        references = ("direct", PASSTHROUGH)
+        references = ("direct", *REFERENCE_PROXIES)
         routers = tuple(r for r in ROUTERS if r.label in keep or r.router in references)
     paths = PeerPaths(args.sglang_python, args.vllm_router)
     with terminate_on_sigterm():

@@ -3,6 +3,9 @@
 - ``direct``: no router; the load generator round-robins over the instances itself.
 - ``aiohttp-passthrough``: the issue's reference point, a bare aiohttp + uvloop proxy with no
   routing logic (``warmfleet.bench.passthrough``); overhead points only.
+- ``protocol-passthrough``: the same on uvloop protocols + httptools, the layer the gateway is
+  built on (``warmfleet.bench.protocol_passthrough``): what merely relaying HTTP in Python costs
+  here, so a router's own logic is what it adds above this; overhead points only.
 - ``warmfleet``: our gateway (``warmfleet serve``), one variant with the given strategy.
 - ``sglang-router`` 0.3.2 and ``vllm-router`` 0.1.17 (Rust, from PyPI, each in its own venv),
   bound to 127.0.0.1 with their Prometheus listeners on 127.0.0.1 too, and ``HF_ENDPOINT``
@@ -24,13 +27,19 @@ from warmfleet.bench.live_fleet import FleetHandle, routing_for, start_gateway
 from warmfleet.bench.live_procs import Child, ProcessError, ProcessSet, free_port, wait_ready
 
 PASSTHROUGH = "aiohttp-passthrough"
+PROTOCOL_PASSTHROUGH = "protocol-passthrough"
+# Proxies with no routing logic, measured as references on the overhead points only.
+REFERENCE_PROXIES = {
+    PASSTHROUGH: "warmfleet.bench.passthrough",
+    PROTOCOL_PASSTHROUGH: "warmfleet.bench.protocol_passthrough",
+}
 DEAD_HF_ENDPOINT = "http://127.0.0.1:1"
 PEER_ENV = {"HF_ENDPOINT": DEAD_HF_ENDPOINT, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
 
 
 @dataclass(frozen=True)
 class RouterSpec:
-    router: str  # direct | aiohttp-passthrough | warmfleet | sglang-router | vllm-router
+    router: str  # direct | a REFERENCE_PROXIES key | warmfleet | sglang-router | vllm-router
     policy: str
 
     @property
@@ -106,12 +115,13 @@ async def start_router(
         return RunningRouter(spec, gateway.url, gateway.child)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    if spec.router == PASSTHROUGH:
-        argv = [sys.executable, "-m", "warmfleet.bench.passthrough", "--port", str(port)]
+    module = REFERENCE_PROXIES.get(spec.router)
+    if module is not None:
+        argv = [sys.executable, "-m", module, "--port", str(port)]
         child = procs.start(name, [*argv, *fleet.urls])
     else:
         child = procs.start(name, _peer_argv(spec, paths, fleet, port), env=PEER_ENV)
     await wait_ready(url + "/health", child, timeout_s)
-    if spec.router != PASSTHROUGH:  # the peers register their workers asynchronously
+    if module is None:  # the peers register their workers asynchronously
         await _wait_workers(url, fleet, child, timeout_s)
     return RunningRouter(spec, url, child)
