@@ -16,7 +16,8 @@ from warmfleet.gateway.kv_events import (
     decode_frames,
     router_block_hashes,
 )
-from warmfleet.gateway.kv_events.translator import ReplayRequest
+from warmfleet.gateway.kv_events import view as view_module
+from warmfleet.gateway.kv_events.view import ReplayRequest
 from warmfleet.routing.index import ExactPrefixIndex
 
 BS = 4
@@ -145,6 +146,32 @@ def test_lora_blocks_are_never_predicted_for_base_model_prompts() -> None:
     assert index.match(router_block_hashes(list(tokens), BS, SEED)) == {"a": 2}
     tr.apply("a", 3, EventBatch(0.0, (BlockRemoved((1, 2, 3)),)), 0.0)
     assert index.match(router_block_hashes(list(tokens), BS, SEED)) == {"a": 2}
+    view = tr.describe()["instances"]["a"]
+    assert (view["held_blocks"], view["translations"]) == (2, 2)  # the adapter's are gone
+
+
+def test_translations_left_behind_by_gaps_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Removals lost in a gap leave translations nobody will pop; past the bound the oldest
+    go, and the blocks the engine is known to hold stay matched."""
+    monkeypatch.setattr(view_module, "UNTRACKED_TRANSLATIONS", 8)
+    index, tr = make()
+    seq = 0
+    for cycle in range(10):
+        first = 100 * cycle + 1
+        hashes = tuple(range(first, first + 10))  # 10 one-block prompts of their own
+        stores = tuple(BlockStored((h,), None, tuple(range(4 * h, 4 * h + 4)), BS) for h in hashes)
+        tr.apply("a", seq, EventBatch(0.0, stores), 0.0)
+        seq += 2  # the next batch, with their removal, is lost
+    described = tr.describe()["instances"]["a"]
+    # 10 held (the last cycle's); untracked kept within 2 x the peak held (10) + slack
+    assert described["held_blocks"] == 10
+    assert described["translations"] <= 10 + 2 * 10
+    assert tr.stats.pruned_translations >= 90 - 2 * 10
+    assert tr.stats.gaps == 9
+    tr.apply("a", seq - 1, EventBatch(0.0, ()), 0.0)
+    assert tr.mode("a") == "exact"  # resynced: the last cycle's blocks are in the index
+    last = router_block_hashes(list(range(4 * 901, 4 * 901 + 4)), BS, SEED)
+    assert index.match(last) == {"a": 1}
 
 
 def test_extra_keys_cut_the_chain_where_they_start() -> None:

@@ -27,8 +27,8 @@ from warmfleet.gateway.kv_events import (
     KvEventTranslator,
     router_block_hashes,
 )
-from warmfleet.gateway.kv_events.translator import ReplayRequest
 from warmfleet.gateway.kv_events.transport import END_SEQ, ReplaySource
+from warmfleet.gateway.kv_events.view import ReplayRequest
 from warmfleet.routing.index import ExactPrefixIndex
 
 

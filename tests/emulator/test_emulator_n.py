@@ -92,6 +92,14 @@ async def test_chat_n3_choices_usage_cached_tokens_and_metrics(
     assert delta["vllm:request_success_total"] == 3
     assert delta["vllm:request_params_n_count"] == 1
     assert delta["vllm:request_params_n_sum"] == 3
+    assert delta["vllm:request_prompt_tokens_count"] == 3
+    assert delta["vllm:request_prompt_tokens_sum"] == 3 * prompt
+    assert delta["vllm:request_generation_tokens_count"] == 3
+    assert delta["vllm:request_generation_tokens_sum"] == 12
+    assert delta["vllm:request_params_max_tokens_sum"] == 3 * 4
+    # the most tokens one child generated, once per parent
+    assert delta["vllm:request_max_num_generation_tokens_count"] == 1
+    assert delta["vllm:request_max_num_generation_tokens_sum"] == 4
     assert delta["vllm:num_requests_running"] == 0
     # choice 0 is what n = 1 gets for the same prompt
     status, single = await post_json(session, url, {**body, "n": 1})
@@ -239,6 +247,7 @@ async def test_disconnect_cancels_every_child(session: aiohttp.ClientSession) ->
         metrics = await scrape(session, url)
         assert metrics.get("vllm:request_success_total", 0) == 0
         assert metrics["vllm:request_params_n_count"] == 0
+        assert metrics["vllm:request_max_num_generation_tokens_count"] == 0
         # a non-streamed request whose client gives up is cancelled too
         queried = driver.stats().prefix_cache_queries_tokens
         with pytest.raises(TimeoutError):

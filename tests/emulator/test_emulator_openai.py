@@ -23,6 +23,7 @@ from emulator_support import (
 )
 
 from warmfleet.emulator.fleet import EmulatedFleet
+from warmfleet.emulator.metrics import token_buckets
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 
 
@@ -102,6 +103,12 @@ async def test_openai_completions_stream_and_not(fleet: EmulatedFleet) -> None:
     assert full.usage.prompt_tokens == 1 + 4 + 40  # BOS + four short words + 40 words
     assert "".join(texts) == full.choices[0].text
     assert len(texts) == 5
+
+
+def test_token_buckets_are_vllms_1_2_5_series() -> None:
+    assert token_buckets(16) == (1.0, 2.0, 5.0, 10.0)
+    assert token_buckets(20) == (1.0, 2.0, 5.0, 10.0, 20.0)
+    assert token_buckets(131_072)[-3:] == (20_000.0, 50_000.0, 100_000.0)
 
 
 async def test_emulated_eos_without_ignore_eos(fleet: EmulatedFleet) -> None:
@@ -197,6 +204,12 @@ async def test_metrics_agree_with_responses(
     assert metrics["vllm:time_to_first_token_seconds_count"] == 6
     assert metrics["vllm:e2e_request_latency_seconds_count"] == 6
     assert metrics["vllm:request_success_total"] == 6
+    # per-request histograms, as vLLM V1 observes them when a request finishes
+    assert metrics["vllm:request_prompt_tokens_count"] == 6
+    assert metrics["vllm:request_prompt_tokens_sum"] == prompt_total
+    assert metrics["vllm:request_generation_tokens_sum"] == completion_total
+    assert metrics["vllm:request_max_num_generation_tokens_sum"] == completion_total  # n = 1
+    assert metrics["vllm:request_params_max_tokens_sum"] == sum(3 + i for i in range(6))
     assert metrics["vllm:num_requests_running"] == 0
     assert metrics["vllm:num_requests_waiting"] == 0
     assert 0 <= metrics["vllm:kv_cache_usage_perc"] <= 1

@@ -43,10 +43,12 @@ def test_the_key_follows_add_special_tokens(tmp_path: Path) -> None:
     assert batch.prompt_tokens == 2 * without.prompt_tokens
 
 
-def test_a_wrong_type_is_a_400_in_tokens_mode_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("value", ["no", None])
+def test_a_wrong_type_is_a_400_in_tokens_mode_only(tmp_path: Path, value: object) -> None:
+    """null too: vLLM declares the field ``bool`` with a default, so null fails validation."""
     tok = HfChatTokenizer.from_dir(write_model(tmp_path))
     with pytest.raises(BadRequestError) as err:
-        _keys(tok).for_completions(completion(add_special_tokens="no"), None)
+        _keys(tok).for_completions(completion(add_special_tokens=value), None)
     assert err.value.param == "add_special_tokens"
     _keys(tok, "text").for_completions(completion(add_special_tokens="no"), None)  # not read
 

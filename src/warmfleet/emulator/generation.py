@@ -7,8 +7,11 @@ caching the children after the first reuse the prompt blocks the first one's sch
 registered (``EngineDriver.submit_n`` does the same with the engine model). Each child counts as
 one request in every engine and frontend metric (prefix-cache queries and hits, running and
 waiting requests, prompt and generation tokens, time to first token, end-to-end latency,
-``request_success``); only ``vllm:request_params_n`` is observed once per parent, when its last
-child finishes (``ParentRequest.observe_finished_request``).
+``request_success``, the per-request ``vllm:request_prompt_tokens``,
+``vllm:request_generation_tokens`` and ``vllm:request_params_max_tokens`` histograms); only
+``vllm:request_params_n`` and ``vllm:request_max_num_generation_tokens`` (the most tokens any
+child generated; for n = 1 the request's own) are observed once per parent, when its last child
+finishes (``ParentRequest.observe_finished_request``).
 
 The OpenAI server (``entrypoints/openai/{chat_completion,completion}/serving.py``) reports the
 prompt once and sums the completion tokens over the choices. ``cached_tokens`` is the
@@ -111,8 +114,13 @@ class Generation:
         metrics = self._metrics
         metrics.e2e_s.observe(max(0.0, self._driver.wall_s(event.time_s) - stream.arrival_s))
         metrics.request_finished(self.job.choices[stream.index].finish_reason)
+        metrics.request_prompt_tokens.observe(stream.prompt_tokens)
+        metrics.request_generation_tokens.observe(self.produced[stream.index])
+        if self.job.max_tokens:
+            metrics.params_max_tokens.observe(self.job.max_tokens)
         if self.unfinished == 0:
             metrics.params_n.observe(len(self.streams))
+            metrics.max_num_generation_tokens.observe(max(self.produced))
 
 
 async def serve_full(gen: Generation) -> web.Response:

@@ -32,6 +32,20 @@ REQUEST_PARAMS_N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)  # vLLM's, for vllm:reque
 _LABELS = ("model_name", "engine")
 
 
+def token_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's buckets for per-request token counts (``build_1_2_5_buckets(max_model_len)``):
+    1, 2, 5, 10, 20, 50, ... up to ``max_model_len``."""
+    out: list[float] = []
+    magnitude = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * magnitude
+            if value > max_model_len:
+                return tuple(out)
+            out.append(float(value))
+        magnitude *= 10
+
+
 class _EngineCollector(Collector):
     def __init__(self, stats: Callable[[], EngineStats | None], labels: tuple[str, str]) -> None:
         self._stats = stats
@@ -107,6 +121,23 @@ class InstanceMetrics:
             "vllm:request_params_n",
             "Histogram of the n request parameter.",
             REQUEST_PARAMS_N_BUCKETS,
+        )
+        tokens = token_buckets(spec.max_model_len)
+        self.request_prompt_tokens = self._histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
+        )
+        self.request_generation_tokens = self._histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
+        )
+        self.max_num_generation_tokens = self._histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            tokens,
+        )
+        self.params_max_tokens = self._histogram(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            tokens,
         )
         cache_info = Gauge(
             "vllm:cache_config_info",

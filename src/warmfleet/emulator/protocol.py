@@ -73,6 +73,7 @@ class Job:
     stream: bool
     include_usage: bool
     continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage)
+    max_tokens: int = 0  # the effective limit (vLLM's max_tokens_param); 0: not known
 
     @property
     def max_output_tokens(self) -> int:
@@ -274,6 +275,7 @@ def parse_job(body: object, kind: Kind, ctx: ParseContext) -> Job:
         stream,
         include_usage,
         continuous_usage=continuous,
+        max_tokens=limits.max_tokens,
     )
 
 

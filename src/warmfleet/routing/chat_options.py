@@ -23,9 +23,10 @@ vLLM's precedence (``ChatCompletionRequest.build_chat_params`` and ``build_tok_p
   it a prompt the engine renders with another would be silently wrong.
 
 Types are strict JSON types (vLLM's pydantic models would also coerce ``"true"`` or ``1``); every
-malformed value is a ``BadRequestError`` naming the field. Which of the remaining entries reach
-the template (vLLM keeps only the template's undeclared variables) depends on the template, so
-the tokenizer decides (``warmfleet.gateway.tokenizer``).
+malformed value is a ``BadRequestError`` naming the field, an explicit ``null`` for one of the
+booleans too (vLLM declares them ``bool`` with a default, and null fails its validation). Which
+of the remaining entries reach the template (vLLM keeps only the template's undeclared
+variables) depends on the template, so the tokenizer decides (``warmfleet.gateway.tokenizer``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmfleet.routing.parse import bad_request
+from warmfleet.routing.parse import bad_request, bool_field
 
 _FIELDS = (
     "add_generation_prompt",
@@ -71,15 +72,6 @@ class ChatTemplateOptions:
 
 
 DEFAULT_CHAT_OPTIONS = ChatTemplateOptions()
-
-
-def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be a boolean", name)
-    return value
 
 
 def _objects(value: object, param: str, *, strings: bool) -> list[Mapping[str, Any]]:
@@ -131,8 +123,8 @@ def chat_template_options(
     ``chat_template_kwargs`` over them)."""
     if not defaults and not any(name in body for name in _FIELDS):
         return DEFAULT_CHAT_OPTIONS
-    generation = _flag(body, "add_generation_prompt", True)
-    continue_final = _flag(body, "continue_final_message", False)
+    generation = bool_field(body, "add_generation_prompt", True)
+    continue_final = bool_field(body, "continue_final_message", False)
     if generation and continue_final:
         raise bad_request(
             "'continue_final_message' needs 'add_generation_prompt': false",
@@ -157,7 +149,7 @@ def chat_template_options(
     return ChatTemplateOptions(
         add_generation_prompt=generation,
         continue_final_message=continue_final,
-        add_special_tokens=_flag(body, "add_special_tokens", False),
+        add_special_tokens=bool_field(body, "add_special_tokens", False),
         documents=documents,
         template_kwargs={k: v for k, v in merged.items() if k not in _FIXED},
     )

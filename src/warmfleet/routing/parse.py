@@ -239,15 +239,21 @@ def _is_token_list(value: object) -> bool:
     return not value or (min(value) >= 0 and max(value) <= _MASK64)
 
 
+def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    """A boolean request field as vLLM's pydantic models read one declared ``bool`` with a
+    default: absent gives the default; anything else but true/false (``null`` too) is a 400."""
+    if name not in body:
+        return default
+    value = body[name]
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a boolean", name)
+    return value
+
+
 def completions_add_special_tokens(body: Mapping[str, Any]) -> bool:
     """vLLM's completions ``add_special_tokens`` (default true: the tokenizer's BOS is added to a
     text prompt; clients that send an already templated prompt set it false)."""
-    value = body.get("add_special_tokens")
-    if value is None:
-        return True
-    if not isinstance(value, bool):
-        raise bad_request("'add_special_tokens' must be a boolean", "add_special_tokens")
-    return value
+    return bool_field(body, "add_special_tokens", True)
 
 
 def completions_prompts(body: Mapping[str, Any]) -> list[str] | list[list[int]]:

@@ -37,10 +37,10 @@ from warmfleet.gateway.kv_events.translator import (
     BatchConsumer,
     ExactIndex,
     KvEventTranslator,
-    TranslatorStats,
     router_block_hashes,
 )
 from warmfleet.gateway.kv_events.transport import KvEventRelay, KvEventSubscriber
+from warmfleet.gateway.kv_events.view import TranslatorStats
 from warmfleet.gateway.kv_events.wire import (
     TOPIC_PREFIX,
     AllBlocksCleared,

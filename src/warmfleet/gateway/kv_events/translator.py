@@ -6,17 +6,21 @@ import logging
 from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import xxhash
 
 from warmfleet.core.types import InstanceId
+from warmfleet.gateway.kv_events.view import (
+    InstanceView,
+    ReplayRequest,
+    TranslatorStats,
+    prune_untracked,
+)
 from warmfleet.gateway.kv_events.wire import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    EngineHash,
     EventBatch,
     KvEvent,
     Mode,
@@ -59,26 +63,6 @@ class ExactIndex(Protocol):
     def comparable(self, key_chain_seed: int | None) -> bool: ...
 
 
-@dataclass
-class _InstanceView:
-    mode: Mode = "approximate"
-    last_seq: int | None = None
-    # engine hash -> router hash: a pure function of the tokens, kept while the block may exist
-    translate: dict[EngineHash, int] = field(default_factory=dict)
-    # engine hashes known to be held since the last sync point (a subset of the truth after a gap)
-    held: set[EngineHash] = field(default_factory=set)
-    clean_batches: int = 0
-    # Waiting for a replay of the batches from ``replay_from`` on, or applying one
-    # (``draining``): the batches that arrive meanwhile, in order (None: neither).
-    stash: deque[tuple[int, EventBatch]] | None = None
-    draining: bool = False
-    replay_from: int = 0
-    replay_serial: int = 0
-    last_batch_s: float = 0.0
-    expect_by_s: float | None = None
-    cause: str = "no events yet"
-
-
 def _primary_tier(medium: str | None) -> bool:
     """The engine's own KV cache (vLLM's ``GPU``; no medium: an older vLLM). Offload tiers
     (``CPU``, ``STORAGE``...) publish the same block hashes with their own stores and removals."""
@@ -93,29 +77,6 @@ def _foreign_from(event: BlockStored, parent: int) -> int:
         if keys:
             return i
     return len(event.block_hashes)
-
-
-class ReplayRequest(NamedTuple):
-    """Ask ``instance_id``'s engine for its batches from ``from_seq`` on; ``serial`` ties the
-    answer to the request (an answer to an older one is ignored)."""
-
-    instance_id: InstanceId
-    from_seq: int
-    serial: int
-
-
-@dataclass
-class TranslatorStats:
-    batches: int = 0
-    gaps: int = 0
-    late_joins: int = 0  # first batch seen was not number 0: resync needed, nothing lost yet
-    untranslatable_blocks: int = 0
-    foreign_blocks: int = 0  # LoRA / extra-key blocks: kept out of the exact index
-    other_tier_events: int = 0  # events of an offload tier (medium not GPU): ignored
-    block_size_mismatches: int = 0
-    silences: int = 0
-    replays: int = 0  # replays asked for (gaps and late joins, with ``replay`` on)
-    replays_recovered: int = 0  # ... that delivered every missed batch (no fall-back)
 
 
 class KvEventTranslator:
@@ -147,7 +108,7 @@ class KvEventTranslator:
         self.resync_batches = resync_batches
         self.silence_timeout_s = silence_timeout_s
         self.stats = TranslatorStats()
-        self._views: dict[InstanceId, _InstanceView] = {}
+        self._views: dict[InstanceId, InstanceView] = {}
 
     def mode(self, instance_id: InstanceId) -> Mode:
         view = self._views.get(instance_id)
@@ -164,6 +125,7 @@ class KvEventTranslator:
                     "last_seq": v.last_seq,
                     "cause": v.cause,
                     "held_blocks": len(v.held),
+                    "translations": len(v.translate),
                 }
                 for iid, v in self._views.items()
             },
@@ -171,7 +133,7 @@ class KvEventTranslator:
         }
 
     def apply(self, instance_id: InstanceId, seq: int, batch: EventBatch, now_s: float) -> None:
-        view = self._views.setdefault(instance_id, _InstanceView())
+        view = self._views.setdefault(instance_id, InstanceView())
         if view.stash is not None:
             if seq != 0:
                 view.stash.append((seq, batch))  # applied in order once the replay is in
@@ -225,7 +187,7 @@ class KvEventTranslator:
     def _apply(
         self,
         instance_id: InstanceId,
-        view: _InstanceView,
+        view: InstanceView,
         seq: int,
         batch: EventBatch,
         now_s: float,
@@ -263,12 +225,14 @@ class KvEventTranslator:
         clean = True
         for event in batch.events:
             clean = self._apply_event(instance_id, view, event) and clean
+        view.peak_held = max(view.peak_held, len(view.held))
+        self.stats.pruned_translations += prune_untracked(view)
         if view.mode == "approximate":
             view.clean_batches = view.clean_batches + 1 if clean else 0
             if view.clean_batches >= self.resync_batches:
                 self._enter_exact(instance_id, view)
 
-    def _apply_event(self, instance_id: InstanceId, view: _InstanceView, event: KvEvent) -> bool:
+    def _apply_event(self, instance_id: InstanceId, view: InstanceView, event: KvEvent) -> bool:
         """Apply one event; False if part of it could not be translated."""
         if isinstance(event, AllBlocksCleared):  # a full reset: the view is complete again
             view.translate.clear()
@@ -291,7 +255,7 @@ class KvEventTranslator:
             return True
         return self._stored(instance_id, view, event)
 
-    def _stored(self, instance_id: InstanceId, view: _InstanceView, event: BlockStored) -> bool:
+    def _stored(self, instance_id: InstanceId, view: InstanceView, event: BlockStored) -> bool:
         if event.block_size != self.block_size:
             self.stats.block_size_mismatches += 1
             self._fall_back(
@@ -324,12 +288,12 @@ class KvEventTranslator:
             self.stats.foreign_blocks += len(engine) - split
             view.translate.update(dict.fromkeys(engine[split:], _FOREIGN))
         view.translate.update(zip(engine[:split], ours, strict=True))
-        view.held.update(engine[:split])
+        view.held.update(engine)  # foreign blocks too: their translation is live
         if view.mode == "exact" and ours:
             self.index.on_blocks_stored(instance_id, ours)
         return True
 
-    def _fall_back(self, instance_id: InstanceId, view: _InstanceView, cause: str) -> None:
+    def _fall_back(self, instance_id: InstanceId, view: InstanceView, cause: str) -> None:
         if view.mode == "exact":
             log.warning("kv events for %s: %s; approximate until resynced", instance_id, cause)
             self.index.remove_instance(instance_id)
@@ -338,7 +302,7 @@ class KvEventTranslator:
         view.clean_batches = 0
         view.cause = cause
 
-    def _enter_exact(self, instance_id: InstanceId, view: _InstanceView) -> None:
+    def _enter_exact(self, instance_id: InstanceId, view: InstanceView) -> None:
         """Back to exact: the index gets the blocks seen since the sync point (after a gap a
         subset of the truth: missed hits at worst, never a predicted hit that is not there)."""
         if view.mode == "exact":
@@ -348,7 +312,7 @@ class KvEventTranslator:
         self._publish_view(self.index, instance_id, view)
 
     @staticmethod
-    def _publish_view(index: ExactIndex, instance_id: InstanceId, view: _InstanceView) -> None:
+    def _publish_view(index: ExactIndex, instance_id: InstanceId, view: InstanceView) -> None:
         index.on_instance_cleared(instance_id)  # known, empty
         translate = view.translate
         held = [translate[h] for h in view.held if translate.get(h, _FOREIGN) != _FOREIGN]
@@ -357,7 +321,7 @@ class KvEventTranslator:
 
     def expect_events(self, instance_id: InstanceId, now_s: float) -> None:
         """A request that must store new blocks went to ``instance_id``: a batch is due."""
-        view = self._views.setdefault(instance_id, _InstanceView())
+        view = self._views.setdefault(instance_id, InstanceView())
         if view.expect_by_s is None:
             view.expect_by_s = now_s + self.silence_timeout_s
 

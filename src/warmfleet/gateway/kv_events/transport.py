@@ -13,7 +13,8 @@ import zmq
 import zmq.asyncio
 
 from warmfleet.core.types import InstanceId
-from warmfleet.gateway.kv_events.translator import BatchConsumer, ReplayRequest
+from warmfleet.gateway.kv_events.translator import BatchConsumer
+from warmfleet.gateway.kv_events.view import ReplayRequest
 from warmfleet.gateway.kv_events.wire import (
     TOPIC_PREFIX,
     EventBatch,

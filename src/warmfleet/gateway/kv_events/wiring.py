@@ -21,7 +21,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
-from warmfleet.gateway.kv_events.translator import ExactIndex, KvEventTranslator, ReplayRequest
+from warmfleet.gateway.kv_events.translator import ExactIndex, KvEventTranslator
+from warmfleet.gateway.kv_events.view import ReplayRequest
 from warmfleet.gateway.kv_events.wire import EventBatch
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import Tokenizer

@@ -1,0 +1,76 @@
+"""Per-instance state of the KV-event translator, its counters and its replay requests."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import NamedTuple
+
+from warmfleet.core.types import InstanceId
+from warmfleet.gateway.kv_events.wire import EngineHash, EventBatch, Mode
+
+# Translations of blocks not known to be held (a removal lost in an unrecovered gap leaves one
+# behind for good) are kept up to this many per instance, or twice the most blocks it was seen
+# to hold if more; past that the oldest go (one still needed costs a fall-back and a resync).
+UNTRACKED_TRANSLATIONS = 1 << 16
+
+
+@dataclass
+class InstanceView:
+    mode: Mode = "approximate"
+    last_seq: int | None = None
+    # engine hash -> router hash: a pure function of the tokens, kept while the block may exist
+    translate: dict[EngineHash, int] = field(default_factory=dict)
+    # engine hashes known to be held since the last sync point (a subset of the truth after a gap)
+    held: set[EngineHash] = field(default_factory=set)
+    peak_held: int = 0
+    clean_batches: int = 0
+    # Waiting for a replay of the batches from ``replay_from`` on, or applying one
+    # (``draining``): the batches that arrive meanwhile, in order (None: neither).
+    stash: deque[tuple[int, EventBatch]] | None = None
+    draining: bool = False
+    replay_from: int = 0
+    replay_serial: int = 0
+    last_batch_s: float = 0.0
+    expect_by_s: float | None = None
+    cause: str = "no events yet"
+
+
+def prune_untracked(view: InstanceView) -> int:
+    """Drop the oldest translations of blocks not known to be held, down to half the bound,
+    once there are more than ``UNTRACKED_TRANSLATIONS`` (or 2 x the peak held) of them."""
+    translate, held = view.translate, view.held
+    bound = max(UNTRACKED_TRANSLATIONS, 2 * view.peak_held)
+    excess = len(translate) - len(held) - bound
+    if excess <= 0:
+        return 0
+    untracked = (h for h in translate if h not in held)
+    drop = list(islice(untracked, excess + bound // 2))
+    for engine_hash in drop:
+        del translate[engine_hash]
+    return len(drop)
+
+
+class ReplayRequest(NamedTuple):
+    """Ask ``instance_id``'s engine for its batches from ``from_seq`` on; ``serial`` ties the
+    answer to the request (an answer to an older one is ignored)."""
+
+    instance_id: InstanceId
+    from_seq: int
+    serial: int
+
+
+@dataclass
+class TranslatorStats:
+    batches: int = 0
+    gaps: int = 0
+    late_joins: int = 0  # first batch seen was not number 0: resync needed, nothing lost yet
+    untranslatable_blocks: int = 0
+    foreign_blocks: int = 0  # LoRA / extra-key blocks: kept out of the exact index
+    other_tier_events: int = 0  # events of an offload tier (medium not GPU): ignored
+    block_size_mismatches: int = 0
+    silences: int = 0
+    replays: int = 0  # replays asked for (gaps and late joins, with ``replay`` on)
+    replays_recovered: int = 0  # ... that delivered every missed batch (no fall-back)
+    pruned_translations: int = 0  # untracked translations dropped (UNTRACKED_TRANSLATIONS)
