@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from warmfleet.bench import peers_routers
 from warmfleet.bench.live_fleet import FleetHandle
 from warmfleet.bench.live_procs import ProcessSet, free_port
 from warmfleet.bench.loadgen import (
@@ -369,6 +371,31 @@ async def test_protocol_passthrough_answers_502_for_a_dead_upstream(
         assert engines[0].requests == 2
     finally:
         procs.stop_all()
+
+
+async def test_a_router_whose_port_was_taken_is_started_again_elsewhere(
+    engines: list[FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``free_port`` only says a port was free when asked: if something binds it before the
+    router does, the start is retried on another port instead of failing the whole run."""
+    fleet = FleetHandle(("e0",), (engines[0].url,), None, "model")  # type: ignore[arg-type]
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports = iter([taken, free_port()])
+        monkeypatch.setattr(peers_routers, "free_port", lambda: next(ports))
+        procs = ProcessSet(tmp_path)
+        try:
+            spec = RouterSpec(PROTOCOL_PASSTHROUGH, "round_robin")
+            router = await start_router(procs, spec, PeerPaths(None, None), fleet)
+            assert router.url is not None
+            assert not router.url.endswith(f":{taken}")
+            load = await run_load(small_gsp(2), LoadSpec(urls=(router.url,), concurrency=1))
+            assert [r.ok for r in load.results] == [True, True]
+            assert len(procs.children) == 1  # the failed start was stopped and forgotten
+        finally:
+            procs.stop_all()
 
 
 def test_spills_count_every_spill_reason_like_the_simulator() -> None:
