@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import aiohttp
 import uvloop
@@ -72,14 +73,23 @@ async def serve(host: str, port: int, upstreams: Sequence[str], timeout_s: float
             await runner.cleanup()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m warmfleet.bench.passthrough")
+ServeFn = Callable[[str, int, Sequence[str], float], Coroutine[Any, Any, None]]
+
+
+def run_proxy_cli(prog: str, serve_fn: ServeFn, argv: Sequence[str] | None) -> None:
+    """The command line of a reference proxy: ``[--host H] [--port P] [--timeout-s T] URL...``."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="per upstream call")
+    parser.add_argument("--timeout-s", type=float, default=60.0, help="per upstream answer")
     parser.add_argument("upstreams", nargs="+", help="base URLs, e.g. http://127.0.0.1:8001")
     args = parser.parse_args(argv)
-    uvloop.run(serve(args.host, args.port, [u.rstrip("/") for u in args.upstreams], args.timeout_s))
+    upstreams = [u.rstrip("/") for u in args.upstreams]
+    uvloop.run(serve_fn(args.host, args.port, upstreams, args.timeout_s))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_proxy_cli("python -m warmfleet.bench.passthrough", serve, argv)
 
 
 if __name__ == "__main__":

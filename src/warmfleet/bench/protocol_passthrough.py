@@ -14,7 +14,6 @@ Prints its URL on stdout once listening; ``GET /health`` answers 200.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import time
@@ -24,7 +23,8 @@ from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
-import uvloop
+
+from warmfleet.bench.passthrough import run_proxy_cli
 
 Addr = tuple[str, int]
 _HEALTH = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
@@ -263,13 +263,7 @@ async def serve(host: str, port: int, upstreams: Sequence[str], timeout_s: float
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m warmfleet.bench.protocol_passthrough")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="per upstream answer")
-    parser.add_argument("upstreams", nargs="+", help="base URLs, e.g. http://127.0.0.1:8001")
-    args = parser.parse_args(argv)
-    uvloop.run(serve(args.host, args.port, [u.rstrip("/") for u in args.upstreams], args.timeout_s))
+    run_proxy_cli("python -m warmfleet.bench.protocol_passthrough", serve, argv)
 
 
 if __name__ == "__main__":
