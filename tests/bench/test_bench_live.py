@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from warmfleet.bench import live_fleet
 from warmfleet.bench.live_demo import DemoConfig, run_live_demo
-from warmfleet.bench.live_procs import ProcessError
+from warmfleet.bench.live_fleet import routing_for, start_fleet, start_gateway
+from warmfleet.bench.live_procs import ProcessError, ProcessSet
 from warmfleet.sim.runner import run_comparison
 from warmfleet.sim.scenario import builtin_scenario
 
@@ -69,6 +72,39 @@ async def test_failure_midway_stops_every_child(tmp_path: Path) -> None:
         await run_live_demo(tmp_path / "r", TINY, strategies=("no_such_strategy",), log_dir=logs)
     assert (logs / "fleet-no_such_strategy.json").exists()
     assert processes_mentioning(str(logs)) == []
+
+
+async def test_fleet_and_gateway_start_again_when_their_port_was_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port picked as free can be taken before the child binds it: the start is retried on
+    other ports (and the failed child stopped) instead of failing the benchmark."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        firsts = {"fleet": [taken], "gateway": [taken]}
+        pick_base, pick_port = live_fleet.consecutive_free_ports, live_fleet.free_port
+        monkeypatch.setattr(
+            live_fleet,
+            "consecutive_free_ports",
+            lambda count: firsts["fleet"].pop() if firsts["fleet"] else pick_base(count),
+        )
+        monkeypatch.setattr(
+            live_fleet,
+            "free_port",
+            lambda: firsts["gateway"].pop() if firsts["gateway"] else pick_port(),
+        )
+        procs = ProcessSet(tmp_path)
+        try:
+            spec = {"preset": "tiny-cpu", "speedup": 50.0, "seed": 0}
+            fleet = await start_fleet(procs, name="fleet", instances=1, spec=spec)
+            gateway = await start_gateway(procs, fleet, routing_for("random"))
+            assert firsts == {"fleet": [], "gateway": []}  # both first tries hit the taken port
+            assert taken not in {int(u.rsplit(":", 1)[1]) for u in (*fleet.urls, gateway.url)}
+            assert [c.name for c in procs.children] == ["fleet", "gateway"]
+        finally:
+            procs.stop_all()
 
 
 def test_sigint_stops_every_child(tmp_path: Path) -> None:

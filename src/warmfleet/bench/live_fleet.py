@@ -21,6 +21,7 @@ from warmfleet.bench.live_procs import (
     ProcessSet,
     command_argv,
     free_port,
+    retry_if_port_taken,
     wait_ready,
 )
 from warmfleet.bench.loadgen_metrics import MetricsTarget
@@ -79,25 +80,29 @@ async def start_fleet(
     timeout_s: float = 60.0,
 ) -> FleetHandle:
     """``warmfleet emulate`` with ``instances`` engines; ``spec`` adds EmulatorSpec fields."""
-    base = consecutive_free_ports(instances)
-    fields = {
-        "model": MODEL,
-        **spec,
-        "instances": instances,
-        "host": "127.0.0.1",
-        "base_port": base,
-    }
-    doc = {"apiVersion": API_VERSION, "kind": "Emulator", "spec": fields}
-    path = procs.log_dir / f"{name}.json"
-    procs.log_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
-    argv = command_argv("warmfleet.emulator.cli", "emulate_command", "--config", str(path))
-    child = procs.start(name, argv)
-    urls = tuple(f"http://127.0.0.1:{base + i}" for i in range(instances))
-    for url in urls:
-        await wait_ready(url + "/health", child, timeout_s)
-    ids = tuple(f"emu-{i}" for i in range(instances))
-    return FleetHandle(ids, urls, child, str(fields["model"]))
+
+    async def launch() -> FleetHandle:
+        base = consecutive_free_ports(instances)
+        fields = {
+            "model": MODEL,
+            **spec,
+            "instances": instances,
+            "host": "127.0.0.1",
+            "base_port": base,
+        }
+        doc = {"apiVersion": API_VERSION, "kind": "Emulator", "spec": fields}
+        path = procs.log_dir / f"{name}.json"
+        procs.log_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+        argv = command_argv("warmfleet.emulator.cli", "emulate_command", "--config", str(path))
+        child = procs.start(name, argv)
+        urls = tuple(f"http://127.0.0.1:{base + i}" for i in range(instances))
+        for url in urls:
+            await wait_ready(url + "/health", child, timeout_s)
+        ids = tuple(f"emu-{i}" for i in range(instances))
+        return FleetHandle(ids, urls, child, str(fields["model"]))
+
+    return await retry_if_port_taken(procs, launch)
 
 
 def gateway_document(
@@ -128,19 +133,22 @@ async def start_gateway(
     timeout_s: float = 60.0,
 ) -> GatewayHandle:
     """``warmfleet serve`` in front of ``fleet`` with one variant routed by ``routing``."""
-    port = free_port()
     token = secrets.token_hex(16)
-    doc = gateway_document(fleet, routing, port)
-    path = procs.log_dir / f"{name}.json"
-    procs.log_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
-    argv = command_argv(
-        "warmfleet.gateway.cli", "serve_command", "--config", str(path), "--log-level", "warning"
-    )
-    child = procs.start(name, argv, env={ADMIN_TOKEN_ENV: token})
-    url = f"http://127.0.0.1:{port}"
-    await wait_ready(url + "/ready", child, timeout_s)
-    return GatewayHandle(url, child, token)
+
+    async def launch() -> GatewayHandle:
+        port = free_port()
+        doc = gateway_document(fleet, routing, port)
+        path = procs.log_dir / f"{name}.json"
+        procs.log_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+        flags = ("--config", str(path), "--log-level", "warning")
+        argv = command_argv("warmfleet.gateway.cli", "serve_command", *flags)
+        child = procs.start(name, argv, env={ADMIN_TOKEN_ENV: token})
+        url = f"http://127.0.0.1:{port}"
+        await wait_ready(url + "/ready", child, timeout_s)
+        return GatewayHandle(url, child, token)
+
+    return await retry_if_port_taken(procs, launch)
 
 
 def routing_for(strategy: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

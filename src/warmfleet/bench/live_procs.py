@@ -14,11 +14,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import TypeVar
 
 import aiohttp
 
@@ -29,6 +30,19 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 class ProcessError(WarmfleetError):
     """A child process failed to start or to become ready."""
+
+
+class ChildExited(ProcessError):
+    """A child exited while it was awaited (``wait_ready``)."""
+
+    def __init__(self, child: Child) -> None:
+        super().__init__(f"{child.name} exited early:\n{child.log_tail()}")
+        self.child = child
+
+
+_PORT_TAKEN_SIGNS = ("address already in use", "eaddrinuse", "os error 98")
+START_ATTEMPTS = 3
+_T = TypeVar("_T")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -139,7 +153,7 @@ async def wait_ready(
     async with aiohttp.ClientSession(timeout=timeout) as session:
         while time.monotonic() < deadline:
             if child is not None and not child.alive():
-                raise ProcessError(f"{child.name} exited early:\n{child.log_tail()}")
+                raise ChildExited(child)
             try:
                 async with session.get(url) as resp:
                     await resp.read()
@@ -192,3 +206,22 @@ def machine_cpu_s() -> tuple[float, float]:
         fields = [int(x) for x in stat.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return (sum(fields) - idle) / _CLK_TCK, sum(fields) / _CLK_TCK
+
+
+async def retry_if_port_taken(
+    procs: ProcessSet, launch: Callable[[], Awaitable[_T]], attempts: int = START_ATTEMPTS
+) -> _T:
+    """``launch()`` (start a child on ports picked with ``free_port`` and wait for it), again
+    while the child exits because one of its ports was taken. A port is only known free when
+    picked: a loopback connection's ephemeral port can take it before the child binds it
+    (seen once in 82 router starts of `make bench-peers`)."""
+    for attempt in range(attempts):
+        try:
+            return await launch()
+        except ChildExited as err:
+            procs.stop(err.child)
+            log = err.child.log_tail(200).lower()
+            if attempt + 1 < attempts and any(sign in log for sign in _PORT_TAKEN_SIGNS):
+                continue
+            raise
+    raise ProcessError(f"no start in {attempts} attempts")  # only when attempts < 1

@@ -18,14 +18,20 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from warmfleet.bench.live_fleet import FleetHandle, routing_for, start_gateway
-from warmfleet.bench.live_procs import Child, ProcessError, ProcessSet, free_port, wait_ready
+from warmfleet.bench.live_procs import (
+    Child,
+    ProcessError,
+    ProcessSet,
+    free_port,
+    retry_if_port_taken,
+    wait_ready,
+)
 
 PASSTHROUGH = "aiohttp-passthrough"
 PROTOCOL_PASSTHROUGH = "protocol-passthrough"
@@ -35,7 +41,6 @@ REFERENCE_PROXIES = {
     PROTOCOL_PASSTHROUGH: "warmfleet.bench.protocol_passthrough",
 }
 DEAD_HF_ENDPOINT = "http://127.0.0.1:1"
-_START_ATTEMPTS = 3
 PEER_ENV = {"HF_ENDPOINT": DEAD_HF_ENDPOINT, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
 
 
@@ -123,38 +128,15 @@ async def start_router(
         return _peer_argv(spec, paths, fleet, port)
 
     env = PEER_ENV if module is None else None
-    url, child = await _start_listening(procs, name, argv, env, timeout_s)
+
+    async def launch() -> tuple[str, Child]:
+        port = free_port()
+        child = procs.start(name, argv(port), env=env)
+        url = f"http://127.0.0.1:{port}"
+        await wait_ready(url + "/health", child, timeout_s)
+        return url, child
+
+    url, child = await retry_if_port_taken(procs, launch)
     if module is None:  # the peers register their workers asynchronously
         await _wait_workers(url, fleet, child, timeout_s)
     return RunningRouter(spec, url, child)
-
-
-async def _start_listening(
-    procs: ProcessSet,
-    name: str,
-    argv: Callable[[int], list[str]],
-    env: Mapping[str, str] | None,
-    timeout_s: float,
-) -> tuple[str, Child]:
-    """Start a child on a port picked with ``free_port`` and wait for its ``/health``. A port
-    is only known free when picked: a loopback connection's ephemeral port can take it before
-    the child binds (seen once in 82 router starts), so a start that fails with "address
-    already in use" is retried on other ports."""
-    for attempt in range(_START_ATTEMPTS):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        child = procs.start(name, argv(port), env=env)
-        try:
-            await wait_ready(url + "/health", child, timeout_s)
-        except ProcessError:
-            procs.stop(child)
-            if attempt + 1 < _START_ATTEMPTS and _port_taken(child):
-                continue
-            raise
-        return url, child
-    raise AssertionError("unreachable")  # the last attempt returns or raises
-
-
-def _port_taken(child: Child) -> bool:
-    log = child.log_tail(200).lower()
-    return any(sign in log for sign in ("address already in use", "eaddrinuse", "os error 98"))
