@@ -268,6 +268,30 @@ async def test_info_routes_and_tokenize(
     assert rendered_list[0]["token_ids"] == tok["tokens"][:3]
 
 
+async def test_seed_draws_the_sample_and_greedy_ignores_it(
+    fleet: EmulatedFleet, session: aiohttp.ClientSession
+) -> None:
+    """As in vLLM: with sampling, the same seed gives the same output and another seed another
+    one; greedy output (temperature 0) does not depend on the seed."""
+    url = fleet.urls[0]
+    body = chat_body("sys " + words(3, 30), "q " + words(4, 5), max_tokens=12)
+
+    async def text(**extra: object) -> str:
+        status, reply = await post_json(session, url, {**body, **extra})
+        assert status == 200, reply
+        return str(reply["choices"][0]["message"]["content"])
+
+    plain = await text()
+    seven = await text(seed=7)
+    assert await text(seed=7) == seven
+    assert len({plain, seven, await text(seed=8), await text(seed=-(2**63))}) == 4
+    assert await text(seed=7, temperature=0) == await text(temperature=0) == plain
+    for bad in (True, "7", 1.5, 2**63):
+        status, err = await post_json(session, url, {**body, "seed": bad})
+        assert status == 400
+        assert err["error"]["param"] == "seed"
+
+
 async def test_bad_requests_are_openai_errors(
     fleet: EmulatedFleet, session: aiohttp.ClientSession
 ) -> None:

@@ -19,6 +19,7 @@ from warmfleet.emulator.sampling import (
     StopParams,
     find_stop,
     parse_n,
+    parse_seed,
     parse_stop,
     reject_unsupported,
 )
@@ -260,8 +261,11 @@ def parse_job(body: object, kind: Kind, ctx: ParseContext) -> Job:
     stream, include_usage, continuous = _stream_flags(body)
     data = array("Q", ids).tobytes()  # ids are in [0, 2**63) (tokenizer or _token_list)
     limits = _limits(body, kind, len(ids), ctx)
-    # choice 0 is what n = 1 gets; the others are other samples of the same prompt
-    seeds = [xxhash.xxh3_64_intdigest(data, seed=index) for index in range(n)]
+    # choice 0 is what n = 1 gets; the others are other samples of the same prompt; a
+    # request's own seed (sampling, not greedy) draws another sample, the same for the same seed
+    request_seed = parse_seed(body)
+    drawn = data if request_seed is None else data + request_seed.to_bytes(8, "little", signed=True)
+    seeds = [xxhash.xxh3_64_intdigest(drawn, seed=index) for index in range(n)]
     choices = tuple(_choice(index, seed, limits, stop, ctx) for index, seed in enumerate(seeds))
     seed = hash_seed(ctx.hash_seed, _cache_salt(body))
     hashes = prompt_block_hashes_bytes(data, ctx.spec.block_tokens, seed)

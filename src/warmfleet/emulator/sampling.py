@@ -12,6 +12,8 @@
   rather than a silent ``null``; ``false`` / ``null`` / ``0`` are accepted.
 - ``n`` and ``temperature``: vLLM's ``SamplingParams`` checks (``_verify_num_sequences``, the
   temperature range, ``_verify_greedy_sampling``: ``n`` > 1 needs a temperature above 0).
+- ``seed``: an int64 (vLLM's bounds); when sampling is not greedy it seeds the output, so the
+  same seed gives the same text and another seed another one. Greedy output ignores it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from warmfleet.emulator.tokenizer import output_piece, output_token_id
 _MAX_TOKEN_ID = (1 << 63) - 1
 MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
 _DEFAULT_TEMPERATURE = 1.0  # vLLM's, for a model without a generation config
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1  # vLLM's bounds of ``seed`` (torch.long)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,3 +183,16 @@ def parse_n(body: Mapping[str, Any], kind: Literal["chat", "completion"]) -> int
     if _temperature(body) == 0 and n > 1:
         raise _bad(f"n must be 1 when using greedy sampling, got {n}.", "n")
     return n
+
+
+def parse_seed(body: Mapping[str, Any]) -> int | None:
+    """The request's ``seed`` where it changes the output: None when absent, and when sampling
+    is greedy (``temperature`` 0: the most likely token does not depend on a seed)."""
+    value = body.get("seed")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad("'seed' must be an integer", "seed")
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise _bad(f"seed must be in [{_INT64_MIN}, {_INT64_MAX}], got {value}.", "seed")
+    return None if _temperature(body) == 0 else value
