@@ -69,6 +69,27 @@ def test_rows_subtract_direct_of_the_same_load_point() -> None:
     rows_table(rows)  # renders
 
 
+def test_rows_carry_each_process_cpu_and_the_machine_busy_share() -> None:
+    direct = RowInput(
+        "direct", "client_round_robin", "s", "x", 32, True, summary(20.0, 30.0, 20.0, 1500.0),
+        None, 100, 0.01, fleet_cpu_s=0.07, client_cpu_s=0.09, busy_frac=0.78,
+    )  # fmt: skip
+    ours = replace(
+        direct, router="warmfleet", policy="prefix_affinity", router_cpu_s=0.04,
+        summary=summary(27.0, 40.0, 27.0, 1100.0), client_cpu_s=0.08, busy_frac=0.9,
+    )  # fmt: skip
+    rows = build_rows([direct, ours, direct], 4)
+    assert rows[1]["router_cpu_ms_per_request"] == pytest.approx(0.4)
+    assert rows[1]["client_cpu_ms_per_request"] == pytest.approx(0.8)
+    assert rows[1]["fleet_cpu_ms_per_request"] == pytest.approx(0.7)
+    assert rows[1]["machine_busy_frac"] == 0.9
+    assert rows[0]["client_cpu_ms_per_request"] == pytest.approx(0.9)
+    merged = median_rows([rows, build_rows([direct, replace(ours, busy_frac=1.0), direct], 4)])
+    assert merged[1]["rounds"]["machine_busy_frac"] == [0.9, 1.0]
+    assert merged[1]["machine_busy_frac"] == pytest.approx(0.95)
+    rows_table(merged)  # renders
+
+
 def test_acceptance_checks_pass_and_fail() -> None:
     d = "client_round_robin"
     pa = "prefix_affinity"

@@ -141,6 +141,16 @@ class CpuProbe:
         return self.deltas[1]
 
     @property
+    def client_s(self) -> float:
+        """This process (the load generator): the tree minus the router's and the fleet's."""
+        return max(self.deltas[2] - (self.router_s or 0.0) - self.fleet_s, 0.0)
+
+    @property
+    def busy_frac(self) -> float | None:
+        busy_s, total_s = self.deltas[3:]
+        return busy_s / total_s if total_s > 0 else None
+
+    @property
     def foreign_frac(self) -> float | None:
         """Share of the machine's CPU used by processes outside this benchmark."""
         own_s, busy_s, total_s = self.deltas[2:]
@@ -178,7 +188,7 @@ async def run_point(
     return RowInput(
         router.spec.router, router.spec.policy, point.name, scenario, point.concurrency,
         point.stream, summary, probe.router_s, len(load.results), probe.foreign_frac,
-        probe.fleet_s,
+        probe.fleet_s, probe.client_s, probe.busy_frac,
     )  # fmt: skip
 
 

@@ -26,6 +26,8 @@ class RowInput:
     sent: int
     foreign_cpu_frac: float | None  # CPU share used by processes outside the benchmark
     fleet_cpu_s: float | None = None
+    client_cpu_s: float | None = None  # the load generator's own CPU (this process)
+    busy_frac: float | None = None  # share of the machine's CPU busy during the row
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -93,6 +95,8 @@ def build_rows(inputs: Sequence[RowInput], instances: int) -> list[dict[str, Any
             "foreign_cpu_frac": item.foreign_cpu_frac,
             "noisy": item.foreign_cpu_frac is not None and item.foreign_cpu_frac > NOISY_FRAC,
             "fleet_cpu_ms_per_request": None,
+            "client_cpu_ms_per_request": _per_request_ms(item.client_cpu_s, item.sent),
+            "machine_busy_frac": item.busy_frac,
         }
         if base is not None:
             row["added_p50_ms"] = _p(s, "e2e_ms", "p50") - base["e2e_p50"]
@@ -100,12 +104,14 @@ def build_rows(inputs: Sequence[RowInput], instances: int) -> list[dict[str, Any
             row["ttft_added_p50_ms"] = _p(s, "ttft_ms", "p50") - base["ttft_p50"]
             if base["rps"] > 0:
                 row["throughput_vs_direct"] = s["throughput_rps"] / base["rps"]
-        if item.router_cpu_s is not None and item.sent:
-            row["router_cpu_ms_per_request"] = 1000.0 * item.router_cpu_s / item.sent
-        if item.fleet_cpu_s is not None and item.sent:
-            row["fleet_cpu_ms_per_request"] = 1000.0 * item.fleet_cpu_s / item.sent
+        row["router_cpu_ms_per_request"] = _per_request_ms(item.router_cpu_s, item.sent)
+        row["fleet_cpu_ms_per_request"] = _per_request_ms(item.fleet_cpu_s, item.sent)
         rows.append(row)
     return rows
+
+
+def _per_request_ms(cpu_s: float | None, sent: int) -> float | None:
+    return 1000.0 * cpu_s / sent if cpu_s is not None and sent else None
 
 
 # Figures a row of several rounds reports as the median of its rounds (their per-round values
@@ -113,7 +119,7 @@ def build_rows(inputs: Sequence[RowInput], instances: int) -> list[dict[str, Any
 _ROUND_FIELDS = (
     "added_p50_ms", "ttft_added_p50_ms", "router_cpu_ms_per_request", "throughput_vs_direct",
     "added_p99_ms", "throughput_rps", "hit_rate", "busiest_share", "fleet_cpu_ms_per_request",
-    "foreign_cpu_frac",
+    "foreign_cpu_frac", "client_cpu_ms_per_request", "machine_busy_frac",
 )  # fmt: skip
 _ROUND_NESTED = ("ttft_ms", "e2e_ms")
 
@@ -248,8 +254,8 @@ def rows_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     table = Table(title="warmfleet vs peer routers (same run, same emulated fleet)")
     columns = (
         "router", "policy", "load point", "+p50 ms", "+p99 ms", "+TTFT p50 ms", "CPU ms/req",
-        "fleet CPU", "tput vs direct", "req/s", "hit rate", "busiest", "TTFT p50", "TTFT p90",
-        "errors", "foreign CPU",
+        "fleet CPU", "client CPU", "tput vs direct", "req/s", "hit rate",
+        "busiest", "TTFT p50", "TTFT p90", "errors", "busy", "foreign CPU",
     )  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column in columns[:3] else "right")
@@ -258,19 +264,21 @@ def rows_table(rows: Sequence[Mapping[str, Any]]) -> Table:
             r["router"], r["policy"], r["load_point"], _fmt(r["added_p50_ms"]),
             _fmt(r["added_p99_ms"]), _fmt(r["ttft_added_p50_ms"]),
             _fmt(r["router_cpu_ms_per_request"], 3), _fmt(r["fleet_cpu_ms_per_request"], 2),
-            _fmt(r["throughput_vs_direct"]),
+            _fmt(r["client_cpu_ms_per_request"], 2), _fmt(r["throughput_vs_direct"]),
             _fmt(r["throughput_rps"], 0), _fmt(r["hit_rate"], 3), _fmt(r["busiest_share"]),
             _fmt(r["ttft_ms"]["p50"], 1), _fmt(r["ttft_ms"]["p90"], 1), str(r["errors"]),
-            _noisy(r["foreign_cpu_frac"]),
+            _percent(r["machine_busy_frac"]), _noisy(r["foreign_cpu_frac"]),
         )  # fmt: skip
     return table
 
 
+def _percent(frac: float | None) -> str:
+    return "-" if frac is None else f"{100 * frac:.0f}%"
+
+
 def _noisy(frac: float | None) -> str:
-    if frac is None:
-        return "-"
-    text = f"{100 * frac:.0f}%"
-    return f"[red]{text}[/red]" if frac > NOISY_FRAC else text
+    text = _percent(frac)
+    return f"[red]{text}[/red]" if frac is not None and frac > NOISY_FRAC else text
 
 
 def acceptance_table(checks: Sequence[Mapping[str, Any]]) -> Table:
