@@ -81,7 +81,7 @@ def build_rows(inputs: Sequence[RowInput], instances: int) -> list[dict[str, Any
             "added_p50_ms": None,
             "added_p99_ms": None,
             "ttft_added_p50_ms": None,
-            "router_cpu_ms_per_request": None,
+            "router_cpu_ms_per_request": _per_request_ms(item.router_cpu_s, item.sent),
             "throughput_vs_direct": None,
             "throughput_rps": s["throughput_rps"],
             "hit_rate": s["hit_rate"],
@@ -94,7 +94,7 @@ def build_rows(inputs: Sequence[RowInput], instances: int) -> list[dict[str, Any
             "errors": sum(s["errors"].values()),
             "foreign_cpu_frac": item.foreign_cpu_frac,
             "noisy": item.foreign_cpu_frac is not None and item.foreign_cpu_frac > NOISY_FRAC,
-            "fleet_cpu_ms_per_request": None,
+            "fleet_cpu_ms_per_request": _per_request_ms(item.fleet_cpu_s, item.sent),
             "client_cpu_ms_per_request": _per_request_ms(item.client_cpu_s, item.sent),
             "machine_busy_frac": item.busy_frac,
         }
@@ -104,8 +104,6 @@ def build_rows(inputs: Sequence[RowInput], instances: int) -> list[dict[str, Any
             row["ttft_added_p50_ms"] = _p(s, "ttft_ms", "p50") - base["ttft_p50"]
             if base["rps"] > 0:
                 row["throughput_vs_direct"] = s["throughput_rps"] / base["rps"]
-        row["router_cpu_ms_per_request"] = _per_request_ms(item.router_cpu_s, item.sent)
-        row["fleet_cpu_ms_per_request"] = _per_request_ms(item.fleet_cpu_s, item.sent)
         rows.append(row)
     return rows
 
