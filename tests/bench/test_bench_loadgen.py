@@ -9,6 +9,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from bench_support import FakeEngine
 from hypothesis import given, settings
@@ -369,6 +370,31 @@ async def test_protocol_passthrough_answers_502_for_a_dead_upstream(
         assert [r.ok for r in load.results] == [True, False, True, False]
         assert [r.error for r in load.results][1::2] == ["http_502", "http_502"]
         assert engines[0].requests == 2
+    finally:
+        procs.stop_all()
+
+
+async def test_protocol_passthrough_keeps_the_method_and_the_reason_phrase(
+    engines: list[FakeEngine], tmp_path: Path
+) -> None:
+    """A GET stays a GET (the engine serves ``GET /metrics`` only), and an answer keeps its
+    status with the standard reason phrase (404 Not Found, not "404 OK")."""
+    fleet = FleetHandle(("e0",), (engines[0].url,), None, "model")  # type: ignore[arg-type]
+    procs = ProcessSet(tmp_path)
+    try:
+        spec = RouterSpec(PROTOCOL_PASSTHROUGH, "round_robin")
+        router = await start_router(procs, spec, PeerPaths(None, None), fleet)
+        assert router.url is not None
+        async with aiohttp.ClientSession() as session:
+            async with session.get(engines[0].url + "/metrics") as resp:
+                direct = await resp.text()
+            async with session.get(router.url + "/metrics") as resp:
+                assert (resp.status, resp.reason) == (200, "OK")
+                assert await resp.text() == direct
+            async with session.get(router.url + "/nowhere") as resp:
+                assert (resp.status, resp.reason) == (404, "Not Found")
+            async with session.post(router.url + "/metrics") as resp:
+                assert (resp.status, resp.reason) == (405, "Method Not Allowed")
     finally:
         procs.stop_all()
 

@@ -9,7 +9,8 @@ to the client (the response head goes out with the first body bytes), as in the 
 
     python -m warmfleet.bench.protocol_passthrough --port 8100 http://127.0.0.1:8001 ...
 
-Prints its URL on stdout once listening; ``GET /health`` answers 200.
+Prints its URL on stdout once listening; ``GET /health`` answers 200. Requests keep their
+method and target; answers keep their status with its standard reason phrase.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from warmfleet.bench.passthrough import run_proxy_cli
+from warmfleet.gateway.messages import head_bytes
 
 Addr = tuple[str, int]
 _HEALTH = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
@@ -97,8 +99,8 @@ class _Upstream(asyncio.Protocol):
         self.pending.clear()
         status = self.parser.get_status_code()
         if not self.chunked:
-            head = b"HTTP/1.1 %d OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
-            client.finish(head % (status, self.content_type, len(body)) + body)
+            framing = b"Content-Length: %d\r\n\r\n" % len(body)
+            client.finish(self._head_with(status, framing) + body)
         elif self.started:
             client.finish(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if body else b"0\r\n\r\n")
         else:
@@ -110,11 +112,11 @@ class _Upstream(asyncio.Protocol):
             self.transport.close()
 
     def _head(self) -> bytes:
-        status = self.parser.get_status_code()
-        return b"HTTP/1.1 %d OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n" % (
-            status,
-            self.content_type,
-        )
+        return self._head_with(self.parser.get_status_code(), b"Transfer-Encoding: chunked\r\n\r\n")
+
+    def _head_with(self, status: int, framing: bytes) -> bytes:
+        """The gateway's status line (standard reason phrase) and Content-Type, then ``framing``."""
+        return head_bytes(status, self.content_type.decode("latin-1"), None, framing)
 
     def _relay(self) -> None:
         assert self.client is not None
@@ -134,7 +136,7 @@ class _Client(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.url = b""
         self.body: list[bytes] = []
-        self.queue: deque[tuple[bytes, bytes]] = deque()
+        self.queue: deque[tuple[bytes, bytes, bytes]] = deque()  # method, target, body
         self.busy = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -160,20 +162,21 @@ class _Client(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
-        self.queue.append((self.url, b"".join(self.body)))
+        method = self.parser.get_method()
+        self.queue.append((method, self.url, b"".join(self.body)))
         if not self.busy:
             self._next()
 
     def _next(self) -> None:
         if not self.queue or self.transport is None:
             return
-        url, body = self.queue.popleft()
+        method, url, body = self.queue.popleft()
         if url == b"/health":
             self.transport.write(_HEALTH)
             self._next()
             return
         self.busy = True
-        self.proxy.forward(self, url, body)
+        self.proxy.forward(self, method, url, body)
 
     def write(self, data: bytes) -> None:
         if self.transport is not None:
@@ -205,9 +208,10 @@ class _Proxy:
         self.busy: set[_Upstream] = set()
         self.timeout_s = timeout_s
 
-    def forward(self, client: _Client, url: bytes, body: bytes) -> None:
+    def forward(self, client: _Client, method: bytes, url: bytes, body: bytes) -> None:
         addr = next(self.order)
-        head = b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n" % (
+        head = b"%s %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n" % (
+            method,
             url,
             addr[0].encode(),
             addr[1],
