@@ -82,7 +82,10 @@ def test_decode_vllm_frame_with_extra_fields() -> None:
     topic, seq, decoded = decode_frames(frames)
     assert (topic, seq, decoded.data_parallel_rank) == ("kv.vllm-0", 7, 0)
     first, second, third = decoded.events
-    assert first == BlockStored((11, 12), None, tuple(range(8)), BS, None, "GPU")
+    assert first == BlockStored(
+        (11, 12), None, tuple(range(8)), BS, None, "GPU", group_idx=0,
+        kv_cache_spec_kind="full_attention",
+    )  # fmt: skip
     assert second == BlockRemoved((b"\x01\x02",), "GPU")
     assert third == AllBlocksCleared()
 

@@ -127,6 +127,71 @@ def test_offload_tier_events_leave_the_gpu_view_alone() -> None:
     assert index.match(router_block_hashes(list(range(12)), BS, SEED)) == {"a": 2}
 
 
+# ------------------------------------------------------------------------ hybrid KV groups
+
+
+def hybrid_store(
+    hashes: tuple[int, ...], parent: int | None, tokens: range, group: int, kind: str, bs: int = BS
+) -> BlockStored:
+    return BlockStored(
+        hashes, parent, tuple(tokens), bs, medium="GPU", group_idx=group, kv_cache_spec_kind=kind
+    )
+
+
+def test_a_hybrid_models_other_kv_groups_leave_the_full_attention_view_alone() -> None:
+    """A hybrid model (here group 0 sliding window, group 1 full attention, group 2 Mamba with
+    its own block size) reports each block once per group. Only the full-attention group is
+    followed: a sliding-window eviction must not drop a prefix still held for full attention,
+    and another group's block size is not a mismatch."""
+    index, tr = make()
+    chain = router_block_hashes(list(range(8)), BS, SEED)
+    tr.apply("a", 0, EventBatch(0.0, (
+        hybrid_store((1, 2), None, range(8), 0, "sliding_window"),
+        hybrid_store((1, 2), None, range(8), 1, "full_attention"),
+        hybrid_store((9,), None, range(16), 2, "mamba", bs=16),
+    )), 0.0)  # fmt: skip
+    assert tr.mode("a") == "exact"
+    assert index.match(chain) == {"a": 2}
+    tr.apply("a", 1, EventBatch(0.0, (BlockRemoved((1, 2), "GPU", group_idx=0),)), 0.0)
+    assert index.match(chain) == {"a": 2}  # still held for full attention
+    tr.apply("a", 2, EventBatch(0.0, (BlockRemoved((2,), "GPU", group_idx=1),)), 0.0)
+    assert index.match(chain) == {"a": 1}
+    assert tr.stats.other_group_events == 3
+    assert tr.stats.block_size_mismatches == 0
+    assert tr.describe()["instances"]["a"]["kv_cache_group"] == 1
+
+
+def test_groups_without_kinds_follow_group_0_and_no_group_means_all() -> None:
+    """An engine that names groups but not their kinds: group 0 stands for it. Events with no
+    group at all (older vLLM, one KV cache group) are all followed."""
+    index, tr = make()
+    chain = router_block_hashes(list(range(8)), BS, SEED)
+    grouped = BlockStored((1, 2), None, tuple(range(8)), BS, medium="GPU", group_idx=0)
+    other = BlockStored((5, 6), None, tuple(range(8)), BS, medium="GPU", group_idx=1)
+    tr.apply("a", 0, EventBatch(0.0, (grouped, other)), 0.0)
+    tr.apply("a", 1, EventBatch(0.0, (BlockRemoved((5, 6), "GPU", group_idx=1),)), 0.0)
+    assert index.match(chain) == {"a": 2}
+    tr.apply("a", 2, EventBatch(0.0, (BlockRemoved((2,), "GPU"),)), 0.0)  # no group: followed
+    assert index.match(chain) == {"a": 1}
+    assert tr.stats.other_group_events == 2
+
+
+def test_hybrid_group_fields_decode_from_vllm_maps_and_arrays() -> None:
+    removed = {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": 2}
+    store = stored_map(group_idx=1, kv_cache_spec_kind="sliding_window")
+    _topic, _seq, batch = decode_frames(frame(msgpack.packb([1.0, [store, removed]])))
+    assert batch.events == (
+        BlockStored((1,), None, (1, 2, 3, 4), BS, None, "GPU", group_idx=1,
+                    kv_cache_spec_kind="sliding_window"),
+        BlockRemoved((1,), "GPU", 2),
+    )  # fmt: skip
+    array_form = ["BlockRemoved", [1], "GPU", 3]
+    _topic, _seq, batch = decode_frames(frame(msgpack.packb([1.0, [array_form]])))
+    assert batch.events == (BlockRemoved((1,), "GPU", 3),)
+    with pytest.raises(KvEventDecodeError, match="group_idx"):
+        decode_frames(frame(msgpack.packb([1.0, [stored_map(group_idx="1")]])))
+
+
 # ------------------------------------------------------------------------- LoRA / extra keys
 
 

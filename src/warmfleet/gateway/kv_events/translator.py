@@ -69,6 +69,24 @@ def _primary_tier(medium: str | None) -> bool:
     return medium is None or medium.upper() == "GPU"
 
 
+def _primary_group(view: InstanceView, event: BlockStored | BlockRemoved) -> bool:
+    """Whether ``event`` belongs to the KV cache group the view follows. A hybrid model
+    (several groups: full attention with sliding window or Mamba layers) reports each block
+    once per group, with the group's own block size and evictions; a prefix hit needs the
+    full-attention blocks, so the first full-attention group reported is followed and the
+    others are ignored (a removal of a sliding-window block must not drop a block still held
+    for full attention). Events without a group (older vLLM, one group) are all followed."""
+    group = event.group_idx
+    if group is None:
+        return True
+    if isinstance(event, BlockStored) and event.kv_cache_spec_kind is not None:
+        if event.kv_cache_spec_kind != "full_attention":
+            return False
+        if view.primary_group is None:
+            view.primary_group = group
+    return group == (view.primary_group if view.primary_group is not None else 0)
+
+
 def _foreign_from(event: BlockStored, parent: int) -> int:
     """Index of the event's first block that the router's keys cannot name (its length: none)."""
     if parent == _FOREIGN or event.lora_name is not None or event.lora_id is not None:
@@ -126,6 +144,7 @@ class KvEventTranslator:
                     "cause": v.cause,
                     "held_blocks": len(v.held),
                     "translations": len(v.translate),
+                    "kv_cache_group": v.primary_group,
                 }
                 for iid, v in self._views.items()
             },
@@ -211,6 +230,7 @@ class KvEventTranslator:
         view.last_batch_s = now_s
         view.expect_by_s = None
         if seq == 0:  # the engine's whole history (first batch, or the engine restarted)
+            view.primary_group = None  # a restarted engine may serve another model
             if expected != 0:
                 view.translate.clear()
                 view.held.clear()
@@ -242,6 +262,9 @@ class KvEventTranslator:
             return True
         if not _primary_tier(event.medium):
             self.stats.other_tier_events += 1
+            return True
+        if not _primary_group(view, event):
+            self.stats.other_group_events += 1
             return True
         if isinstance(event, BlockRemoved):
             gone = []

@@ -25,6 +25,9 @@ class InstanceView:
     # engine hashes known to be held since the last sync point (a subset of the truth after a gap)
     held: set[EngineHash] = field(default_factory=set)
     peak_held: int = 0
+    # A hybrid model's KV cache group that stands for the instance: the first full-attention
+    # group it reported (None: none reported; then group 0, or events without a group).
+    primary_group: int | None = None
     clean_batches: int = 0
     # Waiting for a replay of the batches from ``replay_from`` on, or applying one
     # (``draining``): the batches that arrive meanwhile, in order (None: neither).
@@ -69,6 +72,7 @@ class TranslatorStats:
     untranslatable_blocks: int = 0
     foreign_blocks: int = 0  # LoRA / extra-key blocks: kept out of the exact index
     other_tier_events: int = 0  # events of an offload tier (medium not GPU): ignored
+    other_group_events: int = 0  # events of a hybrid model's other KV cache groups: ignored
     block_size_mismatches: int = 0
     silences: int = 0
     replays: int = 0  # replays asked for (gaps and late joins, with ``replay`` on)

@@ -24,7 +24,9 @@ class KvEventDecodeError(WarmfleetError):
 @dataclass(frozen=True, slots=True)
 class BlockStored:
     """``extra_keys``: vLLM's per-block extra hash keys (LoRA name, multimodal features, cache
-    salt, prompt embeddings), one entry per block; None when no block has any."""
+    salt, prompt embeddings), one entry per block; None when no block has any. ``group_idx``
+    and ``kv_cache_spec_kind``: the KV cache group the blocks belong to and its kind
+    (``full_attention``, ``sliding_window``, ``mamba``...); a hybrid model has several."""
 
     block_hashes: tuple[EngineHash, ...]
     parent_block_hash: EngineHash | None
@@ -34,12 +36,15 @@ class BlockStored:
     medium: str | None = None
     lora_name: str | None = None
     extra_keys: tuple[object, ...] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
     block_hashes: tuple[EngineHash, ...]
     medium: str | None = None
+    group_idx: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +107,10 @@ _FIELDS: dict[str, tuple[str, ...]] = {
         "medium",
         "lora_name",
         "extra_keys",
+        "group_idx",
+        "kv_cache_spec_kind",
     ),
-    "BlockRemoved": ("block_hashes", "medium"),
+    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
     "AllBlocksCleared": (),
 }
 
@@ -135,10 +142,13 @@ def _event(raw: object) -> KvEvent:
                 _typed(f.get("medium"), str, "medium"),
                 _typed(f.get("lora_name"), str, "lora_name"),
                 _extra_keys(f.get("extra_keys")),
+                _typed(f.get("group_idx"), int, "group_idx"),
+                _typed(f.get("kv_cache_spec_kind"), str, "kv_cache_spec_kind"),
             )
         if tag == "BlockRemoved":
             medium = _typed(f.get("medium"), str, "medium")
-            return BlockRemoved(_hashes(f["block_hashes"]), medium)
+            group = _typed(f.get("group_idx"), int, "group_idx")
+            return BlockRemoved(_hashes(f["block_hashes"]), medium, group)
     except (ValueError, TypeError, KeyError, OverflowError) as err:
         raise KvEventDecodeError(f"malformed {tag} event: {err!r}") from err
     if tag == "AllBlocksCleared":
@@ -185,11 +195,18 @@ def encode_batch(batch: EventBatch) -> bytes:
                     "medium": ev.medium,
                     "lora_name": ev.lora_name,
                     "extra_keys": None if ev.extra_keys is None else list(ev.extra_keys),
+                    "group_idx": ev.group_idx,
+                    "kv_cache_spec_kind": ev.kv_cache_spec_kind,
                 }
             )
         elif isinstance(ev, BlockRemoved):
             events.append(
-                {"type": "BlockRemoved", "block_hashes": list(ev.block_hashes), "medium": ev.medium}
+                {
+                    "type": "BlockRemoved",
+                    "block_hashes": list(ev.block_hashes),
+                    "medium": ev.medium,
+                    "group_idx": ev.group_idx,
+                }
             )
         else:
             events.append({"type": "AllBlocksCleared"})
