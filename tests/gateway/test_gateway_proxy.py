@@ -19,6 +19,11 @@ from gateway_support import (
 )
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+TRACE_CONTEXT = {
+    "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    "tracestate": "vendor=opaque",
+    "baggage": "tenant=acme",
+}
 
 
 async def test_chat_non_streaming_forwards_bytes_and_sets_headers() -> None:
@@ -34,8 +39,9 @@ async def test_chat_non_streaming_forwards_bytes_and_sets_headers() -> None:
             async with client.post(
                 gw.url + "/v1/chat/completions",
                 data=raw,
-                headers={"Content-Type": "application/json", "Authorization": "Bearer k"},
-            ) as resp:
+                headers={"Content-Type": "application/json", "Authorization": "Bearer k",
+                         **TRACE_CONTEXT, "Cookie": "session=not-for-the-instance"},
+            ) as resp:  # fmt: skip
                 assert resp.status == 200
                 body = await resp.json()
                 seen.append(resp.headers["x-warmfleet-instance"])
@@ -45,6 +51,9 @@ async def test_chat_non_streaming_forwards_bytes_and_sets_headers() -> None:
         for b in backends:
             assert b.stats.bodies == [raw, raw]  # never re-serialised
             assert b.stats.headers[0]["Authorization"] == "Bearer k"
+            for name, value in TRACE_CONTEXT.items():  # the client's trace goes on at the engine
+                assert b.stats.headers[0][name] == value
+            assert "Cookie" not in b.stats.headers[0]
 
 
 async def test_streaming_relay_is_complete_and_ordered() -> None:

@@ -41,7 +41,9 @@ from warmfleet.gateway.wire import ServerConnection
 
 log = logging.getLogger(__name__)
 
-_PASS_REQUEST_HEADERS = ("authorization", "x-request-id")
+# The client's headers the instance gets: its credentials, its request id and its W3C trace
+# context (vLLM's OpenTelemetry tracing continues the client's trace from them).
+_PASS_REQUEST_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate", "baggage")
 _MAX_HELD_EVENT_BYTES = 1 << 20
 
 
