@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 from warmfleet.core.errors import ConfigError
+from warmfleet.gateway.access_log import AccessLog
 from warmfleet.gateway.admin import AdminApi, add_admin_routes
 from warmfleet.gateway.config import GatewayConfig
 from warmfleet.gateway.errors import plain_error
@@ -64,11 +65,16 @@ class GatewayApp:
         self.server = HttpServer(
             routes.dispatch, ServerLimits(limits.max_body_bytes, limits.body_read_timeout_s), error
         )
-        gateway.on_applied.append(self._apply_limits)
+        self._apply_spec(gateway.base_config)
+        gateway.on_applied.append(self._apply_spec)
 
-    def _apply_limits(self, config: GatewayConfig) -> None:
+    def _apply_spec(self, config: GatewayConfig) -> None:
+        """The HTTP server's part of a (re)loaded config: limits and the access log."""
         limits = config.spec.limits
         self.server.set_limits(limits.max_body_bytes, limits.body_read_timeout_s)
+        access = self.server.access_log
+        if config.spec.access_log != (access is not None):
+            self.server.access_log = AccessLog() if config.spec.access_log else None
 
 
 def _counted_errors(gateway: Gateway) -> ErrorFactory:

@@ -240,6 +240,7 @@ class GatewaySpec(StrictModel):
     model_selects_endpoint: bool = False
     tokenizer_path: str | None = Field(default=None, min_length=1)
     kv_events: KvEventsConfig | None = None
+    access_log: bool = False  # a line per request on logger warmfleet.gateway.access (INFO)
 
     @model_validator(mode="after")
     def _endpoints_consistent(self) -> GatewaySpec:

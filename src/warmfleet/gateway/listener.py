@@ -8,17 +8,20 @@ import contextlib
 from time import monotonic
 from typing import Any
 
+from warmfleet.gateway.access_log import AccessLog
 from warmfleet.gateway.messages import ErrorFactory, Handler, ServerLimits
 from warmfleet.gateway.wire import ServerConnection
 
 
 class HttpServer:
-    """Listening sockets and their connections; ``handler`` answers every request."""
+    """Listening sockets and their connections; ``handler`` answers every request;
+    ``access_log``: a line per answered request (None: off)."""
 
     def __init__(self, handler: Handler, limits: ServerLimits, error: ErrorFactory) -> None:
         self.handler = handler
         self.limits = limits
         self.error = error
+        self.access_log: AccessLog | None = None
         self.connections: set[ServerConnection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._ticker: asyncio.TimerHandle | None = None

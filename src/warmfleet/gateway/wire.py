@@ -24,11 +24,12 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Callable
-from time import monotonic
+from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, cast
 
 import httptools
 
+from warmfleet.gateway.access_log import CLIENT_CLOSED
 from warmfleet.gateway.messages import Request, Response, head_bytes
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class ServerConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._idle_since = monotonic()
         self._chunked_out = False
+        self._answered: tuple[int, dict[str, str] | None] = (0, None)  # status, headers sent
         self._continue_due = False
         self._current: Request | None = None  # the request being answered
         self._head_open = False  # the request being read has not finished its head yet
@@ -214,25 +216,30 @@ class ServerConnection(asyncio.Protocol):
     async def _serve(self, request: Request | None) -> None:
         while request is not None:
             self._current = request
+            t_start = perf_counter() if self.server.access_log is not None else 0.0
             try:
                 response = await self.server.handler(request)
             except asyncio.CancelledError:
+                self._log(request, CLIENT_CLOSED, t_start)
                 self._task = None
                 return
             except Exception:  # a bug must not take the connection's other requests down
                 log.exception("handler failed for %s %s", request.method, request.path)
                 if self._chunked_out:  # mid-stream: a 500 can no longer be framed; cut it
+                    self._log(request, 500, t_start)
                     self._task = None
                     if self.transport is not None:
                         self.transport.abort()
                     return
                 response = self.server.error(500, "internal gateway error")
             if self.closed:
+                self._log(request, CLIENT_CLOSED, t_start)
                 self._task = None
                 return
             if response is not None:
                 head_only = request.method == "HEAD"
                 self.write_response(response, request.keep_alive, request.http10, head_only)
+            self._log(request, self._answered[0], t_start)
             if not request.keep_alive:
                 self.close()
                 self._task = None
@@ -260,6 +267,13 @@ class ServerConnection(asyncio.Protocol):
             self._continue_due = False
             self.transport.resume_reading()
 
+    def _log(self, request: Request, status: int, t_start: float) -> None:
+        """The request's access-log line (``spec.access_log``), if on."""
+        access = self.server.access_log
+        if access is not None:
+            access.record(request, status, self._answered[1], perf_counter() - t_start)
+        self._answered = (0, None)
+
     def write_response(
         self,
         response: Response,
@@ -276,6 +290,7 @@ class ServerConnection(asyncio.Protocol):
         else:
             connection = b"Connection: keep-alive\r\n" if http10 else b""
         status = response.status
+        self._answered = (status, response.headers)
         if status in _BODYLESS:  # no body and no length (RFC 9110 8.6, 15.4.5)
             tail = connection + b"\r\n"
             body = b""
@@ -302,6 +317,7 @@ class ServerConnection(asyncio.Protocol):
         by closing the connection.)"""
         assert self.transport is not None
         self._chunked_out = not end
+        self._answered = (status, headers)
         current = self._current
         if current is not None and current.http10:
             current.keep_alive = False
