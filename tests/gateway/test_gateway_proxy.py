@@ -13,10 +13,14 @@ from gateway_support import (
     FakeRouterFactory,
     backends_running,
     gateway_config,
+    gateway_doc,
     gateway_running,
     parse_sse,
     wait_until,
 )
+
+from warmfleet.core.errors import ConfigError
+from warmfleet.gateway.config import parse_gateway_config
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 TRACE_CONTEXT = {
@@ -346,3 +350,40 @@ async def test_strategy_bug_is_a_json_500_not_a_crash() -> None:
         del factory.routers[-1].choose  # back to the class's method
         async with client.post(gw.url + "/v1/chat/completions", json=CHAT) as r:
             assert r.status == 200
+
+
+async def test_data_parallel_ranks_are_pinned_by_header() -> None:
+    """Two entries for two ranks of one data-parallel server (same URL) are two routing
+    targets: each request carries the rank of the entry it was routed to, so the server's own
+    DP balancer keeps it there; an entry without a rank sends no such header."""
+    async with (
+        backends_running("dp", "plain") as (dp, plain),
+        aiohttp.ClientSession() as client,
+    ):
+        doc = gateway_doc([dp, plain])
+        doc["spec"]["endpoints"][0]["variants"][0]["instances"] = [
+            {"id": "dp-0", "url": dp.url, "data_parallel_rank": 0},
+            {"id": "dp-1", "url": dp.url, "data_parallel_rank": 1},
+            {"id": "plain", "url": plain.url},
+        ]
+        async with gateway_running(parse_gateway_config(doc)) as gw:
+            routed = []
+            for _ in range(6):
+                async with client.post(gw.url + "/v1/chat/completions", json=CHAT) as resp:
+                    assert resp.status == 200
+                    routed.append(resp.headers["x-warmfleet-instance"])
+            described = gw.gateway.state.default_endpoint().variant("v1").describe()
+    assert sorted(set(routed)) == ["dp-0", "dp-1", "plain"]
+    ranks = [iid[-1] for iid in routed if iid.startswith("dp-")]
+    assert [h.get("X-Data-Parallel-Rank") for h in dp.stats.headers] == ranks
+    assert all("X-Data-Parallel-Rank" not in h for h in plain.stats.headers)
+    assert [i["data_parallel_rank"] for i in described["instances"]] == [0, 1, None]
+
+
+def test_a_negative_data_parallel_rank_is_rejected_naming_it() -> None:
+    doc = gateway_doc([])
+    doc["spec"]["endpoints"][0]["variants"][0]["instances"] = [
+        {"id": "a", "url": "http://127.0.0.1:1", "data_parallel_rank": -1}
+    ]
+    with pytest.raises(ConfigError, match=r"data_parallel_rank: .*greater than or equal to 0"):
+        parse_gateway_config(doc)

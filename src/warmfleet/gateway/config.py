@@ -85,8 +85,14 @@ class HealthConfig(StrictModel):
 
 
 class InstanceSpec(StrictModel):
+    """``data_parallel_rank``: one data-parallel rank of a vLLM/SGLang server started with
+    ``--data-parallel-size`` (one entry per rank, same ``url``); its requests carry
+    ``X-Data-Parallel-Rank`` so the server's own DP balancer does not move them off the rank
+    whose KV cache the gateway routed for."""
+
     id: Name
     url: str
+    data_parallel_rank: int | None = Field(default=None, ge=0)
 
     @field_validator("url")
     @classmethod

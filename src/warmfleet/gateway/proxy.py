@@ -32,6 +32,7 @@ from warmfleet.gateway.messages import Request, Response
 from warmfleet.gateway.state import InstanceRuntime, RouterLike, VariantRuntime
 from warmfleet.gateway.upstream import (
     Exchange,
+    Origin,
     UpstreamClosedError,
     UpstreamConnectError,
     UpstreamPool,
@@ -275,7 +276,7 @@ class Proxy:
         conn = relay.conn
         conn.on_pause = up.pause_reading
         ex = up.start(
-            _request_bytes(call.request, origin.host_header, origin.prefix + path.encode()),
+            _request_bytes(call.request, origin, origin.prefix + path.encode()),
             limits.upstream_read_timeout_s,
             limits.upstream_total_timeout_s,
             relay,
@@ -329,7 +330,7 @@ def _count_decision(variant: VariantRuntime, decision: Decision) -> None:
         variant.spill_counter(decision.instance_id).inc()
 
 
-def _request_bytes(request: Request, host: bytes, target: bytes) -> bytes:
+def _request_bytes(request: Request, origin: Origin, target: bytes) -> bytes:
     """The upstream request: the client's body unchanged, with the few headers that matter."""
     incoming = request.headers
     ctype = incoming.get("content-type", "application/json")
@@ -339,10 +340,10 @@ def _request_bytes(request: Request, host: bytes, target: bytes) -> bytes:
     body = request.body
     return b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n%s" % (
         target,
-        host,
+        origin.host_header,
         ctype.encode("latin-1"),
         len(body),
-        extra.encode("latin-1"),
+        extra.encode("latin-1") + origin.extra_headers,
         body,
     )
 

@@ -56,6 +56,7 @@ class InstanceRuntime:
 
     __slots__ = (
         "base_url",
+        "data_parallel_rank",
         "failures",
         "healthy",
         "in_flight_requests",
@@ -73,7 +74,8 @@ class InstanceRuntime:
     ) -> None:
         self.instance_id = spec.id
         self.base_url = spec.url
-        self.origin = Origin(spec.url)
+        self.data_parallel_rank = spec.data_parallel_rank
+        self.origin = Origin(spec.url, spec.data_parallel_rank)
         self.healthy = True
         self.failures = 0
         self.successes = 0
@@ -164,7 +166,7 @@ class VariantRuntime:
         new: dict[str, InstanceRuntime] = {}
         for spec in specs:
             old = self.instances.get(spec.id)
-            if old is not None and old.base_url == spec.url:
+            if old is not None and self.spec_of(old) == spec:
                 new[spec.id] = old
             else:
                 new[spec.id] = InstanceRuntime(spec, self._metrics, self.endpoint, self.name)
@@ -193,7 +195,9 @@ class VariantRuntime:
 
     @staticmethod
     def spec_of(inst: InstanceRuntime) -> InstanceSpec:
-        return InstanceSpec(id=inst.instance_id, url=inst.base_url)
+        return InstanceSpec(
+            id=inst.instance_id, url=inst.base_url, data_parallel_rank=inst.data_parallel_rank
+        )
 
     # ---- health --------------------------------------------------------------------------
 
@@ -268,6 +272,7 @@ class VariantRuntime:
                 {
                     "id": i.instance_id,
                     "url": i.base_url,
+                    "data_parallel_rank": i.data_parallel_rank,
                     "healthy": i.healthy,
                     "in_flight_requests": i.in_flight_requests,
                     "in_flight_tokens": i.in_flight_tokens,

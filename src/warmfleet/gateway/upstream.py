@@ -23,11 +23,12 @@ import httptools
 
 
 class Origin:
-    """Where an instance's requests go: ``http(s)://host[:port][/prefix]`` parsed once."""
+    """Where an instance's requests go: ``http(s)://host[:port][/prefix]`` parsed once;
+    ``extra_headers``: request header lines every request to it carries (a pinned DP rank)."""
 
-    __slots__ = ("addr", "host_header", "prefix", "tls")
+    __slots__ = ("addr", "extra_headers", "host_header", "prefix", "tls")
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, data_parallel_rank: int | None = None) -> None:
         parts = urlsplit(url)
         self.tls = parts.scheme == "https"
         host = parts.hostname or "127.0.0.1"
@@ -35,6 +36,8 @@ class Origin:
         self.addr = (host, port, self.tls)
         self.host_header = parts.netloc.rpartition("@")[2].encode("idna")
         self.prefix = parts.path.rstrip("/").encode()
+        rank = data_parallel_rank
+        self.extra_headers = b"" if rank is None else b"X-Data-Parallel-Rank: %d\r\n" % rank
 
 
 class UpstreamConnectError(Exception):
