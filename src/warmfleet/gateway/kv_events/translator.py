@@ -15,6 +15,7 @@ from warmfleet.gateway.kv_events.view import (
     InstanceView,
     ReplayRequest,
     TranslatorStats,
+    follows_group,
     prune_untracked,
 )
 from warmfleet.gateway.kv_events.wire import (
@@ -67,24 +68,6 @@ def _primary_tier(medium: str | None) -> bool:
     """The engine's own KV cache (vLLM's ``GPU``; no medium: an older vLLM). Offload tiers
     (``CPU``, ``STORAGE``...) publish the same block hashes with their own stores and removals."""
     return medium is None or medium.upper() == "GPU"
-
-
-def _primary_group(view: InstanceView, event: BlockStored | BlockRemoved) -> bool:
-    """Whether ``event`` belongs to the KV cache group the view follows. A hybrid model
-    (several groups: full attention with sliding window or Mamba layers) reports each block
-    once per group, with the group's own block size and evictions; a prefix hit needs the
-    full-attention blocks, so the first full-attention group reported is followed and the
-    others are ignored (a removal of a sliding-window block must not drop a block still held
-    for full attention). Events without a group (older vLLM, one group) are all followed."""
-    group = event.group_idx
-    if group is None:
-        return True
-    if isinstance(event, BlockStored) and event.kv_cache_spec_kind is not None:
-        if event.kv_cache_spec_kind != "full_attention":
-            return False
-        if view.primary_group is None:
-            view.primary_group = group
-    return group == (view.primary_group if view.primary_group is not None else 0)
 
 
 def _foreign_from(event: BlockStored, parent: int) -> int:
@@ -230,7 +213,7 @@ class KvEventTranslator:
         view.last_batch_s = now_s
         view.expect_by_s = None
         if seq == 0:  # the engine's whole history (first batch, or the engine restarted)
-            view.primary_group = None  # a restarted engine may serve another model
+            view.primary_group, view.followed_group_0 = None, False  # maybe another model now
             if expected != 0:
                 view.translate.clear()
                 view.held.clear()
@@ -263,7 +246,11 @@ class KvEventTranslator:
         if not _primary_tier(event.medium):
             self.stats.other_tier_events += 1
             return True
-        if not _primary_group(view, event):
+        kind = event.kv_cache_spec_kind if isinstance(event, BlockStored) else None
+        followed, switched = follows_group(view, event.group_idx, kind)
+        if switched:  # group 0 was followed until a full-attention group showed up
+            self._fall_back(instance_id, view, f"KV cache group {view.primary_group} followed")
+        if not followed:
             self.stats.other_group_events += 1
             return True
         if isinstance(event, BlockRemoved):

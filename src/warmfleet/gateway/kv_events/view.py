@@ -26,8 +26,9 @@ class InstanceView:
     held: set[EngineHash] = field(default_factory=set)
     peak_held: int = 0
     # A hybrid model's KV cache group that stands for the instance: the first full-attention
-    # group it reported (None: none reported; then group 0, or events without a group).
+    # group it reported (None: none reported yet; group 0 is followed meanwhile).
     primary_group: int | None = None
+    followed_group_0: bool = False  # group-0 events were followed before primary_group was known
     clean_batches: int = 0
     # Waiting for a replay of the batches from ``replay_from`` on, or applying one
     # (``draining``): the batches that arrive meanwhile, in order (None: neither).
@@ -38,6 +39,29 @@ class InstanceView:
     last_batch_s: float = 0.0
     expect_by_s: float | None = None
     cause: str = "no events yet"
+
+
+def follows_group(view: InstanceView, group: int | None, kind: str | None) -> tuple[bool, bool]:
+    """(whether an event of KV cache ``group`` is followed, whether the followed group just
+    changed). ``kind``: the group's ``kv_cache_spec_kind`` (stores carry it, removals do not).
+
+    A hybrid model (full attention with sliding-window or Mamba layers) reports each block
+    once per group, with the group's own block size and evictions. A prefix hit needs the
+    full-attention blocks, so the first full-attention group reported is followed and the
+    others are ignored: a sliding-window eviction must not drop a block still held for full
+    attention. Until a full-attention group shows up, group 0 is followed (a model with one
+    group of another kind, or an engine that names no kinds). Events without a group (older
+    vLLM) are all followed."""
+    if group is None:
+        return True, False
+    switched = False
+    if kind == "full_attention" and view.primary_group is None:
+        view.primary_group = group
+        switched = group != 0 and view.followed_group_0
+    if view.primary_group is None:
+        view.followed_group_0 = view.followed_group_0 or group == 0
+        return group == 0, False
+    return group == view.primary_group, switched
 
 
 def prune_untracked(view: InstanceView) -> int:
