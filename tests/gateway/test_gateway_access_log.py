@@ -97,3 +97,28 @@ async def test_a_reload_switches_it(tmp_path: Path, caplog: pytest.LogCaptureFix
             path.write_text(yaml.safe_dump(doc))
             assert gw.gateway.reload() is True
             assert gw.app.server.access_log is None
+
+
+async def test_a_request_in_flight_when_it_is_switched_on_gets_no_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its start was not timed: no line with a made-up duration; the next request has one."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    async with backends_running("a") as backends, aiohttp.ClientSession() as client:
+        gate = backends[0].gate = asyncio.Event()
+        path = tmp_path / "gateway.yaml"
+        doc = gateway_doc(backends)
+        path.write_text(yaml.safe_dump(doc))
+        async with gateway_running(load_gateway_config(path), config_path=path) as gw:
+            url = gw.url + "/v1/chat/completions"
+            async with client.post(url, json={**CHAT, "stream": True}) as resp:
+                await resp.content.readany()  # in flight, held after its first chunk
+                doc["spec"]["access_log"] = True
+                path.write_text(yaml.safe_dump(doc))
+                assert gw.gateway.reload() is True
+                gate.set()
+                await resp.read()
+            async with client.post(url, json=CHAT) as resp:
+                assert resp.status == 200
+            await wait_until(lambda: len(lines(caplog)) == 1)
+    assert lines(caplog)[0].startswith("POST /v1/chat/completions 200 ")

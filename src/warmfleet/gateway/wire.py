@@ -270,7 +270,7 @@ class ServerConnection(asyncio.Protocol):
     def _log(self, request: Request, status: int, t_start: float) -> None:
         """The request's access-log line (``spec.access_log``), if on."""
         access = self.server.access_log
-        if access is not None:
+        if access is not None and t_start:  # 0: it was off when the request began
             access.record(request, status, self._answered[1], perf_counter() - t_start)
         self._answered = (0, None)
 
