@@ -244,3 +244,22 @@ def test_no_metric_label_collides_with_prometheus_target_labels() -> None:
     }
     assert "instance_id" in labels
     assert not labels & {"instance", "job"}
+
+
+def test_an_instance_keeps_its_state_unless_its_url_or_rank_changes() -> None:
+    """Same id, URL and rank: the same runtime (health, load). Another rank: a new runtime
+    whose requests carry the new ``X-Data-Parallel-Rank``."""
+    url = "http://127.0.0.1:1"
+    spec = doc(endpoints=[{"name": "e", "variants": [
+        {"name": "v", "instances": [{"id": "a", "url": url, "data_parallel_rank": 0}]}
+    ]}])  # fmt: skip
+    state = GatewayState(parse_gateway_config(spec), FakeRouterFactory(), GatewayMetrics())
+    variant = state.default_endpoint().variant("v")
+    first = variant.instances["a"]
+    variant.set_instances([InstanceSpec(id="a", url=url, data_parallel_rank=0)])
+    assert variant.instances["a"] is first
+    variant.set_instances([InstanceSpec(id="a", url=url, data_parallel_rank=1)])
+    moved = variant.instances["a"]
+    assert moved is not first
+    assert first.removed
+    assert moved.origin.extra_headers == b"X-Data-Parallel-Rank: 1\r\n"

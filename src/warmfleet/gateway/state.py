@@ -166,7 +166,11 @@ class VariantRuntime:
         new: dict[str, InstanceRuntime] = {}
         for spec in specs:
             old = self.instances.get(spec.id)
-            if old is not None and self.spec_of(old) == spec:
+            if (
+                old is not None
+                and old.base_url == spec.url
+                and old.data_parallel_rank == spec.data_parallel_rank
+            ):
                 new[spec.id] = old
             else:
                 new[spec.id] = InstanceRuntime(spec, self._metrics, self.endpoint, self.name)
