@@ -66,9 +66,33 @@ class AdminConfig(StrictModel):
         return value
 
 
+class OutlierConfig(StrictModel):
+    """Passive outlier detection (Envoy's ``consecutive_gateway_failure``) on real requests.
+
+    ``consecutive_failures`` gateway failures in a row (connect error, a timeout or a dropped
+    connection before the answer, a 502/503/504 answer, a failure mid-stream) eject an
+    instance; a refused connection ejects at once. The n-th ejection lasts
+    ``min(base_ejection_time_s * n, max_ejection_time_s)``; then the instance is on probation
+    (one request at a time): a success readmits it, a failure ejects it again, for longer.
+    ``max_ejection_percent`` of a variant's instances (at least one) may be ejected at once."""
+
+    consecutive_failures: int = Field(default=3, ge=1, le=100)
+    base_ejection_time_s: float = Field(default=30.0, gt=0)
+    max_ejection_time_s: float = Field(default=300.0, gt=0)
+    max_ejection_percent: int = Field(default=50, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _max_not_below_base(self) -> OutlierConfig:
+        if self.max_ejection_time_s < self.base_ejection_time_s:
+            raise ValueError("max_ejection_time_s must not be below base_ejection_time_s")
+        return self
+
+
 class HealthConfig(StrictModel):
     """Active polling of each instance's health path; ejection after ``unhealthy_threshold``
-    consecutive failures, readmission after ``healthy_threshold`` consecutive successes."""
+    consecutive failures, readmission after ``healthy_threshold`` consecutive successes.
+    ``passive_ejection`` turns on ``outlier`` detection on real requests, whose ejections only
+    real requests end (a passing health probe does not)."""
 
     interval_s: float = Field(default=5.0, gt=0)
     timeout_s: float = Field(default=2.0, gt=0)
@@ -76,6 +100,7 @@ class HealthConfig(StrictModel):
     healthy_threshold: int = Field(default=2, ge=1)
     path: str = Field(default="/health", pattern=r"^/")
     passive_ejection: bool = True
+    outlier: OutlierConfig = Field(default_factory=OutlierConfig)
 
     @model_validator(mode="after")
     def _timeout_within_interval(self) -> HealthConfig:

@@ -4,25 +4,85 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Iterator
+from itertools import accumulate
 from typing import Any
 
 from warmfleet.core.errors import ConfigError, NotFoundError
 from warmfleet.gateway.config import GatewayConfig, GatewaySpec, HealthConfig, LimitsConfig
 from warmfleet.gateway.metrics import GatewayMetrics
-from warmfleet.gateway.state import EndpointRuntime, RouterFactory, VariantRuntime
+from warmfleet.gateway.state import RouterFactory, VariantRuntime
 from warmfleet.routing.config import RoutingConfig
 
 log = logging.getLogger(__name__)
+_MAX_MODEL_CACHE = 1024
+
+
+class EndpointRuntime:
+    """An endpoint: its variants and the weighted choice among those serving a model."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.variants: dict[str, VariantRuntime] = {}
+        self._by_model: dict[str | None, tuple[tuple[VariantRuntime, ...], list[float]]] = {}
+
+    def invalidate(self) -> None:
+        self._by_model = {}
+
+    def variant(self, name: str) -> VariantRuntime:
+        found = self.variants.get(name)
+        if found is None:
+            raise NotFoundError(f"variant {name!r} not found in endpoint {self.name!r}")
+        return found
+
+    def pick_variant(
+        self, model: str | None, requested: str | None, rng: random.Random
+    ) -> VariantRuntime:
+        """The named variant, else a weighted choice among the variants serving ``model``."""
+        if requested is not None:
+            chosen = self.variant(requested)
+            if model is not None and not chosen.serves(model):
+                raise NotFoundError(f"the model {model!r} is not served by variant {requested!r}")
+            return chosen
+        entry = self._by_model.get(model)
+        if entry is None:
+            entry = self._candidates(model)
+            if len(self._by_model) >= _MAX_MODEL_CACHE:
+                self._by_model.clear()
+            self._by_model[model] = entry
+        variants, cumulative = entry
+        if len(variants) == 1:
+            return variants[0]
+        total = cumulative[-1]
+        if total <= 0:
+            return rng.choice(variants)
+        return variants[min(bisect_right(cumulative, rng.random() * total), len(variants) - 1)]
+
+    def _candidates(self, model: str | None) -> tuple[tuple[VariantRuntime, ...], list[float]]:
+        variants = tuple(v for v in self.variants.values() if model is None or v.serves(model))
+        if not variants:
+            raise NotFoundError(f"the model {model!r} does not exist on endpoint {self.name!r}")
+        return variants, list(accumulate(v.weight for v in variants))
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "variants": [v.describe() for v in self.variants.values()]}
 
 
 class GatewayState:
     """Endpoints, limits, health settings and the admin token currently in force."""
 
     def __init__(
-        self, config: GatewayConfig, factory: RouterFactory, metrics: GatewayMetrics
+        self,
+        config: GatewayConfig,
+        factory: RouterFactory,
+        metrics: GatewayMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = metrics
+        self.clock = clock  # of passive ejections (tests inject one)
         self.factory = factory
         self.rng = random.Random(config.spec.seed)
         self.endpoints: dict[str, EndpointRuntime] = {}
@@ -116,12 +176,20 @@ class GatewayState:
             for v_config in ep_config.variants:
                 existing = endpoint.variants.get(v_config.name)
                 if existing is None:
-                    variants[v_config.name] = VariantRuntime(
-                        ep_config.name, v_config, self.factory, self.metrics, spec.seed
+                    existing = VariantRuntime(
+                        ep_config.name,
+                        v_config,
+                        self.factory,
+                        self.metrics,
+                        spec.seed,
+                        clock=self.clock,
                     )
                 else:
                     existing.update_config(v_config)
-                    variants[v_config.name] = existing
+                existing.configure_outlier(
+                    spec.health.outlier, enabled=spec.health.passive_ejection
+                )
+                variants[v_config.name] = existing
             for name, old in endpoint.variants.items():
                 if name not in variants:
                     old.set_instances([])  # forget its gauges; in-flight requests keep refs

@@ -5,6 +5,11 @@ A round probes all instances concurrently (each probe bounded by ``timeout_s``);
 probes (with the default of 2, within two intervals of dying) and readmitted after
 ``healthy_threshold`` consecutive successes. Settings are re-read every round, so a reload
 applies at the next round.
+
+A probe never ends a *passive* ejection (``gateway.outlier``: an instance whose completions
+hang may answer its health path all along); only real requests do, on probation. Each round
+moves the passive ejections whose time has passed to probation (requests do that too), so
+the admin view and the gauges stay current without traffic.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class HealthMonitor:
         ]
         if probes:
             await asyncio.gather(*probes)
+        for variant in self.state.variants():
+            variant.expire_ejections()
         self.rounds_completed += 1
         self._round_done.set()
         self._round_done = asyncio.Event()

@@ -17,6 +17,9 @@ Names (all prefixed ``warmfleet_gateway_``; the engine instance is ``instance_id
   ``predicted_cached_blocks_total{endpoint,variant}``
 - ``retries_total{endpoint,variant}``, ``ejections_total{endpoint,variant,instance_id,cause}``,
   ``readmissions_total{endpoint,variant,instance_id}``, ``config_reloads_total{source,result}``.
+- Passive outlier detection: ``attempt_failures_total{endpoint,variant,instance_id,cause}``,
+  ``ejections_overflow_total{endpoint,variant,instance_id}`` (refused by
+  ``max_ejection_percent``), ``instance_ejected`` and ``instance_on_probation`` (gauges).
 
 The metrics updated on every proxied request (requests, in-flight, decision/overhead/TTFT
 histograms, predicted hits, retries) are ``FastCounter`` / ``FastGauge`` / ``FastHistogram``:
@@ -269,6 +272,28 @@ class GatewayMetrics:
         self.ejections = Counter(
             f"{_PREFIX}_ejections", "Instances ejected", (*instance, "cause"), registry=reg
         )
+        self.attempt_failures = Counter(
+            f"{_PREFIX}_attempt_failures",
+            "Attempts that failed on an instance (gateway failures: connect, timeout, "
+            "disconnect, 502/503/504 status, broken stream)",
+            (*instance, "cause"),
+            registry=reg,
+        )
+        self.ejections_overflow = Counter(
+            f"{_PREFIX}_ejections_overflow",
+            "Passive ejections refused by max_ejection_percent",
+            instance,
+            registry=reg,
+        )
+        self.ejected = FastGauge(
+            f"{_PREFIX}_instance_ejected", "1 while passively ejected", instance, reg
+        )
+        self.probation = FastGauge(
+            f"{_PREFIX}_instance_on_probation",
+            "1 while on probation after a passive ejection",
+            instance,
+            reg,
+        )
         self.readmissions = Counter(
             f"{_PREFIX}_readmissions", "Instances readmitted", instance, registry=reg
         )
@@ -281,6 +306,6 @@ class GatewayMetrics:
 
     def forget_instance(self, endpoint: str, variant: str, instance: str) -> None:
         """Drop the per-instance gauges of a removed instance (counters keep their history)."""
-        for gauge in (self.in_flight, self.healthy):
+        for gauge in (self.in_flight, self.healthy, self.ejected, self.probation):
             with contextlib.suppress(KeyError):
                 gauge.remove(endpoint, variant, instance)

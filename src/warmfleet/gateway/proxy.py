@@ -4,7 +4,10 @@
   from inside the upstream connection's ``data_received`` (no task switch per chunk). SSE
   events are written as soon as they are complete; a partial event is held only until its end
   arrives, so an error event can never be glued onto half an event.
-- Retries go to another instance, and only before any byte reached the client.
+- Retries go to another instance, and only before any byte reached the client: a refused or
+  dropped connection, and a timeout waiting for the answer (a wedged instance).
+- Every attempt's outcome feeds passive outlier detection (``gateway.outlier``): gateway
+  failures eject an instance, and a probation instance gets one request at a time.
 - In-flight requests and tokens per instance are counted here and fed to the strategy.
 """
 
@@ -29,6 +32,7 @@ from warmfleet.gateway.errors import (
 )
 from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.messages import Request, Response
+from warmfleet.gateway.outlier import IN, PROBATION, FailureCause
 from warmfleet.gateway.state import InstanceRuntime, RouterLike, VariantRuntime
 from warmfleet.gateway.upstream import (
     Exchange,
@@ -46,6 +50,10 @@ log = logging.getLogger(__name__)
 # context (vLLM's OpenTelemetry tracing continues the client's trace from them).
 _PASS_REQUEST_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate", "baggage")
 _MAX_HELD_EVENT_BYTES = 1 << 20
+# On a retried request's answer (or its final error): how many instances were tried.
+ATTEMPTS_HEADER = "x-warmfleet-attempts"
+# Answers that count as the instance failing (Envoy's gateway failures), though relayed.
+_GATEWAY_FAILURE_STATUSES = frozenset((502, 503, 504))
 
 
 class SseFramer:
@@ -87,7 +95,7 @@ class _Retry(Exception):
 class _Attempt:
     """One try of one request on one instance."""
 
-    __slots__ = ("decision", "inst", "request", "t_start", "variant")
+    __slots__ = ("decision", "index", "inst", "request", "t_start", "variant")
 
     def __init__(
         self,
@@ -96,21 +104,36 @@ class _Attempt:
         inst: InstanceRuntime,
         decision: Decision,
         t_start: float,
+        *,
+        index: int,
     ) -> None:
         self.request = request
         self.variant = variant
         self.inst = inst
         self.decision = decision
         self.t_start = t_start
+        self.index = index  # 0: the first attempt
 
     def count(self, status: str) -> None:
         self.variant.request_counter(self.inst.instance_id, self.decision.reason, status).inc()
 
-    def timeout(self, err: BaseException) -> NoReturn:
-        self.count("504")
-        raise UpstreamTimeoutError(
-            f"instance {self.inst.instance_id!r} did not answer in time"
-        ) from err
+    def failed(self, cause: FailureCause, message: str, err: BaseException) -> NoReturn:
+        """This attempt failed before any byte reached the client: count it against the
+        instance and let ``forward`` try another one."""
+        self.variant.passive_failure(self.inst, cause)
+        name = self.inst.instance_id
+        if cause is FailureCause.TIMEOUT:
+            raise _Retry(UpstreamTimeoutError(f"instance {name!r} {message}")) from err
+        raise _Retry(UpstreamError(f"instance {name!r} {message}: {err}")) from err
+
+    def answered(self, status: int) -> None:
+        """The instance answered (the relay has passed it on)."""
+        if status in _GATEWAY_FAILURE_STATUSES:
+            self.variant.passive_failure(self.inst, FailureCause.STATUS)
+            return
+        rec = self.inst.outlier
+        if rec.consecutive_failures or rec.standing is not IN:
+            self.variant.passive_success(self.inst)
 
 
 class _Relay:
@@ -242,23 +265,20 @@ class Proxy:
                 break
             _count_decision(variant, decision)
             inst.add_load(1, cost)
+            call = _Attempt(request, variant, inst, decision, t_start, index=attempt)
+            if inst.outlier.standing is PROBATION:
+                variant.begin_trial(inst, call)  # its one request until it has answered
             try:
-                call = _Attempt(request, variant, inst, decision, t_start)
                 return await self._attempt(call, path)
             except _Retry as retry:
                 failure = retry.cause
                 excluded = excluded or set()
                 excluded.add(inst.instance_id)
-            except UpstreamTimeoutError as err:
-                return error_response(err, instance=inst.instance_id, reason=decision.reason)
             finally:
                 inst.add_load(-1, -cost)
-        if failure is None:
-            failure = NoInstanceAvailableError(
-                f"no healthy instance in variant {variant.name!r} of endpoint {variant.endpoint!r}"
-            )
-        variant.request_counter("none", "unavailable", str(status_and_type(failure)[0])).inc()
-        return error_response(failure, reason="unavailable")
+                if inst.outlier.trial is call:
+                    variant.end_trial(inst, call)  # no verdict (the client left)
+        return _unavailable(variant, failure, len(excluded) if excluded else 0)
 
     async def _attempt(self, call: _Attempt, path: str) -> Response | None:
         inst = call.inst
@@ -266,10 +286,7 @@ class Proxy:
         try:
             up = await self.pool.acquire(origin.addr)
         except UpstreamConnectError as err:
-            self._failed(call, "connect", eject=True)
-            raise _Retry(
-                UpstreamError(f"instance {inst.instance_id!r} unreachable: {err}")
-            ) from err
+            call.failed(FailureCause.CONNECT, "unreachable", err)
         limits = self.state.limits
         call.variant.m_overhead.observe(perf_counter() - call.t_start)
         relay = _Relay(call)
@@ -288,25 +305,27 @@ class Proxy:
                 up.abort()  # the client left; the instance sees the disconnect
             call.count("client_disconnect")
             raise
-        except (UpstreamTimeout, UpstreamClosedError) as err:
+        except UpstreamTimeout as err:
             if relay.started:
                 self._mid_stream_failure(call, relay, err)
                 return None
-            if isinstance(err, UpstreamTimeout):
-                call.timeout(err)
-            self._failed(call, "disconnect", eject=False)
-            raise _Retry(UpstreamError(f"instance {inst.instance_id!r} failed: {err}")) from err
+            call.failed(FailureCause.TIMEOUT, "did not answer in time", err)
+        except UpstreamClosedError as err:
+            if relay.started:
+                self._mid_stream_failure(call, relay, err)
+                return None
+            call.failed(FailureCause.DISCONNECT, "failed", err)
         finally:
             conn.on_pause = None
         # The instance is done: its load is released now, not when the client has read the
         # answer (the server holds the connection's next request until then).
+        call.answered(ex.status)
         call.count("client_disconnect" if conn.closed else str(ex.status))
         return None
 
     def _mid_stream_failure(self, call: _Attempt, relay: _Relay, err: Exception) -> None:
         timed_out = isinstance(err, UpstreamTimeout)
-        if not timed_out:
-            self._failed(call, "stream", eject=False)
+        call.variant.passive_failure(call.inst, FailureCause.STREAM)
         log.warning("instance %s failed mid-stream: %r", call.inst.instance_id, err)
         name = type(err).__name__
         message = f"instance {call.inst.instance_id!r} failed mid-stream: {name}"
@@ -314,12 +333,17 @@ class Proxy:
         relay.conn.send(sse_error_event(message, code=504 if timed_out else 502), end=True)
         call.count("stream_error")
 
-    def _failed(self, call: _Attempt, cause: str, *, eject: bool) -> None:
-        health = self.state.health
-        if not health.passive_ejection:
-            return
-        threshold = 1 if eject else health.unhealthy_threshold
-        call.variant.record_failure(call.inst, threshold, f"passive_{cause}")
+
+def _unavailable(variant: VariantRuntime, failure: WarmfleetError | None, tried: int) -> Response:
+    """Every attempt failed (``failure``: the last one's error; ``tried`` instances), or no
+    instance was left."""
+    if failure is None:
+        failure = NoInstanceAvailableError(
+            f"no healthy instance in variant {variant.name!r} of endpoint {variant.endpoint!r}"
+        )
+    variant.request_counter("none", "unavailable", str(status_and_type(failure)[0])).inc()
+    extra = {ATTEMPTS_HEADER: str(tried)} if tried > 1 else None
+    return error_response(failure, reason="unavailable", extra_headers=extra)
 
 
 def _count_decision(variant: VariantRuntime, decision: Decision) -> None:
@@ -350,6 +374,8 @@ def _request_bytes(request: Request, origin: Origin, target: bytes) -> bytes:
 
 def _response_headers(ex: Exchange, call: _Attempt) -> dict[str, str]:
     headers = {INSTANCE_HEADER: call.inst.instance_id, REASON_HEADER: call.decision.reason}
+    if call.index:
+        headers[ATTEMPTS_HEADER] = str(call.index + 1)
     incoming = ex.headers
     for name in ("content-encoding", "x-request-id"):
         value = incoming.get(name)

@@ -1,4 +1,5 @@
-"""Live state of the gateway: endpoints -> variants -> instances, with load and health.
+"""Live state of the gateway: variants -> instances, with load and health (active probes and
+passive outlier detection, whose policy is ``gateway.outlier``).
 
 All mutation happens on the event loop (no locks). Changes replace whole objects (a variant's
 router, its instance dict), so a request that already holds a reference keeps using what it
@@ -8,24 +9,30 @@ started with: in-flight requests are untouched by a reconfiguration.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
-from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from itertools import accumulate
 from typing import Any, Protocol
 
 from prometheus_client import Counter
 
 from warmfleet.core.errors import NotFoundError
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, InstanceState, RoutingKey
-from warmfleet.gateway.config import FileDiscovery, InstanceSpec, VariantConfig
+from warmfleet.gateway.config import FileDiscovery, InstanceSpec, OutlierConfig, VariantConfig
 from warmfleet.gateway.metrics import FastValue, GatewayMetrics
+from warmfleet.gateway.outlier import (
+    EJECTED,
+    PROBATION,
+    Change,
+    FailureCause,
+    OutlierPolicy,
+    OutlierRecord,
+)
 from warmfleet.gateway.upstream import Origin
 from warmfleet.routing.config import RoutingConfig
 
 log = logging.getLogger(__name__)
-_MAX_MODEL_CACHE = 1024
 
 
 class RouterLike(Protocol):
@@ -52,18 +59,22 @@ RouterFactory = Callable[[RoutingConfig, random.Random], RouterLike]
 
 
 class InstanceRuntime:
-    """One instance of one variant: where it is, its health and the load the gateway sent it."""
+    """One instance of one variant: where it is, its health and the load the gateway sent it.
+
+    ``active_healthy``: what the health probes say; ``outlier``: what real requests say (the
+    passive standing). It takes traffic when both allow it."""
 
     __slots__ = (
+        "active_healthy",
         "base_url",
         "data_parallel_rank",
         "failures",
-        "healthy",
         "in_flight_requests",
         "in_flight_tokens",
         "instance_id",
         "m_in_flight",
         "origin",
+        "outlier",
         "removed",
         "state",
         "successes",
@@ -76,15 +87,21 @@ class InstanceRuntime:
         self.base_url = spec.url
         self.data_parallel_rank = spec.data_parallel_rank
         self.origin = Origin(spec.url, spec.data_parallel_rank)
-        self.healthy = True
-        self.failures = 0
-        self.successes = 0
+        self.active_healthy = True
+        self.failures = 0  # consecutive failed health probes
+        self.successes = 0  # consecutive good health probes
+        self.outlier = OutlierRecord(spec.id)
         self.in_flight_requests = 0
         self.in_flight_tokens = 0
         self.removed = False
         self.m_in_flight = metrics.in_flight.labels(endpoint, variant, spec.id)
         self.state = InstanceState(spec.id)  # what strategies see; rebuilt on every load change
         metrics.healthy.labels(endpoint, variant, spec.id).set(1)
+
+    @property
+    def takes_traffic(self) -> bool:
+        """In the variant's healthy set (the router's view; a probation instance included)."""
+        return self.active_healthy and self.outlier.standing is not EJECTED
 
     def add_load(self, requests: int, tokens: int) -> None:
         """A request of ``tokens`` tokens starts (``requests=1``) or ends (``-1``, ``-tokens``)."""
@@ -95,7 +112,11 @@ class InstanceRuntime:
 
 
 class VariantRuntime:
-    """A production variant: weight, served models, routing config + router, instances."""
+    """A production variant: weight, served models, routing config + router, instances.
+
+    ``healthy``: the instances that take traffic (the router is told of every change);
+    ``routable``: those a new request may be sent to (minus a probation instance whose one
+    trial request is in flight)."""
 
     def __init__(
         self,
@@ -104,6 +125,9 @@ class VariantRuntime:
         factory: RouterFactory,
         metrics: GatewayMetrics,
         seed: int,
+        *,
+        outlier: OutlierConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.endpoint = endpoint
         self.name = config.name
@@ -111,8 +135,13 @@ class VariantRuntime:
         self._metrics = metrics
         self._seed = seed
         self._generation = 0
+        self._clock = clock
+        self.outlier_policy = OutlierPolicy(outlier or OutlierConfig(), clock)
+        self.passive_ejection = True
+        self._next_expiry_s = math.inf  # the soonest end of a passive ejection
         self.instances: dict[str, InstanceRuntime] = {}
         self.healthy: tuple[InstanceRuntime, ...] = ()
+        self.routable: tuple[InstanceRuntime, ...] = ()
         self._requests: dict[tuple[str, str, str], FastValue] = {}
         self.m_decision = metrics.decision.labels(endpoint, self.name)
         self.m_overhead = metrics.overhead.labels(endpoint, self.name)
@@ -180,7 +209,8 @@ class VariantRuntime:
                 if iid not in new:
                     self._metrics.forget_instance(self.endpoint, self.name, iid)
         self.instances = new
-        self._refresh_healthy()
+        self.outlier_policy.release_excess([i.outlier for i in new.values()])
+        self._outliers_changed()
 
     def replace_static_instances(self, specs: Sequence[InstanceSpec]) -> None:
         """Admin change of a static variant: the live list becomes the variant's config."""
@@ -206,49 +236,137 @@ class VariantRuntime:
     # ---- health --------------------------------------------------------------------------
 
     def _refresh_healthy(self) -> None:
-        """Recompute the healthy set; the router learns of every change (it purges the state of
-        instances that left: a readmitted instance restarts with an empty cache)."""
-        healthy = tuple(i for i in self.instances.values() if i.healthy)
+        """Recompute the healthy and routable sets; the router learns of every change of the
+        healthy set (it purges the state of instances that left: a readmitted instance
+        restarts with an empty cache)."""
+        instances = self.instances.values()
+        healthy = tuple(i for i in instances if i.takes_traffic)
+        self.routable = tuple(i for i in healthy if i.outlier.routable)
         changed = healthy != self.healthy
         self.healthy = healthy
         if changed:
             self.router.on_instances_changed([i.instance_id for i in healthy])
+            for inst in instances:
+                self._gauges(inst)
+
+    def _gauges(self, inst: InstanceRuntime) -> None:
+        labels = (self.endpoint, self.name, inst.instance_id)
+        standing = inst.outlier.standing
+        self._metrics.healthy.labels(*labels).set(1 if inst.takes_traffic else 0)
+        self._metrics.ejected.labels(*labels).set(1 if standing is EJECTED else 0)
+        self._metrics.probation.labels(*labels).set(1 if standing is PROBATION else 0)
 
     def record_failure(self, inst: InstanceRuntime, threshold: int, cause: str) -> bool:
-        """Count a failure; eject at ``threshold`` consecutive ones. True if this ejected it."""
+        """A failed health probe; ``threshold`` in a row eject. True if this ejected it."""
         inst.successes = 0
         inst.failures += 1
-        if not inst.healthy or inst.failures < threshold:
+        if not inst.active_healthy or inst.failures < threshold:
             return False
-        inst.healthy = False
+        inst.active_healthy = False
         if not inst.removed:
             self._refresh_healthy()
-            self._metrics.healthy.labels(self.endpoint, self.name, inst.instance_id).set(0)
             self._metrics.ejections.labels(self.endpoint, self.name, inst.instance_id, cause).inc()
         log.warning("ejected %s/%s/%s (%s)", self.endpoint, self.name, inst.instance_id, cause)
         return True
 
     def record_success(self, inst: InstanceRuntime, threshold: int) -> bool:
-        """Count a success; readmit at ``threshold`` consecutive ones. True if readmitted."""
+        """A good health probe; ``threshold`` in a row readmit. True if readmitted. A passive
+        ejection is not ended by probes (its ``/health`` may have answered all along)."""
         inst.failures = 0
         inst.successes += 1
-        if inst.healthy or inst.successes < threshold:
+        if inst.active_healthy or inst.successes < threshold:
             return False
-        inst.healthy = True
+        inst.active_healthy = True
         if not inst.removed:
             self._refresh_healthy()
-            self._metrics.healthy.labels(self.endpoint, self.name, inst.instance_id).set(1)
-            self._metrics.readmissions.labels(self.endpoint, self.name, inst.instance_id).inc()
-        log.warning("readmitted %s/%s/%s", self.endpoint, self.name, inst.instance_id)
+            if inst.takes_traffic:
+                self._count_readmission(inst, "active")
         return True
+
+    def _count_readmission(self, inst: InstanceRuntime, how: str) -> None:
+        self._metrics.readmissions.labels(self.endpoint, self.name, inst.instance_id).inc()
+        log.warning("readmitted %s/%s/%s (%s)", self.endpoint, self.name, inst.instance_id, how)
+
+    # ---- passive outlier detection (fed by the proxy) -------------------------------------
+
+    def configure_outlier(self, config: OutlierConfig, *, enabled: bool) -> None:
+        """A new ``spec.health``: the next outcome uses it; switched off, every passively
+        ejected instance is back at once."""
+        policy = self.outlier_policy
+        policy.config = config
+        self.passive_ejection = enabled
+        records = [i.outlier for i in self.instances.values()]
+        changed = policy.release_excess(records) if enabled else policy.release_all(records)
+        if changed:
+            self._outliers_changed()
+
+    def passive_failure(self, inst: InstanceRuntime, cause: FailureCause) -> Change:
+        """A real request failed on ``inst`` (a gateway failure): maybe eject it."""
+        self._metrics.attempt_failures.labels(
+            self.endpoint, self.name, inst.instance_id, cause.value
+        ).inc()
+        if not self.passive_ejection or inst.removed:
+            return Change.NONE
+        records = [i.outlier for i in self.instances.values()]
+        change = self.outlier_policy.on_failure(inst.outlier, cause, records)
+        labels = (self.endpoint, self.name, inst.instance_id)
+        if change is Change.EJECTED:
+            self._metrics.ejections.labels(*labels, f"passive_{cause.value}").inc()
+            log.warning(
+                "ejected %s/%s/%s (passive_%s, %d time(s))",
+                *labels,
+                cause.value,
+                inst.outlier.times_ejected,
+            )
+        elif change is Change.OVERFLOW:
+            self._metrics.ejections_overflow.labels(*labels).inc()
+        self._outliers_changed()
+        return change
+
+    def passive_success(self, inst: InstanceRuntime) -> Change:
+        """A real request answered on ``inst``: resets its count; ends its probation."""
+        change = self.outlier_policy.on_success(inst.outlier)
+        if change is Change.READMITTED and not inst.removed:
+            self._outliers_changed()
+            self._count_readmission(inst, "probation passed")
+        return change
+
+    def begin_trial(self, inst: InstanceRuntime, owner: object) -> None:
+        """``owner`` is the one request a probation instance gets until it has answered."""
+        if self.outlier_policy.begin_trial(inst.outlier, owner):
+            self._refresh_healthy()
+
+    def end_trial(self, inst: InstanceRuntime, owner: object) -> None:
+        if self.outlier_policy.end_trial(inst.outlier, owner):
+            self._refresh_healthy()
+
+    def expire_ejections(self) -> None:
+        """Ejections whose time has passed become probation (also called by health rounds,
+        so the admin view is current without traffic)."""
+        records = [i.outlier for i in self.instances.values()]
+        moved, self._next_expiry_s = self.outlier_policy.expire(records)
+        if moved:
+            self._refresh_healthy()
+            for rec in moved:
+                log.warning("on probation %s/%s/%s", self.endpoint, self.name, rec.instance_id)
+
+    def _outliers_changed(self) -> None:
+        records = [i.outlier for i in self.instances.values()]
+        self._next_expiry_s = self.outlier_policy.next_ejection_end(records)
+        self._refresh_healthy()
+        for inst in self.instances.values():
+            self._gauges(inst)
 
     # ---- hot path ------------------------------------------------------------------------
 
     def snapshot(self, exclude: set[str] | None = None) -> FleetSnapshot:
-        healthy = self.healthy
+        now = self._clock()
+        if now >= self._next_expiry_s:
+            self.expire_ejections()
+        routable = self.routable
         if exclude:
-            healthy = tuple(i for i in healthy if i.instance_id not in exclude)
-        return FleetSnapshot(tuple([i.state for i in healthy]), time.monotonic())
+            routable = tuple(i for i in routable if i.instance_id not in exclude)
+        return FleetSnapshot(tuple([i.state for i in routable]), now)
 
     def request_counter(self, instance: str, reason: str, status: str) -> FastValue:
         key = (instance, reason, status)
@@ -264,6 +382,7 @@ class VariantRuntime:
         return self._metrics.spills.labels(self.endpoint, self.name, instance)
 
     def describe(self) -> dict[str, Any]:
+        now = self._clock()
         return {
             "name": self.name,
             "weight": self.weight,
@@ -277,60 +396,12 @@ class VariantRuntime:
                     "id": i.instance_id,
                     "url": i.base_url,
                     "data_parallel_rank": i.data_parallel_rank,
-                    "healthy": i.healthy,
+                    "healthy": i.takes_traffic,
+                    "active_healthy": i.active_healthy,
+                    "outlier": i.outlier.describe(now),
                     "in_flight_requests": i.in_flight_requests,
                     "in_flight_tokens": i.in_flight_tokens,
                 }
                 for i in self.instances.values()
             ],
         }
-
-
-class EndpointRuntime:
-    """An endpoint: its variants and the weighted choice among those serving a model."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.variants: dict[str, VariantRuntime] = {}
-        self._by_model: dict[str | None, tuple[tuple[VariantRuntime, ...], list[float]]] = {}
-
-    def invalidate(self) -> None:
-        self._by_model = {}
-
-    def variant(self, name: str) -> VariantRuntime:
-        found = self.variants.get(name)
-        if found is None:
-            raise NotFoundError(f"variant {name!r} not found in endpoint {self.name!r}")
-        return found
-
-    def pick_variant(
-        self, model: str | None, requested: str | None, rng: random.Random
-    ) -> VariantRuntime:
-        """The named variant, else a weighted choice among the variants serving ``model``."""
-        if requested is not None:
-            chosen = self.variant(requested)
-            if model is not None and not chosen.serves(model):
-                raise NotFoundError(f"the model {model!r} is not served by variant {requested!r}")
-            return chosen
-        entry = self._by_model.get(model)
-        if entry is None:
-            entry = self._candidates(model)
-            if len(self._by_model) >= _MAX_MODEL_CACHE:
-                self._by_model.clear()
-            self._by_model[model] = entry
-        variants, cumulative = entry
-        if len(variants) == 1:
-            return variants[0]
-        total = cumulative[-1]
-        if total <= 0:
-            return rng.choice(variants)
-        return variants[min(bisect_right(cumulative, rng.random() * total), len(variants) - 1)]
-
-    def _candidates(self, model: str | None) -> tuple[tuple[VariantRuntime, ...], list[float]]:
-        variants = tuple(v for v in self.variants.values() if model is None or v.serves(model))
-        if not variants:
-            raise NotFoundError(f"the model {model!r} does not exist on endpoint {self.name!r}")
-        return variants, list(accumulate(v.weight for v in variants))
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "variants": [v.describe() for v in self.variants.values()]}
