@@ -1,20 +1,107 @@
-"""Parsing request bodies at the edge: strict JSON. (Size limit and slow senders are the HTTP
-layer's, ``wire.py``.)"""
+"""Parsing request bodies at the edge: strict JSON, and a bound on the work a body may cost.
+(Size limit and slow senders are the HTTP layer's, ``wire.py``.)
+
+``parse_request_body`` parses and checks the limits of ``LimitsConfig``: JSON nesting depth,
+a chat's messages and content parts, a completions batch's prompts (each a 400 naming the
+param). It and the routing key are pure and synchronous; the handlers run them inline for
+small bodies and on ``BodyWorker``, one thread owned by the gateway runtime, for bodies over
+``limits.offload_body_bytes``. One thread: requests with big bodies queue for it, and the event
+loop thread waits for the GIL at most one switch interval per acquisition (plus whatever single
+C call the worker is in: ``jsonio.loads_body_yielding`` keeps those short).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
 
 from warmfleet.core.errors import BadRequestError
-from warmfleet.core.jsonio import loads_body
+from warmfleet.core.jsonio import deepest_field, loads_body, loads_body_yielding
+from warmfleet.gateway.config import LimitsConfig
+
+T = TypeVar("T")
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Strict UTF-8 JSON whose top level is an object (see ``loads_body``)."""
-    body = loads_body(raw)
+def parse_json_object(raw: bytes, *, yielding: bool = False) -> dict[str, Any]:
+    """Strict UTF-8 JSON whose top level is an object (see ``loads_body``); ``yielding``: parsed
+    without holding the GIL for long (``loads_body_yielding``, for the body worker)."""
+    body = loads_body_yielding(raw) if yielding else loads_body(raw)
     if not isinstance(body, dict):
         raise BadRequestError("request body must be a JSON object", param="body")
     return body
+
+
+def parse_request_body(
+    raw: bytes, limits: LimitsConfig, *, chat: bool, yielding: bool = False
+) -> dict[str, Any]:
+    """A chat (``chat``) or completions body, parsed and within ``limits`` (else 400 naming the
+    param). The counts are skipped when the body is too short to break them."""
+    body = parse_json_object(raw, yielding=yielding)
+    if chat:
+        _check_chat(body, len(raw), limits)
+    else:
+        _check_prompts(body, limits)
+    max_depth = limits.max_json_depth
+    if raw.count(b"{") + raw.count(b"[") > max_depth:  # else it cannot nest that deep
+        field = deepest_field(body, max_depth)
+        if field is not None:
+            raise BadRequestError(
+                f"'{field}' nests JSON deeper than limits.max_json_depth ({max_depth}) levels",
+                param=field,
+            )
+    return body
+
+
+def _check_chat(body: dict[str, Any], size_bytes: int, limits: LimitsConfig) -> None:
+    messages = body.get("messages")
+    if type(messages) is not list:
+        return  # the routing key names the error
+    if len(messages) > limits.max_messages:
+        raise BadRequestError(
+            f"'messages' has {len(messages)} messages, over limits.max_messages "
+            f"({limits.max_messages})",
+            param="messages",
+        )
+    max_parts = limits.max_content_parts
+    if size_bytes <= 2 * max_parts:  # n array elements take at least 2n - 1 bytes
+        return
+    parts = 0
+    for message in messages:
+        if type(message) is dict:
+            content = message.get("content")
+            if type(content) is list:
+                parts += len(content)
+    if parts > max_parts:
+        raise BadRequestError(
+            f"'messages' has {parts} content parts in all, over limits.max_content_parts "
+            f"({max_parts})",
+            param="messages",
+        )
+
+
+def _check_prompts(body: dict[str, Any], limits: LimitsConfig) -> None:
+    """A batch (an array of strings or of token-id arrays) holds at most ``max_prompts``."""
+    prompt = body.get("prompt")
+    if type(prompt) is list and len(prompt) > limits.max_prompts and type(prompt[0]) is not int:
+        raise BadRequestError(
+            f"'prompt' is a batch of {len(prompt)} prompts, over limits.max_prompts "
+            f"({limits.max_prompts})",
+            param="prompt",
+        )
+
+
+def check_key_body_size(size_bytes: int, mode: str, limits: LimitsConfig) -> None:
+    """A body over ``limits.max_key_body_bytes`` for the variant's key mode: 400."""
+    allowed: int = getattr(limits.max_key_body_bytes, mode)
+    if size_bytes > allowed:
+        raise BadRequestError(
+            f"request body of {size_bytes} bytes is over limits.max_key_body_bytes.{mode} "
+            f"({allowed}) for this variant's key mode",
+            param="body",
+        )
 
 
 def openai_fields(body: dict[str, Any]) -> tuple[str, bool]:
@@ -28,3 +115,35 @@ def openai_fields(body: dict[str, Any]) -> tuple[str, bool]:
     if not isinstance(stream, bool):
         raise BadRequestError("'stream' must be a boolean", param="stream")
     return model, stream
+
+
+class BodyWorker:
+    """The one thread that parses and keys big bodies (module docstring). Started and stopped
+    by the gateway runtime's lifespan."""
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._executor is not None
+
+    def start(self) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="warmfleet-body")
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the worker thread. Cancelling the caller drops a job that has not
+        started (a client that left); a running one finishes and its result is dropped."""
+        executor = self._executor
+        if executor is None:
+            raise RuntimeError("body worker not started")
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    async def stop(self) -> None:
+        """Drop the queued jobs, let the running one end, and join the thread (waited for on
+        the default executor, so the event loop is never blocked)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            shutdown = partial(executor.shutdown, wait=True, cancel_futures=True)
+            await asyncio.get_running_loop().run_in_executor(None, shutdown)

@@ -10,7 +10,8 @@ from typing import Any
 
 from warmfleet.core.errors import BadRequestError, WarmfleetError
 from warmfleet.core.types import RoutingKey
-from warmfleet.gateway.body import openai_fields, parse_json_object
+from warmfleet.gateway.body import check_key_body_size, openai_fields, parse_request_body
+from warmfleet.gateway.config import LimitsConfig
 from warmfleet.gateway.errors import error_response, status_and_type
 from warmfleet.gateway.messages import Request, Response
 from warmfleet.gateway.metrics import CONTENT_TYPE
@@ -46,6 +47,11 @@ def _completions_key(router: RouterLike, body: Mapping[str, Any], tenant: str | 
     return router.key_for_completions(body, tenant)
 
 
+def _parse_yielding(raw: bytes, limits: LimitsConfig, chat: bool) -> dict[str, Any]:
+    """``parse_request_body`` as the body worker runs it (GIL released often)."""
+    return parse_request_body(raw, limits, chat=chat, yielding=True)
+
+
 class Handlers:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
@@ -56,24 +62,41 @@ class Handlers:
         return error_response(err)
 
     async def chat_completions(self, request: Request) -> Response | None:
-        return await self._openai(request, CHAT_PATH, _chat_key)
+        return await self._openai(request, CHAT_PATH, _chat_key, chat=True)
 
     async def completions(self, request: Request) -> Response | None:
-        return await self._openai(request, COMPLETIONS_PATH, _completions_key)
+        return await self._openai(request, COMPLETIONS_PATH, _completions_key, chat=False)
 
-    async def _openai(self, request: Request, path: str, key_fn: KeyFn) -> Response | None:
+    async def _openai(
+        self, request: Request, path: str, key_fn: KeyFn, *, chat: bool
+    ) -> Response | None:
+        """Parse, check the limits, pick the variant, build the key. A body over
+        ``limits.offload_body_bytes`` is parsed and keyed on the body worker thread (the
+        variant is picked on the loop, which owns the state); small ones stay inline."""
         t_start = perf_counter()
         state = self.state
+        limits = state.limits
+        raw = request.body
+        offload = len(raw) > limits.offload_body_bytes
         try:
-            body = parse_json_object(request.body)
+            if offload:
+                worker = self.gw.body_worker
+                body = await worker.run(_parse_yielding, raw, limits, chat)
+            else:
+                body = parse_request_body(raw, limits, chat=chat)
             model, _stream = openai_fields(body)
             endpoint = state.openai_endpoint(model)
             variant = endpoint.pick_variant(
                 model, request.headers.get(state.variant_header), state.rng
             )
             router = variant.router
-            tenant = request.headers.get(variant.routing_config.key.tenant_header.lower())
-            key = key_fn(router, body, tenant)
+            key_spec = variant.routing_config.key
+            check_key_body_size(len(raw), key_spec.mode, limits)
+            tenant = request.headers.get(key_spec.tenant_header.lower())
+            if offload:
+                key = await worker.run(key_fn, router, body, tenant)
+            else:
+                key = key_fn(router, body, tenant)
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
@@ -86,9 +109,11 @@ class Handlers:
         )
 
     async def invocations(self, request: Request) -> Response | None:
-        """Native API: routes on the raw body bytes and the tenant header; no JSON parsing."""
+        """Native API: routes on the raw body bytes and the tenant header; no JSON parsing (a
+        body over ``limits.offload_body_bytes`` is keyed on the body worker thread)."""
         t_start = perf_counter()
         state = self.state
+        limits = state.limits
         try:
             endpoint = state.endpoint(request.match_info["endpoint"])
             raw = request.body
@@ -96,9 +121,14 @@ class Handlers:
                 None, request.headers.get(state.variant_header), state.rng
             )
             router = variant.router
-            tenant = request.headers.get(variant.routing_config.key.tenant_header.lower())
+            key_spec = variant.routing_config.key
+            check_key_body_size(len(raw), key_spec.mode, limits)
+            tenant = request.headers.get(key_spec.tenant_header.lower())
             model = variant.config.models[0] if variant.config.models else endpoint.name
-            key = router.key_for_bytes(raw, tenant, model)
+            if len(raw) > limits.offload_body_bytes:
+                key = await self.gw.body_worker.run(router.key_for_bytes, raw, tenant, model)
+            else:
+                key = router.key_for_bytes(raw, tenant, model)
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:

@@ -13,12 +13,20 @@ import logging
 import time
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout
+import orjson
+from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout
+from prometheus_client import Counter
 
+from warmfleet.core.jsonio import deepest_field
 from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.state import VariantRuntime
 
 log = logging.getLogger(__name__)
+
+# An instance's /v1/models answer: a few KB (hundreds of LoRA adapters: ~100 KB).
+MAX_ANSWER_BYTES = 4 << 20
+# Levels of an entry (the entry is level 1); merged entries are re-serialized as they came.
+MAX_ANSWER_DEPTH = 32
 
 
 class ModelsCache:
@@ -28,6 +36,13 @@ class ModelsCache:
         self._body: bytes | None = None
         self._expires_s = 0.0
         self._lock = asyncio.Lock()
+        self.dropped = Counter(
+            "warmfleet_gateway_models_answers_dropped_total",
+            "Instances' /v1/models answers left out of GET /v1/models (malformed, too large "
+            "or too deep)",
+            ["instance_id", "reason"],
+            registry=state.metrics.registry,
+        )
 
     def invalidate(self) -> None:
         self._body = None
@@ -58,26 +73,64 @@ class ModelsCache:
     async def _variant_models(self, variant: VariantRuntime) -> list[dict[str, Any]]:
         timeout = ClientTimeout(total=self.state.health.timeout_s)
         results = await asyncio.gather(
-            *(self._fetch(i.base_url + "/v1/models", timeout) for i in variant.healthy)
+            *(
+                self._fetch(i.instance_id, i.base_url + "/v1/models", timeout)
+                for i in variant.healthy
+            )
         )
         out: list[dict[str, Any]] = []
         for entries in results:
             out.extend(entries)
         return out
 
-    async def _fetch(self, url: str, timeout: ClientTimeout) -> list[dict[str, Any]]:
+    async def _fetch(
+        self, instance_id: str, url: str, timeout: ClientTimeout
+    ) -> list[dict[str, Any]]:
+        """The instance's model entries; none if it is unreachable, answers an error, or its
+        answer is malformed, over ``MAX_ANSWER_BYTES`` or nested deeper than
+        ``MAX_ANSWER_DEPTH`` (those three are logged and counted): one instance's answer can
+        only drop its own models, never fail the list."""
         try:
             async with self.session.get(url, timeout=timeout) as resp:
                 if resp.status != 200:
                     return []
-                payload = json.loads(await resp.read())
-        except (ClientError, TimeoutError, OSError, ValueError) as err:
+                raw = await _read_capped(resp, MAX_ANSWER_BYTES)
+        except (ClientError, TimeoutError, OSError) as err:
             log.debug("models from %s failed: %r", url, err)
             return []
+        except _TooLargeError:
+            return self._dropped(instance_id, url, "too_large")
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return self._dropped(instance_id, url, "malformed")
         data = payload.get("data") if isinstance(payload, dict) else None
         if not isinstance(data, list):
-            return []
-        return [e for e in data if isinstance(e, dict) and isinstance(e.get("id"), str)]
+            return self._dropped(instance_id, url, "malformed")
+        entries = [e for e in data if isinstance(e, dict) and isinstance(e.get("id"), str)]
+        if any(deepest_field(e, MAX_ANSWER_DEPTH) is not None for e in entries):
+            return self._dropped(instance_id, url, "too_deep")
+        return entries
+
+    def _dropped(self, instance_id: str, url: str, reason: str) -> list[dict[str, Any]]:
+        log.warning("models from %s (%s) left out: answer %s", url, instance_id, reason)
+        self.dropped.labels(instance_id, reason).inc()
+        return []
+
+
+class _TooLargeError(Exception):
+    """An answer over the cap (internal to this module: becomes a dropped answer)."""
+
+
+async def _read_capped(resp: ClientResponse, cap_bytes: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 << 10):
+        size += len(chunk)
+        if size > cap_bytes:
+            raise _TooLargeError
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _entry(name: str) -> dict[str, Any]:

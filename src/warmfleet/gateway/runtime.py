@@ -13,6 +13,7 @@ from aiohttp import ClientSession, DummyCookieJar, TCPConnector
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.gateway.body import BodyWorker
 from warmfleet.gateway.config import (
     EndpointConfig,
     GatewayConfig,
@@ -74,6 +75,8 @@ class Gateway:
         self._models: ModelsCache | None = None
         self._sessions: list[ClientSession] = []
         self._pool: UpstreamPool | None = None
+        # Parses and keys bodies over limits.offload_body_bytes (gateway/body.py).
+        self.body_worker = BodyWorker()
         # Called after a new config was applied (the HTTP server takes its new limits).
         self.on_applied: list[Callable[[GatewayConfig], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -105,6 +108,7 @@ class Gateway:
             connector=TCPConnector(limit=64, keepalive_timeout=60.0), cookie_jar=DummyCookieJar()
         )
         self._sessions = [control]
+        self.body_worker.start()
         self._proxy = Proxy(self.state, self._pool)
         self._health = HealthMonitor(self.state, control)
         self._models = ModelsCache(self.state, control)
@@ -134,6 +138,7 @@ class Gateway:
         for session in self._sessions:
             await session.close()
         self._sessions = []
+        await self.body_worker.stop()
 
     async def _sweep_idle(self) -> None:
         """Close upstream connections idle for longer than the pool's keep-alive."""
