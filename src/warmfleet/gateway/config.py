@@ -32,11 +32,32 @@ class ListenConfig(StrictModel):
     port: int = Field(default=8080, ge=0, le=65535)
 
 
+class KeyBodyLimits(StrictModel):
+    """The largest body (bytes) a variant keys, per key mode (``routing.key.mode``); over it,
+    400. ``tokens`` keys cost a chat template and a tokenizer: ~1 µs per byte, 4 MiB ≈ 1M
+    tokens, more than any engine's context."""
+
+    text: int = Field(default=8 << 20, ge=1)
+    bytes: int = Field(default=8 << 20, ge=1)
+    tokens: int = Field(default=4 << 20, ge=1)
+
+
 class LimitsConfig(StrictModel):
     """Per-request limits. ``body_read_timeout_s`` bounds how long a client may take to send its
-    body (slow senders get 408); the upstream timeouts bound every outbound call."""
+    body (slow senders get 408); the upstream timeouts bound every outbound call.
+
+    The work a body costs is bounded (400 naming the param over a limit): JSON nesting depth,
+    messages and content parts of a chat, prompts of a completions batch, body size per key
+    mode. Bodies over ``offload_body_bytes`` are parsed and keyed on the gateway's one body
+    worker thread, never on the event loop (docs/gateway.md, "Expensive bodies")."""
 
     max_body_bytes: int = Field(default=8 << 20, ge=1)
+    offload_body_bytes: int = Field(default=64 << 10, ge=0)
+    max_json_depth: int = Field(default=128, ge=2, le=256)
+    max_messages: int = Field(default=20_000, ge=1)
+    max_content_parts: int = Field(default=50_000, ge=1)
+    max_prompts: int = Field(default=16_384, ge=1)
+    max_key_body_bytes: KeyBodyLimits = Field(default_factory=KeyBodyLimits)
     body_read_timeout_s: float = Field(default=30.0, gt=0)
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0)
     upstream_read_timeout_s: float = Field(default=120.0, gt=0)
