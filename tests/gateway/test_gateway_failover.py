@@ -1,17 +1,32 @@
 """Acceptance 6: an instance dies mid-stream -> that stream ends with an error event (no hang),
 requests not yet started go elsewhere, the instance is ejected within two health intervals and
-readmitted after it returns."""
+readmitted after it returns. Finding 2: a wedged instance (its /health answers, its completions
+hang) -> its requests are retried elsewhere (none fails), it is ejected by passive outlier
+detection, passing health probes do not readmit it, and real requests on probation do."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
-from gateway_support import MODEL, backends_running, gateway_config, gateway_running, parse_sse
+from gateway_support import (
+    MODEL,
+    FakeBackend,
+    backends_running,
+    gateway_config,
+    gateway_doc,
+    gateway_running,
+    parse_sse,
+)
+from wedged_instance import WedgedInstance
 
+from warmfleet.core.types import Reason
+from warmfleet.gateway.config import GatewayConfig, parse_gateway_config
 from warmfleet.gateway.health import HealthMonitor
 from warmfleet.gateway.state import VariantRuntime
 
@@ -133,3 +148,207 @@ async def test_unhealthy_status_ejects_and_recovers() -> None:
             await _rounds_until(health, variant, "a", healthy=False)
             a.healthy = True
             await _rounds_until(health, variant, "a", healthy=True)
+
+
+# ---- a wedged instance (finding 2): /health answers 200, completions never answer --------
+
+ADMIN_TOKEN = "outlier-admin-token-0123"
+READ_TIMEOUT_S = 4.0
+OUTLIER = {
+    "consecutive_failures": 3,
+    "base_ejection_time_s": 3.0,
+    "max_ejection_time_s": 30.0,
+    "max_ejection_percent": 50,
+}
+
+
+def _prompt(user: int) -> dict[str, object]:
+    text = f"user {user} asks: " + " ".join(f"w{user}-{i}" for i in range(300))
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+
+
+def _wedged_config(backend: FakeBackend, wedged: WedgedInstance) -> GatewayConfig:
+    doc = gateway_doc(
+        [backend],
+        strategy={"type": "prefix_affinity"},
+        health={**HEALTH, "outlier": OUTLIER},
+        limits={"upstream_read_timeout_s": READ_TIMEOUT_S, "max_attempts": 2},
+        admin_token=ADMIN_TOKEN,
+    )
+    doc["spec"]["endpoints"][0]["variants"][0]["instances"].append(
+        {"id": wedged.name, "url": wedged.url}
+    )
+    return parse_gateway_config(doc)
+
+
+class _Client:
+    """Posts chats and reads the wedged instance's standing through the admin API."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+        self.session = session
+        self.url = url
+        self.failed = 0
+        self.answers: list[tuple[str, str, str | None]] = []  # instance, reason, attempts
+
+    async def chat(self, user: int) -> str:
+        async with self.session.post(self.url + "/v1/chat/completions", json=_prompt(user)) as r:
+            await r.read()
+            if r.status != 200:
+                self.failed += 1
+            instance = r.headers["x-warmfleet-instance"]
+            reason = r.headers["x-warmfleet-reason"]
+            self.answers.append((instance, reason, r.headers.get("x-warmfleet-attempts")))
+            return instance
+
+    async def outlier(self, iid: str) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        path = "/admin/v1/endpoints/main/variants/v1"
+        async with self.session.get(self.url + path, headers=headers) as r:
+            assert r.status == 200
+            instances = (await r.json())["instances"]
+        found: dict[str, Any] = next(i for i in instances if i["id"] == iid)
+        return found
+
+
+def _sample(metrics: str, name: str, **labels: str) -> float:
+    """The value of one sample of ``name`` whose labels include ``labels`` (0 if absent)."""
+    for line in metrics.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def _until_standing(client: _Client, iid: str, standing: str) -> None:
+    for _ in range(200):  # bounded: at most ~20 s
+        if (await client.outlier(iid))["outlier"]["standing"] == standing:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{iid} never reached {standing}")
+
+
+async def _until_sent_to(client: _Client, wedged: WedgedInstance, first_user: int) -> int:
+    """Send fresh prompts, one at a time, until one reaches ``wedged``; returns the next user."""
+    before = wedged.completions_received
+    for user in range(first_user, first_user + 30):
+        await client.chat(user)
+        if wedged.completions_received > before:
+            return user + 1
+    raise AssertionError("no request reached the instance on probation")
+
+
+async def test_wedged_instance_retried_ejected_and_readmitted_only_by_requests() -> None:
+    wedged = WedgedInstance("w")
+    await wedged.start()
+    try:
+        async with backends_running("b") as backends:
+            config = _wedged_config(backends[0], wedged)
+            async with gateway_running(config) as gw, aiohttp.ClientSession() as session:
+                client = _Client(session, gw.url)
+                variant = gw.gateway.state.default_endpoint().variant("v1")
+                await _phase_eject(client, wedged, gw.gateway.metrics.render)
+                await _phase_probes_do_not_readmit(client, wedged, gw.gateway.health, variant)
+                await _phase_probation(client, wedged, variant, gw.gateway.metrics.render)
+    finally:
+        await wedged.stop()
+
+
+async def _phase_eject(
+    client: _Client, wedged: WedgedInstance, render: Callable[[], bytes]
+) -> None:
+    """20 requests, 10 prompts (two rounds, prefix affinity): none fails; the wedged instance is
+    ejected at its third timeout, not before, and gets nothing more."""
+    ejected_after: int | None = None
+    for _ in range(2):
+        for user in range(10):
+            await client.chat(user)
+            state = (await client.outlier("w"))["outlier"]
+            if state["standing"] == "ejected" and ejected_after is None:
+                ejected_after = wedged.completions_received
+            if ejected_after is None:
+                assert state["consecutive_failures"] == wedged.completions_received
+    assert client.failed == 0
+    assert ejected_after == OUTLIER["consecutive_failures"]
+    assert wedged.completions_received == ejected_after  # nothing reached it once ejected
+    retried = [a for a in client.answers if a[2] is not None]
+    assert len(retried) == ejected_after  # every timeout retried, on b, with a real reason
+    assert {(i, n) for i, _, n in retried} == {("b", "2")}
+    assert {r for _, r, _ in retried} <= {r.value for r in Reason}
+    metrics = render().decode()
+    assert _sample(metrics, "warmfleet_gateway_ejections_total", instance_id="w") == 1
+    assert _sample(metrics, "warmfleet_gateway_ejections_total", cause="passive_timeout") == 1
+    timeouts = _sample(
+        metrics, "warmfleet_gateway_attempt_failures_total", instance_id="w", cause="timeout"
+    )
+    assert timeouts == ejected_after
+    assert _sample(metrics, "warmfleet_gateway_retries_total") == ejected_after
+    assert _sample(metrics, "warmfleet_gateway_instance_ejected", instance_id="w") == 1
+    assert _sample(metrics, "warmfleet_gateway_requests_total", instance_id="w") == 0
+
+
+async def _phase_probes_do_not_readmit(
+    client: _Client, wedged: WedgedInstance, health: HealthMonitor, variant: VariantRuntime
+) -> None:
+    """While ejected, its /health keeps answering 200: that readmits nothing."""
+    probes = wedged.health_probes
+    for _ in range(3):  # healthy_threshold is 2: three good rounds would have readmitted it
+        await asyncio.wait_for(health.wait_round(), 10)
+    assert wedged.health_probes >= probes + 3
+    state = await client.outlier("w")
+    assert state["active_healthy"] is True
+    assert state["healthy"] is False
+    assert state["outlier"]["standing"] == "ejected"
+    assert "w" not in [i.instance_id for i in variant.healthy]
+
+
+async def _phase_probation(
+    client: _Client, wedged: WedgedInstance, variant: VariantRuntime, render: Callable[[], bytes]
+) -> None:
+    """After its ejection time it is on probation: still wedged, its one request fails and it
+    is ejected again, for twice as long; answering again, one request readmits it."""
+    await _until_standing(client, "w", "probation")
+    user = await _until_sent_to(client, wedged, 100)
+    state = (await client.outlier("w"))["outlier"]
+    assert state["standing"] == "ejected"
+    assert state["times_ejected"] == 2
+    assert state["ejection_remaining_s"] > OUTLIER["base_ejection_time_s"]  # 2 x base
+    assert client.failed == 0
+
+    wedged.wedged = False
+    await _until_standing(client, "w", "probation")
+    await _until_sent_to(client, wedged, user)
+    state = await client.outlier("w")
+    assert (state["healthy"], state["outlier"]["standing"]) == (True, "in")
+    assert "w" in [i.instance_id for i in variant.healthy]
+    assert wedged.completions_answered == 1
+    assert client.answers[-1][0] == "w"
+    assert client.failed == 0
+    metrics = render().decode()
+    assert _sample(metrics, "warmfleet_gateway_readmissions_total", instance_id="w") == 1
+    assert _sample(metrics, "warmfleet_gateway_ejections_total", instance_id="w") == 2
+
+
+async def test_wedged_instance_concurrent_rounds_none_fails() -> None:
+    """The finding's load: two rounds of the same 10 prompts, each round sent at once. The
+    requests hanging on the wedged instance time out together; each is retried on b; the
+    instance is ejected once (the timeouts after the third find it ejected already)."""
+    wedged = WedgedInstance("w")
+    await wedged.start()
+    try:
+        async with backends_running("b") as backends:
+            config = _wedged_config(backends[0], wedged)
+            async with gateway_running(config) as gw, aiohttp.ClientSession() as session:
+                client = _Client(session, gw.url)
+                await asyncio.gather(*(client.chat(u) for u in range(10)))
+                assert wedged.completions_held >= OUTLIER["consecutive_failures"]
+                await asyncio.gather(*(client.chat(u) for u in range(10)))
+                assert client.failed == 0
+                held = wedged.completions_held
+                assert [a for a in client.answers if a[0] != "b"] == []
+                assert len([a for a in client.answers if a[2] == "2"]) == held
+                assert (await client.outlier("w"))["outlier"]["standing"] == "ejected"
+                metrics = gw.gateway.metrics.render().decode()
+                assert _sample(metrics, "warmfleet_gateway_ejections_total", instance_id="w") == 1
+    finally:
+        await wedged.stop()
