@@ -14,21 +14,30 @@ import json
 import os
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from warmfleet.agent.inline_hash import InlineHasher
 from warmfleet.agent.sources.base import (
     DiskFullError,
     Source,
+    TooSlowError,
     TransientSourceError,
 )
+from warmfleet.agent.staged_files import StagedFiles, staging_mode
 from warmfleet.cache.config import DownloadSpec
 from warmfleet.cache.manifest import FileEntry, Manifest
-from warmfleet.cache.transfer import Backoff, Chunk, ResumeState, TokenBucket, plan_chunks
+from warmfleet.cache.transfer import (
+    Backoff,
+    Chunk,
+    LowSpeedGuard,
+    ResumeState,
+    TokenBucket,
+    plan_chunks,
+)
 from warmfleet.core.clock import Clock
-from warmfleet.core.errors import CacheError, WarmfleetError
+from warmfleet.core.errors import CacheError
 
 PROGRESS_FILE = ".warmfleet-progress.json"
 WRITE_BLOCK_BYTES = 4 << 20
@@ -117,36 +126,39 @@ class Downloader:
             state = load_resume(staging, key, chunk_bytes)
         else:  # nothing tells whether staged chunks are of the same version: start over
             state = ResumeState(key, chunk_bytes)
-        fds: dict[str, int] = {}
+        files = StagedFiles(staging, self._spec.max_open_files)
         try:
+            await asyncio.to_thread(self._create_all, files, manifest)
             todo: list[Chunk] = []
             for entry in manifest.files:
-                fds[entry.path] = self._open_staged(staging, entry.path, entry.size_bytes)
                 for chunk in plan_chunks(entry.path, entry.size_bytes, chunk_bytes):
                     if state.is_done(chunk):
                         self._on_bytes(chunk.length)
                     else:
                         todo.append(chunk)
             await self._run(
-                source=source, manifest=manifest, staging=staging, state=state, fds=fds, todo=todo
+                source=source,
+                manifest=manifest,
+                staging=staging,
+                state=state,
+                files=files,
+                todo=todo,
             )
         finally:
-            for fd in fds.values():
-                os.close(fd)
+            with self._flush_lock:  # a flusher thread orphaned by a cancel is done first
+                files.close()
 
-    def _open_staged(self, staging: Path, rel: str, size: int) -> int:
-        path = staging / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size != size:
-                os.ftruncate(fd, size)
-            if self._spec.preallocate and size > 0:
-                os.posix_fallocate(fd, 0, size)
-        except OSError as err:
-            os.close(fd)
-            _raise_os(err, f"allocating {size} bytes for {rel}")
-        return fd
+    def _create_all(self, files: StagedFiles, manifest: Manifest) -> None:
+        for entry in manifest.files:
+            try:
+                files.create(
+                    entry.path,
+                    entry.size_bytes,
+                    mode=staging_mode(entry.mode),
+                    preallocate=self._spec.preallocate,
+                )
+            except OSError as err:
+                _raise_os(err, f"allocating {entry.size_bytes} bytes for {entry.path}")
 
     async def _run(
         self,
@@ -155,7 +167,7 @@ class Downloader:
         manifest: Manifest,
         staging: Path,
         state: ResumeState,
-        fds: dict[str, int],
+        files: StagedFiles,
         todo: list[Chunk],
     ) -> None:
         entries = {e.path: e for e in manifest.files}
@@ -164,12 +176,12 @@ class Downloader:
             queue.put_nowait(chunk)
         dirty = asyncio.Event()
         finished = asyncio.Event()
-        hasher = InlineHasher(manifest, fds, state.chunk_bytes, state)
+        hasher = InlineHasher(manifest, files, state.chunk_bytes, state)
 
         async def worker() -> None:
             while not queue.empty():
                 chunk = queue.get_nowait()
-                await self._fetch_chunk(source, entries[chunk.path], chunk, fds[chunk.path])
+                await self._fetch_chunk(source, entries[chunk.path], chunk, files)
                 state.mark(chunk)
                 dirty.set()
                 hasher.poke()
@@ -180,7 +192,7 @@ class Downloader:
                     await asyncio.wait_for(finished.wait(), self._spec.fsync_every_s)
                 if dirty.is_set() and not finished.is_set():
                     dirty.clear()
-                    await asyncio.to_thread(self._flush, staging, state, fds)
+                    await asyncio.to_thread(self._flush, staging, state.to_json(), files)
 
         try:
             async with asyncio.TaskGroup() as tg:
@@ -191,39 +203,37 @@ class Downloader:
                 finished.set()
                 await flush_task  # never cancelled mid-write: it exits on `finished`
                 self.digests = await hasher.finish(hash_task)
-        except* WarmfleetError as group:
-            await self._flush_quietly(staging, state, fds)
+        except* Exception as group:  # the first failure, not a group (an OSError too)
+            await self._flush_quietly(staging, state, files)
             raise group.exceptions[0] from None
-        await asyncio.to_thread(self._flush, staging, state, fds)
+        await asyncio.to_thread(self._flush, staging, state.to_json(), files)
 
-    async def _flush_quietly(self, staging: Path, state: ResumeState, fds: dict[str, int]) -> None:
+    async def _flush_quietly(self, staging: Path, state: ResumeState, files: StagedFiles) -> None:
         """Keep what was fetched for a later resume; a full disk may refuse even that."""
         try:
-            await asyncio.to_thread(self._flush, staging, state, fds)
+            await asyncio.to_thread(self._flush, staging, state.to_json(), files)
         except CacheError:
             return
 
-    def _flush(self, staging: Path, state: ResumeState, fds: dict[str, int]) -> None:
-        """fsync the data, then record the chunks (serialised: a flusher thread orphaned by a
-        cancelled task may still be running)."""
+    def _flush(self, staging: Path, snapshot: dict[str, Any], files: StagedFiles) -> None:
+        """fsync the data written so far, then record ``snapshot`` (taken before: every chunk
+        it lists was written). Serialised: a flusher thread orphaned by a cancelled task may
+        still be running."""
         with self._flush_lock:
-            self._flush_locked(staging, state, fds)
+            try:
+                files.sync()
+                atomic_write_json(staging / PROGRESS_FILE, snapshot)
+            except OSError as err:
+                _raise_os(err, "recording download progress")
 
-    def _flush_locked(self, staging: Path, state: ResumeState, fds: dict[str, int]) -> None:
-        snapshot = state.to_json()
-        try:
-            for fd in fds.values():
-                os.fsync(fd)
-            atomic_write_json(staging / PROGRESS_FILE, snapshot)
-        except OSError as err:
-            _raise_os(err, "recording download progress")
-
-    async def _fetch_chunk(self, source: Source, entry: FileEntry, chunk: Chunk, fd: int) -> None:
+    async def _fetch_chunk(
+        self, source: Source, entry: FileEntry, chunk: Chunk, files: StagedFiles
+    ) -> None:
         attempt = 0
         while True:
             attempt += 1
             try:
-                await self._stream_chunk(source, entry, chunk, fd)
+                await self._stream_chunk(source, entry, chunk, files)
                 return
             except TransientSourceError as err:
                 if attempt >= self._backoff.max_attempts:
@@ -241,33 +251,48 @@ class Downloader:
             delay_s = max(delay_s, min(err.retry_after_s, MAX_RETRY_AFTER_S))
         return delay_s
 
-    async def _stream_chunk(self, source: Source, entry: FileEntry, chunk: Chunk, fd: int) -> int:
+    async def _stream_chunk(
+        self, source: Source, entry: FileEntry, chunk: Chunk, files: StagedFiles
+    ) -> int:
         copy_range = getattr(source, "copy_range", None)
-        if copy_range is not None:  # local file system: in-kernel copy
-            if self._limiter is not None:
-                await asyncio.sleep(self._limiter.reserve(chunk.length))
-            try:
-                n: int = await asyncio.to_thread(copy_range, entry, chunk.start, chunk.end, fd)
-            except OSError as err:
-                _raise_os(err, "copying into the staged artifact")
-            self._on_bytes(n)
-            return n
+        if copy_range is None:
+            return await self._receive(source, entry, chunk, files)
+        # local file system: in-kernel copy
+        if self._limiter is not None:
+            await asyncio.sleep(self._limiter.reserve(chunk.length))
+
+        def copy(fd: int) -> int:
+            copied: int = copy_range(entry, chunk.start, chunk.end, fd)
+            return copied
+
+        try:
+            n = await asyncio.to_thread(files.run, entry.path, copy, write=True)
+        except OSError as err:
+            _raise_os(err, "copying into the staged artifact")
+        self._on_bytes(n)
+        return n
+
+    async def _receive(
+        self, source: Source, entry: FileEntry, chunk: Chunk, files: StagedFiles
+    ) -> int:
         pos = chunk.start
         blocks: list[bytes] = []
         pending = 0
         written = 0
+        stream = aiter(source.open_range(entry, chunk.start, chunk.end))
+        guard = self._low_speed_guard()
         try:
-            async for block in source.open_range(entry, chunk.start, chunk.end):
+            while (block := await self._next_block(stream, guard, entry)) is not None:
                 if pos + pending + len(block) > chunk.end:
                     raise TransientSourceError(f"{entry.path}: origin sent more than asked")
                 blocks.append(block)
                 pending += len(block)
                 if pending >= WRITE_BLOCK_BYTES or len(blocks) >= MAX_IOV:
-                    written += await self._write(fd, blocks, pos)
+                    written += await self._write(files, entry.path, blocks, pos)
                     pos += pending
                     blocks, pending = [], 0
             if blocks:
-                written += await self._write(fd, blocks, pos)
+                written += await self._write(files, entry.path, blocks, pos)
                 pos += pending
         except TransientSourceError:
             self._on_bytes(-written)
@@ -277,14 +302,46 @@ class Downloader:
             raise TransientSourceError(f"{entry.path}: short chunk ({pos - chunk.start} bytes)")
         return written
 
-    async def _write(self, fd: int, blocks: list[bytes], offset: int) -> int:
+    def _low_speed_guard(self) -> LowSpeedGuard | None:
+        rate = self._spec.min_download_rate_bytes_per_s
+        return LowSpeedGuard(rate, self._spec.low_speed_time_s) if rate > 0 else None
+
+    async def _next_block(
+        self, stream: AsyncIterator[bytes], guard: LowSpeedGuard | None, entry: FileEntry
+    ) -> bytes | None:
+        """The next block of the body (None at its end); with a guard, a body slower than
+        the minimum rate is a TooSlowError (the wait is cut short once that is certain)."""
+        if guard is None:
+            return await anext(stream, None)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with asyncio.timeout(guard.wait_budget_s()) as deadline:
+                block = await anext(stream, None)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            block, ok = None, False
+        else:
+            ok = block is None or guard.record(len(block), loop.time() - started)
+        if not ok:
+            raise TooSlowError(
+                f"{entry.path}: the origin sent less than {guard.min_rate_bps:g} bytes/s over "
+                f"{guard.window_s:g} s (download.min_download_rate_bytes_per_s, "
+                f"low_speed_time_s)"
+            )
+        return block
+
+    async def _write(self, files: StagedFiles, rel: str, blocks: list[bytes], offset: int) -> int:
         size = sum(len(b) for b in blocks)
         if self._limiter is not None:
             delay = self._limiter.reserve(size)
             if delay > 0:
                 await asyncio.sleep(delay)
         try:
-            await asyncio.to_thread(_pwritev_all, fd, blocks, offset)
+            await asyncio.to_thread(
+                files.run, rel, lambda fd: _pwritev_all(fd, blocks, offset), write=True
+            )
         except OSError as err:
             _raise_os(err, "writing the staged artifact")
         self._on_bytes(size)

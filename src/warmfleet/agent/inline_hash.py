@@ -9,22 +9,23 @@ import os
 from typing import Any
 
 from warmfleet.agent.digests import HASH_BLOCK_BYTES, new_hashers
+from warmfleet.agent.staged_files import StagedFiles
 from warmfleet.cache.manifest import FileEntry, Manifest
 from warmfleet.cache.transfer import ResumeState
 
 
 class _FileHash:
-    def __init__(self, entry: FileEntry, fd: int) -> None:
-        self.entry, self.fd = entry, fd
+    def __init__(self, entry: FileEntry) -> None:
+        self.entry = entry
         self.hashers: dict[str, Any] = new_hashers(entry)
         self.offset = 0
 
-    def hash_range(self, end: int) -> None:
+    def hash_range(self, fd: int, end: int) -> None:
         buf = bytearray(HASH_BLOCK_BYTES)  # reused: no per-block allocation
         view = memoryview(buf)
         while self.offset < end:
             want = min(HASH_BLOCK_BYTES, end - self.offset)
-            n = os.preadv(self.fd, [view[:want]], self.offset)
+            n = os.preadv(fd, [view[:want]], self.offset)
             if n <= 0:
                 raise OSError(f"{self.entry.path}: short read at {self.offset}")
             for h in self.hashers.values():
@@ -34,9 +35,10 @@ class _FileHash:
 
 class InlineHasher:
     def __init__(
-        self, manifest: Manifest, fds: dict[str, int], chunk_bytes: int, state: ResumeState
+        self, manifest: Manifest, files: StagedFiles, chunk_bytes: int, state: ResumeState
     ) -> None:
-        self._files = [_FileHash(e, fds[e.path]) for e in manifest.files]
+        self._staged = files  # opened one at a time, through the bounded pool
+        self._files = [_FileHash(e) for e in manifest.files]
         self._chunk_bytes = chunk_bytes
         self._state = state
         self._wake = asyncio.Event()
@@ -64,7 +66,10 @@ class InlineHasher:
             while end < size and end // self._chunk_bytes in done:
                 end = min((end // self._chunk_bytes + 1) * self._chunk_bytes, size)
             if end > fh.offset:
-                await asyncio.to_thread(fh.hash_range, end)
+                await asyncio.to_thread(self._hash, fh, end)
+
+    def _hash(self, fh: _FileHash, end: int) -> None:
+        self._staged.run(fh.entry.path, lambda fd: fh.hash_range(fd, end), write=False)
 
     async def finish(self, task: asyncio.Task[None]) -> dict[str, dict[str, str]]:
         """Stop the background task, hash whatever is left, return every file's digests."""

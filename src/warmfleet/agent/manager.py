@@ -7,6 +7,7 @@ one cache root: the index is guarded by a file lock and each download by a per-k
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -28,6 +29,7 @@ from warmfleet.cache.uri import parse_uri
 from warmfleet.core.clock import Clock, MonotonicClock
 from warmfleet.core.errors import CacheError, IntegrityError, NotFoundError, WarmfleetError
 
+log = logging.getLogger("warmfleet.agent.cache")
 IN_PROGRESS = frozenset({ArtifactState.PENDING, ArtifactState.DOWNLOADING, ArtifactState.VERIFYING})
 LOCK_POLL_S = 0.2
 CANCELLED = "cancelled (staged data kept)"
@@ -36,6 +38,12 @@ CANCELLED = "cancelled (staged data kept)"
 class DownloadLockTimeoutError(CacheError):
     """Another process held an artifact's download lock longer than
     ``download.lock_wait_timeout_s`` (a hung holder); the caller may try again later."""
+
+
+class DownloadFailedError(CacheError):
+    """A download failed after admission with an error that is not one of the cache's own (an
+    OSError, a bug in a source): the artifact is ``failed`` with the reason, its reservation
+    released and its staged data discarded."""
 
 
 class CacheManager:
@@ -63,6 +71,7 @@ class CacheManager:
         limit = spec.download.bandwidth_limit
         self._limiter = TokenBucket(self._mono, limit) if limit else None
         self._live: dict[str, ArtifactStatus] = {}
+        self._logged: set[tuple[str, str]] = set()  # (key, reason) already logged with a trace
         self.metrics.budget_bytes.set(self.policy.budget_bytes)
 
     # ----- resolve / prefetch ---------------------------------------------------------------
@@ -232,9 +241,25 @@ class CacheManager:
             # not reserved and GC may drop it; the staged data stays for a resume.
             self._set_state(key, ArtifactState.FAILED, CANCELLED)
             raise
+        except Exception as err:  # anything else must not leave it "downloading" forever
+            raise self._failed_unexpectedly(key, name, kind, err) from err
         self.metrics.downloads.labels(kind, "ok").inc()
         self.metrics.download_seconds.labels(kind).observe(self._mono.now_s() - started)
         return self._settle(key, name, holder)
+
+    def _failed_unexpectedly(
+        self, key: str, name: str, kind: str, err: Exception
+    ) -> DownloadFailedError:
+        """Fail the artifact (releasing its reservation) and log the traceback once per
+        artifact and reason: a retry at every reconcile does not log it again."""
+        reason = f"{type(err).__name__}: {err}"
+        self.store.discard_staging(key)
+        self._set_state(key, ArtifactState.FAILED, reason)
+        self.metrics.downloads.labels(kind, "failed").inc()
+        if (key, reason) not in self._logged:
+            self._logged.add((key, reason))
+            log.error("download of %s (%s) failed: %s", name, key[:16], reason, exc_info=err)
+        return DownloadFailedError(f"artifact {name} ({key[:16]}) failed: {reason}")
 
     def _settle(self, key: str, name: str, holder: str | None) -> ArtifactRecord:
         """``key`` is ready: the holder moves to it from older versions of ``name``."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from warmfleet.agent.digests import check_file
 from warmfleet.agent.downloader import atomic_write_json
+from warmfleet.agent.staged_files import published_mode
 from warmfleet.cache.index import CacheIndex
 from warmfleet.cache.manifest import Manifest
 from warmfleet.cache.state import ArtifactRecord, ArtifactState
@@ -166,6 +167,7 @@ class Store:
         (staging / MANIFEST_FILE).unlink(missing_ok=True)
         for entry in manifest.files:
             with (staging / entry.path).open("rb") as fh:
+                os.fchmod(fh.fileno(), published_mode(entry.mode))  # never wider than the source
                 os.fsync(fh.fileno())
         marker = {"key": key, "manifest": manifest.to_json(), "digests": digests, "at": now_s}
         atomic_write_json(staging / MARKER, marker)

@@ -85,6 +85,15 @@ class DownloadSpec(StrictModel):
     # How long a prefetch waits for another process's download of the same artifact (its
     # per-key lock) before it fails with DownloadLockTimeoutError: bounds a hung holder.
     lock_wait_timeout_s: float = Field(default=3600.0, gt=0)
+    # A response body slower than this over low_speed_time_s seconds of waiting for the origin
+    # fails (TooSlowError, retried up to max_attempts): a trickling origin cannot hold a fill
+    # forever (curl's --speed-limit / --speed-time). 0 turns the guard off.
+    min_download_rate_bytes_per_s: Size = 16 * 2**10
+    low_speed_time_s: float = Field(default=30.0, gt=0)
+    # Staged files open at once (the rest are opened again when needed): a manifest with more
+    # files than RLIMIT_NOFILE is fine. Descriptors in use are never closed, so the bound is
+    # max(max_open_files, concurrency + 2).
+    max_open_files: int = Field(default=64, ge=1)
 
 
 class SourcesSpec(StrictModel):

@@ -19,6 +19,8 @@ from warmfleet.cache.presigned import identity_uri
 from warmfleet.core.errors import CacheError
 
 KEY_HEX_CHARS = 64
+NAME_MAX_BYTES = 255  # one path component (Linux NAME_MAX)
+PATH_MAX_BYTES = 1024  # a whole relative path (the cache root and staging prefix come on top)
 
 
 class SourceKind(StrEnum):
@@ -47,10 +49,12 @@ class FileEntry:
     etag: str | None = None
     version_id: str | None = None
     last_modified: str | None = None
+    mode: int | None = None  # permission bits at the source (local files); None: not known
 
     def identity(self) -> dict[str, Any]:
         ident: dict[str, Any] = {"path": self.path, "size": self.size_bytes}
-        for name in ("sha256", "md5", "git_sha1", "etag", "version_id", "last_modified"):
+        names = ("sha256", "md5", "git_sha1", "etag", "version_id", "last_modified", "mode")
+        for name in names:
             value = getattr(self, name)
             if value is not None:
                 ident[name] = value
@@ -72,13 +76,23 @@ class Manifest:
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
+        dirs: set[str] = set()
         for entry in self.files:
             _check_relpath(entry.path)
             if entry.path in seen:
                 raise ManifestError(f"duplicate file {entry.path!r} in manifest of {self.uri}")
             if entry.size_bytes < 0:
                 raise ManifestError(f"negative size for {entry.path!r}")
+            if entry.mode is not None and not 0 <= entry.mode <= 0o7777:
+                raise ManifestError(f"bad mode {entry.mode!r} for {entry.path!r}")
             seen.add(entry.path)
+            parts = entry.path.split("/")
+            dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        clash = sorted(seen & dirs)
+        if clash:
+            raise ManifestError(
+                f"{clash[0]!r} is both a file and a directory in the manifest of {self.uri}"
+            )
 
     @property
     def size_bytes(self) -> int:
@@ -113,6 +127,22 @@ class Manifest:
 
 
 def _check_relpath(path: str) -> None:
+    """A relative, normalised posix path the store can create: no NUL, no empty, ``.`` or
+    ``..`` component, no component over NAME_MAX_BYTES and the whole at most PATH_MAX_BYTES
+    (UTF-8), not one of the store's own ``.warmfleet*`` files."""
+    if "\0" in path:
+        raise ManifestError(f"file path with a NUL byte in manifest: {path!r}")
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ManifestError(f"file path is not valid UTF-8: {path!r}") from err
+    if len(encoded) > PATH_MAX_BYTES:
+        raise ManifestError(f"file path longer than {PATH_MAX_BYTES} bytes: {path[:64]!r}...")
+    for part in path.split("/"):
+        if len(part.encode("utf-8")) > NAME_MAX_BYTES:
+            raise ManifestError(
+                f"file path component longer than {NAME_MAX_BYTES} bytes: {part[:64]!r}..."
+            )
     norm = posixpath.normpath(path)
     if (
         not path

@@ -123,6 +123,42 @@ class TokenBucket:
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate_bps
 
 
+class LowSpeedGuard:
+    """curl's ``--speed-limit``/``--speed-time`` for one response body: the transfer is too
+    slow when, over a window of ``window_s`` seconds spent waiting for the origin, fewer than
+    ``min_rate_bps * window_s`` bytes arrived. Only time spent waiting for data counts (not
+    our own writes or bandwidth limiter), so a node-side throttle never trips it."""
+
+    def __init__(self, min_rate_bps: float, window_s: float) -> None:
+        if min_rate_bps <= 0 or window_s <= 0:
+            raise ConfigError("download.min_download_rate_bytes_per_s/low_speed_time_s: > 0")
+        self.min_rate_bps = min_rate_bps
+        self.window_s = window_s
+        self._waited_s = 0.0
+        self._bytes = 0
+
+    @property
+    def threshold_bytes(self) -> float:
+        return self.min_rate_bps * self.window_s
+
+    def wait_budget_s(self) -> float:
+        """How long the next wait for data may last before the transfer is certainly too slow:
+        the rest of this window, or of the next one when this window already has enough."""
+        rest = max(self.window_s - self._waited_s, 0.0)
+        return rest + self.window_s if self._bytes >= self.threshold_bytes else rest
+
+    def record(self, n_bytes: int, waited_s: float) -> bool:
+        """``n_bytes`` arrived after waiting ``waited_s``; False when the transfer is too slow."""
+        self._waited_s += waited_s
+        self._bytes += n_bytes
+        while self._waited_s >= self.window_s:
+            if self._bytes < self.threshold_bytes:
+                return False
+            self._waited_s -= self.window_s
+            self._bytes = 0
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Exponential backoff with full jitter from a seeded RNG."""

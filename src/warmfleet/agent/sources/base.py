@@ -25,6 +25,12 @@ class TransientSourceError(SourceError):
         self.retry_after_s = retry_after_s
 
 
+class TooSlowError(TransientSourceError):
+    """The origin sent less than ``download.min_download_rate_bytes_per_s`` over
+    ``download.low_speed_time_s`` (a stalled or trickling body); retried like other transient
+    faults, then the artifact fails with this reason."""
+
+
 class AuthChallengeError(SourceError):
     """HTTP 401: the credentials are missing or expired; ``challenge`` is the origin's
     ``WWW-Authenticate`` header (a registry token may be refreshed and the request repeated)."""
