@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from warmfleet.agent.bounded_json import loads_bounded, read_bounded
 from warmfleet.agent.sources.base import AuthChallengeError, SourceError, TransientSourceError
 from warmfleet.agent.sources.http import RETRYABLE_STATUS, HttpSource
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
@@ -32,6 +33,7 @@ ACCEPT = ", ".join((OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST))
 INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_LIST})
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 INLINE = "inline:"
+DEFAULT_MAX_MANIFEST_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +69,11 @@ def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _platform_matches(desc: Mapping[str, Any], platform: str) -> bool:
+def _platform_matches(desc: Any, platform: str) -> bool:
     want = platform.split("/")
-    got = desc.get("platform") or {}
+    got = desc.get("platform") if isinstance(desc, Mapping) else None
+    if not isinstance(got, Mapping):
+        return False
     have = [got.get("os", ""), got.get("architecture", "")]
     if len(want) > 2:
         have.append(got.get("variant", ""))
@@ -86,18 +90,21 @@ def _descriptor(desc: Any, where: str) -> dict[str, Any]:
     return desc
 
 
-def _platform_descriptor(index: bytes, platform: str, where: str) -> dict[str, Any]:
-    descs = [d for d in json.loads(index).get("manifests", []) if _platform_matches(d, platform)]
+def _platform_descriptor(index: dict[str, Any], platform: str, where: str) -> dict[str, Any]:
+    manifests = index.get("manifests")
+    if not isinstance(manifests, list):
+        raise SourceError(f"{where}: image index without a manifests list")
+    descs = [d for d in manifests if _platform_matches(d, platform)]
     if not descs:
         raise NotFoundError(f"{where}: no manifest for {platform}")
     return _descriptor(descs[0], where)
 
 
-def _blob_descriptors(image: bytes, where: str) -> list[dict[str, Any]]:
-    doc = json.loads(image)
-    if not isinstance(doc.get("config"), dict):
-        raise SourceError(f"{where}: image manifest without a config")
-    return [_descriptor(d, where) for d in [doc["config"], *doc.get("layers", [])]]
+def _blob_descriptors(doc: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    layers = doc.get("layers", [])
+    if not isinstance(doc.get("config"), dict) or not isinstance(layers, list):
+        raise SourceError(f"{where}: image manifest without a config or a layers list")
+    return [_descriptor(d, where) for d in [doc["config"], *layers]]
 
 
 class OciSource:
@@ -109,7 +116,9 @@ class OciSource:
         *,
         insecure_hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
         platform: str = "linux/amd64",
+        max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
     ) -> None:
+        self._max_manifest_bytes = max_manifest_bytes
         self._session = session
         self._http = HttpSource(session)
         self._insecure = insecure_hosts
@@ -142,7 +151,8 @@ class OciSource:
                             TransientSourceError if resp.status in RETRYABLE_STATUS else SourceError
                         )
                         raise err(f"{url}: HTTP {resp.status}")
-                    return await resp.read(), resp.headers
+                    what = f"{url} (sources.registry_max_manifest_bytes)"
+                    return await read_bounded(resp, self._max_manifest_bytes, what), resp.headers
             except aiohttp.ClientError as err:
                 raise TransientSourceError(f"GET {url}: {err}") from err
         raise SourceError(f"{url}: registry refused the credentials")
@@ -159,19 +169,24 @@ class OciSource:
                 if resp.status >= 400:
                     err = TransientSourceError if resp.status >= 500 else SourceError
                     raise err(f"{ref.registry}: token endpoint HTTP {resp.status}")
-                body = await resp.json(content_type=None)
+                what = f"{ref.registry}: token endpoint"
+                raw = await read_bounded(resp, self._max_manifest_bytes, what)
         except aiohttp.ClientError as err:
             raise TransientSourceError(f"{ref.registry}: token endpoint: {err}") from err
-        except ValueError as err:
-            raise SourceError(f"{ref.registry}: token endpoint sent no JSON: {err}") from err
+        body = loads_bounded(raw, f"{ref.registry}: token endpoint answer")
+        if not isinstance(body, dict):
+            raise SourceError(f"{ref.registry}: token endpoint sent no JSON object")
         token = body.get("token") or body.get("access_token")
         if not token:
             raise SourceError(f"{ref.registry}: token endpoint returned no token")
         self._tokens[base] = str(token)
         self._refs[base] = ref
 
-    async def fetch_manifest(self, ref: ImageRef, reference: str) -> tuple[bytes, str, str]:
-        """Manifest bytes, media type and verified digest."""
+    async def fetch_manifest(
+        self, ref: ImageRef, reference: str
+    ) -> tuple[bytes, dict[str, Any], str, str]:
+        """Manifest bytes, parsed document, media type and verified digest. The body is read
+        up to ``max_manifest_bytes`` and its nesting depth checked before it is parsed."""
         body, headers = await self._get(
             ref, f"{self._base(ref)}/manifests/{reference}", {"Accept": ACCEPT}
         )
@@ -181,24 +196,23 @@ class OciSource:
         claimed = headers.get("Docker-Content-Digest")
         if claimed and claimed != digest:
             raise IntegrityError(f"registry claims {claimed} but manifest hashes to {digest}")
-        try:
-            doc = json.loads(body)
-        except ValueError as err:
-            raise SourceError(f"manifest {reference} of {ref.repository} is not JSON") from err
+        doc = loads_bounded(body, f"manifest {reference} of {ref.repository}")
         if not isinstance(doc, dict):
             raise SourceError(f"manifest {reference} of {ref.repository} is not a JSON object")
         media = doc.get("mediaType") or headers.get("Content-Type", "").split(";")[0]
-        return body, media, digest
+        return body, doc, str(media), digest
 
     async def resolve(self, parsed: ParsedUri, revision: str | None) -> Manifest:
         ref = ImageRef.parse(parsed.location)
-        top, media, top_digest = await self.fetch_manifest(ref, revision or ref.reference)
+        top, top_doc, media, top_digest = await self.fetch_manifest(ref, revision or ref.reference)
         blobs: dict[str, tuple[int, str]] = {top_digest: (len(top), INLINE + top_digest)}
         self._inline[top_digest] = top
-        image, image_digest = top, top_digest
+        image, image_doc, image_digest = top, top_doc, top_digest
         if media in INDEX_TYPES:
-            child = _platform_descriptor(top, self._platform, parsed.location)
-            image, child_media, image_digest = await self.fetch_manifest(ref, child["digest"])
+            child = _platform_descriptor(top_doc, self._platform, parsed.location)
+            image, image_doc, child_media, image_digest = await self.fetch_manifest(
+                ref, child["digest"]
+            )
             if child_media in INDEX_TYPES or len(image) != child["size"]:
                 raise SourceError(
                     f"{parsed.location}: {child['digest']} is not the image manifest the "
@@ -206,7 +220,7 @@ class OciSource:
                 )
             self._inline[image_digest] = image
             blobs[image_digest] = (len(image), INLINE + image_digest)
-        for desc in _blob_descriptors(image, parsed.location):
+        for desc in _blob_descriptors(image_doc, parsed.location):
             blobs[desc["digest"]] = (desc["size"], f"{self._base(ref)}/blobs/{desc['digest']}")
         files = [
             FileEntry(path=f"blobs/sha256/{d[7:]}", size_bytes=size, locator=loc, sha256=d[7:])

@@ -83,4 +83,8 @@ class SourceSet:
                 timeout_s,
             )
             return S3Source(client, self._download.concurrency)
-        return OciSource(self._http_session(), insecure_hosts=self._spec.registry_insecure_hosts)
+        return OciSource(
+            self._http_session(),
+            insecure_hosts=self._spec.registry_insecure_hosts,
+            max_manifest_bytes=self._spec.registry_max_manifest_bytes,
+        )

@@ -103,6 +103,9 @@ class SourcesSpec(StrictModel):
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     registry_insecure_hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+    # An image manifest or index (and a token endpoint's answer) larger than this is refused
+    # while it is read; it is never read whole first.
+    registry_max_manifest_bytes: Size = Field(default=4 * 2**20, gt=0)
 
 
 class StatusSpec(StrictModel):
