@@ -126,15 +126,6 @@ class _Attempt:
             raise _Retry(UpstreamTimeoutError(f"instance {name!r} {message}")) from err
         raise _Retry(UpstreamError(f"instance {name!r} {message}: {err}")) from err
 
-    def answered(self, status: int) -> None:
-        """The instance answered (the relay has passed it on)."""
-        if status in _GATEWAY_FAILURE_STATUSES:
-            self.variant.passive_failure(self.inst, FailureCause.STATUS)
-            return
-        rec = self.inst.outlier
-        if rec.consecutive_failures or rec.standing is not IN:
-            self.variant.passive_success(self.inst)
-
 
 class _Relay:
     """The answer's way to the client, driven by the upstream connection's callbacks: a
@@ -319,8 +310,12 @@ class Proxy:
             conn.on_pause = None
         # The instance is done: its load is released now, not when the client has read the
         # answer (the server holds the connection's next request until then).
-        call.answered(ex.status)
-        call.count("client_disconnect" if conn.closed else str(ex.status))
+        status = ex.status
+        if status in _GATEWAY_FAILURE_STATUSES:  # relayed, but counts against the instance
+            call.variant.passive_failure(inst, FailureCause.STATUS)
+        elif inst.outlier.consecutive_failures or inst.outlier.standing is not IN:
+            call.variant.passive_success(inst)  # resets its count, or ends its probation
+        call.count("client_disconnect" if conn.closed else str(status))
         return None
 
     def _mid_stream_failure(self, call: _Attempt, relay: _Relay, err: Exception) -> None:

@@ -113,10 +113,8 @@ class InstanceRuntime:
 
 class VariantRuntime:
     """A production variant: weight, served models, routing config + router, instances.
-
-    ``healthy``: the instances that take traffic (the router is told of every change);
-    ``routable``: those a new request may be sent to (minus a probation instance whose one
-    trial request is in flight)."""
+    ``healthy``: the instances taking traffic (the router is told of every change);
+    ``routable``: those a new request may go to (minus a probation instance on trial)."""
 
     def __init__(
         self,
@@ -235,7 +233,7 @@ class VariantRuntime:
 
     # ---- health --------------------------------------------------------------------------
 
-    def _refresh_healthy(self) -> None:
+    def _refresh_healthy(self, *, gauges: bool = False) -> None:
         """Recompute the healthy and routable sets; the router learns of every change of the
         healthy set (it purges the state of instances that left: a readmitted instance
         restarts with an empty cache)."""
@@ -246,6 +244,7 @@ class VariantRuntime:
         self.healthy = healthy
         if changed:
             self.router.on_instances_changed([i.instance_id for i in healthy])
+        if changed or gauges:
             for inst in instances:
                 self._gauges(inst)
 
@@ -309,16 +308,13 @@ class VariantRuntime:
             return Change.NONE
         records = [i.outlier for i in self.instances.values()]
         change = self.outlier_policy.on_failure(inst.outlier, cause, records)
+        if change is Change.NONE:
+            return change
         labels = (self.endpoint, self.name, inst.instance_id)
         if change is Change.EJECTED:
             self._metrics.ejections.labels(*labels, f"passive_{cause.value}").inc()
-            log.warning(
-                "ejected %s/%s/%s (passive_%s, %d time(s))",
-                *labels,
-                cause.value,
-                inst.outlier.times_ejected,
-            )
-        elif change is Change.OVERFLOW:
+            log.warning("ejected %s/%s/%s (passive_%s)", *labels, cause.value)
+        else:
             self._metrics.ejections_overflow.labels(*labels).inc()
         self._outliers_changed()
         return change
@@ -348,14 +344,14 @@ class VariantRuntime:
         if moved:
             self._refresh_healthy()
             for rec in moved:
+                self._gauges(self.instances[rec.instance_id])
                 log.warning("on probation %s/%s/%s", self.endpoint, self.name, rec.instance_id)
 
     def _outliers_changed(self) -> None:
-        records = [i.outlier for i in self.instances.values()]
-        self._next_expiry_s = self.outlier_policy.next_ejection_end(records)
-        self._refresh_healthy()
-        for inst in self.instances.values():
-            self._gauges(inst)
+        self._next_expiry_s = self.outlier_policy.next_ejection_end(
+            i.outlier for i in self.instances.values()
+        )
+        self._refresh_healthy(gauges=True)
 
     # ---- hot path ------------------------------------------------------------------------
 
