@@ -9,6 +9,7 @@ import pytest
 from cache_support import manager_for
 
 from warmfleet.agent.sources.base import SourceChangedError, SourceError
+from warmfleet.cache.config import SourcesSpec
 
 
 async def test_local_dir_copy_in_chunks_is_verified(tmp_path):
@@ -42,6 +43,7 @@ async def test_local_file_changed_after_resolve_is_refused(tmp_path):
 
 
 async def test_linked_shard_directory_is_part_of_the_model(tmp_path):
+    """A link out of the source tree is followed only into a configured symlink root."""
     shared = tmp_path / "shared" / "shards"
     shared.mkdir(parents=True)
     shard = os.urandom(300_000)
@@ -50,7 +52,11 @@ async def test_linked_shard_directory_is_part_of_the_model(tmp_path):
     src.mkdir()
     (src / "config.json").write_bytes(b"{}")
     (src / "shards").symlink_to(shared, target_is_directory=True)
-    async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
+    async with manager_for(tmp_path / "cache") as m:
+        with pytest.raises(SourceError, match="outside the source tree"):
+            await m.prefetch(str(src))
+    roots = SourcesSpec(local_symlink_roots=(str(tmp_path / "shared"),))
+    async with manager_for(tmp_path / "cache", chunk=64 * 1024, sources=roots) as m:
         rec = await m.prefetch(str(src))
         published = tmp_path / "cache" / "objects" / rec.key
         assert (published / "shards" / "model-00001.safetensors").read_bytes() == shard
@@ -65,3 +71,58 @@ async def test_directory_link_loop_is_refused(tmp_path):
     async with manager_for(tmp_path / "cache") as m:
         with pytest.raises(SourceError, match="loop"):
             await m.prefetch(str(src))
+
+
+async def test_link_out_of_the_source_tree_is_refused(tmp_path):
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(b"private key")
+    secret.chmod(0o600)
+    src = tmp_path / "model"
+    (src / "sub").mkdir(parents=True)
+    (src / "w.bin").write_bytes(b"w" * 1000)
+    (src / "sub" / "tokenizer.json").symlink_to(secret)
+    async with manager_for(tmp_path / "cache") as m:
+        with pytest.raises(SourceError, match=r"secret\.key, outside the source tree"):
+            await m.prefetch(str(src))
+        assert not m.records()
+    assert not list((tmp_path / "cache").rglob("tokenizer.json"))  # nothing copied
+
+
+async def test_links_inside_the_source_tree_are_followed(tmp_path):
+    src = tmp_path / "model"
+    (src / "blobs").mkdir(parents=True)
+    data = os.urandom(50_000)
+    (src / "blobs" / "abc").write_bytes(data)
+    (src / "model.bin").symlink_to("blobs/abc")  # an HF-cache-like layout within the tree
+    (src / "more").symlink_to(src / "blobs", target_is_directory=True)
+    async with manager_for(tmp_path / "cache") as m:
+        rec = await m.prefetch(str(src))
+    published = tmp_path / "cache" / "objects" / rec.key
+    assert (published / "model.bin").read_bytes() == data
+    assert (published / "more" / "abc").read_bytes() == data
+
+
+async def test_published_files_are_never_wider_than_their_source(tmp_path):
+    src = tmp_path / "model"
+    src.mkdir()
+    modes = {"private.bin": 0o600, "group.bin": 0o640, "exec.sh": 0o755, "ro.bin": 0o444}
+    for name, mode in modes.items():
+        (src / name).write_bytes(os.urandom(20_000))
+        (src / name).chmod(mode)
+    async with manager_for(tmp_path / "cache", chunk=8 * 1024) as m:
+        rec = await m.prefetch(str(src))
+        assert [r.ok for r in await m.verify(full=True)] == [True]
+    published = tmp_path / "cache" / "objects" / rec.key
+    got = {name: (published / name).stat().st_mode & 0o7777 for name in modes}
+    # source mode & 0o644 (the cache's mode), plus owner read
+    assert got == {"private.bin": 0o600, "group.bin": 0o640, "exec.sh": 0o644, "ro.bin": 0o444}
+
+
+async def test_a_changed_mode_is_a_new_version(tmp_path):
+    src = tmp_path / "w.bin"
+    src.write_bytes(os.urandom(10_000))
+    src.chmod(0o644)
+    async with manager_for(tmp_path / "cache") as m:
+        before = (await m.resolve(str(src))).key()
+        src.chmod(0o600)  # access narrowed at the source: the cached copy must follow
+        assert (await m.resolve(str(src))).key() != before

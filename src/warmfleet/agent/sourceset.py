@@ -59,7 +59,7 @@ class SourceSet:
     def _build(self, kind: SourceKind) -> Source:
         timeout_s = self._download.request_timeout_s
         if kind == SourceKind.LOCAL:
-            return LocalSource()
+            return LocalSource(symlink_roots=self._spec.local_symlink_roots)
         if kind == SourceKind.HTTP:
             return HttpSource(self._http_session())
         if kind == SourceKind.HF:

@@ -97,6 +97,9 @@ class DownloadSpec(StrictModel):
 
 
 class SourcesSpec(StrictModel):
+    # Local sources: symbolic links are followed only when they resolve inside the source tree
+    # or inside one of these directories (e.g. an HF cache's blobs/); none by default.
+    local_symlink_roots: tuple[str, ...] = ()
     hf_endpoint: str | None = None  # default: $HF_ENDPOINT, else huggingface.co
     hf_token_env: str = "HF_TOKEN"
     hf_token_file: str | None = None

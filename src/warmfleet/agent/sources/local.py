@@ -1,10 +1,17 @@
-"""Local / shared file system source (the FSx for Lustre or NFS case): sha256 per file."""
+"""Local / shared file system source (the FSx for Lustre or NFS case): sha256 per file.
+
+Symbolic links are followed only while they resolve inside the source tree (or inside one of
+``sources.local_symlink_roots``); a link out of it is refused, so a source tree cannot make the
+agent copy e.g. ``/root/.ssh/id_rsa`` into the cache engines read. Each file is recorded by its
+resolved path and opened with ``O_NOFOLLOW``; its permission bits go into the manifest (the
+store never publishes a file wider than its source)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import os
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,8 +35,9 @@ def _stat_identity(st: os.stat_result) -> str:
 class LocalSource:
     kind = SourceKind.LOCAL
 
-    def __init__(self, hash_concurrency: int = 2) -> None:
+    def __init__(self, hash_concurrency: int = 2, symlink_roots: tuple[str, ...] = ()) -> None:
         self._hash_sem = asyncio.Semaphore(hash_concurrency)
+        self._symlink_roots = tuple(os.path.realpath(r) for r in symlink_roots)
 
     async def resolve(self, parsed: ParsedUri, revision: str | None) -> Manifest:  # noqa: ARG002
         root = Path(parsed.location)
@@ -38,32 +46,35 @@ class LocalSource:
         if root.is_file():
             files = [(root.name, root)]
         else:
-            files = sorted(_walk_files(root))
+            inside = (os.path.realpath(root), *self._symlink_roots)
+            files = sorted(await asyncio.to_thread(_walk_files, root, inside))
             if not files:
                 raise SourceError(f"local source directory is empty: {root}")
         entries = await asyncio.gather(*(self._entry(rel, p) for rel, p in files))
         return Manifest(SourceKind.LOCAL, parsed.uri, tuple(entries), revision=None)
 
     async def _entry(self, rel: str, path: Path) -> FileEntry:
+        real = Path(os.path.realpath(path))
         async with self._hash_sem:
-            before = path.stat()
-            digest = await asyncio.to_thread(sha256_file, path)
-            after = path.stat()
+            before = real.stat()
+            digest = await asyncio.to_thread(sha256_file, real)
+            after = real.stat()
         if _stat_identity(before) != _stat_identity(after):
             raise SourceChangedError(f"{path} changed while it was being hashed")
         return FileEntry(
             path=rel,
             size_bytes=after.st_size,
-            locator=str(path),
+            locator=str(real),
             sha256=digest,
             last_modified=str(after.st_mtime_ns),
+            mode=stat.S_IMODE(after.st_mode),
         )
 
     def supports_ranges(self, manifest: Manifest) -> bool:  # noqa: ARG002
         return True
 
     async def open_range(self, entry: FileEntry, start: int, end: int) -> AsyncIterator[bytes]:
-        fd = await asyncio.to_thread(os.open, entry.locator, os.O_RDONLY)
+        fd = await asyncio.to_thread(_open_source, entry)
         try:
             _check_unchanged(fd, entry)
             pos = start
@@ -80,7 +91,7 @@ class LocalSource:
     def copy_range(self, entry: FileEntry, start: int, end: int, dst_fd: int) -> int:
         """In-kernel copy of ``[start, end)`` to the same offsets of ``dst_fd`` (no user-space
         buffers; what ``cp`` does). Runs in a worker thread."""
-        fd = os.open(entry.locator, os.O_RDONLY)
+        fd = _open_source(entry)
         try:
             _check_unchanged(fd, entry)
             pos = start
@@ -97,20 +108,44 @@ class LocalSource:
         return None
 
 
-def _walk_files(root: Path) -> list[tuple[str, Path]]:
+def _open_source(entry: FileEntry) -> int:
+    """The resolved file itself: a link put in its place after resolve is refused."""
+    try:
+        return os.open(entry.locator, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise SourceChangedError(f"{entry.locator} cannot be opened any more: {err}") from err
+
+
+def _inside(real: str, trees: tuple[str, ...]) -> bool:
+    return any(real == tree or real.startswith(tree.rstrip("/") + "/") for tree in trees)
+
+
+def _check_link(path: Path, trees: tuple[str, ...]) -> None:
+    if path.is_symlink() and not _inside(os.path.realpath(path), trees):
+        raise SourceError(
+            f"local source: {path} links to {os.path.realpath(path)}, outside the source tree "
+            f"(follow it only by listing that directory in sources.local_symlink_roots)"
+        )
+
+
+def _walk_files(root: Path, trees: tuple[str, ...]) -> list[tuple[str, Path]]:
     """Every regular file under ``root`` as (relative posix path, path), following symbolic
     links to files and to directories (a linked shard folder is part of the model, as with
-    ``cp -rL``); a directory link back into its own ancestry is refused."""
+    ``cp -rL``) as long as they resolve inside ``trees`` (the source tree and the configured
+    symlink roots); a link out of them and a directory link back into its own ancestry are
+    refused."""
     out: list[tuple[str, Path]] = []
     for top, dirs, names in os.walk(root, followlinks=True, onerror=_raise_walk_error):
         here = Path(top)
         here_st = os.stat(here)
         for name in dirs:
             sub = here / name
+            _check_link(sub, trees)
             if sub.is_symlink() and _is_ancestor(sub, here, root, here_st):
                 raise SourceError(f"local source has a directory link loop: {sub}")
         for name in names:
             path = here / name
+            _check_link(path, trees)
             if path.is_file():
                 out.append((path.relative_to(root).as_posix(), path))
     return out
