@@ -4,6 +4,7 @@
 (key, unique prefix or name), ``POST /v1/prefetch`` (``{"uri", "revision"?, "name"?,
 "holder"?, "pin"?}`` -> 202, runs in the agent's task group), ``POST|DELETE
 /v1/artifacts/{key}/refs/{holder}`` and ``GET /metrics`` (Prometheus text format).
+Mutating routes need the bearer token, or a loopback-only listener (``agent.api_auth``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from warmfleet.agent.api_auth import ApiAuth
 from warmfleet.agent.manager import CacheManager
 from warmfleet.cache.capacity import occupied_bytes
 from warmfleet.core.errors import BadRequestError, NotFoundError, WarmfleetError
@@ -24,8 +26,11 @@ MANAGER_KEY = web.AppKey("manager", CacheManager)
 SPAWN_KEY: web.AppKey[Spawn] = web.AppKey("spawn")
 
 
-def build_app(manager: CacheManager, spawn: Spawn) -> web.Application:
-    app = web.Application(middlewares=[_errors])
+def build_app(manager: CacheManager, spawn: Spawn, auth: ApiAuth | None = None) -> web.Application:
+    """``auth`` defaults to the manager's ``status`` settings (token, listening host); it also
+    guards the mutating routes an embedding adds to the app."""
+    guard = (auth or ApiAuth.from_spec(manager.spec.status)).middleware()
+    app = web.Application(middlewares=[guard, _errors])
     app[MANAGER_KEY] = manager
     app[SPAWN_KEY] = spawn
     app.router.add_get("/healthz", _healthz)

@@ -112,8 +112,14 @@ class SourcesSpec(StrictModel):
 
 
 class StatusSpec(StrictModel):
+    """The agent's HTTP API. Mutating routes need ``Authorization: Bearer <token>`` with the
+    token from ``$<token_env>`` or else the first line of ``token_file``; with no token they
+    are allowed only on a loopback ``host`` (``warmfleet.agent.api_auth``)."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=9470, ge=0, le=65535)
+    token_env: str = Field(default="WARMFLEET_AGENT_TOKEN", min_length=1)
+    token_file: str | None = None
 
 
 class ModelArtifactSpec(StrictModel):
