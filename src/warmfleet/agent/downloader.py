@@ -236,8 +236,8 @@ class Downloader:
                 await self._stream_chunk(source, entry, chunk, files)
                 return
             except TransientSourceError as err:
-                if attempt >= self._backoff.max_attempts:
-                    raise TransientSourceError(
+                if attempt >= self._backoff.max_attempts:  # same class: TooSlowError stays one
+                    raise type(err)(
                         f"{entry.path} bytes {chunk.start}-{chunk.end}: gave up after "
                         f"{attempt} attempts: {err}"
                     ) from err

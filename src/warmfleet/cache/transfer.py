@@ -148,14 +148,15 @@ class LowSpeedGuard:
         return rest + self.window_s if self._bytes >= self.threshold_bytes else rest
 
     def record(self, n_bytes: int, waited_s: float) -> bool:
-        """``n_bytes`` arrived after waiting ``waited_s``; False when the transfer is too slow."""
+        """``n_bytes`` arrived at the end of a wait of ``waited_s``; False when a window that
+        closed during the wait had too few bytes (the transfer is too slow)."""
         self._waited_s += waited_s
-        self._bytes += n_bytes
         while self._waited_s >= self.window_s:
             if self._bytes < self.threshold_bytes:
                 return False
             self._waited_s -= self.window_s
             self._bytes = 0
+        self._bytes += n_bytes
         return True
 
 
