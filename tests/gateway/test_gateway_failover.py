@@ -70,9 +70,11 @@ async def test_kill_mid_stream_error_event_then_elsewhere() -> None:
             assert json.loads(events[-1])["error"]["code"] == 502
             assert len(events) == 2
 
-            # Requests not yet started go elsewhere (a is refused, retried, ejected).
-            for _ in range(6):
-                async with client.post(gw.url + "/v1/chat/completions", json=CHAT) as r:
+            # Requests not yet started go elsewhere (a is refused, retried, ejected). Other
+            # prompts: the one that failed on a avoids a anyway (PromptAvoidance).
+            for i in range(6):
+                other = {**CHAT, "messages": [{"role": "user", "content": f"tell me {i}"}]}
+                async with client.post(gw.url + "/v1/chat/completions", json=other) as r:
                     assert r.status == 200
                     assert r.headers["x-warmfleet-instance"] in {"b", "c"}
             variant = gw.gateway.state.default_endpoint().variant("v1")
@@ -162,17 +164,22 @@ OUTLIER = {
 }
 
 
-def _prompt(user: int) -> dict[str, object]:
-    text = f"user {user} asks: " + " ".join(f"w{user}-{i}" for i in range(300))
+def _prompt(user: int, marker: str = "") -> dict[str, object]:
+    text = f"user {user} asks: {marker} " + " ".join(f"w{user}-{i}" for i in range(300))
     return {"model": MODEL, "messages": [{"role": "user", "content": text}]}
 
 
-def _wedged_config(backend: FakeBackend, wedged: WedgedInstance) -> GatewayConfig:
+def _wedged_config(
+    backend: FakeBackend,
+    wedged: WedgedInstance,
+    read_timeout_s: float = READ_TIMEOUT_S,
+    max_attempts: int = 2,
+) -> GatewayConfig:
     doc = gateway_doc(
         [backend],
         strategy={"type": "prefix_affinity"},
         health={**HEALTH, "outlier": OUTLIER},
-        limits={"upstream_read_timeout_s": READ_TIMEOUT_S, "max_attempts": 2},
+        limits={"upstream_read_timeout_s": read_timeout_s, "max_attempts": max_attempts},
         admin_token=ADMIN_TOKEN,
     )
     doc["spec"]["endpoints"][0]["variants"][0]["instances"].append(
@@ -190,8 +197,9 @@ class _Client:
         self.failed = 0
         self.answers: list[tuple[str, str, str | None]] = []  # instance, reason, attempts
 
-    async def chat(self, user: int) -> str:
-        async with self.session.post(self.url + "/v1/chat/completions", json=_prompt(user)) as r:
+    async def chat(self, user: int, marker: str = "") -> str:
+        body = _prompt(user, marker)
+        async with self.session.post(self.url + "/v1/chat/completions", json=body) as r:
             await r.read()
             if r.status != 200:
                 self.failed += 1
@@ -236,6 +244,16 @@ async def _until_sent_to(client: _Client, wedged: WedgedInstance, first_user: in
         if wedged.completions_received > before:
             return user + 1
     raise AssertionError("no request reached the instance on probation")
+
+
+async def _first_sent_to(client: _Client, inst: WedgedInstance, marker: str) -> int:
+    """A prompt (by user number) whose first request the router sends to ``inst``."""
+    for user in range(100, 130):
+        before = inst.completions_received
+        await client.chat(user, marker=marker)
+        if inst.completions_received > before:
+            return user
+    raise AssertionError(f"no prompt was sent to {inst.name}")
 
 
 async def test_wedged_instance_retried_ejected_and_readmitted_only_by_requests() -> None:
@@ -352,3 +370,30 @@ async def test_wedged_instance_concurrent_rounds_none_fails() -> None:
                 assert _sample(metrics, "warmfleet_gateway_ejections_total", instance_id="w") == 1
     finally:
         await wedged.stop()
+
+
+async def test_a_prompt_is_not_pinned_to_an_instance_that_keeps_failing_it() -> None:
+    """An instance that hangs on one prompt only answers the others, so it is never ejected.
+    Without retries (max_attempts 1) the router learns that prompt's prefix on that instance
+    only, and prefix affinity would send it back there every round (each time a 504). After
+    failing there once, the prompt goes elsewhere first."""
+    stuck = WedgedInstance("w")
+    stuck.wedged = False
+    stuck.hang_on = b"stuck"
+    await stuck.start()
+    try:
+        async with backends_running("b") as backends:
+            config = _wedged_config(backends[0], stuck, read_timeout_s=1.0, max_attempts=1)
+            async with gateway_running(config) as gw, aiohttp.ClientSession() as session:
+                client = _Client(session, gw.url)
+                user = await _first_sent_to(client, stuck, marker="stuck")
+                for _ in range(4):
+                    for other in range(4):
+                        await client.chat(other)
+                    await client.chat(user, marker="stuck")
+                assert client.failed == 1  # its first request: nowhere else to try
+                assert stuck.completions_held == 1  # once, never again
+                assert stuck.completions_answered >= 4  # w serves the other prompts
+                assert (await client.outlier("w"))["outlier"]["standing"] == "in"
+    finally:
+        await stuck.stop()

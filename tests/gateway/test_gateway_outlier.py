@@ -22,6 +22,7 @@ from warmfleet.gateway.outlier import (
     FailureCause,
     OutlierPolicy,
     OutlierRecord,
+    PromptAvoidance,
     max_ejected,
 )
 
@@ -326,3 +327,27 @@ def test_variant_guard_and_switching_passive_ejection_off() -> None:
     state.apply(parse_gateway_config(config))
     assert variant.snapshot().ids() == ("a", "b", "c")
     assert variant.passive_failure(b, FailureCause.CONNECT) is Change.NONE  # off: counted only
+
+
+def test_prompt_avoidance_expires_and_is_bounded() -> None:
+    avoid = PromptAvoidance(max_entries=2)
+    avoid.record(1, "a", until_s=10.0)
+    assert avoid.avoid(1, now_s=9.9) == "a"
+    assert avoid.avoid(1, now_s=10.0) is None
+    assert avoid.entries == {}  # an expired entry is dropped when read
+    for prompt in (1, 2, 3):
+        avoid.record(prompt, "a", until_s=10.0)
+    assert list(avoid.entries) == [2, 3]  # the oldest went first
+
+
+def test_variant_avoids_a_failed_prompt_only_while_another_instance_is_routable() -> None:
+    state, _, clock = _state({"consecutive_failures": 5, "base_ejection_time_s": 10})
+    variant = state.default_endpoint().variant("v")
+    a = variant.instances["a"]
+    variant.passive_failure(a, TIMEOUT, prompt=42)
+    assert variant.avoided(42) == {"a"}
+    assert variant.avoided(43) is None
+    variant.set_instances([variant.spec_of(a)])  # a alone: excluding it would leave nothing
+    assert variant.avoided(42) is None
+    clock.now_s += 10
+    assert variant.avoidance.avoid(42, clock()) is None

@@ -1,6 +1,7 @@
 """A wedged inference instance for tests: a small asyncio HTTP/1.1 server on 127.0.0.1 whose
 ``/health`` answers 200 while its completions never answer (``wedged``); with
-``wedged = False`` it answers them (a minimal chat completion), as an engine that recovered.
+``wedged = False`` it answers them (a minimal chat completion), as an engine that recovered,
+except those whose body contains ``hang_on`` (an engine that hangs on one prompt only).
 
 A held completion waits until the gateway gives up and closes the connection; nothing is
 ever sent on it. Connections are keep-alive (the gateway pools them); each serves at most
@@ -21,6 +22,7 @@ class WedgedInstance:
     def __init__(self, name: str) -> None:
         self.name = name
         self.wedged = True
+        self.hang_on: bytes | None = None
         self.health_probes = 0
         self.completions_received = 0  # every completion request that reached it
         self.completions_held = 0  # those it never answered
@@ -78,7 +80,7 @@ class WedgedInstance:
             _answer(writer, 200, {"ok": True})
         elif method == "POST" and path.endswith("/completions"):
             self.completions_received += 1
-            if self.wedged:
+            if self.wedged or (self.hang_on is not None and self.hang_on in body):
                 self.completions_held += 1
                 await reader.read()  # never answers: held until the gateway closes
                 return False

@@ -21,7 +21,8 @@ import time
 from aiohttp import ClientError, ClientSession, ClientTimeout
 
 from warmfleet.gateway.fleet import GatewayState
-from warmfleet.gateway.state import InstanceRuntime, VariantRuntime
+from warmfleet.gateway.instance import InstanceRuntime
+from warmfleet.gateway.state import VariantRuntime
 
 log = logging.getLogger(__name__)
 

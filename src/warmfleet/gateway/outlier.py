@@ -229,5 +229,35 @@ class OutlierPolicy:
         return Change.EJECTED
 
 
+class PromptAvoidance:
+    """Where each recently failed prompt should not go first, so prefix affinity cannot pin a
+    prompt to an instance that keeps failing it while the instance answers others (and so is
+    never ejected). ``prompt``: an int naming the prompt (its last block hash). Entries expire
+    (``until_s``); at most ``max_entries``, the oldest dropped first."""
+
+    __slots__ = ("entries", "max_entries")
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.entries: dict[int, tuple[str, float]] = {}
+        self.max_entries = max_entries
+
+    def record(self, prompt: int, instance_id: str, until_s: float) -> None:
+        entries = self.entries
+        entries.pop(prompt, None)
+        if len(entries) >= self.max_entries:
+            del entries[next(iter(entries))]
+        entries[prompt] = (instance_id, until_s)
+
+    def avoid(self, prompt: int, now_s: float) -> str | None:
+        """The instance ``prompt`` failed on, until its entry expires."""
+        entry = self.entries.get(prompt)
+        if entry is None:
+            return None
+        if entry[1] <= now_s:
+            del self.entries[prompt]
+            return None
+        return entry[0]
+
+
 def _ejection_end(rec: OutlierRecord) -> float:
     return rec.ejected_until_s

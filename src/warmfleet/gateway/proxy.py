@@ -31,9 +31,10 @@ from warmfleet.gateway.errors import (
     status_and_type,
 )
 from warmfleet.gateway.fleet import GatewayState
+from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.messages import Request, Response
 from warmfleet.gateway.outlier import IN, PROBATION, FailureCause
-from warmfleet.gateway.state import InstanceRuntime, RouterLike, VariantRuntime
+from warmfleet.gateway.state import RouterLike, VariantRuntime
 from warmfleet.gateway.upstream import (
     Exchange,
     Origin,
@@ -95,7 +96,7 @@ class _Retry(Exception):
 class _Attempt:
     """One try of one request on one instance."""
 
-    __slots__ = ("decision", "index", "inst", "request", "t_start", "variant")
+    __slots__ = ("decision", "index", "inst", "key", "request", "t_start", "variant")
 
     def __init__(
         self,
@@ -105,9 +106,11 @@ class _Attempt:
         decision: Decision,
         t_start: float,
         *,
+        key: RoutingKey,
         index: int,
     ) -> None:
         self.request = request
+        self.key = key
         self.variant = variant
         self.inst = inst
         self.decision = decision
@@ -120,7 +123,7 @@ class _Attempt:
     def failed(self, cause: FailureCause, message: str, err: BaseException) -> NoReturn:
         """This attempt failed before any byte reached the client: count it against the
         instance and let ``forward`` try another one."""
-        self.variant.passive_failure(self.inst, cause)
+        self.variant.passive_failure(self.inst, cause, _prompt_id(self.key))
         name = self.inst.instance_id
         if cause is FailureCause.TIMEOUT:
             raise _Retry(UpstreamTimeoutError(f"instance {name!r} {message}")) from err
@@ -235,7 +238,9 @@ class Proxy:
 
         ``router`` is the one that built ``key``: a strategy switch meanwhile applies to the
         next request, never to half of this one."""
-        excluded: set[str] | None = None
+        # A prompt that failed recently on an instance does not go there first (affinity).
+        excluded = variant.avoided(_prompt_id(key)) if variant.avoidance.entries else None
+        avoided = len(excluded) if excluded else 0
         failure: WarmfleetError | None = None
         cost = key.prompt_tokens + key.output_tokens_hint
         for attempt in range(self.state.limits.max_attempts):
@@ -256,7 +261,7 @@ class Proxy:
                 break
             _count_decision(variant, decision)
             inst.add_load(1, cost)
-            call = _Attempt(request, variant, inst, decision, t_start, index=attempt)
+            call = _Attempt(request, variant, inst, decision, t_start, key=key, index=attempt)
             if inst.outlier.standing is PROBATION:
                 variant.begin_trial(inst, call)  # its one request until it has answered
             try:
@@ -269,7 +274,7 @@ class Proxy:
                 inst.add_load(-1, -cost)
                 if inst.outlier.trial is call:
                     variant.end_trial(inst, call)  # no verdict (the client left)
-        return _unavailable(variant, failure, len(excluded) if excluded else 0)
+        return _unavailable(variant, failure, len(excluded) - avoided if excluded else 0)
 
     async def _attempt(self, call: _Attempt, path: str) -> Response | None:
         inst = call.inst
@@ -312,7 +317,7 @@ class Proxy:
         # answer (the server holds the connection's next request until then).
         status = ex.status
         if status in _GATEWAY_FAILURE_STATUSES:  # relayed, but counts against the instance
-            call.variant.passive_failure(inst, FailureCause.STATUS)
+            call.variant.passive_failure(inst, FailureCause.STATUS, _prompt_id(call.key))
         elif inst.outlier.consecutive_failures or inst.outlier.standing is not IN:
             call.variant.passive_success(inst)  # resets its count, or ends its probation
         call.count("client_disconnect" if conn.closed else str(status))
@@ -320,7 +325,7 @@ class Proxy:
 
     def _mid_stream_failure(self, call: _Attempt, relay: _Relay, err: Exception) -> None:
         timed_out = isinstance(err, UpstreamTimeout)
-        call.variant.passive_failure(call.inst, FailureCause.STREAM)
+        call.variant.passive_failure(call.inst, FailureCause.STREAM, _prompt_id(call.key))
         log.warning("instance %s failed mid-stream: %r", call.inst.instance_id, err)
         name = type(err).__name__
         message = f"instance {call.inst.instance_id!r} failed mid-stream: {name}"
@@ -339,6 +344,12 @@ def _unavailable(variant: VariantRuntime, failure: WarmfleetError | None, tried:
     variant.request_counter("none", "unavailable", str(status_and_type(failure)[0])).inc()
     extra = {ATTEMPTS_HEADER: str(tried)} if tried > 1 else None
     return error_response(failure, reason="unavailable", extra_headers=extra)
+
+
+def _prompt_id(key: RoutingKey) -> int:
+    """Names a prompt for ``PromptAvoidance``: its last block hash (chained: it covers every
+    block), else its prefix hash (short prompts, keys without block hashes)."""
+    return key.block_hashes[-1] if key.block_hashes else key.prefix_hash
 
 
 def _count_decision(variant: VariantRuntime, decision: Decision) -> None:

@@ -18,8 +18,9 @@ from typing import Any, Protocol
 from prometheus_client import Counter
 
 from warmfleet.core.errors import NotFoundError
-from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, InstanceState, RoutingKey
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
 from warmfleet.gateway.config import FileDiscovery, InstanceSpec, OutlierConfig, VariantConfig
+from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.metrics import FastValue, GatewayMetrics
 from warmfleet.gateway.outlier import (
     EJECTED,
@@ -27,9 +28,8 @@ from warmfleet.gateway.outlier import (
     Change,
     FailureCause,
     OutlierPolicy,
-    OutlierRecord,
+    PromptAvoidance,
 )
-from warmfleet.gateway.upstream import Origin
 from warmfleet.routing.config import RoutingConfig
 
 log = logging.getLogger(__name__)
@@ -58,59 +58,6 @@ class RouterLike(Protocol):
 RouterFactory = Callable[[RoutingConfig, random.Random], RouterLike]
 
 
-class InstanceRuntime:
-    """One instance of one variant: where it is, its health and the load the gateway sent it.
-
-    ``active_healthy``: what the health probes say; ``outlier``: what real requests say (the
-    passive standing). It takes traffic when both allow it."""
-
-    __slots__ = (
-        "active_healthy",
-        "base_url",
-        "data_parallel_rank",
-        "failures",
-        "in_flight_requests",
-        "in_flight_tokens",
-        "instance_id",
-        "m_in_flight",
-        "origin",
-        "outlier",
-        "removed",
-        "state",
-        "successes",
-    )
-
-    def __init__(
-        self, spec: InstanceSpec, metrics: GatewayMetrics, endpoint: str, variant: str
-    ) -> None:
-        self.instance_id = spec.id
-        self.base_url = spec.url
-        self.data_parallel_rank = spec.data_parallel_rank
-        self.origin = Origin(spec.url, spec.data_parallel_rank)
-        self.active_healthy = True
-        self.failures = 0  # consecutive failed health probes
-        self.successes = 0  # consecutive good health probes
-        self.outlier = OutlierRecord(spec.id)
-        self.in_flight_requests = 0
-        self.in_flight_tokens = 0
-        self.removed = False
-        self.m_in_flight = metrics.in_flight.labels(endpoint, variant, spec.id)
-        self.state = InstanceState(spec.id)  # what strategies see; rebuilt on every load change
-        metrics.healthy.labels(endpoint, variant, spec.id).set(1)
-
-    @property
-    def takes_traffic(self) -> bool:
-        """In the variant's healthy set (the router's view; a probation instance included)."""
-        return self.active_healthy and self.outlier.standing is not EJECTED
-
-    def add_load(self, requests: int, tokens: int) -> None:
-        """A request of ``tokens`` tokens starts (``requests=1``) or ends (``-1``, ``-tokens``)."""
-        self.in_flight_requests += requests
-        self.in_flight_tokens += tokens
-        self.state = InstanceState(self.instance_id, self.in_flight_requests, self.in_flight_tokens)
-        self.m_in_flight.inc(requests)
-
-
 class VariantRuntime:
     """A production variant: weight, served models, routing config + router, instances.
     ``healthy``: the instances taking traffic (the router is told of every change);
@@ -135,6 +82,7 @@ class VariantRuntime:
         self._generation = 0
         self._clock = clock
         self.outlier_policy = OutlierPolicy(outlier or OutlierConfig(), clock)
+        self.avoidance = PromptAvoidance()
         self.passive_ejection = True
         self._next_expiry_s = math.inf  # the soonest end of a passive ejection
         self.instances: dict[str, InstanceRuntime] = {}
@@ -296,16 +244,24 @@ class VariantRuntime:
         self.passive_ejection = enabled
         records = [i.outlier for i in self.instances.values()]
         changed = policy.release_excess(records) if enabled else policy.release_all(records)
+        if not enabled:
+            self.avoidance.entries.clear()
         if changed:
             self._outliers_changed()
 
-    def passive_failure(self, inst: InstanceRuntime, cause: FailureCause) -> Change:
-        """A real request failed on ``inst`` (a gateway failure): maybe eject it."""
+    def passive_failure(
+        self, inst: InstanceRuntime, cause: FailureCause, prompt: int | None = None
+    ) -> Change:
+        """A real request (for ``prompt``) failed on ``inst`` (a gateway failure): maybe eject
+        it; the prompt avoids it for ``base_ejection_time_s``."""
         self._metrics.attempt_failures.labels(
             self.endpoint, self.name, inst.instance_id, cause.value
         ).inc()
         if not self.passive_ejection or inst.removed:
             return Change.NONE
+        if prompt is not None:
+            until_s = self._clock() + self.outlier_policy.config.base_ejection_time_s
+            self.avoidance.record(prompt, inst.instance_id, until_s)
         records = [i.outlier for i in self.instances.values()]
         change = self.outlier_policy.on_failure(inst.outlier, cause, records)
         if change is Change.NONE:
@@ -326,6 +282,14 @@ class VariantRuntime:
             self._outliers_changed()
             self._count_readmission(inst, "probation passed")
         return change
+
+    def avoided(self, prompt: int) -> set[str] | None:
+        """The instance ``prompt`` failed on recently, to exclude from its first attempt; only
+        while another instance is routable (never an empty choice)."""
+        iid = self.avoidance.avoid(prompt, self._clock())
+        if iid is None or not any(i.instance_id != iid for i in self.routable):
+            return None
+        return {iid}
 
     def begin_trial(self, inst: InstanceRuntime, owner: object) -> None:
         """``owner`` is the one request a probation instance gets until it has answered."""

@@ -1,0 +1,63 @@
+"""One instance of one variant as the gateway sees it: address, load, and health (active
+probes and the passive standing of ``gateway.outlier``)."""
+
+from __future__ import annotations
+
+from warmfleet.core.types import InstanceState
+from warmfleet.gateway.config import InstanceSpec
+from warmfleet.gateway.metrics import GatewayMetrics
+from warmfleet.gateway.outlier import EJECTED, OutlierRecord
+from warmfleet.gateway.upstream import Origin
+
+
+class InstanceRuntime:
+    """One instance of one variant: where it is, its health and the load the gateway sent it.
+
+    ``active_healthy``: what the health probes say; ``outlier``: what real requests say (the
+    passive standing). It takes traffic when both allow it."""
+
+    __slots__ = (
+        "active_healthy",
+        "base_url",
+        "data_parallel_rank",
+        "failures",
+        "in_flight_requests",
+        "in_flight_tokens",
+        "instance_id",
+        "m_in_flight",
+        "origin",
+        "outlier",
+        "removed",
+        "state",
+        "successes",
+    )
+
+    def __init__(
+        self, spec: InstanceSpec, metrics: GatewayMetrics, endpoint: str, variant: str
+    ) -> None:
+        self.instance_id = spec.id
+        self.base_url = spec.url
+        self.data_parallel_rank = spec.data_parallel_rank
+        self.origin = Origin(spec.url, spec.data_parallel_rank)
+        self.active_healthy = True
+        self.failures = 0  # consecutive failed health probes
+        self.successes = 0  # consecutive good health probes
+        self.outlier = OutlierRecord(spec.id)
+        self.in_flight_requests = 0
+        self.in_flight_tokens = 0
+        self.removed = False
+        self.m_in_flight = metrics.in_flight.labels(endpoint, variant, spec.id)
+        self.state = InstanceState(spec.id)  # what strategies see; rebuilt on every load change
+        metrics.healthy.labels(endpoint, variant, spec.id).set(1)
+
+    @property
+    def takes_traffic(self) -> bool:
+        """In the variant's healthy set (the router's view; a probation instance included)."""
+        return self.active_healthy and self.outlier.standing is not EJECTED
+
+    def add_load(self, requests: int, tokens: int) -> None:
+        """A request of ``tokens`` tokens starts (``requests=1``) or ends (``-1``, ``-tokens``)."""
+        self.in_flight_requests += requests
+        self.in_flight_tokens += tokens
+        self.state = InstanceState(self.instance_id, self.in_flight_requests, self.in_flight_tokens)
+        self.m_in_flight.inc(requests)
