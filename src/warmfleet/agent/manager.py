@@ -17,13 +17,13 @@ from warmfleet.agent.downloader import Downloader
 from warmfleet.agent.metrics import CacheMetrics
 from warmfleet.agent.sources.base import TransientSourceError
 from warmfleet.agent.sourceset import SourceSet
-from warmfleet.agent.status import ArtifactStatus, WallClock
+from warmfleet.agent.status import ArtifactStatus, DownloadProgress, WallClock
 from warmfleet.agent.store import Store, VerifyResult
 from warmfleet.cache.capacity import EvictionPlan, occupied_bytes, plan_admission, plan_gc
 from warmfleet.cache.config import NodeCacheSpec
 from warmfleet.cache.index import CacheIndex
 from warmfleet.cache.manifest import Manifest
-from warmfleet.cache.state import ArtifactRecord, ArtifactState
+from warmfleet.cache.state import ArtifactRecord, ArtifactState, record_for
 from warmfleet.cache.transfer import RateMeter, TokenBucket
 from warmfleet.cache.uri import parse_uri
 from warmfleet.core.clock import Clock, MonotonicClock
@@ -141,27 +141,12 @@ class CacheManager:
             self._evict(idx, plan)
             cur = idx.get(key)
             if cur is None:
-                idx.put(self._new_record(manifest, name, now))
+                idx.put(record_for(manifest, name, now))
             elif cur.state == ArtifactState.FAILED:
                 idx.set_state(key, ArtifactState.PENDING)
             self._hold(idx, key, holder, pin, now)
             self._update_gauges(idx)
         return None
-
-    @staticmethod
-    def _new_record(manifest: Manifest, name: str, now: float) -> ArtifactRecord:
-        extra = {"kind": manifest.kind.value, **manifest.extra}
-        if manifest.revision:
-            extra["revision"] = manifest.revision
-        return ArtifactRecord(
-            manifest.key(),
-            name,
-            manifest.uri,
-            manifest.size_bytes,
-            created_s=now,
-            last_used_s=now,
-            extra=extra,
-        )
 
     def _hold(self, idx: CacheIndex, key: str, holder: str | None, pin: bool, now: float) -> None:
         idx.touch(key, now)
@@ -280,26 +265,12 @@ class CacheManager:
     async def _download_and_verify(self, manifest: Manifest, status: ArtifactStatus) -> None:
         key = manifest.key()
         source = self.sources.get(manifest.kind)
-        meter = RateMeter(self._mono, manifest.size_bytes)
-        kind = manifest.kind.value
-
-        def on_bytes(n: int) -> None:
-            meter.add(n)
-            status.bytes_done, status.rate_bps, status.eta_s = (
-                meter.done_bytes,
-                meter.rate_bps(),
-                meter.eta_s(),
-            )
-            if n > 0:
-                self.metrics.downloaded_bytes.labels(kind).inc(n)
-
-        def on_retry(reason: str) -> None:
-            status.retries += 1
-            self.metrics.retries.labels(reason).inc()
-
+        progress = DownloadProgress(
+            status, RateMeter(self._mono, manifest.size_bytes), self.metrics, manifest.kind.value
+        )
         attempts = self.spec.download.verify_attempts
         for attempt in range(1, attempts + 1):
-            meter.done_bytes = 0
+            progress.meter.done_bytes = 0
             staging = await asyncio.to_thread(self.store.prepare_staging, manifest)
             self._set_state(key, ArtifactState.DOWNLOADING)
             downloader = Downloader(
@@ -307,8 +278,8 @@ class CacheManager:
                 self._mono,
                 limiter=self._limiter,
                 rng=self._rng,
-                on_bytes=on_bytes,
-                on_retry=on_retry,
+                on_bytes=progress.on_bytes,
+                on_retry=progress.on_retry,
             )
             await downloader.download(source, manifest, staging)
             self._set_state(key, ArtifactState.VERIFYING)
@@ -320,7 +291,7 @@ class CacheManager:
                 self.store.discard_staging(key)
                 if attempt == attempts:
                     raise
-                on_retry("IntegrityError")
+                progress.on_retry("IntegrityError")
                 continue
             await asyncio.to_thread(self.store.publish, manifest, digests, self._wall.now_s())
             self._set_state(key, ArtifactState.READY)

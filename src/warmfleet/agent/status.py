@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from warmfleet.agent.metrics import CacheMetrics
 from warmfleet.cache.state import ArtifactState
+from warmfleet.cache.transfer import RateMeter
 
 
 class WallClock:
@@ -43,3 +45,24 @@ class ArtifactStatus:
             "reason": self.reason,
             "retries": self.retries,
         }
+
+
+@dataclass
+class DownloadProgress:
+    """The downloader's callbacks for one artifact: live status and metrics."""
+
+    status: ArtifactStatus
+    meter: RateMeter
+    metrics: CacheMetrics
+    kind: str
+
+    def on_bytes(self, n: int) -> None:
+        self.meter.add(n)
+        self.status.bytes_done = self.meter.done_bytes
+        self.status.rate_bps, self.status.eta_s = self.meter.rate_bps(), self.meter.eta_s()
+        if n > 0:
+            self.metrics.downloaded_bytes.labels(self.kind).inc(n)
+
+    def on_retry(self, reason: str) -> None:
+        self.status.retries += 1
+        self.metrics.retries.labels(reason).inc()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from warmfleet.cache.manifest import Manifest
 from warmfleet.core.errors import CacheError
 
 
@@ -96,3 +97,19 @@ class ArtifactRecord:
             reason=str(data.get("reason", "")),
             extra={str(k): str(v) for k, v in (data.get("extra") or {}).items()},
         )
+
+
+def record_for(manifest: Manifest, name: str, now_s: float) -> ArtifactRecord:
+    """The pending record of a newly admitted artifact."""
+    extra = {"kind": manifest.kind.value, **manifest.extra}
+    if manifest.revision:
+        extra["revision"] = manifest.revision
+    return ArtifactRecord(
+        manifest.key(),
+        name,
+        manifest.uri,
+        manifest.size_bytes,
+        created_s=now_s,
+        last_used_s=now_s,
+        extra=extra,
+    )
