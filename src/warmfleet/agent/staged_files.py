@@ -15,6 +15,7 @@ Thread-safe: the downloader's workers call ``run`` from worker threads.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections import OrderedDict
@@ -54,6 +55,7 @@ class StagedFiles:
         self._lock = threading.Lock()
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._closed_dirty: set[str] = set()  # written, then closed before a sync
+        self._shut = False  # closed: a thread still using a descriptor closes it when done
 
     @property
     def open_count(self) -> int:
@@ -81,13 +83,14 @@ class StagedFiles:
             return fn(handle.fd)
         finally:
             with self._lock:
-                handle.users -= 1
-                if write:
-                    handle.dirty = True
+                handle.dirty = handle.dirty or write
+                self._release(handle)
                 self._trim()
 
     def _acquire(self, rel: str, create_mode: int | None) -> _Open:
         with self._lock:
+            if self._shut:
+                raise OSError(errno.EBADF, f"staged files of {self._staging} are closed")
             handle = self._open.get(rel)
             if handle is None:
                 flags = os.O_RDWR | os.O_CLOEXEC
@@ -99,6 +102,12 @@ class StagedFiles:
             handle.users += 1
             self._trim()
             return handle
+
+    def _release(self, handle: _Open) -> None:
+        """One user is done (lock held); after ``close()`` the last one closes it."""
+        handle.users -= 1
+        if self._shut and not handle.users:
+            os.close(handle.fd)
 
     def _trim(self) -> None:
         """Close least recently used idle descriptors beyond the bound (lock held)."""
@@ -137,14 +146,18 @@ class StagedFiles:
         finally:
             with self._lock:
                 for _, handle in held:
-                    handle.users -= 1
                     handle.dirty = handle.dirty or failed
+                    self._release(handle)
                 if failed:
                     self._closed_dirty |= closed
                 self._trim()
 
     def close(self) -> None:
+        """Close every idle descriptor; one still in use (a worker thread that outlived a
+        cancelled task) is closed by its last user, never under it."""
         with self._lock:
+            self._shut = True
             for handle in self._open.values():
-                os.close(handle.fd)
+                if not handle.users:
+                    os.close(handle.fd)
             self._open.clear()
