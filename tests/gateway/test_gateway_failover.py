@@ -158,7 +158,7 @@ ADMIN_TOKEN = "outlier-admin-token-0123"
 READ_TIMEOUT_S = 4.0
 OUTLIER = {
     "consecutive_failures": 3,
-    "base_ejection_time_s": 3.0,
+    "base_ejection_time_s": 4.0,
     "max_ejection_time_s": 30.0,
     "max_ejection_percent": 50,
 }
