@@ -260,11 +260,11 @@ class Proxy:
                 failure = InternalError(f"routing failed: {type(err).__name__}")
                 break
             _count_decision(variant, decision)
-            inst.add_load(1, cost)
             call = _Attempt(request, variant, inst, decision, t_start, key=key, index=attempt)
-            if inst.outlier.standing is PROBATION:
-                variant.begin_trial(inst, call)  # its one request until it has answered
+            inst.add_load(1, cost)
             try:
+                if inst.outlier.standing is PROBATION:
+                    variant.begin_trial(inst, call)  # its one request until it has answered
                 return await self._attempt(call, path)
             except _Retry as retry:
                 failure = retry.cause
