@@ -190,7 +190,12 @@ def _estimated_tokens(text: str, mode: str) -> int:
 
 
 class KeyBuilder:
-    """Builds ``RoutingKey``s for one ``KeySpec`` (and optional tokenizer)."""
+    """Builds ``RoutingKey``s for one ``KeySpec`` (and optional tokenizer).
+
+    Thread-safe (the gateway keys big bodies on a worker thread): its only state, two bounded
+    memo dicts (seeds, ``SpanMemo``), holds pure functions of the keys, never mutated once
+    stored, touched by single dict operations (atomic under the GIL). So must the tokenizer be.
+    """
 
     def __init__(
         self,

@@ -21,6 +21,10 @@ _FIELD = "\x1f"
 _PART = "\x1d"
 # Content-part types vLLM reads as plain text (``vllm.renderers.chat_utils.TEXT_PART_TYPES``).
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+# Canonical JSON (stateless between calls: safe from several threads); arrays longer than
+# _SPLIT_ITEMS are encoded element by element.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_SPLIT_ITEMS = 16
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,8 +105,13 @@ def completions_output_hint(body: Mapping[str, Any], prompts: int) -> int:
 
 
 def _canonical_json(value: object, param: str) -> str:
+    """``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``. A long
+    array is encoded one element per call (the same text): a single C call holds the GIL, and
+    the gateway computes big bodies' keys on a thread while its event loop serves."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        if type(value) is list and len(value) > _SPLIT_ITEMS:
+            return "[" + ",".join([_CANONICAL.encode(item) for item in value]) + "]"
+        return _CANONICAL.encode(value)
     except (TypeError, ValueError, RecursionError) as err:
         raise bad_request(f"'{param}' is not JSON-serializable", param) from err
 
