@@ -1,0 +1,58 @@
+"""File names a manifest may list: what the store can create under its staging directory,
+checked when the manifest is built (at resolve, before admission)."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmfleet.cache.manifest import FileEntry, Manifest, ManifestError, SourceKind
+
+
+def _manifest(*paths: str, mode: int | None = None) -> Manifest:
+    files = tuple(FileEntry(p, 1, f"loc/{i}", mode=mode) for i, p in enumerate(paths))
+    return Manifest(SourceKind.HTTP, "http://o/m", files)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "w\0.bin",  # NUL
+        "x" * 256,  # one component over NAME_MAX
+        "d/" + "é" * 128,  # 256 bytes in UTF-8
+        "/".join(["d" * 200] * 6),  # a path over 1024 bytes
+        "",
+        "/abs",
+        "a//b",
+        "a/./b",
+        "..",
+        "../x",
+        "a/../../x",
+        "a\\b",
+        "sub/.warmfleet-complete.json",
+        "\udcff",  # not UTF-8 (a surrogate from a non-UTF-8 file name)
+    ],
+)
+def test_unusable_names_are_refused(path):
+    with pytest.raises(ManifestError):
+        _manifest(path)
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [("a", "a/b"), ("a/b/c", "a/b"), ("x/y", "x/y/z/w", "q")],
+)
+def test_a_name_that_is_both_file_and_directory_is_refused(paths):
+    with pytest.raises(ManifestError, match="both a file and a directory"):
+        _manifest(*paths)
+
+
+def test_usable_names_pass():
+    names = ("x" * 255, "d/" + "é" * 127, "a/b", "a/c/d", "ab", "a.b/c", ".gitattributes")
+    assert len(_manifest(*names).files) == len(names)
+
+
+def test_mode_is_identity_when_known_and_checked():
+    assert _manifest("f", mode=0o600).key() != _manifest("f", mode=0o644).key()
+    assert "mode" not in FileEntry("f", 1, "l").identity()  # other sources: keys unchanged
+    with pytest.raises(ManifestError, match="bad mode"):
+        _manifest("f", mode=0o10000)
