@@ -297,6 +297,10 @@ class Downloader:
         except TransientSourceError:
             self._on_bytes(-written)
             raise
+        finally:  # a body left early releases its connection now, not when collected
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
         if pos != chunk.end:
             self._on_bytes(-written)
             raise TransientSourceError(f"{entry.path}: short chunk ({pos - chunk.start} bytes)")
