@@ -19,6 +19,7 @@ from warmfleet.agent.bounded_json import (
     check_json_depth,
 )
 from warmfleet.agent.oci import OCI_MANIFEST
+from warmfleet.agent.sources.base import TransientSourceError
 from warmfleet.agent.testing.origin import ServerThread
 from warmfleet.cache.config import SourcesSpec
 from warmfleet.core.config import parse_document
@@ -45,6 +46,8 @@ class Registry:
 
     async def _manifest(self, request: web.Request) -> web.StreamResponse:
         ref = request.match_info["ref"]
+        if ref == "slow":
+            return await self._trickle(request)
         if ref != "big":
             body = self.bodies[ref]
             return web.Response(body=body, content_type=OCI_MANIFEST)
@@ -58,6 +61,20 @@ class Registry:
                 self.sent_bytes += len(block)
         except (ConnectionResetError, asyncio.CancelledError):
             pass  # the client went away: what was sent is counted
+        return resp
+
+    async def _trickle(self, request: web.Request) -> web.StreamResponse:
+        """A small manifest, one byte every 50 ms (sock_read never times out)."""
+        body = json.dumps({"mediaType": OCI_MANIFEST, "pad": "z" * 2000}).encode()
+        resp = web.StreamResponse(headers={"Content-Type": OCI_MANIFEST})
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        try:
+            for i in range(len(body)):
+                await resp.write(body[i : i + 1])
+                await asyncio.sleep(0.05)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
         return resp
 
 
@@ -94,6 +111,13 @@ async def test_deeply_nested_manifest_is_a_clear_error(registry, tmp_path, ref):
     async with manager_for(tmp_path) as m:  # the default limit (4 MiB) lets it in
         with pytest.raises(DocumentTooDeepError, match="nested deeper than 32 levels"):
             await m.resolve(f"oci://{addr}/demo/app:{ref}")
+
+
+async def test_trickling_manifest_is_cut_at_the_request_timeout(registry, tmp_path):
+    _, addr = registry
+    async with manager_for(tmp_path, request_timeout_s=0.5) as m:
+        with pytest.raises(TransientSourceError, match=r"no complete answer within 0\.5 s"):
+            await asyncio.wait_for(m.resolve(f"oci://{addr}/demo/app:slow"), 10)
 
 
 def test_depth_check_counts_brackets_outside_strings_only():

@@ -9,6 +9,7 @@ the normal download path. Bearer-token auth (anonymous) is supported.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -117,8 +118,10 @@ class OciSource:
         insecure_hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
         platform: str = "linux/amd64",
         max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
+        timeout_s: float | None = None,
     ) -> None:
         self._max_manifest_bytes = max_manifest_bytes
+        self._timeout_s = timeout_s
         self._session = session
         self._http = HttpSource(session)
         self._insecure = insecure_hosts
@@ -137,25 +140,40 @@ class OciSource:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def _get(self, ref: ImageRef, url: str, headers: dict[str, str]) -> tuple[bytes, Any]:
-        base = self._base(ref)
+        """A manifest GET (a second one after a 401 and a login); each must be answered in
+        full within ``timeout_s``: a trickling registry cannot hold a resolve."""
         for attempt in range(2):
             try:
-                async with self._session.get(url, headers={**headers, **self._auth(base)}) as resp:
-                    if resp.status == 401 and attempt == 0:  # no token yet, or it expired
-                        await self._login(base, ref, resp.headers.get("WWW-Authenticate", ""))
-                        continue
-                    if resp.status == 404:
-                        raise NotFoundError(f"{url}: not found in registry")
-                    if resp.status >= 400:
-                        err = (
-                            TransientSourceError if resp.status in RETRYABLE_STATUS else SourceError
-                        )
-                        raise err(f"{url}: HTTP {resp.status}")
-                    what = f"{url} (sources.registry_max_manifest_bytes)"
-                    return await read_bounded(resp, self._max_manifest_bytes, what), resp.headers
-            except aiohttp.ClientError as err:
-                raise TransientSourceError(f"GET {url}: {err}") from err
+                async with asyncio.timeout(self._timeout_s):
+                    got = await self._get_once(ref, url, headers, renew=attempt == 0)
+            except TimeoutError as err:
+                raise TransientSourceError(
+                    f"GET {url}: no complete answer within {self._timeout_s:g} s "
+                    f"(download.request_timeout_s)"
+                ) from err
+            if got is not None:
+                return got
         raise SourceError(f"{url}: registry refused the credentials")
+
+    async def _get_once(
+        self, ref: ImageRef, url: str, headers: dict[str, str], *, renew: bool
+    ) -> tuple[bytes, Any] | None:
+        """The body and headers, or None after a 401 that got a new token (``renew``)."""
+        base = self._base(ref)
+        try:
+            async with self._session.get(url, headers={**headers, **self._auth(base)}) as resp:
+                if resp.status == 401 and renew:  # no token yet, or it expired
+                    await self._login(base, ref, resp.headers.get("WWW-Authenticate", ""))
+                    return None
+                if resp.status == 404:
+                    raise NotFoundError(f"{url}: not found in registry")
+                if resp.status >= 400:
+                    err = TransientSourceError if resp.status in RETRYABLE_STATUS else SourceError
+                    raise err(f"{url}: HTTP {resp.status}")
+                what = f"{url} (sources.registry_max_manifest_bytes)"
+                return await read_bounded(resp, self._max_manifest_bytes, what), resp.headers
+        except aiohttp.ClientError as err:
+            raise TransientSourceError(f"GET {url}: {err}") from err
 
     async def _login(self, base: str, ref: ImageRef, challenge: str) -> None:
         """Anonymous bearer token for one repository (tokens are scoped to it and expire)."""

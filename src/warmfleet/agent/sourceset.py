@@ -87,4 +87,5 @@ class SourceSet:
             self._http_session(),
             insecure_hosts=self._spec.registry_insecure_hosts,
             max_manifest_bytes=self._spec.registry_max_manifest_bytes,
+            timeout_s=timeout_s,
         )
