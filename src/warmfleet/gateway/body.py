@@ -13,6 +13,8 @@ C call the worker is in: ``jsonio.loads_body_yielding`` keeps those short).
 from __future__ import annotations
 
 import asyncio
+import sys
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -23,6 +25,12 @@ from warmfleet.core.jsonio import deepest_field, loads_body, loads_body_yielding
 from warmfleet.gateway.config import LimitsConfig
 
 T = TypeVar("T")
+
+# The GIL switch interval while a body worker runs (CPython's default: 5 ms). The event loop
+# thread wakes for every socket event; each time the worker runs Python it waits up to this
+# long for the GIL, so at 5 ms a busy worker made /health take 100-250 ms under 4 clients
+# sending 7.5 MB bodies, and at 0.2 ms 1-40 ms (docs/gateway.md, "Expensive bodies").
+SWITCH_INTERVAL_S = 0.0002
 
 
 def parse_json_object(raw: bytes, *, yielding: bool = False) -> dict[str, Any]:
@@ -117,20 +125,38 @@ def openai_fields(body: dict[str, Any]) -> tuple[str, bool]:
     return model, stream
 
 
+def _forgetting(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``; an exception leaves without the locals of its frames (a parsed body would
+    otherwise be freed wherever the exception ends: on the event loop)."""
+    try:
+        return fn(*args)
+    except BaseException as err:
+        traceback.clear_frames(err.__traceback__)
+        raise
+
+
 class BodyWorker:
     """The one thread that parses and keys big bodies (module docstring). Started and stopped
     by the gateway runtime's lifespan."""
 
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
+        self._previous_switch_interval_s: float | None = None
 
     @property
     def running(self) -> bool:
         return self._executor is not None
 
     def start(self) -> None:
+        """Start the thread and lower the interpreter's GIL switch interval to
+        ``SWITCH_INTERVAL_S`` (it only matters while two threads want the GIL: the small-body
+        hot path, alone on it, never pays it)."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="warmfleet-body")
+            previous = sys.getswitchinterval()
+            if previous > SWITCH_INTERVAL_S:
+                self._previous_switch_interval_s = previous
+                sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the worker thread. Cancelling the caller drops a job that has not
@@ -138,12 +164,22 @@ class BodyWorker:
         executor = self._executor
         if executor is None:
             raise RuntimeError("body worker not started")
-        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+        job = partial(_forgetting, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(executor, job)
+
+    def discard(self, holder: list[Any]) -> None:
+        """Empty ``holder`` on the worker thread (its content is freed there), not waited for."""
+        executor = self._executor
+        if executor is not None:
+            executor.submit(holder.clear)
 
     async def stop(self) -> None:
         """Drop the queued jobs, let the running one end, and join the thread (waited for on
         the default executor, so the event loop is never blocked)."""
         executor, self._executor = self._executor, None
+        previous, self._previous_switch_interval_s = self._previous_switch_interval_s, None
+        if previous is not None and sys.getswitchinterval() == SWITCH_INTERVAL_S:
+            sys.setswitchinterval(previous)
         if executor is not None:
             shutdown = partial(executor.shutdown, wait=True, cancel_futures=True)
             await asyncio.get_running_loop().run_in_executor(None, shutdown)

@@ -86,7 +86,11 @@ class KeySpec(StrictModel):
     """How routing keys are built.
 
     ``prefix_length`` (units) bounds ``RoutingKey.prefix_hash``; ``None`` means "the strategy's
-    prefix_length, else 4096". ``max_units`` caps how much of a prompt is hashed into blocks.
+    prefix_length, else 4096". ``max_units`` caps how much of a prompt is hashed into blocks,
+    and ``max_blocks`` how many block hashes a key carries: a strategy's ``choose`` and
+    ``on_routed`` cost 0.5-2.5 µs per block on the gateway's event loop (more while its body
+    worker competes for the GIL); 2,048 blocks are 262k characters in ``text`` mode, 32k
+    tokens in ``tokens`` mode (16-token blocks). Longer prompts are routed on that prefix.
     ``default_chat_template_kwargs`` (``tokens`` mode): the engines' own
     ``--default-chat-template-kwargs``, under each request's ``chat_template_kwargs``.
     ``exclude_tools_when_tool_choice_none`` (``tokens`` mode): the engines run with vLLM's flag
@@ -97,6 +101,7 @@ class KeySpec(StrictModel):
     block_size: int | None = Field(default=None, gt=0)
     prefix_length: int | None = Field(default=None, gt=0)
     max_units: int = Field(default=1 << 22, gt=0)
+    max_blocks: int = Field(default=2048, gt=0)
     salt: str = "warmfleet"
     tenant_header: str = "x-prefix-aware-id"
     default_chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
@@ -214,7 +219,7 @@ class KeyBuilder:
         self.tokenizer = tokenizer
         self.block_size = spec.effective_block_size
         self.prefix_length = prefix_length or spec.prefix_length or DEFAULT_PREFIX_LENGTH
-        self.max_blocks = spec.max_units // self.block_size
+        self.max_blocks = min(spec.max_units // self.block_size, spec.max_blocks)
         self._seeds: dict[tuple[str, str | None, str | None, str | None], int] = {}
         self.spans = SpanMemo()
 
@@ -376,7 +381,7 @@ class KeyBuilder:
     ) -> RoutingKey:
         block_units = block or self.block_size
         units = len(data) // unit_bytes
-        max_blocks = self.spec.max_units // block_units
+        max_blocks = min(self.spec.max_units // block_units, self.spec.max_blocks)
         step = unit_bytes * block_units
         n_blocks = min(len(data) // step, max_blocks)
         hashes = self.spans.chain(data, step, n_blocks, seed) if self.hash_blocks else ()
