@@ -38,6 +38,7 @@ from gateway_support import (
 from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.core.jsonio import FAST_PARSE_MAX_VALUES, loads_body, loads_body_yielding
 from warmfleet.core.types import RoutingKey
+from warmfleet.gateway.body import SWITCH_INTERVAL_S
 from warmfleet.gateway.config import LimitsConfig, parse_gateway_config
 from warmfleet.gateway.state import RouterLike
 from warmfleet.routing.config import RoutingConfig
@@ -192,9 +193,11 @@ class ThreadRecorder:
 
 async def test_big_bodies_are_keyed_on_the_worker_thread_small_ones_on_the_loop() -> None:
     recorder = ThreadRecorder()
+    switch_interval_s = sys.getswitchinterval()
     async with backends_running("a") as backends:
         config = gateway_config(backends, limits={"offload_body_bytes": 4096})
         async with gateway_running(config, recorder) as gw:
+            assert sys.getswitchinterval() == min(switch_interval_s, SWITCH_INTERVAL_S)
             loop_thread = threading.current_thread().name
             small = chat([{"role": "user", "content": "x" * 1000}])
             big = chat([{"role": "user", "content": "x" * 5000}])
@@ -206,6 +209,7 @@ async def test_big_bodies_are_keyed_on_the_worker_thread_small_ones_on_the_loop(
             status, answer = await post(gw.url, CHAT, bad.encode())
             assert (status, answer["error"]["param"]) == (400, "messages[0].content")
     assert not any(t.name.startswith("warmfleet-body") for t in threading.enumerate())
+    assert sys.getswitchinterval() == switch_interval_s
 
 
 def big_values_body(values: int) -> bytes:

@@ -1,0 +1,101 @@
+"""Bounded key work: ``key.max_blocks``, canonical JSON split per element (same text), and key
+building from several threads at once (the gateway keys big bodies on a worker thread)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from warmfleet.core.config import parse_document
+from warmfleet.core.errors import ConfigError
+from warmfleet.routing.chat_options import ChatTemplateOptions
+from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import render_chat_text
+from warmfleet.routing.router import Router
+
+
+class CharTokenizer:
+    """One token per character; a chat is its messages' contents joined."""
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        options: ChatTemplateOptions | None = None,
+    ) -> list[int]:
+        return [ord(c) for m in messages for c in str(m.get("content"))]
+
+
+def router(tokenizer: CharTokenizer | None = None, **key: Any) -> Router:
+    config = RoutingConfig.model_validate({"strategy": {"type": "prefix_affinity"}, "key": key})
+    return Router(config, random.Random(0), tokenizer)
+
+
+def chat(text: str) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": text}]}
+
+
+@pytest.mark.parametrize(
+    ("key", "block_units"),
+    [({"mode": "text"}, 128), ({"mode": "bytes"}, 128), ({"mode": "tokens"}, 16)],
+)
+def test_max_blocks_caps_the_hashes_a_key_carries(key: dict[str, Any], block_units: int) -> None:
+    text = "abcdefgh" * (3000 * block_units // 8)  # 3,000 blocks' worth
+    default = router(CharTokenizer(), **key).key_for_chat(chat(text), None)
+    assert len(default.block_hashes) == KeySpec().max_blocks == 2048
+    small = router(CharTokenizer(), **key, max_blocks=10).key_for_chat(chat(text), None)
+    assert small.block_hashes == default.block_hashes[:10]  # the same chain, cut
+    assert small.prompt_tokens == default.prompt_tokens  # the load still counts everything
+    units = router(CharTokenizer(), **key, max_blocks=10, max_units=3 * block_units)
+    assert len(units.key_for_chat(chat(text), None).block_hashes) == 3  # the smaller cap wins
+
+
+def test_max_blocks_caps_token_id_prompts_too() -> None:
+    body = {"model": "m", "prompt": list(range(5000))}
+    key = router(max_blocks=7).key_for_completions(body, None)
+    assert len(key.block_hashes) == 7
+    assert key.prompt_tokens == 5000
+
+
+def test_max_blocks_is_validated_naming_the_field() -> None:
+    doc = {"strategy": {"type": "random"}, "key": {"max_blocks": 0}}
+    with pytest.raises(ConfigError, match=r"key\.max_blocks"):
+        parse_document(RoutingConfig, doc, "routing")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=40) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=80,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tools=st.lists(json_values, min_size=0, max_size=60))
+def test_tools_render_as_one_canonical_dump_whatever_their_number(tools: list[Any]) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": tools}
+    rendered = render_chat_text(body)
+    canonical = json.dumps(tools, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert rendered.startswith(f"\x1etools\x1f{canonical}\x1e")
+
+
+def test_keys_built_from_several_threads_equal_the_sequential_ones() -> None:
+    bodies = [chat(f"shared system prompt {'s' * 3000} / user {i % 7} " * 3) for i in range(120)]
+    expected = [router().key_for_chat(b, None) for b in bodies]
+    shared = router()  # one builder (its memo dicts) used by 4 threads at once
+    shared.keys.spans.max_entries = 16  # cleared often: races on clear() too
+    with ThreadPoolExecutor(4) as pool:
+        keys = list(pool.map(lambda b: shared.key_for_chat(b, None), bodies))
+    assert keys == expected
