@@ -1,24 +1,34 @@
 """A source listing the store cannot lay out (NUL byte, a component over 255 bytes, a file that
 is also a directory), more files than the process may open, or any other failure after
 admission must never wedge the cache: nothing stays "downloading" holding its reservation, a
-good model is admitted next, and the agent does not log a traceback at every reconcile."""
+good model is admitted next, and the agent does not log a traceback at every reconcile.
+
+A listing refused before admission has no record, yet the agent shows it: ``failed`` with its
+reason in ``/v1/status`` (``unadmitted``), ``GET /v1/artifacts/<name>`` and the metrics; its
+warning is logged once per reason, not at every pass; the entry goes once it resolves or leaves
+the config."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from cache_support import published_corrupt_or_partial
 
 from warmfleet.agent.manager import IN_PROGRESS, CacheManager
 from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.sources.http import HttpSource
 from warmfleet.agent.sourceset import SourceSet
+from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
 from warmfleet.agent.testing.origin import Blob
 from warmfleet.cache.capacity import occupied_bytes
@@ -26,9 +36,11 @@ from warmfleet.cache.config import load_node_config
 from warmfleet.cache.state import ArtifactState
 
 BAD_BYTES, GOOD_BYTES = 800_000, 400_000  # of a 1 MB budget: both never fit at once
+UNADMITTED = "warmfleet_cache_unadmitted_artifacts"
 
 
-def _config(root: Path, url: str, bad_uri: str, good_uri: str, budget: str = "1MB"):
+def _config(root: Path, url: str, bad_uri: str | None, good_uri: str, budget: str = "1MB"):
+    bad = f'    - {{type: model, name: bad, uri: "{bad_uri}"}}\n' if bad_uri else ""
     return load_node_config(
         f"""
 apiVersion: warmfleet.dev/v1alpha1
@@ -39,52 +51,137 @@ spec:
   download: {{chunk: 128KiB, concurrency: 2, fsync_every_s: 0.05, backoff_base_s: 0.01}}
   sources: {{hf_endpoint: "{url}"}}
   artifacts:
-    - {{type: model, name: bad, uri: "{bad_uri}"}}
-    - {{type: model, name: good, uri: "{good_uri}"}}
+{bad}    - {{type: model, name: good, uri: "{good_uri}"}}
 """
     )
 
 
-async def _reconcile_twice(cfg, caplog) -> list:
-    agent = NodeAgent(cfg)
+@contextlib.asynccontextmanager
+async def _agent(cfg) -> AsyncIterator[tuple[NodeAgent, CacheManager, TestClient]]:
+    """An agent's reconcile pass and its status API (in-process) over one manager."""
     async with SourceSet(cfg.spec.sources, cfg.spec.download) as sources:
         manager = CacheManager(Store(Path(cfg.spec.root)), cfg.spec, sources)
-        with caplog.at_level(logging.WARNING):
-            await agent.reconcile_once(manager)
-            first = [r for r in caplog.records if r.exc_info]
+        async with TestClient(TestServer(build_app(manager, asyncio.ensure_future))) as client:
+            yield NodeAgent(cfg), manager, client
+
+
+async def _passes(agent, manager, caplog, n: int = 2) -> list[list[logging.LogRecord]]:
+    """The warnings and errors logged by each of ``n`` reconcile passes."""
+    out = []
+    with caplog.at_level(logging.WARNING):
+        for _ in range(n):
             caplog.clear()
             await agent.reconcile_once(manager)
-        assert not [r for r in caplog.records if r.exc_info], "a traceback at every reconcile"
-        records = manager.records()
+            out.append(list(caplog.records))
+    return out
+
+
+def _good_admitted(manager: CacheManager) -> None:
+    records = manager.records()
     assert not [r for r in records if r.state in IN_PROGRESS]  # nothing left holding space
     (good,) = [r for r in records if r.name == "good"]
     assert good.state == ArtifactState.READY  # admitted: the bad one reserves nothing
     assert occupied_bytes(records) == GOOD_BYTES
-    return first
 
 
-@pytest.mark.parametrize(
-    ("names", "why"),
-    [
-        ({"w\0.bin": BAD_BYTES}, "NUL byte"),
-        ({"x" * 300 + ".bin": BAD_BYTES}, "longer than 255 bytes"),
-        ({"a": 10, "a/b": BAD_BYTES - 10}, "both a file and a directory"),
-    ],
-    ids=["nul", "long-component", "file-dir-clash"],
-)
+async def _get(client: TestClient, path: str):
+    resp = await client.get(path)
+    return resp.status, await (resp.json() if path != "/metrics" else resp.text())
+
+
+def _gauge(metrics: str, reason: str) -> float | None:
+    line = f'{UNADMITTED}{{reason="{reason}"}} '
+    values = [float(x[len(line) :]) for x in metrics.splitlines() if x.startswith(line)]
+    return values[0] if values else None
+
+
+def _mentions(records: list[logging.LogRecord], text: str) -> list[str]:
+    return [r.getMessage() for r in records if text in r.getMessage()]
+
+
+BAD_NAMES = [
+    ({"w\0.bin": BAD_BYTES}, "NUL byte"),
+    ({"x" * 300 + ".bin": BAD_BYTES}, "longer than 255 bytes"),
+    ({"a": 10, "a/b": BAD_BYTES - 10}, "both a file and a directory"),
+]
+
+
+@pytest.mark.parametrize(("names", "why"), BAD_NAMES, ids=["nul", "long-component", "clash"])
 async def test_bad_names_are_refused_before_admission(origin, tmp_path, caplog, names, why):
     org, url = origin
     org.put_repo("org/bad", {n: os.urandom(size) for n, size in names.items()}, lfs=set(names))
     good = {"model.safetensors": os.urandom(GOOD_BYTES)}
     org.put_repo("org/good", good, lfs=set(good))
     cfg = _config(tmp_path / "cache", url, "hf://org/bad", "hf://org/good")
-    first = await _reconcile_twice(cfg, caplog)
-    assert not first  # refused with a clear error, not a traceback
-    bad_warnings = [r.getMessage() for r in caplog.records if "bad" in r.getMessage()]
-    assert bad_warnings
-    assert all(why in m for m in bad_warnings), bad_warnings
-    assert not [r for r in Store(tmp_path / "cache").read_index() if r.name == "bad"]
-    assert not any((tmp_path / "cache" / "staging").iterdir())
+    async with _agent(cfg) as (agent, manager, client):
+        passes = await _passes(agent, manager, caplog)
+        _good_admitted(manager)
+        assert not [r for p in passes for r in p if r.exc_info]  # a clear error, no traceback
+        (warning,) = _mentions(passes[0], "bad")  # once, then not at every pass
+        assert why in warning
+        assert "ManifestError" in warning
+        assert not _mentions(passes[1], "bad")
+        assert not [r for r in Store(tmp_path / "cache").read_index() if r.name == "bad"]
+        assert not any((tmp_path / "cache" / "staging").iterdir())
+        code, status = await _get(client, "/v1/status")
+        assert code == 200
+        assert [a["name"] for a in status["artifacts"]] == ["good"]
+        (shown,) = status["unadmitted"]
+        assert (shown["name"], shown["state"], shown["key"]) == ("bad", "failed", "")
+        assert shown["reason"].startswith("ManifestError: ")
+        assert why in shown["reason"]
+        assert (shown["uri"], shown["holder"], shown["attempts"]) == (
+            "hf://org/bad",
+            "config:bad",
+            2,
+        )
+        assert shown["bytes_done"] == 0
+        code, doc = await _get(client, "/v1/artifacts/bad")
+        assert code == 200
+        assert doc["state"] == "failed"
+        assert doc["reason"] == shown["reason"]
+        assert _gauge((await _get(client, "/metrics"))[1], "ManifestError") == 1.0
+
+
+async def test_a_refused_listing_is_cleared_once_it_resolves(origin, tmp_path, caplog):
+    org, url = origin
+    org.put_repo("org/bad", {"w\0.bin": b"x"}, lfs=set())
+    org.put_repo("org/good", {"m.bin": os.urandom(GOOD_BYTES)}, lfs={"m.bin"})
+    cfg = _config(tmp_path / "cache", url, "hf://org/bad", "hf://org/good")
+    async with _agent(cfg) as (agent, manager, client):
+        await _passes(agent, manager, caplog, 1)
+        assert [u["name"] for u in (await _get(client, "/v1/status"))[1]["unadmitted"]] == ["bad"]
+        org.put_repo("org/bad", {"ok.bin": os.urandom(1000)}, lfs=set())  # fixed upstream
+        await _passes(agent, manager, caplog, 1)
+        status = (await _get(client, "/v1/status"))[1]
+        assert status["unadmitted"] == []
+        assert {a["name"]: a["state"] for a in status["artifacts"]} == {
+            "bad": "ready",
+            "good": "ready",
+        }
+        assert _gauge((await _get(client, "/metrics"))[1], "ManifestError") == 0.0
+
+
+async def test_a_refused_listing_is_cleared_when_it_leaves_the_config(origin, tmp_path, caplog):
+    org, url = origin
+    org.put_repo("org/good", {"m.bin": os.urandom(GOOD_BYTES)}, lfs={"m.bin"})
+    # no such repository: the origin answers 404 at resolve
+    cfg = _config(tmp_path / "cache", url, "hf://org/missing", "hf://org/good")
+    async with _agent(cfg) as (agent, manager, client):
+        passes = await _passes(agent, manager, caplog)
+        assert len(_mentions(passes[0], "bad")) == 1
+        assert not _mentions(passes[1], "bad")
+        (shown,) = (await _get(client, "/v1/status"))[1]["unadmitted"]
+        assert shown["state"] == "failed"
+        assert "org/missing" in shown["reason"]
+        reason_class = shown["reason"].split(":")[0]
+        assert _gauge((await _get(client, "/metrics"))[1], reason_class) == 1.0
+        without = NodeAgent(_config(tmp_path / "cache", url, None, "hf://org/good"))
+        await _passes(without, manager, caplog, 1)
+        assert (await _get(client, "/v1/status"))[1]["unadmitted"] == []
+        assert _gauge((await _get(client, "/metrics"))[1], reason_class) == 0.0
+        code, _ = await _get(client, "/v1/artifacts/bad")
+        assert code == 404
 
 
 async def test_any_failure_after_admission_fails_the_artifact_and_frees_it(
@@ -94,9 +191,12 @@ async def test_any_failure_after_admission_fails_the_artifact_and_frees_it(
     org.put("bad.bin", Blob(data=os.urandom(BAD_BYTES)))
     good = org.put("good.bin", Blob(data=os.urandom(GOOD_BYTES)))
     real = HttpSource.open_range
+    tried: list[int] = []  # the pass of every attempt
+    agents: list[NodeAgent] = []
 
     def exploding(self, entry, start, end):
         if entry.path == "bad.bin":  # a bug in a source, an unexpected OSError...
+            tried.append(agents[0].reconciles)
             raise ValueError("embedded null byte")
         return real(self, entry, start, end)
 
@@ -104,12 +204,22 @@ async def test_any_failure_after_admission_fails_the_artifact_and_frees_it(
     # room for both: the second reconcile fetches the bad one again (and fails again)
     uris = (f"{url}/files/bad.bin", f"{url}/files/good.bin")
     cfg = _config(tmp_path / "cache", url, *uris, budget="1300000")
-    first = await _reconcile_twice(cfg, caplog)
-    assert len(first) == 1  # logged once with its traceback, not at every reconcile
+    async with _agent(cfg) as (agent, manager, client):
+        agents.append(agent)
+        passes = await _passes(agent, manager, caplog)
+        _good_admitted(manager)
+        status = (await _get(client, "/v1/status"))[1]
+    assert len([r for r in passes[0] if r.exc_info]) == 1  # logged once with its traceback
+    assert not [r for r in passes[1] if r.exc_info]  # not at every reconcile
+    assert _mentions(passes[0], "embedded null byte")
+    assert not _mentions(passes[1], "embedded null byte")  # the same failure: logged once
+    assert set(tried) == {0, 1}  # tried again at the second pass, silently
     (bad,) = [r for r in Store(tmp_path / "cache").read_index() if r.name == "bad"]
     assert bad.state == ArtifactState.FAILED
     assert bad.reason == "ValueError: embedded null byte"
-    assert any("embedded null byte" in r.getMessage() for r in caplog.records)  # tried again
+    (shown,) = [a for a in status["artifacts"] if a["name"] == "bad"]  # it has a record
+    assert (shown["state"], shown["reason"]) == ("failed", bad.reason)
+    assert status["unadmitted"] == []
     assert published_corrupt_or_partial(tmp_path / "cache", {"good": good.data or b""}) == 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 
 from cache_support import agent_config, manager_for
@@ -53,7 +54,7 @@ async def test_a_fetch_failing_outside_the_cache_errors_does_not_take_the_agent_
         raise OSError(errno.ESTALE, "Stale file handle")
 
     async with manager_for(tmp_path) as m, asyncio.TaskGroup() as tg:
-        m.prefetch = stale  # type: ignore[method-assign]
+        m.resolve = stale  # type: ignore[method-assign]
         node = FleetNode(m, tg)
         node.assigned = {"a": Assignment("/mnt/fsx/models/a")}
         for _ in range(2):
@@ -71,13 +72,39 @@ async def test_one_artifact_failing_with_an_os_error_does_not_stop_the_reconcile
     )
     tried: list[str] = []
 
-    async def prefetch(uri: str, **_: object) -> None:
+    async def resolve(uri: str, *_: object) -> None:
         tried.append(uri)
         raise OSError(errno.EIO, "Input/output error")
 
     agent = NodeAgent(config)
     async with manager_for(tmp_path) as m:
-        m.prefetch = prefetch  # type: ignore[method-assign]
+        m.resolve = resolve  # type: ignore[method-assign]
         await agent.reconcile_once(m)
     assert tried == ["/mnt/fsx/a", "/mnt/fsx/b"]
     assert agent.reconciles == 1
+
+
+async def test_a_cache_refused_before_admission_is_reported_failed_and_logged_once(
+    origin, tmp_path, caplog
+):
+    """No record (the origin has no such file): the report says ``failed`` with the reason,
+    not ``pending`` forever; two ticks log one warning; unassigned, the failure is gone."""
+    _org, url = origin
+    async with manager_for(tmp_path) as m, asyncio.TaskGroup() as tg:
+        node = FleetNode(m, tg)
+        node.assigned = {"gone": Assignment(f"{url}/files/missing.bin")}
+        with caplog.at_level(logging.WARNING):
+            for _ in range(2):
+                await node.tick()
+                while node._fetching:
+                    await asyncio.sleep(0.02)
+        assert m.records() == []
+        report = node.reports()["gone"]
+        assert report["state"] == "failed"
+        assert "missing.bin" in report["message"]
+        assert report["message"].startswith(m.failures.get("fleet:gone").error_class + ": ")
+        assert len([r for r in caplog.records if "gone" in r.getMessage()]) == 1
+        node.assigned = {}
+        await node.tick()
+        assert m.failures.get("fleet:gone") is None
+        assert m.failures.unadmitted() == []

@@ -5,7 +5,9 @@ The operator assigns the complete set of caches a node must hold (on Kubernetes,
 ``warmfleet.dev/assigned-caches`` annotation; embedded, ``PUT /v1/fleet/assignments``). Every
 tick cheaply re-verifies published data (a deleted cache is noticed and unpublished), prefetches
 every assigned cache that is not usable (holder ``fleet:<cache>``), stops the downloads of caches
-no longer assigned, drops their holders and evicts everything unreferenced.
+no longer assigned, drops their holders and evicts everything unreferenced. A cache whose
+prefetch failed before admission (no record: a refused listing, an unreachable origin) is
+reported ``failed`` with the reason as its message; the failure is logged once per reason.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmfleet.agent.manager import CacheManager
+from warmfleet.agent.prefetch_failures import tracked_prefetch
 from warmfleet.cache.state import ArtifactRecord, ArtifactState
-from warmfleet.core.errors import WarmfleetError
 
 log = logging.getLogger("warmfleet.agent.fleet")
 HOLDER = "fleet:"
@@ -46,6 +48,7 @@ class FleetNode:
             if cache not in self.assigned:  # taken off this node: stop downloading it
                 task.cancel()
         records = self.manager.records()
+        self.manager.failures.retain(HOLDER, self.assigned)
         for cache, source in self.assigned.items():
             if cache in self._fetching or self.usable(cache, records) is not None:
                 continue
@@ -65,14 +68,11 @@ class FleetNode:
             task.cancel()
 
     async def _fetch(self, cache: str, source: Assignment) -> None:
-        try:
-            await self.manager.prefetch(
-                source.uri, revision=source.revision, name=cache, holder=HOLDER + cache
-            )
-        except WarmfleetError as err:
-            log.warning("prefetch of %s failed: %s", cache, err)
-        except Exception:  # e.g. EIO/ESTALE from a shared FS: retried, never fatal to the agent
-            log.exception("prefetch of %s failed", cache)
+        try:  # a failure is recorded (reported ``failed``) and logged once per reason
+            await tracked_prefetch(
+                self.manager, log, uri=source.uri, revision=source.revision, name=cache,
+                holder=HOLDER + cache,
+            )  # fmt: skip
         finally:
             self._fetching.pop(cache, None)
             if self.on_fetched is not None:
@@ -96,6 +96,11 @@ class FleetNode:
         out: dict[str, dict[str, Any]] = {}
         for cache in self.assigned:
             mine = [r for r in records if r.name == cache]
+            failure = self.manager.failures.get(HOLDER + cache)
+            if not mine and failure is not None:  # refused before admission: no record
+                out[cache] = {"state": "failed", "bytesDone": 0, "bytesTotal": 0,
+                              "healthy": True, "message": failure.reason, "path": ""}  # fmt: skip
+                continue
             if not mine:
                 out[cache] = {"state": "pending", "bytesDone": 0, "bytesTotal": 0}
                 continue

@@ -15,6 +15,7 @@ from dataclasses import replace
 from warmfleet.agent.digests import verify_staged
 from warmfleet.agent.downloader import Downloader
 from warmfleet.agent.metrics import CacheMetrics
+from warmfleet.agent.prefetch_failures import PrefetchFailures
 from warmfleet.agent.sources.base import TransientSourceError
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.status import ArtifactStatus, DownloadProgress, WallClock
@@ -72,6 +73,7 @@ class CacheManager:
         self._limiter = TokenBucket(self._mono, limit) if limit else None
         self._live: dict[str, ArtifactStatus] = {}
         self._logged: set[tuple[str, str]] = set()  # (key, reason) already logged with a trace
+        self.failures = PrefetchFailures(self.metrics, self._wall)  # of held prefetches
         self.metrics.budget_bytes.set(self.policy.budget_bytes)
 
     # ----- resolve / prefetch ---------------------------------------------------------------

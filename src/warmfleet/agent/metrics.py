@@ -51,5 +51,19 @@ class CacheMetrics:
             registry=r,
         )
 
+        self.unadmitted = Gauge(
+            "warmfleet_cache_unadmitted_artifacts",
+            "Configured or assigned artifacts whose latest prefetch failed before admission "
+            "(no record), by error class",
+            ["reason"],
+            registry=r,
+        )
+        self.unadmitted_failures = Counter(
+            "warmfleet_cache_unadmitted_failures",
+            "Prefetch attempts that failed before admission, by error class",
+            ["reason"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -4,8 +4,10 @@
 Every ``reconcile_interval_s`` it prefetches each configured artifact with the holder
 ``config:<name>`` (a changed source resolves to a new key; once that version is ready the holder
 moves to it and the old version becomes evictable), drops holders of artifacts removed from
-the config and runs watermark GC. On start it resets downloads nobody holds and re-verifies
-the published cache cheaply (sizes + markers).
+the config and runs watermark GC. A prefetch that fails is recorded
+(``agent.prefetch_failures``: shown by the status API even without a record) and logged once
+per reason, not at every pass. On start it resets downloads nobody holds and re-verifies the
+published cache cheaply (sizes + markers).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiohttp import web
 from warmfleet.agent.fleet_node import FleetNode
 from warmfleet.agent.kube_node import KubeNodeSync
 from warmfleet.agent.manager import CacheManager
+from warmfleet.agent.prefetch_failures import tracked_prefetch
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
@@ -114,23 +117,21 @@ class NodeAgent:
                 uri, revision = f"oci://{art.ref}", None
             else:
                 uri, revision = art.uri, art.revision
-            try:
-                rec = await manager.prefetch(
-                    uri,
-                    revision=revision,
-                    name=art.name,
-                    holder=CONFIG_HOLDER + art.name,
-                    pin=art.pin,
-                )
-            except WarmfleetError as err:
-                log.warning("prefetch of %s failed: %s", art.name, err)
-                continue
-            except Exception:  # one artifact's failure must not stop the others nor the GC
-                log.exception("prefetch of %s failed", art.name)
+            rec = await tracked_prefetch(
+                manager,
+                log,
+                uri=uri,
+                revision=revision,
+                name=art.name,
+                holder=CONFIG_HOLDER + art.name,
+                pin=art.pin,
+            )
+            if rec is None:  # failed: recorded for the status API, logged once per reason
                 continue
             for old in manager.records():  # a config pin follows the current version
                 if art.pin and old.name == art.name and old.key != rec.key and old.pinned:
                     manager.set_pinned(old.key, False)
+        manager.failures.retain(CONFIG_HOLDER, wanted)
         for rec in manager.records():
             for holder in rec.refs:
                 if holder.startswith(CONFIG_HOLDER) and holder[len(CONFIG_HOLDER) :] not in wanted:

@@ -1,9 +1,11 @@
 """Small HTTP status API of the node agent (for the fleet controller).
 
-``GET /healthz``, ``GET /v1/status`` (node capacity + every artifact), ``GET /v1/artifacts/{key}``
-(key, unique prefix or name), ``POST /v1/prefetch`` (``{"uri", "revision"?, "name"?,
-"holder"?, "pin"?}`` -> 202, runs in the agent's task group), ``POST|DELETE
-/v1/artifacts/{key}/refs/{holder}`` and ``GET /metrics`` (Prometheus text format).
+``GET /healthz``, ``GET /v1/status`` (node capacity, every artifact, and as ``unadmitted`` the
+configured or assigned ones whose prefetch failed before admission: ``failed`` with the reason,
+no record), ``GET /v1/artifacts/{key}`` (key, unique prefix or name; an unadmitted one by
+name), ``POST /v1/prefetch`` (``{"uri", "revision"?, "name"?, "holder"?, "pin"?}`` -> 202, runs
+in the agent's task group), ``POST|DELETE /v1/artifacts/{key}/refs/{holder}`` and
+``GET /metrics`` (Prometheus text format).
 Mutating routes need the bearer token, or a loopback-only listener (``agent.api_auth``).
 """
 
@@ -89,12 +91,20 @@ async def _status(request: web.Request) -> web.Response:
         "used_bytes": occupied_bytes(records),
         "fs_free_bytes": manager.store.free_bytes(),
     }
-    return web.json_response({"node": node, "artifacts": artifacts})
+    unadmitted = [f.to_json() for f in manager.failures.unadmitted()]
+    return web.json_response({"node": node, "artifacts": artifacts, "unadmitted": unadmitted})
 
 
 async def _artifact(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
-    rec = manager.store.read_index().resolve(request.match_info["key"])
+    wanted = request.match_info["key"]
+    try:
+        rec = manager.store.read_index().resolve(wanted)
+    except NotFoundError:  # a configured or assigned artifact refused before admission?
+        failed = [f for f in manager.failures.unadmitted() if f.name == wanted]
+        if not failed:
+            raise
+        return web.json_response(failed[0].to_json())
     status = manager.status_of(rec.key)
     doc = status.to_json() if status else {}
     doc.update(rec.to_json())

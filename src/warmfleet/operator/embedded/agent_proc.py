@@ -6,7 +6,9 @@ It is the cache agent (``warmfleet.agent``: ``CacheManager`` and its status API)
 node protocol (``warmfleet.agent.fleet_node``) over HTTP, the embedded form of the
 ``warmfleet.dev/assigned-caches`` annotation: ``PUT /v1/fleet/assignments``
 (``{"caches": [{"cache", "uri"}]}``: the complete set this node must hold) and
-``GET /v1/fleet/caches`` (one report per assigned cache).
+``GET /v1/fleet/caches`` (one report per assigned cache). Its mutating routes need the token
+the fleet gives it in ``$WARMFLEET_EMBEDDED_AGENT_TOKEN`` (``procs.AGENT_TOKEN_ENV``; the
+user's ``$WARMFLEET_AGENT_TOKEN`` plays no part).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
 from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, StatusSpec
 from warmfleet.core.errors import WarmfleetError
-from warmfleet.operator.embedded.procs import serve_announced
+from warmfleet.operator.embedded.procs import AGENT_TOKEN_ENV, serve_announced
 
 log = logging.getLogger("warmfleet.embedded.agent")
 TICK_S = 0.25
@@ -55,7 +57,7 @@ async def serve(root: Path, budget_bytes: int, ready_file: Path) -> None:
         root=str(root),
         capacity=CapacitySpec(budget=budget_bytes, high_watermark_frac=1.0, low_watermark_frac=1.0),
         download=DownloadSpec(concurrency=4, request_timeout_s=20.0),
-        status=StatusSpec(port=0),
+        status=StatusSpec(port=0, token_env=AGENT_TOKEN_ENV),  # the fleet's token
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -69,13 +71,23 @@ async def serve(root: Path, budget_bytes: int, ready_file: Path) -> None:
             await _run(manager, tg, stop, ready_file)
 
 
+async def _logged(coro: Coroutine[Any, Any, Any]) -> None:
+    """Background work never ends the agent (its task group would cancel everything)."""
+    try:
+        await coro
+    except WarmfleetError as err:
+        log.warning("background task failed: %s", err)
+    except Exception:
+        log.exception("background task failed")
+
+
 async def _run(
     manager: CacheManager, tg: asyncio.TaskGroup, stop: asyncio.Event, ready_file: Path
 ) -> None:
     node = FleetNode(manager, tg)
 
     def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        return tg.create_task(coro)
+        return tg.create_task(_logged(coro))  # a failed ``POST /v1/prefetch`` stays in it
 
     app = build_app(manager, spawn)
     _routes(app, node)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -69,6 +70,7 @@ class EmbeddedFleet:
         self.world = World(nodes)
         self.t0_wall_s = time.time()
         self.agents: dict[str, Child] = {}
+        self.agent_token = secrets.token_urlsafe(32)  # this run's, given to its agents
         self.agent_urls: dict[str, str] = {}
         self.agent_down_since: dict[str, float] = {}
         self.cache_paths: dict[tuple[str, str], str] = {}
@@ -112,10 +114,10 @@ class EmbeddedFleet:
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._session = aiohttp.ClientSession()
+        self._session, token = aiohttp.ClientSession(), self.agent_token
         self.origin, self.origin_url = await infra.start_origin(self.spec, self.workdir)
-        for node in self.spec.nodes:
-            self.agents[node.name] = await infra.start_agent(node.name, node.budget, self.workdir)
+        for n in self.spec.nodes:
+            self.agents[n.name] = await infra.start_agent(n.name, n.budget, self.workdir, token)
         self.gateway = await infra.start_gateway(self.spec, self.workdir)
         for entry in self.spec.endpoints:
             self.put_endpoint(entry.name, entry.spec)
@@ -190,7 +192,9 @@ class EmbeddedFleet:
                     self.event("agent_down", node=name, pid=child.pid)
                 if time.time() - down >= self.spec.agent_restart_delay_s:
                     budget = next(n.budget for n in self.spec.nodes if n.name == name)
-                    self.agents[name] = await infra.start_agent(name, budget, self.workdir)
+                    self.agents[name] = await infra.start_agent(
+                        name, budget, self.workdir, self.agent_token
+                    )
                     self.agent_down_since.pop(name, None)
                     self.event("agent_restarted", node=name, pid=self.agents[name].pid)
             elif child.poll_ready() and child.ready_info is not None:
@@ -306,7 +310,7 @@ class EmbeddedFleet:
                 continue
             body = {"caches": [{"cache": c.cache, "uri": self._origin_url(c)} for c in caches]}
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                await infra.put_json(self._session, url + "/v1/fleet/assignments", body)
+                await infra.put_assignments(self._session, url, body, self.agent_token)
 
     def _origin_url(self, assignment: NodeCacheAssignment) -> str:
         source = assignment.source

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,13 @@ from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.server import StartedApp, start_app
 from warmfleet.operator.embedded.config import LocalFleetSpec, origin_file
 from warmfleet.operator.embedded.origin_proc import generate_model
-from warmfleet.operator.embedded.procs import Child, module_argv, start_child, wait_ready
+from warmfleet.operator.embedded.procs import (
+    AGENT_TOKEN_ENV,
+    Child,
+    module_argv,
+    start_child,
+    wait_ready,
+)
 from warmfleet.operator.embedded.replicas import instance_file, write_instances
 
 AGENT_MODULE = "warmfleet.operator.embedded.agent_proc"
@@ -36,7 +43,8 @@ async def start_origin(spec: LocalFleetSpec, workdir: Path) -> tuple[Child, str]
     return child, str(info["url"])
 
 
-async def start_agent(node: str, budget_bytes: int, workdir: Path) -> Child:
+async def start_agent(node: str, budget_bytes: int, workdir: Path, token: str) -> Child:
+    """The agent requires ``token`` (``Authorization: Bearer``) on its mutating routes."""
     ready = workdir / "run" / f"agent-{node}.json"
     argv = module_argv(
         AGENT_MODULE,
@@ -47,7 +55,8 @@ async def start_agent(node: str, budget_bytes: int, workdir: Path) -> Child:
         "--ready-file",
         str(ready),
     )
-    return await start_child(f"agent-{node}", argv, ready, workdir / "logs")
+    env = {**os.environ, AGENT_TOKEN_ENV: token}
+    return await start_child(f"agent-{node}", argv, ready, workdir / "logs", env)
 
 
 def parse_reports(doc: dict[str, Any]) -> tuple[dict[str, NodeCacheReport], dict[str, str]]:
@@ -74,9 +83,20 @@ async def get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-async def put_json(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
-    async with session.put(url, json=body, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+async def put_json(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], token: str | None = None
+) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    timeout = aiohttp.ClientTimeout(total=2.0)
+    async with session.put(url, json=body, headers=headers, timeout=timeout) as resp:
         resp.raise_for_status()
+
+
+async def put_assignments(
+    session: aiohttp.ClientSession, agent_url: str, body: dict[str, Any], token: str
+) -> None:
+    """``PUT /v1/fleet/assignments`` with the agent's token."""
+    await put_json(session, agent_url + "/v1/fleet/assignments", body, token)
 
 
 def gateway_document(spec: LocalFleetSpec, workdir: Path) -> dict[str, Any]:

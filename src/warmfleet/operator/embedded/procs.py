@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from aiohttp import web
 from warmfleet.core.errors import WarmfleetError
 
 STOP_GRACE_S = 5.0
+# the embedded agents' API token: the fleet makes one per run and gives it to each agent in this
+# variable (their status.token_env), not the user's $WARMFLEET_AGENT_TOKEN
+AGENT_TOKEN_ENV = "WARMFLEET_EMBEDDED_AGENT_TOKEN"
 # only the emulator's command is imported (not the whole CLI): engine start-up stays short
 EMULATE_BOOTSTRAP = (
     "import typer; from warmfleet.emulator.cli import emulate_command; typer.run(emulate_command)"
@@ -86,14 +90,21 @@ class Child:
             os.kill(self.pid, signal.SIGKILL)
 
 
-async def start_child(name: str, argv: list[str], ready_file: Path, log_dir: Path) -> Child:
+async def start_child(
+    name: str,
+    argv: list[str],
+    ready_file: Path,
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+) -> Child:
+    """``env``: the child's whole environment (default: this process's)."""
     ready_file.parent.mkdir(parents=True, exist_ok=True)
     ready_file.unlink(missing_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     with log_path.open("ab") as log:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=env
         )
     return Child(name, proc, ready_file, log_path, time.time())
 
