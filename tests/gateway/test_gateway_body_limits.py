@@ -34,13 +34,16 @@ from gateway_support import (
     gateway_doc,
     gateway_running,
 )
+from test_gateway_chat_template_options import write_model
 
 from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.core.jsonio import FAST_PARSE_MAX_VALUES, loads_body, loads_body_yielding
 from warmfleet.core.types import RoutingKey
+from warmfleet.gateway import tokenizer as tokenizer_module
 from warmfleet.gateway.body import SWITCH_INTERVAL_S
 from warmfleet.gateway.config import LimitsConfig, parse_gateway_config
 from warmfleet.gateway.state import RouterLike
+from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.router import Router
 
@@ -156,13 +159,14 @@ async def test_key_body_bytes_apply_per_key_mode_and_to_invocations() -> None:
 
 
 def test_limits_are_validated_naming_the_field() -> None:
-    for limits, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"max_json_depth": 1}, "spec.limits.max_json_depth"),
         ({"max_messages": 0}, "spec.limits.max_messages"),
         ({"offload_body_bytes": -1}, "spec.limits.offload_body_bytes"),
         ({"max_key_body_bytes": {"tokens": 0}}, "spec.limits.max_key_body_bytes.tokens"),
         ({"max_key_body_bytes": {"token": 5}}, "spec.limits.max_key_body_bytes.token"),
-    ]:
+    ]
+    for limits, field in cases:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             parse_gateway_config(gateway_doc([], limits=limits))
     defaults = LimitsConfig()
@@ -243,6 +247,44 @@ def test_the_yielding_parser_refuses_with_a_400(raw: bytes) -> None:
     with pytest.raises(BadRequestError) as caught:
         loads_body_yielding(raw)
     assert caught.value.param == "body"
+
+
+# --------------------------------------------------------------------------------------------
+# Tokens mode: its own size limit, and long texts tokenized without holding the GIL (same ids)
+
+
+async def test_tokens_mode_keys_up_to_its_own_body_limit(tmp_path: Path) -> None:
+    write_model(tmp_path)
+    async with backends_running("a") as backends:
+        doc = gateway_doc(backends, limits={"max_key_body_bytes": {"tokens": 30_000}})
+        doc["spec"]["tokenizer_path"] = str(tmp_path)
+        doc["spec"]["endpoints"][0]["variants"][0]["routing"]["key"] = {"mode": "tokens"}
+        async with gateway_running(parse_gateway_config(doc)) as gw:
+            status, answer = await post(
+                gw.url, CHAT, chat([{"role": "user", "content": "x" * 29_000}])
+            )
+            assert status == 200, answer
+            status, answer = await post(
+                gw.url, CHAT, chat([{"role": "user", "content": "x" * 30_000}])
+            )
+            assert (status, answer["error"]["param"]) == (400, "body")
+            assert "max_key_body_bytes.tokens" in answer["error"]["message"]
+
+
+def test_long_texts_get_the_same_ids_on_the_gil_free_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tok = HfChatTokenizer.from_dir(write_model(tmp_path))
+    rng = random.Random(3)
+    text = "".join(rng.choice(["ab", " cd", "\n", "é", "<s>", "<|im_end|>"]) for _ in range(20_000))
+    messages = [{"role": "user", "content": text}, {"role": "assistant", "content": text[:999]}]
+    long_path = (tok.encode_prompt(text), tok.encode_prompt(text, False), tok.encode_chat(messages))
+    monkeypatch.setattr(tokenizer_module, "_GIL_FREE_ENCODE_CHARS", 1 << 30)
+    assert long_path == (
+        tok.encode_prompt(text),
+        tok.encode_prompt(text, False),
+        tok.encode_chat(messages),
+    )
 
 
 # --------------------------------------------------------------------------------------------
