@@ -53,13 +53,14 @@ def parse_request_body(
     else:
         _check_prompts(body, limits)
     max_depth = limits.max_json_depth
-    if raw.count(b"{") + raw.count(b"[") > max_depth:  # else it cannot nest that deep
-        field = deepest_field(body, max_depth)
-        if field is not None:
-            raise BadRequestError(
-                f"'{field}' nests JSON deeper than limits.max_json_depth ({max_depth}) levels",
-                param=field,
-            )
+    # A walk of the containers (~150 ns each: 0.7 us for a plain chat, 40 us for 30 tools and
+    # 40 messages). Counting the brackets first to skip it cost more: ~0.7 ns per byte.
+    field = deepest_field(body, max_depth)
+    if field is not None:
+        raise BadRequestError(
+            f"'{field}' nests JSON deeper than limits.max_json_depth ({max_depth}) levels",
+            param=field,
+        )
     return body
 
 
