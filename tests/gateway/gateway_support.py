@@ -404,15 +404,20 @@ class ThreadedGateway:
 class GatewayProcess:
     """``warmfleet serve --config PATH`` in a subprocess (stopped by PID on exit)."""
 
-    def __init__(self, config_path: Path, *, module: bool = False) -> None:
+    def __init__(
+        self, config_path: Path, *, module: bool = False, command: list[str] | None = None
+    ) -> None:
         self.config_path = config_path
         self.module = module  # `python -m warmfleet.gateway` (faster start) vs `warmfleet serve`
+        self.command = command  # instead of either: a program taking --config and --log-level
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.stderr_path = config_path.with_suffix(".stderr")
 
     def __enter__(self) -> GatewayProcess:
-        if self.module:
+        if self.command is not None:
+            command = self.command
+        elif self.module:
             command = [sys.executable, "-m", "warmfleet.gateway"]
         else:
             command = [str(Path(sys.executable).parent / "warmfleet"), "serve"]

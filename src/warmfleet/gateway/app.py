@@ -63,7 +63,10 @@ class GatewayApp:
         self.routes = routes
         limits = gateway.state.limits
         self.server = HttpServer(
-            routes.dispatch, ServerLimits(limits.max_body_bytes, limits.body_read_timeout_s), error
+            routes.dispatch,
+            ServerLimits(limits.max_body_bytes, limits.body_read_timeout_s),
+            error,
+            gateway.base_config.spec.listen.max_connections,
         )
         self._apply_spec(gateway.base_config)
         gateway.on_applied.append(self._apply_spec)
@@ -71,7 +74,9 @@ class GatewayApp:
     def _apply_spec(self, config: GatewayConfig) -> None:
         """The HTTP server's part of a (re)loaded config: limits and the access log."""
         limits = config.spec.limits
-        self.server.set_limits(limits.max_body_bytes, limits.body_read_timeout_s)
+        self.server.set_limits(
+            limits.max_body_bytes, limits.body_read_timeout_s, limits.max_buffered_body_bytes
+        )
         access = self.server.access_log
         if config.spec.access_log != (access is not None):
             self.server.access_log = AccessLog() if config.spec.access_log else None

@@ -28,8 +28,13 @@ Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
 
 
 class ListenConfig(StrictModel):
+    """``max_connections``: client connections held open at once (0: half the process's
+    open-file limit, the other half left to instances and files). A client beyond it takes the
+    place of the connection idle the longest, or gets a 503 when none is idle."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    max_connections: int = Field(default=0, ge=0)
 
 
 class KeyBodyLimits(StrictModel):
@@ -58,12 +63,23 @@ class LimitsConfig(StrictModel):
     max_content_parts: int = Field(default=50_000, ge=1)
     max_prompts: int = Field(default=16_384, ge=1)
     max_key_body_bytes: KeyBodyLimits = Field(default_factory=KeyBodyLimits)
+    # bodies of all connections still being received; past it, reading waits (back-pressure)
+    max_buffered_body_bytes: int = Field(default=32 << 20, ge=1)
     body_read_timeout_s: float = Field(default=30.0, gt=0)
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0)
     upstream_read_timeout_s: float = Field(default=120.0, gt=0)
     upstream_total_timeout_s: float = Field(default=1800.0, gt=0)
     max_attempts: int = Field(default=3, ge=1, le=16)
     max_upstream_connections: int = Field(default=0, ge=0)  # 0 = unlimited
+
+    @model_validator(mode="after")
+    def _budget_holds_a_body(self) -> LimitsConfig:
+        if self.max_buffered_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                "max_buffered_body_bytes must be at least max_body_bytes (a body of the maximum "
+                "size could never be received)"
+            )
+        return self
 
 
 class AdminConfig(StrictModel):

@@ -94,9 +94,16 @@ def head_bytes(
 class ServerLimits:
     """``max_head_bytes`` bounds a request's head (request line and headers) and, with
     ``max_body_bytes``, what a chunked body adds beyond its data (chunk framing, trailers);
-    ``keepalive_timeout_s`` is also how long a client may leave an answer unread."""
+    ``keepalive_timeout_s`` is also how long a client may leave an answer unread;
+    ``max_buffered_body_bytes`` bounds the bodies of all connections still being received."""
 
-    __slots__ = ("body_read_timeout_s", "keepalive_timeout_s", "max_body_bytes", "max_head_bytes")
+    __slots__ = (
+        "body_read_timeout_s",
+        "keepalive_timeout_s",
+        "max_body_bytes",
+        "max_buffered_body_bytes",
+        "max_head_bytes",
+    )
 
     def __init__(
         self,
@@ -104,8 +111,10 @@ class ServerLimits:
         body_read_timeout_s: float,
         keepalive_timeout_s: float = 75.0,
         max_head_bytes: int = 64 * 1024,
+        max_buffered_body_bytes: int = 32 << 20,
     ) -> None:
         self.max_body_bytes = max_body_bytes
+        self.max_buffered_body_bytes = max_buffered_body_bytes
         self.body_read_timeout_s = body_read_timeout_s
         self.keepalive_timeout_s = keepalive_timeout_s
         self.max_head_bytes = max_head_bytes

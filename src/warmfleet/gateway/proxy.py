@@ -55,6 +55,10 @@ _MAX_HELD_EVENT_BYTES = 1 << 20
 ATTEMPTS_HEADER = "x-warmfleet-attempts"
 # Answers that count as the instance failing (Envoy's gateway failures), though relayed.
 _GATEWAY_FAILURE_STATUSES = frozenset((502, 503, 504))
+# A Content-Length answer up to this size is relayed whole in one write once complete; a larger
+# one is relayed as it arrives (with its length), so a request never holds more than the
+# client's write buffer and one read of it, whatever the instance declares.
+_MAX_BUFFERED_ANSWER_BYTES = 1 << 20
 
 
 class SseFramer:
@@ -143,6 +147,7 @@ class _Relay:
         "content_type",
         "framer",
         "headers",
+        "length",
         "pending",
         "started",
         "status",
@@ -155,6 +160,7 @@ class _Relay:
         self.content_type = "application/octet-stream"
         self.headers: dict[str, str] = {}
         self.buffered = True
+        self.length: int | None = None  # a declared length relayed as it arrives
         self.framer: SseFramer | None = None
         self.started = False
         self.pending: list[bytes] = []
@@ -164,7 +170,12 @@ class _Relay:
         self.content_type = ex.content_type
         self.headers = _response_headers(ex, self.call)
         self.buffered = not ex.chunked
-        if not self.buffered and ex.content_type.startswith("text/event-stream"):
+        if self.buffered:
+            declared = ex.headers.get("content-length", "").strip()
+            if declared.isdigit() and int(declared) > _MAX_BUFFERED_ANSWER_BYTES:
+                self.buffered = False
+                self.length = int(declared)
+        elif ex.content_type.startswith("text/event-stream"):
             self.framer = SseFramer()
 
     def data(self, chunk: bytes) -> None:
@@ -206,7 +217,10 @@ class _Relay:
         self.started = True
         call = self.call
         call.variant.m_ttft["true"].observe(perf_counter() - call.t_start)
-        self.conn.start_stream(self.status, self.content_type, self.headers, first, end=end)
+        conn = self.conn
+        conn.start_stream(
+            self.status, self.content_type, self.headers, first, end=end, length=self.length
+        )
 
     def drop_partial(self) -> None:
         """Write the whole events received, forget half an event: an error event must stand
@@ -329,6 +343,11 @@ class Proxy:
         log.warning("instance %s failed mid-stream: %r", call.inst.instance_id, err)
         name = type(err).__name__
         message = f"instance {call.inst.instance_id!r} failed mid-stream: {name}"
+        if relay.length is not None:  # a declared length: only a cut tells the client
+            call.count("stream_error")
+            if relay.conn.transport is not None:
+                relay.conn.transport.abort()
+            return
         relay.drop_partial()
         relay.conn.send(sse_error_event(message, code=504 if timed_out else 502), end=True)
         call.count("stream_error")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from warmfleet.gateway.app import GatewayApp, create_app
 from warmfleet.gateway.config import load_gateway_config
+from warmfleet.gateway.memory import HeapTrimmer, PeriodicTrim
 from warmfleet.gateway.runtime import Gateway
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,19 @@ def tune_gc_for_serving(gen0_threshold: int = GC_GEN0_THRESHOLD) -> None:
     gc.set_threshold(gen0_threshold, gen1, gen2)
 
 
+def tune_memory_for_serving() -> PeriodicTrim | None:
+    """glibc only (``memory.py``): big request bodies always come from and return to ``mmap``,
+    and freed heap pages go back to the system after a burst. The returned trim runs on the
+    loop until stopped; None on another C library."""
+    trimmer = HeapTrimmer.for_this_process()
+    if trimmer is None:
+        return None
+    trimmer.pin_mmap_threshold()
+    trim = PeriodicTrim(trimmer)
+    trim.start()
+    return trim
+
+
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     try:
         import uvloop  # noqa: PLC0415
@@ -76,13 +90,20 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-async def serve(config_path: Path, ready: Callable[[StartedApp], None] | None = None) -> None:
+async def serve(
+    config_path: Path,
+    ready: Callable[[StartedApp], None] | None = None,
+    *,
+    tune_gc: bool = True,
+) -> None:
     """Serve until SIGINT/SIGTERM; SIGHUP re-reads ``config_path`` (invalid: logged, old kept).
     The signal handlers are in place from the start to the end of the graceful stop: a SIGHUP
-    while starting is applied once started, one while stopping reloads (never kills)."""
+    while starting is applied once started, one while stopping reloads (never kills).
+    ``tune_gc``: ``tune_gc_for_serving`` (False: Python's defaults, for comparison)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     started: StartedApp | None = None
+    trim: PeriodicTrim | None = None
     missed_reload = False
 
     def on_sighup() -> None:
@@ -103,19 +124,28 @@ async def serve(config_path: Path, ready: Callable[[StartedApp], None] | None = 
         try:
             if missed_reload:  # the file may have changed after it was read
                 started.gateway.reload("sighup")
-            tune_gc_for_serving()
+            if tune_gc:
+                tune_gc_for_serving()
+            trim = tune_memory_for_serving()
             log.info("warmfleet gateway listening on %s", started.url)
             if ready is not None:
                 ready(started)
             await stop.wait()
         finally:
+            if trim is not None:
+                trim.stop()
             await started.stop()
     finally:
         for sig in handlers:
             loop.remove_signal_handler(sig)
 
 
-def run(config_path: Path, ready: Callable[[StartedApp], None] | None = None) -> None:
+def run(
+    config_path: Path,
+    ready: Callable[[StartedApp], None] | None = None,
+    *,
+    tune_gc: bool = True,
+) -> None:
     """Blocking entry point (uvloop when available)."""
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(serve(config_path, ready))
+        runner.run(serve(config_path, ready, tune_gc=tune_gc))

@@ -121,6 +121,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._last_data = 0.0
         self._deadline = 0.0
         self._read_timeout_s = 0.0
+        self._paused = False  # the client takes the answer slower than the instance sends it
+        self._stray = False  # bytes beyond the answer: the connection is never reused
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -133,14 +135,19 @@ class UpstreamConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_data = monotonic()
         ex = self.exchange
+        if ex is None:  # an answer nobody asked for (a second one): never reuse
+            self.close()
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
             self._broken(UpstreamClosedError(f"malformed answer from {self.addr}: {err}"))
         except httptools.HttpParserUpgrade:  # not an HttpParserError; never asked for
             self._broken(UpstreamClosedError(f"unrequested protocol switch from {self.addr}"))
-        if ex is not None and ex.sink is not None:
+        if ex.sink is not None:
             ex.sink.flush()
+        if self._stray:  # the same read went on past the answer: the next one would get it
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -154,7 +161,11 @@ class UpstreamConnection(asyncio.Protocol):
             self._broken(UpstreamClosedError(f"connection to {self.addr} lost: {exc!r}"))
 
     def pause_reading(self, paused: bool) -> None:
-        """Back-pressure from the client side of a relay."""
+        """Back-pressure from the client side of a relay. While paused the read timeout does
+        not run (the instance is not the one that is slow); the total timeout does."""
+        self._paused = paused
+        if not paused:
+            self._last_data = monotonic()
         if self.transport is not None and not self.closed:
             if paused:
                 self.transport.pause_reading()
@@ -162,6 +173,10 @@ class UpstreamConnection(asyncio.Protocol):
                 self.transport.resume_reading()
 
     # ---- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.exchange is None:  # a second answer in the read that ended the first
+            self._stray = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
         key = _KEPT_HEADERS.get(name.lower())  # only what the relay needs is decoded
@@ -223,6 +238,9 @@ class UpstreamConnection(asyncio.Protocol):
         ``read_timeout_s`` or it lasts over ``total_timeout_s`` (checked by the pool's ticker).
         Without a ``sink`` the body is collected and ``done`` gives it."""
         assert self.transport is not None
+        if self._paused:  # the last answer's client fell behind as it ended
+            self._paused = False
+            self.transport.resume_reading()
         ex = Exchange(asyncio.get_running_loop())
         ex.sink = sink
         self.exchange = ex
@@ -237,7 +255,9 @@ class UpstreamConnection(asyncio.Protocol):
     def check_timeout(self, now: float) -> None:
         if self.exchange is None:
             return
-        if now >= self._deadline or now - self._last_data >= self._read_timeout_s:
+        if now >= self._deadline or (
+            not self._paused and now - self._last_data >= self._read_timeout_s
+        ):
             self._broken(UpstreamTimeout(f"instance at {self.addr} timed out"))
 
     def _broken(self, err: Exception) -> None:

@@ -64,12 +64,16 @@ class ServerConnection(asyncio.Protocol):
         self._pending: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
         self._idle_since = monotonic()
-        self._chunked_out = False
+        self._chunked_out = False  # a streamed answer is open (chunked, or raw below)
+        self._raw_out = False  # ... its body goes out unframed (a declared length, HTTP/1.0)
         self._answered: tuple[int, dict[str, str] | None] = (0, None)  # status, headers sent
         self._continue_due = False
         self._current: Request | None = None  # the request being answered
         self._head_open = False  # the request being read has not finished its head yet
         self._fed = 0  # bytes of that request counted so far (-1: it began in this read)
+        self._head_size = 0  # its request line and headers parsed so far, in bytes
+        self._counted = 0  # its body bytes in the server's budget (``buffered_body_bytes``)
+        self._held = False  # not read while the server is over that budget
         self._failure: tuple[int, str] | None = None  # rejected behind requests in progress
         self._stalled_since = 0.0  # when the client stopped taking our bytes
         self._close_by = 0.0  # closed: dropped at this time if the client has not gone yet
@@ -81,7 +85,11 @@ class ServerConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.server.connections.add(self)
+        if not self.server.admit(self):  # refused at once: nothing of it is read
+            answer = self.server.error(503, "the gateway holds its maximum of client connections")
+            self.write_response(answer, keep_alive=False)
+            self.closed = True
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._failure is not None:
@@ -103,10 +111,12 @@ class ServerConnection(asyncio.Protocol):
     def _count_overhead(self, size: int) -> None:
         """Bound what a request sends beyond its body data: its head (llhttp has no limit, and
         httptools copies a growing header value at every read: quadratic), chunk framing and
-        trailers. The read in which a request begins counts only its body bytes (part of it
-        may be the previous request's), so a limit is overrun by at most one read."""
+        trailers. The read in which a request begins counts its body and the head parsed so
+        far (part of that read may be the previous request's); the parser's callbacks count
+        the head too (``_add_head``), so a head over the limit is refused whatever the read
+        boundaries."""
         fed = self._fed
-        fed = fed + size if fed >= 0 else self._size
+        fed = fed + size if fed >= 0 else self._size + self._head_size
         self._fed = fed
         extra = fed - self._size
         limits = self.limits
@@ -124,6 +134,22 @@ class ServerConnection(asyncio.Protocol):
         if self.writable is not None and not self.writable.done():
             self.writable.set_exception(ConnectionResetError("client disconnected"))
             self.writable.exception()  # retrieved: the waiting handler may be cancelled first
+        self._release()
+
+    def _release(self) -> None:
+        """Drop what a closed connection holds: its bodies and the references that form
+        cycles (connection <-> parser, connection <-> request), so reference counting frees
+        it at once. A gateway tuned for throughput (``server.tune_gc_for_serving``) runs the
+        cycle collector rarely: a cycle holding a rejected 8 MB body is memory kept for
+        minutes, and a flood of them is unbounded growth."""
+        self._body = []
+        self._uncount()
+        self._size = 0
+        self._headers = {}
+        self._pending.clear()
+        self._current = None
+        self.on_pause = None
+        self.parser = httptools.HttpRequestParser(None)  # holds no reference back
 
     def pause_writing(self) -> None:
         if self.writable is None or self.writable.done():
@@ -149,13 +175,21 @@ class ServerConnection(asyncio.Protocol):
         self._began = monotonic()
         self._head_open = True
         self._fed = -1
+        self._head_size = 0
+
+    def _add_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self.limits.max_head_bytes:
+            raise _Reject(431, f"request head over the limit of {self.limits.max_head_bytes} bytes")
 
     def on_url(self, url: bytes) -> None:
+        self._add_head(len(url) + 16)  # with the method and "HTTP/1.1\r\n"
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._head_open:  # a chunked body's trailer: never a header of the request
             return
+        self._add_head(len(name) + len(value) + 4)  # ": " and CRLF
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self._headers.get(key)
@@ -183,13 +217,44 @@ class ServerConnection(asyncio.Protocol):
                 self._continue_due = True
 
     def on_body(self, body: bytes) -> None:
-        self._size += len(body)
-        if self._size > self.limits.max_body_bytes:
-            raise _too_large(self.limits.max_body_bytes, None)
+        size = len(body)
+        self._size += size
+        limits = self.limits
+        if self._size > limits.max_body_bytes:
+            raise _too_large(limits.max_body_bytes, None)
         self._body.append(body)
+        self._counted += size
+        server = self.server
+        server.buffered_body_bytes += size
+        if server.buffered_body_bytes > limits.max_buffered_body_bytes and not self._held:
+            self._hold()
+
+    def _hold(self) -> None:
+        """Stop reading until the bodies being received fit the budget again: many clients
+        sending large bodies at once wait in their socket buffers, not in this process."""
+        if self.transport is not None and not self.closed:
+            self._held = True
+            self.transport.pause_reading()
+            self.server.held.append(self)
+
+    def unhold(self) -> None:
+        if self._held:
+            self._held = False
+            if self.transport is not None and not self.closed and self._task is None:
+                self.transport.resume_reading()
+
+    def _uncount(self) -> None:
+        """The body being received is complete, rejected or dropped: out of the budget."""
+        server = self.server
+        server.buffered_body_bytes -= self._counted
+        self._counted = 0
+        if server.held:
+            server.release_held()
 
     def on_message_complete(self) -> None:
         self._reading = False
+        if self._counted:
+            self._uncount()
         url = self._url.decode("latin-1")
         path, _, query = url.partition("?")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -240,6 +305,7 @@ class ServerConnection(asyncio.Protocol):
                 head_only = request.method == "HEAD"
                 self.write_response(response, request.keep_alive, request.http10, head_only)
             self._log(request, self._answered[0], t_start)
+            self._current = None  # the answered request (and its body) is freed now
             if not request.keep_alive:
                 self.close()
                 self._task = None
@@ -311,31 +377,38 @@ class ServerConnection(asyncio.Protocol):
         first: bytes,
         *,
         end: bool = False,
+        length: int | None = None,
     ) -> None:
         """Send the head of a chunked response, with its first bytes; ``end``: and the
         last-chunk marker, all in one write. (An HTTP/1.0 client gets the body unframed, ended
-        by closing the connection.)"""
+        by closing the connection.) ``length``: the body's declared length instead: sent as
+        ``Content-Length`` and the body unframed (a large answer relayed as it arrives)."""
         assert self.transport is not None
         self._chunked_out = not end
         self._answered = (status, headers)
         current = self._current
-        if current is not None and current.http10:
-            current.keep_alive = False
-            head = head_bytes(status, content_type, headers, b"Connection: close\r\n\r\n")
-            self.transport.write(head + first)
+        http10 = current is not None and current.http10
+        if length is not None or http10:
+            self._raw_out = not end
+            tail = b"Content-Length: %d\r\n" % length if length is not None else b""
+            if http10:
+                assert current is not None
+                current.keep_alive = False
+                tail += b"Connection: close\r\n"
+            self.transport.write(head_bytes(status, content_type, headers, tail + b"\r\n") + first)
             return
         head = head_bytes(status, content_type, headers, b"Transfer-Encoding: chunked\r\n\r\n")
         out = head + b"%x\r\n%s\r\n" % (len(first), first) if first else head
         self.transport.write(out + b"0\r\n\r\n" if end else out)
 
     def send(self, data: bytes, *, end: bool = False) -> None:
-        """One chunk of a chunked response; ``end``: and the last-chunk marker, in one write."""
-        current = self._current
-        if current is not None and current.http10:  # unframed: the close ends the body
+        """One chunk of a chunked response; ``end``: and the last-chunk marker, in one write.
+        (Unframed: the data as it is; the declared length or the close ends the body.)"""
+        if self._raw_out:
             if data and self.transport is not None and not self.closed:
                 self.transport.write(data)
             if end:
-                self._chunked_out = False
+                self._chunked_out = self._raw_out = False
             return
         if self.transport is not None and not self.closed:
             if data:
@@ -353,6 +426,15 @@ class ServerConnection(asyncio.Protocol):
         """Wait while the client reads slower than the upstream writes."""
         if self.writable is not None and not self.writable.done():
             await self.writable
+
+    @property
+    def idle(self) -> bool:
+        """Open between requests: nothing being read or answered."""
+        return self._task is None and not self._reading
+
+    @property
+    def idle_since(self) -> float:
+        return self._idle_since
 
     @property
     def busy(self) -> bool:
@@ -396,6 +478,8 @@ class ServerConnection(asyncio.Protocol):
         first (in order), so this waits while one is in progress."""
         if self.closed:
             return
+        self._body = []  # the rejected request's body is never used
+        self._uncount()
         if self._task is not None:
             if self._failure is None:
                 self._failure = (status, message)
