@@ -273,3 +273,27 @@ async def test_reloaded_upstream_connection_limit_applies_to_the_next_requests()
                 gate.set()
                 results = await asyncio.gather(*tasks)
         assert [(status, events[-1]) for status, _, events in results] == [(200, "[DONE]")] * 3
+
+
+async def test_admin_api_hides_url_credentials_and_refuses_a_host_with_a_space() -> None:
+    async with (
+        backends_running("a") as backends,
+        aiohttp.ClientSession() as client,
+        gateway_running(gateway_config(backends, admin_token=TOKEN)) as gw,
+    ):
+        with_secret = backends[0].url.replace("http://", "http://user:hunter2@")
+        put = {"instances": [{"id": "s", "url": with_secret}]}
+        async with client.put(gw.url + VARIANT + "/instances", json=put, headers=AUTH) as r:
+            assert r.status == 200
+            listed = await r.json()
+        for path in ("/admin/v1/endpoints", VARIANT, VARIANT + "/instances"):
+            async with client.get(gw.url + path, headers=AUTH) as r:
+                text = await r.text()
+            assert "hunter2" not in text
+            assert "user" not in text
+        assert listed[0]["url"] == backends[0].url.replace("http://", "http://***@")
+        for bad in ("http://a b:8000", "http://a\tb:8000"):
+            body = {"id": "x", "url": bad}
+            async with client.post(gw.url + VARIANT + "/instances", json=body, headers=AUTH) as r:
+                assert r.status == 400
+                assert (await r.json())["error"]["param"] == "url"

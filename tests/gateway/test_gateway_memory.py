@@ -6,17 +6,21 @@ production settings make rare)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from gateway_support import GatewayProcess, ThreadedGateway, gateway_doc
+from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc
 
 MiB = 1 << 20
 BODY_BYTES = 7_900_000  # under the default 8 MiB body limit
@@ -126,3 +130,68 @@ def test_large_rejected_bodies_and_408s_leave_no_memory_behind(gateway: GatewayP
     assert peak.peak - start <= 100 * MiB, (start // MiB, peak.peak // MiB)
     end = _settled(gateway.rss_bytes, start + 50 * MiB)
     assert end - start <= 50 * MiB, (start // MiB, peak.peak // MiB, end // MiB)
+
+
+DECLARED_BYTES = 2_000_000_000
+SENT_BYTES = 512 * MiB  # then the instance hangs up: 2 GB is what it declared, not what it sent
+
+
+class _HugeAnswer(BaseHTTPRequestHandler):
+    """An instance whose completion declares a 2 GB body (health answers as usual)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(DECLARED_BYTES))
+        self.end_headers()
+        block = b"x" * MiB
+        with contextlib.suppress(ConnectionError):
+            for _ in range(SENT_BYTES // MiB):
+                self.wfile.write(block)
+        self.close_connection = True
+
+
+def test_a_2gb_upstream_answer_is_relayed_as_it_arrives(tmp_path: Path) -> None:
+    instance = ThreadingHTTPServer(("127.0.0.1", 0), _HugeAnswer)
+    threading.Thread(target=instance.serve_forever, daemon=True).start()
+    try:
+        backend = SimpleNamespace(name="huge", url=f"http://127.0.0.1:{instance.server_port}")
+        doc = gateway_doc([backend])  # type: ignore[list-item]
+        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
+        path = tmp_path / "gateway.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        with GatewayProcess(path, module=True) as gw:
+            split = urlsplit(gw.url)
+            conn = http.client.HTTPConnection(split.hostname, split.port, timeout=60)
+            start = gw.rss_bytes()
+            with _Peak(gw.rss_bytes) as peak:
+                conn.request("POST", "/v1/chat/completions", body=_CHAT, headers=_JSON)
+                answer = conn.getresponse()
+                assert answer.status == 200
+                assert answer.getheader("Content-Length") == str(DECLARED_BYTES)
+                received = 0
+                with contextlib.suppress(http.client.IncompleteRead, ConnectionError):
+                    while chunk := answer.read1(MiB):
+                        received += len(chunk)
+            conn.close()
+            assert received == SENT_BYTES  # all of it, then the cut the client can see
+            assert peak.peak - start <= 50 * MiB, (start // MiB, peak.peak // MiB)
+    finally:
+        instance.shutdown()
+        instance.server_close()
+
+
+_CHAT = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}]}' % MODEL.encode()
+_JSON = {"Content-Type": "application/json"}

@@ -165,9 +165,19 @@ class InstanceSpec(StrictModel):
             raise ValueError(f"not a URL: {err}") from err
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError("must be an http(s) URL with a host")
+        if not all(c.isprintable() and not c.isspace() for c in value):
+            raise ValueError("must not contain spaces or control characters")
         if url.query_string or url.fragment:
             raise ValueError("must not have a query or fragment")
         return str(url).rstrip("/")
+
+
+def redacted_url(url: str) -> str:
+    """``url`` as shown to operators (admin API, logs): credentials replaced by ``***``."""
+    parsed = URL(url)
+    if parsed.user is None and parsed.password is None:
+        return url
+    return str(parsed.with_user("***").with_password(None))
 
 
 class InstanceList(StrictModel):

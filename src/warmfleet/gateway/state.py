@@ -19,7 +19,13 @@ from prometheus_client import Counter
 
 from warmfleet.core.errors import NotFoundError
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
-from warmfleet.gateway.config import FileDiscovery, InstanceSpec, OutlierConfig, VariantConfig
+from warmfleet.gateway.config import (
+    FileDiscovery,
+    InstanceSpec,
+    OutlierConfig,
+    VariantConfig,
+    redacted_url,
+)
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.metrics import FastValue, GatewayMetrics
 from warmfleet.gateway.outlier import (
@@ -354,7 +360,7 @@ class VariantRuntime:
             "instances": [
                 {
                     "id": i.instance_id,
-                    "url": i.base_url,
+                    "url": redacted_url(i.base_url),
                     "data_parallel_rank": i.data_parallel_rank,
                     "healthy": i.takes_traffic,
                     "active_healthy": i.active_healthy,
