@@ -199,3 +199,55 @@ def test_malformed_requests_get_4xx_json(tmp_path: Path) -> None:
             assert rss_end - rss_mid < 16 << 20, (rss_mid, rss_end)
             assert "Traceback" not in gw.stderr()
         assert sum(b.stats.requests for b in fleet.backends) == 1  # nothing malformed leaked
+
+
+LARGE_BYTES = 7_900_000  # under the default 8 MiB limit
+
+
+@st.composite
+def large_malformed(draw: st.DrawFn) -> bytes:
+    """A body of up to 7.9 MB that must be refused with a 4xx."""
+    size = draw(st.integers(1 << 20, LARGE_BYTES))
+    kind = draw(st.integers(0, 4))
+    if kind == 0:  # bytes that are not JSON
+        pattern = draw(st.binary(min_size=1, max_size=64).filter(lambda b: b[:1] != b"{"))
+        return (b"\xff" + pattern * (size // len(pattern) + 1))[:size]
+    if kind == 1:  # a large chat cut short
+        full = _dump({"model": MODEL, "messages": [{"role": "user", "content": "x" * size}]})
+        return full[: draw(st.integers(1, len(full) - 1))]
+    if kind == 2:  # nested past any parser's depth
+        return draw(st.sampled_from([b"[", b'{"a":'])) * (size // 5)
+    if kind == 3:  # invalid UTF-8 at the end of a large string
+        return b'{"model": "%s", "prompt": "%s\xff"}' % (MODEL.encode(), b"p" * size)
+    pad = {"role": "user", "content": "y" * size}  # large and well-formed, unknown model
+    return _dump({"model": "no-such-model", "messages": [pad]})
+
+
+@pytest.mark.e2e
+def test_large_malformed_bodies_on_fresh_connections_get_4xx_json(tmp_path: Path) -> None:
+    with ThreadedGateway(None, ["a"]) as fleet:
+        doc = gateway_doc(fleet.backends)
+        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
+        path = tmp_path / "gateway.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        with GatewayProcess(path, module=True) as gw:
+            split = urlsplit(gw.url)
+            sent: list[int] = []
+            rss_start = gw.rss_bytes()
+
+            @settings(max_examples=40, deadline=None, database=None)
+            @given(large_malformed())
+            def one(body: bytes) -> None:
+                conn = http.client.HTTPConnection(split.hostname, split.port, timeout=30)
+                try:  # a fresh connection each time
+                    _check(*_request(conn, "/v1/chat/completions", body, {}))
+                finally:
+                    conn.close()
+                sent.append(len(body))
+
+            one()
+            assert len(sent) >= 40
+            assert sum(sent) > 40 << 20  # hypothesis leans to small sizes: ~80 MB in all
+            assert gw.rss_bytes() - rss_start < 100 << 20, (rss_start, gw.rss_bytes())
+            assert "Traceback" not in gw.stderr()
+        assert sum(b.stats.requests for b in fleet.backends) == 0
