@@ -189,7 +189,10 @@ class ServerConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._head_open:  # a chunked body's trailer: never a header of the request
             return
-        self._add_head(len(name) + len(value) + 4)  # ": " and CRLF
+        size = self._head_size + len(name) + len(value) + 4  # ": " and CRLF
+        self._head_size = size
+        if size > self.limits.max_head_bytes:  # inline: this runs for every header
+            self._add_head(0)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self._headers.get(key)
