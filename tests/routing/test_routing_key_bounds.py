@@ -5,40 +5,23 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_routing_keys import FakeTokenizer
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
-from warmfleet.routing.chat_options import ChatTemplateOptions
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import KeySpec
 from warmfleet.routing.parse import render_chat_text
 from warmfleet.routing.router import Router
 
 
-class CharTokenizer:
-    """One token per character; a chat is its messages' contents joined."""
-
-    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) for c in text]
-
-    def encode_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        options: ChatTemplateOptions | None = None,
-    ) -> list[int]:
-        return [ord(c) for m in messages for c in str(m.get("content"))]
-
-
-def router(tokenizer: CharTokenizer | None = None, **key: Any) -> Router:
+def router(tokenizer: FakeTokenizer | None = None, **key: Any) -> Router:
     config = RoutingConfig.model_validate({"strategy": {"type": "prefix_affinity"}, "key": key})
     return Router(config, random.Random(0), tokenizer)
 
@@ -53,12 +36,12 @@ def chat(text: str) -> dict[str, Any]:
 )
 def test_max_blocks_caps_the_hashes_a_key_carries(key: dict[str, Any], block_units: int) -> None:
     text = "abcdefgh" * (3000 * block_units // 8)  # 3,000 blocks' worth
-    default = router(CharTokenizer(), **key).key_for_chat(chat(text), None)
+    default = router(FakeTokenizer(), **key).key_for_chat(chat(text), None)
     assert len(default.block_hashes) == KeySpec().max_blocks == 2048
-    small = router(CharTokenizer(), **key, max_blocks=10).key_for_chat(chat(text), None)
+    small = router(FakeTokenizer(), **key, max_blocks=10).key_for_chat(chat(text), None)
     assert small.block_hashes == default.block_hashes[:10]  # the same chain, cut
     assert small.prompt_tokens == default.prompt_tokens  # the load still counts everything
-    units = router(CharTokenizer(), **key, max_blocks=10, max_units=3 * block_units)
+    units = router(FakeTokenizer(), **key, max_blocks=10, max_units=3 * block_units)
     assert len(units.key_for_chat(chat(text), None).block_hashes) == 3  # the smaller cap wins
 
 

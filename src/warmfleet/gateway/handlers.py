@@ -66,6 +66,11 @@ class Handlers:
         self.gw = gateway
         self.state = gateway.state
 
+    def _not_understood(self, err: Exception) -> Response:
+        """A validation gap of the routing core (``_DEFENSIVE``): a 400, never a 500."""
+        log.warning("routing key failed on a request body: %r", err)
+        return self.reject(BadRequestError(f"request body not understood: {type(err).__name__}"))
+
     def reject(self, err: WarmfleetError) -> Response:
         self.gw.metrics.rejected.labels(str(status_and_type(err)[0])).inc()
         return error_response(err)
@@ -102,10 +107,7 @@ class Handlers:
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
-            log.warning("routing key failed on a request body: %r", err)
-            return self.reject(
-                BadRequestError(f"request body not understood: {type(err).__name__}")
-            )
+            return self._not_understood(err)
         return await self.gw.proxy.forward(
             request, variant, router=router, key=key, path=path, t_start=t_start
         )
@@ -132,10 +134,7 @@ class Handlers:
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
-            log.warning("routing key failed on a request body: %r", err)
-            return self.reject(
-                BadRequestError(f"request body not understood: {type(err).__name__}")
-            )
+            return self._not_understood(err)
         finally:
             if holder:  # not keyed (rejected, cancelled): free the body on the worker too
                 worker.discard(holder)
