@@ -1,19 +1,22 @@
 """Giving freed request bodies back to the operating system (glibc's allocator).
 
 A gateway process reads bodies of up to ``max_body_bytes`` (8 MiB by default) as many reads of
-up to 256 KiB. Two glibc defaults turn a burst of large bodies into memory the process keeps:
-
-- the mmap threshold is *dynamic*: once an 8 MB block served by ``mmap`` is freed, blocks up to
-  that size are carved from the heap from then on, and a heap shrinks only from its top;
-- freed reads in the middle of the heap stay resident until ``malloc_trim`` gives their pages
-  back (``MADV_DONTNEED``).
+up to 256 KiB. glibc keeps what a burst of large bodies leaves behind: its mmap threshold is
+*dynamic* (once an 8 MB block served by ``mmap`` is freed, blocks up to that size are carved
+from the heap from then on), a heap shrinks only from its top, and freed blocks in the middle
+stay resident until ``malloc_trim`` gives their pages back (``MADV_DONTNEED``).
 
 Measured on this gateway (``tests/gateway/test_gateway_memory.py``'s load: 100 clients that
-each send half of a 7.9 MB body and get a 408): the process kept ~100 MB after the load with
-the defaults, ~40 MB with the threshold pinned, and returned to within a few MB of its start
-with a trim after the burst. ``serve`` pins the threshold at start and checks the heap's free
-bytes every ``interval_s``: a trim runs only when at least ``min_free_bytes`` are free (a trim
-that has nothing to return costs ~3 ms on a 100 MB heap, one that returns 700 MB ~90 ms).
+each send half of a 7.9 MB body and get a 408): the process kept +100 MB after each round with
+glibc's defaults, and returned to its start with a trim after the burst. ``serve`` checks the
+heap's free bytes every ``interval_s`` and trims only when at least ``min_free_bytes`` are
+free (a trim with nothing to return costs ~3 ms on a 100 MB heap; one that returns 700 MB,
+~90 ms of the event loop's time, once after such a burst).
+
+Tried and dropped: pinning the mmap threshold (``mallopt(M_MMAP_THRESHOLD)``) so that large
+bodies always return to the system. Every large allocation then faults its pages in again
+(milliseconds per 7.5 MB copy, on the event loop), and ``/health``'s p99 under 4 clients
+sending 7.5 MB bodies went from 22-32 ms to 36-68 ms.
 
 Python's allocator has no knob for this and no library does it; ``ctypes`` reaches glibc
 directly. On another C library (musl, macOS) the process keeps its allocator's defaults.
@@ -24,13 +27,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
-import logging
 from typing import Any
-
-log = logging.getLogger(__name__)
-
-_M_MMAP_THRESHOLD = -3  # mallopt parameter numbers in <malloc.h>
-MMAP_THRESHOLD_BYTES = 128 << 10  # glibc's initial value, kept fixed
 
 
 class _MallInfo2(ctypes.Structure):
@@ -73,13 +70,9 @@ class HeapTrimmer:
             libc = ctypes.CDLL(name)
         except OSError:
             return None
-        if not all(hasattr(libc, fn) for fn in ("mallopt", "malloc_trim")):
+        if not hasattr(libc, "malloc_trim"):
             return None
         return cls(libc)
-
-    def pin_mmap_threshold(self, threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
-        """Blocks of ``threshold_bytes`` and more always come from (and return to) ``mmap``."""
-        return bool(self._libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
 
     def free_heap_bytes(self) -> int | None:
         """Bytes free inside the heap (None: this glibc has no ``mallinfo2``)."""

@@ -70,13 +70,12 @@ def tune_gc_for_serving(gen0_threshold: int = GC_GEN0_THRESHOLD) -> None:
 
 
 def tune_memory_for_serving() -> PeriodicTrim | None:
-    """glibc only (``memory.py``): big request bodies always come from and return to ``mmap``,
-    and freed heap pages go back to the system after a burst. The returned trim runs on the
-    loop until stopped; None on another C library."""
+    """glibc only (``memory.py``): freed heap pages go back to the system after a burst of
+    large bodies. The returned trim runs on the loop until stopped; None on another C
+    library."""
     trimmer = HeapTrimmer.for_this_process()
     if trimmer is None:
         return None
-    trimmer.pin_mmap_threshold()
     trim = PeriodicTrim(trimmer)
     trim.start()
     return trim
