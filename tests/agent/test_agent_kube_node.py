@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import aiohttp
 import pytest
 from cache_support import agent_config, wait_for
 
-from warmfleet.agent.cache_links import READY_MARKER
+from warmfleet.agent.cache_links import READY_MARKER, CacheLinks
 from warmfleet.agent.kube_node import parse_assignments
 from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.testing.origin import Blob
@@ -107,6 +108,51 @@ async def test_agent_serves_its_nodes_assignments(
         finally:
             agent.stop_event.set()
             await asyncio.wait_for(run, 10)
+
+
+async def test_a_cache_is_never_reported_ready_before_its_view_exists(
+    kmock: Any, origin: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch that ends while the views are synced (on a thread) was reported ready with no
+    path (the report read the records again after the views were made)."""
+    org, url = origin
+    org.put("w.bin", Blob(data=os.urandom(300_000)))
+    kmock.resources["v1/nodes"] = kmock.ResourceInfo(
+        kind="Node", namespaced=False, verbs=["get", "list", "watch", "create", "patch"]
+    )
+    slow_sync = CacheLinks.sync
+
+    def sync(self: CacheLinks, usable: dict[str, str]) -> None:
+        time.sleep(0.2)  # the fetch of 300 kB ends meanwhile
+        slow_sync(self, usable)
+
+    monkeypatch.setattr(CacheLinks, "sync", sync)
+    api = str(kmock.url).rstrip("/")
+    host_path = "/opt/warmfleet/cache"
+    assigned = [{"cache": "llama-w-1", "uri": f"{url}/files/w.bin", "hostPath": host_path}]
+    agent = NodeAgent(_config(tmp_path, api, host_path, 60.0))
+    async with aiohttp.ClientSession() as http:
+        meta = {"name": NODE, "annotations": {ANN_ASSIGNED: json.dumps(assigned)}}
+        await http.post(f"{api}/api/v1/nodes", json={"metadata": meta})
+        run = asyncio.create_task(agent.run())
+        try:
+
+            async def ready() -> bool:
+                return (tmp_path / "llama-w-1" / READY_MARKER).exists()
+
+            await wait_for(ready)
+            await asyncio.sleep(0.5)  # the report that follows the view
+        finally:
+            agent.stop_event.set()
+            await asyncio.wait_for(run, 10)
+    reports = [
+        json.loads(version["metadata"]["annotations"].get(ANN_CACHE_STATUS, "{}"))
+        for version in kmock.objects["v1/nodes", None, NODE].history
+        if version is not None
+    ]
+    states = [(r["llama-w-1"]["state"], r["llama-w-1"]["path"]) for r in reports if r]
+    assert ("ready", f"{host_path}/llama-w-1") in states
+    assert ("ready", "") not in states, states
 
 
 def test_parse_assignments() -> None:

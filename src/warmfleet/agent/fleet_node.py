@@ -90,8 +90,10 @@ class FleetNode:
                 return r
         return None
 
-    def reports(self) -> dict[str, dict[str, Any]]:
-        records = self.manager.records()
+    def reports(self, records: list[ArtifactRecord] | None = None) -> dict[str, dict[str, Any]]:
+        """Each assigned cache's report, from ``records`` (None: the manager's now)."""
+        if records is None:
+            records = self.manager.records()
         statuses = {s.key: s for s in self.manager.statuses(records)}
         out: dict[str, dict[str, Any]] = {}
         for cache in self.assigned:

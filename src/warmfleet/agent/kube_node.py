@@ -26,6 +26,7 @@ import aiohttp
 from warmfleet.agent.cache_links import CacheLinks, valid_cache_name
 from warmfleet.agent.fleet_node import Assignment, FleetNode
 from warmfleet.cache.config import KubernetesNodeSpec
+from warmfleet.cache.state import ArtifactRecord
 from warmfleet.control.names import ANN_ASSIGNED, ANN_CACHE_STATUS
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.kube.access import (
@@ -139,10 +140,13 @@ class KubeNodeSync:
         )
         # Views move to a cache's current version (or go) before the tick can evict what they
         # showed, and show what became usable during the tick right after it.
-        await self._sync_views()
+        await self._sync_views(self.node.manager.records())
         await self.node.tick()
-        usable = await self._sync_views()
-        report = json.dumps(self.reports(usable), sort_keys=True)
+        # One snapshot for the views and the report: a fetch that ends while the views are
+        # synced (a thread) must not be reported ready before its view exists.
+        records = self.node.manager.records()
+        usable = await self._sync_views(records)
+        report = json.dumps(self.reports(usable, records), sort_keys=True)
         if report != self._reported or annotations.get(ANN_CACHE_STATUS) != report:
             patch = {"metadata": {"annotations": {ANN_CACHE_STATUS: report}}}
             headers = {**auth_headers(self.spec), "Content-Type": _MERGE_PATCH}
@@ -153,9 +157,8 @@ class KubeNodeSync:
                 await json_or_raise(resp)
             self._reported = report
 
-    async def _sync_views(self) -> dict[str, str]:
-        """Views exactly for the usable assigned caches; returns them (cache -> object key)."""
-        records = self.node.manager.records()
+    async def _sync_views(self, records: list[ArtifactRecord]) -> dict[str, str]:
+        """Views exactly for the caches usable in ``records``; returns them (cache -> key)."""
         usable = {}
         for cache in self.node.assigned:
             rec = self.node.usable(cache, records)
@@ -164,9 +167,12 @@ class KubeNodeSync:
         await asyncio.to_thread(self.links.sync, usable)
         return usable
 
-    def reports(self, usable: dict[str, str]) -> dict[str, dict[str, Any]]:
-        """``FleetNode``'s reports, with ``path`` the view on the host (set once linked)."""
-        out = self.node.reports()
+    def reports(
+        self, usable: dict[str, str], records: list[ArtifactRecord]
+    ) -> dict[str, dict[str, Any]]:
+        """``FleetNode``'s reports of ``records``, with ``path`` the view on the host (set once
+        linked)."""
+        out = self.node.reports(records)
         for cache, report in out.items():
             report["path"] = f"{self.spec.host_path.rstrip('/')}/{cache}" if cache in usable else ""
         for cache, why in self.refused.items():
