@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmfleet.core.errors import ConfigError
-from warmfleet.gateway.config import OutlierConfig, parse_gateway_config
+from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.outlier import (
@@ -25,6 +25,7 @@ from warmfleet.gateway.outlier import (
     PromptAvoidance,
     max_ejected,
 )
+from warmfleet.gateway.server_config import OutlierConfig
 
 TIMEOUT = FailureCause.TIMEOUT
 

@@ -18,7 +18,7 @@ from warmfleet.gateway.config import InstanceSpec, parse_gateway_config, parse_i
 from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.gateway.metrics import GatewayMetrics
-from warmfleet.gateway.proxy import SseFramer
+from warmfleet.gateway.relay import SseFramer
 
 ROOT = Path(__file__).resolve().parents[2]
 

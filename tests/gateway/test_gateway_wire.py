@@ -24,9 +24,9 @@ from warmfleet.gateway.upstream import (
     Addr,
     UpstreamClosedError,
     UpstreamConnectError,
-    UpstreamPool,
     UpstreamTimeout,
 )
+from warmfleet.gateway.upstream_pool import UpstreamPool
 
 LIMIT = 64  # max_body_bytes of the servers below
 WAIT_S = 1.5  # liveness bound for a single read in these tests (never a timing assertion)

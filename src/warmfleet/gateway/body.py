@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from warmfleet.core.errors import BadRequestError
 from warmfleet.core.jsonio import deepest_field, loads_body, loads_body_yielding
-from warmfleet.gateway.config import LimitsConfig
+from warmfleet.gateway.server_config import LimitsConfig
 
 T = TypeVar("T")
 

@@ -11,8 +11,9 @@ from itertools import accumulate
 from typing import Any
 
 from warmfleet.core.errors import ConfigError, NotFoundError
-from warmfleet.gateway.config import GatewayConfig, GatewaySpec, HealthConfig, LimitsConfig
+from warmfleet.gateway.config import GatewayConfig, GatewaySpec
 from warmfleet.gateway.metrics import GatewayMetrics
+from warmfleet.gateway.server_config import HealthConfig, LimitsConfig
 from warmfleet.gateway.state import RouterFactory, VariantRuntime
 from warmfleet.routing.config import RoutingConfig
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from typing import Any
 
-from warmfleet.gateway.config import OutlierConfig
+from warmfleet.gateway.server_config import OutlierConfig
 
 
 class Standing(StrEnum):

@@ -16,218 +16,35 @@ from __future__ import annotations
 import asyncio
 import logging
 from time import perf_counter
-from typing import NoReturn
 
 from warmfleet.core.errors import NoInstanceAvailableError, WarmfleetError
 from warmfleet.core.types import Decision, RoutingKey
 from warmfleet.gateway.errors import (
-    INSTANCE_HEADER,
-    REASON_HEADER,
     InternalError,
-    UpstreamError,
-    UpstreamTimeoutError,
     error_response,
     sse_error_event,
     status_and_type,
 )
 from warmfleet.gateway.fleet import GatewayState
-from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.messages import Request, Response
 from warmfleet.gateway.outlier import IN, PROBATION, FailureCause
+from warmfleet.gateway.relay import ATTEMPTS_HEADER, Attempt, Relay, Retry, prompt_id
 from warmfleet.gateway.state import RouterLike, VariantRuntime
 from warmfleet.gateway.upstream import (
-    Exchange,
     Origin,
     UpstreamClosedError,
     UpstreamConnectError,
-    UpstreamPool,
     UpstreamTimeout,
 )
-from warmfleet.gateway.wire import ServerConnection
+from warmfleet.gateway.upstream_pool import UpstreamPool
 
 log = logging.getLogger(__name__)
 
 # The client's headers the instance gets: its credentials, its request id and its W3C trace
 # context (vLLM's OpenTelemetry tracing continues the client's trace from them).
 _PASS_REQUEST_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate", "baggage")
-_MAX_HELD_EVENT_BYTES = 1 << 20
-# On a retried request's answer (or its final error): how many instances were tried.
-ATTEMPTS_HEADER = "x-warmfleet-attempts"
 # Answers that count as the instance failing (Envoy's gateway failures), though relayed.
 _GATEWAY_FAILURE_STATUSES = frozenset((502, 503, 504))
-# A Content-Length answer up to this size is relayed whole in one write once complete; a larger
-# one is relayed as it arrives (with its length), so a request never holds more than the
-# client's write buffer and one read of it, whatever the instance declares.
-_MAX_BUFFERED_ANSWER_BYTES = 1 << 20
-
-
-class SseFramer:
-    """Splits a relayed byte stream at SSE event boundaries (a blank line)."""
-
-    __slots__ = ("tail",)
-
-    def __init__(self) -> None:
-        self.tail = b""
-
-    def feed(self, chunk: bytes) -> bytes:
-        """The bytes that complete whole events; the rest is held for the next chunk."""
-        if self.tail:
-            chunk = self.tail + chunk
-            self.tail = b""
-        if chunk.endswith((b"\n\n", b"\r\n\r\n")):
-            return chunk
-        lf = chunk.rfind(b"\n\n")
-        crlf = chunk.rfind(b"\r\n\r\n")
-        cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
-        if len(chunk) - cut > _MAX_HELD_EVENT_BYTES:
-            return chunk  # a giant event: stop holding, relay as is
-        self.tail = chunk[cut:]
-        return chunk[:cut]
-
-    def flush(self) -> bytes:
-        tail, self.tail = self.tail, b""
-        return tail
-
-
-class _Retry(Exception):
-    """An attempt failed before any byte reached the client; try another instance."""
-
-    def __init__(self, cause: WarmfleetError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-class _Attempt:
-    """One try of one request on one instance."""
-
-    __slots__ = ("decision", "index", "inst", "key", "request", "t_start", "variant")
-
-    def __init__(
-        self,
-        request: Request,
-        variant: VariantRuntime,
-        inst: InstanceRuntime,
-        decision: Decision,
-        t_start: float,
-        *,
-        key: RoutingKey,
-        index: int,
-    ) -> None:
-        self.request = request
-        self.key = key
-        self.variant = variant
-        self.inst = inst
-        self.decision = decision
-        self.t_start = t_start
-        self.index = index  # 0: the first attempt
-
-    def count(self, status: str) -> None:
-        self.variant.request_counter(self.inst.instance_id, self.decision.reason, status).inc()
-
-    def failed(self, cause: FailureCause, message: str, err: BaseException) -> NoReturn:
-        """This attempt failed before any byte reached the client: count it against the
-        instance and let ``forward`` try another one."""
-        self.variant.passive_failure(self.inst, cause, _prompt_id(self.key))
-        name = self.inst.instance_id
-        if cause is FailureCause.TIMEOUT:
-            raise _Retry(UpstreamTimeoutError(f"instance {name!r} {message}")) from err
-        raise _Retry(UpstreamError(f"instance {name!r} {message}: {err}")) from err
-
-
-class _Relay:
-    """The answer's way to the client, driven by the upstream connection's callbacks: a
-    ``Content-Length`` answer is written whole when complete; any other is streamed, one client
-    write per read from the instance, its head going out with its first bytes. Until the first
-    byte is written (``started``) the attempt can still be retried elsewhere."""
-
-    __slots__ = (
-        "buffered",
-        "call",
-        "conn",
-        "content_type",
-        "framer",
-        "headers",
-        "length",
-        "pending",
-        "started",
-        "status",
-    )
-
-    def __init__(self, call: _Attempt) -> None:
-        self.call = call
-        self.conn: ServerConnection = call.request.conn
-        self.status = 0
-        self.content_type = "application/octet-stream"
-        self.headers: dict[str, str] = {}
-        self.buffered = True
-        self.length: int | None = None  # a declared length relayed as it arrives
-        self.framer: SseFramer | None = None
-        self.started = False
-        self.pending: list[bytes] = []
-
-    def head(self, ex: Exchange) -> None:
-        self.status = ex.status
-        self.content_type = ex.content_type
-        self.headers = _response_headers(ex, self.call)
-        self.buffered = not ex.chunked
-        if self.buffered:
-            declared = ex.headers.get("content-length", "").strip()
-            if declared.isdigit() and int(declared) > _MAX_BUFFERED_ANSWER_BYTES:
-                self.buffered = False
-                self.length = int(declared)
-        elif ex.content_type.startswith("text/event-stream"):
-            self.framer = SseFramer()
-
-    def data(self, chunk: bytes) -> None:
-        if self.framer is not None:
-            chunk = self.framer.feed(chunk)
-        if chunk:
-            self.pending.append(chunk)
-
-    def flush(self) -> None:
-        pending = self.pending
-        if self.buffered or not pending:
-            return
-        out = pending[0] if len(pending) == 1 else b"".join(pending)
-        pending.clear()
-        if self.started:
-            self.conn.send(out)
-        else:
-            self._start(out)
-
-    def end(self, ex: Exchange) -> None:
-        call = self.call
-        if self.buffered:
-            self.started = True
-            call.variant.m_ttft["false"].observe(perf_counter() - call.t_start)
-            request = call.request
-            answer = Response(ex.status, b"".join(self.pending), self.content_type, self.headers)
-            self.conn.write_response(answer, request.keep_alive, request.http10)
-            return
-        if self.framer is not None and (tail := self.framer.flush()):
-            self.pending.append(tail)
-        out = b"".join(self.pending)
-        self.pending.clear()
-        if not self.started:
-            self._start(out, end=True)  # the whole stream arrived at once: one write
-        else:
-            self.conn.send(out, end=True)
-
-    def _start(self, first: bytes, *, end: bool = False) -> None:
-        self.started = True
-        call = self.call
-        call.variant.m_ttft["true"].observe(perf_counter() - call.t_start)
-        conn = self.conn
-        conn.start_stream(
-            self.status, self.content_type, self.headers, first, end=end, length=self.length
-        )
-
-    def drop_partial(self) -> None:
-        """Write the whole events received, forget half an event: an error event must stand
-        alone."""
-        self.flush()
-        if self.framer is not None:
-            self.framer.flush()
 
 
 class Proxy:
@@ -253,7 +70,7 @@ class Proxy:
         ``router`` is the one that built ``key``: a strategy switch meanwhile applies to the
         next request, never to half of this one."""
         # A prompt that failed recently on an instance does not go there first (affinity).
-        excluded = variant.avoided(_prompt_id(key)) if variant.avoidance.entries else None
+        excluded = variant.avoided(prompt_id(key)) if variant.avoidance.entries else None
         avoided = len(excluded) if excluded else 0
         failure: WarmfleetError | None = None
         cost = key.prompt_tokens + key.output_tokens_hint
@@ -274,13 +91,13 @@ class Proxy:
                 failure = InternalError(f"routing failed: {type(err).__name__}")
                 break
             _count_decision(variant, decision)
-            call = _Attempt(request, variant, inst, decision, t_start, key=key, index=attempt)
+            call = Attempt(request, variant, inst, decision, t_start, key=key, index=attempt)
             inst.add_load(1, cost)
             try:
                 if inst.outlier.standing is PROBATION:
                     variant.begin_trial(inst, call)  # its one request until it has answered
                 return await self._attempt(call, path)
-            except _Retry as retry:
+            except Retry as retry:
                 failure = retry.cause
                 excluded = excluded or set()
                 excluded.add(inst.instance_id)
@@ -290,7 +107,7 @@ class Proxy:
                     variant.end_trial(inst, call)  # no verdict (the client left)
         return _unavailable(variant, failure, len(excluded) - avoided if excluded else 0)
 
-    async def _attempt(self, call: _Attempt, path: str) -> Response | None:
+    async def _attempt(self, call: Attempt, path: str) -> Response | None:
         inst = call.inst
         origin = inst.origin
         try:
@@ -299,7 +116,7 @@ class Proxy:
             call.failed(FailureCause.CONNECT, "unreachable", err)
         limits = self.state.limits
         call.variant.m_overhead.observe(perf_counter() - call.t_start)
-        relay = _Relay(call)
+        relay = Relay(call)
         conn = relay.conn
         conn.on_pause = up.pause_reading
         ex = up.start(
@@ -331,15 +148,15 @@ class Proxy:
         # answer (the server holds the connection's next request until then).
         status = ex.status
         if status in _GATEWAY_FAILURE_STATUSES:  # relayed, but counts against the instance
-            call.variant.passive_failure(inst, FailureCause.STATUS, _prompt_id(call.key))
+            call.variant.passive_failure(inst, FailureCause.STATUS, prompt_id(call.key))
         elif inst.outlier.consecutive_failures or inst.outlier.standing is not IN:
             call.variant.passive_success(inst)  # resets its count, or ends its probation
         call.count("client_disconnect" if conn.closed else str(status))
         return None
 
-    def _mid_stream_failure(self, call: _Attempt, relay: _Relay, err: Exception) -> None:
+    def _mid_stream_failure(self, call: Attempt, relay: Relay, err: Exception) -> None:
         timed_out = isinstance(err, UpstreamTimeout)
-        call.variant.passive_failure(call.inst, FailureCause.STREAM, _prompt_id(call.key))
+        call.variant.passive_failure(call.inst, FailureCause.STREAM, prompt_id(call.key))
         log.warning("instance %s failed mid-stream: %r", call.inst.instance_id, err)
         name = type(err).__name__
         message = f"instance {call.inst.instance_id!r} failed mid-stream: {name}"
@@ -363,12 +180,6 @@ def _unavailable(variant: VariantRuntime, failure: WarmfleetError | None, tried:
     variant.request_counter("none", "unavailable", str(status_and_type(failure)[0])).inc()
     extra = {ATTEMPTS_HEADER: str(tried)} if tried > 1 else None
     return error_response(failure, reason="unavailable", extra_headers=extra)
-
-
-def _prompt_id(key: RoutingKey) -> int:
-    """Names a prompt for ``PromptAvoidance``: its last block hash (chained: it covers every
-    block), else its prefix hash (short prompts, keys without block hashes)."""
-    return key.block_hashes[-1] if key.block_hashes else key.prefix_hash
 
 
 def _count_decision(variant: VariantRuntime, decision: Decision) -> None:
@@ -395,17 +206,3 @@ def _request_bytes(request: Request, origin: Origin, target: bytes) -> bytes:
         extra.encode("latin-1") + origin.extra_headers,
         body,
     )
-
-
-def _response_headers(ex: Exchange, call: _Attempt) -> dict[str, str]:
-    headers = {INSTANCE_HEADER: call.inst.instance_id, REASON_HEADER: call.decision.reason}
-    if call.index:
-        headers[ATTEMPTS_HEADER] = str(call.index + 1)
-    incoming = ex.headers
-    for name in ("content-encoding", "x-request-id"):
-        value = incoming.get(name)
-        if value is not None:
-            headers[name] = value
-    if ex.content_type.startswith("text/event-stream"):
-        headers["Cache-Control"] = "no-cache"
-    return headers

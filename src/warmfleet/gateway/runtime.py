@@ -30,7 +30,7 @@ from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.models import ModelsCache
 from warmfleet.gateway.proxy import Proxy
 from warmfleet.gateway.state import RouterFactory
-from warmfleet.gateway.upstream import UpstreamPool
+from warmfleet.gateway.upstream_pool import UpstreamPool
 
 log = logging.getLogger(__name__)
 

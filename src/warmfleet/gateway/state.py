@@ -19,13 +19,7 @@ from prometheus_client import Counter
 
 from warmfleet.core.errors import NotFoundError
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
-from warmfleet.gateway.config import (
-    FileDiscovery,
-    InstanceSpec,
-    OutlierConfig,
-    VariantConfig,
-    redacted_url,
-)
+from warmfleet.gateway.config import FileDiscovery, InstanceSpec, VariantConfig, redacted_url
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.metrics import FastValue, GatewayMetrics
 from warmfleet.gateway.outlier import (
@@ -36,6 +30,7 @@ from warmfleet.gateway.outlier import (
     OutlierPolicy,
     PromptAvoidance,
 )
+from warmfleet.gateway.server_config import OutlierConfig
 from warmfleet.routing.config import RoutingConfig
 
 log = logging.getLogger(__name__)

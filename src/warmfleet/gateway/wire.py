@@ -1,16 +1,9 @@
-"""The gateway's HTTP/1.1 server: asyncio protocols over the httptools (llhttp) parser.
-
-Why not a web framework: the gateway is a reverse proxy whose whole job per request is "read a
-body, decide, relay bytes". aiohttp's server and client machinery (request/response objects,
-stream readers, middlewares, a task and several futures per request) cost 4x the CPU of this
-module on the same work (``docs/gateway.md`` has the measurements); that difference is what
-separates a Python gateway from the Rust routers. Everything a framework would otherwise give
-us that the gateway needs is here: keep-alive, pipelined requests answered in order,
-``Expect: 100-continue``, chunked request bodies, a body size limit (413), a head size limit
-(431), a deadline for slow senders (408), malformed requests (400), HEAD, idle timeouts,
-cancellation of the handler when the client disconnects, back-pressure (a client that does not
-read its answers is not given more, and is dropped after ``keepalive_timeout_s``) and a
-graceful shutdown.
+"""The gateway's HTTP/1.1 server connection: an asyncio protocol over the httptools (llhttp)
+parser (why not a framework: ``docs/gateway.md``, 4x the CPU on the same work). Keep-alive,
+pipelined requests answered in order, ``Expect: 100-continue``, chunked request bodies, limits
+(413 body, 431 head, 408 slow senders, the server's body budget), malformed requests (400),
+idle timeouts, cancellation of the handler when the client disconnects, back-pressure and a
+graceful shutdown. Answers are written by ``answers.AnswerWriter``.
 
 A handler gets a :class:`Request` whose body has been read in full and returns a
 :class:`Response`, or ``None`` after streaming its answer through ``request.conn``. The module
@@ -30,7 +23,8 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from warmfleet.gateway.access_log import CLIENT_CLOSED
-from warmfleet.gateway.messages import Request, Response, head_bytes
+from warmfleet.gateway.answers import AnswerWriter
+from warmfleet.gateway.messages import Request
 
 if TYPE_CHECKING:
     from warmfleet.gateway.listener import HttpServer
@@ -40,12 +34,11 @@ log = logging.getLogger(__name__)
 # bytes this long (until the client closes): closing with unread input makes the kernel send
 # a reset, which can destroy the answer before the client has read it.
 LINGER_S = 2.0
-_BODYLESS = frozenset((204, 304))
 
 
-class ServerConnection(asyncio.Protocol):
-    """One client connection: parses requests, runs the handler of each in turn, writes answers.
-    Streaming handlers use :meth:`start_stream`, :meth:`send`, :meth:`end_stream`."""
+class ServerConnection(AnswerWriter, asyncio.Protocol):
+    """One client connection: parses requests, runs the handler of each in turn, writes answers
+    (``AnswerWriter``: streaming handlers use ``start_stream``, ``send``, ``end_stream``)."""
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -342,93 +335,6 @@ class ServerConnection(asyncio.Protocol):
         if access is not None and t_start:  # 0: it was off when the request began
             access.record(request, status, self._answered[1], perf_counter() - t_start)
         self._answered = (0, None)
-
-    def write_response(
-        self,
-        response: Response,
-        keep_alive: bool = True,
-        http10: bool = False,
-        head_only: bool = False,
-    ) -> None:
-        """``head_only``: the answer to a HEAD request (its length, not its body)."""
-        if self.transport is None or self.closed:
-            return
-        body = response.body
-        if not keep_alive:
-            connection = b"Connection: close\r\n"
-        else:
-            connection = b"Connection: keep-alive\r\n" if http10 else b""
-        status = response.status
-        self._answered = (status, response.headers)
-        if status in _BODYLESS:  # no body and no length (RFC 9110 8.6, 15.4.5)
-            tail = connection + b"\r\n"
-            body = b""
-        else:
-            tail = b"Content-Length: %d\r\n%s\r\n" % (len(body), connection)
-            if head_only:
-                body = b""
-        head = head_bytes(status, response.content_type, response.headers, tail)
-        self.transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            self.transport.write(body)
-
-    def start_stream(
-        self,
-        status: int,
-        content_type: str,
-        headers: dict[str, str],
-        first: bytes,
-        *,
-        end: bool = False,
-        length: int | None = None,
-    ) -> None:
-        """Send the head of a chunked response, with its first bytes; ``end``: and the
-        last-chunk marker, all in one write. (An HTTP/1.0 client gets the body unframed, ended
-        by closing the connection.) ``length``: the body's declared length instead: sent as
-        ``Content-Length`` and the body unframed (a large answer relayed as it arrives)."""
-        assert self.transport is not None
-        self._chunked_out = not end
-        self._answered = (status, headers)
-        current = self._current
-        http10 = current is not None and current.http10
-        if length is not None or http10:
-            self._raw_out = not end
-            tail = b"Content-Length: %d\r\n" % length if length is not None else b""
-            if http10:
-                assert current is not None
-                current.keep_alive = False
-                tail += b"Connection: close\r\n"
-            self.transport.write(head_bytes(status, content_type, headers, tail + b"\r\n") + first)
-            return
-        head = head_bytes(status, content_type, headers, b"Transfer-Encoding: chunked\r\n\r\n")
-        out = head + b"%x\r\n%s\r\n" % (len(first), first) if first else head
-        self.transport.write(out + b"0\r\n\r\n" if end else out)
-
-    def send(self, data: bytes, *, end: bool = False) -> None:
-        """One chunk of a chunked response; ``end``: and the last-chunk marker, in one write.
-        (Unframed: the data as it is; the declared length or the close ends the body.)"""
-        if self._raw_out:
-            if data and self.transport is not None and not self.closed:
-                self.transport.write(data)
-            if end:
-                self._chunked_out = self._raw_out = False
-            return
-        if self.transport is not None and not self.closed:
-            if data:
-                chunk = b"%x\r\n%s\r\n" % (len(data), data)
-                self.transport.write(chunk + b"0\r\n\r\n" if end else chunk)
-            elif end:
-                self.transport.write(b"0\r\n\r\n")
-        if end:
-            self._chunked_out = False
-
-    def end_stream(self) -> None:
-        self.send(b"", end=True)
-
-    async def drain(self) -> None:
-        """Wait while the client reads slower than the upstream writes."""
-        if self.writable is not None and not self.writable.done():
-            await self.writable
 
     @property
     def idle(self) -> bool:

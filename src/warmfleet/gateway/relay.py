@@ -1,0 +1,222 @@
+"""One try of a request on one instance (``Attempt``) and its answer's way back to the client
+(``Relay``), driven by the upstream connection's callbacks: a ``Content-Length`` answer of up to
+1 MiB is written whole when complete, any other is streamed, one client write per read from the
+instance, SSE cut at event boundaries (``SseFramer``). Until the first byte is written the
+attempt can still be retried elsewhere (``Retry``)."""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import NoReturn
+
+from warmfleet.core.errors import WarmfleetError
+from warmfleet.core.types import Decision, RoutingKey
+from warmfleet.gateway.errors import (
+    INSTANCE_HEADER,
+    REASON_HEADER,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
+from warmfleet.gateway.instance import InstanceRuntime
+from warmfleet.gateway.messages import Request, Response
+from warmfleet.gateway.outlier import FailureCause
+from warmfleet.gateway.state import VariantRuntime
+from warmfleet.gateway.upstream import Exchange
+from warmfleet.gateway.wire import ServerConnection
+
+_MAX_HELD_EVENT_BYTES = 1 << 20
+# On a retried request's answer (or its final error): how many instances were tried.
+ATTEMPTS_HEADER = "x-warmfleet-attempts"
+# A Content-Length answer up to this size is relayed whole in one write once complete; a larger
+# one is relayed as it arrives (with its length), so a request never holds more than the
+# client's write buffer and one read of it, whatever the instance declares.
+_MAX_BUFFERED_ANSWER_BYTES = 1 << 20
+
+
+class SseFramer:
+    """Splits a relayed byte stream at SSE event boundaries (a blank line)."""
+
+    __slots__ = ("tail",)
+
+    def __init__(self) -> None:
+        self.tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes that complete whole events; the rest is held for the next chunk."""
+        if self.tail:
+            chunk = self.tail + chunk
+            self.tail = b""
+        if chunk.endswith((b"\n\n", b"\r\n\r\n")):
+            return chunk
+        lf = chunk.rfind(b"\n\n")
+        crlf = chunk.rfind(b"\r\n\r\n")
+        cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if len(chunk) - cut > _MAX_HELD_EVENT_BYTES:
+            return chunk  # a giant event: stop holding, relay as is
+        self.tail = chunk[cut:]
+        return chunk[:cut]
+
+    def flush(self) -> bytes:
+        tail, self.tail = self.tail, b""
+        return tail
+
+
+class Retry(Exception):
+    """An attempt failed before any byte reached the client; try another instance."""
+
+    def __init__(self, cause: WarmfleetError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class Attempt:
+    """One try of one request on one instance."""
+
+    __slots__ = ("decision", "index", "inst", "key", "request", "t_start", "variant")
+
+    def __init__(
+        self,
+        request: Request,
+        variant: VariantRuntime,
+        inst: InstanceRuntime,
+        decision: Decision,
+        t_start: float,
+        *,
+        key: RoutingKey,
+        index: int,
+    ) -> None:
+        self.request = request
+        self.key = key
+        self.variant = variant
+        self.inst = inst
+        self.decision = decision
+        self.t_start = t_start
+        self.index = index  # 0: the first attempt
+
+    def count(self, status: str) -> None:
+        self.variant.request_counter(self.inst.instance_id, self.decision.reason, status).inc()
+
+    def failed(self, cause: FailureCause, message: str, err: BaseException) -> NoReturn:
+        """This attempt failed before any byte reached the client: count it against the
+        instance and let ``forward`` try another one."""
+        self.variant.passive_failure(self.inst, cause, prompt_id(self.key))
+        name = self.inst.instance_id
+        if cause is FailureCause.TIMEOUT:
+            raise Retry(UpstreamTimeoutError(f"instance {name!r} {message}")) from err
+        raise Retry(UpstreamError(f"instance {name!r} {message}: {err}")) from err
+
+
+class Relay:
+    """The answer's way to the client, driven by the upstream connection's callbacks: a
+    ``Content-Length`` answer is written whole when complete; any other is streamed, one client
+    write per read from the instance, its head going out with its first bytes. Until the first
+    byte is written (``started``) the attempt can still be retried elsewhere."""
+
+    __slots__ = (
+        "buffered",
+        "call",
+        "conn",
+        "content_type",
+        "framer",
+        "headers",
+        "length",
+        "pending",
+        "started",
+        "status",
+    )
+
+    def __init__(self, call: Attempt) -> None:
+        self.call = call
+        self.conn: ServerConnection = call.request.conn
+        self.status = 0
+        self.content_type = "application/octet-stream"
+        self.headers: dict[str, str] = {}
+        self.buffered = True
+        self.length: int | None = None  # a declared length relayed as it arrives
+        self.framer: SseFramer | None = None
+        self.started = False
+        self.pending: list[bytes] = []
+
+    def head(self, ex: Exchange) -> None:
+        self.status = ex.status
+        self.content_type = ex.content_type
+        self.headers = response_headers(ex, self.call)
+        self.buffered = not ex.chunked
+        if self.buffered:
+            declared = ex.headers.get("content-length", "").strip()
+            if declared.isdigit() and int(declared) > _MAX_BUFFERED_ANSWER_BYTES:
+                self.buffered = False
+                self.length = int(declared)
+        elif ex.content_type.startswith("text/event-stream"):
+            self.framer = SseFramer()
+
+    def data(self, chunk: bytes) -> None:
+        if self.framer is not None:
+            chunk = self.framer.feed(chunk)
+        if chunk:
+            self.pending.append(chunk)
+
+    def flush(self) -> None:
+        pending = self.pending
+        if self.buffered or not pending:
+            return
+        out = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
+        if self.started:
+            self.conn.send(out)
+        else:
+            self._start(out)
+
+    def end(self, ex: Exchange) -> None:
+        call = self.call
+        if self.buffered:
+            self.started = True
+            call.variant.m_ttft["false"].observe(perf_counter() - call.t_start)
+            request = call.request
+            answer = Response(ex.status, b"".join(self.pending), self.content_type, self.headers)
+            self.conn.write_response(answer, request.keep_alive, request.http10)
+            return
+        if self.framer is not None and (tail := self.framer.flush()):
+            self.pending.append(tail)
+        out = b"".join(self.pending)
+        self.pending.clear()
+        if not self.started:
+            self._start(out, end=True)  # the whole stream arrived at once: one write
+        else:
+            self.conn.send(out, end=True)
+
+    def _start(self, first: bytes, *, end: bool = False) -> None:
+        self.started = True
+        call = self.call
+        call.variant.m_ttft["true"].observe(perf_counter() - call.t_start)
+        conn = self.conn
+        conn.start_stream(
+            self.status, self.content_type, self.headers, first, end=end, length=self.length
+        )
+
+    def drop_partial(self) -> None:
+        """Write the whole events received, forget half an event: an error event must stand
+        alone."""
+        self.flush()
+        if self.framer is not None:
+            self.framer.flush()
+
+
+def prompt_id(key: RoutingKey) -> int:
+    """Names a prompt for ``PromptAvoidance``: its last block hash (chained: it covers every
+    block), else its prefix hash (short prompts, keys without block hashes)."""
+    return key.block_hashes[-1] if key.block_hashes else key.prefix_hash
+
+
+def response_headers(ex: Exchange, call: Attempt) -> dict[str, str]:
+    headers = {INSTANCE_HEADER: call.inst.instance_id, REASON_HEADER: call.decision.reason}
+    if call.index:
+        headers[ATTEMPTS_HEADER] = str(call.index + 1)
+    incoming = ex.headers
+    for name in ("content-encoding", "x-request-id"):
+        value = incoming.get(name)
+        if value is not None:
+            headers[name] = value
+    if ex.content_type.startswith("text/event-stream"):
+        headers["Cache-Control"] = "no-cache"
+    return headers
