@@ -20,7 +20,7 @@ from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
-from warmfleet.agent.testing.origin import Blob
+from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.config import StatusSpec
 from warmfleet.core.errors import ConfigError
 
@@ -49,7 +49,9 @@ async def _call(http: aiohttp.ClientSession, method: str, url: str, **kw: Any) -
         return resp.status
 
 
-async def test_mutating_routes_need_the_token(origin, tmp_path, monkeypatch):
+async def test_mutating_routes_need_the_token(
+    origin: tuple[Origin, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     org, url = origin
     org.put("w.bin", Blob(data=b"w" * 5000))
     monkeypatch.setenv("WARMFLEET_AGENT_TOKEN", TOKEN)
@@ -77,7 +79,7 @@ async def test_mutating_routes_need_the_token(origin, tmp_path, monkeypatch):
             assert await _call(http, "GET", api + path) == 200  # read-only stays open
 
 
-async def test_token_from_a_file(tmp_path, monkeypatch):
+async def test_token_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WARMFLEET_AGENT_TOKEN", raising=False)
     token_file = tmp_path / "token"
     token_file.write_text(f"{TOKEN}\n")
@@ -89,7 +91,9 @@ async def test_token_from_a_file(tmp_path, monkeypatch):
         assert await _call(http, "POST", f"{api}/v1/prefetch", json=body, headers=good) == 202
 
 
-async def test_non_loopback_listener_without_token_refuses_changes(tmp_path, monkeypatch):
+async def test_non_loopback_listener_without_token_refuses_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Configured for 0.0.0.0 with no token (served on 127.0.0.1 here): changes are refused."""
     monkeypatch.delenv("WARMFLEET_AGENT_TOKEN", raising=False)
     spec = spec_for(tmp_path).model_copy(update={"status": StatusSpec(host="0.0.0.0")})
@@ -125,7 +129,7 @@ async def test_non_loopback_listener_without_token_refuses_changes(tmp_path, mon
         assert not spawned
 
 
-def test_token_and_listener_rules(tmp_path, monkeypatch):
+def test_token_and_listener_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WARMFLEET_AGENT_TOKEN", raising=False)
     assert [is_loopback(h) for h in ("127.0.0.1", "127.9.9.9", "::1", "localhost")] == [True] * 4
     assert [is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "node-1", "")] == [False] * 5

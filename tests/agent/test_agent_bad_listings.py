@@ -19,8 +19,10 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from cache_support import published_corrupt_or_partial
 
@@ -30,16 +32,21 @@ from warmfleet.agent.sources.http import HttpSource
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
-from warmfleet.agent.testing.origin import Blob
+from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.capacity import occupied_bytes
-from warmfleet.cache.config import load_node_config
+from warmfleet.cache.config import NodeCacheConfig, load_node_config
+from warmfleet.cache.manifest import FileEntry
 from warmfleet.cache.state import ArtifactState
 
 BAD_BYTES, GOOD_BYTES = 800_000, 400_000  # of a 1 MB budget: both never fit at once
 UNADMITTED = "warmfleet_cache_unadmitted_artifacts"
 
+Client = TestClient[web.Request, web.Application]
 
-def _config(root: Path, url: str, bad_uri: str | None, good_uri: str, budget: str = "1MB"):
+
+def _config(
+    root: Path, url: str, bad_uri: str | None, good_uri: str, budget: str = "1MB"
+) -> NodeCacheConfig:
     bad = f'    - {{type: model, name: bad, uri: "{bad_uri}"}}\n' if bad_uri else ""
     return load_node_config(
         f"""
@@ -57,7 +64,7 @@ spec:
 
 
 @contextlib.asynccontextmanager
-async def _agent(cfg) -> AsyncIterator[tuple[NodeAgent, CacheManager, TestClient]]:
+async def _agent(cfg: NodeCacheConfig) -> AsyncIterator[tuple[NodeAgent, CacheManager, Client]]:
     """An agent's reconcile pass and its status API (in-process) over one manager."""
     async with SourceSet(cfg.spec.sources, cfg.spec.download) as sources:
         manager = CacheManager(Store(Path(cfg.spec.root)), cfg.spec, sources)
@@ -65,9 +72,11 @@ async def _agent(cfg) -> AsyncIterator[tuple[NodeAgent, CacheManager, TestClient
             yield NodeAgent(cfg), manager, client
 
 
-async def _passes(agent, manager, caplog, n: int = 2) -> list[list[logging.LogRecord]]:
+async def _passes(
+    agent: NodeAgent, manager: CacheManager, caplog: pytest.LogCaptureFixture, n: int = 2
+) -> list[list[logging.LogRecord]]:
     """The warnings and errors logged by each of ``n`` reconcile passes."""
-    out = []
+    out: list[list[logging.LogRecord]] = []
     with caplog.at_level(logging.WARNING):
         for _ in range(n):
             caplog.clear()
@@ -84,7 +93,8 @@ def _good_admitted(manager: CacheManager) -> None:
     assert occupied_bytes(records) == GOOD_BYTES
 
 
-async def _get(client: TestClient, path: str):
+async def _get(client: Client, path: str) -> tuple[int, Any]:
+    """The status code and the JSON document (or, for ``/metrics``, the text) of a GET."""
     resp = await client.get(path)
     return resp.status, await (resp.json() if path != "/metrics" else resp.text())
 
@@ -107,7 +117,13 @@ BAD_NAMES = [
 
 
 @pytest.mark.parametrize(("names", "why"), BAD_NAMES, ids=["nul", "long-component", "clash"])
-async def test_bad_names_are_refused_before_admission(origin, tmp_path, caplog, names, why):
+async def test_bad_names_are_refused_before_admission(
+    origin: tuple[Origin, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    names: dict[str, int],
+    why: str,
+) -> None:
     org, url = origin
     org.put_repo("org/bad", {n: os.urandom(size) for n, size in names.items()}, lfs=set(names))
     good = {"model.safetensors": os.urandom(GOOD_BYTES)}
@@ -143,7 +159,9 @@ async def test_bad_names_are_refused_before_admission(origin, tmp_path, caplog, 
         assert _gauge((await _get(client, "/metrics"))[1], "ManifestError") == 1.0
 
 
-async def test_a_refused_listing_is_cleared_once_it_resolves(origin, tmp_path, caplog):
+async def test_a_refused_listing_is_cleared_once_it_resolves(
+    origin: tuple[Origin, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     org, url = origin
     org.put_repo("org/bad", {"w\0.bin": b"x"}, lfs=set())
     org.put_repo("org/good", {"m.bin": os.urandom(GOOD_BYTES)}, lfs={"m.bin"})
@@ -162,7 +180,9 @@ async def test_a_refused_listing_is_cleared_once_it_resolves(origin, tmp_path, c
         assert _gauge((await _get(client, "/metrics"))[1], "ManifestError") == 0.0
 
 
-async def test_a_refused_listing_is_cleared_when_it_leaves_the_config(origin, tmp_path, caplog):
+async def test_a_refused_listing_is_cleared_when_it_leaves_the_config(
+    origin: tuple[Origin, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     org, url = origin
     org.put_repo("org/good", {"m.bin": os.urandom(GOOD_BYTES)}, lfs={"m.bin"})
     # no such repository: the origin answers 404 at resolve
@@ -185,8 +205,11 @@ async def test_a_refused_listing_is_cleared_when_it_leaves_the_config(origin, tm
 
 
 async def test_any_failure_after_admission_fails_the_artifact_and_frees_it(
-    origin, tmp_path, caplog, monkeypatch
-):
+    origin: tuple[Origin, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     org, url = origin
     org.put("bad.bin", Blob(data=os.urandom(BAD_BYTES)))
     good = org.put("good.bin", Blob(data=os.urandom(GOOD_BYTES)))
@@ -194,7 +217,7 @@ async def test_any_failure_after_admission_fails_the_artifact_and_frees_it(
     tried: list[int] = []  # the pass of every attempt
     agents: list[NodeAgent] = []
 
-    def exploding(self, entry, start, end):
+    def exploding(self: HttpSource, entry: FileEntry, start: int, end: int) -> AsyncIterator[bytes]:
         if entry.path == "bad.bin":  # a bug in a source, an unexpected OSError...
             tried.append(agents[0].reconciles)
             raise ValueError("embedded null byte")
@@ -223,7 +246,7 @@ async def test_any_failure_after_admission_fails_the_artifact_and_frees_it(
     assert published_corrupt_or_partial(tmp_path / "cache", {"good": good.data or b""}) == 0
 
 
-def test_more_files_than_the_open_file_limit(tmp_path):
+def test_more_files_than_the_open_file_limit(tmp_path: Path) -> None:
     """200 files under RLIMIT_NOFILE = 64 (in a child process): never one fd per file."""
     src = tmp_path / "model"
     src.mkdir()

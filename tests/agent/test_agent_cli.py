@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from warmfleet.agent.cli import cache_app as app  # registered as `warmfleet cache`
 
 runner = CliRunner()
 
 
-def _cache(*args: str) -> object:
+def _cache(*args: str) -> Result:
     return runner.invoke(app, list(args), catch_exceptions=False)
 
 
@@ -21,7 +22,7 @@ def _cache(*args: str) -> object:
 NO_RESERVE = ("--reserve", "0")
 
 
-def test_cli_prefetch_ls_pin_gc_verify(tmp_path):
+def test_cli_prefetch_ls_pin_gc_verify(tmp_path: Path) -> None:
     src = tmp_path / "model"
     src.mkdir()
     (src / "w.bin").write_bytes(os.urandom(200_000))
@@ -40,7 +41,7 @@ def test_cli_prefetch_ls_pin_gc_verify(tmp_path):
     assert json.loads(_cache("ls", "--dest", dest, "--json").output) == []
 
 
-def test_cli_reports_capacity_shortfall(tmp_path):
+def test_cli_reports_capacity_shortfall(tmp_path: Path) -> None:
     src = tmp_path / "big.bin"
     src.write_bytes(b"x" * 100_000)
     res = runner.invoke(
@@ -50,7 +51,7 @@ def test_cli_reports_capacity_shortfall(tmp_path):
     assert "short by" in res.output
 
 
-def test_cli_reserve_option_is_applied(tmp_path):
+def test_cli_reserve_option_is_applied(tmp_path: Path) -> None:
     """``--reserve`` replaces the default (5 % of the file system): a reserve larger than the
     disk refuses even a tiny artifact and says so."""
     src = tmp_path / "small.bin"

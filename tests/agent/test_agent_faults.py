@@ -15,7 +15,7 @@ import pytest
 from cache_support import manager_for, published_corrupt_or_partial
 
 from warmfleet.agent.sources.base import DiskFullError
-from warmfleet.agent.testing.origin import Blob
+from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.core.errors import InsufficientCapacityError
 
 KIB = 1024
@@ -43,7 +43,9 @@ def _progress_chunks(root: Path) -> int:
     return sum(len(v) for v in doc["done"].values())
 
 
-def test_kill_minus_9_repeatedly_then_resume_and_verify(origin, tmp_path):
+def test_kill_minus_9_repeatedly_then_resume_and_verify(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     data = os.urandom(2 * 1024 * KIB)
     org.put("w.bin", Blob(data=data))
@@ -79,7 +81,7 @@ def test_kill_minus_9_repeatedly_then_resume_and_verify(origin, tmp_path):
 
 
 @pytest.fixture
-def tmpfs(tmp_path) -> Iterator[Path]:
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
     mnt = tmp_path / "tmpfs"
     mnt.mkdir()
     res = subprocess.run(
@@ -95,7 +97,9 @@ def tmpfs(tmp_path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-async def test_disk_full_is_a_clear_error_and_publishes_nothing(origin, tmp_path, tmpfs):
+async def test_disk_full_is_a_clear_error_and_publishes_nothing(
+    origin: tuple[Origin, str], tmp_path: Path, tmpfs: Path
+) -> None:
     org, url = origin
     small, big = os.urandom(300 * KIB), os.urandom(3 * 1024 * KIB)
     org.put("small", Blob(data=small))

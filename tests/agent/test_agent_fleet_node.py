@@ -6,18 +6,23 @@ import asyncio
 import errno
 import logging
 import os
+from pathlib import Path
 
+import pytest
 from cache_support import agent_config, manager_for
 
 from warmfleet.agent.fleet_node import Assignment, FleetNode
 from warmfleet.agent.node_agent import NodeAgent
-from warmfleet.agent.testing.origin import Blob
+from warmfleet.agent.testing.origin import Blob, Origin
+from warmfleet.cache.manifest import Manifest
 from warmfleet.cache.state import ArtifactState
 
 MB = 1 << 20
 
 
-async def test_unassigning_a_cache_stops_its_download_and_frees_its_reservation(origin, tmp_path):
+async def test_unassigning_a_cache_stops_its_download_and_frees_its_reservation(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     """A cache taken off the node mid-download (source changed again, endpoint deleted) must
     not keep downloading nor keep its space reserved against the caches that replace it."""
     org, url = origin
@@ -43,12 +48,14 @@ async def test_unassigning_a_cache_stops_its_download_and_frees_its_reservation(
         node.cancel()
 
 
-async def test_a_fetch_failing_outside_the_cache_errors_does_not_take_the_agent_down(tmp_path):
+async def test_a_fetch_failing_outside_the_cache_errors_does_not_take_the_agent_down(
+    tmp_path: Path,
+) -> None:
     """A shared file system (FSx/NFS) answering EIO/ESTALE raises a plain OSError: the fetch
     fails and is retried by a later tick, the agent's task group keeps running."""
     calls = 0
 
-    async def stale(*_: object, **__: object) -> None:
+    async def stale(*_: object, **__: object) -> Manifest:
         nonlocal calls
         calls += 1
         raise OSError(errno.ESTALE, "Stale file handle")
@@ -63,7 +70,9 @@ async def test_a_fetch_failing_outside_the_cache_errors_does_not_take_the_agent_
         assert calls == 2
 
 
-async def test_one_artifact_failing_with_an_os_error_does_not_stop_the_reconcile(tmp_path):
+async def test_one_artifact_failing_with_an_os_error_does_not_stop_the_reconcile(
+    tmp_path: Path,
+) -> None:
     config = agent_config(
         tmp_path,
         "  artifacts:\n"
@@ -72,7 +81,7 @@ async def test_one_artifact_failing_with_an_os_error_does_not_stop_the_reconcile
     )
     tried: list[str] = []
 
-    async def resolve(uri: str, *_: object) -> None:
+    async def resolve(uri: str, revision: str | None = None) -> Manifest:
         tried.append(uri)
         raise OSError(errno.EIO, "Input/output error")
 
@@ -85,8 +94,8 @@ async def test_one_artifact_failing_with_an_os_error_does_not_stop_the_reconcile
 
 
 async def test_a_cache_refused_before_admission_is_reported_failed_and_logged_once(
-    origin, tmp_path, caplog
-):
+    origin: tuple[Origin, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """No record (the origin has no such file): the report says ``failed`` with the reason,
     not ``pending`` forever; two ticks log one warning; unassigned, the failure is gone."""
     _org, url = origin
@@ -102,7 +111,9 @@ async def test_a_cache_refused_before_admission_is_reported_failed_and_logged_on
         report = node.reports()["gone"]
         assert report["state"] == "failed"
         assert "missing.bin" in report["message"]
-        assert report["message"].startswith(m.failures.get("fleet:gone").error_class + ": ")
+        failure = m.failures.get("fleet:gone")
+        assert failure is not None
+        assert report["message"].startswith(failure.error_class + ": ")
         assert len([r for r in caplog.records if "gone" in r.getMessage()]) == 1
         node.assigned = {}
         await node.tick()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -14,7 +15,7 @@ from huggingface_hub import hf_hub_download
 from warmfleet.agent.sources.base import SourceError, TransientSourceError
 from warmfleet.agent.sources.hf import HfSource
 from warmfleet.agent.sources.http import HttpSource
-from warmfleet.agent.testing.origin import ServerThread
+from warmfleet.agent.testing.origin import Origin, ServerThread
 from warmfleet.cache.config import SourcesSpec
 from warmfleet.cache.manifest import FileEntry
 from warmfleet.core.errors import IntegrityError, NotFoundError
@@ -23,7 +24,9 @@ WEIGHTS = os.urandom(700_000)
 FILES = {"config.json": b'{"model_type": "tiny"}', "model.safetensors": WEIGHTS}
 
 
-async def test_hf_prefetch_pins_commit_and_verifies(origin, tmp_path, monkeypatch):
+async def test_hf_prefetch_pins_commit_and_verifies(
+    origin: tuple[Origin, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     org, url = origin
     repo = org.put_repo("org/tiny", FILES, lfs={"model.safetensors"})
     monkeypatch.setenv("HF_ENDPOINT", url)
@@ -47,7 +50,9 @@ async def test_hf_prefetch_pins_commit_and_verifies(origin, tmp_path, monkeypatc
     assert any("blobs=true" in r for r in org.requests)
 
 
-async def test_hf_token_from_file_and_new_commit_is_new_version(origin, tmp_path, monkeypatch):
+async def test_hf_token_from_file_and_new_commit_is_new_version(
+    origin: tuple[Origin, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     org, url = origin
     org.put_repo("org/tiny", FILES, lfs={"model.safetensors"})
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -69,7 +74,9 @@ async def test_hf_token_from_file_and_new_commit_is_new_version(origin, tmp_path
     assert set(org.auth_seen) == {"Bearer hf_from_file"}
 
 
-async def test_hf_corrupt_lfs_object_is_not_published(origin, tmp_path, monkeypatch):
+async def test_hf_corrupt_lfs_object_is_not_published(
+    origin: tuple[Origin, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     org, url = origin
     repo = org.put_repo("org/tiny", FILES, lfs={"model.safetensors"})
     repo.files["model.safetensors"].flip = True
@@ -80,7 +87,9 @@ async def test_hf_corrupt_lfs_object_is_not_published(origin, tmp_path, monkeypa
     assert not any((tmp_path / "objects").iterdir())
 
 
-def test_server_speaks_what_huggingface_hub_requests(origin, tmp_path):
+def test_server_speaks_what_huggingface_hub_requests(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     """The fake hub is faithful enough for huggingface_hub's own downloader."""
     org, url = origin
     repo = org.put_repo("org/tiny", FILES, lfs={"model.safetensors"})
@@ -103,14 +112,18 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def test_hf_hub_unreachable_is_a_transient_source_error(tmp_path, monkeypatch):
+async def test_hf_hub_unreachable_is_a_transient_source_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
     async with manager_for(tmp_path / "c", request_timeout_s=5) as m:
         with pytest.raises(TransientSourceError, match="hf://org/tiny@main"):
             await m.prefetch("hf://org/tiny")
 
 
-async def test_hf_hub_503_is_transient_and_403_is_not(tmp_path, monkeypatch):
+async def test_hf_hub_503_is_transient_and_403_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     status = {"code": 503}
 
     async def api(_: web.Request) -> web.Response:
@@ -132,7 +145,7 @@ async def test_hf_hub_503_is_transient_and_403_is_not(tmp_path, monkeypatch):
             assert not isinstance(info.value, TransientSourceError)
 
 
-async def test_hf_token_is_not_sent_to_a_cdn_on_another_host(tmp_path):
+async def test_hf_token_is_not_sent_to_a_cdn_on_another_host(tmp_path: Path) -> None:
     """The Hub answers ``resolve`` for an LFS file with a redirect to its CDN: the ranged GET
     follows it, and the token stays with the Hub."""
     data = os.urandom(1000)

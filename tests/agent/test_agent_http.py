@@ -5,19 +5,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from cache_support import manager_for, published_corrupt_or_partial
 
 from warmfleet.agent.sources.base import SourceChangedError, TransientSourceError
-from warmfleet.agent.testing.origin import Blob
+from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.state import ArtifactState
 from warmfleet.core.errors import InsufficientCapacityError, IntegrityError
 
 MB = 1 << 20
 
 
-async def test_ranged_parallel_download_is_verified(origin, tmp_path):
+async def test_ranged_parallel_download_is_verified(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     data = os.urandom(3 * MB // 2)
     org.put("w.bin", Blob(data=data))
@@ -36,7 +40,7 @@ async def test_ranged_parallel_download_is_verified(origin, tmp_path):
         assert len([r for r in org.requests if r.startswith("GET")]) == 6
 
 
-async def test_truncation_and_5xx_are_retried(origin, tmp_path):
+async def test_truncation_and_5xx_are_retried(origin: tuple[Origin, str], tmp_path: Path) -> None:
     org, url = origin
     data = os.urandom(MB)
     org.put("w.bin", Blob(data=data, faults=["truncate", "error", "truncate"]))
@@ -44,11 +48,15 @@ async def test_truncation_and_5xx_are_retried(origin, tmp_path):
         rec = await m.prefetch(f"{url}/files/w.bin")
         assert (tmp_path / "objects" / rec.key / "w.bin").read_bytes() == data
         assert org.faults_injected == 3
-        assert m.status_of(rec.key).retries >= 3
+        status = m.status_of(rec.key)
+        assert status is not None
+        assert status.retries >= 3
     assert published_corrupt_or_partial(tmp_path, {"w": data}) == 0
 
 
-async def test_flipped_byte_is_detected_and_never_published(origin, tmp_path):
+async def test_flipped_byte_is_detected_and_never_published(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     data = os.urandom(MB)
     org.put("w.bin", Blob(data=data, flip=True))
@@ -63,7 +71,9 @@ async def test_flipped_byte_is_detected_and_never_published(origin, tmp_path):
     assert not (tmp_path / "staging" / rec.key).exists()
 
 
-async def test_without_origin_digest_sha256_is_recorded_and_rechecked(origin, tmp_path):
+async def test_without_origin_digest_sha256_is_recorded_and_rechecked(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     data = os.urandom(MB // 2)
     org.put("w.bin", Blob(data=data, digest_header=False))
@@ -83,7 +93,9 @@ async def test_without_origin_digest_sha256_is_recorded_and_rechecked(origin, tm
         assert m.records()[0].state == ArtifactState.FAILED
 
 
-async def test_change_at_same_uri_gives_new_version_old_kept_while_referenced(origin, tmp_path):
+async def test_change_at_same_uri_gives_new_version_old_kept_while_referenced(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     v1, v2 = os.urandom(300_000), os.urandom(300_000)
     org.put("w.bin", Blob(data=v1, mtime_s=1_700_000_000))
@@ -100,7 +112,9 @@ async def test_change_at_same_uri_gives_new_version_old_kept_while_referenced(or
         assert (tmp_path / "objects" / new.key / "w.bin").read_bytes() == v2
 
 
-async def test_update_rolls_holder_to_new_version(origin, tmp_path):
+async def test_update_rolls_holder_to_new_version(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     org.put("w.bin", Blob(data=b"a" * 1000))
     async with manager_for(tmp_path) as m:
@@ -112,7 +126,7 @@ async def test_update_rolls_holder_to_new_version(origin, tmp_path):
         assert recs[old.key].refs == frozenset()
 
 
-async def test_change_during_download_aborts(origin, tmp_path):
+async def test_change_during_download_aborts(origin: tuple[Origin, str], tmp_path: Path) -> None:
     org, url = origin
     org.put("w.bin", Blob(data=os.urandom(MB)))
     async with manager_for(tmp_path) as m:
@@ -124,7 +138,7 @@ async def test_change_during_download_aborts(origin, tmp_path):
     assert not any((tmp_path / "objects").iterdir())
 
 
-async def test_interrupted_download_resumes(origin, tmp_path):
+async def test_interrupted_download_resumes(origin: tuple[Origin, str], tmp_path: Path) -> None:
     org, url = origin
     data = os.urandom(2 * MB)
     blob = org.put("w.bin", Blob(data=data))
@@ -144,7 +158,9 @@ async def test_interrupted_download_resumes(origin, tmp_path):
     assert org.bytes_served - served_before < blob.size  # only the missing chunks
 
 
-async def test_capacity_refusal_before_any_download(origin, tmp_path):
+async def test_capacity_refusal_before_any_download(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     org.put("big.bin", Blob(data=os.urandom(MB)))
     async with manager_for(tmp_path, budget=MB // 2) as m:
@@ -153,7 +169,9 @@ async def test_capacity_refusal_before_any_download(origin, tmp_path):
     assert not [r for r in org.requests if r.startswith("GET")]
 
 
-async def test_lru_eviction_makes_room_but_spares_pinned(origin, tmp_path):
+async def test_lru_eviction_makes_room_but_spares_pinned(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     for name in ("a", "b", "c", "d"):
         org.put(name, Blob(data=os.urandom(400_000)))
@@ -171,7 +189,9 @@ async def test_lru_eviction_makes_room_but_spares_pinned(origin, tmp_path):
         assert m.metrics.evictions._value.get() >= 1
 
 
-async def test_concurrent_prefetch_of_one_key_downloads_once(origin, tmp_path):
+async def test_concurrent_prefetch_of_one_key_downloads_once(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     data = os.urandom(MB)
     org.put("w.bin", Blob(data=data))
@@ -187,7 +207,7 @@ async def test_concurrent_prefetch_of_one_key_downloads_once(origin, tmp_path):
         assert m.records()[0].refs == {"x", "y"}
 
 
-def _disk(root, size_bytes: int):
+def _disk(root: Path, size_bytes: int) -> Callable[[], int]:
     """Free space of a ``size_bytes`` disk that holds only what is allocated under ``root``."""
 
     def free() -> int:
@@ -197,7 +217,9 @@ def _disk(root, size_bytes: int):
     return free
 
 
-async def test_retry_after_transient_failure_counts_its_own_staged_bytes_once(origin, tmp_path):
+async def test_retry_after_transient_failure_counts_its_own_staged_bytes_once(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     """The staged (pre-allocated) part of a failed download is reused by its retry, so it
     must not also be taken off the free space the retry is admitted against."""
     org, url = origin
@@ -212,7 +234,9 @@ async def test_retry_after_transient_failure_counts_its_own_staged_bytes_once(or
     assert (tmp_path / "objects" / rec.key / "w.bin").read_bytes() == data
 
 
-async def test_rollback_to_a_cached_version_moves_the_holder_back(origin, tmp_path):
+async def test_rollback_to_a_cached_version_moves_the_holder_back(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     """v1 -> v2 -> v1 while v1 is still on disk: the holder leaves v2 (else v2 is never
     evictable), although v1 needed no download."""
     org, url = origin
@@ -230,7 +254,9 @@ async def test_rollback_to_a_cached_version_moves_the_holder_back(origin, tmp_pa
         assert m.gc(evict_all_unreferenced=True).evict == (v2.key,)
 
 
-async def test_a_cancelled_download_holds_no_reservation_and_recovers_as_pending(origin, tmp_path):
+async def test_a_cancelled_download_holds_no_reservation_and_recovers_as_pending(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     org.put("w.bin", Blob(data=os.urandom(2 * MB)))
     org.set_throttle(2 * MB)
@@ -243,14 +269,18 @@ async def test_a_cancelled_download_holds_no_reservation_and_recovers_as_pending
             await task
         (rec,) = m.records()
         assert rec.state == ArtifactState.FAILED  # not in progress: its space is not reserved
-        assert m.status_of(rec.key).state == ArtifactState.FAILED
+        status = m.status_of(rec.key)
+        assert status is not None
+        assert status.state == ArtifactState.FAILED
     async with manager_for(tmp_path) as m:  # a restart: an interrupted download is pending
         m.recover()
         (rec,) = m.records()
         assert (rec.state, rec.reason) == (ArtifactState.PENDING, "")
 
 
-async def test_gc_keeps_a_held_partial_download_for_its_resume(origin, tmp_path):
+async def test_gc_keeps_a_held_partial_download_for_its_resume(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     """A transient failure leaves staged chunks; while the artifact is still held (the agent's
     ``config:``/``fleet:`` holder) GC, even ``gc --all``, keeps them and the next prefetch
     resumes; once nobody holds it, GC drops the record and its staged data."""
@@ -266,7 +296,7 @@ async def test_gc_keeps_a_held_partial_download_for_its_resume(origin, tmp_path)
         m.gc()  # the node agent's reconcile
         m.gc(evict_all_unreferenced=True)  # a fleet tick
         (kept,) = m.records()
-        assert (kept.state, kept.refs) == (ArtifactState.FAILED, {"config:w"})
+        assert (kept.state, kept.refs) == (ArtifactState.FAILED, frozenset({"config:w"}))
         assert m.store.staged_bytes(rec.key) == staged
         served = org.bytes_served
         again = await m.prefetch(f"{url}/files/w.bin", name="w", holder="config:w")

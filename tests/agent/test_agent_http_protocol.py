@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 from aiohttp import web
@@ -17,6 +18,13 @@ from warmfleet.agent.sources.http import retry_after_s
 from warmfleet.agent.testing.origin import ServerThread
 
 Handler = Callable[[web.Request, bytes], web.Response]
+
+
+class _Current(TypedDict):
+    """What the flaky origin serves now, and from which offset it fails."""
+
+    data: bytes
+    fail_from: int
 
 
 def _serve(data: bytes, on_range: Handler, head_status: int) -> ServerThread:
@@ -69,7 +77,9 @@ async def _refused_and_nothing_published(
     assert not any((tmp_path / "objects").iterdir())
 
 
-async def test_a_206_for_other_bytes_than_asked_is_refused(served, tmp_path):
+async def test_a_206_for_other_bytes_than_asked_is_refused(
+    served: Callable[..., str], tmp_path: Path
+) -> None:
     def from_the_start(request: web.Request, data: bytes) -> web.Response:
         start, end = _range(request)  # answers every range with the file's first bytes
         size = end - start
@@ -80,7 +90,9 @@ async def test_a_206_for_other_bytes_than_asked_is_refused(served, tmp_path):
     await _refused_and_nothing_published(tmp_path, url, SourceError, "asked for bytes")
 
 
-async def test_a_416_after_the_object_shrank_is_a_source_change(served, tmp_path):
+async def test_a_416_after_the_object_shrank_is_a_source_change(
+    served: Callable[..., str], tmp_path: Path
+) -> None:
     def shrunk(request: web.Request, data: bytes) -> web.Response:
         start, end = _range(request)
         if end > len(data) // 2:
@@ -93,7 +105,7 @@ async def test_a_416_after_the_object_shrank_is_a_source_change(served, tmp_path
     await _refused_and_nothing_published(tmp_path, url, SourceChangedError, "range not satisfiable")
 
 
-async def test_429_waits_at_least_retry_after(served, tmp_path):
+async def test_429_waits_at_least_retry_after(served: Callable[..., str], tmp_path: Path) -> None:
     seen_s: list[float] = []
 
     def throttled(request: web.Request, data: bytes) -> web.Response:
@@ -118,7 +130,9 @@ def _honest(request: web.Request, data: bytes) -> web.Response:
     return web.Response(status=206, body=data[start:end], headers=headers)
 
 
-async def test_presigned_url_that_refuses_head_is_resolved_with_a_ranged_get(served, tmp_path):
+async def test_presigned_url_that_refuses_head_is_resolved_with_a_ranged_get(
+    served: Callable[..., str], tmp_path: Path
+) -> None:
     data = os.urandom(600_000)
     url = served(data, _honest, head_status=403)  # signed for GET only, as S3 presigned URLs
     async with manager_for(tmp_path) as m:
@@ -127,18 +141,20 @@ async def test_presigned_url_that_refuses_head_is_resolved_with_a_ranged_get(ser
         assert m.store.read_marker(rec.key)["manifest"]["files"][0]["etag"] == '"v1"'
 
 
-def test_retry_after_parses_seconds_and_dates():
+def test_retry_after_parses_seconds_and_dates() -> None:
     assert retry_after_s({"Retry-After": "7"}) == 7.0
     assert retry_after_s({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0  # past
     assert retry_after_s({"Retry-After": "soon"}) is None
     assert retry_after_s({}) is None
 
 
-async def test_no_validator_means_no_splicing_of_an_earlier_attempt(served, tmp_path):
+async def test_no_validator_means_no_splicing_of_an_earlier_attempt(
+    served: Callable[..., str], tmp_path: Path
+) -> None:
     """Without ETag, Last-Modified or digest a changed object keeps its key: the staged chunks
     of the failed attempt may be of the old version and must not be reused."""
     size = 600_000
-    current = {"data": os.urandom(size), "fail_from": 262_144}
+    current: _Current = {"data": os.urandom(size), "fail_from": 262_144}
 
     def flaky(request: web.Request, _: bytes) -> web.Response:
         start, end = _range(request)
@@ -151,6 +167,6 @@ async def test_no_validator_means_no_splicing_of_an_earlier_attempt(served, tmp_
     async with manager_for(tmp_path, concurrency=1, max_attempts=1) as m:
         with pytest.raises(TransientSourceError):
             await m.prefetch(url)  # the first chunk is staged, then 503s
-        current.update(data=os.urandom(size), fail_from=size)  # replaced, same size
+        current.update({"data": os.urandom(size), "fail_from": size})  # replaced, same size
         rec = await m.prefetch(url)
         assert (tmp_path / "objects" / rec.key / "f.bin").read_bytes() == current["data"]

@@ -73,10 +73,14 @@ async def test_agent_serves_its_nodes_assignments(
         async def status() -> dict[str, Any]:
             async with http.get(node_url) as resp:
                 node = await resp.json()
-            return json.loads(node["metadata"]["annotations"].get(ANN_CACHE_STATUS, "{}"))
+            report: dict[str, Any] = json.loads(
+                node["metadata"]["annotations"].get(ANN_CACHE_STATUS, "{}")
+            )
+            return report
 
         async def ready() -> bool:
-            return (await status()).get("llama-w-1", {}).get("state") == "ready"
+            state: str | None = (await status()).get("llama-w-1", {}).get("state")
+            return state == "ready"
 
         run = asyncio.create_task(agent.run())
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 from cache_support import manager_for
@@ -12,7 +13,7 @@ from warmfleet.agent.sources.base import SourceChangedError, SourceError
 from warmfleet.cache.config import SourcesSpec
 
 
-async def test_local_dir_copy_in_chunks_is_verified(tmp_path):
+async def test_local_dir_copy_in_chunks_is_verified(tmp_path: Path) -> None:
     src = tmp_path / "model"
     (src / "shards").mkdir(parents=True)
     files = {"shards/a.safetensors": os.urandom(700_000), "config.json": b"{}", "empty": b""}
@@ -28,7 +29,7 @@ async def test_local_dir_copy_in_chunks_is_verified(tmp_path):
             assert (tmp_path / "cache" / "objects" / rec.key / rel).read_bytes() == data
 
 
-async def test_local_file_changed_after_resolve_is_refused(tmp_path):
+async def test_local_file_changed_after_resolve_is_refused(tmp_path: Path) -> None:
     src = tmp_path / "w.bin"
     src.write_bytes(os.urandom(100_000))
     async with manager_for(tmp_path / "cache") as m:
@@ -42,7 +43,7 @@ async def test_local_file_changed_after_resolve_is_refused(tmp_path):
         assert again.key != manifest.key()
 
 
-async def test_linked_shard_directory_is_part_of_the_model(tmp_path):
+async def test_linked_shard_directory_is_part_of_the_model(tmp_path: Path) -> None:
     """A link out of the source tree is followed only into a configured symlink root."""
     shared = tmp_path / "shared" / "shards"
     shared.mkdir(parents=True)
@@ -63,7 +64,7 @@ async def test_linked_shard_directory_is_part_of_the_model(tmp_path):
         assert (published / "config.json").read_bytes() == b"{}"
 
 
-async def test_directory_link_loop_is_refused(tmp_path):
+async def test_directory_link_loop_is_refused(tmp_path: Path) -> None:
     src = tmp_path / "model"
     (src / "sub").mkdir(parents=True)
     (src / "sub" / "w.bin").write_bytes(b"w")
@@ -73,7 +74,7 @@ async def test_directory_link_loop_is_refused(tmp_path):
             await m.prefetch(str(src))
 
 
-async def test_link_out_of_the_source_tree_is_refused(tmp_path):
+async def test_link_out_of_the_source_tree_is_refused(tmp_path: Path) -> None:
     secret = tmp_path / "secret.key"
     secret.write_bytes(b"private key")
     secret.chmod(0o600)
@@ -88,7 +89,7 @@ async def test_link_out_of_the_source_tree_is_refused(tmp_path):
     assert not list((tmp_path / "cache").rglob("tokenizer.json"))  # nothing copied
 
 
-async def test_links_inside_the_source_tree_are_followed(tmp_path):
+async def test_links_inside_the_source_tree_are_followed(tmp_path: Path) -> None:
     src = tmp_path / "model"
     (src / "blobs").mkdir(parents=True)
     data = os.urandom(50_000)
@@ -102,7 +103,7 @@ async def test_links_inside_the_source_tree_are_followed(tmp_path):
     assert (published / "more" / "abc").read_bytes() == data
 
 
-async def test_published_files_are_never_wider_than_their_source(tmp_path):
+async def test_published_files_are_never_wider_than_their_source(tmp_path: Path) -> None:
     src = tmp_path / "model"
     src.mkdir()
     modes = {"private.bin": 0o600, "group.bin": 0o640, "exec.sh": 0o755, "ro.bin": 0o444}
@@ -118,7 +119,7 @@ async def test_published_files_are_never_wider_than_their_source(tmp_path):
     assert got == {"private.bin": 0o600, "group.bin": 0o640, "exec.sh": 0o644, "ro.bin": 0o444}
 
 
-async def test_a_changed_mode_is_a_new_version(tmp_path):
+async def test_a_changed_mode_is_a_new_version(tmp_path: Path) -> None:
     src = tmp_path / "w.bin"
     src.write_bytes(os.urandom(10_000))
     src.chmod(0o644)

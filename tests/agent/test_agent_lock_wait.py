@@ -5,19 +5,22 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import pytest
 from cache_support import manager_for
 
 from warmfleet.agent.manager import DownloadLockTimeoutError
-from warmfleet.agent.testing.origin import Blob
+from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.state import ArtifactState
 from warmfleet.core.errors import WarmfleetError
 
 MB = 1 << 20
 
 
-async def test_waiting_for_a_hung_lock_holder_is_bounded(origin, tmp_path):
+async def test_waiting_for_a_hung_lock_holder_is_bounded(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     org.put("w.bin", Blob(data=os.urandom(MB // 4)))
     async with manager_for(tmp_path, lock_wait_timeout_s=0.5) as m:
@@ -33,7 +36,9 @@ async def test_waiting_for_a_hung_lock_holder_is_bounded(origin, tmp_path):
         assert rec.state == ArtifactState.READY
 
 
-async def test_a_pin_survives_re_admission_after_the_wait(origin, tmp_path):
+async def test_a_pin_survives_re_admission_after_the_wait(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     """The holder failed and its record was dropped (its partial data reclaimed for space)
     while we waited: the re-admission keeps the pin we asked for."""
     org, url = origin

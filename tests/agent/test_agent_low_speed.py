@@ -9,6 +9,9 @@ import asyncio
 import hashlib
 import os
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypedDict
 
 import pytest
 from aiohttp import web
@@ -16,13 +19,22 @@ from cache_support import manager_for
 
 from warmfleet.agent.manager import IN_PROGRESS
 from warmfleet.agent.sources.base import TooSlowError
-from warmfleet.agent.testing.origin import Blob, ServerThread
+from warmfleet.agent.testing.origin import Blob, Origin, ServerThread
 from warmfleet.cache.state import ArtifactState
 
-GUARD = {"min_download_rate_bytes_per_s": 2000, "low_speed_time_s": 0.4, "max_attempts": 2}
+
+class _Guard(TypedDict):
+    """The slow-origin guard's download settings (keyword arguments of ``manager_for``)."""
+
+    min_download_rate_bytes_per_s: int
+    low_speed_time_s: float
+    max_attempts: int
 
 
-def _trickle_app(data: bytes, interval_s: float):
+GUARD: _Guard = {"min_download_rate_bytes_per_s": 2000, "low_speed_time_s": 0.4, "max_attempts": 2}
+
+
+def _trickle_app(data: bytes, interval_s: float) -> Callable[[], web.Application]:
     """HEAD answers at once; a GET sends one byte every ``interval_s``."""
     etag = f'"{hashlib.sha256(data).hexdigest()[:16]}"'
 
@@ -54,7 +66,7 @@ def _trickle_app(data: bytes, interval_s: float):
     return app
 
 
-async def test_trickling_origin_fails_with_a_clear_reason(tmp_path):
+async def test_trickling_origin_fails_with_a_clear_reason(tmp_path: Path) -> None:
     with ServerThread(_trickle_app(os.urandom(100_000), 0.02)) as server:
         async with manager_for(tmp_path, **GUARD) as m:
             started = time.monotonic()
@@ -67,7 +79,9 @@ async def test_trickling_origin_fails_with_a_clear_reason(tmp_path):
     assert "gave up after 2 attempts" in rec.reason
 
 
-async def test_stalled_origin_fails_without_waiting_for_a_byte(origin, tmp_path):
+async def test_stalled_origin_fails_without_waiting_for_a_byte(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     org.put("w.bin", Blob(data=os.urandom(300_000)))
     org.set_throttle(50)  # its first block would come after minutes
@@ -77,12 +91,14 @@ async def test_stalled_origin_fails_without_waiting_for_a_byte(origin, tmp_path)
         assert not [r for r in m.records() if r.state in IN_PROGRESS]
 
 
-async def test_own_bandwidth_limit_is_not_a_slow_origin(origin, tmp_path):
+async def test_own_bandwidth_limit_is_not_a_slow_origin(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     data = os.urandom(600_000)
     org.put("w.bin", Blob(data=data))
     # 4 streams share 400 kB/s here (100 kB/s each), far under the 1 MB/s minimum per stream
-    guard = {**GUARD, "min_download_rate_bytes_per_s": 1_000_000, "low_speed_time_s": 0.3}
+    guard: _Guard = {**GUARD, "min_download_rate_bytes_per_s": 1_000_000, "low_speed_time_s": 0.3}
     async with manager_for(
         tmp_path, chunk=64 * 1024, bandwidth_limit=400_000, concurrency=4, **guard
     ) as m:

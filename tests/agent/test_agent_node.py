@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 from cache_support import agent_config, wait_for
 
 from warmfleet.agent.node_agent import NodeAgent
-from warmfleet.agent.testing.origin import Blob
+from warmfleet.agent.testing.origin import Blob, Origin
+from warmfleet.cache.config import NodeCacheConfig
 
 
-def _config(root, url, interval_s=0.1):
+def _config(root: Path, url: str, interval_s: float = 0.1) -> NodeCacheConfig:
     return agent_config(
         root,
         f"""  reconcile_interval_s: {interval_s}
@@ -22,7 +25,9 @@ def _config(root, url, interval_s=0.1):
     )
 
 
-async def test_agent_serves_status_and_rolls_over(origin, tmp_path):
+async def test_agent_serves_status_and_rolls_over(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     v1, v2 = os.urandom(400_000), os.urandom(400_000)
     org.put("w.bin", Blob(data=v1, mtime_s=1))
@@ -31,20 +36,18 @@ async def test_agent_serves_status_and_rolls_over(origin, tmp_path):
     run = asyncio.create_task(agent.run())
     async with aiohttp.ClientSession() as http:
 
-        async def status():
+        async def status() -> dict[str, Any]:
             if agent.port == 0:
                 return {"artifacts": []}
             async with http.get(f"http://127.0.0.1:{agent.port}/v1/status") as resp:
-                return await resp.json()
+                doc: dict[str, Any] = await resp.json()
+                return doc
 
-        async def ready(name, n=1):
-            return (
-                sum(
-                    a["name"] == name and a["state"] == "ready"
-                    for a in (await status())["artifacts"]
-                )
-                >= n
+        async def ready(name: str, n: int = 1) -> bool:
+            count: int = sum(
+                a["name"] == name and a["state"] == "ready" for a in (await status())["artifacts"]
             )
+            return count >= n
 
         await wait_for(lambda: ready("weights"))
         doc = await status()
@@ -79,7 +82,9 @@ async def test_agent_serves_status_and_rolls_over(origin, tmp_path):
     await asyncio.wait_for(run, 10)
 
 
-async def test_agent_reverifies_at_start_and_refetches_damaged(origin, tmp_path):
+async def test_agent_reverifies_at_start_and_refetches_damaged(
+    origin: tuple[Origin, str], tmp_path: Path
+) -> None:
     org, url = origin
     data = os.urandom(300_000)
     org.put("w.bin", Blob(data=data))
@@ -99,12 +104,12 @@ async def test_agent_reverifies_at_start_and_refetches_damaged(origin, tmp_path)
     await asyncio.wait_for(run, 10)
 
 
-async def _has_object(root) -> bool:
+async def _has_object(root: Path) -> bool:
     objects = root / "objects"
     return objects.exists() and any(objects.iterdir())
 
 
-async def _file_is(path, data) -> bool:
+async def _file_is(path: Path, data: bytes) -> bool:
     try:
         return path.read_bytes() == data
     except OSError:

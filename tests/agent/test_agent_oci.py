@@ -16,7 +16,7 @@ from warmfleet.core.errors import IntegrityError
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     binary = ensure_registry_installed()
     if binary is None:
         pytest.skip(
@@ -33,7 +33,7 @@ def _layout_ok(root: Path) -> None:
         assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
 
 
-async def test_prepull_single_manifest_image(registry, tmp_path):
+async def test_prepull_single_manifest_image(registry: tuple[str, Path], tmp_path: Path) -> None:
     addr, _ = registry
     image = push_image(
         addr,
@@ -56,7 +56,9 @@ async def test_prepull_single_manifest_image(registry, tmp_path):
         assert rec.key not in m.gc(evict_all_unreferenced=True).evict
 
 
-async def test_prepull_follows_image_index_to_platform(registry, tmp_path):
+async def test_prepull_follows_image_index_to_platform(
+    registry: tuple[str, Path], tmp_path: Path
+) -> None:
     addr, _ = registry
     image = push_image(
         addr,
@@ -73,7 +75,9 @@ async def test_prepull_follows_image_index_to_platform(registry, tmp_path):
         _layout_ok(tmp_path / "objects" / rec.key)
 
 
-async def test_corrupt_blob_in_registry_is_detected(registry, tmp_path):
+async def test_corrupt_blob_in_registry_is_detected(
+    registry: tuple[str, Path], tmp_path: Path
+) -> None:
     addr, data_dir = registry
     layer = os.urandom(100_000)
     image = push_image(addr, repo="demo/rot", tag="v1", layers=[{"f": layer}])

@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -115,7 +116,9 @@ def token_registry() -> Iterator[tuple[TokenRegistry, str]]:
         yield reg, f"127.0.0.1:{server.port}"
 
 
-async def test_two_repositories_of_one_registry_each_get_their_own_token(token_registry, tmp_path):
+async def test_two_repositories_of_one_registry_each_get_their_own_token(
+    token_registry: tuple[TokenRegistry, str], tmp_path: Path
+) -> None:
     reg, addr = token_registry
     first = reg.push("team/a", "v1", 10_000)
     second = reg.push("team/b", "v1", 10_000)
@@ -126,7 +129,9 @@ async def test_two_repositories_of_one_registry_each_get_their_own_token(token_r
         assert rec_b.state == ArtifactState.READY
 
 
-async def test_token_expiring_mid_download_is_renewed(token_registry, tmp_path):
+async def test_token_expiring_mid_download_is_renewed(
+    token_registry: tuple[TokenRegistry, str], tmp_path: Path
+) -> None:
     reg, addr = token_registry
     reg.token_uses = 3  # the manifest and two chunks, then the token is dead
     digest = reg.push("team/big", "v1", 1_000_000)
@@ -134,11 +139,15 @@ async def test_token_expiring_mid_download_is_renewed(token_registry, tmp_path):
         rec = await m.prefetch(f"oci://{addr}/team/big:v1")
         assert rec.extra["digest"] == digest
         assert rec.state == ArtifactState.READY
-        assert m.status_of(rec.key).retries == 0  # renewed in place, not a failed attempt
+        status = m.status_of(rec.key)
+        assert status is not None
+        assert status.retries == 0  # renewed in place, not a failed attempt
     assert reg.issued > 2
 
 
-async def test_index_entry_that_names_a_tag_not_a_digest_is_refused(token_registry, tmp_path):
+async def test_index_entry_that_names_a_tag_not_a_digest_is_refused(
+    token_registry: tuple[TokenRegistry, str], tmp_path: Path
+) -> None:
     reg, addr = token_registry
     reg.push("team/app", "unpinned", 10_000)
     body = reg.manifests[("team/app", "unpinned")]
@@ -151,7 +160,9 @@ async def test_index_entry_that_names_a_tag_not_a_digest_is_refused(token_regist
     assert not any((tmp_path / "objects").iterdir())
 
 
-async def test_index_pointing_at_another_index_is_refused(token_registry, tmp_path):
+async def test_index_pointing_at_another_index_is_refused(
+    token_registry: tuple[TokenRegistry, str], tmp_path: Path
+) -> None:
     reg, addr = token_registry
     digest = reg.push("team/app", "img", 10_000)
     reg.push_index(

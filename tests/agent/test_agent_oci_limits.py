@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -91,7 +92,9 @@ def registry() -> Iterator[tuple[Registry, str]]:
         yield reg, f"127.0.0.1:{server.port}"
 
 
-async def test_manifest_over_the_limit_is_refused_while_streaming(registry, tmp_path):
+async def test_manifest_over_the_limit_is_refused_while_streaming(
+    registry: tuple[Registry, str], tmp_path: Path
+) -> None:
     reg, addr = registry
     sources = SourcesSpec(registry_max_manifest_bytes=LIMIT_BYTES)
     async with manager_for(tmp_path, sources=sources) as m:
@@ -106,21 +109,25 @@ async def test_manifest_over_the_limit_is_refused_while_streaming(registry, tmp_
 
 
 @pytest.mark.parametrize("ref", ["deep", "deeplist"])
-async def test_deeply_nested_manifest_is_a_clear_error(registry, tmp_path, ref):
+async def test_deeply_nested_manifest_is_a_clear_error(
+    registry: tuple[Registry, str], tmp_path: Path, ref: str
+) -> None:
     _, addr = registry
     async with manager_for(tmp_path) as m:  # the default limit (4 MiB) lets it in
         with pytest.raises(DocumentTooDeepError, match="nested deeper than 32 levels"):
             await m.resolve(f"oci://{addr}/demo/app:{ref}")
 
 
-async def test_trickling_manifest_is_cut_at_the_request_timeout(registry, tmp_path):
+async def test_trickling_manifest_is_cut_at_the_request_timeout(
+    registry: tuple[Registry, str], tmp_path: Path
+) -> None:
     _, addr = registry
     async with manager_for(tmp_path, request_timeout_s=0.5) as m:
         with pytest.raises(TransientSourceError, match=r"no complete answer within 0\.5 s"):
             await asyncio.wait_for(m.resolve(f"oci://{addr}/demo/app:slow"), 10)
 
 
-def test_depth_check_counts_brackets_outside_strings_only():
+def test_depth_check_counts_brackets_outside_strings_only() -> None:
     ok = json.dumps({"a": [{"b": "[[[[{{{{" * 1000}], "c": '\\"]]'}).encode()
     check_json_depth(ok, "doc")
     nested = b"[" * 32 + b"]" * 32
@@ -131,7 +138,7 @@ def test_depth_check_counts_brackets_outside_strings_only():
         check_json_depth(b'{"a": [}', "doc")  # unbalanced
 
 
-def test_manifest_limit_is_a_typed_size():
+def test_manifest_limit_is_a_typed_size() -> None:
     assert SourcesSpec().registry_max_manifest_bytes == 4 * 2**20
     assert SourcesSpec(registry_max_manifest_bytes="1MiB").registry_max_manifest_bytes == 2**20
     with pytest.raises(ConfigError, match="registry_max_manifest_bytes"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -17,7 +19,7 @@ from warmfleet.core.errors import NotFoundError
 
 
 @pytest.fixture
-def s3(monkeypatch) -> Iterator[tuple[object, str]]:
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
     for var, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -28,6 +30,7 @@ def s3(monkeypatch) -> Iterator[tuple[object, str]]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    # boto3 builds its clients at run time and ships no types: the client is untyped
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     client.create_bucket(Bucket="models")
     try:
@@ -36,7 +39,9 @@ def s3(monkeypatch) -> Iterator[tuple[object, str]]:
         server.stop()
 
 
-async def test_s3_prefix_prefetch_verifies_md5_and_checksums(s3, tmp_path):
+async def test_s3_prefix_prefetch_verifies_md5_and_checksums(
+    s3: tuple[Any, str], tmp_path: Path
+) -> None:
     client, endpoint = s3
     weights, cfg = os.urandom(600_000), b'{"a": 1}'
     client.put_object(Bucket="models", Key="llm/model.bin", Body=weights)
@@ -58,7 +63,9 @@ async def test_s3_prefix_prefetch_verifies_md5_and_checksums(s3, tmp_path):
             await m.prefetch("s3://models/nothing-here")
 
 
-async def test_s3_multipart_object_gets_sha256_recorded(s3, tmp_path):
+async def test_s3_multipart_object_gets_sha256_recorded(
+    s3: tuple[Any, str], tmp_path: Path
+) -> None:
     client, endpoint = s3
     part1, part2 = os.urandom(5 * 1024 * 1024), os.urandom(1000)
     up = client.create_multipart_upload(Bucket="models", Key="mp.bin")
@@ -83,7 +90,9 @@ async def test_s3_multipart_object_gets_sha256_recorded(s3, tmp_path):
         assert entry["digests"]["mp.bin"]["sha256"] == hashlib.sha256(part1 + part2).hexdigest()
 
 
-async def test_s3_object_replaced_in_place_is_a_new_version(s3, tmp_path):
+async def test_s3_object_replaced_in_place_is_a_new_version(
+    s3: tuple[Any, str], tmp_path: Path
+) -> None:
     client, endpoint = s3
     client.put_bucket_versioning(Bucket="models", VersioningConfiguration={"Status": "Enabled"})
     v1, v2 = os.urandom(300_000), os.urandom(300_000)

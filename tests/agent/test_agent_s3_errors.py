@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -55,7 +56,7 @@ class S3Origin:
 
 
 @pytest.fixture
-def s3_origin(monkeypatch) -> Iterator[tuple[S3Origin, str]]:
+def s3_origin(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[S3Origin, str]]:
     for var, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}.items():
         monkeypatch.setenv(var, value)
     origin = S3Origin(os.urandom(600_000))
@@ -63,7 +64,9 @@ def s3_origin(monkeypatch) -> Iterator[tuple[S3Origin, str]]:
         yield origin, server.url
 
 
-async def test_access_denied_on_get_is_not_retried(s3_origin, tmp_path):
+async def test_access_denied_on_get_is_not_retried(
+    s3_origin: tuple[S3Origin, str], tmp_path: Path
+) -> None:
     origin, endpoint = s3_origin
     sources = SourcesSpec(s3_endpoint_url=endpoint)
     async with manager_for(tmp_path, sources=sources, concurrency=1, max_attempts=5) as m:
@@ -73,7 +76,7 @@ async def test_access_denied_on_get_is_not_retried(s3_origin, tmp_path):
     assert origin.requests.count("GET") == 1
 
 
-async def test_5xx_on_head_is_transient(s3_origin, tmp_path):
+async def test_5xx_on_head_is_transient(s3_origin: tuple[S3Origin, str], tmp_path: Path) -> None:
     origin, endpoint = s3_origin
     origin.head_status = 503
     async with manager_for(tmp_path, sources=SourcesSpec(s3_endpoint_url=endpoint)) as m:
@@ -81,7 +84,9 @@ async def test_5xx_on_head_is_transient(s3_origin, tmp_path):
             await m.resolve("s3://models/w.bin")
 
 
-async def test_sse_kms_etag_is_not_taken_for_an_md5(s3_origin, tmp_path):
+async def test_sse_kms_etag_is_not_taken_for_an_md5(
+    s3_origin: tuple[S3Origin, str], tmp_path: Path
+) -> None:
     origin, endpoint = s3_origin
     origin.get_status = None
     origin.headers["x-amz-server-side-encryption"] = "aws:kms"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -15,12 +16,18 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_descriptors_stay_bounded_and_writes_are_synced(tmp_path, monkeypatch):
+def test_descriptors_stay_bounded_and_writes_are_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     files = StagedFiles(tmp_path, max_open=3)
     before = _open_fds()
     for i in range(50):
         files.create(f"d/f{i}", 10, mode=0o600, preallocate=False)
-        files.run(f"d/f{i}", lambda fd, i=i: os.pwrite(fd, b"%02d" % i, 0), write=True)
+
+        def write_index(fd: int, i: int = i) -> int:
+            return os.pwrite(fd, b"%02d" % i, 0)
+
+        files.run(f"d/f{i}", write_index, write=True)
         assert files.open_count <= 3
         assert _open_fds() - before <= 3
     synced: list[int] = []
@@ -41,7 +48,7 @@ def test_descriptors_stay_bounded_and_writes_are_synced(tmp_path, monkeypatch):
     assert (tmp_path / "d" / "f7").read_bytes()[:2] == b"07"
 
 
-def test_a_descriptor_in_use_is_never_closed_under_its_user(tmp_path):
+def test_a_descriptor_in_use_is_never_closed_under_its_user(tmp_path: Path) -> None:
     files = StagedFiles(tmp_path, max_open=1)
     files.create("a", 4, mode=0o600, preallocate=False)
     inside, release = threading.Event(), threading.Event()
@@ -62,7 +69,7 @@ def test_a_descriptor_in_use_is_never_closed_under_its_user(tmp_path):
         files.run("a", lambda fd: fd, write=False)
 
 
-def test_modes_are_never_wider_than_the_source():
+def test_modes_are_never_wider_than_the_source() -> None:
     assert [published_mode(m) for m in (0o600, 0o640, 0o755, 0o444, 0o000, None)] == [
         0o600,
         0o640,
