@@ -16,7 +16,7 @@ import pytest
 from warmfleet.bench import live_fleet
 from warmfleet.bench.live_demo import DemoConfig, run_live_demo
 from warmfleet.bench.live_fleet import routing_for, start_fleet, start_gateway
-from warmfleet.bench.live_procs import ProcessError, ProcessSet
+from warmfleet.bench.live_procs import ProcessError, ProcessSet, free_port
 from warmfleet.sim.runner import run_comparison
 from warmfleet.sim.scenario import builtin_scenario
 
@@ -84,7 +84,8 @@ async def test_fleet_and_gateway_start_again_when_their_port_was_taken(
         squatter.listen()
         taken = squatter.getsockname()[1]
         firsts = {"fleet": [taken], "gateway": [taken]}
-        pick_base, pick_port = live_fleet.consecutive_free_ports, live_fleet.free_port
+        # live_fleet calls the free_port it imports from live_procs (the same function)
+        pick_base, pick_port = live_fleet.consecutive_free_ports, free_port
         monkeypatch.setattr(
             live_fleet,
             "consecutive_free_ports",

@@ -91,7 +91,12 @@ def check_reclaim_order(recs: list[ArtifactRecord], plan: EvictionPlan) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(with_staged(), policies(), st.integers(1, 1500), st.integers(0, 4000))
-def test_admission_never_exceeds_budget_nor_touches_protected(recs_staged, policy, size, free):
+def test_admission_never_exceeds_budget_nor_touches_protected(
+    recs_staged: tuple[list[ArtifactRecord], dict[str, int]],
+    policy: CapacityPolicy,
+    size: int,
+    free: int,
+) -> None:
     recs, staged = recs_staged
     used = occupied_bytes(recs) + sum(staged.values())
     admit = functools.partial(plan_admission, key="new", name="new", size_bytes=size, policy=policy)
@@ -127,7 +132,12 @@ def test_admission_never_exceeds_budget_nor_touches_protected(recs_staged, polic
 
 @settings(max_examples=150, deadline=None)
 @given(with_staged(), policies(), st.integers(0, 4000), st.booleans())
-def test_gc_is_idempotent_and_protects(recs_staged, policy, free, evict_all):
+def test_gc_is_idempotent_and_protects(
+    recs_staged: tuple[list[ArtifactRecord], dict[str, int]],
+    policy: CapacityPolicy,
+    free: int,
+    evict_all: bool,
+) -> None:
     recs, staged = recs_staged
     plan = plan_gc(
         recs,
@@ -152,7 +162,7 @@ def test_gc_is_idempotent_and_protects(recs_staged, policy, free, evict_all):
     assert again.empty
 
 
-def test_gc_keeps_a_wanted_partial_download_while_there_is_room():
+def test_gc_keeps_a_wanted_partial_download_while_there_is_room() -> None:
     """A failed download still held (or pinned) keeps its staged data through GC, even
     ``gc --all``; one nobody wants is dropped; when space is needed, unwanted ready data goes
     first and the partial data last."""
@@ -194,7 +204,7 @@ def test_gc_keeps_a_wanted_partial_download_while_there_is_room():
     assert (plan.evict, plan.discard) == (("r",), ("p",))
 
 
-def test_refusal_names_the_shortfall():
+def test_refusal_names_the_shortfall() -> None:
     policy = CapacityPolicy(budget_bytes=1000, reserve_bytes=0, high_watermark_frac=1.0)
     recs = [ArtifactRecord("a", "a", "u", 700, ArtifactState.READY, pinned=True)]
     with pytest.raises(InsufficientCapacityError, match="short by 200 bytes") as info:
@@ -204,7 +214,7 @@ def test_refusal_names_the_shortfall():
     assert info.value.available_bytes == 300
 
 
-def test_update_needs_room_for_old_and_new():
+def test_update_needs_room_for_old_and_new() -> None:
     policy = CapacityPolicy(budget_bytes=1000, high_watermark_frac=1.0, low_watermark_frac=1.0)
     old = ArtifactRecord("v1", "m", "u", 600, ArtifactState.READY, refs=frozenset({"dep"}))
     with pytest.raises(InsufficientCapacityError):
@@ -218,7 +228,7 @@ def test_update_needs_room_for_old_and_new():
     assert plan.evict == ("v1",)
 
 
-def test_watermark_hysteresis_frees_down_to_low():
+def test_watermark_hysteresis_frees_down_to_low() -> None:
     policy = CapacityPolicy(budget_bytes=1000, high_watermark_frac=0.9, low_watermark_frac=0.5)
     recs = [
         ArtifactRecord(f"k{i}", "m", "u", 200, ArtifactState.READY, last_used_s=float(i))
@@ -231,7 +241,7 @@ def test_watermark_hysteresis_frees_down_to_low():
     assert plan.used_after_bytes == 400
 
 
-def test_index_refuses_protected_eviction():
+def test_index_refuses_protected_eviction() -> None:
     idx = CacheIndex([ArtifactRecord("a", "a", "u", 1, ArtifactState.READY, pinned=True)])
     with pytest.raises(EvictionRefusedError):
         idx.check_evictions(EvictionPlan(("a",), 1, 0))

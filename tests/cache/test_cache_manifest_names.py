@@ -32,7 +32,7 @@ def _manifest(*paths: str, mode: int | None = None) -> Manifest:
         "\udcff",  # not UTF-8 (a surrogate from a non-UTF-8 file name)
     ],
 )
-def test_unusable_names_are_refused(path):
+def test_unusable_names_are_refused(path: str) -> None:
     with pytest.raises(ManifestError):
         _manifest(path)
 
@@ -41,17 +41,17 @@ def test_unusable_names_are_refused(path):
     "paths",
     [("a", "a/b"), ("a/b/c", "a/b"), ("x/y", "x/y/z/w", "q")],
 )
-def test_a_name_that_is_both_file_and_directory_is_refused(paths):
+def test_a_name_that_is_both_file_and_directory_is_refused(paths: tuple[str, ...]) -> None:
     with pytest.raises(ManifestError, match="both a file and a directory"):
         _manifest(*paths)
 
 
-def test_usable_names_pass():
+def test_usable_names_pass() -> None:
     names = ("x" * 255, "d/" + "é" * 127, "a/b", "a/c/d", "ab", "a.b/c", ".gitattributes")
     assert len(_manifest(*names).files) == len(names)
 
 
-def test_mode_is_identity_when_known_and_checked():
+def test_mode_is_identity_when_known_and_checked() -> None:
     assert _manifest("f", mode=0o600).key() != _manifest("f", mode=0o644).key()
     assert "mode" not in FileEntry("f", 1, "l").identity()  # other sources: keys unchanged
     with pytest.raises(ManifestError, match="bad mode"):

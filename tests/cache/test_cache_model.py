@@ -21,7 +21,7 @@ def manifest(etag: str = '"a"', size: int = 10) -> Manifest:
     return Manifest(SourceKind.S3, "s3://b/w.bin", (entry,))
 
 
-def test_key_is_content_derived():
+def test_key_is_content_derived() -> None:
     assert manifest().key() == manifest().key()
     assert manifest('"b"').key() != manifest().key()  # changed in place at the same URI
     assert manifest(size=11).key() != manifest().key()
@@ -33,7 +33,7 @@ def test_key_is_content_derived():
     assert moved.key() == manifest().key()  # the locator is not identity
 
 
-def test_manifest_roundtrip_and_path_safety():
+def test_manifest_roundtrip_and_path_safety() -> None:
     m = manifest()
     assert Manifest.from_json(m.to_json()) == m
     for bad in ("../x", "/abs", "a/../../b", "a//b", ".warmfleet-complete.json", ""):
@@ -43,7 +43,7 @@ def test_manifest_roundtrip_and_path_safety():
         Manifest(SourceKind.LOCAL, "file:///x", (FileEntry("a", 1, "x"), FileEntry("a", 1, "y")))
 
 
-def test_state_machine():
+def test_state_machine() -> None:
     rec = ArtifactRecord("k", "n", "u", 1)
     rec = rec.transition(ArtifactState.DOWNLOADING).transition(ArtifactState.VERIFYING)
     with pytest.raises(StateTransitionError):
@@ -57,7 +57,7 @@ def test_state_machine():
     assert ArtifactRecord.from_json(failed.to_json()) == failed
 
 
-def test_chunks_and_resume_state():
+def test_chunks_and_resume_state() -> None:
     chunks = plan_chunks("f", 25, 10)
     assert [(c.start, c.end) for c in chunks] == [(0, 10), (10, 20), (20, 25)]
     assert plan_chunks("f", 0, 10) == []
@@ -72,7 +72,7 @@ def test_chunks_and_resume_state():
     assert not ResumeState.from_json(state.to_json(), key="key", chunk_bytes=5).done
 
 
-def test_token_bucket_rate_is_exact_on_average():
+def test_token_bucket_rate_is_exact_on_average() -> None:
     clock = ManualClock()
     bucket = TokenBucket(clock, rate_bps=1000.0, burst_bytes=100)
     waited = 0.0
@@ -84,7 +84,7 @@ def test_token_bucket_rate_is_exact_on_average():
     assert waited == pytest.approx(9.9, rel=1e-6)
 
 
-def test_rate_meter_and_eta():
+def test_rate_meter_and_eta() -> None:
     clock = ManualClock()
     meter = RateMeter(clock, total_bytes=1000)
     for _ in range(5):
@@ -94,7 +94,7 @@ def test_rate_meter_and_eta():
     assert meter.eta_s() == pytest.approx(5.0)
 
 
-def test_backoff_bounds():
+def test_backoff_bounds() -> None:
     b = Backoff(base_s=0.5, cap_s=4.0)
     rng = random.Random(1)
     for attempt in range(1, 8):
@@ -103,7 +103,7 @@ def test_backoff_bounds():
         assert ceiling / 2 <= d <= ceiling
 
 
-def test_config_parsing_and_errors():
+def test_config_parsing_and_errors() -> None:
     cfg = load_node_config(
         """
 apiVersion: warmfleet.dev/v1alpha1
@@ -139,7 +139,7 @@ spec:
         )
 
 
-def test_uri_parsing():
+def test_uri_parsing() -> None:
     assert parse_uri("/data/m").kind == SourceKind.LOCAL
     assert parse_uri("s3://bucket/pre/fix/").key == "pre/fix/"
     hf = parse_uri("hf://org/model@abc")
@@ -156,7 +156,7 @@ SIGV4 = (
 )
 
 
-def test_identity_uri_drops_what_signs_a_url_and_keeps_what_names_the_object():
+def test_identity_uri_drops_what_signs_a_url_and_keeps_what_names_the_object() -> None:
     a = SIGV4.format(date="20261130T000000Z", sig="aa11")
     b = SIGV4.format(date="20261130T060000Z", sig="bb22")
     assert identity_uri(a) == identity_uri(b) == "https://b.s3.amazonaws.com/llama/w.bin"
@@ -173,7 +173,7 @@ def test_identity_uri_drops_what_signs_a_url_and_keeps_what_names_the_object():
         assert identity_uri(other) == other
 
 
-def test_the_cache_key_of_a_presigned_url_survives_signing_it_again():
+def test_the_cache_key_of_a_presigned_url_survives_signing_it_again() -> None:
     def signed(sig: str, etag: str = '"a"') -> Manifest:
         uri = SIGV4.format(date="20261130T000000Z", sig=sig)
         return Manifest(SourceKind.HTTP, uri, (FileEntry("w.bin", 10, uri, etag=etag),))

@@ -208,8 +208,9 @@ def test_unhealthy_cache_loses_its_label_and_new_node_is_warmed() -> None:
     status_of = world.model_caches[cache]
     world.apply(actions, end)
     assert world.model_caches[cache].status != status_of.status
-    assert world.model_caches[cache].status is not None
-    assert any(p.state == "Unhealthy" for p in world.model_caches[cache].status.nodes)
+    status = world.model_caches[cache].status
+    assert status is not None
+    assert any(p.state == "Unhealthy" for p in status.nodes)
 
     world.nodes["n9"] = ObservedNode("n9", labels={"pool": "gpu"})
     actions = plan(world.desired(), world.observed(end + 1))
@@ -388,7 +389,7 @@ def test_moving_to_other_nodes_waits_for_the_weights_there() -> None:
     cache = names.model_cache_name("e", spec(selector={"zone": "b"}))
     world.put_endpoint(endpoint("e", spec(selector={"zone": "b"})))
 
-    def slow(node: str, name: str) -> str:
+    def slow(node: str, name: str) -> NodeCacheReport:
         return DOWNLOADING if node in ("n2", "n3") and name == cache else READY
 
     for step in range(3):  # n2 and n3 are still downloading: the gate holds

@@ -168,7 +168,7 @@ _TABLES = (
 
 
 def _table_rows() -> list[tuple[str, type[BaseModel], list[str]]]:
-    rows = []
+    rows: list[tuple[str, type[BaseModel], list[str]]] = []
     for marker, root in _TABLES:
         for row in tables_after(CONFIG_REFERENCE, marker):
             rows.append((f"{root.__name__}:{row[0]}", root, row))

@@ -329,7 +329,8 @@ async def test_subscriber_binds_and_relay_fans_out() -> None:
     relay = KvEventRelay(engines, replicas)
     translators = [make() for _ in range(2)]
     subs = [KvEventSubscriber(tr, replicas, bind=False) for _index, tr in translators]
-    tasks = [asyncio.create_task(s.run()) for s in [relay, *subs]]
+    servers: list[KvEventRelay | KvEventSubscriber] = [relay, *subs]
+    tasks = [asyncio.create_task(s.run()) for s in servers]
     ctx = zmq.asyncio.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)

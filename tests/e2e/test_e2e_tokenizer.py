@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e_tokenizer_helpers import write_model
@@ -22,7 +23,7 @@ def tok(tmp_path: Path) -> HfChatTokenizer:
 
 
 def test_render_like_vllm(tok: HfChatTokenizer) -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "the cache"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
     ]
@@ -44,7 +45,10 @@ def test_chat_ids_have_one_bos_and_completions_get_one(tok: HfChatTokenizer) -> 
 
 def test_tokens_key_mode_uses_the_adapter(tok: HfChatTokenizer) -> None:
     keys = KeyBuilder(KeySpec(mode="tokens", block_size=4), tok)
-    body = {"model": "m", "messages": [{"role": "user", "content": "the cache holds the prefix"}]}
+    body: dict[str, Any] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "the cache holds the prefix"}],
+    }
     key = keys.for_chat(body, None)
     ids = tok.encode_chat(body["messages"])
     assert key.prompt_tokens == len(ids)
@@ -120,7 +124,7 @@ def test_tools_reach_the_template_as_vllm_dumps_them(tmp_path: Path) -> None:
     }
     assert list(json.loads(first)["function"]) == ["name", "description", "parameters"]
     keys = KeyBuilder(KeySpec(mode="tokens", block_size=4), tok)
-    plain = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    plain: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     with_tools = {**plain, "tools": [tool]}
     assert keys.for_chat(with_tools, None).prompt_tokens == len(
         tok.encode_chat(plain["messages"], tools=[tool])

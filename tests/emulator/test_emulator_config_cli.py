@@ -98,6 +98,7 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     assert spec.instances == 2
     assert spec.kv_capacity_tokens == 8192
     assert spec.faults.error_rate == 0.1
+    assert spec.kv_events is not None
     assert spec.kv_events.endpoint == "tcp://127.0.0.1:9"
     with pytest.raises(ConfigError, match="kind"):
         parse_emulator_document({"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway"})

@@ -21,6 +21,7 @@ from emulator_support import (
     sse_events,
     words,
 )
+from openai.types.chat import ChatCompletionMessageParam
 
 from warmfleet.emulator.driver import running_driver
 from warmfleet.emulator.fleet import EmulatedFleet
@@ -308,7 +309,9 @@ async def test_accepted_n_values(fleet: EmulatedFleet, session: aiohttp.ClientSe
 
 
 async def test_openai_client_parses_n2(fleet: EmulatedFleet) -> None:
-    messages = [{"role": "user", "content": "tell me about " + words(1, 30)}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "tell me about " + words(1, 30)}
+    ]
     extra = {"ignore_eos": True}
     async with openai.AsyncOpenAI(
         base_url=fleet.urls[0] + "/v1", api_key="unused", max_retries=0, timeout=60
@@ -341,8 +344,8 @@ async def test_openai_client_parses_n2(fleet: EmulatedFleet) -> None:
     assert [c.index for c in full.choices] == [0, 1]
     assert full.usage is not None
     assert full.usage.completion_tokens == 8
-    for index, choice in enumerate(full.choices):
-        assert "".join(pieces[index]) == choice.message.content
+    for index, answer in enumerate(full.choices):
+        assert "".join(pieces[index]) == answer.message.content
         assert finishes[index] == ["length"]
     assert len(usages) == 1
     assert usages[0].completion_tokens == 8

@@ -21,6 +21,7 @@ from emulator_support import (
     scrape,
     words,
 )
+from openai.types.chat import ChatCompletionMessageParam
 
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.emulator.metrics import token_buckets
@@ -44,7 +45,9 @@ def _client(url: str) -> openai.AsyncOpenAI:
 
 
 async def test_openai_chat_stream_and_not_agree(fleet: EmulatedFleet) -> None:
-    messages = [{"role": "user", "content": "tell me about " + words(1, 30)}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "tell me about " + words(1, 30)}
+    ]
     async with _client(fleet.urls[0]) as client:
         full = await client.chat.completions.create(
             model=MODEL, messages=messages, max_tokens=7, extra_body={"ignore_eos": True}
@@ -69,14 +72,14 @@ async def test_openai_chat_stream_and_not_agree(fleet: EmulatedFleet) -> None:
                     roles.append(choice.delta.role)
                 pieces.append(choice.delta.content or "")
                 finish.append(choice.finish_reason)
-    choice = full.choices[0]
-    assert choice.finish_reason == "length"
+    answer = full.choices[0]
+    assert answer.finish_reason == "length"
     assert full.usage is not None
     assert full.usage.completion_tokens == 7
     assert full.usage.prompt_tokens == len(EmulatorTokenizer().encode_chat(messages))
-    assert choice.message.content is not None
-    assert len(choice.message.content.split()) == 7
-    assert "".join(pieces) == choice.message.content  # deterministic output text
+    assert answer.message.content is not None
+    assert len(answer.message.content.split()) == 7
+    assert "".join(pieces) == answer.message.content  # deterministic output text
     assert roles == ["assistant"]
     assert finish[-1] == "length"
     assert all(f is None for f in finish[:-1])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +17,7 @@ from warmfleet.emulator.tokenizer import (
 )
 from warmfleet.routing.keys import KeyBuilder, KeySpec
 
-_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=80)
+_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=80)
 _message = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": _text}
 )
@@ -69,7 +71,7 @@ def test_output_text_retokenizes_to_its_token_count() -> None:
 def test_block_hashes_match_the_routing_tokens_key_mode() -> None:
     """Hashes of the emulator equal the router's ``tokens`` key with the same seed and block."""
     tok = EmulatorTokenizer()
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi " * 100}]}
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi " * 100}]}
     ids = tok.encode_chat(body["messages"])
     builder = KeyBuilder(KeySpec(mode="tokens", block_size=16), tok)
     seed = builder.seed("m", None, None)

@@ -88,7 +88,7 @@ def _drive(
 @settings(max_examples=60, deadline=None)
 @given(st.lists(request_st, min_size=1, max_size=12), st.booleans())
 def test_every_request_is_conserved_and_time_is_monotonic(
-    raw: list, cache_when_scheduled: bool
+    raw: list[tuple[float, list[int], int, int, bool]], cache_when_scheduled: bool
 ) -> None:
     plan = _requests(raw)
     events, cancelled = _drive(plan, None, cache_when_scheduled)
@@ -121,7 +121,7 @@ def test_every_request_is_conserved_and_time_is_monotonic(
     st.booleans(),
 )
 def test_advancing_in_small_ticks_gives_the_same_events(
-    raw: list, step_s: float, cache_when_scheduled: bool
+    raw: list[tuple[float, list[int], int, int, bool]], step_s: float, cache_when_scheduled: bool
 ) -> None:
     plan = [(round(t, 3), r, False) for t, r, _ in _requests(raw)]
     coarse, _ = _drive(plan, None, cache_when_scheduled)

@@ -25,6 +25,7 @@ BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"
 
 def _post(url: str) -> tuple[int, str]:
     split = urlsplit(url)
+    assert split.hostname is not None
     conn = http.client.HTTPConnection(split.hostname, split.port, timeout=30)
     try:
         conn.request("POST", "/v1/chat/completions", body=BODY)
@@ -117,6 +118,7 @@ def test_serve_check_validates_without_serving(tmp_path: Path) -> None:
 
 def _stream(url: str) -> bytes:
     split = urlsplit(url)
+    assert split.hostname is not None
     conn = http.client.HTTPConnection(split.hostname, split.port, timeout=30)
     try:
         body = json.loads(BODY)

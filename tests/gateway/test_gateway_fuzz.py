@@ -67,7 +67,7 @@ def malformed(draw: st.DrawFn) -> tuple[str, bytes, dict[str, str]]:
         body = _dump({"model": MODEL, "messages": messages})
     elif kind == 4:  # completions with a broken prompt
         path = "/v1/completions"
-        prompt = draw(
+        prompt: object = draw(
             st.sampled_from(
                 [None, {}, [], [[]], [-1], [1.5], [True], [["a"]], ["a", 1], 3, [[1], "a"]]
             )
@@ -160,6 +160,7 @@ def test_malformed_requests_get_4xx_json(tmp_path: Path) -> None:
         path.write_text(yaml.safe_dump(doc))
         with GatewayProcess(path, module=True) as gw:
             split = urlsplit(gw.url)
+            assert split.hostname is not None
             conn = http.client.HTTPConnection(split.hostname, split.port, timeout=30)
             seen: list[tuple[str, bytes, dict[str, str]]] = []
 
@@ -238,6 +239,7 @@ def test_large_malformed_bodies_on_fresh_connections_get_4xx_json(tmp_path: Path
             @settings(max_examples=40, deadline=None, database=None)
             @given(large_malformed())
             def one(body: bytes) -> None:
+                assert split.hostname is not None
                 conn = http.client.HTTPConnection(split.hostname, split.port, timeout=30)
                 try:  # a fresh connection each time
                     _check(*_request(conn, "/v1/chat/completions", body, {}))

@@ -174,6 +174,7 @@ def test_a_2gb_upstream_answer_is_relayed_as_it_arrives(tmp_path: Path) -> None:
         path.write_text(yaml.safe_dump(doc))
         with GatewayProcess(path, module=True) as gw:
             split = urlsplit(gw.url)
+            assert split.hostname is not None
             conn = http.client.HTTPConnection(split.hostname, split.port, timeout=60)
             start = gw.rss_bytes()
             with _Peak(gw.rss_bytes) as peak:

@@ -34,6 +34,7 @@ async def test_openai_client_chat_and_completions(strategy: str) -> None:
         )
         pieces = [c.choices[0].delta.content async for c in stream]
         assert len(pieces) == 5
+        assert pieces[0] is not None
         backend = pieces[0].split("-")[0]
         assert pieces == [f"{backend}-{i} " for i in range(5)]
 

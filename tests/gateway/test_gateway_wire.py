@@ -497,7 +497,12 @@ async def test_stream_started_and_ended_at_once_is_one_write_then_keep_alive() -
         conn = request.conn
         assert conn.transport is not None
         real_write = conn.transport.write
-        conn.transport.write = lambda data: (writes.append(data), real_write(data))[1]  # type: ignore[method-assign]
+
+        def recording_write(data: bytes | bytearray | memoryview) -> None:
+            writes.append(bytes(data))
+            real_write(data)
+
+        conn.transport.write = recording_write  # type: ignore[method-assign]
         try:
             conn.start_stream(200, "text/event-stream", {}, b"data: 1\n\ndata: 2\n\n", end=True)
         finally:

@@ -92,7 +92,9 @@ async def test_agent_fills_notices_deletion_refills_and_evicts(tmp_path: Path) -
     assert origin.proc.returncode is not None
 
 
-async def test_agent_takes_the_fleets_token_not_the_users(tmp_path: Path, monkeypatch) -> None:
+async def test_agent_takes_the_fleets_token_not_the_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``$WARMFLEET_AGENT_TOKEN`` set in the user's shell (inherited by the agent) must not
     lock the fleet out: the agent requires the token the fleet gave it, and only that one."""
     monkeypatch.setenv("WARMFLEET_AGENT_TOKEN", "the-users-own")
@@ -118,7 +120,9 @@ async def test_agent_takes_the_fleets_token_not_the_users(tmp_path: Path, monkey
         await stop_all([agent])
 
 
-async def test_the_fleet_assigns_with_its_own_token(tmp_path: Path, monkeypatch) -> None:
+async def test_the_fleet_assigns_with_its_own_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``warmfleet up`` with ``$WARMFLEET_AGENT_TOKEN`` in the user's shell: the fleet's
     assignments reach its agents (they were refused with 401 and dropped) and get filled."""
     monkeypatch.setenv("WARMFLEET_AGENT_TOKEN", "the-users-own")

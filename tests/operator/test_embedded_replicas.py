@@ -118,11 +118,11 @@ async def test_a_replica_that_keeps_exiting_is_restarted_with_a_growing_wait(
     world = fleet.world
     for step in range(4):
         world.apply(plan(world.desired(), world.observed(float(step))), float(step))
-    (deployment,) = world.deployments
+    (ours,) = world.deployments
     placed: list[int] = []
 
-    async def place(name: str, count: int) -> None:
-        assert name == deployment
+    async def place(deployment: str, count: int) -> None:
+        assert deployment == ours
         placed.append(count)
 
     fleet._place = place  # type: ignore[method-assign]
@@ -130,7 +130,7 @@ async def test_a_replica_that_keeps_exiting_is_restarted_with_a_growing_wait(
     for attempt in range(2):
         child = await start_child(f"c{attempt}", argv, tmp_path / f"c{attempt}.json", tmp_path)
         await asyncio.wait_for(child.proc.wait(), 30.0)
-        replica = Replica(f"c{attempt}", deployment, "a", "main", "a", False, "origin", child)
+        replica = Replica(f"c{attempt}", ours, "a", "main", "a", False, "origin", child)
         fleet.replicas[replica.name] = replica
         fleet.history[replica.name] = replica.summary()
         fleet._observe_replicas()
@@ -138,7 +138,7 @@ async def test_a_replica_that_keeps_exiting_is_restarted_with_a_growing_wait(
     exited = [e for e in fleet.events if e["kind"] == "replica_exited"]
     assert [(e["rc"], e["backoff_s"]) for e in exited] == [(3, 0.0), (3, 10.0)]
     assert len(placed) == 1  # replaced after the first exit only: the second waits 10 s
-    fleet.backoff._not_before_s[deployment] = time.time() - 1.0  # the wait is over
+    fleet.backoff._not_before_s[ours] = time.time() - 1.0  # the wait is over
     await fleet._sync_replicas()
     assert len(placed) == 2
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -47,7 +48,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _state(workdir: Path) -> dict[str, object] | None:
+def _state(workdir: Path) -> dict[str, Any] | None:
     try:
         doc = json.loads((workdir / "state.json").read_text())
     except (OSError, ValueError):
@@ -65,19 +66,21 @@ def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
         doc = None
         for _ in range(600):
             doc = _state(tmp_path / "w")
-            if doc and any(r["state"] == "ready" for r in doc["replicas"]):  # type: ignore[attr-defined]
+            if doc and any(r["state"] == "ready" for r in doc["replicas"]):
                 break
             assert up.poll() is None, "warmfleet up exited early"
             time.sleep(0.1)
         assert doc is not None
-        pids = [doc["originPid"]] + [n["agentPid"] for n in doc["nodes"]]  # type: ignore[attr-defined]
-        pids += [r["pid"] for r in doc["replicas"]]  # type: ignore[attr-defined]
+        pids = [doc["originPid"]] + [n["agentPid"] for n in doc["nodes"]]
+        pids += [r["pid"] for r in doc["replicas"]]
         assert len(pids) == 3
         assert all(_alive(int(p)) for p in pids)
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=30) == 0
         assert not [p for p in pids if _alive(int(p))]
-        assert _state(tmp_path / "w")["running"] is False  # type: ignore[index]
+        final = _state(tmp_path / "w")
+        assert final is not None
+        assert final["running"] is False
     finally:
         if up.poll() is None:
             up.kill()

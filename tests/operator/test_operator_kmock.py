@@ -365,8 +365,8 @@ async def test_a_gateway_service_is_scraped_pod_by_pod(kmock: Any) -> None:
             ("other", {"other": True}, "another-service"),
         ):
             await client.create(kube.ENDPOINT_SLICES, NS, gateway_slice(name, 9, pods, service))
-        service = GatewayService.parse(f"{NS}/warmfleet-gateway:http")
-        texts = await scraper(session, [], [service], client, timeout_s=2.0)()
+        gateway = GatewayService.parse(f"{NS}/warmfleet-gateway:http")
+        texts = await scraper(session, [], [gateway], client, timeout_s=2.0)()
     assert sorted(t is None for t in texts) == [False, False, True]
     assert in_flight_by_variant([t for t in texts if t]) == {("e", "v"): 42.0}
 

@@ -384,7 +384,7 @@ def test_short_private_prefix_is_followed_but_shared_one_is_not() -> None:
     s.on_routed(turn2, follow)
     # other conversations share only the system prompt: once it has several continuations
     # it is a shared prefix, and new conversations are placed by their own content
-    placed = Counter()
+    placed: Counter[str] = Counter()
     for _ in range(40):
         k = key(system + chain(rng, 30))
         d = s.choose(k, idle(8))

@@ -190,8 +190,9 @@ def test_completions_prompt_forms() -> None:
     text = r.key_for_completions({"model": "m", "prompt": "abc " * 50}, None)
     first = r.key_for_completions({"model": "m", "prompt": ["abc " * 50, "zzz"]}, None)
     # A batch is keyed by its first prompt; its output hint and prompt tokens cover both prompts.
-    both = {"output_tokens_hint": 2 * text.output_tokens_hint, "prompt_tokens": 50 + 1}
-    assert first == replace(text, **both)
+    assert first == replace(
+        text, output_tokens_hint=2 * text.output_tokens_hint, prompt_tokens=50 + 1
+    )
     ids = r.key_for_completions({"model": "m", "prompt": list(range(40))}, None)
     nested = r.key_for_completions({"model": "m", "prompt": [list(range(40)), [1]]}, None)
     assert nested == replace(ids, output_tokens_hint=2 * ids.output_tokens_hint, prompt_tokens=41)

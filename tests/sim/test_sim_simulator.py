@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Literal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,7 +16,7 @@ from warmfleet.routing.keys import key_from_blocks
 from warmfleet.sim.metrics import compute_metrics, ideal_hit_tokens, lru_hit_tokens
 from warmfleet.sim.runner import prepare, run_comparison
 from warmfleet.sim.scenario import ScenarioSpec
-from warmfleet.sim.simulator import ScaleEvent, SimConfig, Simulator
+from warmfleet.sim.simulator import RequestRecord, ScaleEvent, SimConfig, Simulator
 from warmfleet.sim.workloads.arrivals import ClosedLoopArrival, PoissonArrival
 from warmfleet.sim.workloads.base import Segment, WorkloadRequest
 from warmfleet.sim.workloads.synthetic import GspConfig, MultiRoundQaConfig, multi_round_qa
@@ -112,10 +113,13 @@ scale_st = st.lists(st.tuples(st.floats(0.0, 5.0), st.sampled_from(["add", "remo
     st.one_of(st.none(), st.integers(1, 4)),
 )
 def test_requests_are_conserved_and_time_is_monotonic(
-    raw: list, instances: int, scale: list, concurrency: int | None
+    raw: list[tuple[float, int, int, int, int, int | None]],
+    instances: int,
+    scale: list[tuple[float, Literal["add", "remove"]]],
+    concurrency: int | None,
 ) -> None:
     requests = _workload(raw)
-    events = tuple(ScaleEvent(at, action) for at, action in scale)  # type: ignore[arg-type]
+    events = tuple(ScaleEvent(at, action) for at, action in scale)
     config = SimConfig(
         instances, SPEC, concurrency=concurrency, scale_events=events, check_invariants=True
     )
@@ -132,7 +136,7 @@ def test_requests_are_conserved_and_time_is_monotonic(
     if concurrency is not None:
         assert double.max_in_flight < concurrency
     # turns of one session never overlap
-    by_session: dict[int, list] = {}
+    by_session: dict[int, list[RequestRecord]] = {}
     for req, record in zip(requests, result.records, strict=True):
         if req.session_id is not None:
             by_session.setdefault(req.session_id, []).append(record)
@@ -202,7 +206,7 @@ def _gsp_scenario(seed: int) -> ScenarioSpec:
         instances=3,
         preset="tiny-cpu",
         seed=seed,
-        scale_events=({"at_s": 2.0, "action": "add"},),  # type: ignore[arg-type]
+        scale_events=({"at_s": 2.0, "action": "add"},),
     )
 
 

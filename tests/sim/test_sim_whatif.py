@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from warmfleet.control.resources import AutoscalingSpec
@@ -60,5 +62,5 @@ def test_deterministic_for_a_seed() -> None:
 def test_report_shape() -> None:
     small = SMALL.model_copy(update={"burst_duration_s": 200.0})
     report = run_whatif(small, ("cold", "weights+image"))
-    assert set(report["scenarios"]) == {"cold", "weights+image"}  # type: ignore[arg-type]
+    assert set(cast(dict[str, object], report["scenarios"])) == {"cold", "weights+image"}
     assert report["derived"]["replica_start_s"]["cold"] == pytest.approx(1590.0)  # type: ignore[index]
