@@ -197,7 +197,7 @@ async def bench_local(work: Path, size: int) -> dict[str, Any]:
 
 # ----- S3 (moto server) vs boto3 download_file --------------------------------------------------
 async def bench_s3(work: Path, size: int) -> dict[str, Any]:
-    import boto3  # type: ignore[import-untyped]  # noqa: PLC0415
+    import boto3  # noqa: PLC0415
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(var, "bench")

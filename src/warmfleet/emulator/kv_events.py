@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped]
+import msgpack
 import zmq
 import zmq.asyncio
 

@@ -8,7 +8,7 @@ import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
-import boto3  # type: ignore[import-untyped]
+import boto3
 from botocore.config import Config  # type: ignore[import-untyped]
 from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import msgpack  # type: ignore[import-untyped]
+import msgpack
 
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.core.types import InstanceId
