@@ -5,6 +5,8 @@ Each subsystem contributes its commands from its own module; this file only wire
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import typer
 
 from warmfleet.agent.cli import cache_app
@@ -16,6 +18,26 @@ from warmfleet.operator import cli as fleet_cli
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="warmfleet: keep an LLM fleet warm."
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"warmfleet {version('warmfleet')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the installed version and exit.",
+    ),
+) -> None:
+    """warmfleet: keep an LLM fleet warm."""
+
 
 sim_cli.register(app)
 conformance.register(app)
