@@ -1,6 +1,6 @@
 """The hot path's fast pieces give exactly what the slow, obvious versions give.
 
-- ``SpanMemo.chain`` (memoised spans of chained block hashes) == ``keys.chain_buffer``.
+- ``SpanMemo.chain`` (memoised spans of chained block hashes) == ``chains.chain_buffer``.
 - ``FastHistogram`` / ``FastCounter`` / ``FastGauge`` expose the same samples as the
   ``prometheus_client`` metrics they replace.
 """
@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from warmfleet.gateway.metrics import FastCounter, FastGauge, FastHistogram
-from warmfleet.routing.keys import KeyBuilder, KeySpec, SpanMemo, chain_buffer
+from warmfleet.routing.chains import SpanMemo, chain_buffer
+from warmfleet.routing.keys import KeyBuilder, KeySpec
 
 _BUCKETS = (0.00005, 0.0001, 0.0005, 0.001, 0.01, 1.0)
 

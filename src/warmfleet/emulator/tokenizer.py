@@ -32,8 +32,8 @@ import xxhash
 
 from warmfleet.core.errors import BadRequestError
 from warmfleet.core.hashing import hash_str
+from warmfleet.routing.chains import chain_buffer
 from warmfleet.routing.chat_options import ChatTemplateOptions
-from warmfleet.routing.keys import chain_buffer
 
 VOCAB_SIZE = 128_000
 FIRST_PLAIN_ID = 64

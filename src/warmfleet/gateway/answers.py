@@ -1,22 +1,31 @@
-"""Writing answers on a client connection: whole responses, chunked streams, and streams of a
-declared length or to an HTTP/1.0 client (unframed). A mixin of ``wire.ServerConnection``,
-kept apart so the protocol's reading side and its writing side are each a readable size; it
-uses only the connection attributes declared below."""
+"""Writing answers on a client connection: whole responses, chunked streams, streams of a
+declared length or to an HTTP/1.0 client (unframed), and closing after an answer (flushed, or
+lingering after an error answer). A mixin of ``wire.ServerConnection``, kept apart so the
+protocol's reading side and its writing side are each a readable size; it uses only the
+connection attributes declared below."""
 
 from __future__ import annotations
 
 import asyncio
+from time import monotonic
 
-from warmfleet.gateway.messages import Request, Response, head_bytes
+from warmfleet.gateway.messages import Request, Response, ServerLimits, head_bytes
 
 _BODYLESS = frozenset((204, 304))
+# After an error answer the connection stops reading requests but keeps draining the client's
+# bytes this long (until the client closes): closing with unread input makes the kernel send
+# a reset, which can destroy the answer before the client has read it.
+LINGER_S = 2.0
 
 
 class AnswerWriter:
     """The writing half of a client connection (``wire.ServerConnection``)."""
 
     transport: asyncio.Transport | None
+    limits: ServerLimits
     closed: bool
+    _close_by: float  # closed: dropped at this time if the client has not gone yet
+    _failure: tuple[int, str] | None  # rejected behind requests in progress
     writable: asyncio.Future[None] | None
     _current: Request | None  # the request being answered
     _answered: tuple[int, dict[str, str] | None]  # status, headers sent
@@ -109,3 +118,25 @@ class AnswerWriter:
         """Wait while the client reads slower than the upstream writes."""
         if self.writable is not None and not self.writable.done():
             await self.writable
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self._close_by = monotonic() + self.limits.keepalive_timeout_s
+            self.transport.close()  # flushes first: connection_lost once the client has read
+
+    def _linger(self) -> None:
+        """Close after an error answer without losing it (``LINGER_S``): send FIN after the
+        answer, discard what the client still sends, close when it closes or the time is up."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        if not transport.can_write_eof():
+            self.close()
+            return
+        self.closed = True
+        self._close_by = monotonic() + LINGER_S
+        if self._failure is None:
+            self._failure = (0, "")  # data_received discards from now on
+        transport.write_eof()
+        transport.resume_reading()

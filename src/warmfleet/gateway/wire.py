@@ -2,8 +2,8 @@
 parser (why not a framework: ``docs/gateway.md``, 4x the CPU on the same work). Keep-alive,
 pipelined requests answered in order, ``Expect: 100-continue``, chunked request bodies, limits
 (413 body, 431 head, 408 slow senders, the server's body budget), malformed requests (400),
-idle timeouts, cancellation of the handler when the client disconnects, back-pressure and a
-graceful shutdown. Answers are written by ``answers.AnswerWriter``.
+idle timeouts, cancellation of the handler on disconnect, back-pressure, graceful shutdown.
+Answers are written (and connections closed) by ``answers.AnswerWriter``.
 
 A handler gets a :class:`Request` whose body has been read in full and returns a
 :class:`Response`, or ``None`` after streaming its answer through ``request.conn``. The module
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
     from warmfleet.gateway.listener import HttpServer
 
 log = logging.getLogger(__name__)
-# After an error answer the connection stops reading requests but keeps draining the client's
-# bytes this long (until the client closes): closing with unread input makes the kernel send
-# a reset, which can destroy the answer before the client has read it.
-LINGER_S = 2.0
 
 
 class ServerConnection(AnswerWriter, asyncio.Protocol):
@@ -130,11 +126,9 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
         self._release()
 
     def _release(self) -> None:
-        """Drop what a closed connection holds: its bodies and the references that form
-        cycles (connection <-> parser, connection <-> request), so reference counting frees
-        it at once. A gateway tuned for throughput (``server.tune_gc_for_serving``) runs the
-        cycle collector rarely: a cycle holding a rejected 8 MB body is memory kept for
-        minutes, and a flood of them is unbounded growth."""
+        """Drop what a closed connection holds: its bodies and the references that form cycles
+        (connection <-> parser, connection <-> request), so reference counting frees it at once
+        (``serve`` runs the cycle collector rarely: a rejected 8 MB body once stayed minutes)."""
         self._body = []
         self._uncount()
         self._size = 0
@@ -350,12 +344,6 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
         """A request is being answered (or waits for the client to take its answer)."""
         return self._task is not None
 
-    def close(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.closed = True
-            self._close_by = monotonic() + self.limits.keepalive_timeout_s
-            self.transport.close()  # flushes first: connection_lost once the client has read
-
     # ---- timeouts and rejections ---------------------------------------------------------
 
     def check_timers(self, now: float) -> None:
@@ -397,22 +385,6 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
             return
         self.write_response(self.server.error(status, message), keep_alive=False)
         self._linger()
-
-    def _linger(self) -> None:
-        """Close after an error answer without losing it (``LINGER_S``): send FIN after the
-        answer, discard what the client still sends, close when it closes or the time is up."""
-        transport = self.transport
-        if transport is None or self.closed:
-            return
-        if not transport.can_write_eof():
-            self.close()
-            return
-        self.closed = True
-        self._close_by = monotonic() + LINGER_S
-        if self._failure is None:
-            self._failure = (0, "")  # data_received discards from now on
-        transport.write_eof()
-        transport.resume_reading()
 
 
 class _Reject(Exception):

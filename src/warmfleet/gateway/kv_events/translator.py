@@ -35,7 +35,7 @@ _FOREIGN = -1
 
 
 def router_block_hashes(token_ids: Sequence[int], block_size: int, parent: int) -> list[int]:
-    """The router's chained hashes (``keys.chain_buffer`` over uint64 ids) of full blocks."""
+    """The router's chained hashes (``chains.chain_buffer`` over uint64 ids) of full blocks."""
     out: list[int] = []
     prev = parent
     for start in range(0, len(token_ids) - len(token_ids) % block_size, block_size):
