@@ -3,27 +3,22 @@ bounds: the size while the body streams in (a body over the limit is refused bef
 read, and never held whole), and the nesting depth before ``json.loads`` recurses into it (a
 200,000-deep document would raise ``RecursionError``).
 
-The depth check is cheap and exact: strings are cut out (brackets inside them do not count),
-everything but brackets is dropped, then each pass removes the innermost ``[]``/``{}`` pairs
-(one nesting level per pass, in C); whatever is left after ``max_depth`` passes is nested
-deeper than that (or unbalanced, which is no valid JSON either).
+The depth check is ``core.jsonio.nests_deeper`` (on the raw bytes, before any parse), next to
+the gateway's check of parsed bodies.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import aiohttp
 
 from warmfleet.agent.sources.base import SourceError
+from warmfleet.core.jsonio import nests_deeper
 
 MAX_JSON_DEPTH = 32  # OCI manifests and indexes nest 4-5 levels
 READ_BLOCK_BYTES = 64 << 10
-_STRING_RE = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
-_NOT_BRACKET_RE = re.compile(rb"[^\[\]{}]++")
-_PAIR_RE = re.compile(rb"\[\]|\{\}")
 
 
 class DocumentTooLargeError(SourceError):
@@ -35,14 +30,7 @@ class DocumentTooDeepError(SourceError):
 
 
 def check_json_depth(body: bytes, what: str, max_depth: int = MAX_JSON_DEPTH) -> None:
-    brackets = _NOT_BRACKET_RE.sub(b"", _STRING_RE.sub(b"", body))
-    for _ in range(max_depth):
-        if not brackets:
-            return
-        brackets, removed = _PAIR_RE.subn(b"", brackets)
-        if not removed:
-            break
-    if brackets:
+    if nests_deeper(body, max_depth):
         raise DocumentTooDeepError(
             f"{what}: JSON nested deeper than {max_depth} levels (or unbalanced); refused"
         )

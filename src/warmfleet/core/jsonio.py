@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import json.scanner
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -103,3 +104,25 @@ def _deeper(value: dict[str, Any] | list[Any], limit: int) -> bool:
             if type(child) is dict or type(child) is list:
                 stack.append((child, depth + 1))
     return False
+
+
+_STRING_RE = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_NOT_BRACKET_RE = re.compile(rb"[^\[\]{}]++")
+_PAIR_RE = re.compile(rb"\[\]|\{\}")
+
+
+def nests_deeper(raw: bytes, max_depth: int) -> bool:
+    """Whether the JSON text ``raw`` nests deeper than ``max_depth`` levels (or its brackets do
+    not pair), checked before parsing (a recursive parser meets the depth as ``RecursionError``).
+    Exact and cheap: strings are cut out (their brackets do not count), everything but brackets
+    is dropped, then each pass removes the innermost ``[]``/``{}`` pairs (one level per pass, in
+    C); what is left after ``max_depth`` passes nests deeper. For a parsed body that must name
+    the field, ``deepest_field``."""
+    brackets = _NOT_BRACKET_RE.sub(b"", _STRING_RE.sub(b"", raw))
+    for _ in range(max_depth):
+        if not brackets:
+            return False
+        brackets, removed = _PAIR_RE.subn(b"", brackets)
+        if not removed:
+            break
+    return bool(brackets)
