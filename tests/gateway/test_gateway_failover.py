@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -28,6 +29,7 @@ from wedged_instance import WedgedInstance
 from warmfleet.core.types import Reason
 from warmfleet.gateway.config import GatewayConfig, parse_gateway_config
 from warmfleet.gateway.health import HealthMonitor
+from warmfleet.gateway.server import StartedApp
 from warmfleet.gateway.state import VariantRuntime
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "tell me"}]}
@@ -256,20 +258,26 @@ async def _first_sent_to(client: _Client, inst: WedgedInstance, marker: str) -> 
     raise AssertionError(f"no prompt was sent to {inst.name}")
 
 
-async def test_wedged_instance_retried_ejected_and_readmitted_only_by_requests() -> None:
+@asynccontextmanager
+async def _wedged_fleet() -> AsyncIterator[tuple[WedgedInstance, StartedApp, _Client]]:
+    """A wedged instance ``w`` and a working backend ``b`` behind a gateway; its client."""
     wedged = WedgedInstance("w")
     await wedged.start()
     try:
         async with backends_running("b") as backends:
             config = _wedged_config(backends[0], wedged)
             async with gateway_running(config) as gw, aiohttp.ClientSession() as session:
-                client = _Client(session, gw.url)
-                variant = gw.gateway.state.default_endpoint().variant("v1")
-                await _phase_eject(client, wedged, gw.gateway.metrics.render)
-                await _phase_probes_do_not_readmit(client, wedged, gw.gateway.health, variant)
-                await _phase_probation(client, wedged, variant, gw.gateway.metrics.render)
+                yield wedged, gw, _Client(session, gw.url)
     finally:
         await wedged.stop()
+
+
+async def test_wedged_instance_retried_ejected_and_readmitted_only_by_requests() -> None:
+    async with _wedged_fleet() as (wedged, gw, client):
+        variant = gw.gateway.state.default_endpoint().variant("v1")
+        await _phase_eject(client, wedged, gw.gateway.metrics.render)
+        await _phase_probes_do_not_readmit(client, wedged, gw.gateway.health, variant)
+        await _phase_probation(client, wedged, variant, gw.gateway.metrics.render)
 
 
 async def _phase_eject(
@@ -351,25 +359,17 @@ async def test_wedged_instance_concurrent_rounds_none_fails() -> None:
     """The finding's load: two rounds of the same 10 prompts, each round sent at once. The
     requests hanging on the wedged instance time out together; each is retried on b; the
     instance is ejected once (the timeouts after the third find it ejected already)."""
-    wedged = WedgedInstance("w")
-    await wedged.start()
-    try:
-        async with backends_running("b") as backends:
-            config = _wedged_config(backends[0], wedged)
-            async with gateway_running(config) as gw, aiohttp.ClientSession() as session:
-                client = _Client(session, gw.url)
-                await asyncio.gather(*(client.chat(u) for u in range(10)))
-                assert wedged.completions_held >= OUTLIER["consecutive_failures"]
-                await asyncio.gather(*(client.chat(u) for u in range(10)))
-                assert client.failed == 0
-                held = wedged.completions_held
-                assert [a for a in client.answers if a[0] != "b"] == []
-                assert len([a for a in client.answers if a[2] == "2"]) == held
-                assert (await client.outlier("w"))["outlier"]["standing"] == "ejected"
-                metrics = gw.gateway.metrics.render().decode()
-                assert _sample(metrics, "warmfleet_gateway_ejections_total", instance_id="w") == 1
-    finally:
-        await wedged.stop()
+    async with _wedged_fleet() as (wedged, gw, client):
+        await asyncio.gather(*(client.chat(u) for u in range(10)))
+        assert wedged.completions_held >= OUTLIER["consecutive_failures"]
+        await asyncio.gather(*(client.chat(u) for u in range(10)))
+        assert client.failed == 0
+        held = wedged.completions_held
+        assert [a for a in client.answers if a[0] != "b"] == []
+        assert len([a for a in client.answers if a[2] == "2"]) == held
+        assert (await client.outlier("w"))["outlier"]["standing"] == "ejected"
+        metrics = gw.gateway.metrics.render().decode()
+        assert _sample(metrics, "warmfleet_gateway_ejections_total", instance_id="w") == 1
 
 
 async def test_a_prompt_is_not_pinned_to_an_instance_that_keeps_failing_it() -> None:
