@@ -21,7 +21,8 @@ VENV = REPO / ".venv-vllm"
 MODEL = REPO / ".cache" / "tiny-llama"
 OUT = REPO / "bench-results" / "e2e-vllm.json"
 LOG_DIR = REPO / "bench-results" / "e2e-vllm-logs"
-PID_FILE = LOG_DIR / "engine-pids"  # written by bench.e2e_vllm.engines.start_engines
+PID_FILE = LOG_DIR / "engine-pids"  # written by vllm_harness.engines.start_engines
+HARNESS_DIR = Path(__file__).resolve().parent  # holds the vllm_harness package
 RUN_TIMEOUT_S = 1500.0
 
 pytestmark = [
@@ -34,10 +35,15 @@ pytestmark = [
 
 
 def run_e2e() -> int:
-    """Run the e2e module; on a timeout SIGTERM lets it stop its vLLM children by PID."""
-    argv = [sys.executable, "-m", "warmfleet.bench.e2e_vllm", "--venv", str(VENV)]
+    """Run the e2e harness (tests/e2e/vllm_harness); on a timeout SIGTERM lets it stop its vLLM
+    children by PID."""
+    argv = [sys.executable, "-m", "vllm_harness", "--venv", str(VENV)]
     argv += ["--model-dir", str(MODEL), "--out", str(OUT), "--log-dir", str(LOG_DIR)]
-    proc = subprocess.Popen(argv, cwd=REPO)
+    pythonpath = os.pathsep.join(
+        path for path in (str(HARNESS_DIR), os.environ.get("PYTHONPATH", "")) if path
+    )
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env)
     try:
         return proc.wait(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:

