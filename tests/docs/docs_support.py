@@ -1,4 +1,5 @@
-"""Helpers for the documentation tests: README sections, code blocks, tables, model trees."""
+"""Helpers for the documentation tests: sections of the README and docs/configuration.md, code
+blocks, tables, model trees."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"  # the configuration reference, out of the README
 EXAMPLES = ROOT / "examples"
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)

@@ -1,13 +1,17 @@
-"""The README and examples/ stay true to the configuration models, loaders, CLI and Makefile.
+"""The README, docs/configuration.md and examples/ stay true to the configuration models, loaders,
+CLI and Makefile.
 
 - every YAML example loads with the loader of its ``kind``; gateway documents are also checked
   as ``warmfleet serve --check`` does (routers built);
-- every YAML block of the README is validated by the real Gateway loader (fragments are put into
-  a minimal document; each top-level line of a block is one alternative);
-- the README's settings tables name real fields with their real defaults, and every config name
-  in backticks in the configuration reference is a field, a ``type`` or a key mode;
+- every YAML block of the README and of docs/configuration.md is validated by the real Gateway
+  loader (fragments are put into a minimal document; each top-level line of a block is one
+  alternative);
+- the settings tables of docs/configuration.md (the configuration reference, moved out of the
+  README) name real fields with their real defaults, and every config name in backticks in that
+  reference is a field, a ``type`` or a key mode;
 - examples/gateway.yaml shows every gateway setting and marks each non-default value;
-- every ``warmfleet`` command and flag, and every ``make`` target, the README names exists.
+- every ``warmfleet`` command and flag, and every ``make`` target, the README and
+  docs/configuration.md name exists.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pytest
 import typer
 import yaml
 from docs_support import (
+    CONFIGURATION,
     EXAMPLES,
     README,
     ROOT,
@@ -53,7 +58,9 @@ from warmfleet.routing.keys import KeyMode
 from warmfleet.sim.scenario import load_scenario_file
 
 README_TEXT = README.read_text(encoding="utf-8")
-CONFIG_REFERENCE = section(README_TEXT, "### Configuration reference")
+CONFIGURATION_TEXT = CONFIGURATION.read_text(encoding="utf-8")
+CONFIG_REFERENCE = section(CONFIGURATION_TEXT, "# Configuration reference")
+_CHECKED_DOCS = (("README.md", README_TEXT), ("docs/configuration.md", CONFIGURATION_TEXT))
 GATEWAY_EXAMPLE = EXAMPLES / "gateway.yaml"
 GATEWAY_EXAMPLES = (GATEWAY_EXAMPLE, EXAMPLES / "gateway-vllm.yaml")
 _BASE_INSTANCES = [{"id": "docs-0", "url": "http://127.0.0.1:9"}]
@@ -120,16 +127,25 @@ def _document_for(fragment: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def _chunks(block: str) -> list[str]:
+    """A block that starts with ``apiVersion:`` is one whole document; any other block is split
+    into its alternatives."""
+    return [block] if block.startswith("apiVersion:") else top_level_chunks(block)
+
+
 def _readme_fragments() -> list[tuple[str, str]]:
     return [
-        (f"README.md:{line}#{i}", chunk)
-        for line, block in code_blocks(README_TEXT, "yaml")
-        for i, chunk in enumerate(top_level_chunks(block))
+        (f"{name}:{line}#{i}", chunk)
+        for name, text in _CHECKED_DOCS
+        for line, block in code_blocks(text, "yaml")
+        for i, chunk in enumerate(_chunks(block))
     ]
 
 
 def test_readme_has_yaml_blocks() -> None:
     assert len(_readme_fragments()) >= 5
+    assert code_blocks(README_TEXT, "yaml"), "the README shows no YAML at all"
+    assert len(code_blocks(CONFIGURATION_TEXT, "yaml")) >= 3
 
 
 @pytest.mark.parametrize(("where", "chunk"), _readme_fragments(), ids=lambda v: str(v)[:40])
@@ -177,6 +193,9 @@ def _table_rows() -> list[tuple[str, type[BaseModel], list[str]]]:
 
 def test_readme_settings_tables_present() -> None:
     assert len(_table_rows()) >= 25
+    assert "`docs/configuration.md`" in section(README_TEXT, "### Configuration"), (
+        "the README's configuration section must point to the reference"
+    )
 
 
 @pytest.mark.parametrize(("where", "root", "row"), _table_rows(), ids=lambda v: str(v)[:50])
@@ -244,7 +263,7 @@ def test_reference_names_are_config_names() -> None:
     names = _reference_names() + _yaml_comment_names()
     assert len(names) >= 20
     bad = [n for n in names if not set(n.split(".")) <= vocabulary]
-    assert not bad, f"README configuration reference names unknown settings: {bad}"
+    assert not bad, f"docs/configuration.md names unknown settings: {bad}"
     for name in names:
         if name.startswith("spec."):
             field_at(GatewayConfig, name)
@@ -259,7 +278,7 @@ def test_strategy_list_matches_models() -> None:
     )
     members = {m.model_fields["type"].default for m in get_args(get_args(StrategyConfig)[0])}
     assert members == set(STRATEGY_NAMES)
-    assert members <= listed, f"missing from the README: {members - listed}"
+    assert members <= listed, f"missing from docs/configuration.md: {members - listed}"
     pa = PrefixHashConfig.model_fields
     assert "(1,024\N{EN DASH}65,536)" in CONFIG_REFERENCE
     assert [m.ge for m in pa["prefix_length"].metadata if hasattr(m, "ge")] == [1024]
@@ -367,7 +386,8 @@ def _commands_in_readme() -> list[str]:
     """Every ``warmfleet ...`` invocation in backticks (a following span like `` `ls` `` in the
     same table cell is a sibling subcommand) or in an untagged code block."""
     found = []
-    for line in README_TEXT.splitlines():
+    all_text = "\n".join(text for _, text in _CHECKED_DOCS)
+    for line in all_text.splitlines():
         if not line.startswith("|"):
             found += [s for s in code_spans(line) if s.startswith("warmfleet ")]
             continue
@@ -380,7 +400,7 @@ def _commands_in_readme() -> list[str]:
                     parent = words[:1]
                 elif parent and re.match(r"^[a-z][a-z-]*( |$)", span):
                     found.append(" ".join(["warmfleet", *parent, span]))
-    for _, block in code_blocks(README_TEXT, ""):
+    for _, block in code_blocks(README_TEXT, "") + code_blocks(CONFIGURATION_TEXT, ""):
         joined = block.replace("\\\n", " ")
         found += [ln.strip() for ln in joined.splitlines() if ln.strip().startswith("warmfleet ")]
     return found
@@ -412,8 +432,9 @@ def test_readme_make_targets_exist() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     targets = set(re.findall(r"^([A-Za-z0-9_.-]+)\s*:(?!=)", makefile, re.M))
     named = set(re.findall(r"`make ([a-z0-9-]+)", README_TEXT))
+    named_in_docs = named | set(re.findall(r"`make ([a-z0-9-]+)", CONFIGURATION_TEXT))
     assert {"demo", "test"} <= named
-    assert named <= targets, f"README names missing make targets: {named - targets}"
+    assert named_in_docs <= targets, f"docs name missing make targets: {named_in_docs - targets}"
 
 
 def test_readme_quick_start_is_two_commands() -> None:
