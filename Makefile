@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck imports unit bench-routing bench-fleet sim clean bench-peers peers-venvs
+.PHONY: demo test lint typecheck imports unit k8s-bin k8s-e2e bench-routing bench-fleet sim clean bench-peers peers-venvs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,9 @@ unit: $(DEV_STAMP)
 	$(BIN)/pytest -q
 
 # The whole suite: static checks, the tiny model (so its tokenizer tests run), every pytest test,
-# then the real-vLLM end-to-end run (builds .venv-vllm and the model once; cached afterwards).
-test: lint typecheck imports vllm-model unit e2e-vllm
+# then the real-Kubernetes e2e (builds the v1.20.2 binaries once per machine, 10-20 min on 2 cores;
+# cached under ~/.cache/warmfleet afterwards), then the real-vLLM end-to-end run (builds .venv-vllm and the model once; cached afterwards).
+test: lint typecheck imports vllm-model unit k8s-e2e e2e-vllm
 
 bench-routing: $(STAMP)
 	$(BIN)/python -m warmfleet.bench.routing_bench --out bench-results/routing.json
@@ -103,3 +104,16 @@ vllm-model: $(TINY_STAMP)
 
 e2e-vllm: $(DEV_STAMP) $(VLLM_STAMP) $(TINY_STAMP)
 	WARMFLEET_E2E_VLLM=1 $(BIN)/pytest -q -s -p no:cacheprovider -m e2e tests/e2e/test_e2e_vllm.py
+
+# ---- real Kubernetes v1.20.2 e2e: etcd + kube-apiserver + controller-manager + scheduler ---------
+# The binaries are built once per machine from Debian bookworm's `kubernetes` source package
+# (scripts/k8s/build.sh: apt-get as root, 10-20 min on 2 cores) and cached outside the clone,
+# under ~/.cache/warmfleet/k8s-v1.20.2-<key>/bin. The tests start the control plane on 127.0.0.1.
+.PHONY: k8s-bin k8s-e2e
+
+k8s-bin:
+	bash scripts/k8s/build.sh >/dev/null
+
+k8s-e2e: $(DEV_STAMP) k8s-bin
+	WARMFLEET_E2E_K8S=1 WARMFLEET_K8S_BIN="$$(bash scripts/k8s/build.sh --print-bin-dir)" \
+		$(BIN)/pytest -q -s -p no:cacheprovider -m k8s tests/k8s

@@ -1,0 +1,290 @@
+"""The project's deploy/ tree against a real kube-apiserver (v1.20.2): CRDs established, every
+example accepted, invalid documents rejected by the server naming the field, RBAC applied and in
+force. Opt-in: ``make k8s-e2e``."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k8s.controlplane import ControlPlane
+from k8s.k8s_results import ENABLED, REPO, SKIP_REASON, Results
+
+pytestmark = [pytest.mark.k8s, pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)]
+
+DEPLOY = REPO / "deploy"
+GROUP = "/apis/warmfleet.dev/v1alpha1/namespaces/default"
+ESTABLISH_TIMEOUT_S = 60.0
+RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap"}
+Obj = dict[str, Any]
+
+
+def documents(path: Path) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+@pytest.fixture(scope="session")
+def crds(control_plane: ControlPlane, results: Results) -> int:
+    """deploy/crds applied; the number that became Established (waited for, bounded)."""
+    control_plane.kubectl("apply", "-f", str(DEPLOY / "crds"))
+    names = [
+        doc["metadata"]["name"] for f in sorted(DEPLOY.glob("crds/*.yaml")) for doc in documents(f)
+    ]
+    deadline = time.monotonic() + ESTABLISH_TIMEOUT_S
+    established: set[str] = set()
+    while time.monotonic() < deadline and len(established) < len(names):
+        for name in names:
+            crd = control_plane.get_json(
+                f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+            )
+            conditions = crd.get("status", {}).get("conditions", [])
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                established.add(name)
+        time.sleep(0.2)
+    results.record(crds_established=len(established))
+    return len(established)
+
+
+@pytest.fixture(scope="session")
+def rbac(control_plane: ControlPlane, results: Results) -> list[Obj]:
+    """The namespace, service accounts, roles, bindings and config maps of deploy/manifests
+    created for real (the workloads only dry-run: no kubelet runs them here)."""
+    docs = documents(DEPLOY / "manifests" / "warmfleet.yaml")
+    control_plane.kubectl(
+        "apply", "--dry-run=server", "-f", str(DEPLOY / "manifests" / "warmfleet.yaml")
+    )
+    real = [doc for doc in docs if doc["kind"] in RBAC_KINDS]
+    control_plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(real))
+    results.record(rbac_objects_applied=len(real), manifests_dry_run_ok=True)
+    return real
+
+
+def test_server_version(control_plane: ControlPlane) -> None:
+    assert control_plane.get_json("/version")["gitVersion"] == "v1.20.2"
+
+
+def test_crds_established(crds: int) -> None:
+    assert crds == 3
+
+
+def test_valid_examples_accepted(
+    control_plane: ControlPlane, crds: int, rbac: list[Obj], results: Results
+) -> None:
+    examples = sorted(DEPLOY.glob("examples/*.yaml"))
+    total = sum(len(documents(f)) for f in examples)
+    accepted = 0
+    for path in examples:
+        out = control_plane.kubectl(
+            "apply", "--dry-run=server", "--validate=false", "-o", "json", "-f", str(path)
+        )
+        answer = yaml.safe_load(out.stdout)
+        items = answer["items"] if answer.get("kind") == "List" else [answer]
+        accepted += len(items)
+        for item in items:
+            if item["kind"] == "InferenceEndpoint":  # defaults filled by the server's schema
+                assert item["spec"]["variants"][0]["trafficWeight"] == 1
+                assert item["spec"]["modelCacheConfig"]["weightsCache"]["gate"]["mode"]
+    results.record(valid_examples_accepted=accepted, valid_examples_total=total)
+    assert total >= 2
+    assert accepted == total
+
+
+def endpoint() -> Obj:
+    return {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "InferenceEndpoint",
+        "metadata": {"name": "bad", "namespace": "default"},
+        "spec": {
+            "modelSource": {"uri": "s3://models/m/", "revision": "r1"},
+            "image": "engine:1",
+            "port": 8000,
+            "variants": [{"name": "main", "replicas": 1}],
+        },
+    }
+
+
+def model_cache() -> Obj:
+    return {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "ModelCache",
+        "metadata": {"name": "bad", "namespace": "default"},
+        "spec": {"modelSource": {"uri": "s3://models/m/"}, "owner": "e"},
+    }
+
+
+def image_cache() -> Obj:
+    return {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "ImageCache",
+        "metadata": {"name": "bad", "namespace": "default"},
+        "spec": {"image": "engine:1", "parentReferences": [{"name": "e"}]},
+    }
+
+
+def mutate(base: Callable[[], Obj], change: Callable[[Obj], object]) -> Obj:
+    doc = copy.deepcopy(base())
+    change(doc)
+    return doc
+
+
+def set_gate(doc: Obj, **values: object) -> None:
+    cache = doc["spec"].setdefault("modelCacheConfig", {}).setdefault("weightsCache", {})
+    cache["enabled"] = True
+    cache["gate"] = values
+
+
+# (case, document, the field the server's message must name)
+INVALID: list[tuple[str, Callable[[], Obj], str]] = [
+    (
+        "port above 65535",
+        lambda: mutate(endpoint, lambda d: d["spec"].update(port=70000)),
+        "spec.port",
+    ),
+    (
+        "port as a string",
+        lambda: mutate(endpoint, lambda d: d["spec"].update(port="http")),
+        "spec.port",
+    ),
+    (
+        "negative gpusPerReplica",
+        lambda: mutate(endpoint, lambda d: d["spec"].update(gpusPerReplica=-1)),
+        "spec.gpusPerReplica",
+    ),
+    ("empty image", lambda: mutate(endpoint, lambda d: d["spec"].update(image="")), "spec.image"),
+    (
+        "modelSource without uri",
+        lambda: mutate(endpoint, lambda d: d["spec"]["modelSource"].pop("uri")),
+        "spec.modelSource.uri",
+    ),
+    (
+        "no variants",
+        lambda: mutate(endpoint, lambda d: d["spec"].update(variants=[])),
+        "spec.variants",
+    ),
+    (
+        "variant without name",
+        lambda: mutate(endpoint, lambda d: d["spec"]["variants"][0].pop("name")),
+        "name",
+    ),
+    (
+        "negative replicas",
+        lambda: mutate(endpoint, lambda d: d["spec"]["variants"][0].update(replicas=-1)),
+        "replicas",
+    ),
+    (
+        "gate mode not in the enum",
+        lambda: mutate(endpoint, lambda d: set_gate(d, mode="sometimes")),
+        "spec.modelCacheConfig.weightsCache.gate.mode",
+    ),
+    (
+        "gate minReadyPercent 0 (exclusive minimum)",
+        lambda: mutate(endpoint, lambda d: set_gate(d, mode="minReady", minReadyPercent=0)),
+        "spec.modelCacheConfig.weightsCache.gate.minReadyPercent",
+    ),
+    (
+        "rollout type not in the enum",
+        lambda: mutate(endpoint, lambda d: d["spec"].update(rollout={"type": "Canary"})),
+        "spec.rollout.type",
+    ),
+    (
+        "autoscaling tolerance 1 (exclusive maximum)",
+        lambda: mutate(
+            endpoint,
+            lambda d: d["spec"]["variants"][0].update(
+                autoscaling={"enabled": True, "tolerance": 1.0}
+            ),
+        ),
+        "tolerance",
+    ),
+    (
+        "routing key mode not in the enum",
+        lambda: mutate(
+            endpoint, lambda d: d["spec"]["variants"][0].update(routing={"key": {"mode": "words"}})
+        ),
+        "mode",
+    ),
+    ("endpoint without spec", lambda: mutate(endpoint, lambda d: d.pop("spec")), "spec"),
+    (
+        "model cache without owner",
+        lambda: mutate(model_cache, lambda d: d["spec"].pop("owner")),
+        "spec.owner",
+    ),
+    (
+        "model cache with an empty hostPath",
+        lambda: mutate(model_cache, lambda d: d["spec"].update(hostPath="")),
+        "spec.hostPath",
+    ),
+    (
+        "model cache with negative sizeBytes",
+        lambda: mutate(model_cache, lambda d: d["spec"]["modelSource"].update(sizeBytes=-5)),
+        "spec.modelSource.sizeBytes",
+    ),
+    (
+        "image cache without image",
+        lambda: mutate(image_cache, lambda d: d["spec"].pop("image")),
+        "spec.image",
+    ),
+    (
+        "image cache parent without name",
+        lambda: mutate(image_cache, lambda d: d["spec"]["parentReferences"][0].pop("name")),
+        "name",
+    ),
+    (
+        "image cache nodeSelector value not a string",
+        lambda: mutate(image_cache, lambda d: d["spec"].update(nodeSelector={"zone": 3})),
+        "spec.nodeSelector.zone",
+    ),
+]
+
+PLURALS = {
+    "InferenceEndpoint": "inferenceendpoints",
+    "ModelCache": "modelcaches",
+    "ImageCache": "imagecaches",
+}
+
+
+def test_invalid_rejected(control_plane: ControlPlane, crds: int, results: Results) -> None:
+    rejected: list[dict[str, str]] = []
+    wrong: list[str] = []
+    for case, make, field in INVALID:
+        doc = make()
+        status, body = control_plane.request(
+            "POST", f"{GROUP}/{PLURALS[doc['kind']]}?dryRun=All", doc
+        )
+        message = body.get("message", "") if isinstance(body, dict) else str(body)
+        if status in (400, 422) and field in message:
+            rejected.append({"case": case, "kind": doc["kind"], "message": message[:300]})
+        else:
+            wrong.append(f"{case}: HTTP {status}: {message[:300]}")
+    results.record(invalid_rejected=len(rejected), invalid_rejected_cases=rejected)
+    assert not wrong, wrong
+    assert len(rejected) >= 10
+
+
+def test_rbac_in_force(
+    control_plane: ControlPlane, crds: int, rbac: list[Obj], results: Results
+) -> None:
+    """The service accounts of deploy/manifests may do what they need and not more."""
+    operator = "system:serviceaccount:warmfleet-system:warmfleet-operator"
+    gateway = "system:serviceaccount:warmfleet-system:warmfleet-gateway"
+    checks = [
+        (operator, ["patch", "inferenceendpoints.warmfleet.dev", "--subresource=status"], True),
+        (operator, ["create", "deployments.apps", "-n", "default"], True),
+        (operator, ["delete", "modelcaches.warmfleet.dev", "-n", "default"], True),
+        (operator, ["delete", "nodes"], False),
+        (gateway, ["list", "endpointslices.discovery.k8s.io", "-n", "default"], True),
+        (gateway, ["create", "deployments.apps", "-n", "default"], False),
+    ]
+    failed = []
+    for user, args, expected in checks:
+        out = control_plane.kubectl("auth", "can-i", "--as", user, *args, check=False)
+        if (out.stdout.strip() == "yes") != expected:
+            failed.append(f"{user} {' '.join(args)}: {out.stdout.strip()} {out.stderr.strip()}")
+    results.record(rbac_applied=not failed, rbac_checks=len(checks))
+    assert not failed, failed
