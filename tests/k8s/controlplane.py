@@ -176,14 +176,19 @@ class ControlPlane:
             raise urllib.error.HTTPError(self.server + path, status, str(body), Message(), None)
         return body
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """One call as the admin (stdlib client, bounded by a timeout): (status, JSON body)."""
+    def request(
+        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
+    ) -> tuple[int, Any]:
+        """One call as the admin (stdlib client, bounded by a timeout): (status, JSON body).
+        PATCH bodies are JSON merge patches unless ``content_type`` says otherwise."""
         data = None if body is None else json.dumps(body).encode()
+        if method == "PATCH" and content_type == "application/json":
+            content_type = "application/merge-patch+json"
         request = urllib.request.Request(
             self.server + path,
             data=data,
             method=method,
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": content_type},
         )
         context = ssl.create_default_context(cafile=str(self.ca_path))
         try:
@@ -323,6 +328,9 @@ class ControlPlane:
                 f"--service-account-private-key-file={keys / 'sa.key'}",
                 f"--root-ca-file={self.ca_path}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # no kubelet heartbeats here: registered Nodes stay Ready for the whole run
+                "--node-monitor-grace-period=30m",
+                "--node-startup-grace-period=30m",
                 "--v=1",
             ],
         )
