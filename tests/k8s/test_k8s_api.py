@@ -54,13 +54,12 @@ def crds(control_plane: ControlPlane, results: Results) -> int:
 @pytest.fixture(scope="session")
 def rbac(control_plane: ControlPlane, results: Results) -> list[Obj]:
     """The namespace, service accounts, roles, bindings and config maps of deploy/manifests
-    created for real (the workloads only dry-run: no kubelet runs them here)."""
-    docs = documents(DEPLOY / "manifests" / "warmfleet.yaml")
-    control_plane.kubectl(
-        "apply", "--dry-run=server", "-f", str(DEPLOY / "manifests" / "warmfleet.yaml")
-    )
-    real = [doc for doc in docs if doc["kind"] in RBAC_KINDS]
+    created for real, then the whole file applied as a server-side dry run (the workloads are
+    not created: the DaemonSet and Deployments would need images this test kubelet lacks)."""
+    manifests = DEPLOY / "manifests" / "warmfleet.yaml"
+    real = [doc for doc in documents(manifests) if doc["kind"] in RBAC_KINDS]
     control_plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(real))
+    control_plane.kubectl("apply", "--dry-run=server", "-f", str(manifests))  # the workloads too
     results.record(rbac_objects_applied=len(real), manifests_dry_run_ok=True)
     return real
 
