@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import kopf
 
+from warmfleet.kube import client as kube
 from warmfleet.kube.access import read_token
-from warmfleet.operator import kube
 from warmfleet.operator.controller import Controller
 from warmfleet.operator.gateway_metrics import GatewayService, scraper
 

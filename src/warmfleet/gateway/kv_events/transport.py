@@ -12,16 +12,16 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from warmfleet.core.types import InstanceId
-from warmfleet.gateway.kv_events.translator import BatchConsumer
-from warmfleet.gateway.kv_events.view import ReplayRequest
-from warmfleet.gateway.kv_events.wire import (
+from warmfleet.api.kv_events import (
     TOPIC_PREFIX,
     EventBatch,
     KvEventDecodeError,
     decode_frames,
     instance_of_topic,
 )
+from warmfleet.core.types import InstanceId
+from warmfleet.gateway.kv_events.translator import BatchConsumer
+from warmfleet.gateway.kv_events.view import ReplayRequest
 
 log = logging.getLogger(__name__)
 # vLLM's replay socket ends an answer with this sequence number (and an empty topic)
