@@ -79,7 +79,7 @@ bench-cache: $(DEV_STAMP)
 # (`warmfleet up` machinery: 3 nodes, 200 MB model, 100 MB/s origin; < 5 min), merged top-level
 bench-fleet: $(STAMP)
 	$(BIN)/warmfleet fleet whatif --out bench-results/fleet.json
-	$(BIN)/python -m warmfleet.operator.embedded.acceptance --out bench-results/fleet.json
+	$(BIN)/python -m warmfleet.local.acceptance --out bench-results/fleet.json
 
 clean:
 	rm -rf $(VENV) bench-results warmfleet-report .mypy_cache .ruff_cache .pytest_cache

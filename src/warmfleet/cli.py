@@ -13,6 +13,7 @@ from warmfleet.agent.cli import cache_app
 from warmfleet.bench import conformance, loadgen_cli, sim_cli
 from warmfleet.emulator import cli as emulator_cli
 from warmfleet.gateway import cli as gateway_cli
+from warmfleet.local import cli as local_cli
 from warmfleet.operator import cli as fleet_cli
 
 app = typer.Typer(
@@ -44,6 +45,7 @@ conformance.register(app)
 loadgen_cli.register(app)
 gateway_cli.register(app)
 fleet_cli.register(app)
+local_cli.register(app)  # top-level `warmfleet up` and `warmfleet status`
 emulator_cli.register(app)
 app.add_typer(cache_app, name="cache")
 

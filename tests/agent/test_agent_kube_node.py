@@ -19,9 +19,9 @@ from warmfleet.agent.cache_links import READY_MARKER, CacheLinks
 from warmfleet.agent.kube_node import parse_assignments
 from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.testing.origin import Blob
+from warmfleet.api.names import ANN_ASSIGNED, ANN_CACHE_STATUS
+from warmfleet.api.resources import ModelSource
 from warmfleet.control.actions import NodeCacheAssignment
-from warmfleet.control.names import ANN_ASSIGNED, ANN_CACHE_STATUS
-from warmfleet.control.resources import ModelSource
 from warmfleet.operator import render
 
 NODE = "gpu-node-0"

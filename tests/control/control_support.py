@@ -5,15 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from warmfleet.control.actions import Action
-from warmfleet.control.observed import (
-    DesiredEndpoint,
-    NodeCacheReport,
-    NodeCacheState,
-    ObservedNode,
-)
-from warmfleet.control.reconciler import plan
-from warmfleet.control.resources import (
+from warmfleet.api.resources import (
     GatePolicy,
     ImageCacheConfig,
     InferenceEndpointSpec,
@@ -22,6 +14,14 @@ from warmfleet.control.resources import (
     ProductionVariant,
     WeightsCacheConfig,
 )
+from warmfleet.control.actions import Action
+from warmfleet.control.observed import (
+    DesiredEndpoint,
+    NodeCacheReport,
+    NodeCacheState,
+    ObservedNode,
+)
+from warmfleet.control.reconciler import plan
 from warmfleet.control.world import FillOutcome, World
 
 READY = NodeCacheReport(NodeCacheState.READY, 10, 10)

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from warmfleet.api.resources import AutoscalingSpec
 from warmfleet.control.autoscaler import AutoscalerState, recommend
-from warmfleet.control.resources import AutoscalingSpec
 
 SPEC = AutoscalingSpec(
     enabled=True,

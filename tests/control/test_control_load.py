@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from control_support import endpoint, spec
 
-from warmfleet.control import names
+from warmfleet.api import names
+from warmfleet.api.resources import AutoscalingSpec, ProductionVariant
 from warmfleet.control.load import autoscale, in_flight_by_variant
 from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment
-from warmfleet.control.resources import AutoscalingSpec, ProductionVariant
 
 TEXT = """# HELP warmfleet_gateway_in_flight_requests In-flight requests
 # TYPE warmfleet_gateway_in_flight_requests gauge

@@ -10,12 +10,12 @@ from control_support import FAILED, READY, endpoint, run, spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warmfleet.control import names
+from warmfleet.api import names
+from warmfleet.api.resources import GatePolicy
 from warmfleet.control.actions import Action, ApplyDeployment
 from warmfleet.control.observed import NodeCacheReport, ObservedNode
 from warmfleet.control.placement import choose_nodes, preferences
 from warmfleet.control.reconciler import plan
-from warmfleet.control.resources import GatePolicy
 from warmfleet.control.world import World
 
 GATES = [

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from control_support import DOWNLOADING, FAILED, READY, Trace, endpoint, nodes, run, spec
 
-from warmfleet.control import names
+from warmfleet.api import names
+from warmfleet.api.resources import EndpointPhase, GatePolicy
 from warmfleet.control.actions import (
     ApplyDeployment,
     ApplyImageCache,
@@ -20,7 +21,6 @@ from warmfleet.control.actions import (
 )
 from warmfleet.control.observed import NodeCacheReport, NodeCacheState, ObservedNode
 from warmfleet.control.reconciler import plan
-from warmfleet.control.resources import EndpointPhase, GatePolicy
 from warmfleet.control.world import World
 from warmfleet.routing.config import RoutingConfig
 

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from warmfleet.control import names
+from warmfleet.api import names
+from warmfleet.api.resources import InferenceEndpointSpec, RolloutPolicy
 from warmfleet.control.actions import (
     ApplyDeployment,
     DeleteDeployment,
@@ -19,7 +20,6 @@ from warmfleet.control.actions import (
 )
 from warmfleet.control.observed import ObservedDeployment, ObservedReplica
 from warmfleet.control.reconciler import deployment_plan, plan
-from warmfleet.control.resources import InferenceEndpointSpec, RolloutPolicy
 from warmfleet.control.rollout import bounds, rolling_step
 from warmfleet.control.world import World
 from warmfleet.operator import render

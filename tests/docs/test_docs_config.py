@@ -52,7 +52,7 @@ from warmfleet.gateway.config import (
     parse_gateway_config,
 )
 from warmfleet.gateway.metrics import GatewayMetrics
-from warmfleet.operator.embedded.config import load_fleet
+from warmfleet.local.config import load_fleet
 from warmfleet.routing.config import STRATEGY_NAMES, PrefixHashConfig, StrategyConfig
 from warmfleet.routing.keys import KeyMode
 from warmfleet.sim.scenario import load_scenario_file
@@ -485,7 +485,7 @@ def test_which_documents_may_omit_apiversion_and_kind() -> None:
     """README: `Gateway` and `Emulator` must state apiVersion and kind; the others may not."""
     from warmfleet.cache.config import NodeCacheConfig  # noqa: PLC0415
     from warmfleet.emulator.config import EmulatorDocument  # noqa: PLC0415
-    from warmfleet.operator.embedded.config import LocalFleet  # noqa: PLC0415
+    from warmfleet.local.config import LocalFleet  # noqa: PLC0415
     from warmfleet.sim.scenario import ScenarioSpec  # noqa: PLC0415
 
     stated = "`Gateway` and `Emulator` documents must state both; `Scenario`, `NodeCacheConfig` and"

@@ -40,8 +40,8 @@ from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.core.jsonio import FAST_PARSE_MAX_VALUES, loads_body, loads_body_yielding
 from warmfleet.core.types import RoutingKey
 from warmfleet.gateway import tokenizer as tokenizer_module
-from warmfleet.gateway.body import SWITCH_INTERVAL_S
 from warmfleet.gateway.config import parse_gateway_config
+from warmfleet.gateway.openai.body import SWITCH_INTERVAL_S
 from warmfleet.gateway.server_config import LimitsConfig
 from warmfleet.gateway.state import RouterLike
 from warmfleet.gateway.tokenizer import HfChatTokenizer

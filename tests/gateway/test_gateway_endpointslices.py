@@ -16,9 +16,9 @@ from warmfleet.gateway.config import (
     VariantConfig,
     parse_gateway_config,
 )
-from warmfleet.gateway.endpointslices import belongs_to, instances_from_slices
-from warmfleet.gateway.inference_endpoints import derive_endpoints
-from warmfleet.gateway.kube_discovery import slice_watch
+from warmfleet.gateway.discovery.inference_endpoints import derive_endpoints
+from warmfleet.gateway.discovery.kubernetes import instances_from_slices, slice_watch
+from warmfleet.kube.endpointslices import belongs_to
 from warmfleet.routing.config import RoutingConfig
 
 

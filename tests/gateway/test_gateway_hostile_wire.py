@@ -21,9 +21,9 @@ from test_gateway_wire import (
 )
 
 from warmfleet.gateway.errors import plain_error
-from warmfleet.gateway.listener import HttpServer
-from warmfleet.gateway.messages import Request, Response, ServerLimits
-from warmfleet.gateway.wire import ServerConnection
+from warmfleet.gateway.http.listener import HttpServer
+from warmfleet.gateway.http.messages import Request, Response, ServerLimits
+from warmfleet.gateway.http.wire import ServerConnection
 
 HEAD_LIMIT = 64 * 1024
 

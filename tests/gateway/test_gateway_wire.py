@@ -18,15 +18,15 @@ import pytest
 from gateway_support import MODEL, backends_running, gateway_config, gateway_running
 
 from warmfleet.gateway.errors import plain_error
-from warmfleet.gateway.listener import HttpServer
-from warmfleet.gateway.messages import Request, Response, ServerLimits
-from warmfleet.gateway.upstream import (
+from warmfleet.gateway.http.listener import HttpServer
+from warmfleet.gateway.http.messages import Request, Response, ServerLimits
+from warmfleet.gateway.http.upstream import (
     Addr,
     UpstreamClosedError,
     UpstreamConnectError,
     UpstreamTimeout,
 )
-from warmfleet.gateway.upstream_pool import UpstreamPool
+from warmfleet.gateway.http.upstream_pool import UpstreamPool
 
 LIMIT = 64  # max_body_bytes of the servers below
 WAIT_S = 1.5  # liveness bound for a single read in these tests (never a timing assertion)

@@ -31,9 +31,9 @@ from test_gateway_wire import (
 
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.errors import plain_error
-from warmfleet.gateway.messages import Request, Response
-from warmfleet.gateway.routes import Routes
-from warmfleet.gateway.upstream import UpstreamClosedError, UpstreamConnection
+from warmfleet.gateway.http.messages import Request, Response
+from warmfleet.gateway.http.routes import Routes
+from warmfleet.gateway.http.upstream import UpstreamClosedError, UpstreamConnection
 
 WAIT_S = 1.5
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from warmfleet.api.resources import InferenceEndpoint
 from warmfleet.control.observed import DesiredEndpoint, ObservedNode
 from warmfleet.control.reconciler import plan
-from warmfleet.control.resources import InferenceEndpoint
 from warmfleet.control.world import World
 
 EXAMPLE = {

@@ -15,8 +15,9 @@ from typing import Any
 
 import aiohttp
 
-from warmfleet.control import names
-from warmfleet.operator import kube, render
+from warmfleet.api import names
+from warmfleet.kube import client as kube
+from warmfleet.operator import render
 
 Obj = dict[str, Any]
 NS = "default"

@@ -12,14 +12,14 @@ from typing import Any
 import aiohttp
 import pytest
 
+from warmfleet.api.resources import ModelSource
 from warmfleet.control.actions import NodeCacheAssignment
-from warmfleet.control.resources import ModelSource
-from warmfleet.operator.embedded import infra
-from warmfleet.operator.embedded.acceptance import ENDPOINT, endpoint_spec
-from warmfleet.operator.embedded.config import LocalFleet, origin_file
-from warmfleet.operator.embedded.fleet import EmbeddedFleet
-from warmfleet.operator.embedded.origin_proc import generate_model
-from warmfleet.operator.embedded.procs import module_argv, start_child, stop_all, wait_ready
+from warmfleet.local import infra
+from warmfleet.local.acceptance import ENDPOINT, endpoint_spec
+from warmfleet.local.config import LocalFleet, origin_file
+from warmfleet.local.fleet import EmbeddedFleet
+from warmfleet.local.origin_proc import generate_model
+from warmfleet.local.procs import module_argv, start_child, stop_all, wait_ready
 
 SIZE = 3_000_000
 TOKEN = "fleet-token"

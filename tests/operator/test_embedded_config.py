@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from warmfleet.core.errors import ConfigError
 from warmfleet.emulator.weights import WeightsLoadError, load_weights
-from warmfleet.operator.embedded.config import load_fleet, parse_fleet
-from warmfleet.operator.embedded.origin_proc import generate_model
-from warmfleet.operator.embedded.state import in_flight_by_instance, start_times
+from warmfleet.local.config import load_fleet, parse_fleet
+from warmfleet.local.origin_proc import generate_model
+from warmfleet.local.state import in_flight_by_instance, start_times
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from warmfleet.operator.embedded.acceptance import run_acceptance
-from warmfleet.operator.embedded.state import read_state, render
+from warmfleet.local.acceptance import run_acceptance
+from warmfleet.local.state import read_state, render
 
 
 async def test_rollover_and_cache_loss_lose_no_request(tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ from aiohttp import web
 from http_support import serving
 
 from warmfleet.control.reconciler import plan
-from warmfleet.operator.embedded.backoff import CrashBackoff
-from warmfleet.operator.embedded.config import parse_fleet
-from warmfleet.operator.embedded.fleet import EmbeddedFleet
-from warmfleet.operator.embedded.procs import start_child
-from warmfleet.operator.embedded.replicas import Replica
-from warmfleet.operator.embedded.state import trim_history
+from warmfleet.local.backoff import CrashBackoff
+from warmfleet.local.config import parse_fleet
+from warmfleet.local.fleet import EmbeddedFleet
+from warmfleet.local.procs import start_child
+from warmfleet.local.replicas import Replica
+from warmfleet.local.state import trim_history
 
 
 def _endpoint(name: str) -> dict[str, object]:

@@ -12,11 +12,12 @@ from aiohttp import web
 from http_support import Handler, serving
 from kmock_cluster import NS, FakeCluster, declare_resources, endpoint_body, forget_requests
 
-from warmfleet.control import names
+from warmfleet.api import names
 from warmfleet.control.load import in_flight_by_variant
-from warmfleet.gateway.endpointslices import SERVICE_NAME_LABEL as SERVICE_LABEL
+from warmfleet.kube import client as kube
 from warmfleet.kube.access import read_token
-from warmfleet.operator import kube, render
+from warmfleet.kube.endpointslices import SERVICE_NAME_LABEL as SERVICE_LABEL
+from warmfleet.operator import render
 from warmfleet.operator.controller import Controller, PassResult
 from warmfleet.operator.gateway_metrics import GatewayService, scraper
 

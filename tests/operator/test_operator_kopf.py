@@ -10,7 +10,7 @@ import aiohttp
 import kopf
 from kmock_cluster import NS, FakeCluster, declare_resources, endpoint_body, forget_requests
 
-from warmfleet.operator import kube
+from warmfleet.kube import client as kube
 from warmfleet.operator.handlers import build_registry
 
 

@@ -12,13 +12,13 @@ import pytest
 import yaml
 from fleet_world import endpoint_world
 
+from warmfleet.api import names
+from warmfleet.api.crds import all_crds
+from warmfleet.api.resources import InferenceEndpoint, wire
 from warmfleet.cache.config import load_node_config
-from warmfleet.control import names
-from warmfleet.control.crds import all_crds
 from warmfleet.control.reconciler import deployment_plan
-from warmfleet.control.resources import InferenceEndpoint, wire
 from warmfleet.gateway.config import parse_gateway_config
-from warmfleet.gateway.inference_endpoints import derive_endpoints
+from warmfleet.gateway.discovery.inference_endpoints import derive_endpoints
 from warmfleet.operator import render
 from warmfleet.operator.manifests import Values, agent_objects, gateway_objects, rendered_files
 

@@ -6,7 +6,7 @@ from typing import cast
 
 import pytest
 
-from warmfleet.control.resources import AutoscalingSpec
+from warmfleet.api.resources import AutoscalingSpec
 from warmfleet.sim.whatif import WhatIfParams, calibrate, run_scenario, run_whatif
 
 SMALL = WhatIfParams(

@@ -25,9 +25,9 @@ import aiohttp
 
 from warmfleet.agent.cache_links import CacheLinks, valid_cache_name
 from warmfleet.agent.fleet_node import Assignment, FleetNode
+from warmfleet.api.names import ANN_ASSIGNED, ANN_CACHE_STATUS
 from warmfleet.cache.config import KubernetesNodeSpec
 from warmfleet.cache.state import ArtifactRecord
-from warmfleet.control.names import ANN_ASSIGNED, ANN_CACHE_STATUS
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.kube.access import (
     KubeAccessError,

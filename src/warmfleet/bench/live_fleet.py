@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from warmfleet.api.resources import API_VERSION
 from warmfleet.bench.live_procs import (
     Child,
     ProcessError,
@@ -26,7 +27,6 @@ from warmfleet.bench.live_procs import (
 )
 from warmfleet.bench.loadgen_metrics import MetricsTarget
 
-API_VERSION = "warmfleet.dev/v1alpha1"
 MODEL = "warmfleet-emulated"
 ADMIN_TOKEN_ENV = "WARMFLEET_BENCH_ADMIN_TOKEN"
 ENDPOINT = "bench"

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from warmfleet.bench.passthrough import run_proxy_cli
-from warmfleet.gateway.messages import head_bytes
+from warmfleet.gateway.http.messages import head_bytes
 
 Addr = tuple[str, int]
 _HEALTH = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"

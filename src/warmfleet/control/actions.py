@@ -10,8 +10,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from warmfleet.control.names import short_hash
-from warmfleet.control.resources import (
+from warmfleet.api.names import short_hash
+from warmfleet.api.resources import (
     CacheStatus,
     EndpointStatus,
     ImageCacheSpec,

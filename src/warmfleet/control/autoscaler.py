@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from warmfleet.control.resources import AutoscalingSpec
+from warmfleet.api.resources import AutoscalingSpec
 
 
 @dataclass(frozen=True, slots=True)

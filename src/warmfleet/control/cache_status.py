@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from warmfleet.api.resources import ImageCacheStatus
 from warmfleet.control.actions import Action, UpdateImageCacheStatus, UpdateModelCacheStatus
 from warmfleet.control.observed import NodeCacheReport, ObservedState
-from warmfleet.control.resources import ImageCacheStatus
 from warmfleet.control.status import cache_status, target_nodes
 
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from warmfleet.control import names
-from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment, ObservedState
-from warmfleet.control.placement import unprepared_share
-from warmfleet.control.resources import (
+from warmfleet.api import names
+from warmfleet.api.resources import (
     CacheState,
     CacheSummary,
     Condition,
@@ -14,6 +12,8 @@ from warmfleet.control.resources import (
     ProductionVariant,
     ReplicaStatus,
 )
+from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment, ObservedState
+from warmfleet.control.placement import unprepared_share
 from warmfleet.control.status import cache_state, count, target_nodes
 
 

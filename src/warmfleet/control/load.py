@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from warmfleet.control import names
+from warmfleet.api import names
 from warmfleet.control.autoscaler import AutoscalerState, recommend
 from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from warmfleet.control.resources import (
+from warmfleet.api.resources import (
     CacheStatus,
     EndpointStatus,
     ImageCacheSpec,

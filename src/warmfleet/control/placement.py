@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from warmfleet.api.names import READY_VALUE, image_label, weights_label
 from warmfleet.control.actions import NodeAffinityPreference
-from warmfleet.control.names import READY_VALUE, image_label, weights_label
 from warmfleet.control.observed import ObservedNode
 
 WEIGHTS_PREFERENCE = 100

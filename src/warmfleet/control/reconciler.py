@@ -22,7 +22,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from warmfleet.control import names
+from warmfleet.api import names
+from warmfleet.api.resources import (
+    ImageCacheSpec,
+    ModelCacheSpec,
+    ParentReference,
+    ProductionVariant,
+)
 from warmfleet.control.actions import (
     Action,
     ApplyDeployment,
@@ -45,12 +51,6 @@ from warmfleet.control.cache_status import cache_status_actions
 from warmfleet.control.endpoint_status import endpoint_status, variant_replicas
 from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment, ObservedState
 from warmfleet.control.placement import preferences
-from warmfleet.control.resources import (
-    ImageCacheSpec,
-    ModelCacheSpec,
-    ParentReference,
-    ProductionVariant,
-)
 from warmfleet.control.rollout import rolling_step
 from warmfleet.control.status import count, gate_decision, target_nodes
 

@@ -17,8 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from warmfleet.api.resources import IntOrPercent, RolloutPolicy
 from warmfleet.control.observed import ObservedDeployment
-from warmfleet.control.resources import IntOrPercent, RolloutPolicy
 
 
 def resolve(value: IntOrPercent, replicas: int, *, round_up: bool) -> int:

@@ -10,14 +10,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from warmfleet.control.observed import NodeCacheReport, NodeCacheState, ObservedNode
-from warmfleet.control.resources import (
+from warmfleet.api.resources import (
     CacheState,
     CacheStatus,
     Condition,
     GatePolicy,
     NodeProgress,
 )
+from warmfleet.control.observed import NodeCacheReport, NodeCacheState, ObservedNode
 
 _IN_PROGRESS = frozenset(
     {NodeCacheState.PENDING, NodeCacheState.DOWNLOADING, NodeCacheState.VERIFYING}

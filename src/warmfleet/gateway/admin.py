@@ -36,8 +36,8 @@ from warmfleet.gateway.config import (
 )
 from warmfleet.gateway.errors import ConflictError, UnauthorizedError, error_response
 from warmfleet.gateway.fleet import build_router_or_raise
-from warmfleet.gateway.messages import Request, Response
-from warmfleet.gateway.routes import Routes
+from warmfleet.gateway.http.messages import Request, Response
+from warmfleet.gateway.http.routes import Routes
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.state import VariantRuntime
 from warmfleet.routing.config import RoutingConfig

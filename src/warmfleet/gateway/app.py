@@ -7,15 +7,15 @@ import random
 from pathlib import Path
 
 from warmfleet.core.errors import ConfigError
-from warmfleet.gateway.access_log import AccessLog
 from warmfleet.gateway.admin import AdminApi, add_admin_routes
 from warmfleet.gateway.config import GatewayConfig
 from warmfleet.gateway.errors import plain_error
-from warmfleet.gateway.handlers import Handlers, add_public_routes
+from warmfleet.gateway.http.access_log import AccessLog
+from warmfleet.gateway.http.listener import HttpServer
+from warmfleet.gateway.http.messages import ErrorFactory, Request, Response, ServerLimits
+from warmfleet.gateway.http.routes import Routes
 from warmfleet.gateway.kv_events.service import KvEventService
-from warmfleet.gateway.listener import HttpServer
-from warmfleet.gateway.messages import ErrorFactory, Request, Response, ServerLimits
-from warmfleet.gateway.routes import Routes
+from warmfleet.gateway.openai.handlers import Handlers, add_public_routes
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.state import RouterFactory, RouterLike
 from warmfleet.gateway.tokenizer import HfChatTokenizer

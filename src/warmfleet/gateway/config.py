@@ -25,7 +25,6 @@ from warmfleet.gateway.server_config import (
 )
 from warmfleet.routing.config import RoutingConfig
 
-API_VERSION = "warmfleet.dev/v1alpha1"
 KIND = "Gateway"
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 

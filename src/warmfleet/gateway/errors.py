@@ -17,10 +17,8 @@ from warmfleet.core.errors import (
     RequestTooLargeError,
     WarmfleetError,
 )
-from warmfleet.gateway.messages import Response
+from warmfleet.gateway.http.messages import INSTANCE_HEADER, REASON_HEADER, Response
 
-INSTANCE_HEADER = "x-warmfleet-instance"
-REASON_HEADER = "x-warmfleet-reason"
 NO_INSTANCE = "none"
 
 

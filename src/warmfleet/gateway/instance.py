@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from warmfleet.core.types import InstanceState
 from warmfleet.gateway.config import InstanceSpec
+from warmfleet.gateway.http.upstream import Origin
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.outlier import EJECTED, OutlierRecord
-from warmfleet.gateway.upstream import Origin
 
 
 class InstanceRuntime:

@@ -26,17 +26,17 @@ from warmfleet.gateway.errors import (
     status_and_type,
 )
 from warmfleet.gateway.fleet import GatewayState
-from warmfleet.gateway.messages import Request, Response
-from warmfleet.gateway.outlier import IN, PROBATION, FailureCause
-from warmfleet.gateway.relay import ATTEMPTS_HEADER, Attempt, Relay, Retry, prompt_id
-from warmfleet.gateway.state import RouterLike, VariantRuntime
-from warmfleet.gateway.upstream import (
+from warmfleet.gateway.http.messages import Request, Response
+from warmfleet.gateway.http.upstream import (
     Origin,
     UpstreamClosedError,
     UpstreamConnectError,
     UpstreamTimeout,
 )
-from warmfleet.gateway.upstream_pool import UpstreamPool
+from warmfleet.gateway.http.upstream_pool import UpstreamPool
+from warmfleet.gateway.outlier import IN, PROBATION, FailureCause
+from warmfleet.gateway.relay import ATTEMPTS_HEADER, Attempt, Relay, Retry, prompt_id
+from warmfleet.gateway.state import RouterLike, VariantRuntime
 
 log = logging.getLogger(__name__)
 

@@ -11,18 +11,13 @@ from typing import NoReturn
 
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.core.types import Decision, RoutingKey
-from warmfleet.gateway.errors import (
-    INSTANCE_HEADER,
-    REASON_HEADER,
-    UpstreamError,
-    UpstreamTimeoutError,
-)
+from warmfleet.gateway.errors import UpstreamError, UpstreamTimeoutError
+from warmfleet.gateway.http.messages import INSTANCE_HEADER, REASON_HEADER, Request, Response
+from warmfleet.gateway.http.upstream import Exchange
+from warmfleet.gateway.http.wire import ServerConnection
 from warmfleet.gateway.instance import InstanceRuntime
-from warmfleet.gateway.messages import Request, Response
 from warmfleet.gateway.outlier import FailureCause
 from warmfleet.gateway.state import VariantRuntime
-from warmfleet.gateway.upstream import Exchange
-from warmfleet.gateway.wire import ServerConnection
 
 _MAX_HELD_EVENT_BYTES = 1 << 20
 # On a retried request's answer (or its final error): how many instances were tried.

@@ -13,24 +13,27 @@ from aiohttp import ClientSession, DummyCookieJar, TCPConnector
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
-from warmfleet.gateway.body import BodyWorker
 from warmfleet.gateway.config import (
     EndpointConfig,
     GatewayConfig,
     InferenceEndpointsSource,
     load_gateway_config,
 )
-from warmfleet.gateway.discovery import FileDiscovery
+from warmfleet.gateway.discovery.files import FileDiscovery
+from warmfleet.gateway.discovery.inference_endpoints import (
+    InferenceEndpointSync,
+    derive_endpoints,
+)
+from warmfleet.gateway.discovery.kubernetes import KubeDiscovery
 from warmfleet.gateway.fleet import GatewayState, build_router_or_raise
 from warmfleet.gateway.health import HealthMonitor
-from warmfleet.gateway.inference_endpoints import InferenceEndpointSync, derive_endpoints
-from warmfleet.gateway.kube_discovery import KubeDiscovery
+from warmfleet.gateway.http.upstream_pool import UpstreamPool
 from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.metrics import GatewayMetrics
-from warmfleet.gateway.models import ModelsCache
+from warmfleet.gateway.openai.body import BodyWorker
+from warmfleet.gateway.openai.models import ModelsCache
 from warmfleet.gateway.proxy import Proxy
 from warmfleet.gateway.state import RouterFactory
-from warmfleet.gateway.upstream_pool import UpstreamPool
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ class Gateway:
         self._models: ModelsCache | None = None
         self._sessions: list[ClientSession] = []
         self._pool: UpstreamPool | None = None
-        # Parses and keys bodies over limits.offload_body_bytes (gateway/body.py).
+        # Parses and keys bodies over limits.offload_body_bytes (gateway/openai/body.py).
         self.body_worker = BodyWorker()
         # Called after a new config was applied (the HTTP server takes its new limits).
         self.on_applied: list[Callable[[GatewayConfig], None]] = []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from warmfleet.gateway.app import GatewayApp, create_app
 from warmfleet.gateway.config import load_gateway_config
-from warmfleet.gateway.memory import HeapTrimmer, PeriodicTrim
+from warmfleet.gateway.http.memory import HeapTrimmer, PeriodicTrim
 from warmfleet.gateway.runtime import Gateway
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ import typer
 
 from warmfleet.core.config import load_yaml_text, parse_document
 from warmfleet.core.errors import ConfigError
-from warmfleet.operator.embedded import cli as embedded_cli
 
 fleet_app = typer.Typer(
     no_args_is_help=True, help="Fleet controller: what-if, manifests, operator."
@@ -90,4 +89,3 @@ def operator(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(fleet_app, name="fleet")
-    embedded_cli.register(app)  # top-level `warmfleet up` and `warmfleet status`

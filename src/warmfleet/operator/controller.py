@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from warmfleet.control import names
+from warmfleet.api import names
 from warmfleet.control.actions import (
     Action,
     ApplyDeployment,
@@ -32,7 +32,8 @@ from warmfleet.control.autoscaler import AutoscalerState
 from warmfleet.control.load import VariantKey, autoscale, in_flight_by_variant
 from warmfleet.control.observed import DesiredEndpoint, ObservedState
 from warmfleet.control.reconciler import plan
-from warmfleet.operator import kube, render
+from warmfleet.kube import client as kube
+from warmfleet.operator import render
 from warmfleet.operator.observe import ANN_AUTOSCALED, Snapshot, desired_endpoints, observed_state
 
 log = logging.getLogger(__name__)

@@ -16,11 +16,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+from yarl import URL
 
-from warmfleet.gateway.endpointslices import belongs_to, instances_from_slices
-from warmfleet.operator import kube
+from warmfleet.kube import client as kube
+from warmfleet.kube.endpointslices import belongs_to, endpoints_from_slices
 
 log = logging.getLogger(__name__)
+
+
+def _metrics_url(_pod: str, url: str) -> str:
+    """A gateway pod's metrics URL (``ValueError`` if its address makes no URL)."""
+    return str(URL(url) / "metrics")
+
+
 Scrape = Callable[[], Awaitable[list[str | None]]]
 
 
@@ -69,7 +77,7 @@ def scraper(
             )
             return None
         mine = [s for s in slices if belongs_to(s, service.name)]
-        return [f"{i.url}/metrics" for i in instances_from_slices(mine, service.port)]
+        return endpoints_from_slices(mine, service.port, _metrics_url)
 
     async def scrape() -> list[str | None]:
         """All gateways at once (one slow pod costs one timeout, not one per pod)."""

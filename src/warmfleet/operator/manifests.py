@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from warmfleet.control.crds import all_crds
-from warmfleet.control.names import LABEL_MANAGED_BY, MANAGER
+from warmfleet.api.crds import all_crds
+from warmfleet.api.names import LABEL_MANAGED_BY, MANAGER
 
 Obj = dict[str, Any]
 VERSION = "0.1.0"

@@ -11,7 +11,15 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from warmfleet.control import names
+from warmfleet.api import names
+from warmfleet.api.resources import (
+    CacheStatus,
+    EndpointStatus,
+    ImageCacheSpec,
+    ImageCacheStatus,
+    InferenceEndpointSpec,
+    ModelCacheSpec,
+)
 from warmfleet.control.observed import (
     DesiredEndpoint,
     NodeCacheReport,
@@ -22,14 +30,6 @@ from warmfleet.control.observed import (
     ObservedNode,
     ObservedReplica,
     ObservedState,
-)
-from warmfleet.control.resources import (
-    CacheStatus,
-    EndpointStatus,
-    ImageCacheSpec,
-    ImageCacheStatus,
-    InferenceEndpointSpec,
-    ModelCacheSpec,
 )
 from warmfleet.operator import render
 

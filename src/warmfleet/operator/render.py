@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from warmfleet.control import names
+from warmfleet.api import names
 from warmfleet.control.actions import DeploymentPlan, NodeCacheAssignment
 
 ANN_ASSIGNED = names.ANN_ASSIGNED

@@ -41,8 +41,6 @@ from warmfleet.sim.workloads.traces import (
     sharegpt_replay,
 )
 
-API_VERSION = "warmfleet.dev/v1alpha1"
-
 WorkloadConfig = Annotated[
     AwsLongContextConfig
     | ShareGptReplayConfig

@@ -32,11 +32,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from warmfleet.api.names import READY_VALUE, image_label, weights_label
+from warmfleet.api.resources import AutoscalingSpec
 from warmfleet.control.autoscaler import AutoscalerState, recommend
-from warmfleet.control.names import READY_VALUE, image_label, weights_label
 from warmfleet.control.observed import ObservedNode
 from warmfleet.control.placement import choose_nodes, preferences
-from warmfleet.control.resources import AutoscalingSpec
 from warmfleet.core.config import StrictModel
 from warmfleet.engine.events import EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel

@@ -33,15 +33,7 @@ deadline; if no batch arrives from that instance within ``silence_timeout_s`` it
 ``approximate`` too. See docs/real-vllm.md.
 """
 
-from warmfleet.gateway.kv_events.translator import (
-    BatchConsumer,
-    ExactIndex,
-    KvEventTranslator,
-    router_block_hashes,
-)
-from warmfleet.gateway.kv_events.transport import KvEventRelay, KvEventSubscriber
-from warmfleet.gateway.kv_events.view import TranslatorStats
-from warmfleet.gateway.kv_events.wire import (
+from warmfleet.api.kv_events import (
     TOPIC_PREFIX,
     AllBlocksCleared,
     BlockRemoved,
@@ -54,6 +46,14 @@ from warmfleet.gateway.kv_events.wire import (
     encode_frames,
     instance_of_topic,
 )
+from warmfleet.gateway.kv_events.translator import (
+    BatchConsumer,
+    ExactIndex,
+    KvEventTranslator,
+    router_block_hashes,
+)
+from warmfleet.gateway.kv_events.transport import KvEventRelay, KvEventSubscriber
+from warmfleet.gateway.kv_events.view import TranslatorStats
 from warmfleet.gateway.kv_events.wiring import ExactModeRouter, KvEventFeed
 
 __all__ = [

@@ -10,6 +10,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import xxhash
 
+from warmfleet.api.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEvent,
+    Mode,
+)
 from warmfleet.core.types import InstanceId
 from warmfleet.gateway.kv_events.view import (
     InstanceView,
@@ -17,14 +25,6 @@ from warmfleet.gateway.kv_events.view import (
     TranslatorStats,
     follows_group,
     prune_untracked,
-)
-from warmfleet.gateway.kv_events.wire import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-    KvEvent,
-    Mode,
 )
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import NamedTuple
 
+from warmfleet.api.kv_events import EngineHash, EventBatch, Mode
 from warmfleet.core.types import InstanceId
-from warmfleet.gateway.kv_events.wire import EngineHash, EventBatch, Mode
 
 # Translations of blocks not known to be held (a removal lost in an unrecovered gap leaves one
 # behind for good) are kept up to this many per instance, or twice the most blocks it was seen

@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from warmfleet.api.kv_events import EventBatch
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
 from warmfleet.gateway.kv_events.translator import ExactIndex, KvEventTranslator
 from warmfleet.gateway.kv_events.view import ReplayRequest
-from warmfleet.gateway.kv_events.wire import EventBatch
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import Tokenizer
 from warmfleet.routing.router import Router

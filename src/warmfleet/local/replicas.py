@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from warmfleet.control.observed import DesiredEndpoint, ObservedReplica
-from warmfleet.operator.embedded.procs import Child, emulate_argv, start_child
+from warmfleet.local.procs import Child, emulate_argv, start_child
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-from warmfleet.gateway.messages import ErrorFactory, Handler, Request, Response
+from warmfleet.gateway.http.messages import ErrorFactory, Handler, Request, Response
 
 _PARAM = re.compile(r"\{(\w+)\}")
 

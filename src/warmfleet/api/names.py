@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+from warmfleet.api.resources import InferenceEndpointSpec, ModelSource
 from warmfleet.cache.presigned import identity_uri
-from warmfleet.control.resources import InferenceEndpointSpec, ModelSource
 
 LABEL_PREFIX_WEIGHTS = "weights.warmfleet.dev/"
 LABEL_PREFIX_IMAGE = "image.warmfleet.dev/"

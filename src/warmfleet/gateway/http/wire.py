@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from warmfleet.gateway.access_log import CLIENT_CLOSED
-from warmfleet.gateway.answers import AnswerWriter
-from warmfleet.gateway.messages import Request
+from warmfleet.gateway.http.access_log import CLIENT_CLOSED
+from warmfleet.gateway.http.answers import AnswerWriter
+from warmfleet.gateway.http.messages import Request
 
 if TYPE_CHECKING:
-    from warmfleet.gateway.listener import HttpServer
+    from warmfleet.gateway.http.listener import HttpServer
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@
    node is refilled (agent restarted / data re-downloaded) and gets its label back; no request
    may fail.
 
-``python -m warmfleet.operator.embedded.acceptance --out bench-results/fleet.json`` merges the
+``python -m warmfleet.local.acceptance --out bench-results/fleet.json`` merges the
 figures into the file as top-level fields (the what-if stays under its own key).
 """
 
@@ -26,13 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from warmfleet.control.names import weights_label
-from warmfleet.control.resources import EndpointPhase, InferenceEndpointSpec
+from warmfleet.api.names import weights_label
+from warmfleet.api.resources import EndpointPhase, InferenceEndpointSpec
 from warmfleet.core.errors import WarmfleetError
-from warmfleet.operator.embedded.config import LocalFleet, parse_fleet
-from warmfleet.operator.embedded.fleet import EmbeddedFleet
-from warmfleet.operator.embedded.load import SteadyLoad
-from warmfleet.operator.embedded.state import start_times
+from warmfleet.local.config import LocalFleet, parse_fleet
+from warmfleet.local.fleet import EmbeddedFleet
+from warmfleet.local.load import SteadyLoad
+from warmfleet.local.state import start_times
 
 ENDPOINT = "demo"
 

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from time import monotonic
 
-from warmfleet.gateway.upstream import (
+from warmfleet.gateway.http.upstream import (
     Addr,
     UpstreamConnectError,
     UpstreamConnection,

@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from warmfleet.gateway.config import KubernetesDiscovery
-from warmfleet.gateway.endpointslices import SERVICE_NAME_LABEL, belongs_to, instances_from_slices
+from warmfleet.gateway.config import InstanceSpec, KubernetesDiscovery
 from warmfleet.gateway.fleet import GatewayState
 from warmfleet.kube.access import read_own
+from warmfleet.kube.endpointslices import SERVICE_NAME_LABEL, belongs_to, endpoints_from_slices
 from warmfleet.kube.watch import ListWatch
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,15 @@ _SLICES = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 _TICK_S = 0.5
 
 WatchKey = tuple[str, str, str]  # endpoint, variant, discovery config (JSON)
+
+
+def instances_from_slices(
+    slices: Iterable[Mapping[str, Any]], port: str | int, scheme: str = "http"
+) -> list[InstanceSpec]:
+    """The ready instances behind a Service's slices, sorted by id (deterministic)."""
+    return endpoints_from_slices(
+        slices, port, lambda iid, url: InstanceSpec(id=iid, url=url), scheme
+    )
 
 
 def slice_watch(owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery) -> ListWatch:

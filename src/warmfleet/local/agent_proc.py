@@ -1,6 +1,6 @@
 """One embedded node's agent, run as a child process (so killing it is real).
 
-``python -m warmfleet.operator.embedded.agent_proc --root DIR --budget BYTES --ready-file F``
+``python -m warmfleet.local.agent_proc --root DIR --budget BYTES --ready-file F``
 
 It is the cache agent (``warmfleet.agent``: ``CacheManager`` and its status API) plus the fleet's
 node protocol (``warmfleet.agent.fleet_node``) over HTTP, the embedded form of the
@@ -31,7 +31,7 @@ from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
 from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, StatusSpec
 from warmfleet.core.errors import WarmfleetError
-from warmfleet.operator.embedded.procs import AGENT_TOKEN_ENV, serve_announced
+from warmfleet.local.procs import AGENT_TOKEN_ENV, serve_announced
 
 log = logging.getLogger("warmfleet.embedded.agent")
 TICK_S = 0.25

@@ -10,11 +10,11 @@ from typing import Any
 
 from warmfleet.core.errors import BadRequestError, WarmfleetError
 from warmfleet.core.types import RoutingKey
-from warmfleet.gateway.body import check_key_body_size, openai_fields, parse_request_body
 from warmfleet.gateway.errors import error_response, status_and_type
-from warmfleet.gateway.messages import Request, Response
+from warmfleet.gateway.http.messages import Request, Response
+from warmfleet.gateway.http.routes import Routes
 from warmfleet.gateway.metrics import CONTENT_TYPE
-from warmfleet.gateway.routes import Routes
+from warmfleet.gateway.openai.body import check_key_body_size, openai_fields, parse_request_body
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.server_config import LimitsConfig
 from warmfleet.gateway.state import RouterLike

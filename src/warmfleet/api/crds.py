@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from warmfleet.control.resources import (
+from warmfleet.api.resources import (
     API_GROUP,
     API_VERSION_NAME,
     CacheStatus,

@@ -1,4 +1,5 @@
-"""Kubernetes EndpointSlices -> instances (pure: no I/O; ``kube_discovery`` feeds it).
+"""Kubernetes EndpointSlices -> ready endpoints (pure: no I/O; the gateway's Kubernetes discovery
+and the operator's gateway-metrics scrape feed it).
 
 Follows the ``discovery.k8s.io/v1`` semantics a kube-proxy user expects:
 
@@ -17,10 +18,10 @@ Follows the ``discovery.k8s.io/v1`` semantics a kube-proxy user expects:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
-from warmfleet.gateway.config import InstanceSpec
+T = TypeVar("T")
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -61,11 +62,16 @@ def _instance_id(endpoint: Mapping[str, Any], address: str, number: int) -> str:
     return _ID_UNSAFE.sub("-", f"{address}-{number}").strip("-.")[:63]
 
 
-def instances_from_slices(
-    slices: Iterable[Mapping[str, Any]], port: str | int, scheme: str = "http"
-) -> list[InstanceSpec]:
-    """The ready instances behind a Service's slices, sorted by id (deterministic)."""
-    found: dict[str, InstanceSpec] = {}
+def endpoints_from_slices(
+    slices: Iterable[Mapping[str, Any]],
+    port: str | int,
+    make: Callable[[str, str], T],
+    scheme: str = "http",
+) -> list[T]:
+    """The ready endpoints behind a Service's slices, sorted by id (deterministic), each built
+    by ``make(id, url)``; an endpoint whose ``make`` raises ``ValueError`` (an address no URL can
+    carry) is skipped."""
+    found: dict[str, T] = {}
     for slice_obj in slices:
         address_type = slice_obj.get("addressType", "IPv4")
         number = slice_port(slice_obj, port)
@@ -84,7 +90,7 @@ def instances_from_slices(
             if iid in found:
                 continue
             try:
-                found[iid] = InstanceSpec(id=iid, url=url)
+                found[iid] = make(iid, url)
             except ValueError:  # an address no URL can carry: that endpoint is skipped
                 continue
     return [found[iid] for iid in sorted(found)]

@@ -12,19 +12,19 @@ from warmfleet.control.observed import NodeCacheReport, NodeCacheState
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.server import StartedApp, start_app
-from warmfleet.operator.embedded.config import LocalFleetSpec, origin_file
-from warmfleet.operator.embedded.origin_proc import generate_model
-from warmfleet.operator.embedded.procs import (
+from warmfleet.local.config import LocalFleetSpec, origin_file
+from warmfleet.local.origin_proc import generate_model
+from warmfleet.local.procs import (
     AGENT_TOKEN_ENV,
     Child,
     module_argv,
     start_child,
     wait_ready,
 )
-from warmfleet.operator.embedded.replicas import instance_file, write_instances
+from warmfleet.local.replicas import instance_file, write_instances
 
-AGENT_MODULE = "warmfleet.operator.embedded.agent_proc"
-ORIGIN_MODULE = "warmfleet.operator.embedded.origin_proc"
+AGENT_MODULE = "warmfleet.local.agent_proc"
+ORIGIN_MODULE = "warmfleet.local.origin_proc"
 _STATES = {s.value: s for s in NodeCacheState}
 
 

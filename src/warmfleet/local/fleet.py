@@ -41,18 +41,18 @@ from warmfleet.control.placement import choose_nodes
 from warmfleet.control.reconciler import plan
 from warmfleet.control.world import World
 from warmfleet.gateway.server import StartedApp
-from warmfleet.operator.embedded import infra
-from warmfleet.operator.embedded.backoff import CrashBackoff
-from warmfleet.operator.embedded.config import EndpointEntry, LocalFleet, origin_path
-from warmfleet.operator.embedded.procs import Child, stop_all
-from warmfleet.operator.embedded.replicas import (
+from warmfleet.local import infra
+from warmfleet.local.backoff import CrashBackoff
+from warmfleet.local.config import EndpointEntry, LocalFleet, origin_path
+from warmfleet.local.procs import Child, stop_all
+from warmfleet.local.replicas import (
     EngineArgs,
     Replica,
     drained,
     start_replica,
     write_instance_files,
 )
-from warmfleet.operator.embedded.state import (
+from warmfleet.local.state import (
     MAX_EVENTS,
     MAX_HISTORY,
     in_flight_by_instance,

@@ -10,9 +10,9 @@ from collections import deque
 from time import monotonic
 from typing import Any
 
-from warmfleet.gateway.access_log import AccessLog
-from warmfleet.gateway.messages import ErrorFactory, Handler, ServerLimits
-from warmfleet.gateway.wire import ServerConnection
+from warmfleet.gateway.http.access_log import AccessLog
+from warmfleet.gateway.http.messages import ErrorFactory, Handler, ServerLimits
+from warmfleet.gateway.http.wire import ServerConnection
 
 
 def default_max_connections() -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from time import monotonic
 
-from warmfleet.gateway.messages import Request, Response, ServerLimits, head_bytes
+from warmfleet.gateway.http.messages import Request, Response, ServerLimits, head_bytes
 
 _BODYLESS = frozenset((204, 304))
 # After an error answer the connection stops reading requests but keeps draining the client's

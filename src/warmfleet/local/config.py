@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from warmfleet.api.resources import InferenceEndpointSpec, WireModel
 from warmfleet.cache.config import Size
-from warmfleet.control.resources import InferenceEndpointSpec, WireModel
 from warmfleet.core.config import load_yaml_file, parse_document
 from warmfleet.core.errors import ConfigError
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from warmfleet.gateway.errors import INSTANCE_HEADER, REASON_HEADER
-from warmfleet.gateway.messages import Request
+from warmfleet.gateway.http.messages import INSTANCE_HEADER, REASON_HEADER, Request
 
 CLIENT_CLOSED = 499
 

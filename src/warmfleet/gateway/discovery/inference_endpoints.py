@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from warmfleet.control.names import service_name
-from warmfleet.control.resources import InferenceEndpointSpec
+from warmfleet.api.names import service_name
+from warmfleet.api.resources import InferenceEndpointSpec
 from warmfleet.gateway.config import (
     EndpointConfig,
     InferenceEndpointsSource,

@@ -11,9 +11,13 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from warmfleet.gateway.wire import ServerConnection
+    from warmfleet.gateway.http.wire import ServerConnection
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+# The response headers that say which instance answered and why it was chosen (the routing reason).
+INSTANCE_HEADER = "x-warmfleet-instance"
+REASON_HEADER = "x-warmfleet-reason"
 
 
 class Request:

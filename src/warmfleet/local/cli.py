@@ -13,9 +13,9 @@ import typer
 from rich.console import Console
 
 from warmfleet.core.errors import ConfigError, WarmfleetError
-from warmfleet.operator.embedded.config import LocalFleet, load_fleet
-from warmfleet.operator.embedded.fleet import EmbeddedFleet
-from warmfleet.operator.embedded.state import read_state, render
+from warmfleet.local.config import LocalFleet, load_fleet
+from warmfleet.local.fleet import EmbeddedFleet
+from warmfleet.local.state import read_state, render
 
 log = logging.getLogger("warmfleet.embedded")
 DEFAULT_WORKDIR = Path(".warmfleet/fleet")

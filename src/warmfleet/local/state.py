@@ -12,13 +12,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from warmfleet.control.names import READY_VALUE
+from warmfleet.api.names import READY_VALUE
+from warmfleet.api.resources import wire
 from warmfleet.control.placement import unprepared_share
-from warmfleet.control.resources import wire
 from warmfleet.core.errors import NotFoundError
 
 if TYPE_CHECKING:
-    from warmfleet.operator.embedded.fleet import EmbeddedFleet
+    from warmfleet.local.fleet import EmbeddedFleet
 
 STATE_FILE = "state.json"
 IN_FLIGHT = "warmfleet_gateway_in_flight_requests"

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import httptools
 
 if TYPE_CHECKING:
-    from warmfleet.gateway.upstream_pool import UpstreamPool
+    from warmfleet.gateway.http.upstream_pool import UpstreamPool
 
 
 class Origin:

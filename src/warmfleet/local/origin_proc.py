@@ -1,6 +1,6 @@
 """The model origin of the embedded fleet: synthetic weights files served over HTTP.
 
-``python -m warmfleet.operator.embedded.origin_proc --dir DIR --ready-file F [--throttle BPS]``
+``python -m warmfleet.local.origin_proc --dir DIR --ready-file F [--throttle BPS]``
 serves every file of DIR at ``/files/<name>`` (ranges, ETag, ``Repr-Digest``; one token bucket
 over all connections, i.e. an origin with a fixed bandwidth, like a bucket behind a link) using
 the agent's test origin. ``generate_model`` writes the synthetic weights.
@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 
 from warmfleet.agent.testing.origin import Blob, Origin
-from warmfleet.operator.embedded.procs import serve_announced
+from warmfleet.local.procs import serve_announced
 
 BLOCK_BYTES = 1 << 20
 

@@ -1,1 +1,0 @@
-"""The embedded local backend: ``warmfleet up fleet.yaml`` runs a whole fleet on this machine."""
