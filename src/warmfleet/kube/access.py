@@ -1,5 +1,6 @@
 """Reaching the API server as ``KubeApiSpec`` says: its URL, the bearer token (re-read on every
-call: projected service-account tokens rotate) and TLS trust."""
+call: projected service-account tokens rotate) and TLS trust; in a pod from the service account,
+outside one from a kubeconfig file (its current context, or ``context``)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,48 @@ from typing import Any
 
 import aiohttp
 
-from warmfleet.core.errors import WarmfleetError
+from warmfleet.core.config import load_yaml_text
+from warmfleet.core.errors import ConfigError, WarmfleetError
 from warmfleet.core.kubeapi import KubeApiSpec
+from warmfleet.core.kubeconfig import KubeContext, kube_context
+from warmfleet.kube.endpointslices import served_versions
 
 
 class KubeAccessError(WarmfleetError):
     """The API server cannot be located or answered with an error."""
 
 
+_KUBECONFIGS: dict[tuple[str, str | None], tuple[int, KubeContext]] = {}
+
+
+def kubeconfig_context(spec: KubeApiSpec) -> KubeContext | None:
+    """The context ``spec.kubeconfig`` names (``None`` without a kubeconfig); the file is
+    parsed again when it changes. ``KubeAccessError`` if it cannot be read or used."""
+    if spec.kubeconfig is None:
+        return None
+    path = Path(spec.kubeconfig).expanduser()
+    key = (str(path), spec.context)
+    try:
+        mtime = path.stat().st_mtime_ns
+        cached = _KUBECONFIGS.get(key)
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        data = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
+        context = kube_context(data, str(path), path.parent, spec.context)
+    except OSError as err:
+        raise KubeAccessError(f"kubeconfig {path}: cannot read: {err}") from err
+    except ConfigError as err:
+        raise KubeAccessError(str(err)) from err
+    _KUBECONFIGS[key] = (mtime, context)
+    return context
+
+
 def api_server(spec: KubeApiSpec) -> str:
     if spec.api_server is not None:
         return spec.api_server
+    context = kubeconfig_context(spec)
+    if context is not None:
+        return context.server
     host = os.environ.get("KUBERNETES_SERVICE_HOST")
     port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     if not host:
@@ -42,15 +74,40 @@ def read_token(path: str) -> str | None:
         return None
 
 
+def bearer_token(spec: KubeApiSpec) -> str | None:
+    """The bearer token as it is now: the kubeconfig context's (inline, or its token file),
+    else ``token_path``'s; ``None`` if there is none."""
+    context = kubeconfig_context(spec)
+    if context is None:
+        return read_token(spec.token_path)
+    return context.token or (read_token(context.token_path) if context.token_path else None)
+
+
 def auth_headers(spec: KubeApiSpec) -> dict[str, str]:
-    """``Authorization: Bearer <token>`` when the token file exists, else none."""
-    token = read_token(spec.token_path)
+    """``Authorization: Bearer <token>`` when there is a token, else none."""
+    token = bearer_token(spec)
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def tls(spec: KubeApiSpec) -> ssl.SSLContext | bool:
-    """The cluster CA when its file exists, else the system's trust store (``True``)."""
-    return ssl.create_default_context(cafile=spec.ca_path) if Path(spec.ca_path).exists() else True
+    """With a kubeconfig, its context's CA (data or file; no verification if it says
+    ``insecure-skip-tls-verify``); else the cluster CA when its file exists; else the system's
+    trust store (``True``)."""
+    context = kubeconfig_context(spec)
+    if context is None:
+        return (
+            ssl.create_default_context(cafile=spec.ca_path) if Path(spec.ca_path).exists() else True
+        )
+    if context.insecure:
+        return False
+    try:
+        if context.ca_pem is not None:
+            return ssl.create_default_context(cadata=context.ca_pem)
+        if context.ca_path is not None:
+            return ssl.create_default_context(cafile=context.ca_path)
+    except (OSError, ssl.SSLError) as err:
+        raise KubeAccessError(f"kubeconfig {spec.kubeconfig}: the cluster CA: {err}") from err
+    return True
 
 
 def read_own(path: str, what: str) -> str:
@@ -73,6 +130,16 @@ async def json_or_raise(resp: aiohttp.ClientResponse) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise KubeAccessError(f"{resp.url.path}: not a JSON object")
     return data
+
+
+async def served_versions_of(
+    http: aiohttp.ClientSession, spec: KubeApiSpec, group: str
+) -> list[str]:
+    """The versions of API ``group`` the server serves (API discovery), preferred first."""
+    timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
+    url = f"{api_server(spec)}/apis/{group}"
+    async with http.get(url, headers=auth_headers(spec), timeout=timeout) as resp:
+        return served_versions(await json_or_raise(resp))
 
 
 async def api_loop(

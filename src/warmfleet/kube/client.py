@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 
 from warmfleet.core.errors import WarmfleetError
+from warmfleet.kube.endpointslices import served_versions, slice_version
+
+log = logging.getLogger(__name__)
+CONFLICT_ATTEMPTS = 5
+_CONFLICT = 409
 
 Obj = dict[str, Any]
 
@@ -49,7 +55,7 @@ PODS = Resource("", "v1", "pods")
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
 DAEMONSETS = Resource("apps", "v1", "daemonsets")
 SERVICES = Resource("", "v1", "services")
-ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices")
+ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices")  # KubeClient.endpoint_slices
 ENDPOINTS = Resource("warmfleet.dev", "v1alpha1", "inferenceendpoints")
 MODEL_CACHES = Resource("warmfleet.dev", "v1alpha1", "modelcaches")
 IMAGE_CACHES = Resource("warmfleet.dev", "v1alpha1", "imagecaches")
@@ -72,6 +78,8 @@ class KubeClient:
         self._server = server.rstrip("/")
         self._token = token
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._slices: Resource | None = None
+        self.conflicts_retried = 0
 
     @property
     def _headers(self) -> dict[str, str]:
@@ -145,14 +153,62 @@ class KubeClient:
         """Create, or merge-patch the existing object to ``body`` (idempotent). A merge patch
         keeps map keys it does not mention: at each ``exact`` path the object ends up exactly
         as in ``body`` (keys ``body`` lacks there are removed, an absent path is removed)."""
+
+        def change(current: Obj) -> Obj:
+            patch = copy.deepcopy(body)
+            for path in exact:
+                merged = merge_patch(_get_path(current, path), _get_path(body, path))
+                _set_path(patch, path, merged)
+            return patch
+
         name = body["metadata"]["name"]
-        current = await self.get(resource, namespace, name)
-        if current is None:
-            return await self.create(resource, namespace, body)
-        patch = copy.deepcopy(body)
-        for path in exact:
-            _set_path(patch, path, merge_patch(_get_path(current, path), _get_path(body, path)))
-        return await self.patch(resource, namespace, name, patch)
+        result = await self.update(resource, namespace, name, change, create=body)
+        assert result is not None  # created when missing
+        return result
+
+    async def update(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        change: Callable[[Obj], Obj],
+        *,
+        create: Obj | None = None,
+    ) -> Obj | None:
+        """Read-modify-write with optimistic concurrency: the merge patch ``change(current)``
+        carries the ``resourceVersion`` it was computed from, so the API server refuses it
+        (409) if the object changed since; then it is read and computed again, at most
+        ``CONFLICT_ATTEMPTS`` times (``conflicts_retried`` counts the retries). A missing
+        object is created from ``create`` (an object created meanwhile is a conflict too);
+        without ``create`` the result is ``None``."""
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            current = await self.get(resource, namespace, name)
+            try:
+                if current is None:
+                    return (
+                        None if create is None else await self.create(resource, namespace, create)
+                    )
+                patch = change(current)
+                version = (current.get("metadata") or {}).get("resourceVersion")
+                if version:  # an API emulator may not version objects
+                    patch.setdefault("metadata", {})["resourceVersion"] = version
+                return await self.patch(resource, namespace, name, patch)
+            except KubeError as err:
+                if err.status != _CONFLICT or attempt == CONFLICT_ATTEMPTS:
+                    raise
+                self.conflicts_retried += 1
+                log.info("%s %s changed since it was read (%s): read again", resource.plural,
+                         name, err)  # fmt: skip
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def endpoint_slices(self) -> Resource:
+        """EndpointSlices at the version the server serves (v1, else v1beta1: Kubernetes
+        1.21-1.24 serve both, 1.20 only v1beta1, 1.25 on only v1); discovered once."""
+        if self._slices is None:
+            group_doc = await self._call("GET", f"/apis/{ENDPOINT_SLICES.group}")
+            version = slice_version(served_versions(group_doc))
+            self._slices = replace(ENDPOINT_SLICES, version=version)
+        return self._slices
 
     async def delete(self, resource: Resource, namespace: str | None, name: str) -> None:
         try:

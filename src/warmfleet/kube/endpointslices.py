@@ -13,6 +13,9 @@ Follows the ``discovery.k8s.io/v1`` semantics a kube-proxy user expects:
   new instance with an empty cache, and a pod keeps its id if its slice is split or merged; an
   endpoint without a Pod reference is named after its address and port;
 - an endpoint listed in two slices (a slice being split) is one instance.
+
+``discovery.k8s.io/v1beta1`` slices (all Kubernetes 1.20 serves) read the same for these rules;
+``slice_version`` picks the version from what the server's API discovery says it serves.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SLICE_GROUP = "discovery.k8s.io"
+SLICE_VERSIONS = ("v1", "v1beta1")  # preferred first
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")
 
@@ -102,3 +107,25 @@ def belongs_to(slice_obj: Mapping[str, Any], service: str) -> bool:
     meta = slice_obj.get("metadata")
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     return isinstance(labels, Mapping) and labels.get(SERVICE_NAME_LABEL) == service
+
+
+def served_versions(group_doc: Mapping[str, Any]) -> list[str]:
+    """The versions an API group document (``GET /apis/<group>``) lists, preferred first."""
+    versions = group_doc.get("versions")
+    found = [
+        str(v["version"])
+        for v in (versions if isinstance(versions, list) else ())
+        if isinstance(v, Mapping) and isinstance(v.get("version"), str)
+    ]
+    preferred = group_doc.get("preferredVersion")
+    first = preferred.get("version") if isinstance(preferred, Mapping) else None
+    return sorted(found, key=lambda v: v != first)
+
+
+def slice_version(served: Iterable[str]) -> str:
+    """``v1`` when served, else ``v1beta1``; ``ValueError`` if the server serves neither."""
+    have = set(served)
+    for version in SLICE_VERSIONS:
+        if version in have:
+            return version
+    raise ValueError(f"the API server serves no EndpointSlice version we read ({sorted(have)})")

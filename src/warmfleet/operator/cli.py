@@ -6,13 +6,16 @@ kopf is imported only by `warmfleet fleet operator`, so the other commands start
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from warmfleet.core.config import load_yaml_text, parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.core.kubeapi import KubeApiSpec
 
 fleet_app = typer.Typer(
     no_args_is_help=True, help="Fleet controller: what-if, manifests, operator."
@@ -75,8 +78,20 @@ def operator(
             "its ready pods; enables autoscaling"
         ),
     ] = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="KUBECONFIG",
+            help="kubeconfig file (out of cluster): its current context's server, bearer token "
+            "and CA. Default: in a pod its service account, else ~/.kube/config if present",
+        ),
+    ] = None,
+    context: Annotated[
+        str | None, typer.Option(help="kubeconfig context (default: its current context)")
+    ] = None,
 ) -> None:
-    """Run the kopf operator against the cluster of the current kubeconfig / service account."""
+    """Run the kopf operator against the cluster of its service account, or of a kubeconfig."""
+    from warmfleet.kube.access import KubeAccessError  # noqa: PLC0415
     from warmfleet.operator.gateway_metrics import GatewayService  # noqa: PLC0415
     from warmfleet.operator.handlers import run_operator  # noqa: PLC0415
 
@@ -84,7 +99,30 @@ def operator(
         services = [GatewayService.parse(text) for text in gateway_service or ()]
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--gateway-service") from err
-    run_operator(namespace, gateway_metrics or (), services)
+    try:
+        api = KubeApiSpec(kubeconfig=_kubeconfig(kubeconfig), context=context)
+        if api.kubeconfig is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise KubeAccessError(
+                "not in a cluster ($KUBERNETES_SERVICE_HOST is unset) and no kubeconfig: "
+                "pass --kubeconfig or set $KUBECONFIG"
+            )
+        run_operator(namespace, gateway_metrics or (), services, api)
+    except (KubeAccessError, ValidationError) as err:
+        line = " ".join(str(err).split())
+        typer.echo(f"warmfleet fleet operator: {line}", err=True)
+        raise typer.Exit(2) from err
+
+
+def _kubeconfig(given: Path | None) -> str | None:
+    """The kubeconfig to use: the one given (or $KUBECONFIG's first file), else none in a pod,
+    else ~/.kube/config when it exists."""
+    if given is not None:
+        first = str(given).split(os.pathsep)[0]
+        return first or None
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    default = Path.home() / ".kube" / "config"
+    return str(default) if default.is_file() else None
 
 
 def register(app: typer.Typer) -> None:

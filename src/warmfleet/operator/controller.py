@@ -279,10 +279,6 @@ class Controller:
         owner: DesiredEndpoint | None,
     ) -> None:
         c, ns = self._client, self._ns
-        current = await c.get(resource, ns, name)
-        if current is not None:  # the spec is ours: keys it no longer has are removed
-            await c.patch(resource, ns, name, {"spec": kube.merge_patch(current.get("spec"), spec)})
-            return
         meta: Obj = {
             "name": name,
             "namespace": ns,
@@ -299,7 +295,15 @@ class Controller:
             "metadata": meta,
             "spec": spec,
         }
-        await c.create(resource, ns, body)
+        # the spec is ours: keys it no longer has are removed (computed from the object as read;
+        # a change meanwhile is a 409 and the patch is computed again)
+        await c.update(
+            resource,
+            ns,
+            name,
+            lambda current: {"spec": kube.merge_patch(current.get("spec"), spec)},
+            create=body,
+        )
 
 
 def _wire(model: Any) -> Obj:

@@ -70,8 +70,8 @@ def scraper(
     async def pods(service: GatewayService) -> list[str] | None:
         assert client is not None
         try:
-            slices = await client.list(kube.ENDPOINT_SLICES, service.namespace)
-        except (kube.KubeError, aiohttp.ClientError, TimeoutError) as err:
+            slices = await client.list(await client.endpoint_slices(), service.namespace)
+        except (kube.KubeError, aiohttp.ClientError, TimeoutError, ValueError) as err:
             log.warning(
                 "gateway service %s/%s not listed: %s", service.namespace, service.name, err
             )

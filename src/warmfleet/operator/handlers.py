@@ -8,6 +8,7 @@ all gone), then returns, and kopf removes the finalizer. Handler progress is kep
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,15 @@ import kopf
 
 from warmfleet.core.kubeapi import KubeApiSpec
 from warmfleet.kube import client as kube
-from warmfleet.kube.access import KubeAccessError, api_server, read_token, tls
+from warmfleet.kube.access import (
+    KubeAccessError,
+    api_server,
+    auth_headers,
+    bearer_token,
+    json_or_raise,
+    kubeconfig_context,
+    tls,
+)
 from warmfleet.operator.controller import Controller
 from warmfleet.operator.gateway_metrics import GatewayService, scraper
 
@@ -28,12 +37,32 @@ GROUP, VERSION, PLURAL = "warmfleet.dev", "v1alpha1", "inferenceendpoints"
 
 
 def in_cluster_server(spec: KubeApiSpec) -> tuple[str, str | None]:
-    """The API server and the service account's token as ``warmfleet.kube.access`` finds them
-    (the one way every shell locates the API server)."""
+    """The API server and the bearer token as ``warmfleet.kube.access`` finds them (the one way
+    every shell locates the API server: the service account, or ``spec.kubeconfig``)."""
     try:
-        return api_server(spec), read_token(spec.token_path)
+        return api_server(spec), bearer_token(spec)
     except KubeAccessError as err:
-        raise kopf.LoginError(f"not in a cluster ({err}): pass a server") from err
+        raise kopf.LoginError(f"not in a cluster ({err}): pass a kubeconfig") from err
+
+
+def connection_info(spec: KubeApiSpec) -> kopf.ConnectionInfo:
+    """kopf's credentials for ``spec``: the server, token and CA of the kubeconfig context, or
+    of the service account."""
+    base, bearer = in_cluster_server(spec)
+    try:
+        context = kubeconfig_context(spec)
+    except KubeAccessError as err:
+        raise kopf.LoginError(str(err)) from err
+    if context is None:
+        return kopf.ConnectionInfo(server=base, token=bearer, ca_path=spec.ca_path)
+    return kopf.ConnectionInfo(
+        server=base,
+        token=bearer,
+        ca_path=context.ca_path,
+        ca_data=context.ca_pem,
+        insecure=context.insecure or None,
+        default_namespace=context.namespace,
+    )
 
 
 def _session(spec: KubeApiSpec | None) -> aiohttp.ClientSession:
@@ -51,12 +80,15 @@ def build_registry(
     clock: Callable[[], float] = time.time,
     gateway_metrics: Sequence[str] = (),
     gateway_services: Sequence[GatewayService] = (),
+    api: KubeApiSpec | None = None,
 ) -> kopf.OperatorRegistry:
-    """A kopf registry bound to one namespace; ``server`` None means in-cluster credentials."""
+    """A kopf registry bound to one namespace. ``server`` (and ``token``): that server, no TLS
+    settings (tests); else ``api`` says how to reach it (default: in a cluster, the service
+    account's token, CA and the API's env vars; ``api.kubeconfig``: outside one)."""
     registry = kopf.OperatorRegistry()
     state: dict[str, Any] = {}
     resource = (GROUP, VERSION, PLURAL)
-    pod = KubeApiSpec()  # in a cluster: the service account's token, CA and the API's env vars
+    pod = api or KubeApiSpec()
 
     def controller() -> Controller:
         ctl: Controller = state["controller"]
@@ -76,7 +108,7 @@ def build_registry(
         client = kube.KubeClient(
             session,
             base,
-            token=bearer if server is not None else partial(read_token, pod.token_path),
+            token=bearer if server is not None else partial(bearer_token, pod),
         )
         metrics = (
             scraper(session, gateway_metrics, gateway_services, client)
@@ -93,10 +125,9 @@ def build_registry(
 
     @kopf.on.login(registry=registry)
     def _login(**_: Any) -> kopf.ConnectionInfo:
-        base, bearer = (server, token) if server is not None else in_cluster_server(pod)
         if server is None:
-            return kopf.ConnectionInfo(server=base, token=bearer, ca_path=pod.ca_path)
-        return kopf.ConnectionInfo(server=base, token=bearer)
+            return connection_info(pod)
+        return kopf.ConnectionInfo(server=server, token=token)
 
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry)
@@ -117,14 +148,38 @@ def build_registry(
     return registry
 
 
+async def _preflight(api: KubeApiSpec, namespace: str) -> None:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls(api))) as http:
+        url = f"{api_server(api)}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+        timeout = aiohttp.ClientTimeout(total=api.timeout_s)
+        try:
+            async with http.get(
+                url, params={"limit": "1"}, headers=auth_headers(api), timeout=timeout
+            ) as resp:
+                await json_or_raise(resp)
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise KubeAccessError(f"cannot reach {url}: {err or type(err).__name__}") from err
+
+
+def preflight(api: KubeApiSpec, namespace: str) -> None:
+    """List the namespace's InferenceEndpoints once: the server is there, the credentials are
+    accepted and the CRD is installed. ``KubeAccessError`` (one line) otherwise, before kopf
+    would retry its login forever."""
+    asyncio.run(_preflight(api, namespace))
+
+
 def run_operator(
     namespace: str,
     gateway_metrics: Sequence[str] = (),
     gateway_services: Sequence[GatewayService] = (),
+    api: KubeApiSpec | None = None,
 ) -> None:
-    """Run against the cluster this pod is in (service-account credentials)."""
+    """Run against the cluster ``api`` locates (default: the one this pod is in, with the
+    service account's credentials). ``KubeAccessError`` if it cannot be reached or used."""
+    api = api or KubeApiSpec()
+    preflight(api, namespace)
     registry = build_registry(
-        namespace, gateway_metrics=gateway_metrics, gateway_services=gateway_services
+        namespace, gateway_metrics=gateway_metrics, gateway_services=gateway_services, api=api
     )
     kopf.configure(verbose=False)
     kopf.run(registry=registry, namespaces=[namespace], standalone=True, clusterwide=False)

@@ -3,7 +3,9 @@ EndpointSlices of their Service.
 
 Per variant, one watcher task (``kube.watch.ListWatch`` on the Service's slices,
 ``labelSelector=kubernetes.io/service-name``): every change of the set is applied to the
-variant. On an API error the variant keeps its instances, the error is logged once per streak
+variant. The slices are read at the ``discovery.k8s.io`` version the server serves (``v1``, else
+``v1beta1`` as on Kubernetes 1.20), found by API discovery before the first list and again after
+an error. On an API error the variant keeps its instances, the error is logged once per streak
 and the watcher retries after ``retry_interval_s``.
 
 One supervisor task (owned by the runtime) starts, restarts and stops the watchers as config
@@ -18,14 +20,22 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import aiohttp
+
 from warmfleet.gateway.config import InstanceSpec, KubernetesDiscovery
 from warmfleet.gateway.fleet import GatewayState
-from warmfleet.kube.access import read_own
-from warmfleet.kube.endpointslices import SERVICE_NAME_LABEL, belongs_to, endpoints_from_slices
+from warmfleet.kube.access import read_own, served_versions_of
+from warmfleet.kube.endpointslices import (
+    SERVICE_NAME_LABEL,
+    SLICE_GROUP,
+    belongs_to,
+    endpoints_from_slices,
+    slice_version,
+)
 from warmfleet.kube.watch import ListWatch
 
 log = logging.getLogger(__name__)
-_SLICES = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+_SLICES = "/apis/" + SLICE_GROUP + "/{version}/namespaces/{namespace}/endpointslices"
 _TICK_S = 0.5
 
 WatchKey = tuple[str, str, str]  # endpoint, variant, discovery config (JSON)
@@ -40,14 +50,29 @@ def instances_from_slices(
     )
 
 
-def slice_watch(owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery) -> ListWatch:
+class SliceWatch(ListWatch):
+    """A ``ListWatch`` of EndpointSlices at the version the server serves."""
+
+    version: str | None = None
+
+    async def list_and_watch(self, http: aiohttp.ClientSession) -> None:
+        if self.version is None:
+            self.version = slice_version(await served_versions_of(http, self.spec, SLICE_GROUP))
+        try:
+            await super().list_and_watch(http)
+        except Exception:
+            self.version = None  # found again: the server may have changed
+            raise
+
+
+def slice_watch(owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery) -> SliceWatch:
     """The watch of one variant's Service slices, reporting to ``owner``."""
 
     def path() -> str:
         namespace = disc.namespace or read_own(disc.namespace_path, "discovery.namespace")
-        return _SLICES.format(namespace=namespace)
+        return _SLICES.format(version=watch.version or "v1", namespace=namespace)
 
-    return ListWatch(
+    watch = SliceWatch(
         disc,
         path,
         on_change=lambda slices: owner.apply(key, disc, slices.values()),
@@ -57,6 +82,7 @@ def slice_watch(owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery) 
         watch_timeout_s=disc.watch_timeout_s,
         retry_interval_s=disc.retry_interval_s,
     )
+    return watch
 
 
 class KubeDiscovery:
