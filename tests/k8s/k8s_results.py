@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "bench-results" / "k8s-e2e.json"
 LOG_DIR = REPO / "bench-results" / "k8s-e2e-logs"
+DEPLOY = REPO / "deploy"
 ENABLED = os.environ.get("WARMFLEET_E2E_K8S") == "1"
 SKIP_REASON = "real-Kubernetes e2e is opt-in: `make k8s-e2e` (sets WARMFLEET_E2E_K8S=1)"
 
@@ -38,3 +41,8 @@ class Results:
         tmp = self.path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.fields, indent=2, sort_keys=True) + "\n")
         tmp.replace(self.path)
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    """The non-empty YAML documents of a file."""
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]

@@ -1,0 +1,314 @@
+"""The operator, out of cluster, against a real Kubernetes v1.20.2 control plane.
+
+The operator runs as ``warmfleet fleet operator --kubeconfig`` with the token of the
+``warmfleet-operator`` service account of deploy/manifests (so its RBAC is what is tested). The
+real controller-manager turns its Deployments into ReplicaSets and pods, the real scheduler binds
+them to the stub kubelet's nodes, the stub kubelet runs each pod's command (the emulated engine)
+on a loopback address, the real EndpointSlice controller publishes the ready pods in
+``discovery.k8s.io/v1beta1`` slices, and a gateway (with the ``warmfleet-gateway`` service
+account) discovers them. Opt-in: ``make k8s-e2e``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from k8s.controlplane import ControlPlane, free_port
+from k8s.k8s_results import ENABLED, LOG_DIR, SKIP_REASON, Results
+from k8s.kubelet_stub import StubKubelet, register_node, wait_for
+from k8s.serviceaccounts import service_account_kubeconfig
+
+pytestmark = [pytest.mark.k8s, pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)]
+
+NS = "default"
+NODES = ["wf-node-1", "wf-node-2"]
+ENGINE_PORT = 8000
+CLI = [sys.executable, "-c", "from warmfleet.cli import main; main()"]
+API = "/apis/warmfleet.dev/v1alpha1/namespaces"
+STOP_TIMEOUT_S = 15.0
+Obj = dict[str, Any]
+
+
+class Proc:
+    """A warmfleet process we started; stopped by its PID (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.log_path = LOG_DIR / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.popen = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=STOP_TIMEOUT_S)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def kubelet(control_plane: ControlPlane, crds: int) -> Iterator[StubKubelet]:
+    for i, name in enumerate(NODES):
+        register_node(control_plane, name, f"127.0.0.{11 + i}")
+    stub = StubKubelet(control_plane, NODES, LOG_DIR)
+    stub.start()
+    try:
+        yield stub
+    finally:
+        stub.stop()
+
+
+@pytest.fixture(scope="module")
+def operator(
+    control_plane: ControlPlane, rbac: list[Obj], kubelet: StubKubelet, results: Results
+) -> Iterator[Proc]:
+    kubeconfig = service_account_kubeconfig(control_plane, "warmfleet-operator")
+    argv = [*CLI, "fleet", "operator", "--namespace", NS, "--kubeconfig", str(kubeconfig)]
+    proc = Proc("operator", argv)
+    try:
+        time.sleep(1.0)
+        assert proc.popen.poll() is None, proc.log_path.read_text()[-2000:]
+        results.record(operator_out_of_cluster=True)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def endpoint(name: str, *, replicas: int, image: str = "engine:1") -> Obj:
+    args = ["emulate", "--host", "$(POD_IP)", "--base-port", str(ENGINE_PORT)]
+    args += ["--instances", "1", "--preset", "tiny-cpu", "--model", name]
+    return {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "InferenceEndpoint",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "modelSource": {"uri": f"s3://models/{name}/", "revision": "r1"},
+            "image": image,
+            "port": ENGINE_PORT,
+            "command": CLI,
+            "args": args,
+            "modelCacheConfig": {"weightsCache": {"enabled": True, "gate": {"mode": "none"}}},
+            "variants": [{"name": "main", "replicas": replicas}],
+        },
+    }
+
+
+def get(plane: ControlPlane, path: str) -> Obj | None:
+    status, body = plane.request("GET", path)
+    if status == 404:
+        return None
+    assert status == 200, body
+    found: Obj = body
+    return found
+
+
+def items(plane: ControlPlane, path: str) -> list[Obj]:
+    listing = get(plane, path)
+    return [] if listing is None else list(listing["items"])
+
+
+def create(plane: ControlPlane, path: str, body: Obj) -> Obj:
+    status, answer = plane.request("POST", path, body)
+    assert status == 201, answer
+    created: Obj = answer
+    return created
+
+
+def pods_of(plane: ControlPlane, endpoint_name: str) -> list[Obj]:
+    selector = urllib.parse.quote(f"warmfleet.dev/endpoint={endpoint_name}")
+    return items(plane, f"/api/v1/namespaces/{NS}/pods?labelSelector={selector}")
+
+
+def test_operator_writes_status_through_the_subresource(
+    control_plane: ControlPlane, operator: Proc, results: Results
+) -> None:
+    create(control_plane, f"{API}/{NS}/inferenceendpoints", endpoint("alpha", replicas=2))
+    path = f"{API}/{NS}/inferenceendpoints/alpha"
+
+    def phase() -> str | None:
+        obj = get(control_plane, path) or {}
+        value = (obj.get("status") or {}).get("phase")
+        return str(value) if value else None
+
+    first = wait_for("the operator's status on alpha", phase)
+    # the CRD has a status subresource: a write of the main resource leaves status alone, so
+    # the status present was written through /status
+    status, _ = control_plane.request("PATCH", path, {"status": {"phase": "Deleting"}})
+    assert status == 200
+    assert phase() != "Deleting"
+    caches = items(control_plane, f"{API}/{NS}/modelcaches")
+    owned = [c for c in caches if (c["metadata"].get("ownerReferences") or [{}])[0].get("name")
+             == "alpha"]  # fmt: skip
+    results.record(status_subresource_ok=True, status_phase_seen=first, model_caches=len(owned))
+    assert owned
+
+
+def test_gateway_discovers_the_pods_through_real_endpointslices(
+    control_plane: ControlPlane, operator: Proc, kubelet: StubKubelet, results: Results
+) -> None:
+    def ready_pods() -> list[Obj] | None:
+        pods = pods_of(control_plane, "alpha")
+        ok = [
+            p for p in pods
+            if p["spec"].get("nodeName") in NODES
+            and any(c["type"] == "Ready" and c["status"] == "True"
+                    for c in (p.get("status") or {}).get("conditions") or [])
+        ]  # fmt: skip
+        return ok if len(ok) == 2 else None
+
+    pods = wait_for("2 ready pods of alpha (scheduled, run by the stub kubelet)", ready_pods, 90)
+    served = control_plane.get_json("/apis/discovery.k8s.io")
+    versions = [v["version"] for v in served["versions"]]
+    selector = urllib.parse.quote("kubernetes.io/service-name=alpha-main")
+    slices_path = f"/apis/discovery.k8s.io/v1beta1/namespaces/{NS}/endpointslices"
+
+    def slice_ready() -> bool:
+        slices = items(control_plane, f"{slices_path}?labelSelector={selector}")
+        ready = [e for s in slices for e in s.get("endpoints") or []
+                 if (e.get("conditions") or {}).get("ready")]  # fmt: skip
+        return len(ready) == 2
+
+    wait_for("the EndpointSlice controller's 2 ready endpoints", slice_ready)
+    kubeconfig = service_account_kubeconfig(control_plane, "warmfleet-gateway")
+    port = free_port()
+    config = LOG_DIR / "gateway.yaml"
+    discovery = {"type": "kubernetes", "service": "alpha-main", "namespace": NS,
+                 "port": "http", "kubeconfig": str(kubeconfig)}  # fmt: skip
+    document = {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "Gateway",
+        "spec": {
+            "listen": {"host": "127.0.0.1", "port": port},
+            "endpoints": [
+                {"name": "alpha", "variants": [{"name": "main", "discovery": discovery}]}
+            ],
+        },
+    }
+    config.write_text(yaml.safe_dump(document))
+    gateway = Proc("gateway", [*CLI, "serve", "--config", str(config)])
+    try:
+        seen = wait_for(
+            "requests through the gateway to reach both pods",
+            lambda: both_pods_answered(port, {p["metadata"]["name"] for p in pods}),
+            60,
+        )
+    finally:
+        gateway.stop()
+    results.record(
+        endpointslice_versions_served=versions,
+        gateway_discovered_instances=len(seen),
+        pod_ready_after_s=[round(r.ready_after_s or 0, 1) for r in kubelet.pods.values()],
+    )
+    assert "v1" not in versions  # 1.20: the gateway had to pick v1beta1 by discovery
+
+
+_answered: set[str] = set()
+
+
+def both_pods_answered(port: int, pods: set[str]) -> set[str] | None:
+    body = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            instance = resp.headers.get("x-warmfleet-instance")
+            resp.read()
+    except (urllib.error.URLError, OSError):
+        return None
+    if instance in pods:
+        _answered.add(instance)
+    return set(_answered) if _answered == pods else None
+
+
+KINDS = {
+    "Deployment": f"/apis/apps/v1/namespaces/{NS}/deployments",
+    "ReplicaSet": f"/apis/apps/v1/namespaces/{NS}/replicasets",
+    "Pod": f"/api/v1/namespaces/{NS}/pods",
+    "Service": f"/api/v1/namespaces/{NS}/services",
+    "ModelCache": f"{API}/{NS}/modelcaches",
+}
+
+
+def children(plane: ControlPlane, uid: str) -> dict[str, dict[str, str]]:
+    """Everything owned, directly or through owners, by the object ``uid``: kind -> uid -> name."""
+    objects = [(kind, o) for kind, path in KINDS.items() for o in items(plane, path)]
+    owners = {uid}
+    found: dict[str, dict[str, str]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for kind, obj in objects:
+            meta = obj["metadata"]
+            refs = {r["uid"] for r in meta.get("ownerReferences") or []}
+            if refs & owners and meta["uid"] not in owners:
+                owners.add(meta["uid"])
+                found.setdefault(kind, {})[meta["uid"]] = meta["name"]
+                changed = True
+    return found
+
+
+def still_there(plane: ControlPlane, found: dict[str, dict[str, str]]) -> list[str]:
+    """Which of ``found`` still exist (the same uid: not a successor with the same name)."""
+    left = []
+    for kind, objects in found.items():
+        for uid, name in objects.items():
+            obj = get(plane, f"{KINDS[kind]}/{name}")
+            if obj is not None and obj["metadata"]["uid"] == uid:
+                left.append(f"{kind}/{name}")
+    return left
+
+
+def test_garbage_collector_removes_the_children(
+    control_plane: ControlPlane, operator: Proc, kubelet: StubKubelet, results: Results
+) -> None:
+    """With the operator stopped and its finalizer removed (as an admin would), deleting the
+    InferenceEndpoint leaves its children to the real garbage collector: the Deployment, its
+    ReplicaSet and pods (the stub kubelet completes their termination), the Services and the
+    ModelCache, all found through ownerReferences."""
+    path = f"{API}/{NS}/inferenceendpoints/alpha"
+    uid = (get(control_plane, path) or {})["metadata"]["uid"]
+    kinds = {"Deployment", "ReplicaSet", "Pod", "Service", "ModelCache"}
+
+    def all_children() -> dict[str, dict[str, str]] | None:
+        found = children(control_plane, uid)
+        return found if kinds <= found.keys() else None
+
+    before = wait_for("alpha's Deployment, ReplicaSet, pods, Services and ModelCache", all_children)
+    operator.stop()
+    status, body = control_plane.request("PATCH", path, {"metadata": {"finalizers": None}})
+    assert status == 200, body
+    status, body = control_plane.request("DELETE", path)
+    assert status == 200, body
+    t0 = time.monotonic()
+
+    def collected() -> bool:
+        return get(control_plane, path) is None and not still_there(control_plane, before)
+
+    wait_for("the garbage collector to remove alpha's children", collected, 90)
+    results.record(
+        gc_children_deleted=True,
+        gc_children={kind: sorted(objects.values()) for kind, objects in before.items()},
+        gc_seconds=round(time.monotonic() - t0, 1),
+        pods_finalized_by_stub_kubelet=len(kubelet.finalized),
+        stub_kubelet_errors=kubelet.errors[:5],
+    )
