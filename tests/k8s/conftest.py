@@ -3,6 +3,7 @@ tests, started only when ``WARMFLEET_E2E_K8S=1`` (``make k8s-e2e``), and the res
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,8 @@ Obj = dict[str, Any]
 def results() -> Results:
     if not ENABLED:
         pytest.skip(SKIP_REASON)
+    shutil.rmtree(LOG_DIR, ignore_errors=True)  # this run's logs only
+    LOG_DIR.mkdir(parents=True)
     return Results()
 
 

@@ -3,10 +3,13 @@
 ``register_node`` creates a Ready Node with a loopback InternalIP. ``StubKubelet`` (a thread)
 does a kubelet's part for the pods bound to its nodes, as seen through the API server:
 
-- a newly bound pod gets the next loopback address 127.0.1.x as its IP; its first container's
+- a newly bound pod gets the next loopback address (127.0.1.x by default) as its IP; its first container's
   ``command`` + ``args`` run as a local process (``$(VAR)`` references expanded from the
   container's ``env`` and ``POD_IP``/``POD_NAME``/``NODE_NAME``, as a kubelet expands them); the
   pod is reported Running at once and Ready when the container port accepts connections;
+- with ``host_root``, a node's file system is ``host_root/<node>/``: a ``hostPath`` volume
+  mounted at ``/m`` is that directory, and env values under ``/m`` are rewritten to it (there
+  are no mount namespaces here);
 - a pod being deleted (``deletionTimestamp``) has its process stopped (by PID) and is then
   removed with a zero grace period, which is what a kubelet does once its containers are gone.
 
@@ -40,16 +43,22 @@ def now() -> str:
 
 
 def register_node(
-    plane: ControlPlane, name: str, address: str, labels: dict[str, str] | None = None
+    plane: ControlPlane,
+    name: str,
+    address: str,
+    labels: dict[str, str] | None = None,
+    extra: dict[str, str] | None = None,
 ) -> Obj:
+    """A Ready Node; ``extra``: more capacity (e.g. ``{"nvidia.com/gpu": "1"}``)."""
     stamp = now()
+    capacity = {"cpu": "8", "memory": "32Gi", "pods": "110", **(extra or {})}
     body = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
         "status": {
-            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            "capacity": capacity,
+            "allocatable": capacity,
             "addresses": [
                 {"type": "InternalIP", "address": address},
                 {"type": "Hostname", "address": name},
@@ -119,6 +128,14 @@ def expand(value: str, env: dict[str, str]) -> str:
     return _VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), value)
 
 
+def host_view(value: str, mounts: dict[str, str]) -> str:
+    """``value`` with a mount path prefix replaced by the node directory mounted there."""
+    for mount_path, directory in mounts.items():
+        if value == mount_path or value.startswith(mount_path + "/"):
+            return directory + value[len(mount_path) :]
+    return value
+
+
 def port_open(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
@@ -139,8 +156,19 @@ class RunningPod:
 
 
 class StubKubelet:
-    def __init__(self, plane: ControlPlane, nodes: list[str], log_dir: Path) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        nodes: list[str],
+        log_dir: Path,
+        *,
+        ip_prefix: str = "127.0.1.",
+        host_root: Path | None = None,
+    ) -> None:
+        """Pods get ``<ip_prefix>1``, ``2``, ... (one prefix per stub kubelet)."""
         self.plane = plane
+        self.ip_prefix = ip_prefix
+        self.host_root = host_root
         self.nodes = set(nodes)
         self.log_dir = log_dir
         self.pods: dict[str, RunningPod] = {}  # by uid
@@ -192,15 +220,16 @@ class StubKubelet:
 
     def _start(self, pod: Obj) -> None:
         meta, spec = pod["metadata"], pod["spec"]
-        ip = f"127.0.1.{self._next_ip}"
+        ip = f"{self.ip_prefix}{self._next_ip}"
         self._next_ip += 1
         container = spec["containers"][0]
         ports = container.get("ports") or []
         port = ports[0]["containerPort"] if ports else None
         env = {"POD_IP": ip, "POD_NAME": meta["name"], "NODE_NAME": spec["nodeName"]}
+        mounts = self._host_mounts(spec, container)
         for item in container.get("env") or []:
             if "value" in item:
-                env[item["name"]] = expand(item["value"], env)
+                env[item["name"]] = host_view(expand(item["value"], env), mounts)
         argv = [expand(a, env) for a in [*container.get("command", []), *container.get("args", [])]]
         popen, log_file = None, None
         if argv:
@@ -216,6 +245,21 @@ class StubKubelet:
         running = RunningPod(meta["name"], meta["namespace"], ip, port, popen, log_file)
         self.pods[meta["uid"]] = running
         report_pod(self.plane, pod, ip, ready=False)
+
+    def _host_mounts(self, spec: Obj, container: Obj) -> dict[str, str]:
+        """mountPath -> the node's directory, for the container's hostPath volumes."""
+        if self.host_root is None:
+            return {}
+        host = {
+            v["name"]: v["hostPath"]["path"] for v in spec.get("volumes") or [] if "hostPath" in v
+        }
+        mounts = {}
+        for mount in container.get("volumeMounts") or []:
+            if mount["name"] in host:
+                directory = self.host_root / spec["nodeName"] / host[mount["name"]].lstrip("/")
+                directory.mkdir(parents=True, exist_ok=True)  # the volume's DirectoryOrCreate
+                mounts[mount["mountPath"].rstrip("/")] = str(directory)
+        return mounts
 
     def _probe(self, pod: Obj, running: RunningPod) -> None:
         if running.ready:

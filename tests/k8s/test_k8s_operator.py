@@ -12,9 +12,6 @@ account) discovers them. Opt-in: ``make k8s-e2e``.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -28,6 +25,7 @@ import yaml
 from k8s.controlplane import ControlPlane, free_port
 from k8s.k8s_results import ENABLED, LOG_DIR, SKIP_REASON, Results
 from k8s.kubelet_stub import StubKubelet, register_node, wait_for
+from k8s.procs import CLI, Proc, start_operator
 from k8s.serviceaccounts import service_account_kubeconfig
 
 pytestmark = [pytest.mark.k8s, pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)]
@@ -35,32 +33,8 @@ pytestmark = [pytest.mark.k8s, pytest.mark.skipif(not ENABLED, reason=SKIP_REASO
 NS = "default"
 NODES = ["wf-node-1", "wf-node-2"]
 ENGINE_PORT = 8000
-CLI = [sys.executable, "-c", "from warmfleet.cli import main; main()"]
 API = "/apis/warmfleet.dev/v1alpha1/namespaces"
-STOP_TIMEOUT_S = 15.0
 Obj = dict[str, Any]
-
-
-class Proc:
-    """A warmfleet process we started; stopped by its PID (SIGTERM, then SIGKILL)."""
-
-    def __init__(self, name: str, argv: list[str]) -> None:
-        self.log_path = LOG_DIR / f"{name}.log"
-        self._log = self.log_path.open("wb")
-        self.popen = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=STOP_TIMEOUT_S)
-        self._log.close()
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +53,8 @@ def kubelet(control_plane: ControlPlane, crds: int) -> Iterator[StubKubelet]:
 def operator(
     control_plane: ControlPlane, rbac: list[Obj], kubelet: StubKubelet, results: Results
 ) -> Iterator[Proc]:
-    kubeconfig = service_account_kubeconfig(control_plane, "warmfleet-operator")
-    argv = [*CLI, "fleet", "operator", "--namespace", NS, "--kubeconfig", str(kubeconfig)]
-    proc = Proc("operator", argv)
+    proc = start_operator(control_plane, NS)
     try:
-        time.sleep(1.0)
-        assert proc.popen.poll() is None, proc.log_path.read_text()[-2000:]
         results.record(operator_out_of_cluster=True)
         yield proc
     finally:

@@ -1,0 +1,51 @@
+"""TEST HARNESS: warmfleet processes the k8s e2e starts (operator, gateway, agents, origin),
+each stopped by its PID (SIGTERM, then SIGKILL) in the fixture's ``finally``."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from k8s.controlplane import ControlPlane
+from k8s.k8s_results import LOG_DIR
+from k8s.serviceaccounts import service_account_kubeconfig
+
+CLI = [sys.executable, "-c", "from warmfleet.cli import main; main()"]
+STOP_TIMEOUT_S = 15.0
+
+
+class Proc:
+    """A warmfleet process we started; stopped by its PID (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.log_path = LOG_DIR / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.popen = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=STOP_TIMEOUT_S)
+        self._log.close()
+
+
+def start_operator(plane: ControlPlane, namespace: str) -> Proc:
+    """``warmfleet fleet operator --kubeconfig`` with the warmfleet-operator service account's
+    token (deploy/manifests' RBAC), out of cluster."""
+    kubeconfig = service_account_kubeconfig(plane, "warmfleet-operator")
+    argv = [*CLI, "fleet", "operator", "--namespace", namespace, "--kubeconfig", str(kubeconfig)]
+    proc = Proc(f"operator-{namespace}", argv)
+    time.sleep(1.0)
+    if proc.popen.poll() is not None:
+        proc.stop()
+        raise AssertionError(proc.log_path.read_text()[-2000:])
+    return proc

@@ -1,0 +1,250 @@
+"""Cache-gated deployment and warm placement on the real control plane.
+
+Three GPU nodes (one ``nvidia.com/gpu`` each, so one replica per node) with a node agent each
+(``warmfleet cache agent``, out of cluster with the ``warmfleet-node-agent`` service account),
+an HTTP origin with a throttled link, and the operator. The InferenceEndpoint's weights gate is
+``all``: no Deployment may exist before every target node's cache is ready. Its engines (run by
+the stub kubelet) load their weights from the node's cache directory when the agent marked it
+ready, else from the origin, so warm and cold starts are measured. Then a fourth node without an
+agent joins and the endpoint scales to four: the extra replica runs cold from the origin.
+Opt-in: ``make k8s-e2e``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k8s.controlplane import ControlPlane
+from k8s.k8s_results import ENABLED, LOG_DIR, SKIP_REASON, Results
+from k8s.kubelet_stub import StubKubelet, register_node, wait_for
+from k8s.procs import CLI, Proc, start_operator
+from k8s.serviceaccounts import service_account_kubeconfig
+from warmfleet.api import names
+from warmfleet.local.origin_proc import generate_model
+
+pytestmark = [pytest.mark.k8s, pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)]
+
+NS = "caching"
+POOL = {"e2e.warmfleet.dev/pool": "gpu"}
+WARM_NODES = ["wf-gpu-1", "wf-gpu-2", "wf-gpu-3"]
+COLD_NODE = "wf-gpu-4"
+GPU = {"nvidia.com/gpu": "1"}
+HOST_PATH = "/opt/warmfleet/cache"
+MODEL_BYTES = 48 * 1024 * 1024
+ORIGIN_BPS = 32_000_000  # the origin's link: a cold load takes ~1.5 s, a warm one ~0.1 s
+API = f"/apis/warmfleet.dev/v1alpha1/namespaces/{NS}"
+PREPARED = "warmfleet.dev/prepared"
+Obj = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def world(
+    control_plane: ControlPlane,
+    rbac: list[Obj],
+    crds: int,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Any]]:
+    """Origin, nodes, agents, stub kubelet and operator; every process stopped by PID."""
+    plane = control_plane
+    root = tmp_path_factory.mktemp("k8s-caching")
+    status, body = plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
+    assert status == 201, body
+    procs: list[Proc] = []
+    nodes = [*WARM_NODES, COLD_NODE]
+    kubelet = StubKubelet(plane, nodes, LOG_DIR, ip_prefix="127.0.2.", host_root=root / "nodes")
+    try:
+        origin_dir = root / "origin"
+        generate_model(origin_dir / "model-r1.bin", MODEL_BYTES, "r1")
+        ready = root / "origin.ready"
+        procs.append(Proc("origin", [*CLI[:1], "-m", "warmfleet.local.origin_proc", "--dir",
+                                     str(origin_dir), "--ready-file", str(ready),
+                                     "--throttle", str(ORIGIN_BPS)]))  # fmt: skip
+        origin = wait_for("the origin", lambda: ready.exists() and json.loads(ready.read_text()))
+        agent_kubeconfig = service_account_kubeconfig(plane, "warmfleet-node-agent")
+        for i, node in enumerate(WARM_NODES):
+            register_node(plane, node, f"127.0.0.{21 + i}", POOL, GPU)
+            procs.append(start_agent(root, node, agent_kubeconfig))
+        kubelet.start()
+        procs.append(start_operator(plane, NS))
+        yield {"origin": origin["url"], "kubelet": kubelet, "root": root}
+    finally:
+        kubelet.stop()
+        for proc in reversed(procs):
+            proc.stop()
+        plane.request("DELETE", f"/api/v1/namespaces/{NS}")
+
+
+def start_agent(root: Path, node: str, kubeconfig: Path) -> Proc:
+    cache_root = root / "nodes" / node / HOST_PATH.lstrip("/")
+    cache_root.mkdir(parents=True, exist_ok=True)
+    config = {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "NodeCacheConfig",
+        "spec": {
+            "root": str(cache_root),
+            "capacity": {"budget": "1GiB", "high_watermark_frac": 1.0, "low_watermark_frac": 1.0},
+            "status": {"host": "127.0.0.1", "port": 0},
+            "kubernetes": {
+                "host_path": HOST_PATH,
+                "node_name": node,
+                "interval_s": 1.0,
+                "kubeconfig": str(kubeconfig),
+            },
+        },
+    }
+    path = root / f"agent-{node}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return Proc(f"agent-{node}", [*CLI, "cache", "agent", "--config", str(path)])
+
+
+def endpoint(origin: str, replicas: int) -> Obj:
+    python = " ".join(shlex.quote(a) for a in CLI)
+    script = (
+        'if [ -f "$WARMFLEET_MODEL_DIR/.warmfleet-ready" ]; then SRC="$WARMFLEET_MODEL_DIR"; '
+        'else SRC="$WARMFLEET_MODEL_URI"; fi; '
+        f'exec {python} emulate --host "$POD_IP" --base-port 8000 --instances 1 '
+        '--preset tiny-cpu --model delta --load-weights-from "$SRC"'
+    )
+    return {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "InferenceEndpoint",
+        "metadata": {"name": "delta", "namespace": NS},
+        "spec": {
+            "modelSource": {
+                "uri": f"{origin}/files/model-r1.bin",
+                "revision": "r1",
+                "sizeBytes": MODEL_BYTES,
+            },
+            "image": "engine:1",
+            "port": 8000,
+            "gpusPerReplica": 1,
+            "nodeSelector": POOL,
+            "command": ["/bin/sh", "-c"],
+            "args": [script],
+            "modelCacheConfig": {
+                "weightsCache": {"enabled": True, "hostPath": HOST_PATH, "gate": {"mode": "all"}}
+            },
+            "variants": [{"name": "main", "replicas": replicas}],
+        },
+    }
+
+
+def items(plane: ControlPlane, path: str) -> list[Obj]:
+    return list(plane.get_json(path)["items"])
+
+
+def reported_ready(plane: ControlPlane) -> set[str]:
+    """The nodes whose agent reports a ready cache (Node annotation ``cache-status``)."""
+    found = set()
+    for node in items(plane, "/api/v1/nodes"):
+        text = (node["metadata"].get("annotations") or {}).get(names.ANN_CACHE_STATUS)
+        reports = json.loads(text) if text else {}
+        if any(r.get("state") == "ready" for r in reports.values()):
+            found.add(node["metadata"]["name"])
+    return found
+
+
+def weights_load(log_path: Path) -> dict[str, Any] | None:
+    """The engine's ready line: where its weights came from and how long they took."""
+    try:
+        lines = log_path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("{") and '"weights"' in line:
+            loaded: dict[str, Any] = json.loads(line)["weights"]
+            return loaded
+    return None
+
+
+def running_pods(plane: ControlPlane, count: int) -> list[Obj] | None:
+    pods = items(plane, f"/api/v1/namespaces/{NS}/pods")
+    ready = [
+        p for p in pods
+        if any(c["type"] == "Ready" and c["status"] == "True"
+               for c in (p.get("status") or {}).get("conditions") or [])
+    ]  # fmt: skip
+    return ready if len(ready) >= count and len(pods) == count else None
+
+
+def marked(plane: ControlPlane, count: int) -> list[Obj] | None:
+    pods = running_pods(plane, count) or []
+    done = [p for p in pods if PREPARED in (p["metadata"].get("annotations") or {})]
+    return done if len(done) == count else None
+
+
+def test_gate_holds_then_replicas_start_warm(
+    control_plane: ControlPlane, world: dict[str, Any], results: Results
+) -> None:
+    plane = control_plane
+    status, body = plane.request("POST", f"{API}/inferenceendpoints", endpoint(world["origin"], 3))
+    assert status == 201, body
+    held_polls, violations = 0, []
+    deadline = time.monotonic() + 120
+    while True:  # until the Deployment exists: never before every target node is warm
+        # the Deployments first, then the reports (which only go to ready): a Deployment seen
+        # with a node not yet reported ready was created before that node was warm
+        deployments = items(plane, f"/apis/apps/v1/namespaces/{NS}/deployments")
+        warm = reported_ready(plane)
+        if deployments:
+            if not set(WARM_NODES) <= warm:
+                violations.append(f"Deployment while only {sorted(warm)} were warm")
+            break
+        held_polls += 1
+        assert time.monotonic() < deadline, f"no Deployment; warm nodes {sorted(warm)}"
+        time.sleep(0.2)
+    wait_for("3 ready replicas", lambda: running_pods(plane, 3), 90)
+    # the operator records, when it first sees a replica on a node, whether that node was warm
+    pods = wait_for("the operator's warm/cold mark on each replica", lambda: marked(plane, 3), 60)
+    prepared = [p["metadata"]["annotations"][PREPARED] for p in pods]
+    loads = [weights_load(LOG_DIR / f"pod-{p['metadata']['name']}.log") for p in pods]
+    warm_loads = [w for w in loads if w and not str(w["source"]).startswith("http")]
+    results.record(
+        gate_held=held_polls > 0 and not violations,
+        gate_held_polls=held_polls,
+        warm_pod_fraction=round(prepared.count("true") / len(pods), 2),
+        warm_engine_sources=len(warm_loads),
+        warm_start_s=round(max(w["load_s"] for w in warm_loads), 3) if warm_loads else None,
+    )
+    assert not violations, violations
+    assert held_polls > 0  # the hold was observed, not assumed
+    assert prepared.count("true") / len(pods) >= 0.9
+    assert len(warm_loads) == 3
+
+
+def test_scale_out_beyond_the_warm_nodes_falls_back_to_the_origin(
+    control_plane: ControlPlane, world: dict[str, Any], results: Results
+) -> None:
+    plane = control_plane
+    register_node(plane, COLD_NODE, "127.0.0.24", POOL, GPU)  # no agent: never warm
+    patch = {"spec": {"variants": [{"name": "main", "replicas": 4}]}}
+    status, body = plane.request("PATCH", f"{API}/inferenceendpoints/delta", patch)
+    assert status == 200, body
+    wait_for("4 ready replicas", lambda: running_pods(plane, 4), 90)
+    pods = wait_for("the operator's warm/cold mark on each replica", lambda: marked(plane, 4), 60)
+    cold = [p for p in pods if p["spec"]["nodeName"] == COLD_NODE]
+    assert len(cold) == 1
+    load = wait_for("the cold engine's weights", lambda: weights_load(
+        LOG_DIR / f"pod-{cold[0]['metadata']['name']}.log"))  # fmt: skip
+    restarts = [s.get("restartCount", 0) for p in pods
+                for s in (p.get("status") or {}).get("containerStatuses") or []]  # fmt: skip
+    kubelet: StubKubelet = world["kubelet"]
+    alive = all(r.popen is None or r.popen.poll() is None for r in kubelet.pods.values())
+    warm = results.fields.get("warm_start_s")
+    results.record(
+        cold_fallback_ok=str(load["source"]).startswith("http") and alive and not any(restarts),
+        cold_start_s=round(load["load_s"], 3),
+        cold_prepared=cold[0]["metadata"]["annotations"][PREPARED],
+    )
+    assert str(load["source"]).startswith("http")
+    assert alive
+    assert warm is not None
+    assert warm < load["load_s"]
