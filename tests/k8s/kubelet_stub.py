@@ -3,8 +3,8 @@
 ``register_node`` creates a Ready Node with a loopback InternalIP. ``StubKubelet`` (a thread)
 does a kubelet's part for the pods bound to its nodes, as seen through the API server:
 
-- a newly bound pod gets the next loopback address (127.0.1.x by default) as its IP; its first container's
-  ``command`` + ``args`` run as a local process (``$(VAR)`` references expanded from the
+- a newly bound pod gets the next loopback address (127.0.1.x by default) as its IP; its first
+  container's ``command`` + ``args`` run as a local process (``$(VAR)`` references expanded from the
   container's ``env`` and ``POD_IP``/``POD_NAME``/``NODE_NAME``, as a kubelet expands them); the
   pod is reported Running at once and Ready when the container port accepts connections;
 - with ``host_root``, a node's file system is ``host_root/<node>/``: a ``hostPath`` volume
