@@ -151,6 +151,7 @@ class RunningPod:
     popen: subprocess.Popen[bytes] | None
     log_file: IO[bytes] | None
     ready: bool = False
+    failed: str | None = None  # the command could not be started (never Ready)
     started_s: float = field(default_factory=time.monotonic)
     ready_after_s: float | None = None
 
@@ -231,18 +232,22 @@ class StubKubelet:
             if "value" in item:
                 env[item["name"]] = host_view(expand(item["value"], env), mounts)
         argv = [expand(a, env) for a in [*container.get("command", []), *container.get("args", [])]]
-        popen, log_file = None, None
+        popen, log_file, failed = None, None, None
         if argv:
             log_file = (self.log_dir / f"pod-{meta['name']}.log").open("wb")
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **env},
-                start_new_session=True,  # Ctrl-C reaches pytest only; stop() ends it by PID
-            )
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **env},
+                    start_new_session=True,  # Ctrl-C reaches pytest only; stop() ends it by PID
+                )
+            except OSError as err:  # e.g. a binary only the image has: never Ready
+                failed = str(err)
         running = RunningPod(meta["name"], meta["namespace"], ip, port, popen, log_file)
+        running.failed = failed
         self.pods[meta["uid"]] = running
         report_pod(self.plane, pod, ip, ready=False)
 
@@ -262,7 +267,7 @@ class StubKubelet:
         return mounts
 
     def _probe(self, pod: Obj, running: RunningPod) -> None:
-        if running.ready:
+        if running.ready or running.failed:
             return
         alive = running.popen is None or running.popen.poll() is None
         if alive and (running.port is None or port_open(running.ip, running.port)):

@@ -248,3 +248,80 @@ def test_scale_out_beyond_the_warm_nodes_falls_back_to_the_origin(
     assert alive
     assert warm is not None
     assert warm < load["load_s"]
+
+
+def image_endpoint(name: str) -> Obj:
+    """An endpoint with only the image cache: no weights, no command (its pods just run)."""
+    return {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "InferenceEndpoint",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "modelSource": {"uri": f"s3://models/{name}/", "revision": "r1"},
+            "image": "engine:shared",
+            "nodeSelector": POOL,
+            "modelCacheConfig": {"imageCache": {"enabled": True}},
+            "variants": [{"name": "main", "replicas": 1}],
+        },
+    }
+
+
+def image_caches(plane: ControlPlane) -> list[Obj]:
+    return [c for c in items(plane, f"{API}/imagecaches") if c["spec"]["image"] == "engine:shared"]
+
+
+def test_shared_image_cache_never_gates_and_is_refcounted(
+    control_plane: ControlPlane, world: dict[str, Any], results: Results
+) -> None:
+    """Two endpoints on one image: their Deployments do not wait for the image pullers (whose
+    pods never become ready here: their binary exists only in the image), the ImageCache counts
+    both, and deleting the endpoints (the operator's own delete path: kopf's finalizer) takes
+    the count to 1, then removes the cache and its puller DaemonSet."""
+    plane = control_plane
+    for name in ("epsilon", "zeta"):
+        status, body = plane.request("POST", f"{API}/inferenceendpoints", image_endpoint(name))
+        assert status == 201, body
+    deployments_path = f"/apis/apps/v1/namespaces/{NS}/deployments"
+
+    def both_deployed() -> bool:
+        mine = [
+            d["metadata"]["labels"].get(names.LABEL_ENDPOINT)
+            for d in items(plane, deployments_path)
+        ]
+        return {"epsilon", "zeta"} <= set(mine)
+
+    wait_for("both Deployments, without waiting for the image", both_deployed, 60)
+    (cache,) = wait_for("the shared ImageCache", lambda: image_caches(plane) or None)
+    pullers = items(plane, f"/apis/apps/v1/namespaces/{NS}/daemonsets")
+    never_blocked = (
+        not any((d.get("status") or {}).get("numberReady", 0) for d in pullers)
+        and (cache.get("status") or {}).get("state") != "Ready"
+    )
+    refcounts = []
+
+    def references(expected: int) -> int | None:
+        found = image_caches(plane)
+        count = len(found[0]["spec"].get("parentReferences") or []) if found else 0
+        return count if count == expected else None
+
+    refcounts.append(wait_for("2 references", lambda: references(2)))
+    status, body = plane.request("DELETE", f"{API}/inferenceendpoints/epsilon")
+    assert status == 200, body
+    refcounts.append(wait_for("1 reference", lambda: references(1), 60))
+    status, body = plane.request("DELETE", f"{API}/inferenceendpoints/zeta")
+    assert status == 200, body
+    wait_for("the ImageCache removed", lambda: not image_caches(plane), 60)
+    refcounts.append(0)
+    wait_for(
+        "its puller DaemonSet removed",
+        lambda: not items(plane, f"/apis/apps/v1/namespaces/{NS}/daemonsets"),
+        60,
+    )
+    results.record(
+        image_gate_never_blocks=never_blocked,
+        image_refcounts=refcounts,
+        image_refcount_ok=refcounts == [2, 1, 0],
+        image_puller_pods=len(world["kubelet"].pods),
+    )
+    assert never_blocked
+    assert refcounts == [2, 1, 0]
