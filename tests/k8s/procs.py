@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 
-from k8s.controlplane import ControlPlane
+import yaml
+
+from k8s.controlplane import ControlPlane, free_port
 from k8s.k8s_results import LOG_DIR
 from k8s.serviceaccounts import service_account_kubeconfig
 
@@ -49,3 +51,36 @@ def start_operator(plane: ControlPlane, namespace: str) -> Proc:
         proc.stop()
         raise AssertionError(proc.log_path.read_text()[-2000:])
     return proc
+
+
+class Gateway(Proc):
+    url: str
+
+
+def start_gateway(plane: ControlPlane, endpoint: str, service: str, namespace: str) -> Gateway:
+    """``warmfleet serve`` on 127.0.0.1 with one endpoint whose variant ``main`` follows
+    ``service``'s EndpointSlices, out of cluster with the warmfleet-gateway service account."""
+    kubeconfig = service_account_kubeconfig(plane, "warmfleet-gateway")
+    port = free_port()
+    discovery = {
+        "type": "kubernetes",
+        "service": service,
+        "namespace": namespace,
+        "port": "http",
+        "kubeconfig": str(kubeconfig),
+    }
+    document = {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "Gateway",
+        "spec": {
+            "listen": {"host": "127.0.0.1", "port": port},
+            "endpoints": [
+                {"name": endpoint, "variants": [{"name": "main", "discovery": discovery}]}
+            ],
+        },
+    }
+    config = LOG_DIR / f"gateway-{endpoint}.yaml"
+    config.write_text(yaml.safe_dump(document))
+    gateway = Gateway(f"gateway-{endpoint}", [*CLI, "serve", "--config", str(config)])
+    gateway.url = f"http://127.0.0.1:{port}"
+    return gateway

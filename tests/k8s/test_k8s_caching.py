@@ -12,6 +12,7 @@ Opt-in: ``make k8s-e2e``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import time
@@ -22,10 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
-from k8s.controlplane import ControlPlane
+from k8s.controlplane import ControlPlane, ControlPlaneError
 from k8s.k8s_results import ENABLED, LOG_DIR, SKIP_REASON, Results
 from k8s.kubelet_stub import StubKubelet, register_node, wait_for
-from k8s.procs import CLI, Proc, start_operator
+from k8s.load import Load
+from k8s.procs import CLI, Proc, start_gateway, start_operator
 from k8s.serviceaccounts import service_account_kubeconfig
 from warmfleet.api import names
 from warmfleet.local.origin_proc import generate_model
@@ -62,7 +64,8 @@ def world(
     kubelet = StubKubelet(plane, nodes, LOG_DIR, ip_prefix="127.0.2.", host_root=root / "nodes")
     try:
         origin_dir = root / "origin"
-        generate_model(origin_dir / "model-r1.bin", MODEL_BYTES, "r1")
+        for revision in ("r1", "r2"):
+            generate_model(origin_dir / f"model-{revision}.bin", MODEL_BYTES, revision)
         ready = root / "origin.ready"
         procs.append(Proc("origin", [*CLI[:1], "-m", "warmfleet.local.origin_proc", "--dir",
                                      str(origin_dir), "--ready-file", str(ready),
@@ -321,7 +324,93 @@ def test_shared_image_cache_never_gates_and_is_refcounted(
         image_gate_never_blocks=never_blocked,
         image_refcounts=refcounts,
         image_refcount_ok=refcounts == [2, 1, 0],
-        image_puller_pods=len(world["kubelet"].pods),
     )
     assert never_blocked
     assert refcounts == [2, 1, 0]
+
+
+def cache_paths(plane: ControlPlane, cache: str) -> dict[str, str]:
+    """node -> the published directory of ``cache`` its agent reports."""
+    found = {}
+    for node in items(plane, "/api/v1/nodes"):
+        text = (node["metadata"].get("annotations") or {}).get(names.ANN_CACHE_STATUS)
+        report = (json.loads(text) if text else {}).get(cache) or {}
+        if report.get("path"):
+            found[node["metadata"]["name"]] = str(report["path"])
+    return found
+
+
+def deployments_of(plane: ControlPlane, endpoint_name: str) -> set[str]:
+    return {
+        d["metadata"]["name"]
+        for d in items(plane, f"/apis/apps/v1/namespaces/{NS}/deployments")
+        if d["metadata"]["labels"].get(names.LABEL_ENDPOINT) == endpoint_name
+    }
+
+
+def bytes_under(path: str) -> int:
+    root = Path(path)
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.exists() else 0
+
+
+def test_rollover_to_a_new_revision_under_load(
+    control_plane: ControlPlane, world: dict[str, Any], results: Results
+) -> None:
+    """A new model revision while a gateway (discovering delta's pods through the real
+    EndpointSlices) carries steady traffic: the new cache fills, passes the gate, the new
+    Deployment comes up beside the old one (BlueGreen: each node gets a second GPU for it), the
+    old one goes, then the old ModelCache and its bytes on every node."""
+    plane = control_plane
+    for node in [*WARM_NODES, COLD_NODE]:  # room for BlueGreen's second set of replicas
+        gpus = {"nvidia.com/gpu": "2"}
+        patch = {"status": {"capacity": gpus, "allocatable": gpus}}
+        status, body = plane.request("PATCH", f"/api/v1/nodes/{node}/status", patch)
+        assert status == 200, body
+    old_caches = [c["metadata"]["name"] for c in items(plane, f"{API}/modelcaches")]
+    (old_cache,) = old_caches
+    old_paths = cache_paths(plane, old_cache)
+    assert len(old_paths) == len(WARM_NODES)
+    old_deployments = deployments_of(plane, "delta")
+    gateway = start_gateway(plane, "delta", "delta-main", NS)
+    try:
+        with Load(gateway.url, "delta") as load:
+            wait_for("traffic through the gateway", lambda: load.ok >= 5, 60)
+            load.reset()  # count from here: the gateway is up and routing to delta's pods
+            source = {"uri": f"{world['origin']}/files/model-r2.bin", "revision": "r2"}
+            gate: Obj = {"mode": "minReady", "minReadyNodes": 3}  # the 4th node has no agent
+            new_spec: Obj = {
+                "spec": {
+                    "modelSource": source,
+                    "modelCacheConfig": {"weightsCache": {"gate": gate}},
+                }
+            }
+            status, body = plane.request("PATCH", f"{API}/inferenceendpoints/delta", new_spec)
+            assert status == 200, body
+
+            def rolled_over() -> bool:
+                deployments = deployments_of(plane, "delta")
+                caches = {c["metadata"]["name"] for c in items(plane, f"{API}/modelcaches")}
+                new_only = bool(deployments) and not deployments & old_deployments
+                return new_only and old_cache not in caches
+
+            wait_for("the new revision in place of the old one", rolled_over, 180)
+            new_pods = wait_for("4 ready replicas of r2", lambda: running_pods(plane, 4), 90)
+            time.sleep(2.0)  # traffic on the new replicas only
+
+        def old_bytes() -> int:
+            return sum(bytes_under(path) for path in old_paths.values())
+
+        with contextlib.suppress(ControlPlaneError):  # measured below either way
+            wait_for("the old cache's bytes gone from every node", lambda: old_bytes() == 0, 60)
+    finally:
+        gateway.stop()
+    results.record(
+        rollover_requests=load.ok + load.failures,
+        rollover_failed_requests=load.failures,
+        rollover_failures=dict(load.failed),
+        old_cache_bytes_left=old_bytes(),
+        old_cache_nodes=len(old_paths),
+        rollover_new_replicas=len(new_pods),
+    )
+    assert old_bytes() == 0
+    assert load.failures == 0, dict(load.failed)

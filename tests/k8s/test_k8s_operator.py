@@ -20,13 +20,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
-from k8s.controlplane import ControlPlane, free_port
+from k8s.controlplane import ControlPlane
 from k8s.k8s_results import ENABLED, LOG_DIR, SKIP_REASON, Results
 from k8s.kubelet_stub import StubKubelet, register_node, wait_for
-from k8s.procs import CLI, Proc, start_operator
-from k8s.serviceaccounts import service_account_kubeconfig
+from k8s.procs import CLI, Proc, start_gateway, start_operator
 
 pytestmark = [pytest.mark.k8s, pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)]
 
@@ -156,27 +154,11 @@ def test_gateway_discovers_the_pods_through_real_endpointslices(
         return len(ready) == 2
 
     wait_for("the EndpointSlice controller's 2 ready endpoints", slice_ready)
-    kubeconfig = service_account_kubeconfig(control_plane, "warmfleet-gateway")
-    port = free_port()
-    config = LOG_DIR / "gateway.yaml"
-    discovery = {"type": "kubernetes", "service": "alpha-main", "namespace": NS,
-                 "port": "http", "kubeconfig": str(kubeconfig)}  # fmt: skip
-    document = {
-        "apiVersion": "warmfleet.dev/v1alpha1",
-        "kind": "Gateway",
-        "spec": {
-            "listen": {"host": "127.0.0.1", "port": port},
-            "endpoints": [
-                {"name": "alpha", "variants": [{"name": "main", "discovery": discovery}]}
-            ],
-        },
-    }
-    config.write_text(yaml.safe_dump(document))
-    gateway = Proc("gateway", [*CLI, "serve", "--config", str(config)])
+    gateway = start_gateway(control_plane, "alpha", "alpha-main", NS)
     try:
         seen = wait_for(
             "requests through the gateway to reach both pods",
-            lambda: both_pods_answered(port, {p["metadata"]["name"] for p in pods}),
+            lambda: both_pods_answered(gateway.url, {p["metadata"]["name"] for p in pods}),
             60,
         )
     finally:
@@ -192,10 +174,10 @@ def test_gateway_discovers_the_pods_through_real_endpointslices(
 _answered: set[str] = set()
 
 
-def both_pods_answered(port: int, pods: set[str]) -> set[str] | None:
+def both_pods_answered(url: str, pods: set[str]) -> set[str] | None:
     body = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
+        f"{url}/v1/chat/completions",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
