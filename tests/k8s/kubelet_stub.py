@@ -146,6 +146,7 @@ def port_open(host: str, port: int) -> bool:
 class RunningPod:
     name: str
     namespace: str
+    node: str
     ip: str
     port: int | None
     popen: subprocess.Popen[bytes] | None
@@ -177,6 +178,7 @@ class StubKubelet:
         self.errors: list[str] = []
         self._next_ip = 1
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="stub-kubelet", daemon=True)
 
     def start(self) -> None:
@@ -191,10 +193,26 @@ class StubKubelet:
             self._stop_process(pod)
         self.pods.clear()
 
+    def lose_node(self, node: str) -> list[str]:
+        """The machine is gone: its processes die (SIGKILL) and nothing reports for it any more.
+        Returns the pods that were running there."""
+        with self._lock:
+            self.nodes.discard(node)
+            lost = [uid for uid, pod in self.pods.items() if pod.node == node]
+            names = []
+            for uid in lost:
+                pod = self.pods.pop(uid)
+                if pod.popen is not None and pod.popen.poll() is None:
+                    pod.popen.kill()
+                self._stop_process(pod)
+                names.append(pod.name)
+        return names
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.sync()
+                with self._lock:
+                    self.sync()
             except (ControlPlaneError, OSError, KeyError, ValueError) as err:
                 self.errors.append(str(err))
             self._stop.wait(POLL_S)
@@ -246,7 +264,9 @@ class StubKubelet:
                 )
             except OSError as err:  # e.g. a binary only the image has: never Ready
                 failed = str(err)
-        running = RunningPod(meta["name"], meta["namespace"], ip, port, popen, log_file)
+        running = RunningPod(
+            meta["name"], meta["namespace"], spec["nodeName"], ip, port, popen, log_file
+        )
         running.failed = failed
         self.pods[meta["uid"]] = running
         report_pod(self.plane, pod, ip, ready=False)

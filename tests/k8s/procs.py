@@ -3,6 +3,7 @@ each stopped by its PID (SIGTERM, then SIGKILL) in the fixture's ``finally``."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from k8s.serviceaccounts import service_account_kubeconfig
 
 CLI = [sys.executable, "-c", "from warmfleet.cli import main; main()"]
 STOP_TIMEOUT_S = 15.0
+_STARTS = itertools.count(1)
 
 
 class Proc:
@@ -28,6 +30,13 @@ class Proc:
             argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
+
+    def kill(self) -> None:
+        """SIGKILL by PID: no chance to finish what it was doing."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=STOP_TIMEOUT_S)
+        self._log.close()
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -45,7 +54,7 @@ def start_operator(plane: ControlPlane, namespace: str) -> Proc:
     token (deploy/manifests' RBAC), out of cluster."""
     kubeconfig = service_account_kubeconfig(plane, "warmfleet-operator")
     argv = [*CLI, "fleet", "operator", "--namespace", namespace, "--kubeconfig", str(kubeconfig)]
-    proc = Proc(f"operator-{namespace}", argv)
+    proc = Proc(f"operator-{namespace}-{next(_STARTS)}", argv)
     time.sleep(1.0)
     if proc.popen.poll() is not None:
         proc.stop()
