@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import yaml
 
@@ -69,27 +70,28 @@ class Gateway(Proc):
 def start_gateway(plane: ControlPlane, endpoint: str, service: str, namespace: str) -> Gateway:
     """``warmfleet serve`` on 127.0.0.1 with one endpoint whose variant ``main`` follows
     ``service``'s EndpointSlices, out of cluster with the warmfleet-gateway service account."""
-    kubeconfig = service_account_kubeconfig(plane, "warmfleet-gateway")
-    port = free_port()
     discovery = {
         "type": "kubernetes",
         "service": service,
         "namespace": namespace,
         "port": "http",
-        "kubeconfig": str(kubeconfig),
+        "kubeconfig": str(service_account_kubeconfig(plane, "warmfleet-gateway")),
     }
+    variants = [{"name": "main", "discovery": discovery}]
+    return serve_gateway(endpoint, {"endpoints": [{"name": endpoint, "variants": variants}]})
+
+
+def serve_gateway(name: str, spec: dict[str, Any]) -> Gateway:
+    """``warmfleet serve`` of a Gateway document with ``spec`` (listening on a free port of
+    127.0.0.1)."""
+    port = free_port()
     document = {
         "apiVersion": "warmfleet.dev/v1alpha1",
         "kind": "Gateway",
-        "spec": {
-            "listen": {"host": "127.0.0.1", "port": port},
-            "endpoints": [
-                {"name": endpoint, "variants": [{"name": "main", "discovery": discovery}]}
-            ],
-        },
+        "spec": {"listen": {"host": "127.0.0.1", "port": port}, **spec},
     }
-    config = LOG_DIR / f"gateway-{endpoint}.yaml"
+    config = LOG_DIR / f"gateway-{name}.yaml"
     config.write_text(yaml.safe_dump(document))
-    gateway = Gateway(f"gateway-{endpoint}", [*CLI, "serve", "--config", str(config)])
+    gateway = Gateway(f"gateway-{name}", [*CLI, "serve", "--config", str(config)])
     gateway.url = f"http://127.0.0.1:{port}"
     return gateway

@@ -24,7 +24,8 @@ import pytest
 from k8s.controlplane import ControlPlane
 from k8s.k8s_results import ENABLED, LOG_DIR, SKIP_REASON, Results
 from k8s.kubelet_stub import StubKubelet, register_node, wait_for
-from k8s.procs import CLI, Proc, start_gateway, start_operator
+from k8s.procs import CLI, Proc, serve_gateway, start_gateway, start_operator
+from k8s.serviceaccounts import service_account_kubeconfig
 
 pytestmark = [pytest.mark.k8s, pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)]
 
@@ -169,6 +170,43 @@ def test_gateway_discovers_the_pods_through_real_endpointslices(
         pod_ready_after_s=[round(r.ready_after_s or 0, 1) for r in kubelet.pods.values()],
     )
     assert "v1" not in versions  # 1.20: the gateway had to pick v1beta1 by discovery
+
+
+def test_gateway_follows_the_inference_endpoints(
+    control_plane: ControlPlane, operator: Proc, results: Results
+) -> None:
+    """deploy/examples' gateway configuration: one gateway endpoint per InferenceEndpoint of the
+    namespace, the request's ``model`` picking it, its instances from the variant's Service."""
+    kubeconfig = service_account_kubeconfig(control_plane, "warmfleet-gateway")
+    source = {"namespace": NS, "port": "http", "kubeconfig": str(kubeconfig)}
+    spec = {"inference_endpoints": source, "model_selects_endpoint": True}
+    gateway = serve_gateway("inference-endpoints", spec)
+    pods = {p["metadata"]["name"] for p in pods_of(control_plane, "alpha")}
+    try:
+        seen = wait_for(
+            "a request for model alpha served by one of its pods",
+            lambda: answered_by(gateway.url, pods),
+            60,
+        )
+    finally:
+        gateway.stop()
+    results.record(gateway_inference_endpoints_ok=seen in pods)
+
+
+def answered_by(url: str, pods: set[str]) -> str | None:
+    body = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            resp.read()
+            instance = resp.headers.get("x-warmfleet-instance")
+    except (urllib.error.URLError, OSError):
+        return None
+    return instance if instance in pods else None
 
 
 _answered: set[str] = set()
