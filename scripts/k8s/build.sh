@@ -53,6 +53,10 @@ install_deps() {
   if ((${#missing[@]} == 0)); then
     return 0
   fi
+  if [[ "$(id -u)" != 0 ]]; then
+    log "missing Debian packages (apt-get needs root): ${missing[*]}"
+    exit 1
+  fi
   log "apt-get install ${missing[*]}"
   local apt=(apt-get -y -q -o DPkg::Lock::Timeout=600 -o Acquire::http::Timeout=60
     --no-install-recommends)
