@@ -216,6 +216,25 @@ async def test_a_removed_variant_loses_its_service(env: tuple[FakeCluster, Contr
     assert all("canary" not in d["metadata"]["name"] for d in await c.list(kube.DEPLOYMENTS, NS))
 
 
+async def test_services_lost_between_deployment_and_services_come_back(
+    env: tuple[FakeCluster, Controller],
+) -> None:
+    """An operator killed after applying a Deployment but before its Services (seen on a real
+    API server, tests/k8s/test_k8s_faults.py): the next pass, which plans nothing for the
+    unchanged Deployment, still creates them."""
+    cluster, controller = env
+    c = cluster.client
+    await create_endpoint(cluster, endpoint_body("llama"))
+    await converge(cluster, controller)
+    for name in ("llama", "llama-main"):
+        await c.delete(kube.SERVICES, NS, name)
+    await controller.reconcile()
+    assert sorted(s["metadata"]["name"] for s in await c.list(kube.SERVICES, NS)) == [
+        "llama",
+        "llama-main",
+    ]
+
+
 async def test_node_replacement(env: tuple[FakeCluster, Controller]) -> None:
     cluster, controller = env
     c = cluster.client

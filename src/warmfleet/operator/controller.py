@@ -100,19 +100,34 @@ class Controller:
             uids = {e.name: e for e in desired}
             for action in actions:
                 await self._execute(action, uids, now_s, result)
-            await self._prune_variant_services(desired)
+            await self._sync_services(desired, snap.deployments)
             return result
 
-    async def _prune_variant_services(self, desired: list[DesiredEndpoint]) -> None:
-        """The Service of a variant removed from a live endpoint goes (the endpoint's own
-        Service, and those of endpoints being released, are the plan's business)."""
-        live = {e.name: {v.name for v in e.spec.variants} for e in desired if not e.deleting}
+    async def _sync_services(self, desired: list[DesiredEndpoint], deployments: list[Obj]) -> None:
+        """A live endpoint's Service and its deployed variants' exist: they are applied with
+        the Deployment, and a pass cut short between the two (an operator killed or restarted)
+        leaves the rest to this check. The Service of a variant removed from a live endpoint
+        goes (the endpoint's own Service, and those of endpoints being released, are the plan's
+        business)."""
+        live = {e.name: e for e in desired if not e.deleting}
+        variants = {name: {v.name for v in e.spec.variants} for name, e in live.items()}
         managed = {names.LABEL_MANAGED_BY: names.MANAGER}
-        for service in await self._client.list(kube.SERVICES, self._ns, managed):
+        services = await self._client.list(kube.SERVICES, self._ns, managed)
+        have = {(s.get("metadata") or {}).get("name") for s in services}
+        for endpoint, variant in sorted(_deployed_variants(deployments)):
+            wanted = live.get(endpoint)
+            if wanted is None or variant not in variants[endpoint]:
+                continue
+            for part in (None, variant):
+                if names.service_name(endpoint, part) not in have:
+                    body = render.service(endpoint, wanted.spec.port, self._ns, wanted.uid, part)
+                    await self._client.apply(kube.SERVICES, self._ns, body)
+                    have.add(names.service_name(endpoint, part))
+        for service in services:
             meta = service.get("metadata") or {}
             labels = meta.get("labels") or {}
-            endpoint, variant = labels.get(names.LABEL_ENDPOINT), labels.get(names.LABEL_VARIANT)
-            if variant is not None and endpoint in live and variant not in live[endpoint]:
+            owner, part = labels.get(names.LABEL_ENDPOINT), labels.get(names.LABEL_VARIANT)
+            if part is not None and owner in variants and part not in variants[owner]:
                 await self._client.delete(kube.SERVICES, self._ns, meta["name"])
 
     async def _autoscale(
@@ -304,6 +319,17 @@ class Controller:
             lambda current: {"spec": kube.merge_patch(current.get("spec"), spec)},
             create=body,
         )
+
+
+def _deployed_variants(deployments: list[Obj]) -> set[tuple[str, str]]:
+    """(endpoint, variant) of each Deployment the operator made."""
+    found = set()
+    for deployment in deployments:
+        labels = (deployment.get("metadata") or {}).get("labels") or {}
+        endpoint, variant = labels.get(names.LABEL_ENDPOINT), labels.get(names.LABEL_VARIANT)
+        if isinstance(endpoint, str) and isinstance(variant, str):
+            found.add((endpoint, variant))
+    return found
 
 
 def _wire(model: Any) -> Obj:
