@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
@@ -15,10 +16,12 @@ from rich.table import Table
 from warmfleet.api.names import READY_VALUE
 from warmfleet.api.resources import wire
 from warmfleet.control.placement import unprepared_share
+from warmfleet.control.world import World
 from warmfleet.core.errors import NotFoundError
-
-if TYPE_CHECKING:
-    from warmfleet.local.fleet import EmbeddedFleet
+from warmfleet.gateway.server import StartedApp
+from warmfleet.local.config import LocalFleetSpec
+from warmfleet.local.procs import Child
+from warmfleet.local.replicas import Replica
 
 STATE_FILE = "state.json"
 IN_FLIGHT = "warmfleet_gateway_in_flight_requests"
@@ -61,7 +64,37 @@ def start_times(history: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _nodes(fleet: EmbeddedFleet) -> list[dict[str, Any]]:
+class FleetView(Protocol):
+    """What ``state.json`` is made of: the running fleet (``fleet.EmbeddedFleet``), read only."""
+
+    @property
+    def spec(self) -> LocalFleetSpec: ...
+    @property
+    def world(self) -> World: ...
+    @property
+    def agents(self) -> Mapping[str, Child]: ...
+    @property
+    def agent_urls(self) -> Mapping[str, str]: ...
+    @property
+    def replicas(self) -> Mapping[str, Replica]: ...
+    @property
+    def history(self) -> Mapping[str, dict[str, Any]]: ...
+    @property
+    def events(self) -> Iterable[dict[str, Any]]: ...
+    @property
+    def gateway(self) -> StartedApp | None: ...
+    @property
+    def origin(self) -> Child | None: ...
+    @property
+    def origin_url(self) -> str: ...
+    @property
+    def passes(self) -> int: ...
+    @property
+    def last_pass_s(self) -> float: ...
+    def now_s(self) -> float: ...
+
+
+def _nodes(fleet: FleetView) -> list[dict[str, Any]]:
     out = []
     for config in fleet.spec.nodes:
         node = fleet.world.nodes[config.name]
@@ -88,7 +121,7 @@ def _nodes(fleet: EmbeddedFleet) -> list[dict[str, Any]]:
     return out
 
 
-def snapshot(fleet: EmbeddedFleet, *, running: bool) -> dict[str, Any]:
+def snapshot(fleet: FleetView, *, running: bool) -> dict[str, Any]:
     endpoints = [
         {"name": e.name, "status": wire(e.status) if e.status else None}
         for e in fleet.world.endpoints.values()
