@@ -1,7 +1,8 @@
-"""What users run to measure a fleet: the load generator (``warmfleet bench``), the live demo
-(``warmfleet demo``), the simulator commands, engine conformance, and the benchmarks run by
-``make bench-routing`` and ``make bench-peers`` (with their reference proxies).
+"""warmfleet.bench: load generation, benchmarks and their reports (an I/O shell).
 
-It may import the shells and the simulator; only the root CLI imports it. Harnesses that need
-test doubles (fault injectors, fake registries, acceptance runs) live under ``tests/harness``.
+``loadgen`` (``warmfleet loadgen``) drives OpenAI-compatible servers; ``live_*`` runs the demo's
+embedded fleet; ``routing_bench``, ``peers`` and ``conformance`` measure the gateway against
+baselines and peer routers; reports and plots are written under ``bench-results/``. It may import
+every shell's public entry points and the pure core, never ``warmfleet.local`` or ``warmfleet.cli``. Harnesses that need test doubles (the cache bench
+and its fault matrix) live under ``tests/harness``.
 """

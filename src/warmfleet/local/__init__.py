@@ -1,8 +1,8 @@
-"""The laptop fleet behind ``warmfleet up fleet.yaml`` and ``warmfleet status``: a composition
-root of its own that runs a whole fleet on this machine (a model origin, one node agent per
-node, emulated engines, the gateway, the reconciler loop), each part a real child process.
+"""warmfleet.local: the laptop fleet behind ``warmfleet up fleet.yaml`` (a composition root).
 
-It may import the shells (gateway, emulator, agent), the control plane and the pure core; nothing
-imports it but the root CLI. Test harnesses that drive it (the acceptance run, fault injection)
-live under ``tests/harness``, not here.
+Runs a whole fleet on this machine: an origin, node agents, emulated engines and a gateway as
+local processes, reconciled by the pure ``warmfleet.control`` planner. It is built on the shells'
+public entry points and may import any package except ``warmfleet.cli``; nothing imports it but
+the root CLI. Its origin (``origin.py``) is product code; the harnesses that drive the fleet
+(the acceptance run, fault injection) live under ``tests/harness``, not here.
 """
