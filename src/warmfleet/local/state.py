@@ -183,9 +183,20 @@ def render(doc: dict[str, Any], console: Console) -> None:
         f"fleet {state} (pid {doc.get('pid')}, up {doc.get('uptimeS')} s), "
         f"gateway {doc.get('gateway')}, origin {doc.get('origin')}"
     )
-    t = Table(title="endpoints")
-    for col in ("name", "phase", "revision", "replicas", "ready", "unprepared share"):
+    for table in (_endpoints(doc), _caches(doc), _nodes_table(doc), _replicas(doc)):
+        console.print(table)
+    console.print(f"starts: {json.dumps(doc.get('starts', {}))}")
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    t = Table(title=title)
+    for col in columns:
         t.add_column(col)
+    return t
+
+
+def _endpoints(doc: dict[str, Any]) -> Table:
+    t = _table("endpoints", ("name", "phase", "revision", "replicas", "ready", "unprepared share"))
     for e in doc.get("endpoints", []):
         s = e.get("status") or {}
         t.add_row(
@@ -196,10 +207,11 @@ def render(doc: dict[str, Any], console: Console) -> None:
             str(s.get("readyReplicas", 0)),
             f"{s.get('unpreparedReplicaShare', 0.0):.2f}",
         )
-    console.print(t)
-    t = Table(title="caches")
-    for col in ("name", "source", "state", "ready/target nodes"):
-        t.add_column(col)
+    return t
+
+
+def _caches(doc: dict[str, Any]) -> Table:
+    t = _table("caches", ("name", "source", "state", "ready/target nodes"))
     for c in doc.get("caches", []):
         s = c.get("status") or {}
         src = c.get("source", {})
@@ -209,10 +221,11 @@ def render(doc: dict[str, Any], console: Console) -> None:
             str(s.get("state", "")),
             f"{s.get('readyNodes', 0)}/{s.get('targetNodes', 0)}",
         )
-    console.print(t)
-    t = Table(title="nodes")
-    for col in ("name", "agent", "budget", "ready labels", "caches"):
-        t.add_column(col)
+    return t
+
+
+def _nodes_table(doc: dict[str, Any]) -> Table:
+    t = _table("nodes", ("name", "agent", "budget", "ready labels", "caches"))
     for n in doc.get("nodes", []):
         caches = ", ".join(
             f"{k}: {v['state']} {_gb(v['bytesDone'])}/{_gb(v['bytesTotal'])}"
@@ -221,10 +234,11 @@ def render(doc: dict[str, Any], console: Console) -> None:
         )
         agent = f"up (pid {n['agentPid']})" if n.get("agentUp") else "DOWN"
         t.add_row(n["name"], agent, _gb(n["budgetBytes"]), "\n".join(n["readyLabels"]), caches)
-    console.print(t)
-    t = Table(title="replicas")
-    for col in ("name", "node", "state", "weights from", "time to ready", "url"):
-        t.add_column(col)
+    return t
+
+
+def _replicas(doc: dict[str, Any]) -> Table:
+    t = _table("replicas", ("name", "node", "state", "weights from", "time to ready", "url"))
     for r in doc.get("replicas", []):
         ttr = r.get("timeToReadyS")
         t.add_row(
@@ -235,5 +249,4 @@ def render(doc: dict[str, Any], console: Console) -> None:
             "-" if ttr is None else f"{ttr:.2f} s",
             str(r.get("url") or "-"),
         )
-    console.print(t)
-    console.print(f"starts: {json.dumps(doc.get('starts', {}))}")
+    return t
