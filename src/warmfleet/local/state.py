@@ -1,13 +1,21 @@
-"""``state.json``: what a running ``warmfleet up`` exposes, and ``warmfleet status``'s tables."""
+"""``state.json``: what a running ``warmfleet up`` exposes, and ``warmfleet status``'s tables.
+
+``warmfleet status`` believes ``state.json`` only while the fleet that wrote it is alive: ``up``
+wrote ``running: true``, its process still exists and its gateway accepts connections
+(``not_running_reason``). A fleet stopped cleanly or killed, or whose gateway no longer listens,
+is "not running", whatever phases its last state shows.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
@@ -167,10 +175,45 @@ def read_state(workdir: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise NotFoundError(
-            f"no fleet state at {path} (is `warmfleet up` running?): {err}"
-        ) from err
+        raise NotFoundError(f"no state at {path} (start it with `warmfleet up`)") from err
     return doc if isinstance(doc, dict) else {}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _accepts_connections(url: str, timeout_s: float) -> bool:
+    split = urlsplit(url)
+    host = split.hostname or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):  # a wildcard bind: reachable on loopback
+        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+    try:
+        port = split.port or (443 if split.scheme == "https" else 80)
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def not_running_reason(doc: dict[str, Any], *, timeout_s: float = 2.0) -> str | None:
+    """Why the fleet that wrote ``doc`` is not running, or None when it is: ``up`` recorded its
+    stop, its process (``pid``) is gone, or its gateway refuses connections."""
+    if not doc.get("running"):
+        return "it was stopped"
+    pid = doc.get("pid")
+    if not isinstance(pid, int) or pid <= 0 or not _pid_alive(pid):
+        return f"its process (pid {pid}) is gone"
+    gateway = doc.get("gateway")
+    if isinstance(gateway, str) and not _accepts_connections(gateway, timeout_s):
+        return f"its gateway {gateway} does not accept connections (pid {pid})"
+    return None
 
 
 def _gb(n: int | None) -> str:

@@ -54,10 +54,27 @@ def whatif(
 
 
 @fleet_app.command("render")
-def render(out: Annotated[Path, typer.Option(help="deploy directory")] = Path("deploy")) -> None:
-    """Write the CRDs and the plain manifests generated from the resource model."""
-    from warmfleet.operator.manifests import write_all  # noqa: PLC0415
+def render(
+    out: Annotated[Path, typer.Option(help="deploy directory")] = Path("deploy"),
+    force: Annotated[bool, typer.Option("--force", help="overwrite files that differ")] = False,
+) -> None:
+    """Write the CRDs, the plain manifests and the Helm chart generated from the resource model.
 
+    Existing files that differ are left alone (exit 2) unless --force is given."""
+    from warmfleet.operator.manifests import rendered_files, write_all  # noqa: PLC0415
+
+    differ = [
+        out / rel
+        for rel, content in rendered_files().items()
+        if (out / rel).exists() and (out / rel).read_text() != content
+    ]
+    if differ and not force:
+        typer.echo(
+            f"warmfleet fleet render: {len(differ)} existing file(s) would change, e.g. "
+            f"{differ[0]}: pass --force to overwrite them, or --out another directory",
+            err=True,
+        )
+        raise typer.Exit(2)
     for path in write_all(out):
         typer.echo(f"wrote {path}")
 
