@@ -188,14 +188,17 @@ def test_bench_through_the_gateway_picks_the_model_and_fails_loudly_on_a_wrong_o
         assert run["requests"]["completed"] == 8
         assert run["errors"] == {}
 
-        failed = run_cli(*base, "--model", "model", "--json", str(tmp_path / "bad.json"))
+        failed = run_cli(*base, "--model", "model", "--report", str(tmp_path / "bad"))
         stderr = assert_short_failure(failed, 1)
         assert "http_404: 8 of 8 requests" in stderr
         assert "model" in stderr.split("e.g.", 1)[1]  # the server's own message is the sample
         assert "--max-error-share" in stderr
-        bad = json.loads((tmp_path / "bad.json").read_text())["strategies"]["run"]
+        bad = json.loads((tmp_path / "bad" / "report.json").read_text())["strategies"]["run"]
         assert bad["errors"] == {"http_404": 8}
         assert bad["error_samples"]["http_404"].startswith("HTTP 404: ")
+        assert (
+            "- run: 8 x `http_404`, e.g. HTTP 404: " in (tmp_path / "bad" / "report.md").read_text()
+        )
 
         tolerated = run_cli(*base, "--model", "model", "--max-error-share", "1")
         assert tolerated.returncode == 0, tolerated.stderr
