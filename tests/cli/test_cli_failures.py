@@ -38,10 +38,12 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
     assert str(port) in stderr
 
 
-def test_debug_keeps_the_traceback(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["serve", "emulate"])
+def test_debug_keeps_the_traceback(tmp_path: Path, command: str) -> None:
     with busy_port() as port:
         config = gateway_file(tmp_path / "gateway.yaml", ["http://127.0.0.1:9"], port)
-        done = run_cli("--debug", "serve", "--config", str(config))
+        args = ["--config", str(config)] if command == "serve" else ["--base-port", str(port)]
+        done = run_cli("--debug", command, *args)
     assert done.returncode == 1
     assert "Traceback" in done.stderr
     assert "address already in use" in done.stderr
