@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from e2e_tokenizer_helpers import TEMPLATE, write_model
 
+from support.servers import app_serving
 from warmfleet.bench.conformance import predicted_cached, run_conformance
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.keys import KeyBuilder, KeySpec
@@ -69,14 +70,9 @@ def fake_vllm(model_dir: Path) -> web.Application:
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[str]:
     (tmp_path / "engine-model").mkdir()
-    runner = web.AppRunner(fake_vllm(write_model(tmp_path / "engine-model")), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    app = fake_vllm(write_model(tmp_path / "engine-model"))
+    async with app_serving(app, access_log=None) as (url, _):
+        yield url
 
 
 async def test_conformance_agrees(engine: str) -> None:

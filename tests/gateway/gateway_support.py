@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -266,17 +265,6 @@ async def gateway_running(
         yield started
     finally:
         await started.stop()
-
-
-async def wait_until(
-    predicate: Callable[[], bool], timeout_s: float = 10.0, step_s: float = 0.01
-) -> None:
-    """Poll ``predicate`` (a liveness bound for the test, not a timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(step_s)
 
 
 def parse_sse(raw: bytes) -> list[str]:

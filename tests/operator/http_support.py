@@ -1,26 +1,8 @@
-"""A local HTTP server on 127.0.0.1 for the operator tests (gateway /metrics, an API stub)."""
+"""The local-fleet tests' name for ``support.servers`` (a GET-routes app on 127.0.0.1); the
+operator tests import ``support.servers`` directly. Goes once those tests do too."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from support.servers import Handler, serving
 
-from aiohttp import web
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@asynccontextmanager
-async def serving(routes: Mapping[str, Handler]) -> AsyncIterator[tuple[str, web.AppRunner]]:
-    """GET ``routes`` on a free port: yields the base URL and the runner (a test may stop it
-    early with ``runner.cleanup()``, e.g. to see connections refused)."""
-    app = web.Application()
-    for path, handler in routes.items():
-        app.router.add_get(path, handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}", runner
-    finally:
-        await runner.cleanup()
+__all__ = ["Handler", "serving"]

@@ -9,9 +9,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from http_support import Handler, serving
 from kmock_cluster import NS, FakeCluster, declare_resources, endpoint_body, forget_requests
 
+from support.servers import Handler, serving
 from warmfleet.api import names
 from warmfleet.control.load import in_flight_by_variant
 from warmfleet.kube import client as kube
