@@ -464,6 +464,7 @@ def wait_ready(url: str) -> None:
     raise AssertionError("gateway not ready")
 
 
+@pytest.mark.slow
 def test_health_stays_under_50ms_while_4_clients_send_maximal_bodies(tmp_path: Path) -> None:
     bodies = maximal_bodies()
     assert all(len(b) < 8 << 20 for b in bodies)  # limits.max_body_bytes

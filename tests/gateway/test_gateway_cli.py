@@ -123,6 +123,7 @@ def _stream(url: str) -> bytes:
         conn.close()
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_sighup_during_the_graceful_stop_does_not_kill_the_gateway(tmp_path: Path) -> None:
     """Regression: the SIGHUP handler was removed before the graceful stop, so a SIGHUP then

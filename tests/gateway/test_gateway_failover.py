@@ -299,6 +299,7 @@ async def _wedged_fleet() -> AsyncIterator[
         await wedged.stop()
 
 
+@pytest.mark.slow
 async def test_wedged_instance_retried_ejected_and_readmitted_only_by_requests() -> None:
     async with _wedged_fleet() as (wedged, gw, client, clock):
         variant = gw.gateway.state.default_endpoint().variant("v1")
@@ -388,6 +389,7 @@ async def _phase_probation(
     assert _sample(metrics, "warmfleet_gateway_ejections_total", instance_id="w") == 2
 
 
+@pytest.mark.slow
 async def test_wedged_instance_concurrent_rounds_none_fails() -> None:
     """The finding's load: two rounds of the same 10 prompts, each round sent at once. The
     requests hanging on the wedged instance time out together; each is retried on b; the

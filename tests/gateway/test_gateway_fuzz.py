@@ -151,6 +151,7 @@ def _check(status: int, ctype: str, data: bytes) -> None:
     assert error["code"] == status
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_malformed_requests_get_4xx_json(tmp_path: Path) -> None:
     with ThreadedGateway(None, ["a", "b"]) as fleet:

@@ -111,6 +111,7 @@ def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GatewayP
             assert "Traceback" not in gw.stderr()
 
 
+@pytest.mark.slow
 def test_large_rejected_bodies_and_408s_leave_no_memory_behind(gateway: GatewayProcess) -> None:
     split = urlsplit(gateway.url)
     addr = (split.hostname or "127.0.0.1", split.port or 80)
@@ -163,6 +164,7 @@ class _HugeAnswer(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
+@pytest.mark.slow
 def test_a_2gb_upstream_answer_is_relayed_as_it_arrives(tmp_path: Path) -> None:
     instance = ThreadingHTTPServer(("127.0.0.1", 0), _HugeAnswer)
     threading.Thread(target=instance.serve_forever, daemon=True).start()

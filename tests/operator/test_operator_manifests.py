@@ -52,6 +52,7 @@ def test_generated_files_are_in_sync() -> None:
         assert path.read_text() == content, f"{path} stale: run `warmfleet fleet render`"
 
 
+@pytest.mark.slow
 def test_plain_manifests_validate() -> None:
     docs = list(yaml.safe_load_all((DEPLOY / "manifests/warmfleet.yaml").read_text()))
     assert {d["kind"] for d in docs} >= {"Deployment", "DaemonSet", "ClusterRole", "Service"}
@@ -77,6 +78,7 @@ def _render_helm(text: str, values: Obj) -> str:
     return rendered
 
 
+@pytest.mark.slow
 def test_helm_chart_renders_and_validates() -> None:
     chart = DEPLOY / "helm/warmfleet"
     values = yaml.safe_load((chart / "values.yaml").read_text())

@@ -65,6 +65,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(tools=st.lists(json_values, min_size=0, max_size=60))
 def test_tools_render_as_one_canonical_dump_whatever_their_number(tools: list[Any]) -> None:

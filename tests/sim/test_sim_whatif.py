@@ -33,6 +33,7 @@ def test_aws_figures_give_tens_of_minutes_vs_seconds() -> None:
     assert p.start_s(True, True) < 90
 
 
+@pytest.mark.slow
 def test_scenarios_order_and_shares() -> None:
     model = calibrate(SMALL)
     assert model.capacity_rps > 0
