@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, Reason, RoutingKey
@@ -238,6 +239,15 @@ def gateway_doc(
     if admin_token is not None:
         spec["admin"] = {"token": admin_token}
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
+
+
+def gateway_file(directory: Path, doc: dict[str, Any]) -> Path:
+    """``doc``, listening on a free port of 127.0.0.1, written to ``directory/gateway.yaml``
+    (the config of a ``GatewayProcess``; ``doc`` keeps the listen address for a rewrite)."""
+    doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
+    path = directory / "gateway.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 def gateway_config(backends: Sequence[FakeBackend], **kwargs: Any) -> GatewayConfig:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 import typer
 import yaml
-from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc
+from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc, gateway_file
 from typer.testing import CliRunner
 
 from support.waiting import wait_until_sync
@@ -41,13 +41,12 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(doc))
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_serve_sighup_reload_and_sigterm(tmp_path: Path) -> None:
     with ThreadedGateway(None, ["a", "b"]) as fleet:
         doc = gateway_doc(fleet.backends)
-        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
-        path = tmp_path / "gateway.yaml"
-        _write(path, doc)
+        path = gateway_file(tmp_path, doc)
         with GatewayProcess(path) as gw:
             assert {_post(gw.url)[1] for _ in range(4)} == {"a", "b"}
 
@@ -136,9 +135,7 @@ def test_sighup_during_the_graceful_stop_does_not_kill_the_gateway(tmp_path: Pat
         gate = asyncio.Event()
         backend.gate = gate  # the stream stalls after its first chunk until released
         doc = gateway_doc(fleet.backends)
-        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
-        path = tmp_path / "gateway.yaml"
-        _write(path, doc)
+        path = gateway_file(tmp_path, doc)
         with GatewayProcess(path) as gw, ThreadPoolExecutor(1) as pool:
             stream = pool.submit(_stream, gw.url)
             wait_until_sync(lambda: backend.stats.streams_started == 1)
