@@ -20,18 +20,6 @@ import grimp
 
 PACKAGE = "warmfleet"
 
-# Cycles known when this test was written, in code another part of the structural change (issue
-# 25) moves: each entry is removed with the cycle. A listed cycle that no longer exists fails the
-# test too, so the list only shrinks.
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        # live_demo imports loadgen_cli's summary; loadgen_cli's `demo` command imports live_demo.
-        frozenset({"warmfleet.bench.live_demo", "warmfleet.bench.loadgen_cli"}),
-        # local/state.py imports local/fleet.py under TYPE_CHECKING.
-        frozenset({"warmfleet.local.fleet", "warmfleet.local.state"}),
-    }
-)
-
 
 def _components(graph: grimp.ImportGraph) -> Iterator[frozenset[str]]:
     """Strongly connected components (Tarjan's algorithm, iterative: the graph is deep)."""
@@ -89,11 +77,8 @@ def describe(graph: grimp.ImportGraph, cycle: frozenset[str]) -> str:
 
 def test_no_import_cycle_among_warmfleet_modules() -> None:
     graph = grimp.build_graph(PACKAGE, exclude_type_checking_imports=False)
-    cycles = import_cycles(graph)
-    new = sorted(cycles - KNOWN_CYCLES, key=sorted)
-    assert not new, "import cycles:\n" + "\n".join(describe(graph, c) for c in new)
-    gone = sorted(map(sorted, KNOWN_CYCLES - cycles))
-    assert not gone, f"no longer cycles, remove them from KNOWN_CYCLES: {gone}"
+    cycles = sorted(import_cycles(graph), key=sorted)
+    assert not cycles, "import cycles:\n" + "\n".join(describe(graph, c) for c in cycles)
 
 
 def test_the_cycle_finder_finds_a_cycle_and_only_the_cycle() -> None:
