@@ -130,7 +130,6 @@ def test_admission_never_exceeds_budget_nor_touches_protected(
     }
 
 
-@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(with_staged(), policies(), st.integers(0, 4000), st.booleans())
 def test_gc_is_idempotent_and_protects(

@@ -41,7 +41,6 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(doc))
 
 
-@pytest.mark.slow
 @pytest.mark.e2e
 def test_serve_sighup_reload_and_sigterm(tmp_path: Path) -> None:
     with ThreadedGateway(None, ["a", "b"]) as fleet:

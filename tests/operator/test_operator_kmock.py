@@ -65,7 +65,6 @@ async def create_endpoint(cluster: FakeCluster, body: dict[str, Any]) -> None:
     await cluster.client.create(kube.ENDPOINTS, NS, body)
 
 
-@pytest.mark.slow
 async def test_create_gate_deploy_roll_delete(env: tuple[FakeCluster, Controller]) -> None:
     cluster, controller = env
     c = cluster.client
@@ -177,7 +176,6 @@ async def test_a_rolling_rollout_scales_the_old_deployment_down_as_the_new_one_g
     assert 1 in old_sizes, old_sizes
 
 
-@pytest.mark.slow
 async def test_image_cache_shared_by_two_endpoints(env: tuple[FakeCluster, Controller]) -> None:
     cluster, controller = env
     c = cluster.client
@@ -201,7 +199,6 @@ async def test_image_cache_shared_by_two_endpoints(env: tuple[FakeCluster, Contr
     assert await c.list(kube.DAEMONSETS, NS) == []
 
 
-@pytest.mark.slow
 async def test_a_removed_variant_loses_its_service(env: tuple[FakeCluster, Controller]) -> None:
     cluster, controller = env
     c = cluster.client
@@ -220,7 +217,6 @@ async def test_a_removed_variant_loses_its_service(env: tuple[FakeCluster, Contr
     assert all("canary" not in d["metadata"]["name"] for d in await c.list(kube.DEPLOYMENTS, NS))
 
 
-@pytest.mark.slow
 async def test_node_replacement(env: tuple[FakeCluster, Controller]) -> None:
     cluster, controller = env
     c = cluster.client
@@ -248,7 +244,6 @@ async def test_node_replacement(env: tuple[FakeCluster, Controller]) -> None:
     assert cache["status"]["readyNodes"] == 3
 
 
-@pytest.mark.slow
 async def test_unhealthy_cache_drops_the_label(env: tuple[FakeCluster, Controller]) -> None:
     cluster, controller = env
     c = cluster.client
@@ -300,7 +295,6 @@ async def test_autoscaling_from_gateway_metrics(kmock: Any) -> None:
         )
 
 
-@pytest.mark.slow
 async def test_a_removed_node_selector_key_is_removed_from_cache_and_deployment(
     env: tuple[FakeCluster, Controller],
 ) -> None:

@@ -8,7 +8,6 @@ from typing import Any
 
 import aiohttp
 import kopf
-import pytest
 from kmock_cluster import NS, FakeCluster, declare_resources, endpoint_body, forget_requests
 
 from warmfleet.kube import client as kube
@@ -26,7 +25,6 @@ async def _until(check: Any, cluster: FakeCluster, *, rounds: int = 150) -> None
     raise AssertionError("condition not reached")
 
 
-@pytest.mark.slow
 async def test_kopf_create_deploy_delete(kmock: Any) -> None:
     declare_resources(kmock)
     registry = build_registry(NS, server=str(kmock.url), interval_s=0.3)

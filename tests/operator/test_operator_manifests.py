@@ -52,7 +52,6 @@ def test_generated_files_are_in_sync() -> None:
         assert path.read_text() == content, f"{path} stale: run `warmfleet fleet render`"
 
 
-@pytest.mark.slow
 def test_plain_manifests_validate() -> None:
     docs = list(yaml.safe_load_all((DEPLOY / "manifests/warmfleet.yaml").read_text()))
     assert {d["kind"] for d in docs} >= {"Deployment", "DaemonSet", "ClusterRole", "Service"}

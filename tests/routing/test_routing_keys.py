@@ -331,7 +331,6 @@ body_like = st.fixed_dictionaries(
 )
 
 
-@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(body=body_like | json_values, tenant=st.none() | st.text(max_size=70))
 def test_arbitrary_json_only_ever_raises_bad_request(body: Any, tenant: str | None) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -16,7 +15,6 @@ app = typer.Typer()
 sim_cli.register(app)
 
 
-@pytest.mark.slow
 def test_sim_cli_writes_json_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     report_dir = tmp_path / "report"
