@@ -13,7 +13,7 @@ from warmfleet.core.config import StrictModel, load_yaml_file, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
 from warmfleet.engine.spec import EngineSpec
-from warmfleet.sim.simulator import ScaleEvent
+from warmfleet.sim.records import ScaleEvent
 from warmfleet.sim.workloads.arrivals import (
     ArrivalConfig,
     PoissonArrival,
