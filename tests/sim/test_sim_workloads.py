@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
-from warmfleet.sim.scenario import build_workload, builtin_scenario, load_scenario_file
+from warmfleet.sim.scenario import build_workload, builtin_scenario, parse_scenario
 from warmfleet.sim.workloads.arrivals import (
     ClosedLoopArrival,
     GammaArrival,
@@ -200,6 +200,19 @@ def test_builtin_scenarios_build(tmp_path: Path) -> None:
     assert len(built.requests) == 100
 
 
+def test_trace_scenarios_read_the_trace_in_the_directory_they_are_given(tmp_path: Path) -> None:
+    """The workload code guesses no location: a trace scenario replays ``--trace``, else its
+    default file in the traces directory the CLI resolved; with neither it is a ConfigError."""
+    spec = get_preset("llama-3.1-70b-p5")
+    _head(_trace("mooncake_conversation_first30min.jsonl"), tmp_path, 50)  # the default name
+    scenario = builtin_scenario("mooncake", 8, "llama-3.1-70b-p5", 0)
+    assert len(build_workload(scenario, spec, traces_dir=tmp_path).requests) == 50
+    with pytest.raises(ConfigError, match="no traces directory"):
+        build_workload(scenario, spec)
+    with pytest.raises(ConfigError, match="cannot read"):
+        build_workload(scenario, spec, traces_dir=tmp_path / "elsewhere")
+
+
 def test_scenario_yaml_roundtrip_and_errors(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(
@@ -209,7 +222,7 @@ def test_scenario_yaml_roundtrip_and_errors(tmp_path: Path) -> None:
         "engine: {max_num_seqs: 4}\nscale_events: [{at_s: 1, action: add}]\n",
         encoding="utf-8",
     )
-    scenario = load_scenario_file(good)
+    scenario = parse_scenario(good.read_text(encoding="utf-8"), str(good))
     assert scenario.workload.type == "gsp"
     assert scenario.engine.max_num_seqs == 4
     bad = tmp_path / "bad.yaml"
@@ -219,7 +232,7 @@ def test_scenario_yaml_roundtrip_and_errors(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     with pytest.raises(ConfigError, match=r"workload\.gsp\.groups"):
-        load_scenario_file(bad)
+        parse_scenario(bad.read_text(encoding="utf-8"), str(bad))
     with pytest.raises(ConfigError, match="unknown scenario"):
         builtin_scenario("nope", 1, "tiny-cpu", 0)
 

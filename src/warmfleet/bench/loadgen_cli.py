@@ -15,12 +15,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from warmfleet.bench.loadgen import ApiKind, LoadSpec, RequestResult
 from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
 from warmfleet.core.errors import WarmfleetError
+from warmfleet.edge import read_text_file, resolve_traces_dir
 from warmfleet.sim.scenario import (
     ScenarioSpec,
     build_workload,
     builtin_scenario,
     engine_spec,
-    load_scenario_file,
+    parse_scenario,
 )
 from warmfleet.sim.workloads.base import WorkloadRequest
 
@@ -74,7 +75,7 @@ def scenario_requests(
 ) -> tuple[ScenarioSpec, tuple[WorkloadRequest, ...]]:
     """The first ``requests`` requests of a built-in or YAML scenario, timed by its arrivals."""
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
-        spec = load_scenario_file(Path(name))
+        spec = parse_scenario(read_text_file(Path(name)), name)
     else:
         spec = builtin_scenario(name, 8, "llama-3.1-70b-p5", seed)
     updates: dict[str, Any] = {"requests": requests, "seed": seed}
@@ -87,7 +88,9 @@ def scenario_requests(
     data = spec.model_dump(by_alias=True)
     data.update(updates)
     spec = ScenarioSpec.model_validate(data)
-    built = build_workload(spec, engine_spec(spec), rate_rps=rate_rps)
+    built = build_workload(
+        spec, engine_spec(spec), traces_dir=resolve_traces_dir(), rate_rps=rate_rps
+    )
     return spec, built.requests
 
 

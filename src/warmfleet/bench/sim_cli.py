@@ -11,13 +11,10 @@ from rich.console import Console
 
 from warmfleet.bench.report import comparison_table, write_json, write_plots
 from warmfleet.core.errors import WarmfleetError
+from warmfleet.edge import TRACES_DIR_ENV, read_text_file, resolve_traces_dir
 from warmfleet.routing.config import STRATEGY_NAMES
 from warmfleet.sim.runner import Comparison, run_comparison
-from warmfleet.sim.scenario import (
-    ScenarioSpec,
-    builtin_scenario,
-    load_scenario_file,
-)
+from warmfleet.sim.scenario import ScenarioSpec, builtin_scenario, parse_scenario
 from warmfleet.sim.workloads.arrivals import PoissonArrival
 from warmfleet.sim.workloads.synthetic import AwsLongContextConfig
 
@@ -29,7 +26,7 @@ def _scenario(
     name: str, instances: int | None, preset: str | None, seed: int | None, requests: int | None
 ) -> ScenarioSpec:
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
-        spec = load_scenario_file(Path(name))
+        spec = parse_scenario(read_text_file(Path(name)), name)
     else:
         spec = builtin_scenario(name, 8, "llama-3.1-70b-p5", 0)
     updates: dict[str, object] = {}
@@ -81,6 +78,13 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     trace: Annotated[
         Path | None, typer.Option(help="trace file for trace-driven scenarios")
     ] = None,
+    traces_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"directory of the default trace files (else ${TRACES_DIR_ENV}, "
+            "else ../shared/traces from the current directory)"
+        ),
+    ] = None,
     instances: Annotated[int | None, typer.Option(min=1)] = None,
     preset: Annotated[str | None, typer.Option(help="engine preset")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
@@ -98,7 +102,12 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     try:
         spec = _scenario(scenario, instances, preset, seed, requests)
         comparison = run_comparison(
-            spec, _strategies(strategies), trace=trace, rate_rps=rate, concurrency=concurrency
+            spec,
+            _strategies(strategies),
+            trace=trace,
+            traces_dir=resolve_traces_dir(traces_dir),
+            rate_rps=rate,
+            concurrency=concurrency,
         )
     except WarmfleetError as err:
         Console(stderr=True).print(f"[red]error:[/red] {err}")

@@ -170,6 +170,7 @@ def run_comparison(
     strategies: Sequence[str],
     *,
     trace: Path | None = None,
+    traces_dir: Path | None = None,
     rate_rps: float | None = None,
     concurrency: int | None = None,
     check_invariants: bool = False,
@@ -179,7 +180,7 @@ def run_comparison(
         data = scenario.model_dump(by_alias=True)
         data["arrival"] = {"type": "closed", "concurrency": concurrency}
         scenario = ScenarioSpec.model_validate(data)
-    workload = build_workload(scenario, spec, trace=trace, rate_rps=rate_rps)
+    workload = build_workload(scenario, spec, trace=trace, traces_dir=traces_dir, rate_rps=rate_rps)
     spec = spec.with_block_tokens(workload.block_tokens)
     prepared = prepare(workload.requests, workload.block_tokens)
     distinct = working_set_blocks_of(prepared)

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from warmfleet.core.config import StrictModel, load_yaml_file, parse_document
+from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
 from warmfleet.engine.spec import EngineSpec
@@ -31,12 +31,12 @@ from warmfleet.sim.workloads.synthetic import (
     multi_round_qa,
 )
 from warmfleet.sim.workloads.traces import (
+    DEFAULT_TRACES,
     MOONCAKE_BLOCK_TOKENS,
     AzureConfig,
     MooncakeConfig,
     ShareGptReplayConfig,
     azure,
-    default_trace_path,
     mooncake,
     sharegpt_replay,
 )
@@ -122,8 +122,9 @@ def builtin_scenario(name: str, instances: int, preset: str, seed: int) -> Scena
     )
 
 
-def load_scenario_file(path: Path) -> ScenarioSpec:
-    return parse_document(ScenarioSpec, load_yaml_file(path), str(path))
+def parse_scenario(text: str, source: str = "scenario") -> ScenarioSpec:
+    """A Scenario document's text (the caller read the file), validated."""
+    return parse_document(ScenarioSpec, load_yaml_text(text, source), source)
 
 
 def engine_spec(scenario: ScenarioSpec) -> EngineSpec:
@@ -145,17 +146,25 @@ class BuiltWorkload:
     closed_loop_concurrency: int | None
 
 
-def _trace_path(scenario: ScenarioSpec, trace: Path | None) -> Path:
+def trace_path(scenario: ScenarioSpec, trace: Path | None, traces_dir: Path | None) -> Path:
+    """The trace a trace-driven scenario replays: ``trace`` (``--trace``), else the scenario's
+    ``workload.trace``, else its default file in ``traces_dir`` (which the CLI resolved)."""
     workload = scenario.workload
     configured = getattr(workload, "trace", None)
-    path = trace or (Path(configured) if configured else default_trace_path(workload.type))
-    if path is None:
+    if trace is not None:
+        return trace
+    if configured:
+        return Path(configured)
+    name = DEFAULT_TRACES.get(workload.type)
+    if name is None:
         raise ConfigError(f"trace: no --trace given and no default trace for {workload.type!r}")
-    return path
+    if traces_dir is None:
+        raise ConfigError(f"trace: no --trace given and no traces directory to find {name} in")
+    return traces_dir / name
 
 
 def _raw_requests(
-    scenario: ScenarioSpec, spec: EngineSpec, trace: Path | None
+    scenario: ScenarioSpec, spec: EngineSpec, trace: Path | None, traces_dir: Path | None
 ) -> tuple[WorkloadRequest, ...]:
     workload = scenario.workload
     seed = scenario.seed
@@ -165,7 +174,7 @@ def _raw_requests(
         return gsp(workload, seed)
     if isinstance(workload, MultiRoundQaConfig):
         return multi_round_qa(workload, seed)
-    path = _trace_path(scenario, trace)
+    path = trace_path(scenario, trace, traces_dir)
     if isinstance(workload, MooncakeConfig):
         return mooncake(path, seed, workload.spread_buckets)
     if isinstance(workload, AzureConfig):
@@ -178,10 +187,12 @@ def build_workload(
     spec: EngineSpec,
     *,
     trace: Path | None = None,
+    traces_dir: Path | None = None,
     rate_rps: float | None = None,
 ) -> BuiltWorkload:
-    """The scenario's requests, timed by its arrival process; ``rate_rps`` overrides the rate."""
-    requests = _raw_requests(scenario, spec, trace)
+    """The scenario's requests, timed by its arrival process; ``rate_rps`` overrides the rate.
+    Trace-driven scenarios replay ``trace`` or their default file in ``traces_dir``."""
+    requests = _raw_requests(scenario, spec, trace, traces_dir)
     arrival = scenario.arrival or default_arrival(scenario)
     rng = random.Random(scenario.seed + 1)
     if rate_rps is not None and isinstance(arrival, TraceArrival):

@@ -1,6 +1,7 @@
 """Trace-driven workloads: Mooncake JSONL, Azure LLM CSV, LMBenchmark ShareGPT text replay.
 
-Paths are arguments; ``default_trace_path`` finds ``../shared/traces/...`` next to the repository.
+Paths are arguments: the CLI resolves them (``--trace``, or a ``DEFAULT_TRACES`` file in the
+traces directory, ``warmfleet.edge.resolve_traces_dir``); nothing here guesses a location.
 """
 
 from __future__ import annotations
@@ -24,28 +25,12 @@ from warmfleet.sim.workloads.base import Segment, WorkloadRequest
 
 MOONCAKE_BLOCK_TOKENS = 512
 
+# each trace-driven workload's file, relative to a traces directory
 DEFAULT_TRACES = {
     "mooncake": "mooncake_conversation_first30min.jsonl",
     "azure": "azure_llm_2023_conv.csv",
     "aws-short-context": "text/lmbenchmark_sharegpt_run.json",
 }
-
-
-def repo_root() -> Path:
-    """The source checkout this package runs from (editable install)."""
-    return Path(__file__).resolve().parents[4]
-
-
-def default_trace_path(scenario: str) -> Path | None:
-    """``../shared/traces/<file>`` relative to the repository root, if it exists."""
-    name = DEFAULT_TRACES.get(scenario)
-    if name is None:
-        return None
-    for base in (repo_root(), Path.cwd()):
-        candidate = base.parent / "shared" / "traces" / name
-        if candidate.exists():
-            return candidate
-    return None
 
 
 def _open_text(path: Path) -> str:
