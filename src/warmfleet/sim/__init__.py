@@ -1,10 +1,11 @@
-"""Virtual-time fleet simulation (pure): one kernel, ``sim.simulator.Simulator``, runs routing
-strategies built by ``routing.factory`` over simulated instances (``EngineModel``, or a
-calibrated ``sim.servers.SlotServer``), with scale events and an optional fleet controller
-(``sim.fleet``); workloads, metrics, scenario documents, the strategy comparison
-(``sim.runner``) and the scale-out what-if (``sim.whatif``, ``sim.scaleout``) are built on it.
+"""warmfleet.sim: the one virtual-time fleet simulator and its workloads, pure.
 
-May import ``core``, ``api``, ``routing``, ``engine``, ``cache`` and ``control``; never a shell,
-``warmfleet.edge`` or ``warmfleet.kube``. Callers pass scenario documents in as text and trace
-files as explicit paths (only ``sim.workloads.traces`` opens those); nothing here finds a file.
+``simulator`` (the kernel, ``Simulator``) runs the real routing strategies
+(``warmfleet.routing.factory``) over simulated instances in virtual time: engine models
+(``warmfleet.engine``) or calibrated ``servers.SlotServer`` replicas, with scale events and an
+optional fleet controller (``fleet``: instances that join at a ready time). ``scenario`` and
+``runner`` are its documents and strategy comparisons; ``whatif`` and ``scaleout`` the scale-out
+what-if on the same kernel; ``workloads`` generates and replays traffic. It may import the pure
+packages below it (``control``, ``api``, ``routing``, ``engine``, ``cache``, ``core``), never a
+shell nor ``warmfleet.edge``: callers read the files and pass their contents in.
 """
