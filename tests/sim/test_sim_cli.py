@@ -106,5 +106,7 @@ def test_sim_cli_finds_traces_by_option_then_environment(
     monkeypatch.chdir(tmp_path)  # ../shared/traces does not exist from here
     missing = runner.invoke(app, base)
     assert missing.exit_code == 2
+    assert missing.output.startswith("error: trace: ../shared/traces/")
     assert "cannot read" in missing.output
+    assert len(missing.output.strip().splitlines()) == 1  # one line, not wrapped
     assert resolve_traces_dir() == Path("../shared/traces")

@@ -14,8 +14,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from warmfleet.bench.loadgen import ApiKind, LoadSpec, RequestResult
 from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
+from warmfleet.bench.sim_cli import read_trace
 from warmfleet.core.errors import WarmfleetError
-from warmfleet.edge import read_text_file, resolve_traces_dir
+from warmfleet.edge import read_text_file
 from warmfleet.sim.scenario import (
     ScenarioSpec,
     build_workload,
@@ -88,9 +89,7 @@ def scenario_requests(
     data = spec.model_dump(by_alias=True)
     data.update(updates)
     spec = ScenarioSpec.model_validate(data)
-    built = build_workload(
-        spec, engine_spec(spec), traces_dir=resolve_traces_dir(), rate_rps=rate_rps
-    )
+    built = build_workload(spec, engine_spec(spec), trace=read_trace(spec), rate_rps=rate_rps)
     return spec, built.requests
 
 

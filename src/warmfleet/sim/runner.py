@@ -10,7 +10,6 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from warmfleet.core.hashing import hash_str
 from warmfleet.core.types import RoutingKey
@@ -30,6 +29,7 @@ from warmfleet.sim.scenario import (
 )
 from warmfleet.sim.simulator import SimConfig, Simulator
 from warmfleet.sim.workloads.base import PrefixBlockHasher, WorkloadRequest, default_seed
+from warmfleet.sim.workloads.traces import Trace
 
 MOVEMENT_SAMPLE_KEYS = 2000
 
@@ -169,8 +169,7 @@ def run_comparison(
     scenario: ScenarioSpec,
     strategies: Sequence[str],
     *,
-    trace: Path | None = None,
-    traces_dir: Path | None = None,
+    trace: Trace | None = None,
     rate_rps: float | None = None,
     concurrency: int | None = None,
     check_invariants: bool = False,
@@ -180,7 +179,7 @@ def run_comparison(
         data = scenario.model_dump(by_alias=True)
         data["arrival"] = {"type": "closed", "concurrency": concurrency}
         scenario = ScenarioSpec.model_validate(data)
-    workload = build_workload(scenario, spec, trace=trace, traces_dir=traces_dir, rate_rps=rate_rps)
+    workload = build_workload(scenario, spec, trace=trace, rate_rps=rate_rps)
     spec = spec.with_block_tokens(workload.block_tokens)
     prepared = prepare(workload.requests, workload.block_tokens)
     distinct = working_set_blocks_of(prepared)

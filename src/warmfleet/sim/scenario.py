@@ -36,6 +36,7 @@ from warmfleet.sim.workloads.traces import (
     AzureConfig,
     MooncakeConfig,
     ShareGptReplayConfig,
+    Trace,
     azure,
     mooncake,
     sharegpt_replay,
@@ -146,9 +147,14 @@ class BuiltWorkload:
     closed_loop_concurrency: int | None
 
 
+def replays_trace(scenario: ScenarioSpec) -> bool:
+    """Whether the scenario's workload replays a trace file (the caller reads it)."""
+    return isinstance(scenario.workload, MooncakeConfig | AzureConfig | ShareGptReplayConfig)
+
+
 def trace_path(scenario: ScenarioSpec, trace: Path | None, traces_dir: Path | None) -> Path:
-    """The trace a trace-driven scenario replays: ``trace`` (``--trace``), else the scenario's
-    ``workload.trace``, else its default file in ``traces_dir`` (which the CLI resolved)."""
+    """The file a trace-driven scenario replays, for the edge to read: ``trace`` (``--trace``),
+    else the scenario's ``workload.trace``, else its default file in ``traces_dir``."""
     workload = scenario.workload
     configured = getattr(workload, "trace", None)
     if trace is not None:
@@ -164,7 +170,7 @@ def trace_path(scenario: ScenarioSpec, trace: Path | None, traces_dir: Path | No
 
 
 def _raw_requests(
-    scenario: ScenarioSpec, spec: EngineSpec, trace: Path | None, traces_dir: Path | None
+    scenario: ScenarioSpec, spec: EngineSpec, trace: Trace | None
 ) -> tuple[WorkloadRequest, ...]:
     workload = scenario.workload
     seed = scenario.seed
@@ -174,25 +180,25 @@ def _raw_requests(
         return gsp(workload, seed)
     if isinstance(workload, MultiRoundQaConfig):
         return multi_round_qa(workload, seed)
-    path = trace_path(scenario, trace, traces_dir)
+    if trace is None:
+        raise ConfigError(f"trace: the {workload.type!r} workload replays a trace; none was read")
     if isinstance(workload, MooncakeConfig):
-        return mooncake(path, seed, workload.spread_buckets)
+        return mooncake(trace, seed, workload.spread_buckets)
     if isinstance(workload, AzureConfig):
-        return azure(path, seed)
-    return sharegpt_replay(path, workload, seed)
+        return azure(trace, seed)
+    return sharegpt_replay(trace, workload, seed)
 
 
 def build_workload(
     scenario: ScenarioSpec,
     spec: EngineSpec,
     *,
-    trace: Path | None = None,
-    traces_dir: Path | None = None,
+    trace: Trace | None = None,
     rate_rps: float | None = None,
 ) -> BuiltWorkload:
     """The scenario's requests, timed by its arrival process; ``rate_rps`` overrides the rate.
-    Trace-driven scenarios replay ``trace`` or their default file in ``traces_dir``."""
-    requests = _raw_requests(scenario, spec, trace, traces_dir)
+    A trace-driven scenario replays ``trace`` (the edge read ``trace_path``'s file)."""
+    requests = _raw_requests(scenario, spec, trace)
     arrival = scenario.arrival or default_arrival(scenario)
     rng = random.Random(scenario.seed + 1)
     if rate_rps is not None and isinstance(arrival, TraceArrival):

@@ -1,7 +1,9 @@
 """Trace-driven workloads: Mooncake JSONL, Azure LLM CSV, LMBenchmark ShareGPT text replay.
 
-Paths are arguments: the CLI resolves them (``--trace``, or a ``DEFAULT_TRACES`` file in the
-traces directory, ``warmfleet.edge.resolve_traces_dir``); nothing here guesses a location.
+Each parser takes a ``Trace``: the file's text as the CLI edge read it and the name it came
+from (for errors). The edge finds the file (``--trace``, or the workload's ``DEFAULT_TRACES``
+file in the traces directory, ``warmfleet.edge.resolve_traces_dir``); nothing here opens a file
+or guesses a location.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import itertools
 import json
 import random
 import statistics
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -33,11 +35,12 @@ DEFAULT_TRACES = {
 }
 
 
-def _open_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"trace: cannot read {path}: {err}") from err
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A trace file's ``text`` as the edge read it; ``source`` (its path) names it in errors."""
+
+    text: str
+    source: str
 
 
 class MooncakeConfig(StrictModel):
@@ -59,7 +62,7 @@ def _spread(timestamps_ms: list[int], rng: random.Random) -> list[float]:
     return out
 
 
-def _mooncake_row(path: Path, line_no: int, line: str) -> tuple[int, list[int], int, int]:
+def _mooncake_row(source: str, line_no: int, line: str) -> tuple[int, list[int], int, int]:
     """(timestamp ms, hash ids, input tokens, output tokens) of one JSONL line."""
     try:
         row = json.loads(line)
@@ -68,7 +71,7 @@ def _mooncake_row(path: Path, line_no: int, line: str) -> tuple[int, list[int], 
         ids = [int(h) for h in row["hash_ids"]]
         return int(row["timestamp"]), ids, int(row["input_length"]), int(row["output_length"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"trace: {path}:{line_no}: not a Mooncake trace row: {err}") from err
+        raise ConfigError(f"trace: {source}:{line_no}: not a Mooncake trace row: {err}") from err
 
 
 def _mooncake_segments(ids: list[int], input_tokens: int, tail_id: int) -> tuple[Segment, ...]:
@@ -87,11 +90,11 @@ def _mooncake_segments(ids: list[int], input_tokens: int, tail_id: int) -> tuple
     return tuple(segments)
 
 
-def mooncake(path: Path, seed: int, spread_buckets: bool = True) -> tuple[WorkloadRequest, ...]:
+def mooncake(trace: Trace, seed: int, spread_buckets: bool = True) -> tuple[WorkloadRequest, ...]:
     """Each ``hash_ids`` entry is one 512-token block; the last block is partial."""
     rows = [
-        _mooncake_row(path, line_no, line)
-        for line_no, line in enumerate(_open_text(path).splitlines(), 1)
+        _mooncake_row(trace.source, line_no, line)
+        for line_no, line in enumerate(trace.text.splitlines(), 1)
         if line.strip()
     ]
     stamps = [row[0] for row in rows]
@@ -123,7 +126,7 @@ def _parse_azure_time(text: str) -> float:
     return stamp.timestamp()
 
 
-def _azure_row(path: Path, line_no: int, row: dict[str, str]) -> tuple[float, int, int]:
+def _azure_row(source: str, line_no: int, row: dict[str, str]) -> tuple[float, int, int]:
     try:
         return (
             _parse_azure_time(row["TIMESTAMP"]),
@@ -131,12 +134,12 @@ def _azure_row(path: Path, line_no: int, row: dict[str, str]) -> tuple[float, in
             max(1, int(row["GeneratedTokens"])),
         )
     except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"trace: {path}:{line_no}: not an Azure LLM trace row: {err}") from err
+        raise ConfigError(f"trace: {source}:{line_no}: not an Azure LLM trace row: {err}") from err
 
 
-def azure(path: Path, seed: int) -> tuple[WorkloadRequest, ...]:
-    reader = csv.DictReader(_open_text(path).splitlines())
-    rows = [_azure_row(path, line_no, row) for line_no, row in enumerate(reader, 2)]
+def azure(trace: Trace, seed: int) -> tuple[WorkloadRequest, ...]:
+    reader = csv.DictReader(trace.text.splitlines())
+    rows = [_azure_row(trace.source, line_no, row) for line_no, row in enumerate(reader, 2)]
     if not rows:
         return ()
     start_s = min(stamp for stamp, _, _ in rows)
@@ -177,12 +180,12 @@ def text_segments(
 
 
 def sharegpt_replay(
-    path: Path, config: ShareGptReplayConfig, seed: int
+    trace: Trace, config: ShareGptReplayConfig, seed: int
 ) -> tuple[WorkloadRequest, ...]:
     try:
-        items = json.loads(_open_text(path))
+        items = json.loads(trace.text)
     except json.JSONDecodeError as err:
-        raise ConfigError(f"trace: {path}: not JSON: {err}") from err
+        raise ConfigError(f"trace: {trace.source}: not JSON: {err}") from err
     sessions: dict[str, int] = {}
     out = []
     for index, item in enumerate(items):
