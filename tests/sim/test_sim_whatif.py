@@ -68,6 +68,7 @@ def test_report_shape() -> None:
     assert report["derived"]["replica_start_s"]["cold"] == pytest.approx(1590.0)  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_routing_is_the_factory_strategy_on_the_simulator_kernel() -> None:
     """The what-if routes with the strategy ``routing.factory`` builds, run by ``sim.Simulator``:
     naming another strategy changes every decision's reason and the outcome (a what-if with an
