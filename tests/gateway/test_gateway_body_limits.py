@@ -32,6 +32,7 @@ from gateway_support import (
     backends_running,
     gateway_config,
     gateway_doc,
+    gateway_file,
     gateway_running,
 )
 from test_gateway_chat_template_options import write_model
@@ -473,8 +474,7 @@ def test_health_stays_under_50ms_while_4_clients_send_maximal_bodies(tmp_path: P
         variant = doc["spec"]["endpoints"][0]["variants"][0]
         variant["instances"] = [{"id": "b", "url": backend_url}]
         doc["spec"]["health"] = {"interval_s": 1.0, "timeout_s": 1.0}
-        path = tmp_path / "gateway.yaml"
-        path.write_text(json.dumps(doc))
+        path = gateway_file(tmp_path, doc)  # a free port, not the default 8080
         with GatewayProcess(path, module=True) as gw:
             wait_ready(gw.url)
             stop = threading.Event()
