@@ -31,7 +31,8 @@ from warmfleet.gateway.kv_events import (
 )
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
 from warmfleet.routing.index import ExactPrefixIndex
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import key_builder
+from warmfleet.routing.keys import KeySpec
 
 BS = 4
 SEED = 12345
@@ -123,7 +124,7 @@ def test_decode_rejects_malformed(frames: list[bytes]) -> None:
 
 
 def test_router_hashes_equal_key_builder_chain() -> None:
-    keys = KeyBuilder(KeySpec(mode="tokens", block_size=BS), tokenizer=_NullTokenizer())
+    keys = key_builder(KeySpec(mode="tokens", block_size=BS), tokenizer=_NullTokenizer())
     tokens = list(range(100, 111))  # 2 full blocks + 3 tokens
     key = keys.from_token_ids(tokens, SEED, 0, BS)
     assert router_block_hashes(tokens, BS, SEED) == list(key.block_hashes)
