@@ -97,7 +97,8 @@ def render_chat_text(request: ChatRequest) -> str:
             f"{_MSG}{message['role']}{_FIELD}{get('name') or ''}"
             f"{_FIELD}{get('tool_call_id') or ''}{_FIELD}"
         )
-        pieces.append(_render_content(get("content"), i))
+        content = get("content")
+        pieces.append(content if type(content) is str else _render_content(content, i))
         calls = get("tool_calls")
         if calls is not None:
             pieces.append(_render_tool_calls(calls, i))

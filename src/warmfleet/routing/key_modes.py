@@ -76,7 +76,7 @@ class RenderedTextKeys(KeyBuilder):
     def text_key(self, text: str, seed: int, hint: int) -> RoutingKey: ...
 
     def chat(self, request: ChatRequest) -> RoutingKey:
-        seed = self.request_seed(request)
+        seed = self.seed(request.model, None, request.tenant, request.cache_salt)
         return self.text_key(render_chat_text(request), seed, request.output_tokens_hint)
 
     def native(self, request: NativeRequest) -> RoutingKey:
@@ -101,15 +101,13 @@ class RenderedTextKeys(KeyBuilder):
 class TextKeys(RenderedTextKeys):
     """``text``: texts counted (and blocked) in characters."""
 
-    def text_key(self, text: str, seed: int, hint: int) -> RoutingKey:
-        return self.from_chars(text, seed, hint)
+    text_key = KeyHasher.from_chars
 
 
 class BytesKeys(RenderedTextKeys):
     """``bytes``: texts as UTF-8 bytes; a native invocation's raw body as it is (AWS parity)."""
 
-    def text_key(self, text: str, seed: int, hint: int) -> RoutingKey:
-        return self.from_utf8(text, seed, hint)
+    text_key = KeyHasher.from_utf8
 
     def native(self, request: NativeRequest) -> RoutingKey:
         raw = bytes(request.raw)

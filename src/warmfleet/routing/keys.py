@@ -160,7 +160,7 @@ class KeyHasher:
         """A text counted in characters (``text`` mode): each block of characters is hashed as
         its UTF-8 bytes."""
         data = text.encode("utf-8", "surrogatepass")
-        tokens = estimated_tokens(text, "text")
+        tokens = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN  # estimated_tokens, inline
         if len(data) == len(text):  # ASCII: character blocks are byte blocks
             return self.from_buffer(data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=tokens)
         # Each block of characters is hashed as its UTF-8 bytes, exactly like the ASCII path.

@@ -57,17 +57,17 @@ def parse_chat(
     """A chat-completions body. ``tenant``: the value of the tenant header (named
     ``tenant_header`` in errors), overridden by the body's ``prompt_cache_key``."""
     fields = _object(body)
-    tenant_key = _tenant(fields, tenant, tenant_header)
-    model = model_of(fields)
-    salt = cache_salt_of(fields)
+    tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
     hint = output_hint(fields)
     messages = validate_messages(fields)
     tools = fields.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad_request("'tools' must be an array", "tools")
     for i, message in enumerate(messages):
-        _check_message(message, i)
-    options = _options(fields, _CHAT_OPTIONS)
+        # The common message, a role and a string content, has nothing more to check.
+        if len(message) != 2 or type(message.get("content")) is not str:
+            _check_message(message, i)
+    options = NO_OPTIONS if _CHAT_OPTIONS.isdisjoint(fields) else _options(fields, _CHAT_OPTIONS)
     return ChatRequest(model, tenant_key, salt, hint, messages, tools, options)
 
 
@@ -76,9 +76,7 @@ def parse_completions(
 ) -> CompletionsRequest:
     """A completions body (one prompt or a batch); ``tenant`` as for ``parse_chat``."""
     fields = _object(body)
-    tenant_key = _tenant(fields, tenant, tenant_header)
-    model = model_of(fields)
-    salt = cache_salt_of(fields)
+    tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
     prompts = completions_prompts(fields)
     hint = completions_output_hint(fields, len(prompts))
     options = _options(fields, _COMPLETIONS_OPTIONS)
@@ -129,6 +127,23 @@ def _tenant(body: Mapping[str, Any] | None, header: str | None, header_name: str
     return None
 
 
+def _chain_fields(
+    body: Mapping[str, Any], header: str | None, header_name: str
+) -> tuple[str | None, str, str | None]:
+    """What the chain seed is made of, checked in this order: the tenant, ``model`` and
+    ``cache_salt`` (the usual values without a call each: this runs for every request)."""
+    tenant = None
+    if header is not None or "prompt_cache_key" in body:
+        tenant = _tenant(body, header, header_name)
+    model = body.get("model")
+    if type(model) is not str or not model:
+        model = model_of(body)
+    salt = body.get("cache_salt")
+    if salt is not None:
+        salt = cache_salt_of(body)
+    return tenant, model, salt
+
+
 def cache_salt_of(body: Mapping[str, Any]) -> str | None:
     """vLLM's ``cache_salt``: its prefix-cache blocks are only shared by requests with the same
     salt, so it is part of the chain seed. vLLM rejects anything but a non-empty string."""
@@ -161,6 +176,8 @@ def _choices(body: Mapping[str, Any]) -> int:
     n = body.get("n")
     if n is None:
         return 1
+    if type(n) is int and n >= 1:
+        return n
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise bad_request("'n' must be a positive integer", "n")
     return n
@@ -169,9 +186,13 @@ def _choices(body: Mapping[str, Any]) -> int:
 def output_hint(body: Mapping[str, Any]) -> int:
     """Chat: ``n`` x (``max_completion_tokens``, else ``max_tokens``); 0 (unknown) if neither,
     as vLLM then generates up to the context length."""
-    limit = _max_tokens(body, "max_completion_tokens")
+    name = "max_completion_tokens"
+    limit = body.get(name)
     if limit is None:
-        limit = _max_tokens(body, "max_tokens")
+        name = "max_tokens"
+        limit = body.get(name)
+    if limit is not None and (type(limit) is not int or limit < 0):
+        limit = _max_tokens(body, name)  # raises, unless an int subclass
     return (limit or 0) * _choices(body)
 
 
