@@ -28,7 +28,7 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 _SPLIT_ITEMS = 16
 
 
-def canonical_json(value: object, param: str) -> str:
+def _canonical_json(value: object, param: str) -> str:
     """``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``. A long
     array is encoded one element per call (the same text): a single C call holds the GIL, and
     the gateway computes big bodies' keys on a thread while its event loop serves."""
@@ -46,7 +46,7 @@ def _tool_arguments(args: str, param: str) -> str:
         parsed = json.loads(args)
     except (ValueError, RecursionError):
         return args
-    return canonical_json(parsed, param)
+    return _canonical_json(parsed, param)
 
 
 def _render_part(part: Mapping[str, Any], index: int, position: int) -> str:
@@ -62,7 +62,7 @@ def _render_part(part: Mapping[str, Any], index: int, position: int) -> str:
         refusal: str = part["refusal"]
         return refusal
     param = f"messages[{index}].content[{position}]"
-    return f"{_PART}{kind}:{canonical_json(part, param)}{_PART}"
+    return f"{_PART}{kind}:{_canonical_json(part, param)}{_PART}"
 
 
 def _render_content(content: object, index: int) -> str:
@@ -90,7 +90,7 @@ def render_chat_text(request: ChatRequest) -> str:
     pieces: list[str] = []
     tools = request.tools
     if tools is not None:
-        pieces.append(f"{_MSG}tools{_FIELD}{canonical_json(tools, 'tools')}")
+        pieces.append(f"{_MSG}tools{_FIELD}{_canonical_json(tools, 'tools')}")
     for i, message in enumerate(request.messages):
         get = message.get
         pieces.append(
