@@ -64,7 +64,8 @@ bench-peers: $(STAMP) peers-venvs
 	$(BIN)/python -m warmfleet.bench.peers --out bench-results/peers.json \
 		--sglang-python $(PEERS_SGLANG)/bin/python --vllm-router $(PEERS_VLLM)/bin/vllm-router
 
-# Model/image cache: throughput vs baselines, fault matrix, 5 GB sparse model (BIG_SIZE bytes).
+# Model/image cache: throughput vs baselines, fault matrix, 5 GB sparse model (BIG_SIZE bytes);
+# a harness under tests/ (tests/harness/cache_bench.py), not installed.
 # docker-registry (Debian) backs the OCI tests; installed here if missing (needs root + apt).
 BIG_SIZE ?= 5000000000
 .PHONY: bench-cache
@@ -72,13 +73,14 @@ bench-cache: $(DEV_STAMP)
 	@command -v docker-registry >/dev/null || apt-get install -y docker-registry >/dev/null 2>&1 \
 		|| { apt-get update >/dev/null 2>&1 && apt-get install -y docker-registry >/dev/null 2>&1; } \
 		|| echo "docker-registry unavailable: the OCI tests will skip"
-	$(BIN)/python -m warmfleet.bench.cache_bench --out bench-results/cache.json --big-size $(BIG_SIZE)
+	PYTHONPATH=tests $(BIN)/python -m harness.cache_bench --out bench-results/cache.json --big-size $(BIG_SIZE)
 
 # scale-out what-if (under `whatif`), then acceptance 1 and 2 on the embedded backend
-# (`warmfleet up` machinery: 3 nodes, 200 MB model, 100 MB/s origin; < 5 min), merged top-level
+# (`warmfleet up` machinery: 3 nodes, 200 MB model, 100 MB/s origin; < 5 min), merged top-level;
+# the acceptance run is a harness under tests/ (tests/harness/fleet_acceptance.py), not installed
 bench-fleet: $(STAMP)
 	$(BIN)/warmfleet fleet whatif --out bench-results/fleet.json
-	$(BIN)/python -m warmfleet.local.acceptance --out bench-results/fleet.json
+	PYTHONPATH=tests $(BIN)/python -m harness.fleet_acceptance --out bench-results/fleet.json
 
 clean:
 	rm -rf $(VENV) bench-results warmfleet-report .mypy_cache .ruff_cache .pytest_cache

@@ -26,13 +26,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from cache_support import published_corrupt_or_partial
 
+from harness.origin import Blob, Origin
 from warmfleet.agent.manager import IN_PROGRESS, CacheManager
 from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.sources.http import HttpSource
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
-from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.capacity import occupied_bytes
 from warmfleet.cache.config import NodeCacheConfig, load_node_config
 from warmfleet.cache.manifest import FileEntry

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from cache_support import manager_for, published_corrupt_or_partial
 
+from harness.origin import Blob, Origin
 from warmfleet.agent.sources.base import DiskFullError
-from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.core.errors import InsufficientCapacityError
 
 KIB = 1024

@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 from cache_support import manager_for
 
+from harness.origin import Blob, Origin, ServerThread
 from warmfleet.agent.manager import IN_PROGRESS
 from warmfleet.agent.sources.base import TooSlowError
-from warmfleet.agent.testing.origin import Blob, Origin, ServerThread
 from warmfleet.cache.state import ArtifactState
 
 

@@ -468,12 +468,16 @@ def test_readme_metrics_exist() -> None:
         assert "instance" not in family.labelnames
 
 
-def test_deploy_example_configmap_follows_inference_endpoints() -> None:
-    """README, Kubernetes: the example ConfigMap follows the InferenceEndpoints, `model` picks
-    the endpoint."""
-    path = ROOT / "deploy/examples/gateway-llama-3.1-70b.yaml"
-    assert "`deploy/examples/gateway-llama-3.1-70b.yaml`" in README_TEXT
-    maps = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+def test_installed_gateway_configmap_follows_inference_endpoints() -> None:
+    """README, Kubernetes: the gateway ConfigMap the install creates follows the
+    InferenceEndpoints, `model` picks the endpoint."""
+    path = ROOT / "deploy/manifests/warmfleet.yaml"
+    assert "`warmfleet-gateway`" in README_TEXT
+    maps = [
+        d
+        for d in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        if d and d["metadata"]["name"] == "warmfleet-gateway"
+    ]
     documents = [v for d in maps if d.get("kind") == "ConfigMap" for v in d["data"].values()]
     assert len(documents) == 1
     config = parse_gateway_config(yaml.safe_load(documents[0]), str(path))

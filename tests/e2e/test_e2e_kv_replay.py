@@ -16,6 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_e2e_kv_events import BS, SEED, batch, block, vllm_frame
 
+from warmfleet.api.kv_events import END_SEQ
 from warmfleet.bench.live_procs import free_port
 from warmfleet.gateway.kv_config import KvReplayConfig
 from warmfleet.gateway.kv_events import (
@@ -27,7 +28,7 @@ from warmfleet.gateway.kv_events import (
     KvEventTranslator,
     router_block_hashes,
 )
-from warmfleet.gateway.kv_events.transport import END_SEQ, ReplaySource
+from warmfleet.gateway.kv_events.transport import ReplaySource
 from warmfleet.gateway.kv_events.view import ReplayRequest
 from warmfleet.routing.index import ExactPrefixIndex
 

@@ -12,10 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.fleet_acceptance import ENDPOINT, endpoint_spec
 from warmfleet.api.resources import ModelSource
 from warmfleet.control.actions import NodeCacheAssignment
 from warmfleet.local import infra
-from warmfleet.local.acceptance import ENDPOINT, endpoint_spec
 from warmfleet.local.config import LocalFleet, origin_file
 from warmfleet.local.fleet import EmbeddedFleet
 from warmfleet.local.origin_proc import generate_model

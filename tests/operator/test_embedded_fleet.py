@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from warmfleet.local.acceptance import run_acceptance
+from harness.fleet_acceptance import run_acceptance
 from warmfleet.local.state import read_state, render
 
 

@@ -1,4 +1,17 @@
-"""Decoding (and, for tests and emulators, encoding) of vLLM's ZMQ KV-event frames."""
+"""vLLM's ZMQ KV-event wire format: the one definition the gateway (decoding) and the emulated
+engines (encoding) share.
+
+A message is three frames ``[topic, seq (8-byte big-endian), payload]``; the payload is a msgpack
+``EventBatch`` ``[ts, events, data_parallel_rank]``. vLLM's publisher (msgspec, ``array_like``,
+tagged) writes each event as an array ``[tag, field, ...]``:
+``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, ...]``,
+``["BlockRemoved", block_hashes, medium, ...]``, ``["AllBlocksCleared"]``; older publishers and
+tests write maps tagged by ``type``. ``decode_*`` accept both; ``stored_event``/``extend_stored``,
+``removed_event``, ``CLEARED_EVENT`` and ``pack_batch`` write the array form as vLLM does;
+``encode_batch`` writes the map form (tests). The replay protocol (vLLM's ``replay_endpoint``):
+a DEALER sends ``[b"", first seq]``; the ROUTER answers ``[b"", topic, seq, payload]`` per
+buffered batch from there, then ``[b"", b"", END_SEQ, b""]``.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +28,8 @@ from warmfleet.core.types import InstanceId
 EngineHash = int | bytes
 Mode = Literal["exact", "approximate"]
 TOPIC_PREFIX = "kv."
+END_SEQ = (-1).to_bytes(8, "big", signed=True)  # ends a replay answer
+CLEARED_EVENT: tuple[str] = ("AllBlocksCleared",)
 
 
 class KvEventDecodeError(WarmfleetError):
@@ -220,3 +235,42 @@ def encode_frames(topic: str, seq: int, batch: EventBatch) -> list[bytes]:
 def instance_of_topic(topic: str, prefix: str = TOPIC_PREFIX) -> InstanceId | None:
     """``kv.<instance-id>`` -> the instance id (other topics are not ours)."""
     return topic[len(prefix) :] if topic.startswith(prefix) and len(topic) > len(prefix) else None
+
+
+def seq_bytes(seq: int) -> bytes:
+    """A batch's sequence number as its 8-byte frame."""
+    return seq.to_bytes(8, "big", signed=True)
+
+
+def stored_event(
+    block_hash: int, parent: int | None, tokens: list[int], block_size: int, medium: str
+) -> list[object]:
+    """One stored block as vLLM's array-form ``BlockStored`` (``extend_stored`` grows it)."""
+    return ["BlockStored", [block_hash], parent, tokens, block_size, None, medium]
+
+
+def extend_stored(
+    event: Sequence[object], block_hash: int, parent: int | None, tokens: list[int]
+) -> bool:
+    """Append a block to an array-form ``BlockStored`` when it continues that event's chain
+    (``parent`` is the event's last block): vLLM sends a chain of stored blocks as one event.
+    False (nothing changed) otherwise."""
+    if not event or event[0] != "BlockStored":
+        return False
+    hashes, token_ids = event[1], event[3]
+    if not (isinstance(hashes, list) and hashes and hashes[-1] == parent):
+        return False
+    assert isinstance(token_ids, list)
+    hashes.append(block_hash)
+    token_ids.extend(tokens)
+    return True
+
+
+def removed_event(block_hashes: Sequence[int], medium: str) -> list[object]:
+    """vLLM's array-form ``BlockRemoved``."""
+    return ["BlockRemoved", list(block_hashes), medium]
+
+
+def pack_batch(ts: float, events: Sequence[Sequence[object]], data_parallel_rank: int) -> bytes:
+    """An array-form ``EventBatch`` payload, as vLLM's publisher packs it."""
+    return bytes(msgpack.packb([ts, list(events), data_parallel_rank]))

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from warmfleet.bench.loadgen import ApiKind, LoadSpec, RequestResult
+from warmfleet.bench.loadgen import ApiKind, LoadSpec
 from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
+from warmfleet.bench.terminal import console, progress_bar, run_async
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.sim.scenario import (
     ScenarioSpec,
@@ -23,43 +20,6 @@ from warmfleet.sim.scenario import (
     load_scenario_file,
 )
 from warmfleet.sim.workloads.base import WorkloadRequest
-
-T = TypeVar("T")
-
-
-def console() -> Console:
-    out = Console()
-    return out if out.is_terminal else Console(width=200)
-
-
-@contextmanager
-def progress_bar(total: int, label: str) -> Iterator[Callable[[RequestResult], None]]:
-    """A rich progress bar (hidden when not on a terminal); yields the per-request callback."""
-    out = console()
-    columns = (
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("errors {task.fields[errors]}"),
-    )  # fmt: skip
-    with Progress(*columns, console=out, disable=not out.is_terminal, transient=True) as bar:
-        task = bar.add_task(label, total=total, errors=0)
-        errors = 0
-
-        def done(result: RequestResult) -> None:
-            nonlocal errors
-            errors += 0 if result.ok else 1
-            bar.update(task, advance=1, errors=errors)
-
-        yield done
-
-
-def run_async(main: Coroutine[Any, Any, T]) -> T:
-    """Run on uvloop when available (the client's CPU cost is part of every measurement)."""
-    try:
-        import uvloop  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
 
 
 def scenario_requests(

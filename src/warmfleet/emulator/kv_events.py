@@ -1,22 +1,16 @@
-"""vLLM-compatible KV-cache event publisher (ZMQ PUB, msgpack).
+"""vLLM-compatible KV-cache event publisher (ZMQ PUB, msgpack), one per emulated instance.
 
-Wire format, as vLLM's ``ZmqEventPublisher``: each message is three frames
-``[topic, seq (8-byte big-endian, from 0), payload]``; the payload is a msgpack
-``KVEventBatch`` array ``[ts, events, data_parallel_rank]`` (the rank is always 0: vLLM
-0.10+'s publisher stamps its own) whose events are msgspec-style tagged arrays:
-
-- ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``
-- ``["BlockRemoved", block_hashes, medium]``
-- ``["AllBlocksCleared"]`` (sent when an instance (re)starts with an empty cache; like any event
-  sent before the subscription reaches the publisher, it can be lost)
+The wire format is ``warmfleet.api.kv_events`` (the same definition the gateway decodes with):
+``AllBlocksCleared`` when an instance (re)starts with an empty cache (like any event sent before
+the subscription reaches the publisher, it can be lost), then ``BlockStored``/``BlockRemoved``
+in vLLM's array form, one batch per ``flush()``; the data-parallel rank is always 0.
 
 Block hashes are the emulator's chained 64-bit block hashes (``tokenizer.prompt_block_hashes``),
 so a subscriber can also recompute them from ``token_ids``. As vLLM does with a concrete host, the
 PUB socket *connects* to ``endpoint``: one subscriber that binds there collects every instance.
 PUB drops messages nobody receives yet (a subscriber must tolerate gaps; ``seq`` shows them).
 With ``replay_port_offset``, as vLLM with ``replay_endpoint``, a ROUTER socket at the instance's
-port plus the offset keeps the last ``buffer_batches`` batches and answers ``[b"", first seq]``
-with ``[b"", topic, seq, payload]`` per batch from there, then ``[b"", b"", -1, b""]``.
+port plus the offset keeps the last ``buffer_batches`` batches and answers replay requests.
 
 The engine calls ``block_stored``/``blocks_removed`` synchronously while it advances; events are
 buffered and sent as one batch per ``flush()`` (the driver flushes after every advance).
@@ -32,15 +26,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import zmq
 import zmq.asyncio
 
+from warmfleet.api.kv_events import (
+    CLEARED_EVENT,
+    END_SEQ,
+    extend_stored,
+    pack_batch,
+    removed_event,
+    seq_bytes,
+    stored_event,
+)
 from warmfleet.emulator.config import KvEventsSpec
 
 log = logging.getLogger(__name__)
 MEDIUM = "GPU"
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 DATA_PARALLEL_RANK = 0  # one engine per instance: vLLM's rank 0
 
 
@@ -62,7 +63,7 @@ class KvEventPublisher:
         self._context = context
         self._socket: zmq.Socket[Any] | None = None
         self._seq = 0
-        self._events: list[list[object]] = []
+        self._events: list[Sequence[object]] = []
         self._meta: dict[int, _BlockMeta] = {}
         self._requests: dict[int, tuple[int, ...]] = {}
         self.sent_batches = 0
@@ -90,7 +91,7 @@ class KvEventPublisher:
         socket.setsockopt(zmq.SNDHWM, 100_000)
         socket.connect(self.spec.endpoint)
         self._socket = socket
-        self._events.append(["AllBlocksCleared"])
+        self._events.append(CLEARED_EVENT)
         self.flush()
 
     def close(self) -> None:
@@ -116,8 +117,8 @@ class KvEventPublisher:
                 self.replays += 1
                 for seq, payload in list(self._buffer):
                     if seq >= first:
-                        seq_bytes = seq.to_bytes(8, "big")
-                        await sock.send_multipart([client, b"", self._topic, seq_bytes, payload])
+                        frames = [client, b"", self._topic, seq_bytes(seq), payload]
+                        await sock.send_multipart(frames)
                 await sock.send_multipart([client, b"", b"", END_SEQ, b""])
         except zmq.ZMQError as err:  # the instance goes on without replays
             log.warning("KV-event replay socket failed: %s", err)
@@ -158,23 +159,13 @@ class KvEventPublisher:
             return
         tokens = list(entry.token_ids[entry.start : entry.start + self.block_size])
         events = self._events
-        if events and events[-1][0] == "BlockStored":
-            last = events[-1]
-            hashes = last[1]
-            assert isinstance(hashes, list)
-            if hashes and hashes[-1] == entry.parent:
-                hashes.append(block_hash)
-                token_list = last[3]
-                assert isinstance(token_list, list)
-                token_list.extend(tokens)
-                return
-        events.append(
-            ["BlockStored", [block_hash], entry.parent, tokens, self.block_size, None, MEDIUM]
-        )
+        if events and extend_stored(events[-1], block_hash, entry.parent, tokens):
+            return
+        events.append(stored_event(block_hash, entry.parent, tokens, self.block_size, MEDIUM))
 
     def blocks_removed(self, block_hashes: Sequence[int]) -> None:
         if block_hashes:
-            self._events.append(["BlockRemoved", list(block_hashes), MEDIUM])
+            self._events.append(removed_event(block_hashes, MEDIUM))
 
     # ------------------------------------------------------------------ sending
 
@@ -188,9 +179,8 @@ class KvEventPublisher:
             return
         step = self.spec.max_batch_events
         for start in range(0, len(events), step):
-            batch = [time.time(), events[start : start + step], DATA_PARALLEL_RANK]
-            payload = msgpack.packb(batch)
-            frames = [self._topic, self._seq.to_bytes(8, "big"), payload]
+            payload = pack_batch(time.time(), events[start : start + step], DATA_PARALLEL_RANK)
+            frames = [self._topic, seq_bytes(self._seq), payload]
             with contextlib.suppress(zmq.Again):  # a gap the subscriber sees in ``seq``
                 socket.send_multipart(frames, flags=zmq.NOBLOCK)
             self._buffer.append((self._seq, payload))  # a lost one can still be replayed

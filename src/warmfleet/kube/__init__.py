@@ -1,1 +1,7 @@
-"""Kubernetes API access shared by the gateway and the node agent (I/O)."""
+"""warmfleet.kube: the one Kubernetes API client (I/O, aiohttp).
+
+Reaching the API server (``access``: URL, rotating bearer tokens, TLS), list-then-watch
+(``watch``), a small REST client for the operator (``client``) and EndpointSlice semantics
+(``endpointslices``, pure). Shared by the gateway's discovery, the node agent and the operator;
+it imports ``warmfleet.core`` only.
+"""

@@ -9,8 +9,6 @@ all gone), then returns, and kopf removes the finalizer. Handler progress is kep
 from __future__ import annotations
 
 import logging
-import os
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -19,30 +17,29 @@ from typing import Any
 import aiohttp
 import kopf
 
+from warmfleet.core.kubeapi import KubeApiSpec
 from warmfleet.kube import client as kube
-from warmfleet.kube.access import read_token
+from warmfleet.kube.access import KubeAccessError, api_server, read_token, tls
 from warmfleet.operator.controller import Controller
 from warmfleet.operator.gateway_metrics import GatewayService, scraper
 
 log = logging.getLogger(__name__)
 GROUP, VERSION, PLURAL = "warmfleet.dev", "v1alpha1", "inferenceendpoints"
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-SA_TOKEN = f"{SA_DIR}/token"
 
 
-def in_cluster_server() -> tuple[str, str | None]:
-    host = os.environ.get("KUBERNETES_SERVICE_HOST")
-    if not host:
-        raise kopf.LoginError("not in a cluster: set KUBERNETES_SERVICE_HOST or pass a server")
-    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    return f"https://{host}:{port}", read_token(SA_TOKEN)
+def in_cluster_server(spec: KubeApiSpec) -> tuple[str, str | None]:
+    """The API server and the service account's token as ``warmfleet.kube.access`` finds them
+    (the one way every shell locates the API server)."""
+    try:
+        return api_server(spec), read_token(spec.token_path)
+    except KubeAccessError as err:
+        raise kopf.LoginError(f"not in a cluster ({err}): pass a server") from err
 
 
-def _session(in_cluster: bool) -> aiohttp.ClientSession:
-    if not in_cluster:
+def _session(spec: KubeApiSpec | None) -> aiohttp.ClientSession:
+    if spec is None:
         return aiohttp.ClientSession()
-    context = ssl.create_default_context(cafile=f"{SA_DIR}/ca.crt")
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls(spec)))
 
 
 def build_registry(
@@ -59,6 +56,7 @@ def build_registry(
     registry = kopf.OperatorRegistry()
     state: dict[str, Any] = {}
     resource = (GROUP, VERSION, PLURAL)
+    pod = KubeApiSpec()  # in a cluster: the service account's token, CA and the API's env vars
 
     def controller() -> Controller:
         ctl: Controller = state["controller"]
@@ -72,11 +70,13 @@ def build_registry(
         settings.posting.enabled = False
         settings.watching.server_timeout = 60
         settings.networking.request_timeout = 30
-        base, bearer = (server, token) if server is not None else in_cluster_server()
-        session = _session(in_cluster=server is None)
+        base, bearer = (server, token) if server is not None else in_cluster_server(pod)
+        session = _session(None if server is not None else pod)
         state["session"] = session
         client = kube.KubeClient(
-            session, base, token=bearer if server is not None else partial(read_token, SA_TOKEN)
+            session,
+            base,
+            token=bearer if server is not None else partial(read_token, pod.token_path),
         )
         metrics = (
             scraper(session, gateway_metrics, gateway_services, client)
@@ -93,9 +93,9 @@ def build_registry(
 
     @kopf.on.login(registry=registry)
     def _login(**_: Any) -> kopf.ConnectionInfo:
-        base, bearer = (server, token) if server is not None else in_cluster_server()
+        base, bearer = (server, token) if server is not None else in_cluster_server(pod)
         if server is None:
-            return kopf.ConnectionInfo(server=base, token=bearer, ca_path=f"{SA_DIR}/ca.crt")
+            return kopf.ConnectionInfo(server=base, token=bearer, ca_path=pod.ca_path)
         return kopf.ConnectionInfo(server=base, token=bearer)
 
     @kopf.on.create(*resource, registry=registry)

@@ -1,1 +1,6 @@
-"""Routing core (pure): routing keys, hash ring, prefix index and strategies."""
+"""warmfleet.routing: the routing core, pure.
+
+Request parsing and routing keys, prefix hashing, the hash ring, the approximate prefix index and
+the strategies (``strategies``), built by ``factory`` from typed configuration. The same objects
+run in the live gateway and in the simulator. It imports ``warmfleet.core`` only.
+"""

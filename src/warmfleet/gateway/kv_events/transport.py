@@ -13,11 +13,13 @@ import zmq
 import zmq.asyncio
 
 from warmfleet.api.kv_events import (
+    END_SEQ,
     TOPIC_PREFIX,
     EventBatch,
     KvEventDecodeError,
     decode_frames,
     instance_of_topic,
+    seq_bytes,
 )
 from warmfleet.core.types import InstanceId
 from warmfleet.gateway.kv_events.translator import BatchConsumer
@@ -25,7 +27,6 @@ from warmfleet.gateway.kv_events.view import ReplayRequest
 
 log = logging.getLogger(__name__)
 # vLLM's replay socket ends an answer with this sequence number (and an empty topic)
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MAX_REPLAY_BATCHES = 100_000  # vLLM keeps 10,000 by default (``buffer_steps``)
 REPLAY_SLICE_BATCHES = 64  # ~1 ms of translation between two chances for requests to run
 
@@ -139,14 +140,13 @@ class KvEventSubscriber:
     async def _fetch_replay(
         self, endpoint: str, request: ReplayRequest
     ) -> list[tuple[int, EventBatch]]:
-        """vLLM's replay protocol: send ``[b"", first seq]`` to its ROUTER; it answers
-        ``[b"", topic, seq, payload]`` per buffered batch from there, then ``[b"", b"",
-        END_SEQ, b""]``."""
+        """vLLM's replay protocol (``warmfleet.api.kv_events``): ask the engine's ROUTER for
+        the batches from ``request.from_seq`` on."""
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         try:
             sock.connect(endpoint)
-            await sock.send_multipart([b"", request.from_seq.to_bytes(8, "big", signed=True)])
+            await sock.send_multipart([b"", seq_bytes(request.from_seq)])
             batches: list[tuple[int, EventBatch]] = []
             while len(batches) < MAX_REPLAY_BATCHES:
                 frames = await sock.recv_multipart()

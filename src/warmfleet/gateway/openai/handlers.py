@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 from time import perf_counter
 from typing import Any
+from urllib.parse import parse_qs
 
 from warmfleet.core.errors import BadRequestError, WarmfleetError
 from warmfleet.core.types import RoutingKey
@@ -185,17 +186,25 @@ class Handlers:
     async def health(self, _request: Request) -> Response:
         return Response(200, b'{"status":"ok"}', _JSON)
 
-    async def ready(self, _request: Request) -> Response:
-        """Ready once a health round completed and every endpoint has a healthy instance."""
+    async def ready(self, request: Request) -> Response:
+        """``/ready``: a health round completed and every endpoint has a healthy instance.
+        ``/ready?scope=gateway`` (the pods' readiness probe): this gateway can route, i.e. a
+        health round completed, whatever the engines' state, so a fleet without engines yet
+        does not take every gateway pod out of its Service (clients get 503s that say why,
+        not refused connections)."""
+        scope = parse_qs(request.query).get("scope", ["endpoints"])[-1]
+        if scope not in ("endpoints", "gateway"):
+            return self.reject(BadRequestError("scope must be 'endpoints' or 'gateway'"))
         unavailable = [
             name
             for name, endpoint in self.state.endpoints.items()
             if not any(v.healthy for v in endpoint.variants.values())
         ]
         rounds = self.gw.health.rounds_completed
-        ready = rounds > 0 and not unavailable
+        ready = rounds > 0 and (scope == "gateway" or not unavailable)
         body = {
             "status": "ready" if ready else "not_ready",
+            "scope": scope,
             "health_rounds": rounds,
             "unavailable": unavailable,
         }

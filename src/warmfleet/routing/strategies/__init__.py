@@ -1,1 +1,4 @@
-"""Routing strategies; each implements ``warmfleet.routing.base.Strategy``."""
+"""warmfleet.routing.strategies: every routing strategy, and the only place strategy logic lives.
+
+Each implements ``warmfleet.routing.base.Strategy``; ``warmfleet.routing.factory`` builds them.
+"""
