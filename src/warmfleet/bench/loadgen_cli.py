@@ -10,14 +10,16 @@ from rich.console import Console
 
 from warmfleet.bench.loadgen import ApiKind, LoadSpec
 from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
+from warmfleet.bench.sim_cli import read_trace
 from warmfleet.bench.terminal import console, progress_bar, run_async
 from warmfleet.core.errors import WarmfleetError
+from warmfleet.edge import read_text_file
 from warmfleet.sim.scenario import (
     ScenarioSpec,
     build_workload,
     builtin_scenario,
     engine_spec,
-    load_scenario_file,
+    parse_scenario,
 )
 from warmfleet.sim.workloads.base import WorkloadRequest
 
@@ -34,7 +36,7 @@ def scenario_requests(
 ) -> tuple[ScenarioSpec, tuple[WorkloadRequest, ...]]:
     """The first ``requests`` requests of a built-in or YAML scenario, timed by its arrivals."""
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
-        spec = load_scenario_file(Path(name))
+        spec = parse_scenario(read_text_file(Path(name)), name)
     else:
         spec = builtin_scenario(name, 8, "llama-3.1-70b-p5", seed)
     updates: dict[str, Any] = {"requests": requests, "seed": seed}
@@ -47,7 +49,7 @@ def scenario_requests(
     data = spec.model_dump(by_alias=True)
     data.update(updates)
     spec = ScenarioSpec.model_validate(data)
-    built = build_workload(spec, engine_spec(spec), rate_rps=rate_rps)
+    built = build_workload(spec, engine_spec(spec), trace=read_trace(spec), rate_rps=rate_rps)
     return spec, built.requests
 
 
