@@ -14,7 +14,9 @@ from e2e_tokenizer_helpers import TEMPLATE, write_model
 from support.servers import app_serving
 from warmfleet.bench.conformance import predicted_cached, run_conformance
 from warmfleet.gateway.tokenizer import HfChatTokenizer
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import key_builder
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import parse_chat
 
 ENGINE_BS = 16
 
@@ -30,7 +32,7 @@ def fake_vllm(model_dir: Path) -> web.Application:
     """/v1/models, /metrics, /tokenize and a chat endpoint with a block prefix cache whose
     ``cached_tokens`` follow vLLM's rules (full blocks, last prompt token recomputed)."""
     tok = HfChatTokenizer.from_dir(model_dir)
-    keys = KeyBuilder(KeySpec(mode="tokens", block_size=ENGINE_BS), tok)
+    keys = key_builder(KeySpec(mode="tokens", block_size=ENGINE_BS), tok)
     cache: set[int] = set()
 
     async def models(_r: web.Request) -> web.Response:
@@ -50,7 +52,7 @@ def fake_vllm(model_dir: Path) -> web.Application:
 
     async def chat(r: web.Request) -> web.Response:
         body = await r.json()
-        key = keys.for_chat(body, None)
+        key = keys.key(parse_chat(body))
         cached = predicted_cached(key.block_hashes, cache, key.prompt_tokens, ENGINE_BS)
         cache.update(key.block_hashes)
         usage = {

@@ -25,6 +25,7 @@ from warmfleet.gateway.config import GatewayConfig, parse_gateway_config
 from warmfleet.gateway.server import StartedApp, start_app
 from warmfleet.gateway.state import RouterFactory, RouterLike
 from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.request import ChatRequest, CompletionsRequest, KeyRequest
 
 MODEL = "fake-model"
 
@@ -305,14 +306,12 @@ class FakeRouter:
         self.keys.append(key)
         return key
 
-    def key_for_chat(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
-        return self._key(json.dumps(body.get("messages"), sort_keys=True).encode(), tenant)
-
-    def key_for_completions(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
-        return self._key(json.dumps(body.get("prompt")).encode(), tenant)
-
-    def key_for_bytes(self, raw: bytes, tenant: str | None, model: str) -> RoutingKey:
-        return self._key(raw, tenant)
+    def key(self, request: KeyRequest) -> RoutingKey:
+        if isinstance(request, ChatRequest):
+            return self._key(json.dumps(request.messages, sort_keys=True).encode(), request.tenant)
+        if isinstance(request, CompletionsRequest):
+            return self._key(json.dumps(request.prompts).encode(), request.tenant)
+        return self._key(request.raw, request.tenant)
 
     def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
         self.fleets.append(fleet)

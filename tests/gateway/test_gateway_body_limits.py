@@ -47,6 +47,7 @@ from warmfleet.gateway.server_config import LimitsConfig
 from warmfleet.gateway.state import RouterLike
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.request import KeyRequest
 from warmfleet.routing.router import Router
 
 CHAT = "/v1/chat/completions"
@@ -190,9 +191,9 @@ class ThreadRecorder:
         recorder = self
 
         class Recording(Router):
-            def key_for_chat(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
+            def key(self, request: KeyRequest) -> RoutingKey:
                 recorder.threads.append(threading.current_thread().name)
-                return super().key_for_chat(body, tenant)
+                return super().key(request)
 
         return Recording(config, rng)
 
