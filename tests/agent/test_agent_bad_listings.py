@@ -246,6 +246,7 @@ async def test_any_failure_after_admission_fails_the_artifact_and_frees_it(
     assert published_corrupt_or_partial(tmp_path / "cache", {"good": good.data or b""}) == 0
 
 
+@pytest.mark.slow
 def test_more_files_than_the_open_file_limit(tmp_path: Path) -> None:
     """200 files under RLIMIT_NOFILE = 64 (in a child process): never one fd per file."""
     src = tmp_path / "model"

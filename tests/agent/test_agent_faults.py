@@ -43,6 +43,7 @@ def _progress_chunks(root: Path) -> int:
     return sum(len(v) for v in doc["done"].values())
 
 
+@pytest.mark.slow
 def test_kill_minus_9_repeatedly_then_resume_and_verify(
     origin: tuple[Origin, str], tmp_path: Path
 ) -> None:

@@ -79,6 +79,7 @@ async def test_trickling_origin_fails_with_a_clear_reason(tmp_path: Path) -> Non
     assert "gave up after 2 attempts" in rec.reason
 
 
+@pytest.mark.slow
 async def test_stalled_origin_fails_without_waiting_for_a_byte(
     origin: tuple[Origin, str], tmp_path: Path
 ) -> None:

@@ -55,7 +55,7 @@ from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.local.config import load_fleet
 from warmfleet.routing.config import STRATEGY_NAMES, PrefixHashConfig, StrategyConfig
 from warmfleet.routing.keys import KeyMode
-from warmfleet.sim.scenario import load_scenario_file
+from warmfleet.sim.scenario import parse_scenario
 
 README_TEXT = README.read_text(encoding="utf-8")
 CONFIGURATION_TEXT = CONFIGURATION.read_text(encoding="utf-8")
@@ -86,7 +86,7 @@ def _load_example(path: Path) -> None:
         if tokenizer is None or Path(tokenizer).exists():
             check_config(path)  # what `warmfleet serve --check` runs: every router built
     elif kind == "Scenario":
-        load_scenario_file(path)
+        parse_scenario(path.read_text(encoding="utf-8"), str(path))
     elif kind == "LocalFleet":
         load_fleet(path)
     elif kind == "Emulator":

@@ -4,7 +4,9 @@ Kubernetes readiness probe), which must not depend on engines."""
 from __future__ import annotations
 
 import aiohttp
-from gateway_support import backends_running, gateway_config, gateway_running, wait_until
+from gateway_support import backends_running, gateway_config, gateway_running
+
+from support.waiting import wait_until
 
 
 async def _ready(client: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, object]]:

@@ -17,13 +17,15 @@ from warmfleet.bench.loadgen import ApiKind, LoadSpec
 from warmfleet.bench.loadgen_errors import error_lines, too_many_errors
 from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
 from warmfleet.bench.loadgen_preflight import check_base_url, preflight
+from warmfleet.bench.sim_cli import read_trace
 from warmfleet.bench.terminal import console, progress_bar, run_async
+from warmfleet.edge import read_text_file
 from warmfleet.sim.scenario import (
     ScenarioSpec,
     build_workload,
     builtin_scenario,
     engine_spec,
-    load_scenario_file,
+    parse_scenario,
 )
 from warmfleet.sim.workloads.base import WorkloadRequest
 
@@ -40,7 +42,7 @@ def scenario_requests(
 ) -> tuple[ScenarioSpec, tuple[WorkloadRequest, ...]]:
     """The first ``requests`` requests of a built-in or YAML scenario, timed by its arrivals."""
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
-        spec = load_scenario_file(Path(name))
+        spec = parse_scenario(read_text_file(Path(name)), name)
     else:
         spec = builtin_scenario(name, 8, "llama-3.1-70b-p5", seed)
     updates: dict[str, Any] = {"requests": requests, "seed": seed}
@@ -53,7 +55,7 @@ def scenario_requests(
     data = spec.model_dump(by_alias=True)
     data.update(updates)
     spec = ScenarioSpec.model_validate(data)
-    built = build_workload(spec, engine_spec(spec), rate_rps=rate_rps)
+    built = build_workload(spec, engine_spec(spec), trace=read_trace(spec), rate_rps=rate_rps)
     return spec, built.requests
 
 

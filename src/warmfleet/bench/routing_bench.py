@@ -26,6 +26,7 @@ import typer
 
 from warmfleet.core.types import FleetSnapshot, InstanceState, RoutingKey
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
+from warmfleet.routing.parse import parse_chat
 from warmfleet.routing.router import Router
 
 INSTANCES = 64
@@ -86,7 +87,7 @@ def measure(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
         ]
         bodies.append({"model": "llama-3.1-70b", "messages": messages, "max_tokens": 256})
     for body in bodies[:GROUPS]:  # warm every group once
-        key = router.key_for_chat(body, None)
+        key = router.key(parse_chat(body))
         router.on_routed(key, router.choose(key, fleet))
     _fill(router, fleet, rng, INDEXED_BLOCKS - router.strategy.index.total_blocks)  # type: ignore[attr-defined]
     indexed = router.strategy.index.total_blocks  # type: ignore[attr-defined]
@@ -97,7 +98,7 @@ def measure(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
     clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
     for body in bodies[GROUPS:]:
         start, cpu_start = clock(), cpu_clock()
-        key = router.key_for_chat(body, None)
+        key = router.key(parse_chat(body))
         decision = router.choose(key, fleet)
         router.on_routed(key, decision)
         cpu_samples.append((cpu_clock() - cpu_start) / 1000.0)

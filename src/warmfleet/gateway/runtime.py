@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,10 @@ class Gateway:
         factory: RouterFactory,
         config_path: Path | None = None,
         kv_events: KvEventService | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = GatewayMetrics()
-        self.state = GatewayState(config, factory, self.metrics)
+        self.state = GatewayState(config, factory, self.metrics, clock=clock)
         self.config_path = config_path
         self.kv_events = kv_events
         self._restart_only = _restart_only(config)

@@ -11,8 +11,9 @@ from typing import Annotated
 
 import typer
 
-from warmfleet.core.config import load_yaml_text, parse_document
+from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.edge import load_yaml_file
 
 fleet_app = typer.Typer(
     no_args_is_help=True, help="Fleet controller: what-if, manifests, operator."
@@ -28,9 +29,9 @@ def whatif(
     from warmfleet.sim.whatif import WhatIfParams, run_whatif  # noqa: PLC0415
 
     try:
-        data = load_yaml_text(params.read_text(), str(params)) if params else {}
+        data = load_yaml_file(params) if params else {}
         p = parse_document(WhatIfParams, data or {}, str(params or "defaults"))
-    except (ConfigError, OSError) as err:
+    except ConfigError as err:
         typer.echo(f"invalid what-if parameters:\n{err}", err=True)
         raise typer.Exit(2) from err
     report = run_whatif(p)
