@@ -23,7 +23,7 @@ from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, Reason, Ro
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import GatewayConfig, parse_gateway_config
 from warmfleet.gateway.server import StartedApp, start_app
-from warmfleet.gateway.state import RouterFactory, RouterLike
+from warmfleet.gateway.variant import RouterFactory, RouterLike
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.request import ChatRequest, CompletionsRequest, KeyRequest
 

@@ -44,8 +44,8 @@ from warmfleet.gateway import tokenizer as tokenizer_module
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.openai.body import SWITCH_INTERVAL_S
 from warmfleet.gateway.server_config import LimitsConfig
-from warmfleet.gateway.state import RouterLike
 from warmfleet.gateway.tokenizer import HfChatTokenizer
+from warmfleet.gateway.variant import RouterLike
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.request import KeyRequest
 from warmfleet.routing.router import Router

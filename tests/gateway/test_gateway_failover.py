@@ -31,7 +31,7 @@ from warmfleet.core.types import Reason
 from warmfleet.gateway.config import GatewayConfig, parse_gateway_config
 from warmfleet.gateway.health import HealthMonitor
 from warmfleet.gateway.server import StartedApp
-from warmfleet.gateway.state import VariantRuntime
+from warmfleet.gateway.variant import VariantRuntime
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "tell me"}]}
 # Probes get a quarter second: on a loaded 2-core box a 0.1 s probe timeout fails healthy probes.

@@ -19,8 +19,8 @@ from warmfleet.gateway.http.routes import Routes
 from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.openai.handlers import Handlers, add_public_routes
 from warmfleet.gateway.runtime import Gateway
-from warmfleet.gateway.state import RouterFactory, RouterLike
 from warmfleet.gateway.tokenizer import HfChatTokenizer
+from warmfleet.gateway.variant import RouterFactory, RouterLike
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import Tokenizer
 from warmfleet.routing.router import Router

@@ -22,7 +22,7 @@ from warmfleet.gateway.http.messages import (
 from warmfleet.gateway.http.upstream import Exchange
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.outlier import FailureCause
-from warmfleet.gateway.state import VariantRuntime
+from warmfleet.gateway.variant import VariantRuntime
 
 _MAX_HELD_EVENT_BYTES = 1 << 20
 # On a retried request's answer (or its final error): how many instances were tried.

@@ -26,7 +26,6 @@ from warmfleet.gateway.discovery.inference_endpoints import (
     derive_endpoints,
 )
 from warmfleet.gateway.discovery.kubernetes import KubeDiscovery
-from warmfleet.gateway.fleet import GatewayState, build_router_or_raise
 from warmfleet.gateway.health import HealthMonitor
 from warmfleet.gateway.http.upstream_pool import UpstreamPool
 from warmfleet.gateway.kv_events.service import KvEventService
@@ -34,7 +33,8 @@ from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import BodyWorker
 from warmfleet.gateway.openai.models import ModelsCache
 from warmfleet.gateway.proxy import Proxy
-from warmfleet.gateway.state import RouterFactory
+from warmfleet.gateway.variant import RouterFactory
+from warmfleet.gateway.world import GatewayState, build_router_or_raise
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from warmfleet.gateway.config import InstanceSpec, KubernetesDiscovery
-from warmfleet.gateway.fleet import GatewayState
+from warmfleet.gateway.world import GatewayState
 from warmfleet.kube.access import read_own
 from warmfleet.kube.endpointslices import SERVICE_NAME_LABEL, belongs_to, endpoints_from_slices
 from warmfleet.kube.watch import ListWatch

@@ -18,7 +18,7 @@ from warmfleet.gateway.metrics import CONTENT_TYPE
 from warmfleet.gateway.openai.body import check_key_body_size, openai_fields, parse_request_body
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.server_config import LimitsConfig
-from warmfleet.gateway.state import RouterLike
+from warmfleet.gateway.variant import RouterLike
 from warmfleet.routing.parse import parse_chat, parse_completions, parse_native
 from warmfleet.routing.request import KeyRequest
 
