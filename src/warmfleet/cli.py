@@ -1,23 +1,63 @@
 """Command-line composition root: `warmfleet <command>`.
 
-Each subsystem contributes its commands from its own module; this file only wires them.
+Each subsystem contributes its commands from its own module; this file only wires them, and
+turns every command's expected failures (``warmfleet.core.failures``) into one line on stderr
+and exit 2; ``warmfleet --debug <command>`` keeps their traceback.
 """
 
 from __future__ import annotations
 
 from importlib.metadata import version
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from warmfleet.agent.cli import cache_app
 from warmfleet.bench import conformance, loadgen_cli, sim_cli
+from warmfleet.core.failures import DEBUG_META_KEY, EXPECTED_EXIT, expected_failure
 from warmfleet.emulator import cli as emulator_cli
 from warmfleet.gateway import cli as gateway_cli
 from warmfleet.local import cli as local_cli
 from warmfleet.operator import cli as fleet_cli
 
+
+class LoudGroup(TyperGroup):
+    """The root group: an expected failure of any command (a port in use, a missing file, a bad
+    config, an unreachable URL, a refused permission) is one line on stderr and exit 2, unless
+    ``--debug`` was given; any other exception is a bug and keeps its traceback."""
+
+    def invoke(self, ctx: Any) -> Any:  # click's Context (typer >= 0.2x ships its own click)
+        try:
+            return super().invoke(ctx)
+        except Exception as err:
+            line = expected_failure(err)
+            if line is None or ctx.meta.get(DEBUG_META_KEY):
+                raise
+            typer.echo(f"{_failed_command(err, ctx)}: {line}", err=True)
+            raise typer.Exit(EXPECTED_EXIT) from err
+
+
+def _failed_command(err: BaseException, root: Any) -> str:
+    """``warmfleet <command> [<subcommand>]`` that raised ``err``: the deepest command context
+    in its traceback (the ``invoke`` frames of click, or typer's copy of it, hold one each)."""
+    path = ""
+    tb = err.__traceback__
+    while tb is not None:
+        frame_ctx = tb.tb_frame.f_locals.get("ctx")
+        command_path = getattr(frame_ctx, "command_path", None)
+        if isinstance(command_path, str) and hasattr(frame_ctx, "invoked_subcommand"):
+            path = command_path
+        tb = tb.tb_next
+    names = path.split()[1:] or [root.invoked_subcommand or ""]
+    return " ".join(["warmfleet", *filter(None, names)])
+
+
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="warmfleet: keep an LLM fleet warm."
+    cls=LoudGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    help="warmfleet: keep an LLM fleet warm.",
 )
 
 
@@ -29,7 +69,11 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    show_version: bool = typer.Option(
+    ctx: typer.Context,
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the traceback of expected failures too (they are one line)."
+    ),
+    _show_version: bool = typer.Option(
         False,
         "--version",
         callback=_print_version,
@@ -38,6 +82,7 @@ def _root(
     ),
 ) -> None:
     """warmfleet: keep an LLM fleet warm."""
+    ctx.meta[DEBUG_META_KEY] = debug
 
 
 sim_cli.register(app)

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from harness.audit import published_corrupt_or_partial as audit
 from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.store import Store
-from warmfleet.agent.testing.audit import published_corrupt_or_partial as audit
 from warmfleet.cache.config import (
     CapacitySpec,
     DownloadSpec,

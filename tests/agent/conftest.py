@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from warmfleet.agent.testing.origin import Origin, ServerThread
+from harness.origin import Origin, ServerThread
 
 
 @pytest.fixture

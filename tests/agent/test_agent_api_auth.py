@@ -14,13 +14,13 @@ import pytest
 from aiohttp import web
 from cache_support import agent_config, spec_for, wait_for
 
+from harness.origin import Blob, Origin
 from warmfleet.agent.api_auth import ApiAuth, is_loopback, read_agent_token
 from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
-from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.config import StatusSpec
 from warmfleet.core.errors import ConfigError
 

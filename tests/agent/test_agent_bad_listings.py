@@ -26,13 +26,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from cache_support import published_corrupt_or_partial
 
+from harness.origin import Blob, Origin
 from warmfleet.agent.manager import IN_PROGRESS, CacheManager
 from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.sources.http import HttpSource
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
-from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.capacity import occupied_bytes
 from warmfleet.cache.config import NodeCacheConfig, load_node_config
 from warmfleet.cache.manifest import FileEntry
@@ -246,6 +246,7 @@ async def test_any_failure_after_admission_fails_the_artifact_and_frees_it(
     assert published_corrupt_or_partial(tmp_path / "cache", {"good": good.data or b""}) == 0
 
 
+@pytest.mark.slow
 def test_more_files_than_the_open_file_limit(tmp_path: Path) -> None:
     """200 files under RLIMIT_NOFILE = 64 (in a child process): never one fd per file."""
     src = tmp_path / "model"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from cache_support import manager_for, published_corrupt_or_partial
 
+from harness.origin import Blob, Origin
 from warmfleet.agent.sources.base import DiskFullError
-from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.core.errors import InsufficientCapacityError
 
 KIB = 1024
@@ -43,6 +43,7 @@ def _progress_chunks(root: Path) -> int:
     return sum(len(v) for v in doc["done"].values())
 
 
+@pytest.mark.slow
 def test_kill_minus_9_repeatedly_then_resume_and_verify(
     origin: tuple[Origin, str], tmp_path: Path
 ) -> None:

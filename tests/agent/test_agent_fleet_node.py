@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from cache_support import agent_config, manager_for
 
+from harness.origin import Blob, Origin
 from warmfleet.agent.fleet_node import Assignment, FleetNode
 from warmfleet.agent.node_agent import NodeAgent
-from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.manifest import Manifest
 from warmfleet.cache.state import ArtifactState
 

@@ -12,10 +12,10 @@ from aiohttp import web
 from cache_support import manager_for
 from huggingface_hub import hf_hub_download
 
+from harness.origin import Origin, ServerThread
 from warmfleet.agent.sources.base import SourceError, TransientSourceError
 from warmfleet.agent.sources.hf import HfSource
 from warmfleet.agent.sources.http import HttpSource
-from warmfleet.agent.testing.origin import Origin, ServerThread
 from warmfleet.cache.config import SourcesSpec
 from warmfleet.cache.manifest import FileEntry
 from warmfleet.core.errors import IntegrityError, NotFoundError

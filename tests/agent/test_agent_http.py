@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from cache_support import manager_for, published_corrupt_or_partial
 
+from harness.origin import Blob, Origin
 from warmfleet.agent.sources.base import SourceChangedError, TransientSourceError
-from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.state import ArtifactState
 from warmfleet.core.errors import InsufficientCapacityError, IntegrityError
 

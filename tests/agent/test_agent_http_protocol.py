@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from cache_support import manager_for
 
+from harness.origin import ServerThread
 from warmfleet.agent.sources.base import SourceChangedError, SourceError, TransientSourceError
 from warmfleet.agent.sources.http import retry_after_s
-from warmfleet.agent.testing.origin import ServerThread
 
 Handler = Callable[[web.Request, bytes], web.Response]
 

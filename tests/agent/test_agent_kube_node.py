@@ -15,10 +15,10 @@ import aiohttp
 import pytest
 from cache_support import agent_config, wait_for
 
+from harness.origin import Blob
 from warmfleet.agent.cache_links import READY_MARKER, CacheLinks
 from warmfleet.agent.kube_node import parse_assignments
 from warmfleet.agent.node_agent import NodeAgent
-from warmfleet.agent.testing.origin import Blob
 from warmfleet.api.names import ANN_ASSIGNED, ANN_CACHE_STATUS
 from warmfleet.api.resources import ModelSource
 from warmfleet.control.actions import NodeCacheAssignment

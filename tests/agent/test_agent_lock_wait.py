@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cache_support import manager_for
 
+from harness.origin import Blob, Origin
 from warmfleet.agent.manager import DownloadLockTimeoutError
-from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.state import ArtifactState
 from warmfleet.core.errors import WarmfleetError
 

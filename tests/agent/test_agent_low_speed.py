@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 from cache_support import manager_for
 
+from harness.origin import Blob, Origin, ServerThread
 from warmfleet.agent.manager import IN_PROGRESS
 from warmfleet.agent.sources.base import TooSlowError
-from warmfleet.agent.testing.origin import Blob, Origin, ServerThread
 from warmfleet.cache.state import ArtifactState
 
 
@@ -79,6 +79,7 @@ async def test_trickling_origin_fails_with_a_clear_reason(tmp_path: Path) -> Non
     assert "gave up after 2 attempts" in rec.reason
 
 
+@pytest.mark.slow
 async def test_stalled_origin_fails_without_waiting_for_a_byte(
     origin: tuple[Origin, str], tmp_path: Path
 ) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 from cache_support import agent_config, wait_for
 
+from harness.origin import Blob, Origin
 from warmfleet.agent.node_agent import NodeAgent
-from warmfleet.agent.testing.origin import Blob, Origin
 from warmfleet.cache.config import NodeCacheConfig
 
 

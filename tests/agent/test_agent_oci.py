@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cache_support import manager_for
 
-from warmfleet.agent.testing.registry import ensure_registry_installed, push_image, run_registry
+from harness.registry import ensure_registry_installed, push_image, run_registry
 from warmfleet.core.errors import IntegrityError
 
 

@@ -15,9 +15,9 @@ import pytest
 from aiohttp import web
 from cache_support import manager_for
 
+from harness.origin import ServerThread
 from warmfleet.agent.oci import OCI_INDEX, OCI_MANIFEST
 from warmfleet.agent.sources.base import SourceError
-from warmfleet.agent.testing.origin import ServerThread
 from warmfleet.cache.state import ArtifactState
 
 

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from cache_support import manager_for
 
+from harness.origin import ServerThread
 from warmfleet.agent.bounded_json import (
     DocumentTooDeepError,
     DocumentTooLargeError,
@@ -21,7 +22,6 @@ from warmfleet.agent.bounded_json import (
 )
 from warmfleet.agent.oci import OCI_MANIFEST
 from warmfleet.agent.sources.base import TransientSourceError
-from warmfleet.agent.testing.origin import ServerThread
 from warmfleet.cache.config import SourcesSpec
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError

@@ -39,6 +39,7 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
         server.stop()
 
 
+@pytest.mark.slow
 async def test_s3_prefix_prefetch_verifies_md5_and_checksums(
     s3: tuple[Any, str], tmp_path: Path
 ) -> None:

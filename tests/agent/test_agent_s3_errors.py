@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from cache_support import manager_for
 
+from harness.origin import ServerThread
 from warmfleet.agent.sources.base import SourceError, TransientSourceError
-from warmfleet.agent.testing.origin import ServerThread
 from warmfleet.cache.config import SourcesSpec
 
 DENIED = (

@@ -41,6 +41,7 @@ class FakeEngine:
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)  # `warmfleet bench` picks the model here
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -103,6 +104,9 @@ class FakeEngine:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    async def _models(self, _request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "model", "object": "model"}]})
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         text = (

@@ -43,6 +43,7 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 async def test_live_demo_report_has_the_simulator_shape(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     report = await run_live_demo(
@@ -65,6 +66,7 @@ async def test_live_demo_report_has_the_simulator_shape(tmp_path: Path) -> None:
     assert processes_mentioning(str(logs)) == []
 
 
+@pytest.mark.slow
 async def test_failure_midway_stops_every_child(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     with pytest.raises(ProcessError):
@@ -74,6 +76,7 @@ async def test_failure_midway_stops_every_child(tmp_path: Path) -> None:
     assert processes_mentioning(str(logs)) == []
 
 
+@pytest.mark.slow
 async def test_fleet_and_gateway_start_again_when_their_port_was_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,6 +111,7 @@ async def test_fleet_and_gateway_start_again_when_their_port_was_taken(
             procs.stop_all()
 
 
+@pytest.mark.slow
 def test_sigint_stops_every_child(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     code = (

@@ -400,6 +400,7 @@ async def test_protocol_passthrough_keeps_the_method_and_the_reason_phrase(
         procs.stop_all()
 
 
+@pytest.mark.slow
 async def test_a_router_whose_port_was_taken_is_started_again_elsewhere(
     engines: list[FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

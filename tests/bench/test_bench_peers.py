@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -254,3 +256,18 @@ def test_median_rows_take_each_figure_over_rounds_matching_rows_by_key() -> None
     assert median_rows([]) == []
     checks = {c["check"]: c for c in acceptance(rows)}
     assert checks["1. added p50 ms at c=32 <= vllm-router round_robin"]["pass"] is True
+
+
+@pytest.mark.parametrize(
+    "module", ["warmfleet.bench.passthrough", "warmfleet.bench.protocol_passthrough"]
+)
+def test_reference_proxy_on_a_taken_port_is_one_line_and_fails(module: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [sys.executable, "-m", module, "--port", str(port), "http://127.0.0.1:9"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0
+    assert "address already in use" in done.stderr  # what bench-peers' start retry looks for

@@ -55,7 +55,7 @@ from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.local.config import load_fleet
 from warmfleet.routing.config import STRATEGY_NAMES, PrefixHashConfig, StrategyConfig
 from warmfleet.routing.keys import KeyMode
-from warmfleet.sim.scenario import load_scenario_file
+from warmfleet.sim.scenario import parse_scenario
 
 README_TEXT = README.read_text(encoding="utf-8")
 CONFIGURATION_TEXT = CONFIGURATION.read_text(encoding="utf-8")
@@ -86,7 +86,7 @@ def _load_example(path: Path) -> None:
         if tokenizer is None or Path(tokenizer).exists():
             check_config(path)  # what `warmfleet serve --check` runs: every router built
     elif kind == "Scenario":
-        load_scenario_file(path)
+        parse_scenario(path.read_text(encoding="utf-8"), str(path))
     elif kind == "LocalFleet":
         load_fleet(path)
     elif kind == "Emulator":
@@ -468,12 +468,16 @@ def test_readme_metrics_exist() -> None:
         assert "instance" not in family.labelnames
 
 
-def test_deploy_example_configmap_follows_inference_endpoints() -> None:
-    """README, Kubernetes: the example ConfigMap follows the InferenceEndpoints, `model` picks
-    the endpoint."""
-    path = ROOT / "deploy/examples/gateway-llama-3.1-70b.yaml"
-    assert "`deploy/examples/gateway-llama-3.1-70b.yaml`" in README_TEXT
-    maps = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+def test_installed_gateway_configmap_follows_inference_endpoints() -> None:
+    """README, Kubernetes: the gateway ConfigMap the install creates follows the
+    InferenceEndpoints, `model` picks the endpoint."""
+    path = ROOT / "deploy/manifests/warmfleet.yaml"
+    assert "`warmfleet-gateway`" in README_TEXT
+    maps = [
+        d
+        for d in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        if d and d["metadata"]["name"] == "warmfleet-gateway"
+    ]
     documents = [v for d in maps if d.get("kind") == "ConfigMap" for v in d["data"].values()]
     assert len(documents) == 1
     config = parse_gateway_config(yaml.safe_load(documents[0]), str(path))

@@ -11,9 +11,12 @@ import pytest
 from aiohttp import web
 from e2e_tokenizer_helpers import TEMPLATE, write_model
 
+from support.servers import app_serving
 from warmfleet.bench.conformance import predicted_cached, run_conformance
 from warmfleet.gateway.tokenizer import HfChatTokenizer
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import key_builder
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import parse_chat
 
 ENGINE_BS = 16
 
@@ -29,7 +32,7 @@ def fake_vllm(model_dir: Path) -> web.Application:
     """/v1/models, /metrics, /tokenize and a chat endpoint with a block prefix cache whose
     ``cached_tokens`` follow vLLM's rules (full blocks, last prompt token recomputed)."""
     tok = HfChatTokenizer.from_dir(model_dir)
-    keys = KeyBuilder(KeySpec(mode="tokens", block_size=ENGINE_BS), tok)
+    keys = key_builder(KeySpec(mode="tokens", block_size=ENGINE_BS), tok)
     cache: set[int] = set()
 
     async def models(_r: web.Request) -> web.Response:
@@ -49,7 +52,7 @@ def fake_vllm(model_dir: Path) -> web.Application:
 
     async def chat(r: web.Request) -> web.Response:
         body = await r.json()
-        key = keys.for_chat(body, None)
+        key = keys.key(parse_chat(body))
         cached = predicted_cached(key.block_hashes, cache, key.prompt_tokens, ENGINE_BS)
         cache.update(key.block_hashes)
         usage = {
@@ -69,14 +72,9 @@ def fake_vllm(model_dir: Path) -> web.Application:
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[str]:
     (tmp_path / "engine-model").mkdir()
-    runner = web.AppRunner(fake_vllm(write_model(tmp_path / "engine-model")), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    app = fake_vllm(write_model(tmp_path / "engine-model"))
+    async with app_serving(app, access_log=None) as (url, _):
+        yield url
 
 
 async def test_conformance_agrees(engine: str) -> None:

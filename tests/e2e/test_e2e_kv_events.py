@@ -31,7 +31,8 @@ from warmfleet.gateway.kv_events import (
 )
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
 from warmfleet.routing.index import ExactPrefixIndex
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import key_builder
+from warmfleet.routing.keys import KeySpec
 
 BS = 4
 SEED = 12345
@@ -123,7 +124,7 @@ def test_decode_rejects_malformed(frames: list[bytes]) -> None:
 
 
 def test_router_hashes_equal_key_builder_chain() -> None:
-    keys = KeyBuilder(KeySpec(mode="tokens", block_size=BS), tokenizer=_NullTokenizer())
+    keys = key_builder(KeySpec(mode="tokens", block_size=BS), tokenizer=_NullTokenizer())
     tokens = list(range(100, 111))  # 2 full blocks + 3 tokens
     key = keys.from_token_ids(tokens, SEED, 0, BS)
     assert router_block_hashes(tokens, BS, SEED) == list(key.block_hashes)
@@ -275,6 +276,28 @@ def test_feed_hooks_the_live_router_and_survives_a_reload() -> None:
     reloaded = factory(routing(), random.Random(2))
     reloaded.on_instances_changed(["a", "b"])
     assert reloaded.choose(key, fleet).instance_id == "b"  # the view moved to the new router
+
+
+def test_the_feed_stays_on_the_router_in_service() -> None:
+    """A router is bound to the feed's chains when it is built; only going into service
+    (``on_instances_changed``) moves the feed to it. A replaced router that an in-flight request
+    still holds (a retry's ``choose``) does not take the feed back."""
+    feed = KvEventFeed("m")
+    factory = feed.router_factory(_NullTokenizer())
+    old = factory(routing(), random.Random(1))
+    assert old.exact_index is not None
+    assert old.exact_index.chain_seed == old.chain_seed == old.router.keys.seed("m", None, None)
+    old.on_instances_changed(["a", "b"])
+    new = factory(routing(), random.Random(2))
+    new.adopt(old)
+    new.on_instances_changed(["a", "b"])
+    translator = feed.translator
+    assert translator is not None
+    assert translator.index is new.exact_index
+    key = old.router.keys.from_token_ids(list(range(2 * BS)), old.chain_seed, 0, BS)
+    old.choose(key, FleetSnapshot((InstanceState("a"), InstanceState("b"))))
+    assert feed.translator is translator
+    assert translator.index is new.exact_index
 
 
 @pytest.mark.parametrize("other", ["tenant", "adapter", "alias"])

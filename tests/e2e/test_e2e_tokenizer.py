@@ -11,7 +11,9 @@ from e2e_tokenizer_helpers import write_model
 
 from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.gateway.tokenizer import HfChatTokenizer, normalize_message
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import key_builder
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import parse_chat
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / ".cache" / "tiny-llama"
@@ -44,12 +46,12 @@ def test_chat_ids_have_one_bos_and_completions_get_one(tok: HfChatTokenizer) -> 
 
 
 def test_tokens_key_mode_uses_the_adapter(tok: HfChatTokenizer) -> None:
-    keys = KeyBuilder(KeySpec(mode="tokens", block_size=4), tok)
+    keys = key_builder(KeySpec(mode="tokens", block_size=4), tok)
     body: dict[str, Any] = {
         "model": "m",
         "messages": [{"role": "user", "content": "the cache holds the prefix"}],
     }
-    key = keys.for_chat(body, None)
+    key = keys.key(parse_chat(body))
     ids = tok.encode_chat(body["messages"])
     assert key.prompt_tokens == len(ids)
     assert len(key.block_hashes) == len(ids) // 4
@@ -123,12 +125,12 @@ def test_tools_reach_the_template_as_vllm_dumps_them(tmp_path: Path) -> None:
         "defer_loading": None,
     }
     assert list(json.loads(first)["function"]) == ["name", "description", "parameters"]
-    keys = KeyBuilder(KeySpec(mode="tokens", block_size=4), tok)
+    keys = key_builder(KeySpec(mode="tokens", block_size=4), tok)
     plain: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     with_tools = {**plain, "tools": [tool]}
-    assert keys.for_chat(with_tools, None).prompt_tokens == len(
+    assert keys.key(parse_chat(with_tools)).prompt_tokens == len(
         tok.encode_chat(plain["messages"], tools=[tool])
     )
-    assert keys.for_chat(with_tools, None).block_hashes != keys.for_chat(plain, None).block_hashes
+    assert keys.key(parse_chat(with_tools)).block_hashes != keys.key(parse_chat(plain)).block_hashes
     with pytest.raises(BadRequestError):
         tok.render_chat([{"role": "user", "content": "hi"}], tools=[1])  # type: ignore[list-item]

@@ -2,31 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from support.engines import engine_spec
 from warmfleet.emulator.config import EmulatorSpec, build_spec
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
-from warmfleet.engine.spec import EngineSpec
 
 MODEL = "warmfleet-emulated"
 BLOCK = 16
 # A small engine for driver-level tests: 4-token blocks, 10 ms steps.
-DRIVER_SPEC = EngineSpec(
-    name="test",
+DRIVER_SPEC = engine_spec(
     block_tokens=4,
     kv_capacity_tokens=4096,
-    max_num_seqs=8,
     max_num_batched_tokens=64,
-    step_overhead_s=0.01,
+    max_model_len=131_072,
     prefill_s_per_token=1e-4,
+    prefill_attn_s_per_token_pair=0.0,
     decode_s_per_seq=1e-3,
-    kv_read_s_per_token=1e-6,
 )
 
 
@@ -94,18 +90,6 @@ async def metric_labels(session: aiohttp.ClientSession, url: str, name: str) -> 
             if sample.name == name:
                 return dict(sample.labels)
     raise AssertionError(f"{name} not exposed")
-
-
-async def eventually(check: Callable[[], bool | Awaitable[bool]], attempts: int = 200) -> None:
-    """Poll ``check`` (bounded: ``attempts`` x 25 ms) until it holds."""
-    for _ in range(attempts):
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.025)
-    raise AssertionError("condition never held")
 
 
 async def post_json(

@@ -7,18 +7,21 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.engines import engine_spec
 from warmfleet.engine.events import EngineRequest
 from warmfleet.engine.model import EngineModel
-from warmfleet.engine.spec import EngineSpec
 
-SPEC = EngineSpec(
+SPEC = engine_spec(
     name="hook",
     block_tokens=4,
     kv_capacity_tokens=24 * 4,
     max_num_seqs=4,
     max_num_batched_tokens=32,
-    step_overhead_s=0.01,
+    max_model_len=131_072,
     prefill_s_per_token=1e-4,
+    prefill_attn_s_per_token_pair=0.0,
+    decode_s_per_seq=0.0,
+    kv_read_s_per_token=0.0,
 )
 
 

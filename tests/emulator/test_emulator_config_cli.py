@@ -104,6 +104,7 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
         parse_emulator_document({"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway"})
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 async def test_warmfleet_emulate_prints_urls_and_stops_on_sigterm(tmp_path: Path) -> None:
     ports_file = tmp_path / "ports.json"

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from emulator_support import chat_body, eventually, fast_spec, post_json, scrape, words
+from emulator_support import chat_body, fast_spec, post_json, scrape, words
 
+from support.waiting import wait_until
 from warmfleet.emulator.config import FaultSpec
 from warmfleet.emulator.fleet import EmulatedFleet
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
 
 
 def _long_stream(tokens: int = 3000) -> dict[str, object]:
@@ -73,7 +67,7 @@ async def test_die_after_requests_kills_only_that_instance(
         assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         with pytest.raises(aiohttp.ClientError):
             await post_json(session, doomed, body)
-        await eventually(lambda: not fleet.instance(0).running)
+        await wait_until(lambda: not fleet.instance(0).running)
         with pytest.raises(aiohttp.ClientConnectionError):
             await post_json(session, doomed, body)
         status, _ = await post_json(session, survivor, body)
@@ -133,7 +127,7 @@ async def test_client_disconnect_cancels_the_engine_request(
                 and stats.kv_usage_frac == 0.0  # its KV blocks are free
             )
 
-        await eventually(cancelled)
+        await wait_until(cancelled)
         metrics = await scrape(session, url)
         assert metrics.get("vllm:request_success_total", 0) == 0
         assert metrics["vllm:generation_tokens_total"] < 3000
@@ -146,7 +140,7 @@ async def test_client_disconnect_cancels_the_engine_request(
             ) as resp:
                 await resp.read()
         assert driver.stats().prefix_cache_queries_tokens > queried_tokens  # it was admitted
-        await eventually(cancelled)
+        await wait_until(cancelled)
 
 
 async def test_kill_mid_stream_cuts_the_stream_and_restart_serves(

@@ -14,7 +14,6 @@ from emulator_support import (
     MODEL,
     chat_body,
     chat_ids,
-    eventually,
     fast_spec,
     post_json,
     scrape,
@@ -23,6 +22,7 @@ from emulator_support import (
 )
 from openai.types.chat import ChatCompletionMessageParam
 
+from support.waiting import wait_until
 from warmfleet.emulator.driver import running_driver
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.engine.events import EngineEvent, EngineEventKind
@@ -34,12 +34,6 @@ COMPLETIONS = "/v1/completions"
 async def fleet() -> AsyncIterator[EmulatedFleet]:
     async with EmulatedFleet(fast_spec()) as running:
         yield running
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
 
 
 def _by_index(chunks: list[Any]) -> dict[int, list[Any]]:
@@ -244,7 +238,7 @@ async def test_disconnect_cancels_every_child(session: aiohttp.ClientSession) ->
             stats = driver.stats()
             return driver.in_flight == 0 and stats.running == 0 and stats.kv_usage_frac == 0.0
 
-        await eventually(cancelled)
+        await wait_until(cancelled)
         metrics = await scrape(session, url)
         assert metrics.get("vllm:request_success_total", 0) == 0
         assert metrics["vllm:request_params_n_count"] == 0
@@ -259,7 +253,7 @@ async def test_disconnect_cancels_every_child(session: aiohttp.ClientSession) ->
             ) as resp:
                 await resp.read()
         assert driver.stats().prefix_cache_queries_tokens > queried  # its children were admitted
-        await eventually(cancelled)
+        await wait_until(cancelled)
 
 
 @pytest.mark.parametrize(

@@ -34,12 +34,6 @@ async def fleet() -> AsyncIterator[EmulatedFleet]:
         yield running
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
-
-
 def _client(url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
 

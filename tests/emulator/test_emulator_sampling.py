@@ -20,12 +20,6 @@ async def url() -> AsyncIterator[str]:
         yield fleet.urls[0]
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
-
-
 def _completion(max_tokens: int = 24, **extra: Any) -> dict[str, Any]:
     return {
         "model": MODEL,

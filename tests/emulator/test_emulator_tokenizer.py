@@ -15,7 +15,9 @@ from warmfleet.emulator.tokenizer import (
     prompt_block_hashes,
     render_chat,
 )
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import key_builder
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import parse_chat
 
 _text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=80)
 _message = st.fixed_dictionaries(
@@ -73,9 +75,9 @@ def test_block_hashes_match_the_routing_tokens_key_mode() -> None:
     tok = EmulatorTokenizer()
     body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi " * 100}]}
     ids = tok.encode_chat(body["messages"])
-    builder = KeyBuilder(KeySpec(mode="tokens", block_size=16), tok)
+    builder = key_builder(KeySpec(mode="tokens", block_size=16), tok)
     seed = builder.seed("m", None, None)
-    key = builder.for_chat(body, None)
+    key = builder.key(parse_chat(body))
     assert key.block_hashes == prompt_block_hashes(ids, 16, seed)
     assert len(key.block_hashes) == len(ids) // 16
 

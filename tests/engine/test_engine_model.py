@@ -6,30 +6,12 @@ import itertools
 
 import pytest
 
+from support.engines import BLOCK_TOKENS, engine_spec
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
 from warmfleet.engine.presets import get_preset, preset_names
-from warmfleet.engine.spec import EngineSpec
 
-BT = 16
-
-
-def small_spec(**overrides: object) -> EngineSpec:
-    base: dict[str, object] = {
-        "name": "test",
-        "block_tokens": BT,
-        "kv_capacity_tokens": 64 * BT,
-        "max_num_seqs": 8,
-        "max_num_batched_tokens": 256,
-        "max_model_len": 4096,
-        "step_overhead_s": 0.01,
-        "prefill_s_per_token": 0.001,
-        "prefill_attn_s_per_token_pair": 1e-7,
-        "decode_s_per_seq": 0.002,
-        "kv_read_s_per_token": 1e-6,
-    }
-    base.update(overrides)
-    return EngineSpec.model_validate(base)
+BT = BLOCK_TOKENS
 
 
 def req(rid: int, blocks: list[int], extra_tokens: int = 0, output: int = 4) -> EngineRequest:
@@ -53,7 +35,7 @@ def finished(events: list[EngineEvent], rid: int) -> EngineEvent:
 
 
 def test_prefix_hit_is_served_from_cache_and_is_faster() -> None:
-    engine = EngineModel(small_spec())
+    engine = EngineModel(engine_spec())
     engine.submit(req(1, [1, 2, 3, 4], extra_tokens=5), 0.0)
     cold = run_all(engine)
     start_s = finished(cold, 1).time_s
@@ -69,7 +51,7 @@ def test_prefix_hit_is_served_from_cache_and_is_faster() -> None:
 
 
 def test_identical_prompt_recomputes_at_least_one_token() -> None:
-    engine = EngineModel(small_spec())
+    engine = EngineModel(engine_spec())
     engine.submit(req(1, [1, 2, 3]), 0.0)
     run_all(engine)
     engine.submit(req(2, [1, 2, 3]), 10.0)
@@ -78,7 +60,7 @@ def test_identical_prompt_recomputes_at_least_one_token() -> None:
 
 def test_lru_evicts_least_recently_released_and_deepest_block_first() -> None:
     # 10 blocks; a request holds its 4 prompt blocks + 1 output block while running
-    engine = EngineModel(small_spec(kv_capacity_tokens=10 * BT))
+    engine = EngineModel(engine_spec(kv_capacity_tokens=10 * BT))
     engine.submit(req(1, [11, 12, 13, 14], output=1), 0.0)
     run_all(engine)
     engine.submit(req(2, [21, 22, 23, 24], output=1), 1.0)
@@ -94,7 +76,7 @@ def test_lru_evicts_least_recently_released_and_deepest_block_first() -> None:
 
 
 def test_partial_eviction_keeps_the_root_of_a_chain() -> None:
-    engine = EngineModel(small_spec(kv_capacity_tokens=8 * BT))
+    engine = EngineModel(engine_spec(kv_capacity_tokens=8 * BT))
     engine.submit(req(1, [11, 12, 13, 14], output=1), 0.0)
     run_all(engine)
     # 4 free blocks; the newcomer needs 5 -> exactly one eviction: block 14
@@ -104,7 +86,7 @@ def test_partial_eviction_keeps_the_root_of_a_chain() -> None:
 
 
 def test_running_requests_hold_their_blocks() -> None:
-    engine = EngineModel(small_spec(kv_capacity_tokens=8 * BT))
+    engine = EngineModel(engine_spec(kv_capacity_tokens=8 * BT))
     engine.submit(req(1, [1, 2, 3], output=40), 0.0)  # 3 prompt + 3 output blocks
     engine.submit(req(2, [4, 5, 6], output=1), 0.001)  # needs 4 blocks, only 2 left
     events: list[EngineEvent] = []
@@ -120,7 +102,7 @@ def test_running_requests_hold_their_blocks() -> None:
 
 
 def test_max_num_seqs_bounds_the_batch() -> None:
-    engine = EngineModel(small_spec(max_num_seqs=2, kv_capacity_tokens=1024 * BT))
+    engine = EngineModel(engine_spec(max_num_seqs=2, kv_capacity_tokens=1024 * BT))
     for rid in range(5):
         engine.submit(req(rid, [100 + rid, 200 + rid], output=20), 0.0)
     seen_waiting = False
@@ -133,7 +115,7 @@ def test_max_num_seqs_bounds_the_batch() -> None:
 
 
 def test_chunked_prefill_matches_the_idle_prefill_time() -> None:
-    spec = small_spec(kv_capacity_tokens=1024 * BT, max_num_batched_tokens=100)
+    spec = engine_spec(kv_capacity_tokens=1024 * BT, max_num_batched_tokens=100)
     engine = EngineModel(spec)
     request = EngineRequest(1, tuple(range(20)), 20 * BT + 7, 2)
     engine.submit(request, 0.0)
@@ -149,7 +131,7 @@ def test_prefill_cost_per_token_grows_with_context() -> None:
 
 
 def test_decode_fast_forward_equals_step_by_step_sum() -> None:
-    spec = small_spec()
+    spec = engine_spec()
     engine = EngineModel(spec, emit_token_events=True)
     engine.submit(EngineRequest(1, (1, 2), 2 * BT, 6), 0.0)
     events = run_all(engine)
@@ -167,7 +149,7 @@ def test_decode_fast_forward_equals_step_by_step_sum() -> None:
 
 
 def test_submit_during_fast_forward_joins_at_the_next_step() -> None:
-    spec = small_spec()
+    spec = engine_spec()
     engine = EngineModel(spec)
     engine.submit(EngineRequest(1, (1, 2), 2 * BT, 200), 0.0)
     events = engine.advance(0.1)  # inside the decode-only stretch
@@ -182,7 +164,7 @@ def test_submit_during_fast_forward_joins_at_the_next_step() -> None:
 
 
 def test_cancel_releases_blocks_and_silences_the_request() -> None:
-    engine = EngineModel(small_spec())
+    engine = EngineModel(engine_spec())
     engine.submit(req(1, [1, 2, 3], output=100), 0.0)
     engine.submit(req(2, [4, 5], output=3), 0.0)
     engine.advance(0.2)
@@ -196,7 +178,7 @@ def test_cancel_releases_blocks_and_silences_the_request() -> None:
 def _twin_cached_tokens(cache_when_scheduled: bool, prompt_blocks: int) -> int:
     """Cached tokens of the second of two identical prompts submitted while another request
     runs (so both are admitted by the same plan, the first one's prefill may be chunked)."""
-    engine = EngineModel(small_spec(), cache_when_scheduled=cache_when_scheduled)
+    engine = EngineModel(engine_spec(), cache_when_scheduled=cache_when_scheduled)
     engine.submit(req(1, [900, 901]), 0.0)
     blocks = list(range(1, prompt_blocks + 1))
     engine.submit(req(2, blocks), 0.001)
@@ -215,14 +197,14 @@ def test_cache_when_scheduled_serves_a_twin_admitted_in_the_same_step() -> None:
 
 
 def test_too_large_requests_are_rejected() -> None:
-    engine = EngineModel(small_spec(kv_capacity_tokens=4 * BT))
+    engine = EngineModel(engine_spec(kv_capacity_tokens=4 * BT))
     engine.submit(req(1, [1, 2, 3, 4, 5]), 0.0)
     events = run_all(engine)
     assert [e.kind for e in events] == [EngineEventKind.REJECTED]
 
 
 def test_time_never_goes_back() -> None:
-    engine = EngineModel(small_spec())
+    engine = EngineModel(engine_spec())
     engine.advance(5.0)
     with pytest.raises(ValueError, match="time went back"):
         engine.submit(req(1, [1]), 4.0)
@@ -251,7 +233,7 @@ def test_70b_kv_capacity_follows_from_hbm_minus_weights() -> None:
 
 
 def test_output_blocks_are_cached_when_the_request_finishes() -> None:
-    engine = EngineModel(small_spec())
+    engine = EngineModel(engine_spec())
     engine.submit(EngineRequest(1, (1, 2), 2 * BT, 40, output_block_hashes=(3, 4)), 0.0)
     run_all(engine)
     assert engine.cached_prefix_blocks((1, 2, 3, 4, 5)) == 4

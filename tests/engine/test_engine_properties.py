@@ -5,23 +5,18 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.engines import BLOCK_TOKENS, engine_spec
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
-from warmfleet.engine.spec import EngineSpec
 
-BT = 16
-SPEC = EngineSpec(
+BT = BLOCK_TOKENS
+SPEC = engine_spec(
     name="prop",
-    block_tokens=BT,
     kv_capacity_tokens=48 * BT,
     max_num_seqs=4,
     max_num_batched_tokens=64,
     max_model_len=2048,
-    step_overhead_s=0.01,
     prefill_s_per_token=0.0005,
-    prefill_attn_s_per_token_pair=1e-7,
-    decode_s_per_seq=0.002,
-    kv_read_s_per_token=1e-6,
 )
 
 request_st = st.tuples(

@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from support.engines import BLOCK_TOKENS, engine_spec
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
-from warmfleet.engine.spec import EngineSpec
 
-BT = 16
-SPEC = EngineSpec(
-    name="test",
-    block_tokens=BT,
-    kv_capacity_tokens=64 * BT,
-    max_num_seqs=8,
-    max_num_batched_tokens=256,
-    max_model_len=4096,
-    step_overhead_s=0.01,
-    prefill_s_per_token=0.001,
-    decode_s_per_seq=0.002,
-    kv_read_s_per_token=1e-6,
-)
+BT = BLOCK_TOKENS
+SPEC = engine_spec(prefill_attn_s_per_token_pair=0.0)
 PROMPT = (11, 12, 13, 14)  # 4 full blocks of a 65-token prompt
 
 

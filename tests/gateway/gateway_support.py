@@ -10,21 +10,22 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, Reason, RoutingKey
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import GatewayConfig, parse_gateway_config
 from warmfleet.gateway.server import StartedApp, start_app
-from warmfleet.gateway.state import RouterFactory, RouterLike
+from warmfleet.gateway.variant import RouterFactory, RouterLike
 from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.request import ChatRequest, CompletionsRequest, KeyRequest
 
 MODEL = "fake-model"
 
@@ -241,6 +242,15 @@ def gateway_doc(
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
 
 
+def gateway_file(directory: Path, doc: dict[str, Any]) -> Path:
+    """``doc``, listening on a free port of 127.0.0.1, written to ``directory/gateway.yaml``
+    (the config of a ``GatewayProcess``; ``doc`` keeps the listen address for a rewrite)."""
+    doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
+    path = directory / "gateway.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def gateway_config(backends: Sequence[FakeBackend], **kwargs: Any) -> GatewayConfig:
     return parse_gateway_config(gateway_doc(backends, **kwargs))
 
@@ -266,17 +276,6 @@ async def gateway_running(
         yield started
     finally:
         await started.stop()
-
-
-async def wait_until(
-    predicate: Callable[[], bool], timeout_s: float = 10.0, step_s: float = 0.01
-) -> None:
-    """Poll ``predicate`` (a liveness bound for the test, not a timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(step_s)
 
 
 def parse_sse(raw: bytes) -> list[str]:
@@ -307,14 +306,12 @@ class FakeRouter:
         self.keys.append(key)
         return key
 
-    def key_for_chat(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
-        return self._key(json.dumps(body.get("messages"), sort_keys=True).encode(), tenant)
-
-    def key_for_completions(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
-        return self._key(json.dumps(body.get("prompt")).encode(), tenant)
-
-    def key_for_bytes(self, raw: bytes, tenant: str | None, model: str) -> RoutingKey:
-        return self._key(raw, tenant)
+    def key(self, request: KeyRequest) -> RoutingKey:
+        if isinstance(request, ChatRequest):
+            return self._key(json.dumps(request.messages, sort_keys=True).encode(), request.tenant)
+        if isinstance(request, CompletionsRequest):
+            return self._key(json.dumps(request.prompts).encode(), request.tenant)
+        return self._key(request.raw, request.tenant)
 
     def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
         self.fleets.append(fleet)

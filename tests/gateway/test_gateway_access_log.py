@@ -18,9 +18,9 @@ from gateway_support import (
     gateway_config,
     gateway_doc,
     gateway_running,
-    wait_until,
 )
 
+from support.waiting import wait_until
 from warmfleet.gateway.config import load_gateway_config, parse_gateway_config
 
 LOGGER = "warmfleet.gateway.access"

@@ -32,6 +32,7 @@ from gateway_support import (
     backends_running,
     gateway_config,
     gateway_doc,
+    gateway_file,
     gateway_running,
 )
 from test_gateway_chat_template_options import write_model
@@ -43,9 +44,10 @@ from warmfleet.gateway import tokenizer as tokenizer_module
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.openai.body import SWITCH_INTERVAL_S
 from warmfleet.gateway.server_config import LimitsConfig
-from warmfleet.gateway.state import RouterLike
 from warmfleet.gateway.tokenizer import HfChatTokenizer
+from warmfleet.gateway.variant import RouterLike
 from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.request import KeyRequest
 from warmfleet.routing.router import Router
 
 CHAT = "/v1/chat/completions"
@@ -189,9 +191,9 @@ class ThreadRecorder:
         recorder = self
 
         class Recording(Router):
-            def key_for_chat(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
+            def key(self, request: KeyRequest) -> RoutingKey:
                 recorder.threads.append(threading.current_thread().name)
-                return super().key_for_chat(body, tenant)
+                return super().key(request)
 
         return Recording(config, rng)
 
@@ -464,6 +466,7 @@ def wait_ready(url: str) -> None:
     raise AssertionError("gateway not ready")
 
 
+@pytest.mark.slow
 def test_health_stays_under_50ms_while_4_clients_send_maximal_bodies(tmp_path: Path) -> None:
     bodies = maximal_bodies()
     assert all(len(b) < 8 << 20 for b in bodies)  # limits.max_body_bytes
@@ -472,8 +475,7 @@ def test_health_stays_under_50ms_while_4_clients_send_maximal_bodies(tmp_path: P
         variant = doc["spec"]["endpoints"][0]["variants"][0]
         variant["instances"] = [{"id": "b", "url": backend_url}]
         doc["spec"]["health"] = {"interval_s": 1.0, "timeout_s": 1.0}
-        path = tmp_path / "gateway.yaml"
-        path.write_text(json.dumps(doc))
+        path = gateway_file(tmp_path, doc)  # a free port, not the default 8080
         with GatewayProcess(path, module=True) as gw:
             wait_ready(gw.url)
             stop = threading.Event()

@@ -24,7 +24,9 @@ from warmfleet.core.types import RoutingKey
 from warmfleet.emulator.protocol import chat_prompt_ids
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.gateway.tokenizer import HfChatTokenizer
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import KeyBuilder, key_builder
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import parse_chat
 
 BS = 4
 # Qwen3-like: enable_thinking=false writes an empty think block after the generation prompt.
@@ -68,7 +70,7 @@ def tok(tmp_path: Path) -> HfChatTokenizer:
 
 
 def keys_of(tok: HfChatTokenizer) -> KeyBuilder:
-    return KeyBuilder(KeySpec(mode="tokens", block_size=BS), tok)
+    return key_builder(KeySpec(mode="tokens", block_size=BS), tok)
 
 
 def body(messages: list[dict[str, Any]] = USER, **fields: Any) -> dict[str, Any]:
@@ -85,7 +87,7 @@ def key_of_text(
 
 def assert_keys_text(tok: HfChatTokenizer, request: dict[str, Any], text: str) -> None:
     keys = keys_of(tok)
-    key = keys.for_chat(request, None)
+    key = keys.key(parse_chat(request))
     assert tok._tokenizer.decode(tok.encode_raw(text), skip_special_tokens=False) == text
     assert key == key_of_text(keys, tok, text)
 
@@ -165,7 +167,7 @@ def test_continue_final_message_needs_add_generation_prompt_false(tok: HfChatTok
     messages = [*USER, {"role": "assistant", "content": "The"}]
     for extra in ({}, {"add_generation_prompt": True}):
         with pytest.raises(BadRequestError) as err:
-            keys_of(tok).for_chat(body(messages, continue_final_message=True, **extra), None)
+            keys_of(tok).key(parse_chat(body(messages, continue_final_message=True, **extra)))
         assert err.value.param == "continue_final_message"
 
 
@@ -185,13 +187,13 @@ def test_add_special_tokens_adds_them_to_the_rendered_text(tok: HfChatTokenizer)
     """vLLM's chat default is false; true adds the tokenizer's BOS on top of the template's."""
     keys = keys_of(tok)
     text = HEAD + GEN
-    key = keys.for_chat(body(add_special_tokens=True), None)
+    key = keys.key(parse_chat(body(add_special_tokens=True)))
     assert key == key_of_text(keys, tok, text, special=True)
     assert key.prompt_tokens == len(tok.encode_raw(text)) + 1
-    assert keys.for_chat(body(add_special_tokens=False), None) == key_of_text(keys, tok, text)
+    assert keys.key(parse_chat(body(add_special_tokens=False))) == key_of_text(keys, tok, text)
     # a truthy tokenize kwarg: the template encodes the text itself, without special tokens
     tokenized = body(add_special_tokens=True, chat_template_kwargs={"tokenize": True})
-    assert keys.for_chat(tokenized, None) == key_of_text(keys, tok, text)
+    assert keys.key(parse_chat(tokenized)) == key_of_text(keys, tok, text)
 
 
 @pytest.mark.parametrize(
@@ -218,14 +220,14 @@ def test_malformed_fields_are_bad_requests(
     tok: HfChatTokenizer, fields: dict[str, Any], param: str
 ) -> None:
     with pytest.raises(BadRequestError) as err:
-        keys_of(tok).for_chat(body(**fields), None)
+        keys_of(tok).key(parse_chat(body(**fields)))
     assert err.value.param == param
 
 
 def test_null_request_template_is_no_template(tok: HfChatTokenizer) -> None:
-    plain = keys_of(tok).for_chat(body(), None)
+    plain = keys_of(tok).key(parse_chat(body()))
     request = body(chat_template=None, chat_template_kwargs={"chat_template": None})
-    assert keys_of(tok).for_chat(request, None) == plain
+    assert keys_of(tok).key(parse_chat(request)) == plain
 
 
 def test_template_failures_on_kwarg_values_are_bad_requests(tmp_path: Path) -> None:
@@ -234,9 +236,9 @@ def test_template_failures_on_kwarg_values_are_bad_requests(tmp_path: Path) -> N
     template = "{{ messages[0].content }}{{ budget + 1 }}"
     tok = HfChatTokenizer.from_dir(write_model(tmp_path, template))
     keys = keys_of(tok)
-    assert keys.for_chat(body(chat_template_kwargs={"budget": 1}), None).units > 0
+    assert keys.key(parse_chat(body(chat_template_kwargs={"budget": 1}))).units > 0
     with pytest.raises(BadRequestError):
-        keys.for_chat(body(chat_template_kwargs={"budget": "x"}), None)
+        keys.key(parse_chat(body(chat_template_kwargs={"budget": "x"})))
 
 
 json_values = st.recursive(
@@ -277,7 +279,7 @@ def test_arbitrary_fields_only_ever_raise_bad_request(
 ) -> None:
     messages = [*USER, {"role": "assistant", "content": "so"}]
     try:
-        key = keys_of(shared_tok).for_chat(body(messages, **extra), None)
+        key = keys_of(shared_tok).key(parse_chat(body(messages, **extra)))
     except BadRequestError as err:
         param = err.param
     else:
@@ -289,10 +291,10 @@ def test_emulator_tokenizer_keys_what_the_emulator_renders() -> None:
     """The emulator's server reads ``add_generation_prompt`` only; its tokenizer, used as the
     gateway's, must key the same ids for the same body."""
     tok = EmulatorTokenizer()
-    keys = KeyBuilder(KeySpec(mode="tokens", block_size=BS), tok)
+    keys = key_builder(KeySpec(mode="tokens", block_size=BS), tok)
     for request in (body(), body(add_generation_prompt=False)):
         ids = chat_prompt_ids(request, tok)
-        assert keys.for_chat(request, None).prompt_tokens == len(ids)
+        assert keys.key(parse_chat(request)).prompt_tokens == len(ids)
     assert len(chat_prompt_ids(body(add_generation_prompt=False), tok)) < len(
         chat_prompt_ids(body(), tok)
     )

@@ -15,9 +15,10 @@ from urllib.parse import urlsplit
 import pytest
 import typer
 import yaml
-from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc
+from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc, gateway_file
 from typer.testing import CliRunner
 
+from support.waiting import wait_until_sync
 from warmfleet.gateway import cli as gateway_cli
 
 BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -40,20 +41,11 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(doc))
 
 
-def _until(predicate: Any, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
-
-
 @pytest.mark.e2e
 def test_serve_sighup_reload_and_sigterm(tmp_path: Path) -> None:
     with ThreadedGateway(None, ["a", "b"]) as fleet:
         doc = gateway_doc(fleet.backends)
-        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
-        path = tmp_path / "gateway.yaml"
-        _write(path, doc)
+        path = gateway_file(tmp_path, doc)
         with GatewayProcess(path) as gw:
             assert {_post(gw.url)[1] for _ in range(4)} == {"a", "b"}
 
@@ -62,12 +54,12 @@ def test_serve_sighup_reload_and_sigterm(tmp_path: Path) -> None:
             variant["routing"] = {"strategy": {"type": "prefix_affinity"}}
             _write(path, doc)
             gw.signal(signal.SIGHUP)
-            _until(lambda: all(_post(gw.url) == (200, "b") for _ in range(4)))
+            wait_until_sync(lambda: all(_post(gw.url) == (200, "b") for _ in range(4)))
 
             variant["routing"] = {"strategy": {"type": "no_such_strategy"}}
             _write(path, doc)
             gw.signal(signal.SIGHUP)
-            _until(lambda: "rejected" in gw.stderr())
+            wait_until_sync(lambda: "rejected" in gw.stderr())
             assert "routing.strategy" in gw.stderr()  # the field is named
             assert _post(gw.url) == (200, "b")  # the old config stays
 
@@ -129,6 +121,7 @@ def _stream(url: str) -> bytes:
         conn.close()
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_sighup_during_the_graceful_stop_does_not_kill_the_gateway(tmp_path: Path) -> None:
     """Regression: the SIGHUP handler was removed before the graceful stop, so a SIGHUP then
@@ -141,12 +134,10 @@ def test_sighup_during_the_graceful_stop_does_not_kill_the_gateway(tmp_path: Pat
         gate = asyncio.Event()
         backend.gate = gate  # the stream stalls after its first chunk until released
         doc = gateway_doc(fleet.backends)
-        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
-        path = tmp_path / "gateway.yaml"
-        _write(path, doc)
+        path = gateway_file(tmp_path, doc)
         with GatewayProcess(path) as gw, ThreadPoolExecutor(1) as pool:
             stream = pool.submit(_stream, gw.url)
-            _until(lambda: backend.stats.streams_started == 1)
+            wait_until_sync(lambda: backend.stats.streams_started == 1)
             gw.signal(signal.SIGTERM)  # stop: the stream in progress gets up to 5 s
             time.sleep(0.3)
             gw.signal(signal.SIGHUP)

@@ -14,7 +14,9 @@ from warmfleet.core.errors import BadRequestError
 from warmfleet.emulator.protocol import completion_prompt_ids
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.gateway.tokenizer import HfChatTokenizer
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import KeyBuilder, key_builder
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import parse_completions
 
 PROMPT = "<|im_start|>user\nwhere is the cache?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -24,7 +26,7 @@ def completion(**fields: Any) -> dict[str, Any]:
 
 
 def _keys(tok: Any, mode: str = "tokens") -> KeyBuilder:
-    return KeyBuilder(KeySpec(mode=mode, block_size=BS), tok)
+    return key_builder(KeySpec(mode=mode, block_size=BS), tok)
 
 
 def test_the_key_follows_add_special_tokens(tmp_path: Path) -> None:
@@ -34,11 +36,11 @@ def test_the_key_follows_add_special_tokens(tmp_path: Path) -> None:
     with_bos = keys.from_token_ids(tok.encode_raw("<s>" + PROMPT), seed, 16, BS)
     without = keys.from_token_ids(tok.encode_raw(PROMPT), seed, 16, BS)
     assert with_bos != without
-    assert keys.for_completions(completion(), None) == with_bos
-    assert keys.for_completions(completion(add_special_tokens=True), None) == with_bos
-    assert keys.for_completions(completion(add_special_tokens=False), None) == without
-    batch = keys.for_completions(
-        completion(prompt=[PROMPT, PROMPT], add_special_tokens=False), None
+    assert keys.key(parse_completions(completion())) == with_bos
+    assert keys.key(parse_completions(completion(add_special_tokens=True))) == with_bos
+    assert keys.key(parse_completions(completion(add_special_tokens=False))) == without
+    batch = keys.key(
+        parse_completions(completion(prompt=[PROMPT, PROMPT], add_special_tokens=False))
     )
     assert batch.prompt_tokens == 2 * without.prompt_tokens
 
@@ -48,9 +50,9 @@ def test_a_wrong_type_is_a_400_in_tokens_mode_only(tmp_path: Path, value: object
     """null too: vLLM declares the field ``bool`` with a default, so null fails validation."""
     tok = HfChatTokenizer.from_dir(write_model(tmp_path))
     with pytest.raises(BadRequestError) as err:
-        _keys(tok).for_completions(completion(add_special_tokens=value), None)
+        _keys(tok).key(parse_completions(completion(add_special_tokens=value)))
     assert err.value.param == "add_special_tokens"
-    _keys(tok, "text").for_completions(completion(add_special_tokens="no"), None)  # not read
+    _keys(tok, "text").key(parse_completions(completion(add_special_tokens="no")))  # not read
 
 
 @pytest.mark.parametrize("special", [True, False])
@@ -59,6 +61,6 @@ def test_the_emulator_tokenizer_keys_what_the_emulator_encodes(special: bool) ->
     body = completion(add_special_tokens=special)
     ids = completion_prompt_ids(body, tok)
     keys = _keys(tok)
-    assert keys.for_completions(body, None) == keys.from_token_ids(
+    assert keys.key(parse_completions(body)) == keys.from_token_ids(
         ids, keys.seed("m", None, None), 16, BS
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,7 +31,7 @@ from warmfleet.core.types import Reason
 from warmfleet.gateway.config import GatewayConfig, parse_gateway_config
 from warmfleet.gateway.health import HealthMonitor
 from warmfleet.gateway.server import StartedApp
-from warmfleet.gateway.state import VariantRuntime
+from warmfleet.gateway.variant import VariantRuntime
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "tell me"}]}
 # Probes get a quarter second: on a loaded 2-core box a 0.1 s probe timeout fails healthy probes.
@@ -230,6 +231,25 @@ def _sample(metrics: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+class _SkippableClock:
+    """The gateway's clock of passive ejections: ``time.monotonic()`` plus the time a test
+    skipped, so an ejection ends without the test sleeping through it (virtual time: the
+    ejection timer reads only this clock; health rounds and read timeouts stay real)."""
+
+    def __init__(self) -> None:
+        self.skipped_s = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skipped_s
+
+
+async def _skip_ejection(client: _Client, clock: _SkippableClock, iid: str) -> None:
+    """Skip what is left of ``iid``'s ejection time on ``clock`` (nothing if it has passed)."""
+    remaining_s = (await client.outlier(iid))["outlier"]["ejection_remaining_s"]
+    if remaining_s > 0:
+        clock.skipped_s += remaining_s + 0.01  # the admin view rounds it to the millisecond
+
+
 async def _until_standing(client: _Client, iid: str, standing: str) -> None:
     for _ in range(200):  # bounded: at most ~20 s
         if (await client.outlier(iid))["outlier"]["standing"] == standing:
@@ -259,25 +279,33 @@ async def _first_sent_to(client: _Client, inst: WedgedInstance, marker: str) -> 
 
 
 @asynccontextmanager
-async def _wedged_fleet() -> AsyncIterator[tuple[WedgedInstance, StartedApp, _Client]]:
-    """A wedged instance ``w`` and a working backend ``b`` behind a gateway; its client."""
+async def _wedged_fleet() -> AsyncIterator[
+    tuple[WedgedInstance, StartedApp, _Client, _SkippableClock]
+]:
+    """A wedged instance ``w`` and a working backend ``b`` behind a gateway; its client and its
+    clock of ejections."""
     wedged = WedgedInstance("w")
+    clock = _SkippableClock()
     await wedged.start()
     try:
         async with backends_running("b") as backends:
             config = _wedged_config(backends[0], wedged)
-            async with gateway_running(config) as gw, aiohttp.ClientSession() as session:
-                yield wedged, gw, _Client(session, gw.url)
+            async with (
+                gateway_running(config, clock=clock) as gw,
+                aiohttp.ClientSession() as session,
+            ):
+                yield wedged, gw, _Client(session, gw.url), clock
     finally:
         await wedged.stop()
 
 
+@pytest.mark.slow
 async def test_wedged_instance_retried_ejected_and_readmitted_only_by_requests() -> None:
-    async with _wedged_fleet() as (wedged, gw, client):
+    async with _wedged_fleet() as (wedged, gw, client, clock):
         variant = gw.gateway.state.default_endpoint().variant("v1")
         await _phase_eject(client, wedged, gw.gateway.metrics.render)
         await _phase_probes_do_not_readmit(client, wedged, gw.gateway.health, variant)
-        await _phase_probation(client, wedged, variant, gw.gateway.metrics.render)
+        await _phase_probation(client, clock, wedged, variant, gw.gateway.metrics.render)
 
 
 async def _phase_eject(
@@ -329,10 +357,15 @@ async def _phase_probes_do_not_readmit(
 
 
 async def _phase_probation(
-    client: _Client, wedged: WedgedInstance, variant: VariantRuntime, render: Callable[[], bytes]
+    client: _Client,
+    clock: _SkippableClock,
+    wedged: WedgedInstance,
+    variant: VariantRuntime,
+    render: Callable[[], bytes],
 ) -> None:
     """After its ejection time it is on probation: still wedged, its one request fails and it
     is ejected again, for twice as long; answering again, one request readmits it."""
+    await _skip_ejection(client, clock, "w")
     await _until_standing(client, "w", "probation")
     user = await _until_sent_to(client, wedged, 100)
     state = (await client.outlier("w"))["outlier"]
@@ -342,6 +375,7 @@ async def _phase_probation(
     assert client.failed == 0
 
     wedged.wedged = False
+    await _skip_ejection(client, clock, "w")
     await _until_standing(client, "w", "probation")
     await _until_sent_to(client, wedged, user)
     state = await client.outlier("w")
@@ -355,11 +389,12 @@ async def _phase_probation(
     assert _sample(metrics, "warmfleet_gateway_ejections_total", instance_id="w") == 2
 
 
+@pytest.mark.slow
 async def test_wedged_instance_concurrent_rounds_none_fails() -> None:
     """The finding's load: two rounds of the same 10 prompts, each round sent at once. The
     requests hanging on the wedged instance time out together; each is retried on b; the
     instance is ejected once (the timeouts after the third find it ejected already)."""
-    async with _wedged_fleet() as (wedged, gw, client):
+    async with _wedged_fleet() as (wedged, gw, client, _clock):
         await asyncio.gather(*(client.chat(u) for u in range(10)))
         assert wedged.completions_held >= OUTLIER["consecutive_failures"]
         await asyncio.gather(*(client.chat(u) for u in range(10)))

@@ -10,8 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-import yaml
-from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc
+from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc, gateway_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -151,13 +150,12 @@ def _check(status: int, ctype: str, data: bytes) -> None:
     assert error["code"] == status
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_malformed_requests_get_4xx_json(tmp_path: Path) -> None:
     with ThreadedGateway(None, ["a", "b"]) as fleet:
         doc = gateway_doc(fleet.backends, limits={"max_body_bytes": MAX_BODY_BYTES})
-        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
-        path = tmp_path / "gateway.yaml"
-        path.write_text(yaml.safe_dump(doc))
+        path = gateway_file(tmp_path, doc)
         with GatewayProcess(path, module=True) as gw:
             split = urlsplit(gw.url)
             assert split.hostname is not None
@@ -224,13 +222,12 @@ def large_malformed(draw: st.DrawFn) -> bytes:
     return _dump({"model": "no-such-model", "messages": [pad]})
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_large_malformed_bodies_on_fresh_connections_get_4xx_json(tmp_path: Path) -> None:
     with ThreadedGateway(None, ["a"]) as fleet:
         doc = gateway_doc(fleet.backends)
-        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
-        path = tmp_path / "gateway.yaml"
-        path.write_text(yaml.safe_dump(doc))
+        path = gateway_file(tmp_path, doc)
         with GatewayProcess(path, module=True) as gw:
             split = urlsplit(gw.url)
             sent: list[int] = []

@@ -13,7 +13,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from warmfleet.gateway.metrics import FastCounter, FastGauge, FastHistogram
 from warmfleet.routing.chains import SpanMemo, chain_buffer
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import key_builder
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import parse_chat
 
 _BUCKETS = (0.00005, 0.0001, 0.0005, 0.001, 0.01, 1.0)
 
@@ -39,14 +41,14 @@ def test_span_memo_equals_chain_buffer(
 
 
 def test_key_builder_keys_unchanged_by_the_memo() -> None:
-    builder = KeyBuilder(KeySpec())
+    builder = key_builder(KeySpec())
     shared = "shared system prompt " * 120
     bodies = [
         {"model": "m", "messages": [{"role": "user", "content": shared + f"q{i} " * 50}]}
         for i in range(6)
     ]
     for body in [*bodies, *bodies]:
-        key = builder.for_chat(body, None)
+        key = builder.key(parse_chat(body))
         text = "\x1euser\x1f\x1f\x1f" + body["messages"][0]["content"]  # type: ignore[index]
         seed = builder.seed("m", None, None)
         assert key.block_hashes == chain_buffer(text.encode(), 1, 128, 1 << 20, seed)

@@ -5,13 +5,19 @@ reloads that change the Service."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-from gateway_support import MODEL, FakeBackend, backends_running, gateway_doc, wait_until
+from gateway_support import (
+    MODEL,
+    FakeBackend,
+    backends_running,
+    gateway_doc,
+    gateway_running,
+)
 
+from support.waiting import wait_until
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.server import StartedApp, start_app
@@ -69,15 +75,9 @@ def k8s_variant(api: str, service: str, **extra: Any) -> dict[str, Any]:
     return {"name": "v1", "models": [MODEL], "discovery": discovery}
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def ask(http: aiohttp.ClientSession, gw: StartedApp) -> tuple[int, str | None]:
+async def ask(session: aiohttp.ClientSession, gw: StartedApp) -> tuple[int, str | None]:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    async with http.post(gw.url + "/v1/chat/completions", json=body) as resp:
+    async with session.post(gw.url + "/v1/chat/completions", json=body) as resp:
         await resp.read()
         return resp.status, resp.headers.get("x-warmfleet-instance")
 
@@ -86,60 +86,58 @@ def ids(gw: StartedApp) -> list[str]:
     return sorted(gw.gateway.state.default_endpoint().variant("v1").instances)
 
 
-async def test_follows_the_services_endpointslices(kmock: Any, http: aiohttp.ClientSession) -> None:
+async def test_follows_the_services_endpointslices(
+    kmock: Any, session: aiohttp.ClientSession
+) -> None:
     declare(kmock)
     api = str(kmock.url).rstrip("/")
     async with backends_running("a", "b") as (a, b):
-        await http.post(api + SLICES, json=slice_body("llama-a", "llama", {a: True}))
-        await http.post(api + SLICES, json=slice_body("mistral-x", "mistral", {b: True}))
+        await session.post(api + SLICES, json=slice_body("llama-a", "llama", {a: True}))
+        await session.post(api + SLICES, json=slice_body("mistral-x", "mistral", {b: True}))
         doc = gateway_doc([], variants=[k8s_variant(api, "llama")], admin_token=TOKEN)
-        gw = await start_app(create_app(parse_gateway_config(doc)))
-        try:
+        async with gateway_running(parse_gateway_config(doc)) as gw:
             disc = gw.gateway.kube_discovery
             await wait_until(lambda: ids(gw) == ["pod-a"])  # the other Service's slice is not ours
-            assert await ask(http, gw) == (200, "pod-a")
+            assert await ask(session, gw) == (200, "pod-a")
 
-            await http.post(api + SLICES, json=slice_body("llama-b", "llama", {b: False}))
-            await http.patch(
+            await session.post(api + SLICES, json=slice_body("llama-b", "llama", {b: False}))
+            await session.patch(
                 api + f"{SLICES}/llama-a",
                 json={"endpoints": slice_body("llama-a", "llama", {a: False})["endpoints"]},
             )
             await wait_until(lambda: ids(gw) == [])  # both known, neither ready
-            assert (await ask(http, gw))[0] == 503
+            assert (await ask(session, gw))[0] == 503
 
-            await http.patch(
+            await session.patch(
                 api + f"{SLICES}/llama-b",
                 json={"endpoints": slice_body("llama-b", "llama", {b: True})["endpoints"]},
             )
             await wait_until(lambda: ids(gw) == ["pod-b"])
-            assert await ask(http, gw) == (200, "pod-b")
-            await http.delete(api + f"{SLICES}/llama-b")
+            assert await ask(session, gw) == (200, "pod-b")
+            await session.delete(api + f"{SLICES}/llama-b")
             await wait_until(lambda: ids(gw) == [])
             assert disc.loads >= 4
             assert disc.errors == 0
 
-            async with http.put(
+            async with session.put(
                 gw.url + "/admin/v1/endpoints/main/variants/v1/instances",
                 json=[],
                 headers={"Authorization": f"Bearer {TOKEN}"},
             ) as resp:  # the Service is the source of truth, not the admin API
                 assert resp.status == 409
                 assert "EndpointSlices of Service default/llama" in await resp.text()
-        finally:
-            await gw.stop()
 
 
 async def test_api_failures_keep_the_instances_and_reload_switches_service(
-    kmock: Any, http: aiohttp.ClientSession, unused_tcp_port: int
+    kmock: Any, session: aiohttp.ClientSession, unused_tcp_port: int
 ) -> None:
     declare(kmock)
     api = str(kmock.url).rstrip("/")
     async with backends_running("a", "b") as (a, b):
-        await http.post(api + SLICES, json=slice_body("llama-a", "llama", {a: True}))
-        await http.post(api + SLICES, json=slice_body("mistral-b", "mistral", {b: True}))
+        await session.post(api + SLICES, json=slice_body("llama-a", "llama", {a: True}))
+        await session.post(api + SLICES, json=slice_body("mistral-b", "mistral", {b: True}))
         doc = gateway_doc([], variants=[k8s_variant(api, "llama")])
-        gw = await start_app(create_app(parse_gateway_config(doc)))
-        try:
+        async with gateway_running(parse_gateway_config(doc)) as gw:
             disc = gw.gateway.kube_discovery
             await wait_until(lambda: ids(gw) == ["pod-a"])
 
@@ -151,7 +149,7 @@ async def test_api_failures_keep_the_instances_and_reload_switches_service(
             )
             await wait_until(lambda: disc.errors >= 2)
             assert ids(gw) == ["pod-a"]
-            assert await ask(http, gw) == (200, "pod-a")
+            assert await ask(session, gw) == (200, "pod-a")
 
             # A reload that names another Service: the watcher restarts on it.
             gw.gateway.apply(
@@ -159,9 +157,7 @@ async def test_api_failures_keep_the_instances_and_reload_switches_service(
                 "test",
             )
             await wait_until(lambda: ids(gw) == ["pod-b"])
-            assert await ask(http, gw) == (200, "pod-b")
-        finally:
-            await gw.stop()
+            assert await ask(session, gw) == (200, "pod-b")
         watchers = [
             t for t in asyncio.all_tasks() if t.get_name().startswith("warmfleet-gateway-k8s")
         ]
@@ -169,7 +165,7 @@ async def test_api_failures_keep_the_instances_and_reload_switches_service(
 
 
 async def test_a_crashed_watcher_is_restarted(
-    kmock: Any, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+    kmock: Any, session: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug in a watcher (not an API error) is logged, counted, and the watcher starts again."""
     declare(kmock)
@@ -185,15 +181,12 @@ async def test_a_crashed_watcher_is_restarted(
 
     monkeypatch.setattr(ListWatch, "list_and_watch", buggy_once)
     async with backends_running("a") as (a,):
-        await http.post(api + SLICES, json=slice_body("llama-a", "llama", {a: True}))
+        await session.post(api + SLICES, json=slice_body("llama-a", "llama", {a: True}))
         doc = gateway_doc([], variants=[k8s_variant(api, "llama")])
-        gw = await start_app(create_app(parse_gateway_config(doc)))
-        try:
+        async with gateway_running(parse_gateway_config(doc)) as gw:
             await wait_until(lambda: ids(gw) == ["pod-a"])
             assert gw.gateway.kube_discovery.errors == 1
             assert len(calls) >= 2
-        finally:
-            await gw.stop()
 
 
 def declare_endpoints(kmock: Any) -> None:
@@ -218,7 +211,7 @@ def inference_endpoint(name: str, strategy: str = "prefix_affinity") -> dict[str
 
 
 async def test_endpoints_follow_the_inference_endpoints(
-    kmock: Any, http: aiohttp.ClientSession
+    kmock: Any, session: aiohttp.ClientSession
 ) -> None:
     """``spec.inference_endpoints``: one endpoint per InferenceEndpoint, its variants on the
     operator's per-variant Services, chosen by the request's model; they follow the objects."""
@@ -237,15 +230,17 @@ async def test_endpoints_follow_the_inference_endpoints(
     doc["spec"]["inference_endpoints"] = {"namespace": NS, **access}
     doc["spec"]["model_selects_endpoint"] = True
     async with backends_running("a", "b") as (a, b):
-        await http.post(api + SLICES, json=slice_body("llama-main-x", "llama-main", {a: True}))
-        await http.post(api + SLICES, json=slice_body("mistral-main-x", "mistral-main", {b: True}))
-        await http.post(api + objects, json=inference_endpoint("llama"))
+        await session.post(api + SLICES, json=slice_body("llama-main-x", "llama-main", {a: True}))
+        await session.post(
+            api + SLICES, json=slice_body("mistral-main-x", "mistral-main", {b: True})
+        )
+        await session.post(api + objects, json=inference_endpoint("llama"))
         bad = inference_endpoint("broken")
         del bad["spec"]["image"]
-        await http.post(api + objects, json=bad)
+        await session.post(api + objects, json=bad)
         tokens = inference_endpoint("tokens")  # key mode tokens, but the gateway has no tokenizer
         tokens["spec"]["variants"][0]["routing"]["key"] = {"mode": "tokens"}
-        await http.post(api + objects, json=tokens)
+        await session.post(api + objects, json=tokens)
         gw = await start_app(create_app(parse_gateway_config(doc)))
         state = gw.gateway.state
 
@@ -256,7 +251,7 @@ async def test_endpoints_follow_the_inference_endpoints(
 
         async def ask_model(model: str) -> tuple[int, str | None]:
             body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-            async with http.post(gw.url + "/v1/chat/completions", json=body) as resp:
+            async with session.post(gw.url + "/v1/chat/completions", json=body) as resp:
                 await resp.read()
                 return resp.status, resp.headers.get("x-warmfleet-instance")
 
@@ -266,10 +261,10 @@ async def test_endpoints_follow_the_inference_endpoints(
             assert await ask_model("llama") == (200, "pod-a")
             assert (await ask_model("mistral"))[0] == 404
 
-            await http.post(api + objects, json=inference_endpoint("mistral"))
+            await session.post(api + objects, json=inference_endpoint("mistral"))
             await wait_until(lambda: served() == {"llama": ["pod-a"], "mistral": ["pod-b"]})
             assert await ask_model("mistral") == (200, "pod-b")
-            async with http.get(gw.url + "/v1/models") as resp:
+            async with session.get(gw.url + "/v1/models") as resp:
                 listed = sorted(m["id"] for m in (await resp.json())["data"])
             assert listed == ["llama", "mistral"]
 
@@ -277,7 +272,7 @@ async def test_endpoints_follow_the_inference_endpoints(
             assert llama.routing_config.strategy.type == "prefix_affinity"
             patch = {"spec": {"variants": [{"name": "main", "routing": {"strategy": {
                 "type": "round_robin"}}}]}}  # fmt: skip
-            await http.patch(api + f"{objects}/llama", json=patch)
+            await session.patch(api + f"{objects}/llama", json=patch)
             await wait_until(
                 lambda: (
                     state.endpoint("llama").variant("main").routing_config.strategy.type
@@ -288,11 +283,11 @@ async def test_endpoints_follow_the_inference_endpoints(
             assert sorted(llama.instances) == ["pod-a"]  # its instances stay
 
             syncs = gw.gateway.endpoint_syncs
-            await http.patch(api + f"{objects}/llama", json={"status": {"phase": "Ready"}})
+            await session.patch(api + f"{objects}/llama", json={"status": {"phase": "Ready"}})
             await asyncio.sleep(0.3)  # the event arrives; nothing for the gateway in it
             assert gw.gateway.endpoint_syncs == syncs
 
-            await http.delete(api + f"{objects}/mistral")
+            await session.delete(api + f"{objects}/mistral")
             await wait_until(lambda: served() == {"llama": ["pod-a"]})
             assert (await ask_model("mistral"))[0] == 404
             assert gw.gateway.endpoint_sync_errors == 0
@@ -301,7 +296,7 @@ async def test_endpoints_follow_the_inference_endpoints(
 
 
 async def test_admin_changes_survive_inference_endpoint_changes(
-    kmock: Any, http: aiohttp.ClientSession
+    kmock: Any, session: aiohttp.ClientSession
 ) -> None:
     """An admin change to an endpoint of the document outlives a change of the
     InferenceEndpoints (only a reload replaces it); a derived endpoint's routing is the object's
@@ -316,28 +311,28 @@ async def test_admin_changes_survive_inference_endpoint_changes(
         doc = gateway_doc([a], admin_token=TOKEN)
         doc["spec"]["inference_endpoints"] = {"namespace": NS, "retry_interval_s": 0.05, **access}
         doc["spec"]["model_selects_endpoint"] = True
-        await http.post(api + SLICES, json=slice_body("llama-main-x", "llama-main", {c: True}))
+        await session.post(api + SLICES, json=slice_body("llama-main-x", "llama-main", {c: True}))
         gw = await start_app(create_app(parse_gateway_config(doc)))
         state = gw.gateway.state
         admin = gw.url + "/admin/v1/endpoints/{}/variants/{}/{}"
         try:
             least = {"strategy": {"type": "least_outstanding_requests"}}
-            async with http.put(admin.format("main", "v1", "routing"), json=least, headers=auth):
+            async with session.put(admin.format("main", "v1", "routing"), json=least, headers=auth):
                 pass
-            async with http.post(
+            async with session.post(
                 admin.format("main", "v1", "instances"),
                 json={"id": "b", "url": b.url},
                 headers=auth,
             ) as resp:
                 assert resp.status == 201
-            await http.post(api + objects, json=inference_endpoint("llama"))
+            await session.post(api + objects, json=inference_endpoint("llama"))
             await wait_until(lambda: "llama" in state.endpoints)
             main = state.endpoint("main").variant("v1")
             assert main.routing_config.strategy.type == "least_outstanding_requests"
             assert sorted(main.instances) == ["a", "b"]
             assert gw.gateway.derived_endpoints == {"llama"}
 
-            async with http.put(
+            async with session.put(
                 admin.format("llama", "main", "routing"), json=least, headers=auth
             ) as resp:
                 assert resp.status == 409
@@ -345,7 +340,7 @@ async def test_admin_changes_survive_inference_endpoint_changes(
             assert state.endpoint("llama").variant("main").routing_config.strategy.type == (
                 "prefix_affinity"
             )
-            await http.delete(api + f"{objects}/llama")
+            await session.delete(api + f"{objects}/llama")
             await wait_until(lambda: "llama" not in state.endpoints)
             assert gw.gateway.derived_endpoints == frozenset()
             assert main.routing_config.strategy.type == "least_outstanding_requests"

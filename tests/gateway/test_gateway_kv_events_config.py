@@ -4,10 +4,9 @@ fleet that publishes vLLM-style KV events (no vLLM needed)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,8 @@ import yaml
 import zmq
 import zmq.asyncio
 
+from support.waiting import wait_until
+from warmfleet.bench.live_procs import free_port
 from warmfleet.core.errors import ConfigError
 from warmfleet.emulator.config import build_spec
 from warmfleet.emulator.fleet import EmulatedFleet
@@ -31,13 +32,6 @@ MODEL = "warmfleet-emulated"
 BLOCK = 16
 TOKEN = "kv-events-admin-token-0123"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def words(seed: int, count: int) -> str:
@@ -125,15 +119,6 @@ def test_text_mode_gateway_has_no_kv_events() -> None:
 
 
 # ---- exact mode over the emulator ----------------------------------------------------------------
-
-
-async def poll(predicate: Callable[[], bool], what: str, limit_s: float = 20.0) -> None:
-    """Wait for ``predicate`` (a liveness bound, not a timing assertion)."""
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached: {what}")
-        await asyncio.sleep(0.02)
 
 
 def modes(started: StartedApp) -> dict[str, str]:
@@ -228,7 +213,11 @@ async def test_exact_mode_from_config_routes_on_engine_events(
         held = held_blocks(service, target)
         direct, _ = await chat(session, fleet.urls[d % 2], doc, "first question")
         assert cached_tokens(direct) == 0
-        await poll(lambda t=target, h=held: held_blocks(service, t) >= h + 12, "doc events")  # type: ignore[misc]
+        await wait_until(
+            lambda t=target, h=held: held_blocks(service, t) >= h + 12,  # type: ignore[misc]
+            step_s=0.02,
+            what="doc events",
+        )
         response, instance = await chat(session, started.url, doc, "second question")
         assert instance == target
         assert cached_tokens(response) >= 12 * BLOCK  # the engine agrees: a real hit
@@ -306,7 +295,11 @@ async def test_gap_falls_back_to_approximate_then_resyncs(
     assert service is not None
     held = held_blocks(service, "emu-0")
     await chat(session, fleet.urls[0], doc, "first")
-    await poll(lambda: held_blocks(service, "emu-0") >= held + 12, "the document's events")
+    await wait_until(
+        lambda: held_blocks(service, "emu-0") >= held + 12,
+        step_s=0.02,
+        what="the document's events",
+    )
     assert modes(started)["emu-0"] == "exact"
     response, instance = await chat(session, started.url, doc, "second")
     assert instance == "emu-0"

@@ -18,9 +18,9 @@ from gateway_support import (
     gateway_doc,
     gateway_running,
     parse_sse,
-    wait_until,
 )
 
+from support.waiting import wait_until
 from warmfleet.core.config import parse_document
 from warmfleet.gateway.config import load_gateway_config
 

@@ -19,8 +19,7 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
-import yaml
-from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc
+from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc, gateway_file
 
 MiB = 1 << 20
 BODY_BYTES = 7_900_000  # under the default 8 MiB body limit
@@ -103,14 +102,13 @@ GC_MODES = {
 def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GatewayProcess]:
     with ThreadedGateway(None, ["a"]) as fleet:
         doc = gateway_doc(fleet.backends, limits={"body_read_timeout_s": 1.0})
-        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
-        path = tmp_path / "gateway.yaml"
-        path.write_text(yaml.safe_dump(doc))
+        path = gateway_file(tmp_path, doc)
         with GatewayProcess(path, command=GC_MODES[request.param]) as gw:
             yield gw
             assert "Traceback" not in gw.stderr()
 
 
+@pytest.mark.slow
 def test_large_rejected_bodies_and_408s_leave_no_memory_behind(gateway: GatewayProcess) -> None:
     split = urlsplit(gateway.url)
     addr = (split.hostname or "127.0.0.1", split.port or 80)
@@ -163,15 +161,14 @@ class _HugeAnswer(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
+@pytest.mark.slow
 def test_a_2gb_upstream_answer_is_relayed_as_it_arrives(tmp_path: Path) -> None:
     instance = ThreadingHTTPServer(("127.0.0.1", 0), _HugeAnswer)
     threading.Thread(target=instance.serve_forever, daemon=True).start()
     try:
         backend = SimpleNamespace(name="huge", url=f"http://127.0.0.1:{instance.server_port}")
         doc = gateway_doc([backend])  # type: ignore[list-item]
-        doc["spec"]["listen"] = {"host": "127.0.0.1", "port": 0}
-        path = tmp_path / "gateway.yaml"
-        path.write_text(yaml.safe_dump(doc))
+        path = gateway_file(tmp_path, doc)
         with GatewayProcess(path, module=True) as gw:
             split = urlsplit(gw.url)
             assert split.hostname is not None

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.config import parse_gateway_config
-from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.outlier import (
     EJECTED,
@@ -26,6 +25,7 @@ from warmfleet.gateway.outlier import (
     max_ejected,
 )
 from warmfleet.gateway.server_config import OutlierConfig
+from warmfleet.gateway.world import GatewayState
 
 TIMEOUT = FailureCause.TIMEOUT
 

@@ -16,9 +16,9 @@ from gateway_support import (
     gateway_doc,
     gateway_running,
     parse_sse,
-    wait_until,
 )
 
+from support.waiting import wait_until
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.config import parse_gateway_config
 

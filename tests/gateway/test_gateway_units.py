@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from warmfleet.core.errors import BadRequestError, ConfigError, NotFoundError
 from warmfleet.gateway.config import InstanceSpec, parse_gateway_config, parse_instance_list
-from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import openai_fields, parse_json_object
 from warmfleet.gateway.relay import SseFramer
+from warmfleet.gateway.world import GatewayState
 
 ROOT = Path(__file__).resolve().parents[2]
 

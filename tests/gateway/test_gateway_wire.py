@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from gateway_support import MODEL, backends_running, gateway_config, gateway_running
 
+from support.waiting import wait_until
 from warmfleet.gateway.errors import plain_error
 from warmfleet.gateway.http.listener import HttpServer
 from warmfleet.gateway.http.messages import Request, Response, ServerLimits
@@ -543,7 +544,7 @@ async def test_client_disconnect_cancels_the_handler() -> None:
         # the client has gone: the handler is cancelled promptly, not after its 30 s sleep
         await asyncio.wait_for(cancelled.wait(), WAIT_S)
         assert finished.is_set()
-        await asyncio.wait_for(_until(lambda: not server.connections), WAIT_S)
+        await wait_until(lambda: not server.connections, timeout_s=WAIT_S)
 
 
 async def test_idle_keep_alive_connection_is_closed_after_the_timeout() -> None:
@@ -554,7 +555,7 @@ async def test_idle_keep_alive_connection_is_closed_after_the_timeout() -> None:
         writer.write(get("/once"))
         assert (await read_answer(reader)).status == 200
         assert await read_to_eof(reader) == b""
-        await asyncio.wait_for(_until(lambda: not server.connections), WAIT_S)
+        await wait_until(lambda: not server.connections, timeout_s=WAIT_S)
 
 
 async def test_busy_connection_is_not_closed_by_the_idle_timeout() -> None:
@@ -579,7 +580,7 @@ async def test_stop_closes_idle_keep_alive_connections() -> None:
         async with client(port) as (reader, writer), client(port) as (reader2, _):
             writer.write(get("/x"))
             assert (await read_answer(reader)).status == 200
-            await asyncio.wait_for(_until(lambda: len(server.connections) == 2), WAIT_S)
+            await wait_until(lambda: len(server.connections) == 2, timeout_s=WAIT_S)
             started = time.monotonic()
             await server.stop(grace_s=5.0)
             assert time.monotonic() - started < 1.0  # nothing in flight: no grace wait
@@ -607,11 +608,6 @@ async def test_stop_lets_a_request_in_flight_finish() -> None:
         answer = await read_answer(reader)
         assert (answer.status, answer.body) == (200, b"GET /inflight ")
         assert await read_to_eof(reader) == b""
-
-
-async def _until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.01)
 
 
 # ---- the full gateway on a raw socket -----------------------------------------------------------

@@ -9,7 +9,6 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import Callable
 
 import pytest
 from gateway_support import MODEL, gateway_running
@@ -25,10 +24,10 @@ from test_gateway_wire import (
     post,
     read_answer,
     read_to_eof,
-    read_until_closed,
     serving,
 )
 
+from support.waiting import wait_until
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.errors import plain_error
 from warmfleet.gateway.http.messages import Request, Response
@@ -314,8 +313,8 @@ async def test_bodiless_answer_is_relayed_without_framing_or_body(status: int) -
         answer = await read_answer(reader)  # the very next bytes are the next answer
         assert (answer.status, answer.body) == (200, b'{"status":"ok"}')
         writer.write(request)
-        data, _ = await read_until_closed(reader)
-        assert data.startswith(b"HTTP/1.1 %d " % status)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
+        assert head.startswith(b"HTTP/1.1 %d " % status)
 
 
 async def test_client_gone_as_the_answer_completes_leaves_the_pooled_connection_alone(
@@ -357,7 +356,7 @@ async def test_client_gone_as_the_answer_completes_leaves_the_pooled_connection_
         monkeypatch.setattr(pool, "release", release_then_client_gone)
         async with client(gw.port) as (_, writer):
             writer.write(request)
-            await asyncio.wait_for(_until_true(lambda: bool(released)), WAIT_S)
+            await wait_until(lambda: bool(released), timeout_s=WAIT_S)
             await asyncio.sleep(0.05)  # the handler wakes up, cancelled
         assert not released[0].closed
         async with client(gw.port) as (reader, writer):
@@ -365,8 +364,3 @@ async def test_client_gone_as_the_answer_completes_leaves_the_pooled_connection_
             assert (await read_answer(reader)).status == 200
         assert len(released) == 2
         assert released[1] is released[0]  # the same upstream connection served both
-
-
-async def _until_true(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.01)

@@ -12,10 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.fleet_acceptance import ENDPOINT, endpoint_spec
 from warmfleet.api.resources import ModelSource
 from warmfleet.control.actions import NodeCacheAssignment
 from warmfleet.local import infra
-from warmfleet.local.acceptance import ENDPOINT, endpoint_spec
 from warmfleet.local.config import LocalFleet, origin_file
 from warmfleet.local.fleet import EmbeddedFleet
 from warmfleet.local.origin_proc import generate_model
@@ -33,6 +33,7 @@ async def _until(what: str, check: Callable[[], Any], timeout_s: float = 30.0) -
     raise AssertionError(f"timed out: {what}")
 
 
+@pytest.mark.slow
 async def test_agent_fills_notices_deletion_refills_and_evicts(tmp_path: Path) -> None:
     generate_model(tmp_path / "origin" / origin_file("m", "v1"), SIZE, "m@v1")
     origin = await start_child(
@@ -92,6 +93,7 @@ async def test_agent_fills_notices_deletion_refills_and_evicts(tmp_path: Path) -
     assert origin.proc.returncode is not None
 
 
+@pytest.mark.slow
 async def test_agent_takes_the_fleets_token_not_the_users(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -120,6 +122,7 @@ async def test_agent_takes_the_fleets_token_not_the_users(
         await stop_all([agent])
 
 
+@pytest.mark.slow
 async def test_the_fleet_assigns_with_its_own_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

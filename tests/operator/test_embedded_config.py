@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from http_support import serving
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.servers import serving
 from warmfleet.core.errors import ConfigError
 from warmfleet.emulator.weights import WeightsLoadError, load_weights
 from warmfleet.local.config import load_fleet, parse_fleet

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
-from warmfleet.local.acceptance import run_acceptance
+from harness.fleet_acceptance import run_acceptance
 from warmfleet.local.state import read_state, render
 
 
+@pytest.mark.slow
 async def test_rollover_and_cache_loss_lose_no_request(tmp_path: Path) -> None:
     out = await run_acceptance(
         tmp_path, 6_000_000, 6_000_000, replicas=1, concurrency=2, faults=("delete_cache",)

@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from http_support import serving
 
+from support.servers import serving
 from warmfleet.control.reconciler import plan
 from warmfleet.local.backoff import CrashBackoff
 from warmfleet.local.config import parse_fleet

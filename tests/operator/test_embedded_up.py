@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 FLEET = {
@@ -56,6 +57,7 @@ def _state(workdir: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
     fleet = dict(FLEET)
     fleet["spec"] = {**FLEET["spec"], "workdir": str(tmp_path / "w")}  # type: ignore[dict-item]

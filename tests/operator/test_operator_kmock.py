@@ -9,9 +9,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from http_support import Handler, serving
 from kmock_cluster import NS, FakeCluster, declare_resources, endpoint_body, forget_requests
 
+from support.servers import Handler, serving
 from warmfleet.api import names
 from warmfleet.control.load import in_flight_by_variant
 from warmfleet.kube import client as kube
@@ -141,6 +141,7 @@ async def test_create_gate_deploy_roll_delete(env: tuple[FakeCluster, Controller
     assert all(not labels for labels in (await cluster.managed_labels()).values())
 
 
+@pytest.mark.slow
 async def test_a_rolling_rollout_scales_the_old_deployment_down_as_the_new_one_grows(
     env: tuple[FakeCluster, Controller],
 ) -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -59,35 +59,31 @@ def test_plain_manifests_validate() -> None:
         k8s_validate(doc)
 
 
-def _render_helm(text: str, values: Obj) -> str:
-    """The chart uses plain substitutions only: {{ .Values.a.b }} and {{ .Release.Namespace }}."""
-
-    def sub(match: re.Match[str]) -> str:
-        expr = match.group(1).strip()
-        if expr == ".Release.Namespace":
-            return "warmfleet-system"
-        assert expr.startswith(".Values."), f"unsupported template expression {expr}"
-        node: Any = values
-        for part in expr.removeprefix(".Values.").split("."):
-            node = node[part]
-        return str(node)
-
-    rendered = re.sub(r"\{\{(.*?)\}\}", sub, text)
-    assert "{{" not in rendered
-    return rendered
-
-
-def test_helm_chart_renders_and_validates() -> None:
-    chart = DEPLOY / "helm/warmfleet"
-    values = yaml.safe_load((chart / "values.yaml").read_text())
-    assert yaml.safe_load((chart / "Chart.yaml").read_text())["apiVersion"] == "v2"
-    templates = sorted((chart / "templates").glob("*.yaml"))
-    assert len(templates) == 3
-    for template in templates:
-        for doc in yaml.safe_load_all(_render_helm(template.read_text(), values)):
-            k8s_validate(doc)
-    for crd_file in (chart / "crds").glob("*.yaml"):
-        k8s_validate(yaml.safe_load(crd_file.read_text()))
+def test_helm_chart_renders_with_helm_and_validates() -> None:
+    """Helm itself (its Go SDK, through helm-python-sdk) renders the chart: every object
+    validates, the gateway mounts a ConfigMap the chart creates, and values reach the objects."""
+    chart_dir = DEPLOY / "helm/warmfleet"
+    assert yaml.safe_load((chart_dir / "Chart.yaml").read_text())["apiVersion"] == "v2"
+    values = {"operator": {"watchNamespace": "serving"}, "image": {"tag": "9.9.9"}}
+    with helm.Chart.load(str(chart_dir)) as chart:
+        rendered = chart.render(values, name="warmfleet", namespace="warmfleet-system")
+        crds = chart.crds
+    assert len(rendered) == 3
+    objects = [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
+    for obj in objects:
+        k8s_validate(obj)
+        assert obj["metadata"].get("namespace", "warmfleet-system") == "warmfleet-system"
+    assert len(crds) == 3
+    for crd in crds:
+        k8s_validate(yaml.safe_load(crd["data"]))
+    by_kind = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    gateway = by_kind["Deployment", "warmfleet-gateway"]["spec"]["template"]["spec"]
+    (volume,) = gateway["volumes"]
+    config = by_kind["ConfigMap", volume["configMap"]["name"]]
+    document = parse_gateway_config(yaml.safe_load(config["data"]["gateway.yaml"]))
+    assert document.spec.inference_endpoints is not None
+    assert document.spec.inference_endpoints.namespace == "serving"
+    assert gateway["containers"][0]["image"].endswith(":9.9.9")
 
 
 def _walk(node: Any, path: str) -> None:
@@ -130,12 +126,16 @@ def test_example_validates_against_crd_and_model() -> None:
         crd_validate("InferenceEndpoint", {**doc, "spec": {**doc["spec"], "port": 0}})
 
 
-def test_gateway_example_follows_the_example_endpoints_variant_services() -> None:
-    """The gateway ConfigMap example is a valid ConfigMap holding a valid Gateway document that
-    derives the example endpoint's variants on the Services the operator creates for them, and
-    serves the model name the example's engines serve."""
-    doc = yaml.safe_load((DEPLOY / "examples/gateway-llama-3.1-70b.yaml").read_text())
+def test_installed_gateway_config_follows_the_example_endpoints_variant_services() -> None:
+    """The install creates the ConfigMap the gateway Deployment mounts: a valid Gateway document
+    that derives the example endpoint's variants on the Services the operator creates for them,
+    and serves the model name the example's engines serve."""
+    objects = gateway_objects(Values())
+    (doc,) = [o for o in objects if o["kind"] == "ConfigMap"]
     k8s_validate(doc)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    (volume,) = deployment["spec"]["template"]["spec"]["volumes"]
+    assert volume["configMap"]["name"] == doc["metadata"]["name"]
     gateway = parse_gateway_config(yaml.safe_load(doc["data"]["gateway.yaml"]))
     source = gateway.spec.inference_endpoints
     assert source is not None
@@ -202,10 +202,10 @@ def test_runtime_objects_and_statuses_validate() -> None:
         crd_validate("ImageCache", {"spec": wire(image.spec), "status": wire(image.status)})
 
 
-def test_gateway_liveness_probes_health_and_readiness_stays_tcp() -> None:
-    """A wedged event loop is restarted (/health answers from it); readiness does not use
-    /ready, which fails while any endpoint lacks a healthy engine (every gateway pod would
-    leave the Service at once)."""
+def test_gateway_liveness_probes_health_and_readiness_probes_the_gateway() -> None:
+    """A wedged event loop is restarted (/health answers from it); readiness is the gateway's
+    own (/ready?scope=gateway), not plain /ready, which fails while any endpoint lacks a healthy
+    engine (every gateway pod would leave the Service at once)."""
     deployment = next(o for o in gateway_objects(Values()) if o["kind"] == "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert {"name": "http", "containerPort": 8080} in container["ports"]
@@ -215,5 +215,10 @@ def test_gateway_liveness_probes_health_and_readiness_stays_tcp() -> None:
         "failureThreshold": 3,
         "timeoutSeconds": 2,
     }
-    assert container["readinessProbe"] == {"tcpSocket": {"port": "http"}}
+    assert container["readinessProbe"] == {
+        "httpGet": {"path": "/ready?scope=gateway", "port": "http"},
+        "periodSeconds": 5,
+        "failureThreshold": 2,
+        "timeoutSeconds": 2,
+    }
     k8s_validate(deployment)

@@ -14,6 +14,7 @@ from warmfleet.routing.base import Strategy
 from warmfleet.routing.config import PrefixAffinityConfig, PrefixHashConfig, RoutingConfig
 from warmfleet.routing.factory import build_strategy, strategy_config
 from warmfleet.routing.movement import moved_fraction
+from warmfleet.routing.parse import parse_chat
 from warmfleet.routing.router import Router
 from warmfleet.routing.strategies.prefix_affinity import PrefixAffinityStrategy, prefill_work
 from warmfleet.routing.strategies.prefix_hash import PrefixHashStrategy
@@ -123,7 +124,7 @@ def test_shared_system_prompt_with_distinct_suffixes_spreads() -> None:
             "model": "m",
             "messages": [system, {"role": "user", "content": f"user {user} says " * 150}],
         }
-        k = r.key_for_chat(body, None)
+        k = r.key(parse_chat(body))
         d = r.choose(k, fleet)
         r.on_routed(k, d)
         counts[d.instance_id] += 1
@@ -506,7 +507,7 @@ def test_a_replacing_router_keeps_what_the_old_one_learnt() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "shared doc " * 400}]}
     fleet = idle(4)
     old = Router(RoutingConfig(strategy=PrefixAffinityConfig()), random.Random(1))
-    first_key = old.key_for_chat(body, None)
+    first_key = old.key(parse_chat(body))
     first = old.choose(first_key, fleet)
     old.on_routed(first_key, first)
 
@@ -514,7 +515,7 @@ def test_a_replacing_router_keeps_what_the_old_one_learnt() -> None:
         new = Router(config, random.Random(2))
         new.adopt(old)
         new.on_instances_changed(fleet.ids())
-        return new.choose(new.key_for_chat(body, None), fleet)
+        return new.choose(new.key(parse_chat(body)), fleet)
 
     tuned = replaced(RoutingConfig(strategy=PrefixAffinityConfig(load_weight=0.5)))
     assert (tuned.instance_id, tuned.reason) == (first.instance_id, Reason.PREFIX_HIT)
@@ -527,4 +528,4 @@ def test_a_replacing_router_keeps_what_the_old_one_learnt() -> None:
     back = Router(RoutingConfig(strategy=PrefixAffinityConfig()), random.Random(3))
     back.adopt(new_kind)
     back.on_instances_changed(fleet.ids())
-    assert back.choose(back.key_for_chat(body, None), fleet).reason is Reason.NO_MATCH
+    assert back.choose(back.key(parse_chat(body)), fleet).reason is Reason.NO_MATCH

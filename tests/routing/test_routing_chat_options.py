@@ -26,6 +26,7 @@ from warmfleet.routing.chat_options import (
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import strategy_config
 from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import parse_chat
 from warmfleet.routing.router import Router
 
 
@@ -97,12 +98,12 @@ def test_precedence_follows_vllm_merge_kwargs() -> None:
 def test_tokens_mode_hands_the_options_to_the_tokenizer() -> None:
     tok = CharTokenizer()
     r = router(tok, mode="tokens", block_size=4)
-    with_prompt = r.key_for_chat(chat(), None)
-    without = r.key_for_chat(chat(add_generation_prompt=False), None)
+    with_prompt = r.key(parse_chat(chat()))
+    without = r.key(parse_chat(chat(add_generation_prompt=False)))
     assert tok.options is not None
     assert tok.options.add_generation_prompt is False
     assert with_prompt.prompt_tokens == without.prompt_tokens + len("assistant: ")
-    r.key_for_chat(chat(chat_template_kwargs={"enable_thinking": False}), None)
+    r.key(parse_chat(chat(chat_template_kwargs={"enable_thinking": False})))
     assert tok.options is not None
     assert tok.options.template_kwargs == {"enable_thinking": False}
 
@@ -123,7 +124,7 @@ def test_tokens_mode_hands_the_options_to_the_tokenizer() -> None:
 )
 def test_tokens_mode_refuses_malformed_fields(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(BadRequestError) as err:
-        router(CharTokenizer(), mode="tokens").key_for_chat(chat(**fields), None)
+        router(CharTokenizer(), mode="tokens").key(parse_chat(chat(**fields)))
     assert err.value.param == param
 
 
@@ -132,12 +133,12 @@ def test_text_and_bytes_modes_ignore_the_rendering_fields(mode: str) -> None:
     """They key a canonical rendering of the messages: the fields only change the prompt's
     tail, so they neither change the key nor are validated there."""
     r = router(mode=mode, block_size=16)
-    plain = r.key_for_chat(chat(), None)
+    plain = r.key(parse_chat(chat()))
     for extra in (
         {"add_generation_prompt": False, "chat_template_kwargs": {"enable_thinking": False}},
         {"chat_template": "{{ x }}", "continue_final_message": True, "documents": "x"},
     ):
-        assert r.key_for_chat(chat(**extra), None) == plain
+        assert r.key(parse_chat(chat(**extra))) == plain
 
 
 def test_the_engines_default_kwargs_go_under_the_requests() -> None:
@@ -159,7 +160,7 @@ def test_the_engines_default_kwargs_go_under_the_requests() -> None:
 def test_the_key_builder_passes_the_configured_defaults() -> None:
     tokenizer = CharTokenizer()
     r = router(tokenizer, mode="tokens", default_chat_template_kwargs={"enable_thinking": False})
-    r.key_for_chat(chat(), None)
+    r.key(parse_chat(chat()))
     assert tokenizer.options is not None
     assert tokenizer.options.template_kwargs == {"enable_thinking": False}
 
@@ -174,10 +175,10 @@ def test_tools_are_left_out_with_tool_choice_none_when_the_engines_do() -> None:
     """vLLM's --exclude-tools-when-tool-choice-none: tool_choice "none" renders without tools."""
     tools = [{"type": "function", "function": {"name": "look"}}]
     request = chat(tools=tools, tool_choice="none")
-    plain = router(CharTokenizer(), mode="tokens").key_for_chat(chat(), None)
-    with_tools = router(CharTokenizer(), mode="tokens").key_for_chat(request, None)
+    plain = router(CharTokenizer(), mode="tokens").key(parse_chat(chat()))
+    with_tools = router(CharTokenizer(), mode="tokens").key(parse_chat(request))
     assert with_tools.block_hashes != plain.block_hashes
     excluding = router(CharTokenizer(), mode="tokens", exclude_tools_when_tool_choice_none=True)
-    assert excluding.key_for_chat(request, None).block_hashes == plain.block_hashes
-    auto = excluding.key_for_chat(chat(tools=tools, tool_choice="auto"), None)
+    assert excluding.key(parse_chat(request)).block_hashes == plain.block_hashes
+    auto = excluding.key(parse_chat(chat(tools=tools, tool_choice="auto")))
     assert auto.block_hashes == with_tools.block_hashes

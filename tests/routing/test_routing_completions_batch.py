@@ -18,6 +18,7 @@ from test_routing_keys import FakeTokenizer
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import strategy_config
 from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import parse_completions
 from warmfleet.routing.router import Router
 
 
@@ -42,8 +43,8 @@ def completion(prompt: Any) -> dict[str, Any]:
 def test_batch_prompt_tokens_count_every_prompt(mode: str, expected: int) -> None:
     r = router(mode=mode, block_size=8)
     batch = ["a" * 40, "é" * 6, "c"]  # 40 chars (40 bytes), 6 chars (12 bytes), 1
-    key = r.key_for_completions(completion(batch), None)
-    alone = r.key_for_completions(completion(batch[0]), None)
+    key = r.key(parse_completions(completion(batch)))
+    alone = r.key(parse_completions(completion(batch[0])))
     assert key.prompt_tokens == expected
     # blocks, prefix and units stay the first prompt's; the hint covers the whole batch
     assert key == replace(
@@ -53,8 +54,8 @@ def test_batch_prompt_tokens_count_every_prompt(mode: str, expected: int) -> Non
 
 def test_batch_of_token_ids_counts_exactly() -> None:
     r = router(block_size=8)
-    key = r.key_for_completions(completion([list(range(20)), [7] * 9, [1]]), None)
-    alone = r.key_for_completions(completion(list(range(20))), None)
+    key = r.key(parse_completions(completion([list(range(20)), [7] * 9, [1]])))
+    alone = r.key(parse_completions(completion(list(range(20)))))
     assert key.prompt_tokens == 20 + 9 + 1
     assert key.block_hashes == alone.block_hashes
 
@@ -62,15 +63,15 @@ def test_batch_of_token_ids_counts_exactly() -> None:
 def test_tokens_mode_counts_each_prompt_with_the_tokenizer() -> None:
     """Exact counts, not the chars / 4 estimate (this tokenizer has a token per character)."""
     r = router(FakeTokenizer(), mode="tokens", block_size=4)
-    key = r.key_for_completions(completion(["abcdefgh", "xyz", "q" * 11]), None)
-    alone = r.key_for_completions(completion("abcdefgh"), None)
+    key = r.key(parse_completions(completion(["abcdefgh", "xyz", "q" * 11])))
+    alone = r.key(parse_completions(completion("abcdefgh")))
     assert key.prompt_tokens == 8 + 3 + 11
     assert key.block_hashes == alone.block_hashes
-    ids = r.key_for_completions(completion([[5] * 6, [6] * 2]), None)
+    ids = r.key(parse_completions(completion([[5] * 6, [6] * 2])))
     assert ids.prompt_tokens == 8
 
 
 def test_one_prompt_counts_are_unchanged() -> None:
-    assert router().key_for_completions(completion("abcde"), None).prompt_tokens == 2
-    assert router(mode="bytes").key_for_completions(completion("abc"), None).prompt_tokens == 1
-    assert router().key_for_completions(completion(["abcde"]), None).prompt_tokens == 2
+    assert router().key(parse_completions(completion("abcde"))).prompt_tokens == 2
+    assert router(mode="bytes").key(parse_completions(completion("abc"))).prompt_tokens == 1
+    assert router().key(parse_completions(completion(["abcde"]))).prompt_tokens == 2

@@ -15,9 +15,10 @@ from test_routing_keys import FakeTokenizer
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.routing.canonical import render_chat_text
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import KeySpec
-from warmfleet.routing.parse import render_chat_text
+from warmfleet.routing.parse import parse_chat, parse_completions
 from warmfleet.routing.router import Router
 
 
@@ -36,18 +37,18 @@ def chat(text: str) -> dict[str, Any]:
 )
 def test_max_blocks_caps_the_hashes_a_key_carries(key: dict[str, Any], block_units: int) -> None:
     text = "abcdefgh" * (3000 * block_units // 8)  # 3,000 blocks' worth
-    default = router(FakeTokenizer(), **key).key_for_chat(chat(text), None)
+    default = router(FakeTokenizer(), **key).key(parse_chat(chat(text)))
     assert len(default.block_hashes) == KeySpec().max_blocks == 2048
-    small = router(FakeTokenizer(), **key, max_blocks=10).key_for_chat(chat(text), None)
+    small = router(FakeTokenizer(), **key, max_blocks=10).key(parse_chat(chat(text)))
     assert small.block_hashes == default.block_hashes[:10]  # the same chain, cut
     assert small.prompt_tokens == default.prompt_tokens  # the load still counts everything
     units = router(FakeTokenizer(), **key, max_blocks=10, max_units=3 * block_units)
-    assert len(units.key_for_chat(chat(text), None).block_hashes) == 3  # the smaller cap wins
+    assert len(units.key(parse_chat(chat(text))).block_hashes) == 3  # the smaller cap wins
 
 
 def test_max_blocks_caps_token_id_prompts_too() -> None:
     body = {"model": "m", "prompt": list(range(5000))}
-    key = router(max_blocks=7).key_for_completions(body, None)
+    key = router(max_blocks=7).key(parse_completions(body))
     assert len(key.block_hashes) == 7
     assert key.prompt_tokens == 5000
 
@@ -65,20 +66,21 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(tools=st.lists(json_values, min_size=0, max_size=60))
 def test_tools_render_as_one_canonical_dump_whatever_their_number(tools: list[Any]) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": tools}
-    rendered = render_chat_text(body)
+    rendered = render_chat_text(parse_chat(body))
     canonical = json.dumps(tools, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert rendered.startswith(f"\x1etools\x1f{canonical}\x1e")
 
 
 def test_keys_built_from_several_threads_equal_the_sequential_ones() -> None:
     bodies = [chat(f"shared system prompt {'s' * 3000} / user {i % 7} " * 3) for i in range(120)]
-    expected = [router().key_for_chat(b, None) for b in bodies]
+    expected = [router().key(parse_chat(b)) for b in bodies]
     shared = router()  # one builder (its memo dicts) used by 4 threads at once
     shared.keys.spans.max_entries = 16  # cleared often: races on clear() too
     with ThreadPoolExecutor(4) as pool:
-        keys = list(pool.map(lambda b: shared.key_for_chat(b, None), bodies))
+        keys = list(pool.map(lambda b: shared.key(parse_chat(b)), bodies))
     assert keys == expected

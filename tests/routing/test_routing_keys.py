@@ -20,6 +20,7 @@ from warmfleet.routing.chat_options import ChatTemplateOptions
 from warmfleet.routing.config import PrefixHashConfig, RoutingConfig
 from warmfleet.routing.factory import strategy_config
 from warmfleet.routing.keys import KeySpec, key_from_blocks
+from warmfleet.routing.parse import parse_chat, parse_completions, parse_native
 from warmfleet.routing.router import Router
 
 
@@ -72,7 +73,7 @@ def test_canonical_text_ignores_json_whitespace_and_key_order() -> None:
         ' "role": "assistant"} ],\n "model" : "m" }'
     )
     r = router()
-    assert r.key_for_chat(a, None) == r.key_for_chat(b, None)
+    assert r.key(parse_chat(a)) == r.key(parse_chat(b))
 
 
 def test_content_parts_and_images_are_keyed() -> None:
@@ -84,7 +85,7 @@ def test_content_parts_and_images_are_keyed() -> None:
         return [text, {"type": "image_url", "image_url": {"url": url}}, tail]
 
     parts, same, other = parts_with("u1"), parts_with("u1"), parts_with("u2")
-    k1, k2, k3 = (r.key_for_chat(chat(p), None) for p in (parts, same, other))
+    k1, k2, k3 = (r.key(parse_chat(chat(p))) for p in (parts, same, other))
     assert k1 == k2
     assert k1.block_hashes != k3.block_hashes
     assert k1.block_hashes[:5] == k3.block_hashes[:5]  # shared text prefix still shared
@@ -98,18 +99,18 @@ def test_roles_names_and_tool_messages_change_the_key() -> None:
         "model": "m",
         "messages": [{"role": "tool", "tool_call_id": "c1", "content": "hi there you"}],
     }
-    keys = [r.key_for_chat(b, None).block_hashes for b in (base, named, tool)]
+    keys = [r.key(parse_chat(b)).block_hashes for b in (base, named, tool)]
     assert len(set(keys)) == 3
 
 
 def test_shared_prefix_shares_leading_blocks() -> None:
     r = router()
     system = {"role": "system", "content": "s" * 1280}
-    a = r.key_for_chat(
-        {"model": "m", "messages": [system, {"role": "user", "content": "a" * 300}]}, None
+    a = r.key(
+        parse_chat({"model": "m", "messages": [system, {"role": "user", "content": "a" * 300}]})
     )
-    b = r.key_for_chat(
-        {"model": "m", "messages": [system, {"role": "user", "content": "b" * 300}]}, None
+    b = r.key(
+        parse_chat({"model": "m", "messages": [system, {"role": "user", "content": "b" * 300}]})
     )
     assert a.block_hashes[:10] == b.block_hashes[:10]
     assert a.block_hashes[11:] != b.block_hashes[11:]
@@ -119,11 +120,11 @@ def test_shared_prefix_shares_leading_blocks() -> None:
 
 def test_tenants_and_models_do_not_share() -> None:
     r = router()
-    plain = r.key_for_chat(chat(), None)
-    t1 = r.key_for_chat(chat(), "tenant-1")
-    t2 = r.key_for_chat(chat(), "tenant-2")
-    body_wins = r.key_for_chat(chat(prompt_cache_key="tenant-2"), "tenant-1")
-    other_model = r.key_for_chat({**chat(), "model": "m2"}, None)
+    plain = r.key(parse_chat(chat()))
+    t1 = r.key(parse_chat(chat(), "tenant-1"))
+    t2 = r.key(parse_chat(chat(), "tenant-2"))
+    body_wins = r.key(parse_chat(chat(prompt_cache_key="tenant-2"), "tenant-1"))
+    other_model = r.key(parse_chat({**chat(), "model": "m2"}))
     assert body_wins == t2
     hashes = [plain, t1, t2, other_model]
     assert len({k.block_hashes[0] for k in hashes}) == 4
@@ -134,12 +135,12 @@ def test_tenants_and_models_do_not_share() -> None:
 def test_invalid_tenant_keys_are_rejected(bad: object) -> None:
     r = router()
     with pytest.raises(BadRequestError) as err:
-        r.key_for_chat({**chat(), "prompt_cache_key": bad} if bad is not None else chat(), "")
+        r.key(parse_chat({**chat(), "prompt_cache_key": bad} if bad is not None else chat(), ""))
     assert err.value.param in {"prompt_cache_key", "x-prefix-aware-id"}
 
 
 def test_tenant_of_64_chars_is_fine() -> None:
-    assert router().key_for_chat(chat(prompt_cache_key="k" * 64), None).block_hashes
+    assert router().key(parse_chat(chat(prompt_cache_key="k" * 64))).block_hashes
 
 
 @pytest.mark.parametrize(
@@ -175,26 +176,26 @@ def test_tenant_of_64_chars_is_fine() -> None:
 )
 def test_malformed_chat_bodies_raise_bad_request(body: Any, param: str) -> None:
     with pytest.raises(BadRequestError) as err:
-        router().key_for_chat(body, None)
+        router().key(parse_chat(body))
     assert err.value.param == param
 
 
 def test_output_hint() -> None:
     r = router()
-    assert r.key_for_chat(chat(max_tokens=77), None).output_tokens_hint == 77
-    assert r.key_for_chat(chat(max_completion_tokens=5, max_tokens=9), None).output_tokens_hint == 5
+    assert r.key(parse_chat(chat(max_tokens=77))).output_tokens_hint == 77
+    assert r.key(parse_chat(chat(max_completion_tokens=5, max_tokens=9))).output_tokens_hint == 5
 
 
 def test_completions_prompt_forms() -> None:
     r = router(block_size=8)
-    text = r.key_for_completions({"model": "m", "prompt": "abc " * 50}, None)
-    first = r.key_for_completions({"model": "m", "prompt": ["abc " * 50, "zzz"]}, None)
+    text = r.key(parse_completions({"model": "m", "prompt": "abc " * 50}))
+    first = r.key(parse_completions({"model": "m", "prompt": ["abc " * 50, "zzz"]}))
     # A batch is keyed by its first prompt; its output hint and prompt tokens cover both prompts.
     assert first == replace(
         text, output_tokens_hint=2 * text.output_tokens_hint, prompt_tokens=50 + 1
     )
-    ids = r.key_for_completions({"model": "m", "prompt": list(range(40))}, None)
-    nested = r.key_for_completions({"model": "m", "prompt": [list(range(40)), [1]]}, None)
+    ids = r.key(parse_completions({"model": "m", "prompt": list(range(40))}))
+    nested = r.key(parse_completions({"model": "m", "prompt": [list(range(40)), [1]]}))
     assert nested == replace(ids, output_tokens_hint=2 * ids.output_tokens_hint, prompt_tokens=41)
     assert ids.prompt_tokens == 40
     assert ids.block_size == 2  # 8 chars / 4 chars per token
@@ -206,7 +207,7 @@ def test_completions_prompt_forms() -> None:
 )
 def test_malformed_completions_prompts(prompt: Any) -> None:
     with pytest.raises(BadRequestError) as err:
-        router().key_for_completions({"model": "m", "prompt": prompt}, None)
+        router().key(parse_completions({"model": "m", "prompt": prompt}))
     assert err.value.param == "prompt"
 
 
@@ -215,11 +216,11 @@ def test_tokens_mode_uses_the_tokenizer_and_engine_block_size() -> None:
         key=KeySpec(mode="tokens", block_size=16), strategy=strategy_config("prefix_affinity")
     )
     r = Router(config, random.Random(0), FakeTokenizer())
-    key = r.key_for_chat(chat("a" * 100), None)
+    key = r.key(parse_chat(chat("a" * 100)))
     tokens = len("user: " + "a" * 100 + "\n" + "assistant: ")
     assert key.prompt_tokens == tokens == key.units
     assert len(key.block_hashes) == tokens // 16
-    comp = r.key_for_completions({"model": "m", "prompt": "q" * 40}, None)
+    comp = r.key(parse_completions({"model": "m", "prompt": "q" * 40}))
     assert comp.prompt_tokens == 40
     assert len(comp.block_hashes) == 2
 
@@ -232,41 +233,41 @@ def test_tokens_mode_needs_a_tokenizer() -> None:
 def test_bytes_mode_is_aws_parity_on_raw_bodies() -> None:
     r = router(mode="bytes", block_size=16)
     raw = b'{"inputs": "' + b"y" * 100 + b'"}'
-    key = r.key_for_bytes(raw, None, "m")
+    key = r.key(parse_native(raw, None, "m"))
     seed = chain_seed("warmfleet", "m", None, None)
     full = len(raw) // 16 * 16
     expected = chain_blocks([raw[i : i + 16] for i in range(0, full, 16)], seed)
     assert key.block_hashes == expected
     assert key.units == len(raw)
     # Whitespace in the raw body changes the route in bytes mode (the AWS caveat).
-    assert r.key_for_bytes(raw.replace(b": ", b":"), None, "m").block_hashes[0] != expected[0]
-    assert r.key_for_bytes(raw, "t", "m").block_hashes[0] != expected[0]
+    assert r.key(parse_native(raw.replace(b": ", b":"), None, "m")).block_hashes[0] != expected[0]
+    assert r.key(parse_native(raw, "t", "m")).block_hashes[0] != expected[0]
 
 
 def test_text_mode_on_raw_bytes_decodes_text() -> None:
     r = router(block_size=4)
-    assert r.key_for_bytes("héllo wörld".encode(), None, "m").units == len("héllo wörld")
-    assert r.key_for_bytes(b"\xff\xfe bad utf8 here", None, "m").units > 0
+    assert r.key(parse_native("héllo wörld".encode(), None, "m")).units == len("héllo wörld")
+    assert r.key(parse_native(b"\xff\xfe bad utf8 here", None, "m")).units > 0
 
 
 def test_prefix_hash_covers_only_the_prefix() -> None:
     config = RoutingConfig(strategy=PrefixHashConfig(prefix_length=1024))
     r = Router(config, random.Random(0))
-    a = r.key_for_chat(chat("p" * 1100 + "a"), None)
-    b = r.key_for_chat(chat("p" * 1100 + "b"), None)
-    c = r.key_for_chat(chat("q" + "p" * 1100), None)
+    a = r.key(parse_chat(chat("p" * 1100 + "a")))
+    b = r.key(parse_chat(chat("p" * 1100 + "b")))
+    c = r.key(parse_chat(chat("q" + "p" * 1100)))
     assert a.prefix_hash == b.prefix_hash != c.prefix_hash
     assert a.block_hashes == b.block_hashes == ()  # prefix_hash reads only prefix_hash
 
 
 def test_max_units_caps_hashed_blocks() -> None:
-    key = router(max_units=256).key_for_chat(chat("z" * 5000), None)
+    key = router(max_units=256).key(parse_chat(chat("z" * 5000)))
     assert len(key.block_hashes) == 2
     assert key.units > 5000
 
 
 def test_key_holds_only_integers() -> None:
-    key = router().key_for_chat(chat("secret " * 100), None)
+    key = router().key(parse_chat(chat("secret " * 100)))
     assert all(isinstance(h, int) for h in key.block_hashes)
     assert "secret" not in repr(key)
 
@@ -335,9 +336,9 @@ body_like = st.fixed_dictionaries(
 @given(body=body_like | json_values, tenant=st.none() | st.text(max_size=70))
 def test_arbitrary_json_only_ever_raises_bad_request(body: Any, tenant: str | None) -> None:
     r = router(block_size=4)
-    for build in (r.key_for_chat, r.key_for_completions):
+    for parse in (parse_chat, parse_completions):
         try:
-            key = build(body, tenant)
+            key = r.key(parse(body, tenant))
         except BadRequestError:
             continue
         assert all(isinstance(h, int) for h in key.block_hashes)
@@ -348,28 +349,28 @@ def test_arbitrary_json_only_ever_raises_bad_request(body: Any, tenant: str | No
 def test_arbitrary_bytes_only_ever_raise_bad_request(raw: bytes, tenant: str | None) -> None:
     for mode in ("text", "bytes"):
         with contextlib.suppress(BadRequestError):
-            router(mode=mode, block_size=8).key_for_bytes(raw, tenant, "m")
+            router(mode=mode, block_size=8).key(parse_native(raw, tenant, "m"))
 
 
 def test_ascii_fast_path_and_unicode_path_agree_on_shared_blocks() -> None:
     r = router(block_size=16)
     shared = "plain ascii text " * 20
-    ascii_only = r.key_for_completions({"model": "m", "prompt": shared + "tail" * 20}, None)
-    unicode = r.key_for_completions({"model": "m", "prompt": shared + "tä𝄞l" * 20}, None)
+    ascii_only = r.key(parse_completions({"model": "m", "prompt": shared + "tail" * 20}))
+    unicode = r.key(parse_completions({"model": "m", "prompt": shared + "tä𝄞l" * 20}))
     n = len(shared) // 16
     assert ascii_only.block_hashes[:n] == unicode.block_hashes[:n]
     assert ascii_only.block_hashes[n + 1 :] != unicode.block_hashes[n + 1 :]
     assert unicode.units == len(shared + "tä𝄞l" * 20)
     # a lone surrogate (valid in JSON) is hashed, not an error
-    assert r.key_for_completions({"model": "m", "prompt": "\ud800" * 40}, None).block_hashes
+    assert r.key(parse_completions({"model": "m", "prompt": "\ud800" * 40})).block_hashes
 
 
 def test_keys_skip_block_hashes_for_strategies_that_never_read_them() -> None:
     body = chat("a shared system prompt " * 40)
-    hashed = router().key_for_chat(body, None)
+    hashed = router().key(parse_chat(body))
     for strategy in ("random", "least_outstanding_requests"):
         config = RoutingConfig.model_validate({"strategy": {"type": strategy}})
-        bare = Router(config, random.Random(0)).key_for_chat(body, None)
+        bare = Router(config, random.Random(0)).key(parse_chat(body))
         assert bare.block_hashes == ()
         assert hashed.block_hashes
         assert (bare.prefix_hash, bare.units, bare.prompt_tokens) == (
@@ -378,4 +379,4 @@ def test_keys_skip_block_hashes_for_strategies_that_never_read_them() -> None:
             hashed.prompt_tokens,
         )
     config = RoutingConfig.model_validate({"strategy": {"type": "prefix_hash"}})
-    assert Router(config, random.Random(0)).key_for_chat(body, None).block_hashes == ()
+    assert Router(config, random.Random(0)).key(parse_chat(body)).block_hashes == ()

@@ -23,6 +23,7 @@ from warmfleet.routing.config import (
 )
 from warmfleet.routing.factory import build_strategy, strategy_config
 from warmfleet.routing.movement import moved_fraction
+from warmfleet.routing.parse import parse_chat
 from warmfleet.routing.router import Router
 from warmfleet.routing.strategies.peers import LlmdApproxStrategy, SglangCacheAwareStrategy
 from warmfleet.routing.strategies.prefix_hash import PrefixHashStrategy
@@ -163,9 +164,7 @@ def test_prefix_hash_same_prefix_same_instance_different_tenant_spreads() -> Non
     doc = "d" * 2000
     same = {
         r.choose(
-            r.key_for_chat(
-                {"model": "m", "messages": [{"role": "user", "content": doc + q}]}, None
-            ),
+            r.key(parse_chat({"model": "m", "messages": [{"role": "user", "content": doc + q}]})),
             f,
         ).instance_id
         for q in ("a", "b", "c")
@@ -173,7 +172,9 @@ def test_prefix_hash_same_prefix_same_instance_different_tenant_spreads() -> Non
     assert len(same) == 1
     tenants = {
         r.choose(
-            r.key_for_chat({"model": "m", "messages": [{"role": "user", "content": doc}]}, f"t{t}"),
+            r.key(
+                parse_chat({"model": "m", "messages": [{"role": "user", "content": doc}]}, f"t{t}")
+            ),
             f,
         ).instance_id
         for t in range(40)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from warmfleet.bench import sim_cli
+from warmfleet.edge import TRACES_DIR_ENV, resolve_traces_dir
+from warmfleet.sim.workloads.traces import DEFAULT_TRACES
 
 # the sim commands alone (the root app also wires other subsystems' commands)
 app = typer.Typer()
@@ -66,3 +69,44 @@ def test_sim_cli_concurrency_runs_closed_loop_without_warnings(tmp_path: Path) -
     report = json.loads(out.read_text())
     assert report["closed_loop_concurrency"] == 3
     assert report["strategies"]["random"]["requests"]["completed"] == 40
+
+
+def _mooncake_dir(tmp_path: Path) -> Path:
+    """A traces directory holding a tiny Mooncake trace under its default file name."""
+    rows = [
+        {"timestamp": 1000 * (i // 4), "input_length": 1200, "output_length": 8,
+         "hash_ids": [i % 3, 100 + i, 200 + i]}
+        for i in range(24)
+    ]  # fmt: skip
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / DEFAULT_TRACES["mooncake"]).write_text(
+        "".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8"
+    )
+    return traces
+
+
+def test_sim_cli_finds_traces_by_option_then_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI edge resolves the traces directory: ``--traces-dir``, else
+    ``$WARMFLEET_TRACES_DIR``, else ../shared/traces from the current directory."""
+    traces = _mooncake_dir(tmp_path)
+    base = ["sim", "--scenario", "mooncake", "--preset", "tiny-cpu", "--instances", "2",
+            "--strategies", "random"]  # fmt: skip
+    runner = CliRunner()
+    out = tmp_path / "a.json"
+    given = runner.invoke(app, [*base, "--traces-dir", str(traces), "--json", str(out)])
+    assert given.exit_code == 0, given.output
+    assert json.loads(out.read_text())["requests"] == 24
+    monkeypatch.setenv(TRACES_DIR_ENV, str(traces))
+    from_env = runner.invoke(app, base)
+    assert from_env.exit_code == 0, from_env.output
+    monkeypatch.delenv(TRACES_DIR_ENV)
+    monkeypatch.chdir(tmp_path)  # ../shared/traces does not exist from here
+    missing = runner.invoke(app, base)
+    assert missing.exit_code == 2
+    assert missing.output.startswith("error: trace: ../shared/traces/")
+    assert "cannot read" in missing.output
+    assert len(missing.output.strip().splitlines()) == 1  # one line, not wrapped
+    assert resolve_traces_dir() == Path("../shared/traces")

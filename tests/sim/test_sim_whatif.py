@@ -7,6 +7,7 @@ from typing import cast
 import pytest
 
 from warmfleet.api.resources import AutoscalingSpec
+from warmfleet.core.errors import ConfigError
 from warmfleet.sim.whatif import WhatIfParams, calibrate, run_scenario, run_whatif
 
 SMALL = WhatIfParams(
@@ -33,6 +34,7 @@ def test_aws_figures_give_tens_of_minutes_vs_seconds() -> None:
     assert p.start_s(True, True) < 90
 
 
+@pytest.mark.slow
 def test_scenarios_order_and_shares() -> None:
     model = calibrate(SMALL)
     assert model.capacity_rps > 0
@@ -64,3 +66,20 @@ def test_report_shape() -> None:
     report = run_whatif(small, ("cold", "weights+image"))
     assert set(cast(dict[str, object], report["scenarios"])) == {"cold", "weights+image"}
     assert report["derived"]["replica_start_s"]["cold"] == pytest.approx(1590.0)  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_routing_is_the_factory_strategy_on_the_simulator_kernel() -> None:
+    """The what-if routes with the strategy ``routing.factory`` builds, run by ``sim.Simulator``:
+    naming another strategy changes every decision's reason and the outcome (a what-if with an
+    event loop and a least-outstanding rule of its own would ignore the name)."""
+    small = SMALL.model_copy(update={"burst_duration_s": 300.0})
+    model = calibrate(small)
+    lor = run_scenario(small, "weights+image", model)
+    rr = run_scenario(small, "weights+image", model, routing="round_robin")
+    assert set(lor.decisions_by_reason) == {"load_balance"}
+    assert set(rr.decisions_by_reason) == {"round_robin"}
+    assert sum(lor.decisions_by_reason.values()) == sum(rr.decisions_by_reason.values())
+    assert lor.report() != rr.report()
+    with pytest.raises(ConfigError, match="unknown strategy"):
+        run_scenario(small, "weights", model, routing="nope")

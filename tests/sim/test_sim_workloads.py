@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
-from warmfleet.sim.scenario import build_workload, builtin_scenario, load_scenario_file
+from warmfleet.sim.scenario import (
+    build_workload,
+    builtin_scenario,
+    parse_scenario,
+    replays_trace,
+    trace_path,
+)
 from warmfleet.sim.workloads.arrivals import (
     ClosedLoopArrival,
     GammaArrival,
@@ -31,7 +37,10 @@ from warmfleet.sim.workloads.synthetic import (
     multi_round_qa,
 )
 from warmfleet.sim.workloads.traces import (
+    DEFAULT_TRACES,
+    MooncakeConfig,
     ShareGptReplayConfig,
+    Trace,
     azure,
     mooncake,
     sharegpt_replay,
@@ -48,6 +57,11 @@ def _trace(name: str) -> Path:
     return path
 
 
+def _read(path: Path) -> Trace:
+    """What the CLI edge hands the trace parsers: the file's text and its name."""
+    return Trace(path.read_text(encoding="utf-8"), str(path))
+
+
 def _head(src: Path, tmp_path: Path, lines: int) -> Path:
     out = tmp_path / src.name
     with src.open(encoding="utf-8") as handle:
@@ -59,7 +73,7 @@ def test_mooncake_slice(tmp_path: Path) -> None:
     src = _trace("mooncake_conversation_first30min.jsonl")
     path = _head(src, tmp_path, 300)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    requests = mooncake(path, seed=0)
+    requests = mooncake(_read(path), seed=0)
     assert len(requests) == 300
     by_id = {r.request_id: r for r in requests}
     for index, row in enumerate(rows):
@@ -72,13 +86,13 @@ def test_mooncake_slice(tmp_path: Path) -> None:
         assert row["timestamp"] / 1e3 <= req.arrival_s <= row["timestamp"] / 1e3 + 3.01
     arrivals = [r.arrival_s for r in requests]
     assert arrivals == sorted(arrivals)
-    assert mooncake(path, seed=0) == requests
-    assert mooncake(path, seed=1) != requests
+    assert mooncake(_read(path), seed=0) == requests
+    assert mooncake(_read(path), seed=1) != requests
 
 
 def test_mooncake_shared_hash_ids_share_block_hashes(tmp_path: Path) -> None:
     path = _head(_trace("mooncake_conversation_first30min.jsonl"), tmp_path, 50)
-    requests = sorted(mooncake(path, seed=0), key=lambda r: r.request_id)
+    requests = sorted(mooncake(_read(path), seed=0), key=lambda r: r.request_id)
     a, b = requests[0], requests[1]  # both start with hash id 0, then differ
     ha, hb = prompt_blocks(a.segments, 512, 9), prompt_blocks(b.segments, 512, 9)
     assert ha[0] == hb[0]
@@ -87,7 +101,7 @@ def test_mooncake_shared_hash_ids_share_block_hashes(tmp_path: Path) -> None:
 
 def test_azure_slice(tmp_path: Path) -> None:
     path = _head(_trace("azure_llm_2023_conv.csv"), tmp_path, 201)
-    requests = azure(path, seed=0)
+    requests = azure(_read(path), seed=0)
     assert len(requests) == 200
     assert requests[0].arrival_s == 0.0
     assert all(b.arrival_s >= a.arrival_s for a, b in itertools.pairwise(requests))
@@ -99,7 +113,7 @@ def test_sharegpt_replay_shares_prefixes_of_the_same_conversation(tmp_path: Path
     items = json.loads(src.read_text(encoding="utf-8"))[:60]
     path = tmp_path / "run.json"
     path.write_text(json.dumps(items), encoding="utf-8")
-    requests = sharegpt_replay(path, ShareGptReplayConfig(), seed=0)
+    requests = sharegpt_replay(_read(path), ShareGptReplayConfig(), seed=0)
     assert len(requests) == 60
     sessions = {r.session_id for r in requests}
     assert len(sessions) < 60  # several turns per conversation
@@ -195,9 +209,38 @@ def test_builtin_scenarios_build(tmp_path: Path) -> None:
         assert len(built.requests) == 40
         assert built.block_tokens == spec.block_tokens
     path = _head(_trace("mooncake_conversation_first30min.jsonl"), tmp_path, 100)
-    built = build_workload(builtin_scenario("mooncake", 8, "llama-3.1-70b-p5", 0), spec, trace=path)
+    built = build_workload(
+        builtin_scenario("mooncake", 8, "llama-3.1-70b-p5", 0), spec, trace=_read(path)
+    )
     assert built.block_tokens == 512
     assert len(built.requests) == 100
+
+
+def test_trace_scenarios_name_their_file_and_replay_what_the_edge_read(tmp_path: Path) -> None:
+    """The workload code opens no file and guesses no location: ``trace_path`` names the file
+    (``--trace``, else ``workload.trace``, else the default file in the traces directory the CLI
+    resolved) and ``build_workload`` replays the text the edge read from it."""
+    mooncake_scenario = builtin_scenario("mooncake", 8, "llama-3.1-70b-p5", 0)
+    gsp_scenario = builtin_scenario("gsp", 8, "llama-3.1-70b-p5", 0)
+    assert replays_trace(mooncake_scenario)
+    assert not replays_trace(gsp_scenario)
+    given = tmp_path / "given.jsonl"
+    default = tmp_path / DEFAULT_TRACES["mooncake"]
+    assert trace_path(mooncake_scenario, given, tmp_path) == given
+    assert trace_path(mooncake_scenario, None, tmp_path) == default
+    configured = mooncake_scenario.model_copy(update={"workload": MooncakeConfig(trace=str(given))})
+    assert trace_path(configured, None, None) == given
+    with pytest.raises(ConfigError, match="no traces directory"):
+        trace_path(mooncake_scenario, None, None)
+    with pytest.raises(ConfigError, match="no default trace"):
+        trace_path(gsp_scenario, None, tmp_path)
+    spec = get_preset("llama-3.1-70b-p5")
+    with pytest.raises(ConfigError, match="none was read"):
+        build_workload(mooncake_scenario, spec)
+    row = {"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}
+    text = "".join(json.dumps(row) + "\n" for _ in range(5))
+    built = build_workload(mooncake_scenario, spec, trace=Trace(text, "inline"))
+    assert len(built.requests) == 5
 
 
 def test_scenario_yaml_roundtrip_and_errors(tmp_path: Path) -> None:
@@ -209,7 +252,7 @@ def test_scenario_yaml_roundtrip_and_errors(tmp_path: Path) -> None:
         "engine: {max_num_seqs: 4}\nscale_events: [{at_s: 1, action: add}]\n",
         encoding="utf-8",
     )
-    scenario = load_scenario_file(good)
+    scenario = parse_scenario(good.read_text(encoding="utf-8"), str(good))
     assert scenario.workload.type == "gsp"
     assert scenario.engine.max_num_seqs == 4
     bad = tmp_path / "bad.yaml"
@@ -219,7 +262,7 @@ def test_scenario_yaml_roundtrip_and_errors(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     with pytest.raises(ConfigError, match=r"workload\.gsp\.groups"):
-        load_scenario_file(bad)
+        parse_scenario(bad.read_text(encoding="utf-8"), str(bad))
     with pytest.raises(ConfigError, match="unknown scenario"):
         builtin_scenario("nope", 1, "tiny-cpu", 0)
 
@@ -242,7 +285,7 @@ def test_azure_timestamps_offsets_and_local_time(
     monkeypatch.setenv("TZ", "America/New_York")
     time.tzset()
     try:
-        requests = azure(path, seed=0)
+        requests = azure(_read(path), seed=0)
     finally:
         monkeypatch.undo()
         time.tzset()
@@ -250,7 +293,7 @@ def test_azure_timestamps_offsets_and_local_time(
     bad = tmp_path / "bad.csv"
     bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,1\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"bad\.csv:2"):
-        azure(bad, seed=0)
+        azure(_read(bad), seed=0)
 
 
 def test_mooncake_odd_rows(tmp_path: Path) -> None:
@@ -263,7 +306,9 @@ def test_mooncake_odd_rows(tmp_path: Path) -> None:
         {"timestamp": 3000, "input_length": 1024, "hash_ids": [7, 9], "output_length": 3},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n", encoding="utf-8")
-    requests = sorted(mooncake(path, seed=0, spread_buckets=False), key=lambda r: r.request_id)
+    requests = sorted(
+        mooncake(_read(path), seed=0, spread_buckets=False), key=lambda r: r.request_id
+    )
     assert [r.prompt_tokens for r in requests] == [100, 1100, 1024]
     assert [s.content_id for s in requests[2].segments] == [7, 9]
     blocks = [prompt_blocks(r.segments, 512, 1) for r in requests]
@@ -273,4 +318,4 @@ def test_mooncake_odd_rows(tmp_path: Path) -> None:
     for line in ('{"timestamp": 0}', "[1, 2]"):
         path.write_text(json.dumps(rows[0]) + "\n" + line + "\n", encoding="utf-8")
         with pytest.raises(ConfigError, match=r"odd\.jsonl:2"):
-            mooncake(path, seed=0)
+            mooncake(_read(path), seed=0)

@@ -283,10 +283,7 @@ def gc(
 @cache_app.command()
 def agent(config: Annotated[Path, typer.Option("--config", help="node.yaml")]) -> None:
     """Run the node agent until SIGTERM / SIGINT."""
-    try:
-        cfg: NodeCacheConfig = load_node_config(config.read_text(), str(config))
-    except OSError as err:
-        raise typer.BadParameter(str(err)) from err
+    cfg: NodeCacheConfig = load_node_config(config.read_text(), str(config))  # OSError: one line
 
     async def go() -> None:
         from warmfleet.agent.node_agent import NodeAgent  # noqa: PLC0415

@@ -14,16 +14,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from warmfleet.agent.metrics import CacheMetrics
 from warmfleet.agent.status import ArtifactStatus
+from warmfleet.agent.store import Store
+from warmfleet.cache.manifest import Manifest
 from warmfleet.cache.state import ArtifactRecord, ArtifactState
 from warmfleet.core.clock import Clock
 from warmfleet.core.errors import WarmfleetError
-
-if TYPE_CHECKING:
-    from warmfleet.agent.manager import CacheManager
 
 
 @dataclass
@@ -123,8 +122,21 @@ class PrefetchFailures:
             self._metrics.unadmitted.labels(error_class).set(counts.get(error_class, 0))
 
 
+class PrefetchingCache(Protocol):
+    """What a tracked prefetch uses of the cache (``manager.CacheManager``, which imports this)."""
+
+    store: Store
+    failures: PrefetchFailures
+
+    async def resolve(self, uri: str, revision: str | None = None) -> Manifest: ...
+
+    async def ensure(
+        self, manifest: Manifest, name: str, holder: str | None = None, pin: bool = False
+    ) -> ArtifactRecord: ...
+
+
 async def tracked_prefetch(
-    manager: CacheManager,
+    manager: PrefetchingCache,
     log: logging.Logger,
     *,
     uri: str,
@@ -159,7 +171,7 @@ async def tracked_prefetch(
     return rec
 
 
-def _has_record(manager: CacheManager, key: str) -> bool:
+def _has_record(manager: PrefetchingCache, key: str) -> bool:
     try:
         return manager.store.read_index().get(key) is not None
     except (OSError, WarmfleetError):  # the index unreadable too: shown as unadmitted

@@ -34,7 +34,9 @@ import typer
 
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.gateway.tokenizer import HfChatTokenizer
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import key_builder
+from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.parse import parse_chat
 
 _BLOCK_SIZE_RE = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
 _WORDS = (
@@ -195,7 +197,7 @@ async def run_conformance(
         tok = HfChatTokenizer.from_dir(tokenizer_path or root)
         engine_bs = await client.block_size()
         spec = KeySpec(mode="tokens", block_size=block_size or engine_bs or 16)
-        keys = KeyBuilder(spec, tok)
+        keys = key_builder(spec, tok)
         report = ConformanceReport(engine_url, model, keys.block_size, engine_bs, True)
         if engine_bs is not None and engine_bs != keys.block_size:
             report.causes.append(
@@ -213,7 +215,7 @@ async def run_conformance(
                 report.tokens_match, causes = await _diagnose_tokens(client, tok, model, messages)
                 report.causes.extend(causes)
             body = {"model": model, "messages": messages, "max_tokens": 2, "ignore_eos": True}
-            key = keys.for_chat(body, None)
+            key = keys.key(parse_chat(body))
             usage, _latency_ms = await client.chat({**body, "temperature": 0.0})
             engine_prompt = int(usage.get("prompt_tokens") or 0)
             report.turns.append(

@@ -20,10 +20,10 @@ from typing import Any
 from warmfleet.bench.live_fleet import start_fleet, start_gateway
 from warmfleet.bench.live_procs import ProcessSet, terminate_on_sigterm
 from warmfleet.bench.loadgen import LoadResult, LoadSpec
-from warmfleet.bench.loadgen_cli import console, progress_bar, run_async
 from warmfleet.bench.loadgen_metrics import measure
 from warmfleet.bench.loadgen_report import comparison_report, runs_table, write_report
 from warmfleet.bench.sim_cli import DEMO_STRATEGIES
+from warmfleet.bench.terminal import console, progress_bar, run_async
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.engine.presets import get_preset
 from warmfleet.sim.metrics import ideal_hit_tokens

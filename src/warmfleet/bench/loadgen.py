@@ -23,6 +23,7 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from warmfleet.bench.loadgen_errors import envelope_message, exception_detail, http_error_detail
 from warmfleet.sim.workloads.base import WorkloadRequest, render_segment_text
 
 INSTANCE_HEADER = "x-warmfleet-instance"
@@ -66,7 +67,8 @@ class RequestResult:
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     status: int = 0
-    error: str | None = None
+    error: str | None = None  # the error class: http_NNN, timeout, connection, ...
+    detail: str | None = None  # one line saying why (the server's message, the exception)
     output_tokens: int = 0
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
@@ -190,12 +192,13 @@ async def _read_stream(resp: aiohttp.ClientResponse, result: RequestResult, sent
         try:
             event = _loads(data)
         except ValueError:
-            result.error = "bad_stream_event"
+            result.error, result.detail = "bad_stream_event", "an SSE event that is not JSON"
             return
         if not isinstance(event, dict):
             continue
         if "error" in event:
             result.error = "stream_error"
+            result.detail = envelope_message(event) or "an error event in the stream"
             return
         if event.get("usage"):
             _usage(result, event["usage"])
@@ -229,8 +232,8 @@ async def send_one(
             result.instance = resp.headers.get(INSTANCE_HEADER, result.instance)
             result.reason = resp.headers.get(REASON_HEADER)
             if resp.status != 200:
-                await resp.read()
                 result.error = f"http_{resp.status}"
+                result.detail = http_error_detail(resp.status, await resp.read())
             elif spec.stream:
                 await _read_stream(resp, result, sent)
             else:
@@ -240,15 +243,16 @@ async def send_one(
                     _usage(result, payload.get("usage"))
     except TimeoutError:
         result.error = "timeout"
-    except aiohttp.ClientPayloadError:
-        result.error = "stream_broken"
-    except (aiohttp.ClientError, OSError):
-        result.error = "connection"
-    except ValueError:  # undecodable JSON body, over-long SSE line
-        result.error = "bad_response"
+        result.detail = f"no complete answer within --timeout-s {spec.request_timeout_s:g}"
+    except aiohttp.ClientPayloadError as err:
+        result.error, result.detail = "stream_broken", exception_detail(err)
+    except (aiohttp.ClientError, OSError) as err:
+        result.error, result.detail = "connection", exception_detail(err)
+    except ValueError as err:  # undecodable JSON body, over-long SSE line
+        result.error, result.detail = "bad_response", exception_detail(err)
     result.e2e_s = time.perf_counter() - sent
     if result.error is None and result.ttft_s is None:
-        result.error = "no_tokens"
+        result.error, result.detail = "no_tokens", "the answer carried no generated token"
 
 
 @dataclass

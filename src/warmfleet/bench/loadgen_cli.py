@@ -1,65 +1,33 @@
-"""`warmfleet bench` (live load generator) and `warmfleet demo` (the live demo, `make demo`)."""
+"""`warmfleet bench` (live load generator) and `warmfleet demo` (the live demo, `make demo`).
+
+``bench`` checks its URLs and picks the model before any load (``loadgen_preflight``); its
+expected failures are one line and exit 2 (the root command prints them). After the run it prints
+each error class with a sample message, and exits 1 when more than ``--max-error-share`` of the
+requests failed.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from warmfleet.bench.loadgen import ApiKind, LoadSpec, RequestResult
+from warmfleet.bench.loadgen import ApiKind, LoadSpec
+from warmfleet.bench.loadgen_errors import error_lines, too_many_errors
 from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
-from warmfleet.core.errors import WarmfleetError
+from warmfleet.bench.loadgen_preflight import check_base_url, preflight
+from warmfleet.bench.sim_cli import read_trace
+from warmfleet.bench.terminal import console, progress_bar, run_async
+from warmfleet.edge import read_text_file
 from warmfleet.sim.scenario import (
     ScenarioSpec,
     build_workload,
     builtin_scenario,
     engine_spec,
-    load_scenario_file,
+    parse_scenario,
 )
 from warmfleet.sim.workloads.base import WorkloadRequest
-
-T = TypeVar("T")
-
-
-def console() -> Console:
-    out = Console()
-    return out if out.is_terminal else Console(width=200)
-
-
-@contextmanager
-def progress_bar(total: int, label: str) -> Iterator[Callable[[RequestResult], None]]:
-    """A rich progress bar (hidden when not on a terminal); yields the per-request callback."""
-    out = console()
-    columns = (
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("errors {task.fields[errors]}"),
-    )  # fmt: skip
-    with Progress(*columns, console=out, disable=not out.is_terminal, transient=True) as bar:
-        task = bar.add_task(label, total=total, errors=0)
-        errors = 0
-
-        def done(result: RequestResult) -> None:
-            nonlocal errors
-            errors += 0 if result.ok else 1
-            bar.update(task, advance=1, errors=errors)
-
-        yield done
-
-
-def run_async(main: Coroutine[Any, Any, T]) -> T:
-    """Run on uvloop when available (the client's CPU cost is part of every measurement)."""
-    try:
-        import uvloop  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
 
 
 def scenario_requests(
@@ -74,7 +42,7 @@ def scenario_requests(
 ) -> tuple[ScenarioSpec, tuple[WorkloadRequest, ...]]:
     """The first ``requests`` requests of a built-in or YAML scenario, timed by its arrivals."""
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
-        spec = load_scenario_file(Path(name))
+        spec = parse_scenario(read_text_file(Path(name)), name)
     else:
         spec = builtin_scenario(name, 8, "llama-3.1-70b-p5", seed)
     updates: dict[str, Any] = {"requests": requests, "seed": seed}
@@ -87,7 +55,7 @@ def scenario_requests(
     data = spec.model_dump(by_alias=True)
     data.update(updates)
     spec = ScenarioSpec.model_validate(data)
-    built = build_workload(spec, engine_spec(spec), rate_rps=rate_rps)
+    built = build_workload(spec, engine_spec(spec), trace=read_trace(spec), rate_rps=rate_rps)
     return spec, built.requests
 
 
@@ -113,7 +81,10 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     report: Annotated[
         Path | None, typer.Option(help="directory for report.json/md and PNGs")
     ] = None,
-    model: Annotated[str, typer.Option(help="model name sent in requests")] = "model",
+    model: Annotated[
+        str | None,
+        typer.Option(help="model name sent in requests (default: the one GET /v1/models lists)"),
+    ] = None,
     api: Annotated[str, typer.Option(help="chat or completions")] = "chat",
     max_output_tokens: Annotated[int | None, typer.Option(min=1)] = None,
     ignore_eos: Annotated[bool, typer.Option(help="send ignore_eos (vLLM extension)")] = False,
@@ -122,6 +93,10 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     preset: Annotated[str | None, typer.Option(help="engine preset sizing the workload")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     label: Annotated[str, typer.Option(help="name of this run in the report")] = "run",
+    max_error_share: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="exit 1 when more than this share of requests fails"),
+    ] = 0.0,
 ) -> None:
     """Drive a workload against OpenAI-compatible URLs (a gateway, a router, engines)."""
     if concurrency is not None and rate is not None:
@@ -130,18 +105,14 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
         raise typer.BadParameter("--api must be chat or completions")
     api_kind: ApiKind = "chat" if api == "chat" else "completions"
     targets = [MetricsTarget.parse(m) for m in metrics_url or ()]
-    urls = tuple(u.rstrip("/") for u in url)
-    try:
-        spec, workload = scenario_requests(
-            scenario, requests, concurrency=concurrency, rate_rps=rate, preset=preset, seed=seed
-        )
-    except WarmfleetError as err:
-        Console(stderr=True).print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2) from err
+    urls = tuple(check_base_url(u) for u in url)
+    spec, workload = scenario_requests(
+        scenario, requests, concurrency=concurrency, rate_rps=rate, preset=preset, seed=seed
+    )
     load_spec = LoadSpec(
         urls=urls,
         url_names=tuple(instance_name(u, targets) for u in urls) if len(urls) > 1 else (),
-        model=model,
+        model=run_async(preflight(urls, model)),
         api=api_kind,
         stream=stream,
         concurrency=concurrency,
@@ -177,6 +148,18 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
         write_json(result, json_out)
     if report is not None:
         write_report(result, {label: load}, report, f"warmfleet bench: {spec.name}")
+    _judge_errors(summary, max_error_share)
+
+
+def _judge_errors(summary: dict[str, Any], max_error_share: float) -> None:
+    """Each error class with its count and a sample message (stderr); exit 1 when more than
+    ``max_error_share`` of the sent requests failed."""
+    for line in error_lines(summary):
+        typer.echo(f"warmfleet bench: {line}", err=True)
+    verdict = too_many_errors(summary, max_error_share)
+    if verdict is not None:
+        typer.echo(f"warmfleet bench: {verdict}", err=True)
+        raise typer.Exit(1)
 
 
 def demo_live(

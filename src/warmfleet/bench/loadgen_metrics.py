@@ -191,8 +191,18 @@ def summarize(
             "not_sent": load.not_sent,
         },
         "errors": dict(sorted(Counter(r.error for r in load.results if r.error).items())),
+        "error_samples": _error_samples(load.results),
         "wall_s": load.wall_s,
     }
+
+
+def _error_samples(results: Iterable[RequestResult]) -> dict[str, str]:
+    """The first message of each error class (``detail``; the class itself when none)."""
+    samples: dict[str, str] = {}
+    for r in results:
+        if r.error is not None and r.error not in samples:
+            samples[r.error] = r.detail or r.error
+    return dict(sorted(samples.items()))
 
 
 def _hit_rate(ok: Sequence[RequestResult], engine: EngineDelta | None) -> tuple[float, str]:

@@ -61,7 +61,18 @@ def markdown(report: Mapping[str, Any], title: str) -> str:
     for name, metrics in report["strategies"].items():
         lines.append("| " + " | ".join(_row(name, metrics)) + " |")
     lines += ["", "TTFT of non-streamed requests is their end-to-end latency.", ""]
+    lines += _error_section(report["strategies"])
     return "\n".join(lines)
+
+
+def _error_section(runs: Mapping[str, Any]) -> list[str]:
+    """Each run's failed requests by class, with the first one's message."""
+    rows = [
+        f"- {name}: {count} x `{kind}`, e.g. {metrics.get('error_samples', {}).get(kind, '-')}"
+        for name, metrics in runs.items()
+        for kind, count in metrics.get("errors", {}).items()
+    ]
+    return ["## Failed requests", "", *rows, ""] if rows else []
 
 
 def _figure() -> tuple[Figure, Any]:

@@ -12,13 +12,14 @@ Prints its URL on stdout once listening; ``GET /health`` answers 200.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
+import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
+import typer
 import uvloop
 from aiohttp import web
 
@@ -76,20 +77,29 @@ async def serve(host: str, port: int, upstreams: Sequence[str], timeout_s: float
 ServeFn = Callable[[str, int, Sequence[str], float], Coroutine[Any, Any, None]]
 
 
-def run_proxy_cli(prog: str, serve_fn: ServeFn, argv: Sequence[str] | None) -> None:
+def run_proxy_cli(serve_fn: ServeFn) -> None:
     """The command line of a reference proxy: ``[--host H] [--port P] [--timeout-s T] URL...``."""
-    parser = argparse.ArgumentParser(prog=prog)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="per upstream answer")
-    parser.add_argument("upstreams", nargs="+", help="base URLs, e.g. http://127.0.0.1:8001")
-    args = parser.parse_args(argv)
-    upstreams = [u.rstrip("/") for u in args.upstreams]
-    uvloop.run(serve_fn(args.host, args.port, upstreams, args.timeout_s))
+
+    def proxy_command(
+        upstreams: Annotated[
+            list[str], typer.Argument(help="base URLs, e.g. http://127.0.0.1:8001")
+        ],
+        host: Annotated[str, typer.Option(help="listen address")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="listen port (0: a free one)")] = 0,
+        timeout_s: Annotated[float, typer.Option(help="per upstream answer")] = 60.0,
+    ) -> None:
+        """Relay POSTs round robin over UPSTREAMS; prints its URL once listening."""
+        try:
+            uvloop.run(serve_fn(host, port, [u.rstrip("/") for u in upstreams], timeout_s))
+        except OSError as err:  # e.g. the port is taken (the message says so: bench retries)
+            print(f"cannot serve on {host}:{port}: {err}", file=sys.stderr)
+            raise typer.Exit(1) from err
+
+    typer.run(proxy_command)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_proxy_cli("python -m warmfleet.bench.passthrough", serve, argv)
+def main() -> None:
+    run_proxy_cli(serve)
 
 
 if __name__ == "__main__":

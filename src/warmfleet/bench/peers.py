@@ -13,7 +13,6 @@ and balance reflect placement. Every child is stopped by PID on every exit path.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import tempfile
@@ -21,7 +20,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from warmfleet.bench.live_demo import DemoConfig, demo_workload, kv_capacity_tokens
 from warmfleet.bench.live_fleet import FleetHandle, start_fleet
@@ -32,7 +33,6 @@ from warmfleet.bench.live_procs import (
     tree_cpu_s,
 )
 from warmfleet.bench.loadgen import LoadSpec, run_load
-from warmfleet.bench.loadgen_cli import console, progress_bar, run_async
 from warmfleet.bench.loadgen_metrics import measure
 from warmfleet.bench.peers_report import (
     RowInput,
@@ -52,6 +52,7 @@ from warmfleet.bench.peers_routers import (
     start_router,
 )
 from warmfleet.bench.report import write_json
+from warmfleet.bench.terminal import console, progress_bar, run_async
 from warmfleet.sim.workloads.base import Segment, WorkloadRequest, render_segment_text
 from warmfleet.sim.workloads.synthetic import GspConfig, gsp
 
@@ -324,46 +325,50 @@ def _cpus() -> int:
     return os.cpu_count() or 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m warmfleet.bench.peers")
-    parser.add_argument("--out", type=Path, default=Path("bench-results/peers.json"))
-    parser.add_argument("--sglang-python", type=Path, default=None)
-    parser.add_argument("--vllm-router", type=Path, default=None)
-    parser.add_argument("--scale", type=float, default=1.0, help="shrink request counts (<1)")
-    parser.add_argument("--routers", default="", help="comma-separated labels to keep")
-    parser.add_argument("--parts", default="overhead,quality", help="overhead and/or quality")
-    parser.add_argument(
-        "--rounds", type=int, default=ROUNDS, help="runs of each part (medians kept)"
-    )
-    args = parser.parse_args(argv)
-    routers: tuple[RouterSpec, ...] = ROUTERS
-    if args.routers:
-        keep = set(args.routers.split(","))
+def peers_command(  # noqa: PLR0917 (one parameter per CLI option)
+    out: Annotated[Path, typer.Option(help="JSON results")] = Path("bench-results/peers.json"),
+    sglang_python: Annotated[
+        Path | None, typer.Option(help="python of a venv with sglang-router")
+    ] = None,
+    vllm_router: Annotated[Path | None, typer.Option(help="the vllm-router binary")] = None,
+    scale: Annotated[float, typer.Option(help="shrink request counts (<1)")] = 1.0,
+    routers: Annotated[str, typer.Option(help="comma-separated labels to keep")] = "",
+    parts: Annotated[str, typer.Option(help="overhead and/or quality")] = "overhead,quality",
+    rounds: Annotated[int, typer.Option(help="runs of each part (medians kept)")] = ROUNDS,
+) -> None:
+    """warmfleet beside sglang-router and vllm-router, same fleet, one run."""
+    kept: tuple[RouterSpec, ...] = ROUTERS
+    if routers:
+        keep = set(routers.split(","))
         references = ("direct", *REFERENCE_PROXIES)
-        routers = tuple(r for r in ROUTERS if r.label in keep or r.router in references)
-    paths = PeerPaths(args.sglang_python, args.vllm_router)
+        kept = tuple(r for r in ROUTERS if r.label in keep or r.router in references)
+    paths = PeerPaths(sglang_python, vllm_router)
     with terminate_on_sigterm():
         main_run = run_peers(
-            args.out,
+            out,
             paths,
-            routers=routers,
-            scale=args.scale,
-            parts=args.parts.split(","),
-            rounds=max(1, args.rounds),
+            routers=kept,
+            scale=scale,
+            parts=parts.split(","),
+            rounds=max(1, rounds),
         )
         document = run_async(main_run)
-    out = console()
-    out.print(rows_table(document["rows"]))
-    out.print(acceptance_table(document["acceptance"]))
+    term = console()
+    term.print(rows_table(document["rows"]))
+    term.print(acceptance_table(document["acceptance"]))
     noisy = sum(1 for row in document["rows"] if row["noisy"])
     if noisy:
-        out.print(
+        term.print(
             f"[red]{noisy} of {len(document['rows'])} rows are noisy: unrelated processes used "
             "> 15 % of the machine's CPU during them; re-run on an idle machine.[/red]"
         )
     if document["skipped"]:
-        out.print(f"[yellow]skipped (not installed): {', '.join(document['skipped'])}[/yellow]")
-    out.print(f"wrote {args.out} in {document['wall_s']:.0f} s (logs: {document['logs']})")
+        term.print(f"[yellow]skipped (not installed): {', '.join(document['skipped'])}[/yellow]")
+    term.print(f"wrote {out} in {document['wall_s']:.0f} s (logs: {document['logs']})")
+
+
+def main() -> None:
+    typer.run(peers_command)
 
 
 if __name__ == "__main__":

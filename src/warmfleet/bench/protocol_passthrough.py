@@ -266,8 +266,8 @@ async def serve(host: str, port: int, upstreams: Sequence[str], timeout_s: float
             proxy.expire(time.monotonic())
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    run_proxy_cli("python -m warmfleet.bench.protocol_passthrough", serve, argv)
+def main() -> None:
+    run_proxy_cli(serve)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ indexed) plus a fresh unique question, so the match, the cost model and the inde
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -21,10 +20,13 @@ import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from warmfleet.core.types import FleetSnapshot, InstanceState, RoutingKey
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
+from warmfleet.routing.parse import parse_chat
 from warmfleet.routing.router import Router
 
 INSTANCES = 64
@@ -85,7 +87,7 @@ def measure(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
         ]
         bodies.append({"model": "llama-3.1-70b", "messages": messages, "max_tokens": 256})
     for body in bodies[:GROUPS]:  # warm every group once
-        key = router.key_for_chat(body, None)
+        key = router.key(parse_chat(body))
         router.on_routed(key, router.choose(key, fleet))
     _fill(router, fleet, rng, INDEXED_BLOCKS - router.strategy.index.total_blocks)  # type: ignore[attr-defined]
     indexed = router.strategy.index.total_blocks  # type: ignore[attr-defined]
@@ -96,7 +98,7 @@ def measure(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
     clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
     for body in bodies[GROUPS:]:
         start, cpu_start = clock(), cpu_clock()
-        key = router.key_for_chat(body, None)
+        key = router.key(parse_chat(body))
         decision = router.choose(key, fleet)
         router.on_routed(key, decision)
         cpu_samples.append((cpu_clock() - cpu_start) / 1000.0)
@@ -112,15 +114,15 @@ def measure(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("bench-results/routing.json"))
-    parser.add_argument("--repeats-8k", type=int, default=2000)
-    parser.add_argument("--repeats-128k", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=7)
-    args = parser.parse_args(argv)
-    small = measure(8_000, args.repeats_8k, args.seed)
-    large = measure(128_000, args.repeats_128k, args.seed)
+def routing_bench_command(
+    out: Annotated[Path, typer.Option(help="JSON results")] = Path("bench-results/routing.json"),
+    repeats_8k: Annotated[int, typer.Option(help="decisions measured at 8k chars")] = 2000,
+    repeats_128k: Annotated[int, typer.Option(help="decisions measured at 128k chars")] = 300,
+    seed: Annotated[int, typer.Option(help="seed of the fleet and the texts")] = 7,
+) -> None:
+    """Routing-overhead benchmark: one full prefix_affinity decision on a large index."""
+    small = measure(8_000, repeats_8k, seed)
+    large = measure(128_000, repeats_128k, seed)
     result: dict[str, Any] = {
         "decision_us_median": {
             "chars_8k": round(small["median"], 1),
@@ -147,20 +149,24 @@ def main(argv: list[str] | None = None) -> None:
                 "chars_8k": small["indexed_blocks"],
                 "chars_128k": large["indexed_blocks"],
             },
-            "repeats": {"chars_8k": args.repeats_8k, "chars_128k": args.repeats_128k},
+            "repeats": {"chars_8k": repeats_8k, "chars_128k": repeats_128k},
             "python": platform.python_version(),
             "machine": platform.machine(),
             "load_average_1m": round(os.getloadavg()[0], 2),
             "cpus": os.cpu_count(),
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(
         f"routing decision median: 8k chars {result['decision_us_median']['chars_8k']} us, "
         f"128k chars {result['decision_us_median']['chars_128k']} us "
-        f"(load average {result['context']['load_average_1m']}) -> {args.out}"
+        f"(load average {result['context']['load_average_1m']}) -> {out}"
     )
+
+
+def main() -> None:
+    typer.run(routing_bench_command)
 
 
 if __name__ == "__main__":

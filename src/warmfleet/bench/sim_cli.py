@@ -10,16 +10,20 @@ import typer
 from rich.console import Console
 
 from warmfleet.bench.report import comparison_table, write_json, write_plots
-from warmfleet.core.errors import WarmfleetError
+from warmfleet.core.errors import ConfigError, WarmfleetError
+from warmfleet.edge import TRACES_DIR_ENV, read_text_file, resolve_traces_dir
 from warmfleet.routing.config import STRATEGY_NAMES
 from warmfleet.sim.runner import Comparison, run_comparison
 from warmfleet.sim.scenario import (
     ScenarioSpec,
     builtin_scenario,
-    load_scenario_file,
+    parse_scenario,
+    replays_trace,
+    trace_path,
 )
 from warmfleet.sim.workloads.arrivals import PoissonArrival
 from warmfleet.sim.workloads.synthetic import AwsLongContextConfig
+from warmfleet.sim.workloads.traces import Trace
 
 DEFAULT_STRATEGIES = "random,least_outstanding_requests,prefix_hash,prefix_affinity"
 DEMO_STRATEGIES = ("random", "least_outstanding_requests", "prefix_hash", "prefix_affinity")
@@ -29,7 +33,7 @@ def _scenario(
     name: str, instances: int | None, preset: str | None, seed: int | None, requests: int | None
 ) -> ScenarioSpec:
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
-        spec = load_scenario_file(Path(name))
+        spec = parse_scenario(read_text_file(Path(name)), name)
     else:
         spec = builtin_scenario(name, 8, "llama-3.1-70b-p5", 0)
     updates: dict[str, object] = {}
@@ -42,6 +46,21 @@ def _scenario(
     if requests is not None:
         updates["requests"] = requests
     return spec.model_copy(update=updates)
+
+
+def read_trace(
+    scenario: ScenarioSpec, trace: Path | None = None, traces_dir: Path | None = None
+) -> Trace | None:
+    """The trace file a trace-driven scenario replays, found and read here at the edge:
+    ``trace``, else the scenario's ``workload.trace``, else its default file in the traces
+    directory (``warmfleet.edge.resolve_traces_dir``). None for a generated workload."""
+    if not replays_trace(scenario):
+        return None
+    path = trace_path(scenario, trace, resolve_traces_dir(traces_dir))
+    try:
+        return Trace(read_text_file(path), str(path))
+    except ConfigError as err:
+        raise ConfigError(f"trace: {err}") from err
 
 
 def _strategies(text: str) -> list[str]:
@@ -81,6 +100,13 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     trace: Annotated[
         Path | None, typer.Option(help="trace file for trace-driven scenarios")
     ] = None,
+    traces_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"directory of the default trace files (else ${TRACES_DIR_ENV}, "
+            "else ../shared/traces from the current directory)"
+        ),
+    ] = None,
     instances: Annotated[int | None, typer.Option(min=1)] = None,
     preset: Annotated[str | None, typer.Option(help="engine preset")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
@@ -98,10 +124,14 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     try:
         spec = _scenario(scenario, instances, preset, seed, requests)
         comparison = run_comparison(
-            spec, _strategies(strategies), trace=trace, rate_rps=rate, concurrency=concurrency
+            spec,
+            _strategies(strategies),
+            trace=read_trace(spec, trace, traces_dir),
+            rate_rps=rate,
+            concurrency=concurrency,
         )
     except WarmfleetError as err:
-        Console(stderr=True).print(f"[red]error:[/red] {err}")
+        typer.echo(f"error: {err}", err=True)  # one line (per problem), never wrapped
         raise typer.Exit(2) from err
     _emit(comparison, json_out, report)
 

@@ -1,8 +1,10 @@
-"""Base for typed configuration documents (pydantic v2, extra fields forbidden)."""
+"""Base for typed configuration documents (pydantic v2, extra fields forbidden).
+
+Pure: parses text and validates data; reading the files is the edges' job (``warmfleet.edge``).
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
@@ -36,16 +38,8 @@ def parse_document(model: type[M], data: Any, source: str = "config") -> M:
         raise ConfigError(format_validation_error(err, source)) from err
 
 
-def load_yaml_file(path: Path) -> Any:
-    """Read and parse a YAML (or JSON) document file; an unreadable file is a ConfigError."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read: {err}") from err
-    return load_yaml_text(text, str(path))
-
-
 def load_yaml_text(text: str, source: str = "config") -> Any:
+    """Parse a YAML (or JSON) document; invalid YAML is a ConfigError naming ``source``."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:

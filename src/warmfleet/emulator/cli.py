@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from warmfleet.core.errors import ConfigError
+from warmfleet.core.failures import DEBUG_META_KEY, EXPECTED_EXIT, expected_failure, one_line
 from warmfleet.emulator.config import (
     EmulatorSpec,
     build_spec,
@@ -102,6 +103,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def emulate_command(  # noqa: PLR0917
+    ctx: typer.Context,
     instances: int | None = typer.Option(None, "--instances", "-n", help="Instances (ports)."),
     base_port: int | None = typer.Option(None, help="First port (0: free ports)."),
     host: str | None = typer.Option(None, help="Bind address (default 127.0.0.1)."),
@@ -162,10 +164,17 @@ def emulate_command(  # noqa: PLR0917
             kv_events_topic=kv_events_topic,
         )
     except ConfigError as err:
-        print(f"invalid emulator config:\n{err}", file=sys.stderr)
-        raise typer.Exit(2) from err
+        if ctx.meta.get(DEBUG_META_KEY):  # `warmfleet --debug emulate`: the traceback
+            raise
+        print(f"warmfleet emulate: invalid emulator config: {one_line(str(err))}", file=sys.stderr)
+        raise typer.Exit(EXPECTED_EXIT) from err
 
-    _run(spec, ports_file, load_weights_from)
+    try:
+        _run(spec, ports_file, load_weights_from)
+    except typer.Exit as done:  # an expected failure, told in one line
+        if ctx.meta.get(DEBUG_META_KEY) and done.__cause__ is not None:
+            raise done.__cause__ from None  # `warmfleet --debug emulate`: its traceback
+        raise
 
 
 def _run(spec: EmulatorSpec, ports_file: Path | None, load_weights_from: str | None) -> None:
@@ -189,11 +198,14 @@ def _run(spec: EmulatorSpec, ports_file: Path | None, load_weights_from: str | N
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(serve_fleet(spec, ready, load_weights_from, on_weights))
     except WeightsLoadError as err:
-        print(f"cannot load the weights: {err}", file=sys.stderr)
-        raise typer.Exit(1) from err
+        print(f"warmfleet emulate: cannot load the weights: {one_line(str(err))}", file=sys.stderr)
+        raise typer.Exit(EXPECTED_EXIT) from err
     except OSError as err:
-        print(f"cannot start the emulated fleet: {err}", file=sys.stderr)
-        raise typer.Exit(1) from err
+        line = expected_failure(err)
+        if line is None:
+            raise
+        print(f"warmfleet emulate: cannot start the emulated fleet: {line}", file=sys.stderr)
+        raise typer.Exit(EXPECTED_EXIT) from err
 
 
 def register(app: typer.Typer) -> None:

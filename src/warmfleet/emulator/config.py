@@ -11,8 +11,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from warmfleet.core.config import StrictModel, load_yaml_file, parse_document
+from warmfleet.core.config import StrictModel, parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.edge import load_yaml_file
 from warmfleet.engine.presets import get_preset
 from warmfleet.engine.spec import EngineSpec
 

@@ -35,11 +35,11 @@ from warmfleet.gateway.config import (
     parse_instance_list,
 )
 from warmfleet.gateway.errors import ConflictError, UnauthorizedError, error_response
-from warmfleet.gateway.fleet import build_router_or_raise
 from warmfleet.gateway.http.messages import Request, Response
 from warmfleet.gateway.http.routes import Routes
 from warmfleet.gateway.runtime import Gateway
-from warmfleet.gateway.state import VariantRuntime
+from warmfleet.gateway.variant import VariantRuntime
+from warmfleet.gateway.world import build_router_or_raise
 from warmfleet.routing.config import RoutingConfig
 
 M = TypeVar("M", bound=BaseModel)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from warmfleet.core.errors import ConfigError
@@ -17,8 +19,8 @@ from warmfleet.gateway.http.routes import Routes
 from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.openai.handlers import Handlers, add_public_routes
 from warmfleet.gateway.runtime import Gateway
-from warmfleet.gateway.state import RouterFactory, RouterLike
 from warmfleet.gateway.tokenizer import HfChatTokenizer
+from warmfleet.gateway.variant import RouterFactory, RouterLike
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import Tokenizer
 from warmfleet.routing.router import Router
@@ -99,15 +101,17 @@ def create_app(
     config_path: Path | None = None,
     router_factory: RouterFactory | None = None,
     tokenizer: Tokenizer | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> GatewayApp:
     """The gateway app (not yet started: ``start_app`` starts the runtime, which owns the
     upstream pool, the health monitor, the discovery watcher and, with ``spec.kv_events``, the
     KV-event subscriber). Raises ``ConfigError`` if a variant's routing config cannot build a
-    router. ``router_factory`` (tests) replaces the one built from the config."""
+    router. ``router_factory`` (tests) replaces the one built from the config; ``clock`` (tests)
+    times passive ejections."""
     kv_events: KvEventService | None = None
     if router_factory is None:
         router_factory, kv_events = configured_routing(config, tokenizer)
-    gateway = Gateway(config, router_factory, config_path, kv_events)
+    gateway = Gateway(config, router_factory, config_path, kv_events, clock)
     error = _counted_errors(gateway)
     routes = Routes(error)
     add_public_routes(routes, Handlers(gateway))

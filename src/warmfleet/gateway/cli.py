@@ -1,17 +1,23 @@
-"""`warmfleet serve --config gateway.yaml [--check]`."""
+"""`warmfleet serve --config gateway.yaml [--check]`.
+
+The command also runs alone (``python -m warmfleet.gateway``, child processes of the live bench
+and of ``warmfleet up``), so it turns its own expected failures (a bad config, a port in use)
+into one line on stderr and exit 2, as the root command does for every other command.
+"""
 
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import typer
 
 from warmfleet.core.errors import ConfigError
+from warmfleet.core.failures import DEBUG_META_KEY, EXPECTED_EXIT, expected_failure
 
 
 def serve_command(
+    ctx: typer.Context,
     config: Path = typer.Option(..., "--config", "-c", help="Gateway document (kind: Gateway)."),  # noqa: B008
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     check: bool = typer.Option(
@@ -27,9 +33,13 @@ def serve_command(
             print(check_config(config))
             return
         _serve(config)
-    except ConfigError as err:
-        print(f"invalid config:\n{err}", file=sys.stderr)
-        raise typer.Exit(2) from err
+    except Exception as err:
+        line = expected_failure(err)
+        if line is None or ctx.meta.get(DEBUG_META_KEY):  # `warmfleet --debug serve`
+            raise
+        what = "invalid config: " if isinstance(err, ConfigError) else ""
+        typer.echo(f"warmfleet serve: {what}{line}", err=True)
+        raise typer.Exit(EXPECTED_EXIT) from err
 
 
 def _serve(config: Path) -> None:

@@ -13,9 +13,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from yarl import URL
 
-from warmfleet.core.config import StrictModel, load_yaml_file, parse_document
+from warmfleet.core.config import StrictModel, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.kubeapi import SERVICE_ACCOUNT_DIR, KubeApiSpec
+from warmfleet.edge import load_yaml_file
 from warmfleet.gateway.kv_config import KvEventsConfig
 from warmfleet.gateway.server_config import (
     AdminConfig,

@@ -20,9 +20,9 @@ import time
 
 from aiohttp import ClientError, ClientSession, ClientTimeout
 
-from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.instance import InstanceRuntime
-from warmfleet.gateway.state import VariantRuntime
+from warmfleet.gateway.variant import VariantRuntime
+from warmfleet.gateway.world import GatewayState
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from warmfleet.gateway.errors import (
     sse_error_event,
     status_and_type,
 )
-from warmfleet.gateway.fleet import GatewayState
 from warmfleet.gateway.http.messages import Request, Response
 from warmfleet.gateway.http.upstream import (
     Origin,
@@ -36,7 +35,8 @@ from warmfleet.gateway.http.upstream import (
 from warmfleet.gateway.http.upstream_pool import UpstreamPool
 from warmfleet.gateway.outlier import IN, PROBATION, FailureCause
 from warmfleet.gateway.relay import ATTEMPTS_HEADER, Attempt, Relay, Retry, prompt_id
-from warmfleet.gateway.state import RouterLike, VariantRuntime
+from warmfleet.gateway.variant import RouterLike, VariantRuntime
+from warmfleet.gateway.world import GatewayState
 
 log = logging.getLogger(__name__)
 

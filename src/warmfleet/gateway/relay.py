@@ -12,12 +12,17 @@ from typing import NoReturn
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.core.types import Decision, RoutingKey
 from warmfleet.gateway.errors import UpstreamError, UpstreamTimeoutError
-from warmfleet.gateway.http.messages import INSTANCE_HEADER, REASON_HEADER, Request, Response
+from warmfleet.gateway.http.messages import (
+    INSTANCE_HEADER,
+    REASON_HEADER,
+    ClientConnection,
+    Request,
+    Response,
+)
 from warmfleet.gateway.http.upstream import Exchange
-from warmfleet.gateway.http.wire import ServerConnection
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.outlier import FailureCause
-from warmfleet.gateway.state import VariantRuntime
+from warmfleet.gateway.variant import VariantRuntime
 
 _MAX_HELD_EVENT_BYTES = 1 << 20
 # On a retried request's answer (or its final error): how many instances were tried.
@@ -122,7 +127,7 @@ class Relay:
 
     def __init__(self, call: Attempt) -> None:
         self.call = call
-        self.conn: ServerConnection = call.request.conn
+        self.conn: ClientConnection = call.request.conn
         self.status = 0
         self.content_type = "application/octet-stream"
         self.headers: dict[str, str] = {}

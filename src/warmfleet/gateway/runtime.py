@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,6 @@ from warmfleet.gateway.discovery.inference_endpoints import (
     derive_endpoints,
 )
 from warmfleet.gateway.discovery.kubernetes import KubeDiscovery
-from warmfleet.gateway.fleet import GatewayState, build_router_or_raise
 from warmfleet.gateway.health import HealthMonitor
 from warmfleet.gateway.http.upstream_pool import UpstreamPool
 from warmfleet.gateway.kv_events.service import KvEventService
@@ -33,7 +33,8 @@ from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import BodyWorker
 from warmfleet.gateway.openai.models import ModelsCache
 from warmfleet.gateway.proxy import Proxy
-from warmfleet.gateway.state import RouterFactory
+from warmfleet.gateway.variant import RouterFactory
+from warmfleet.gateway.world import GatewayState, build_router_or_raise
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,10 @@ class Gateway:
         factory: RouterFactory,
         config_path: Path | None = None,
         kv_events: KvEventService | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = GatewayMetrics()
-        self.state = GatewayState(config, factory, self.metrics)
+        self.state = GatewayState(config, factory, self.metrics, clock=clock)
         self.config_path = config_path
         self.kv_events = kv_events
         self._restart_only = _restart_only(config)

@@ -13,15 +13,15 @@ user's ``$WARMFLEET_AGENT_TOKEN`` plays no part).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
 import signal
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from aiohttp import web
 
 from warmfleet.agent.fleet_node import Assignment, FleetNode
@@ -107,15 +107,19 @@ async def _run(
         await runner.cleanup()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--root", type=Path, required=True)
-    parser.add_argument("--budget", type=int, required=True)
-    parser.add_argument("--ready-file", type=Path, required=True)
-    args = parser.parse_args()
+def agent_command(
+    root: Annotated[Path, typer.Option(help="the node's cache root (created if missing)")],
+    budget: Annotated[int, typer.Option(help="cache budget in bytes")],
+    ready_file: Annotated[Path, typer.Option(help="written with {pid, url} once serving")],
+) -> None:
+    """Run one node's cache agent and fleet node protocol until SIGINT or SIGTERM."""
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(message)s")
-    args.root.mkdir(parents=True, exist_ok=True)
-    asyncio.run(serve(args.root, args.budget, args.ready_file))
+    root.mkdir(parents=True, exist_ok=True)
+    asyncio.run(serve(root, budget, ready_file))
+
+
+def main() -> None:
+    typer.run(agent_command)
 
 
 if __name__ == "__main__":

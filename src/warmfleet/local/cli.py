@@ -1,21 +1,24 @@
-"""``warmfleet up fleet.yaml`` and ``warmfleet status``."""
+"""``warmfleet up fleet.yaml`` and ``warmfleet status``.
+
+Their expected failures (a bad fleet file, a port in use, a child that cannot start) reach the
+root command, which prints them as one line and exits 2.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
-import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 
-from warmfleet.core.errors import ConfigError, WarmfleetError
+from warmfleet.core.errors import ConfigError, NotFoundError
 from warmfleet.local.config import LocalFleet, load_fleet
 from warmfleet.local.fleet import EmbeddedFleet
-from warmfleet.local.state import read_state, render
+from warmfleet.local.state import STATE_FILE, not_running_reason, read_state, render
 
 log = logging.getLogger("warmfleet.embedded")
 DEFAULT_WORKDIR = Path(".warmfleet/fleet")
@@ -65,31 +68,36 @@ def up(
     try:
         config = load_fleet(fleet_file)
     except ConfigError as err:
-        print(f"invalid fleet file:\n{err}", file=sys.stderr)
-        raise typer.Exit(2) from err
+        raise ConfigError(f"invalid fleet file: {err}") from err
     if workdir is not None:
         spec = config.spec.model_copy(update={"workdir": str(workdir)})
         config = config.model_copy(update={"spec": spec})
-    try:
-        asyncio.run(run_up(config, fleet_file))
-    except WarmfleetError as err:
-        print(f"warmfleet up failed: {err}", file=sys.stderr)
-        raise typer.Exit(1) from err
+    asyncio.run(run_up(config, fleet_file))
 
 
 def status(
     fleet_file: Annotated[Path | None, typer.Argument(help="the fleet file given to `up`")] = None,
     workdir: Annotated[Path | None, typer.Option(help="the fleet's workdir")] = None,
 ) -> None:
-    """Show the running fleet's endpoints, caches, nodes and replicas."""
+    """Show the running fleet's endpoints, caches, nodes and replicas.
+
+    Exit 1 (one line on stderr) when the fleet is not running: no state, stopped, its process
+    gone or its gateway not listening."""
     if workdir is None:
         workdir = Path(load_fleet(fleet_file).spec.workdir) if fleet_file else DEFAULT_WORKDIR
     try:
         doc = read_state(workdir)
-    except WarmfleetError as err:
-        print(str(err), file=sys.stderr)
-        raise typer.Exit(1) from err
+    except NotFoundError as err:
+        _not_running(str(err))
+    reason = not_running_reason(doc)
+    if reason is not None:
+        _not_running(f"{reason} (last state in {workdir / STATE_FILE})")
     render(doc, Console())
+
+
+def _not_running(why: str) -> NoReturn:
+    typer.echo(f"warmfleet status: the fleet is not running: {why}", err=True)
+    raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,8 +14,9 @@ from pydantic import Field, field_validator, model_validator
 
 from warmfleet.api.resources import InferenceEndpointSpec, WireModel
 from warmfleet.cache.config import Size
-from warmfleet.core.config import load_yaml_file, parse_document
+from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.edge import load_yaml_file
 
 ORIGIN_SCHEME = "origin://"
 

@@ -1,20 +1,23 @@
-"""The model origin of the embedded fleet: synthetic weights files served over HTTP.
+"""The model origin of the embedded fleet as a child process: synthetic weights files over HTTP.
 
 ``python -m warmfleet.local.origin_proc --dir DIR --ready-file F [--throttle BPS]``
 serves every file of DIR at ``/files/<name>`` (ranges, ETag, ``Repr-Digest``; one token bucket
-over all connections, i.e. an origin with a fixed bandwidth, like a bucket behind a link) using
-the agent's test origin. ``generate_model`` writes the synthetic weights.
+over all connections, i.e. an origin with a fixed bandwidth, like a bucket behind a link) with
+``warmfleet.local.origin``. ``generate_model`` writes the synthetic weights.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import signal
+import sys
 from pathlib import Path
+from typing import Annotated
 
-from warmfleet.agent.testing.origin import Blob, Origin
+import typer
+
+from warmfleet.local.origin import Blob, Origin
 from warmfleet.local.procs import serve_announced
 
 BLOCK_BYTES = 1 << 20
@@ -55,13 +58,20 @@ async def serve(directory: Path, ready_file: Path, throttle_bps: float | None) -
         await runner.cleanup()
 
 
+def origin_command(
+    directory: Annotated[Path, typer.Option("--dir", help="serve every file of DIR")],
+    ready_file: Annotated[Path, typer.Option(help="written with {pid, url} once serving")],
+    throttle: Annotated[float, typer.Option(help="bandwidth in bytes/s (0: unlimited)")] = 0.0,
+) -> None:
+    """Serve DIR's files at /files/<name> until SIGINT or SIGTERM."""
+    if not directory.is_dir():
+        print(f"origin: no such directory: {directory}", file=sys.stderr)
+        raise typer.Exit(2)
+    asyncio.run(serve(directory, ready_file, throttle or None))
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--dir", type=Path, required=True)
-    parser.add_argument("--ready-file", type=Path, required=True)
-    parser.add_argument("--throttle", type=float, default=0.0)
-    args = parser.parse_args()
-    asyncio.run(serve(args.dir, args.ready_file, args.throttle or None))
+    typer.run(origin_command)
 
 
 if __name__ == "__main__":

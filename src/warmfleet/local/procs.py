@@ -84,11 +84,6 @@ class Child:
                     os.kill(self.pid, signal.SIGKILL)
                 await self.proc.wait()
 
-    def kill(self) -> None:
-        """SIGKILL (fault injection: a node agent that dies without cleaning up)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-
 
 async def start_child(
     name: str,

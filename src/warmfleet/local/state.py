@@ -1,12 +1,21 @@
-"""``state.json``: what a running ``warmfleet up`` exposes, and ``warmfleet status``'s tables."""
+"""``state.json``: what a running ``warmfleet up`` exposes, and ``warmfleet status``'s tables.
+
+``warmfleet status`` believes ``state.json`` only while the fleet that wrote it is alive: ``up``
+wrote ``running: true``, its process still exists and its gateway accepts connections
+(``not_running_reason``). A fleet stopped cleanly or killed, or whose gateway no longer listens,
+is "not running", whatever phases its last state shows.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
@@ -15,10 +24,12 @@ from rich.table import Table
 from warmfleet.api.names import READY_VALUE
 from warmfleet.api.resources import wire
 from warmfleet.control.placement import unprepared_share
+from warmfleet.control.world import World
 from warmfleet.core.errors import NotFoundError
-
-if TYPE_CHECKING:
-    from warmfleet.local.fleet import EmbeddedFleet
+from warmfleet.gateway.server import StartedApp
+from warmfleet.local.config import LocalFleetSpec
+from warmfleet.local.procs import Child
+from warmfleet.local.replicas import Replica
 
 STATE_FILE = "state.json"
 IN_FLIGHT = "warmfleet_gateway_in_flight_requests"
@@ -61,7 +72,37 @@ def start_times(history: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _nodes(fleet: EmbeddedFleet) -> list[dict[str, Any]]:
+class FleetView(Protocol):
+    """What ``state.json`` is made of: the running fleet (``fleet.EmbeddedFleet``), read only."""
+
+    @property
+    def spec(self) -> LocalFleetSpec: ...
+    @property
+    def world(self) -> World: ...
+    @property
+    def agents(self) -> Mapping[str, Child]: ...
+    @property
+    def agent_urls(self) -> Mapping[str, str]: ...
+    @property
+    def replicas(self) -> Mapping[str, Replica]: ...
+    @property
+    def history(self) -> Mapping[str, dict[str, Any]]: ...
+    @property
+    def events(self) -> Iterable[dict[str, Any]]: ...
+    @property
+    def gateway(self) -> StartedApp | None: ...
+    @property
+    def origin(self) -> Child | None: ...
+    @property
+    def origin_url(self) -> str: ...
+    @property
+    def passes(self) -> int: ...
+    @property
+    def last_pass_s(self) -> float: ...
+    def now_s(self) -> float: ...
+
+
+def _nodes(fleet: FleetView) -> list[dict[str, Any]]:
     out = []
     for config in fleet.spec.nodes:
         node = fleet.world.nodes[config.name]
@@ -88,7 +129,7 @@ def _nodes(fleet: EmbeddedFleet) -> list[dict[str, Any]]:
     return out
 
 
-def snapshot(fleet: EmbeddedFleet, *, running: bool) -> dict[str, Any]:
+def snapshot(fleet: FleetView, *, running: bool) -> dict[str, Any]:
     endpoints = [
         {"name": e.name, "status": wire(e.status) if e.status else None}
         for e in fleet.world.endpoints.values()
@@ -134,10 +175,45 @@ def read_state(workdir: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise NotFoundError(
-            f"no fleet state at {path} (is `warmfleet up` running?): {err}"
-        ) from err
+        raise NotFoundError(f"no state at {path} (start it with `warmfleet up`)") from err
     return doc if isinstance(doc, dict) else {}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _accepts_connections(url: str, timeout_s: float) -> bool:
+    split = urlsplit(url)
+    host = split.hostname or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):  # a wildcard bind: reachable on loopback
+        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+    try:
+        port = split.port or (443 if split.scheme == "https" else 80)
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def not_running_reason(doc: dict[str, Any], *, timeout_s: float = 2.0) -> str | None:
+    """Why the fleet that wrote ``doc`` is not running, or None when it is: ``up`` recorded its
+    stop, its process (``pid``) is gone, or its gateway refuses connections."""
+    if not doc.get("running"):
+        return "it was stopped"
+    pid = doc.get("pid")
+    if not isinstance(pid, int) or pid <= 0 or not _pid_alive(pid):
+        return f"its process (pid {pid}) is gone"
+    gateway = doc.get("gateway")
+    if isinstance(gateway, str) and not _accepts_connections(gateway, timeout_s):
+        return f"its gateway {gateway} does not accept connections (pid {pid})"
+    return None
 
 
 def _gb(n: int | None) -> str:
@@ -150,9 +226,20 @@ def render(doc: dict[str, Any], console: Console) -> None:
         f"fleet {state} (pid {doc.get('pid')}, up {doc.get('uptimeS')} s), "
         f"gateway {doc.get('gateway')}, origin {doc.get('origin')}"
     )
-    t = Table(title="endpoints")
-    for col in ("name", "phase", "revision", "replicas", "ready", "unprepared share"):
+    for table in (_endpoints(doc), _caches(doc), _nodes_table(doc), _replicas(doc)):
+        console.print(table)
+    console.print(f"starts: {json.dumps(doc.get('starts', {}))}")
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    t = Table(title=title)
+    for col in columns:
         t.add_column(col)
+    return t
+
+
+def _endpoints(doc: dict[str, Any]) -> Table:
+    t = _table("endpoints", ("name", "phase", "revision", "replicas", "ready", "unprepared share"))
     for e in doc.get("endpoints", []):
         s = e.get("status") or {}
         t.add_row(
@@ -163,10 +250,11 @@ def render(doc: dict[str, Any], console: Console) -> None:
             str(s.get("readyReplicas", 0)),
             f"{s.get('unpreparedReplicaShare', 0.0):.2f}",
         )
-    console.print(t)
-    t = Table(title="caches")
-    for col in ("name", "source", "state", "ready/target nodes"):
-        t.add_column(col)
+    return t
+
+
+def _caches(doc: dict[str, Any]) -> Table:
+    t = _table("caches", ("name", "source", "state", "ready/target nodes"))
     for c in doc.get("caches", []):
         s = c.get("status") or {}
         src = c.get("source", {})
@@ -176,10 +264,11 @@ def render(doc: dict[str, Any], console: Console) -> None:
             str(s.get("state", "")),
             f"{s.get('readyNodes', 0)}/{s.get('targetNodes', 0)}",
         )
-    console.print(t)
-    t = Table(title="nodes")
-    for col in ("name", "agent", "budget", "ready labels", "caches"):
-        t.add_column(col)
+    return t
+
+
+def _nodes_table(doc: dict[str, Any]) -> Table:
+    t = _table("nodes", ("name", "agent", "budget", "ready labels", "caches"))
     for n in doc.get("nodes", []):
         caches = ", ".join(
             f"{k}: {v['state']} {_gb(v['bytesDone'])}/{_gb(v['bytesTotal'])}"
@@ -188,10 +277,11 @@ def render(doc: dict[str, Any], console: Console) -> None:
         )
         agent = f"up (pid {n['agentPid']})" if n.get("agentUp") else "DOWN"
         t.add_row(n["name"], agent, _gb(n["budgetBytes"]), "\n".join(n["readyLabels"]), caches)
-    console.print(t)
-    t = Table(title="replicas")
-    for col in ("name", "node", "state", "weights from", "time to ready", "url"):
-        t.add_column(col)
+    return t
+
+
+def _replicas(doc: dict[str, Any]) -> Table:
+    t = _table("replicas", ("name", "node", "state", "weights from", "time to ready", "url"))
     for r in doc.get("replicas", []):
         ttr = r.get("timeToReadyS")
         t.add_row(
@@ -202,5 +292,4 @@ def render(doc: dict[str, Any], console: Console) -> None:
             "-" if ttr is None else f"{ttr:.2f} s",
             str(r.get("url") or "-"),
         )
-    console.print(t)
-    console.print(f"starts: {json.dumps(doc.get('starts', {}))}")
+    return t

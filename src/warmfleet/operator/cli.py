@@ -13,9 +13,10 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from warmfleet.core.config import load_yaml_text, parse_document
+from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.kubeapi import KubeApiSpec
+from warmfleet.edge import load_yaml_file
 
 fleet_app = typer.Typer(
     no_args_is_help=True, help="Fleet controller: what-if, manifests, operator."
@@ -31,9 +32,9 @@ def whatif(
     from warmfleet.sim.whatif import WhatIfParams, run_whatif  # noqa: PLC0415
 
     try:
-        data = load_yaml_text(params.read_text(), str(params)) if params else {}
+        data = load_yaml_file(params) if params else {}
         p = parse_document(WhatIfParams, data or {}, str(params or "defaults"))
-    except (ConfigError, OSError) as err:
+    except ConfigError as err:
         typer.echo(f"invalid what-if parameters:\n{err}", err=True)
         raise typer.Exit(2) from err
     report = run_whatif(p)
@@ -57,10 +58,27 @@ def whatif(
 
 
 @fleet_app.command("render")
-def render(out: Annotated[Path, typer.Option(help="deploy directory")] = Path("deploy")) -> None:
-    """Write the CRDs and the plain manifests generated from the resource model."""
-    from warmfleet.operator.manifests import write_all  # noqa: PLC0415
+def render(
+    out: Annotated[Path, typer.Option(help="deploy directory")] = Path("deploy"),
+    force: Annotated[bool, typer.Option("--force", help="overwrite files that differ")] = False,
+) -> None:
+    """Write the CRDs, the plain manifests and the Helm chart generated from the resource model.
 
+    Existing files that differ are left alone (exit 2) unless --force is given."""
+    from warmfleet.operator.manifests import rendered_files, write_all  # noqa: PLC0415
+
+    differ = [
+        out / rel
+        for rel, content in rendered_files().items()
+        if (out / rel).exists() and (out / rel).read_text() != content
+    ]
+    if differ and not force:
+        typer.echo(
+            f"warmfleet fleet render: {len(differ)} existing file(s) would change, e.g. "
+            f"{differ[0]}: pass --force to overwrite them, or --out another directory",
+            err=True,
+        )
+        raise typer.Exit(2)
     for path in write_all(out):
         typer.echo(f"wrote {path}")
 

@@ -17,6 +17,7 @@ import yaml
 
 from warmfleet.api.crds import all_crds
 from warmfleet.api.names import LABEL_MANAGED_BY, MANAGER
+from warmfleet.api.resources import API_VERSION
 
 Obj = dict[str, Any]
 VERSION = "0.1.0"
@@ -199,6 +200,19 @@ def agent_objects(v: Values) -> list[Obj]:
     return [*_rbac("warmfleet-node-agent", v, "node-agent", rules), config, daemonset]
 
 
+def gateway_yaml(v: Values) -> str:
+    """The gateway's configuration in its ConfigMap: one endpoint per ``InferenceEndpoint`` of
+    the watched namespace (on the Services the operator creates), chosen by the OpenAI
+    ``model``. Edit the ConfigMap (or list endpoints by hand) to change it."""
+    spec = {
+        "listen": {"host": "0.0.0.0", "port": 8080},
+        "inference_endpoints": {"namespace": v.watch_namespace},
+        "model_selects_endpoint": True,
+    }
+    doc = {"apiVersion": API_VERSION, "kind": "Gateway", "spec": spec}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
 def gateway_objects(v: Values) -> list[Obj]:
     """The gateway finds engine pods through the EndpointSlices of each endpoint's Service."""
     rules = [
@@ -226,11 +240,15 @@ def gateway_objects(v: Values) -> list[Obj]:
                             "imagePullPolicy": v.pull_policy,
                             "args": ["serve", "--config", "/etc/warmfleet/gateway.yaml"],
                             "ports": [{"name": "http", "containerPort": 8080}],
-                            # Readiness stays a TCP check on purpose: the gateway's /ready
-                            # is 503 while any endpoint has no healthy engine, which would
-                            # drop every gateway pod from the Service at once (and with it
-                            # the endpoints that do have engines).
-                            "readinessProbe": {"tcpSocket": {"port": "http"}},
+                            # Ready once this gateway can route (a health round done); not
+                            # plain /ready, which is 503 while any endpoint has no healthy
+                            # engine and would take every gateway pod out of the Service.
+                            "readinessProbe": {
+                                "httpGet": {"path": "/ready?scope=gateway", "port": "http"},
+                                "periodSeconds": 5,
+                                "failureThreshold": 2,
+                                "timeoutSeconds": 2,
+                            },
                             # /health answers from the event loop: a wedged loop is restarted.
                             "livenessProbe": {
                                 "httpGet": {"path": "/health", "port": "http"},
@@ -249,21 +267,39 @@ def gateway_objects(v: Values) -> list[Obj]:
             },
         },
     }
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta("warmfleet-gateway", v, "gateway"),
+        "data": {"gateway.yaml": gateway_yaml(v)},
+    }
     service = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _meta("warmfleet-gateway", v, "gateway"),
         "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
     }
-    return [*_rbac("warmfleet-gateway", v, "gateway", rules), deployment, service]
+    return [*_rbac("warmfleet-gateway", v, "gateway", rules), config, deployment, service]
 
 
 def install_objects(v: Values) -> list[Obj]:
     return [*operator_objects(v), *agent_objects(v), *gateway_objects(v)]
 
 
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (configuration files in ConfigMaps) as readable ``|`` blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def dump(objects: list[Obj]) -> str:
-    return yaml.safe_dump_all(objects, sort_keys=False, width=100)
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=100)
 
 
 def _chart_files() -> dict[str, str]:

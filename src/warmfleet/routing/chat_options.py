@@ -1,7 +1,8 @@
 """The chat request fields, besides ``messages`` and ``tools``, that change vLLM's rendered prompt.
 
 ``tokens`` keys must be the token ids vLLM itself builds for a chat request, so
-``chat_template_options(body)`` reads what vLLM's chat endpoint hands its chat template, with
+``chat_template_options(request.prompt_options)`` reads what vLLM's chat endpoint hands its chat
+template (only the ``tokens`` key mode calls it, so only it rejects a malformed field), with
 vLLM's precedence (``ChatCompletionRequest.build_chat_params`` and ``build_tok_params`` in
 ``vllm/entrypoints/openai/chat_completion/protocol.py``; ``merge_kwargs`` and ``ChatParams`` in
 ``vllm/renderers/params.py``; ``safe_apply_chat_template`` in ``vllm/renderers/hf.py``):
@@ -35,17 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmfleet.routing.parse import bad_request, bool_field
+from warmfleet.routing.parse import CHAT_TEMPLATE_FIELDS, bad_request, bool_field
 
-_FIELDS = (
-    "add_generation_prompt",
-    "continue_final_message",
-    "add_special_tokens",
-    "documents",
-    "reasoning_effort",
-    "chat_template",
-    "chat_template_kwargs",
-)
 # The request fields that win over chat_template_kwargs entries of the same name (unless null),
 # and are not template variables of their own: vLLM hands them to the template by name.
 _FIXED = frozenset({"add_generation_prompt", "continue_final_message", "documents"})
@@ -118,10 +110,11 @@ def _merged_kwargs(
 def chat_template_options(
     body: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
 ) -> ChatTemplateOptions:
-    """The rendering options of a chat body (validated); the defaults if it sets none.
+    """The rendering options of a chat's fields (``ChatRequest.prompt_options``, or the whole
+    body), validated; the defaults if it sets none.
     ``defaults``: the engine's ``--default-chat-template-kwargs`` (vLLM merges the request's
     ``chat_template_kwargs`` over them)."""
-    if not defaults and not any(name in body for name in _FIELDS):
+    if not defaults and not any(name in body for name in CHAT_TEMPLATE_FIELDS):
         return DEFAULT_CHAT_OPTIONS
     generation = bool_field(body, "add_generation_prompt", True)
     continue_final = bool_field(body, "continue_final_message", False)

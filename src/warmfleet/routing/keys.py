@@ -1,54 +1,34 @@
-"""Routing keys: parse what a router sees into a ``RoutingKey`` of salted chained block hashes.
+"""Routing keys: how a parsed request (``routing.request``) becomes a ``RoutingKey`` of salted
+chained block hashes. This module holds the settings (``KeySpec``), the ``Tokenizer`` protocol and
+``KeyHasher``, the hashing every key mode shares; ``routing.key_modes`` holds one key builder per
+mode (see docs/routing.md):
 
-Three key modes (see docs/routing.md):
-
-- ``text``: a canonical rendering of the chat messages (role, name, text parts, image URLs, tool
-  calls with re-serialized JSON arguments, tools), independent of JSON whitespace and key order;
-  counted in characters (each block of characters is hashed as its UTF-8 bytes).
+- ``text``: the canonical text of a chat (``routing.canonical``: role, name, text parts, image
+  URLs, tool calls with re-serialized JSON arguments, tools), independent of JSON whitespace
+  and key order; counted in characters (each block of characters is hashed as its UTF-8 bytes).
 - ``bytes``: AWS parity; the first bytes of the raw body (native invocations) or of the UTF-8
   canonical text (chat/completions bodies, which arrive parsed).
 - ``tokens``: token ids from an injected ``Tokenizer`` (with the engine's chat template and the
   request's rendering options, ``chat_options``); the block size should equal the engine's.
 
-A batch of completions prompts is keyed on its first prompt (a key is one chain, and the engine
-chains each prompt of a batch from the start, so the first stands for the batch), but
-``prompt_tokens`` counts every prompt (the load the batch puts on its instance).
-
-Only hashes leave this module; no raw text is kept.
+Only hashes leave these modules; no raw text is kept.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 import xxhash
 from pydantic import Field, JsonValue, field_validator
 
 from warmfleet.core.config import StrictModel
-from warmfleet.core.errors import ConfigError
 from warmfleet.core.hashing import chain_blocks, chain_seed
 from warmfleet.core.types import RoutingKey
 from warmfleet.routing.chains import SpanMemo
-from warmfleet.routing.chat_options import (
-    RESERVED_TEMPLATE_KWARGS,
-    ChatTemplateOptions,
-    chat_template_options,
-)
-from warmfleet.routing.parse import (
-    bad_request,
-    cache_salt_of,
-    completions_add_special_tokens,
-    completions_output_hint,
-    completions_prompts,
-    model_of,
-    output_hint,
-    render_chat_text,
-    validate_messages,
-    validate_tenant,
-)
+from warmfleet.routing.chat_options import RESERVED_TEMPLATE_KWARGS, ChatTemplateOptions
+from warmfleet.routing.parse import DEFAULT_TENANT_HEADER, bad_request
 
 KeyMode = Literal["text", "bytes", "tokens"]
 DEFAULT_BLOCK_SIZE: dict[str, int] = {"text": 128, "bytes": 128, "tokens": 16}
@@ -102,7 +82,7 @@ class KeySpec(StrictModel):
     max_units: int = Field(default=1 << 22, gt=0)
     max_blocks: int = Field(default=2048, gt=0)
     salt: str = "warmfleet"
-    tenant_header: str = "x-prefix-aware-id"
+    tenant_header: str = DEFAULT_TENANT_HEADER
     default_chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
     exclude_tools_when_tool_choice_none: bool = False
 
@@ -123,7 +103,7 @@ class KeySpec(StrictModel):
 # Hashing
 
 
-def _estimated_tokens(text: str, mode: str) -> int:
+def estimated_tokens(text: str, mode: str) -> int:
     """``prompt_tokens`` of a text in ``text``/``bytes`` modes: characters / 4 (rounded up), or
     UTF-8 bytes / 4 (rounded down); at least 1 for a non-empty text."""
     if mode == "bytes":
@@ -133,29 +113,22 @@ def _estimated_tokens(text: str, mode: str) -> int:
     return max(count, 1 if text else 0)
 
 
-class KeyBuilder:
-    """Builds ``RoutingKey``s for one ``KeySpec`` (and optional tokenizer).
+class KeyHasher:
+    """The hashing of one ``KeySpec``: chain seeds and ``RoutingKey``s of byte buffers, texts
+    and token ids.
 
     Thread-safe (the gateway keys big bodies on a worker thread): its only state, two bounded
     memo dicts (seeds, ``SpanMemo``), holds pure functions of the keys, never mutated once
-    stored, touched by single dict operations (atomic under the GIL). So must the tokenizer be.
+    stored, touched by single dict operations (atomic under the GIL).
     """
 
     def __init__(
-        self,
-        spec: KeySpec,
-        tokenizer: Tokenizer | None = None,
-        *,
-        prefix_length: int | None = None,
-        hash_blocks: bool = True,
+        self, spec: KeySpec, *, prefix_length: int | None = None, hash_blocks: bool = True
     ) -> None:
         """``hash_blocks=False``: keys carry no ``block_hashes`` (for strategies that never
         read them); everything else in a key is the same."""
-        if spec.mode == "tokens" and tokenizer is None:
-            raise ConfigError("key.mode: 'tokens' needs a tokenizer (none was configured)")
         self.spec = spec
         self.hash_blocks = hash_blocks
-        self.tokenizer = tokenizer
         self.block_size = spec.effective_block_size
         self.prefix_length = prefix_length or spec.prefix_length or DEFAULT_PREFIX_LENGTH
         self.max_blocks = min(spec.max_units // self.block_size, spec.max_blocks)
@@ -183,107 +156,13 @@ class KeyBuilder:
             seed = cache[memo] = chain_seed(self.spec.salt, *salted)
         return seed
 
-    def _tenant(self, body: Mapping[str, Any] | None, header_tenant: str | None) -> str | None:
-        if body is not None and body.get("prompt_cache_key") is not None:
-            return validate_tenant(body["prompt_cache_key"], "prompt_cache_key")
-        if header_tenant is not None:
-            return validate_tenant(header_tenant, self.spec.tenant_header)
-        return None
-
-    def _prologue(
-        self, body: object, tenant: str | None, lora_adapter: str | None
-    ) -> tuple[Mapping[str, Any], int]:
-        """Validate the body's shape; return it as a mapping and the chain seed."""
-        if type(body) is not dict and not isinstance(body, Mapping):
-            raise bad_request("the request body must be a JSON object", "body")
-        tenant_key = self._tenant(body, tenant)
-        seed = self.seed(model_of(body), lora_adapter, tenant_key, cache_salt_of(body))
-        return body, seed
-
-    def for_chat(
-        self, body: object, tenant: str | None, lora_adapter: str | None = None
-    ) -> RoutingKey:
-        body, seed = self._prologue(body, tenant, lora_adapter)
-        hint = output_hint(body)
-        if self.spec.mode == "tokens":
-            assert self.tokenizer is not None
-            render_chat_text(body)  # full validation before the tokenizer sees the messages
-            tools = body.get("tools")  # validated above: a list, or absent
-            if self.spec.exclude_tools_when_tool_choice_none and body.get("tool_choice") == "none":
-                tools = None
-            options = chat_template_options(body, self.spec.default_chat_template_kwargs)
-            ids = self.tokenizer.encode_chat(validate_messages(body), tools=tools, options=options)
-            return self.from_token_ids(ids, seed, hint, self.block_size)
-        return self._from_text(render_chat_text(body), seed, hint)
-
-    def for_completions(
-        self, body: object, tenant: str | None, lora_adapter: str | None = None
-    ) -> RoutingKey:
-        """Keyed on the first prompt of a batch; ``prompt_tokens`` counts every prompt."""
-        body, seed = self._prologue(body, tenant, lora_adapter)
-        prompts = completions_prompts(body)
-        hint = completions_output_hint(body, len(prompts))
-        special = completions_add_special_tokens(body) if self.spec.mode == "tokens" else True
-        key = self._completion_key(prompts[0], seed, hint, special)
-        if len(prompts) == 1:
-            return key
-        rest = sum(self._prompt_tokens(p, special) for p in prompts[1:])
-        return replace(key, prompt_tokens=key.prompt_tokens + rest)
-
-    def _completion_key(
-        self, prompt: str | list[int], seed: int, hint: int, special: bool
-    ) -> RoutingKey:
-        if isinstance(prompt, list):
-            # Token ids: in text/bytes modes a block holds block_size / CHARS_PER_TOKEN ids.
-            block = (
-                self.block_size
-                if self.spec.mode == "tokens"
-                else max(1, self.block_size // CHARS_PER_TOKEN)
-            )
-            return self.from_token_ids(prompt, seed, hint, block)
-        if self.spec.mode == "tokens":
-            assert self.tokenizer is not None
-            ids = self.tokenizer.encode_prompt(prompt, special)
-            return self.from_token_ids(ids, seed, hint, self.block_size)
-        return self._from_text(prompt, seed, hint)
-
-    def _prompt_tokens(self, prompt: str | list[int], special: bool) -> int:
-        """A prompt's ``prompt_tokens`` as its own key would count it (without hashing it)."""
-        if isinstance(prompt, list):
-            return len(prompt)
-        if self.spec.mode == "tokens":
-            assert self.tokenizer is not None
-            return len(self.tokenizer.encode_prompt(prompt, special))
-        return _estimated_tokens(prompt, self.spec.mode)
-
-    def for_bytes(
-        self, raw: bytes, tenant: str | None, model: str, lora_adapter: str | None = None
-    ) -> RoutingKey:
-        tenant_key = self._tenant(None, tenant)
-        seed = self.seed(model, lora_adapter, tenant_key)
-        if self.spec.mode == "bytes":
-            return self._from_buffer(
-                bytes(raw),
-                unit_bytes=1,
-                seed=seed,
-                hint=0,
-                prompt_tokens=len(raw) // CHARS_PER_TOKEN,
-            )
-        text = bytes(raw).decode("utf-8", "replace")
-        if self.spec.mode == "tokens":
-            assert self.tokenizer is not None
-            return self.from_token_ids(self.tokenizer.encode_prompt(text), seed, 0, self.block_size)
-        return self._from_text(text, seed, 0)
-
-    def _from_text(self, text: str, seed: int, hint: int) -> RoutingKey:
+    def from_chars(self, text: str, seed: int, hint: int) -> RoutingKey:
+        """A text counted in characters (``text`` mode): each block of characters is hashed as
+        its UTF-8 bytes."""
         data = text.encode("utf-8", "surrogatepass")
-        if self.spec.mode == "bytes":
-            return self._from_buffer(
-                data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=len(data) // CHARS_PER_TOKEN
-            )
-        tokens = _estimated_tokens(text, "text")
+        tokens = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN  # estimated_tokens, inline
         if len(data) == len(text):  # ASCII: character blocks are byte blocks
-            return self._from_buffer(data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=tokens)
+            return self.from_buffer(data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=tokens)
         # Each block of characters is hashed as its UTF-8 bytes, exactly like the ASCII path.
         size = self.block_size
         end = min(len(text) - len(text) % size, self.max_blocks * size) if self.hash_blocks else 0
@@ -299,16 +178,23 @@ class KeyBuilder:
             chain_seed=seed,
         )
 
+    def from_utf8(self, text: str, seed: int, hint: int) -> RoutingKey:
+        """A text counted in UTF-8 bytes (``bytes`` mode)."""
+        data = text.encode("utf-8", "surrogatepass")
+        return self.from_buffer(
+            data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=len(data) // CHARS_PER_TOKEN
+        )
+
     def from_token_ids(self, ids: Sequence[int], seed: int, hint: int, block: int) -> RoutingKey:
         try:
             data = array("Q", ids).tobytes()
         except (OverflowError, TypeError) as err:
             raise bad_request("token ids must be integers in [0, 2**64)", "prompt") from err
-        return self._from_buffer(
+        return self.from_buffer(
             data, unit_bytes=8, seed=seed, hint=hint, prompt_tokens=len(ids), block=block
         )
 
-    def _from_buffer(
+    def from_buffer(
         self,
         data: bytes,
         *,

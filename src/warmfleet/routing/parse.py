@@ -1,38 +1,111 @@
-"""Parsing what a router sees: OpenAI chat and completions bodies, tenant keys.
+"""Parsing what a router keys, once: a chat or completions body, or a native invocation, into a
+``routing.request`` object (``parse_chat``, ``parse_completions``, ``parse_native``).
 
-Every malformed input becomes ``BadRequestError(param=...)``; nothing else escapes. The chat body
-is rendered canonically (independent of JSON whitespace and key order) for ``text`` keys.
+The checks are structural (types and shapes, in a fixed order: the body, the tenant, ``model``,
+``cache_salt``, the output-token fields, then the prompt), so a body with several faults always
+names the same one; nothing is rendered here (``routing.canonical`` renders a chat's text for the
+key modes that hash it). Every malformed input becomes ``BadRequestError(param=...)``; nothing
+else escapes. The fields only the ``tokens`` key mode reads (``request.prompt_options``) are
+validated there (``routing.chat_options``).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from warmfleet.core.errors import BadRequestError
+from warmfleet.routing.request import (
+    NO_OPTIONS,
+    ChatRequest,
+    CompletionsRequest,
+    NativeRequest,
+)
 
 MAX_TENANT_CHARS = 64
+DEFAULT_TENANT_HEADER = "x-prefix-aware-id"
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 _MASK64 = (1 << 64) - 1
-
-# Separators of the canonical rendering; control characters that JSON text rarely contains.
-_MSG = "\x1e"
-_FIELD = "\x1f"
-_PART = "\x1d"
 # Content-part types vLLM reads as plain text (``vllm.renderers.chat_utils.TEXT_PART_TYPES``).
-_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
-# Canonical JSON (stateless between calls: safe from several threads); arrays longer than
-# _SPLIT_ITEMS are encoded element by element.
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-_SPLIT_ITEMS = 16
-
-
-# --------------------------------------------------------------------------------------------
-# Validation helpers (every malformed input becomes BadRequestError)
+TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+# The chat fields, besides ``messages`` and ``tools``, that change vLLM's rendered prompt
+# (``routing.chat_options``), and the completions one that changes its token ids.
+CHAT_TEMPLATE_FIELDS = (
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "documents",
+    "reasoning_effort",
+    "chat_template",
+    "chat_template_kwargs",
+)
+_CHAT_OPTIONS = frozenset({*CHAT_TEMPLATE_FIELDS, "tool_choice"})
+_COMPLETIONS_OPTIONS = frozenset({"add_special_tokens"})
 
 
 def bad_request(message: str, param: str) -> BadRequestError:
     return BadRequestError(message, param=param)
+
+
+# --------------------------------------------------------------------------------------------
+# The request kinds
+
+
+def parse_chat(
+    body: object, tenant: str | None = None, tenant_header: str = DEFAULT_TENANT_HEADER
+) -> ChatRequest:
+    """A chat-completions body. ``tenant``: the value of the tenant header (named
+    ``tenant_header`` in errors), overridden by the body's ``prompt_cache_key``."""
+    fields = _object(body)
+    tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
+    hint = output_hint(fields)
+    messages = validate_messages(fields)
+    tools = fields.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request("'tools' must be an array", "tools")
+    for i, message in enumerate(messages):
+        # The common message, a role and a string content, has nothing more to check.
+        if len(message) != 2 or type(message.get("content")) is not str:
+            _check_message(message, i)
+    options = NO_OPTIONS if _CHAT_OPTIONS.isdisjoint(fields) else _options(fields, _CHAT_OPTIONS)
+    return ChatRequest(model, tenant_key, salt, hint, messages, tools, options)
+
+
+def parse_completions(
+    body: object, tenant: str | None = None, tenant_header: str = DEFAULT_TENANT_HEADER
+) -> CompletionsRequest:
+    """A completions body (one prompt or a batch); ``tenant`` as for ``parse_chat``."""
+    fields = _object(body)
+    tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
+    prompts = completions_prompts(fields)
+    hint = completions_output_hint(fields, len(prompts))
+    options = _options(fields, _COMPLETIONS_OPTIONS)
+    return CompletionsRequest(model, tenant_key, salt, hint, prompts, options)
+
+
+def parse_native(
+    raw: bytes, tenant: str | None, model: str, tenant_header: str = DEFAULT_TENANT_HEADER
+) -> NativeRequest:
+    """A native invocation's raw body, keyed under ``model`` (the variant's)."""
+    return NativeRequest(raw, model, _tenant(None, tenant, tenant_header))
+
+
+def _object(body: object) -> Mapping[str, Any]:
+    # ``type() is dict`` first: the ABC check alone costs more than the rest of a small parse.
+    if type(body) is not dict and not isinstance(body, Mapping):
+        raise bad_request("the request body must be a JSON object", "body")
+    return body
+
+
+def _options(body: Mapping[str, Any], names: frozenset[str]) -> Mapping[str, Any]:
+    """The body's fields among ``names`` (most bodies set none: one C-level scan of its keys)."""
+    if names.isdisjoint(body):
+        return NO_OPTIONS
+    return {name: body[name] for name in body if name in names}
+
+
+# --------------------------------------------------------------------------------------------
+# Fields every kind reads
 
 
 def validate_tenant(value: object, param: str) -> str:
@@ -44,6 +117,31 @@ def validate_tenant(value: object, param: str) -> str:
     if not (value.isascii() and value.isprintable()):
         raise bad_request(f"'{param}' must be printable ASCII", param)
     return value
+
+
+def _tenant(body: Mapping[str, Any] | None, header: str | None, header_name: str) -> str | None:
+    if body is not None and body.get("prompt_cache_key") is not None:
+        return validate_tenant(body["prompt_cache_key"], "prompt_cache_key")
+    if header is not None:
+        return validate_tenant(header, header_name)
+    return None
+
+
+def _chain_fields(
+    body: Mapping[str, Any], header: str | None, header_name: str
+) -> tuple[str | None, str, str | None]:
+    """What the chain seed is made of, checked in this order: the tenant, ``model`` and
+    ``cache_salt`` (the usual values without a call each: this runs for every request)."""
+    tenant = None
+    if header is not None or "prompt_cache_key" in body:
+        tenant = _tenant(body, header, header_name)
+    model = body.get("model")
+    if type(model) is not str or not model:
+        model = model_of(body)
+    salt = body.get("cache_salt")
+    if salt is not None:
+        salt = cache_salt_of(body)
+    return tenant, model, salt
 
 
 def cache_salt_of(body: Mapping[str, Any]) -> str | None:
@@ -78,6 +176,8 @@ def _choices(body: Mapping[str, Any]) -> int:
     n = body.get("n")
     if n is None:
         return 1
+    if type(n) is int and n >= 1:
+        return n
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise bad_request("'n' must be a positive integer", "n")
     return n
@@ -86,13 +186,14 @@ def _choices(body: Mapping[str, Any]) -> int:
 def output_hint(body: Mapping[str, Any]) -> int:
     """Chat: ``n`` x (``max_completion_tokens``, else ``max_tokens``); 0 (unknown) if neither,
     as vLLM then generates up to the context length."""
-    limit = _max_tokens(body, "max_completion_tokens")
+    name = "max_completion_tokens"
+    limit = body.get(name)
     if limit is None:
-        limit = _max_tokens(body, "max_tokens")
+        name = "max_tokens"
+        limit = body.get(name)
+    if limit is not None and (type(limit) is not int or limit < 0):
+        limit = _max_tokens(body, name)  # raises, unless an int subclass
     return (limit or 0) * _choices(body)
-
-
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 def completions_output_hint(body: Mapping[str, Any], prompts: int) -> int:
@@ -102,150 +203,6 @@ def completions_output_hint(body: Mapping[str, Any], prompts: int) -> int:
     if limit is None:
         limit = COMPLETIONS_DEFAULT_MAX_TOKENS
     return limit * _choices(body) * prompts
-
-
-def _canonical_json(value: object, param: str) -> str:
-    """``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``. A long
-    array is encoded one element per call (the same text): a single C call holds the GIL, and
-    the gateway computes big bodies' keys on a thread while its event loop serves."""
-    try:
-        if type(value) is list and len(value) > _SPLIT_ITEMS:
-            return "[" + ",".join([_CANONICAL.encode(item) for item in value]) + "]"
-        return _CANONICAL.encode(value)
-    except (TypeError, ValueError, RecursionError) as err:
-        raise bad_request(f"'{param}' is not JSON-serializable", param) from err
-
-
-def _tool_arguments(args: object, param: str) -> str:
-    """Tool-call arguments are a JSON string: re-serialize it canonically when it parses."""
-    if not isinstance(args, str):
-        raise bad_request(f"'{param}' must be a string", param)
-    try:
-        parsed = json.loads(args)
-    except (ValueError, RecursionError):
-        return args
-    return _canonical_json(parsed, param)
-
-
-# --------------------------------------------------------------------------------------------
-# Canonical rendering of chat messages
-
-
-def _render_part(part: object, param: str) -> str:
-    if type(part) is not dict and not isinstance(part, Mapping):
-        raise bad_request(f"'{param}' must be an object", param)
-    kind = part.get("type")
-    if not isinstance(kind, str):
-        raise bad_request(f"'{param}.type' must be a string", f"{param}.type")
-    if kind in _TEXT_PARTS:
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise bad_request(f"'{param}.text' must be a string", f"{param}.text")
-        return text
-    if kind == "image_url":
-        image = part.get("image_url")
-        url = image.get("url") if isinstance(image, Mapping) else image
-        if not isinstance(url, str):
-            raise bad_request(f"'{param}.image_url.url' must be a string", f"{param}.image_url")
-        return f"{_PART}image:{url}{_PART}"
-    if kind == "refusal":
-        refusal = part.get("refusal")
-        if not isinstance(refusal, str):
-            raise bad_request(f"'{param}.refusal' must be a string", f"{param}.refusal")
-        return refusal
-    # Other part kinds (input_audio, file, ...): keyed by their canonical JSON.
-    return f"{_PART}{kind}:{_canonical_json(part, param)}{_PART}"
-
-
-def _render_content(content: object, param: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        # vLLM hands the template the parts' texts joined with newlines.
-        return "\n".join(_render_part(p, f"{param}[{i}]") for i, p in enumerate(content))
-    raise bad_request(f"'{param}' must be a string, an array of content parts or null", param)
-
-
-def _render_tool_calls(calls: object, param: str) -> str:
-    if calls is None:
-        return ""
-    if not isinstance(calls, list):
-        raise bad_request(f"'{param}' must be an array", param)
-    out: list[str] = []
-    for i, call in enumerate(calls):
-        where = f"{param}[{i}]"
-        if not isinstance(call, Mapping):
-            raise bad_request(f"'{where}' must be an object", where)
-        function = call.get("function")
-        if not isinstance(function, Mapping):
-            raise bad_request(f"'{where}.function' must be an object", f"{where}.function")
-        name = function.get("name")
-        if not isinstance(name, str):
-            raise bad_request(f"'{where}.function.name' must be a string", f"{where}.function.name")
-        args = _tool_arguments(function.get("arguments", ""), f"{where}.function.arguments")
-        call_id = call.get("id", "")
-        if not isinstance(call_id, str):
-            raise bad_request(f"'{where}.id' must be a string", f"{where}.id")
-        out.append(f"{_PART}call:{call_id}:{name}:{args}{_PART}")
-    return "".join(out)
-
-
-def _optional_str(message: Mapping[str, Any], name: str, param: str) -> str:
-    value = message.get(name)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise bad_request(f"'{param}.{name}' must be a string", f"{param}.{name}")
-    return value
-
-
-def validate_messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty array", "messages")
-    for i, message in enumerate(messages):
-        # ``type() is dict`` first: the ABC check alone costs more than the rest of the loop.
-        if type(message) is not dict and not isinstance(message, Mapping):
-            raise bad_request(f"'messages[{i}]' must be an object", f"messages[{i}]")
-        role = message.get("role")
-        if not isinstance(role, str) or not role:
-            raise bad_request(f"'messages[{i}].role' must be a string", f"messages[{i}].role")
-    return messages
-
-
-def render_chat_text(body: Mapping[str, Any]) -> str:
-    """Canonical text of a chat body: the same for any JSON whitespace or key order."""
-    messages = validate_messages(body)
-    pieces: list[str] = []
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise bad_request("'tools' must be an array", "tools")
-        pieces.append(f"{_MSG}tools{_FIELD}{_canonical_json(tools, 'tools')}")
-    for i, message in enumerate(messages):
-        param = f"messages[{i}]"
-        pieces.append(
-            f"{_MSG}{message['role']}{_FIELD}{_optional_str(message, 'name', param)}"
-            f"{_FIELD}{_optional_str(message, 'tool_call_id', param)}{_FIELD}"
-        )
-        pieces.append(_render_content(message.get("content"), f"{param}.content"))
-        pieces.append(_render_tool_calls(message.get("tool_calls"), f"{param}.tool_calls"))
-    return "".join(pieces)
-
-
-# --------------------------------------------------------------------------------------------
-# Completions prompts
-
-
-def _is_token_list(value: object) -> bool:
-    """A list of ints in [0, 2**64) (bools excluded); empty lists pass."""
-    if not isinstance(value, list):
-        return False
-    if not all(type(t) is int for t in value):
-        return False
-    return not value or (min(value) >= 0 and max(value) <= _MASK64)
 
 
 def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -259,10 +216,101 @@ def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def completions_add_special_tokens(body: Mapping[str, Any]) -> bool:
-    """vLLM's completions ``add_special_tokens`` (default true: the tokenizer's BOS is added to a
-    text prompt; clients that send an already templated prompt set it false)."""
-    return bool_field(body, "add_special_tokens", True)
+# --------------------------------------------------------------------------------------------
+# Chat messages (the shapes ``routing.canonical`` and the tokenizers rely on)
+
+
+def validate_messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty array", "messages")
+    for i, message in enumerate(messages):
+        if type(message) is not dict and not isinstance(message, Mapping):
+            raise bad_request(f"'messages[{i}]' must be an object", f"messages[{i}]")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise bad_request(f"'messages[{i}].role' must be a string", f"messages[{i}].role")
+    return messages
+
+
+def _check_message(message: Mapping[str, Any], index: int) -> None:
+    """``name`` and ``tool_call_id`` (strings or null), ``content``, then ``tool_calls``. The
+    params of errors are only formatted for an error."""
+    for name in ("name", "tool_call_id"):
+        value = message.get(name)
+        if value is not None and not isinstance(value, str):
+            param = f"messages[{index}].{name}"
+            raise bad_request(f"'{param}' must be a string", param)
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        if not isinstance(content, list):
+            param = f"messages[{index}].content"
+            raise bad_request(
+                f"'{param}' must be a string, an array of content parts or null", param
+            )
+        for j, part in enumerate(content):
+            _check_part(part, index, j)
+    calls = message.get("tool_calls")
+    if calls is not None:
+        _check_tool_calls(calls, f"messages[{index}].tool_calls")
+
+
+def _check_part(part: object, index: int, position: int) -> None:
+    if type(part) is not dict and not isinstance(part, Mapping):
+        param = f"messages[{index}].content[{position}]"
+        raise bad_request(f"'{param}' must be an object", param)
+    kind = part.get("type")
+    if not isinstance(kind, str):
+        param = f"messages[{index}].content[{position}].type"
+        raise bad_request(f"'{param}' must be a string", param)
+    if kind in TEXT_PARTS:
+        field = "text"
+        ok = isinstance(part.get("text"), str)
+    elif kind == "image_url":
+        field = "image_url"
+        image = part.get("image_url")
+        ok = isinstance(image.get("url") if isinstance(image, Mapping) else image, str)
+    elif kind == "refusal":
+        field = "refusal"
+        ok = isinstance(part.get("refusal"), str)
+    else:
+        return  # other kinds (input_audio, file, ...) are keyed by their canonical JSON
+    if not ok:
+        param = f"messages[{index}].content[{position}]"
+        name = "image_url.url" if field == "image_url" else field
+        raise bad_request(f"'{param}.{name}' must be a string", f"{param}.{field}")
+
+
+def _check_tool_calls(calls: object, param: str) -> None:
+    if not isinstance(calls, list):
+        raise bad_request(f"'{param}' must be an array", param)
+    for i, call in enumerate(calls):
+        where = f"{param}[{i}]"
+        if not isinstance(call, Mapping):
+            raise bad_request(f"'{where}' must be an object", where)
+        function = call.get("function")
+        if not isinstance(function, Mapping):
+            raise bad_request(f"'{where}.function' must be an object", f"{where}.function")
+        if not isinstance(function.get("name"), str):
+            raise bad_request(f"'{where}.function.name' must be a string", f"{where}.function.name")
+        if not isinstance(function.get("arguments", ""), str):
+            where_args = f"{where}.function.arguments"
+            raise bad_request(f"'{where_args}' must be a string", where_args)
+        if not isinstance(call.get("id", ""), str):
+            raise bad_request(f"'{where}.id' must be a string", f"{where}.id")
+
+
+# --------------------------------------------------------------------------------------------
+# Completions prompts
+
+
+def _is_token_list(value: object) -> bool:
+    """A list of ints in [0, 2**64) (bools excluded); empty lists pass."""
+    if not isinstance(value, list):
+        return False
+    if not all(type(t) is int for t in value):
+        return False
+    return not value or (min(value) >= 0 and max(value) <= _MASK64)
 
 
 def completions_prompts(body: Mapping[str, Any]) -> list[str] | list[list[int]]:

@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
 from warmfleet.routing.base import KvEventSink, LearnsFromRouting, Strategy
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import build_strategy
-from warmfleet.routing.keys import KeyBuilder, Tokenizer
+from warmfleet.routing.key_modes import KeyBuilder, key_builder
+from warmfleet.routing.keys import Tokenizer
+from warmfleet.routing.request import KeyRequest
 
 
 class Router:
-    """One variant's router: key building (``config.key``) plus one strategy.
+    """One variant's router: key building (``config.key``: the key builder of its mode) plus one
+    strategy.
 
-    The caller tracks load and passes it in ``FleetSnapshot``; it calls ``on_routed`` once it
-    commits to a decision, before its next ``choose`` (the gateway: before it may wait for an
-    upstream connection, so a concurrent request's decision sees this one), and
-    ``on_instances_changed`` when the healthy set changes.
-    Every ``key_for_*`` raises ``core.errors.BadRequestError`` (never another exception) on a
-    malformed body.
+    The caller parses a request once (``routing.parse``), and ``key`` builds its key: it raises
+    ``core.errors.BadRequestError`` (never another exception) on what only its mode reads (the
+    ``tokens`` mode's rendering options, a chat its template cannot render). The caller tracks
+    load and passes it in ``FleetSnapshot``; it calls ``on_routed`` once it commits to a
+    decision, before its next ``choose`` (the gateway: before it may wait for an upstream
+    connection, so a concurrent request's decision sees this one), and ``on_instances_changed``
+    when the healthy set changes.
     """
 
     def __init__(
@@ -29,24 +32,16 @@ class Router:
     ) -> None:
         self.config = config
         self.strategy: Strategy = build_strategy(config.strategy, rng)
-        self.keys = KeyBuilder(
+        self.keys: KeyBuilder = key_builder(
             config.key,
             tokenizer,
             prefix_length=config.prefix_length,
             hash_blocks=self.strategy.reads_block_hashes,
         )
 
-    def key_for_chat(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
-        """Key of an OpenAI chat-completions body; ``tenant`` is the tenant header (if any),
-        overridden by the body's ``prompt_cache_key``."""
-        return self.keys.for_chat(body, tenant)
-
-    def key_for_completions(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
-        return self.keys.for_completions(body, tenant)
-
-    def key_for_bytes(self, raw: bytes, tenant: str | None, model: str) -> RoutingKey:
-        """Key of a native invocations body (raw bytes)."""
-        return self.keys.for_bytes(raw, tenant, model)
+    def key(self, request: KeyRequest) -> RoutingKey:
+        """The routing key of a parsed request."""
+        return self.keys.key(request)
 
     def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
         return self.strategy.choose(key, fleet)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from itertools import takewhile
 
 from warmfleet.core.types import RoutingKey
-from warmfleet.sim.simulator import RequestRecord, SimResult
+from warmfleet.sim.records import RequestRecord, SimResult
 
 PERCENTILES = (50, 90, 95, 99)
 

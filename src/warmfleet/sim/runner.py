@@ -10,7 +10,6 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from warmfleet.core.hashing import hash_str
 from warmfleet.core.types import RoutingKey
@@ -30,6 +29,7 @@ from warmfleet.sim.scenario import (
 )
 from warmfleet.sim.simulator import SimConfig, Simulator
 from warmfleet.sim.workloads.base import PrefixBlockHasher, WorkloadRequest, default_seed
+from warmfleet.sim.workloads.traces import Trace
 
 MOVEMENT_SAMPLE_KEYS = 2000
 
@@ -169,7 +169,7 @@ def run_comparison(
     scenario: ScenarioSpec,
     strategies: Sequence[str],
     *,
-    trace: Path | None = None,
+    trace: Trace | None = None,
     rate_rps: float | None = None,
     concurrency: int | None = None,
     check_invariants: bool = False,

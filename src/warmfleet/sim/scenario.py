@@ -9,11 +9,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from warmfleet.core.config import StrictModel, load_yaml_file, parse_document
+from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
 from warmfleet.engine.spec import EngineSpec
-from warmfleet.sim.simulator import ScaleEvent
+from warmfleet.sim.records import ScaleEvent
 from warmfleet.sim.workloads.arrivals import (
     ArrivalConfig,
     PoissonArrival,
@@ -31,12 +31,13 @@ from warmfleet.sim.workloads.synthetic import (
     multi_round_qa,
 )
 from warmfleet.sim.workloads.traces import (
+    DEFAULT_TRACES,
     MOONCAKE_BLOCK_TOKENS,
     AzureConfig,
     MooncakeConfig,
     ShareGptReplayConfig,
+    Trace,
     azure,
-    default_trace_path,
     mooncake,
     sharegpt_replay,
 )
@@ -122,8 +123,9 @@ def builtin_scenario(name: str, instances: int, preset: str, seed: int) -> Scena
     )
 
 
-def load_scenario_file(path: Path) -> ScenarioSpec:
-    return parse_document(ScenarioSpec, load_yaml_file(path), str(path))
+def parse_scenario(text: str, source: str = "scenario") -> ScenarioSpec:
+    """A Scenario document's text (the caller read the file), validated."""
+    return parse_document(ScenarioSpec, load_yaml_text(text, source), source)
 
 
 def engine_spec(scenario: ScenarioSpec) -> EngineSpec:
@@ -145,17 +147,30 @@ class BuiltWorkload:
     closed_loop_concurrency: int | None
 
 
-def _trace_path(scenario: ScenarioSpec, trace: Path | None) -> Path:
+def replays_trace(scenario: ScenarioSpec) -> bool:
+    """Whether the scenario's workload replays a trace file (the caller reads it)."""
+    return isinstance(scenario.workload, MooncakeConfig | AzureConfig | ShareGptReplayConfig)
+
+
+def trace_path(scenario: ScenarioSpec, trace: Path | None, traces_dir: Path | None) -> Path:
+    """The file a trace-driven scenario replays, for the edge to read: ``trace`` (``--trace``),
+    else the scenario's ``workload.trace``, else its default file in ``traces_dir``."""
     workload = scenario.workload
     configured = getattr(workload, "trace", None)
-    path = trace or (Path(configured) if configured else default_trace_path(workload.type))
-    if path is None:
+    if trace is not None:
+        return trace
+    if configured:
+        return Path(configured)
+    name = DEFAULT_TRACES.get(workload.type)
+    if name is None:
         raise ConfigError(f"trace: no --trace given and no default trace for {workload.type!r}")
-    return path
+    if traces_dir is None:
+        raise ConfigError(f"trace: no --trace given and no traces directory to find {name} in")
+    return traces_dir / name
 
 
 def _raw_requests(
-    scenario: ScenarioSpec, spec: EngineSpec, trace: Path | None
+    scenario: ScenarioSpec, spec: EngineSpec, trace: Trace | None
 ) -> tuple[WorkloadRequest, ...]:
     workload = scenario.workload
     seed = scenario.seed
@@ -165,22 +180,24 @@ def _raw_requests(
         return gsp(workload, seed)
     if isinstance(workload, MultiRoundQaConfig):
         return multi_round_qa(workload, seed)
-    path = _trace_path(scenario, trace)
+    if trace is None:
+        raise ConfigError(f"trace: the {workload.type!r} workload replays a trace; none was read")
     if isinstance(workload, MooncakeConfig):
-        return mooncake(path, seed, workload.spread_buckets)
+        return mooncake(trace, seed, workload.spread_buckets)
     if isinstance(workload, AzureConfig):
-        return azure(path, seed)
-    return sharegpt_replay(path, workload, seed)
+        return azure(trace, seed)
+    return sharegpt_replay(trace, workload, seed)
 
 
 def build_workload(
     scenario: ScenarioSpec,
     spec: EngineSpec,
     *,
-    trace: Path | None = None,
+    trace: Trace | None = None,
     rate_rps: float | None = None,
 ) -> BuiltWorkload:
-    """The scenario's requests, timed by its arrival process; ``rate_rps`` overrides the rate."""
+    """The scenario's requests, timed by its arrival process; ``rate_rps`` overrides the rate.
+    A trace-driven scenario replays ``trace`` (the edge read ``trace_path``'s file)."""
     requests = _raw_requests(scenario, spec, trace)
     arrival = scenario.arrival or default_arrival(scenario)
     rng = random.Random(scenario.seed + 1)

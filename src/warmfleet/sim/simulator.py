@@ -1,14 +1,20 @@
 """Discrete-event, virtual-time fleet simulator (pure, deterministic for a given seed).
 
-N ``EngineModel`` instances sit behind ONE ``Strategy`` object (the same classes the gateway
-runs). A request arrives, the strategy chooses an instance from a ``FleetSnapshot`` (in-flight
-requests and tokens tracked here, queue length, KV usage and capacity read from the engines), the
-request reaches the engine ``router_overhead_s`` later, and the engine reports its first token and
-its end.
+N instances sit behind ONE ``Strategy`` object (the same classes the gateway runs, built by
+``routing.factory``). A request arrives, the strategy chooses an instance from a
+``FleetSnapshot`` (in-flight requests and tokens tracked here, queue length, KV usage and
+capacity read from the instances), the request reaches the instance ``router_overhead_s``
+later, and the instance reports its first token and its end. An instance is an ``EngineModel``
+unless the caller gives another ``Server`` factory (``sim.fleet``).
 
 Scale events add an instance (empty cache) or remove one. A removed instance **drains**: the
 router stops sending to it at once (``on_instances_changed``), the requests already on it run to
 completion, and then it is gone. No request is rerouted or lost.
+
+A ``FleetController`` (an autoscaler) may start instances while the run goes: it is called
+every ``period_s`` from time 0, and each instance it starts joins the routable set at its ready
+time. A request that arrives while no instance is ready waits (in arrival order) for the first
+one; its time to first token counts the wait.
 
 Turns of one session are sent in order: a turn is held back until the previous turn of its session
 finished (open loop: at ``max(arrival, previous end)``). In closed loop, ``concurrency`` clients
@@ -20,101 +26,43 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Sequence
 
 from warmfleet.core.types import FleetSnapshot, InstanceId, InstanceState, RoutingKey
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
-from warmfleet.engine.spec import EngineSpec
 from warmfleet.routing.base import Strategy
+from warmfleet.sim.fleet import FleetController, FleetView, Join, Server
+from warmfleet.sim.records import (
+    JoinRecord,
+    RequestRecord,
+    ScaleEvent,
+    ScaleRecord,
+    SimConfig,
+    SimResult,
+    continuation_blocks,
+)
 from warmfleet.sim.workloads.base import WorkloadRequest
 
+__all__ = [
+    "RequestRecord",
+    "ScaleEvent",
+    "ScaleRecord",
+    "SimConfig",
+    "SimResult",
+    "Simulator",
+    "continuation_blocks",
+]
 
-@dataclass(frozen=True, slots=True)
-class ScaleEvent:
-    """At ``at_s``, add a new instance or remove ``instance_id`` (default: the newest one)."""
-
-    at_s: float
-    action: Literal["add", "remove"]
-    instance_id: InstanceId | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    instances: int
-    engine: EngineSpec
-    router_overhead_s: float = 0.0015
-    concurrency: int | None = None  # closed loop with this many clients; None = open loop
-    scale_events: tuple[ScaleEvent, ...] = ()
-    check_invariants: bool = False  # engine/pool consistency after every event (tests)
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """What happened to one request (times in virtual seconds)."""
-
-    index: int
-    prompt_tokens: int
-    output_tokens: int
-    arrival_s: float = -1.0  # when it was sent to the router
-    instance_id: InstanceId = ""
-    reason: str = ""
-    spilled: bool = False
-    available_tokens: int = 0  # best instance's actual cached prefix at decision time
-    captured_tokens: int = 0  # chosen instance's actual cached prefix at decision time
-    first_token_s: float = -1.0
-    cached_tokens: int = 0  # engine-delivered cached prefix
-    finish_s: float = -1.0
-    rejected: bool = False
-
-    @property
-    def done(self) -> bool:
-        return self.finish_s >= 0
-
-
-@dataclass(frozen=True, slots=True)
-class ScaleRecord:
-    at_s: float
-    before_ids: tuple[InstanceId, ...]
-    after_ids: tuple[InstanceId, ...]
-
-
-@dataclass(slots=True)
-class SimResult:
-    records: list[RequestRecord]
-    instance_ids: list[InstanceId]  # every instance that ever existed, in creation order
-    scale_records: list[ScaleRecord] = field(default_factory=list)
-    end_s: float = 0.0
-    time_trace_ok: bool = True  # virtual time never went back
-    # per request: blocks its answer completes, as re-sent by the session's next turn
-    output_block_hashes: list[tuple[int, ...]] = field(default_factory=list)
-
-
-def continuation_blocks(
-    keys: Sequence[RoutingKey],
-    requests: Sequence[WorkloadRequest],
-    next_turn: dict[int, int],
-    block_tokens: int,
-) -> list[tuple[int, ...]]:
-    """Hashes of the full blocks each request's output completes, when its session's next turn
-    starts with this prompt (then the next turn's blocks are the continuation of the chain)."""
-    out: list[tuple[int, ...]] = [()] * len(keys)
-    for index, nxt in next_turn.items():
-        mine, theirs = keys[index].block_hashes, keys[nxt].block_hashes
-        if theirs[: len(mine)] != mine:
-            continue
-        end = (requests[index].prompt_tokens + requests[index].output_tokens) // block_tokens
-        out[index] = theirs[len(mine) : end]
-    return out
-
-
-_ARRIVAL, _SUBMIT, _SCALE = 0, 1, 2
+_ARRIVAL, _SUBMIT, _SCALE, _TICK, _READY = 0, 1, 2, 3, 4
 
 
 class Simulator:
-    """Run ``requests`` (with their routing ``keys``) through ``strategy`` on a simulated fleet."""
+    """Run ``requests`` (with their routing ``keys``) through ``strategy`` on a simulated fleet.
+
+    ``servers`` builds each instance (default: an ``EngineModel`` of ``config.engine``);
+    ``controller`` starts instances during the run (see the module docstring).
+    """
 
     def __init__(
         self,
@@ -122,16 +70,25 @@ class Simulator:
         strategy: Strategy,
         requests: Sequence[WorkloadRequest],
         keys: Sequence[RoutingKey],
+        *,
+        servers: Callable[[], Server] | None = None,
+        controller: FleetController | None = None,
     ) -> None:
         if len(requests) != len(keys):
             raise ValueError("one routing key per request")
+        if config.instances < 1 and controller is None:
+            raise ValueError("no instance and no fleet controller to start one")
         self._config = config
         self._strategy = strategy
         self._requests = requests
         self._keys = keys
+        self._new_server = servers or (lambda: EngineModel(config.engine))
+        self._controller = controller
         self._block_tokens = config.engine.block_tokens
-        self._engines: dict[InstanceId, EngineModel] = {}
+        self._engines: dict[InstanceId, Server] = {}
         self._active: list[InstanceId] = []
+        self._starting = 0  # started by the controller, not ready yet
+        self._waiting: deque[int] = deque()  # arrived while no instance was ready
         self._in_flight_requests: dict[InstanceId, int] = {}
         self._in_flight_tokens: dict[InstanceId, int] = {}
         self._heap: list[tuple[float, int, int, int, InstanceId]] = []
@@ -144,21 +101,24 @@ class Simulator:
         self._now_s = 0.0
         self._time_ok = True
         self._scale_records: list[ScaleRecord] = []
+        self._joins: list[JoinRecord] = []
         self._created_ids: list[InstanceId] = []
         self._output_hashes: list[tuple[int, ...]] = []
         self._fleet_version = 0  # bumped whenever an engine is created or deleted
 
     # ------------------------------------------------------------------ setup
 
-    def _add_instance(self) -> InstanceId:
+    def _new_id(self) -> InstanceId:
         instance_id = f"i{len(self._created_ids)}"
         self._created_ids.append(instance_id)
-        self._engines[instance_id] = EngineModel(self._config.engine)
+        return instance_id
+
+    def _activate(self, instance_id: InstanceId) -> None:
+        self._engines[instance_id] = self._new_server()
         self._fleet_version += 1
         self._active.append(instance_id)
         self._in_flight_requests[instance_id] = 0
         self._in_flight_tokens[instance_id] = 0
-        return instance_id
 
     def _push(self, at_s: float, kind: int, index: int, instance_id: InstanceId = "") -> None:
         heapq.heappush(self._heap, (at_s, next(self._counter), kind, index, instance_id))
@@ -182,12 +142,14 @@ class Simulator:
 
     def run(self) -> SimResult:
         for _ in range(self._config.instances):
-            self._add_instance()
+            self._activate(self._new_id())
         self._strategy.on_instances_changed(list(self._active))
         firsts = self._plan_sessions()
         self._output_hashes = continuation_blocks(
             self._keys, self._requests, self._next_turn, self._block_tokens
         )
+        if self._controller is not None:
+            self._push(0.0, _TICK, 0)  # before any arrival at time 0
         if self._config.concurrency is None:
             for index in firsts:
                 self._push(self._requests[index].arrival_s, _ARRIVAL, index)
@@ -205,6 +167,7 @@ class Simulator:
             self._now_s,
             self._time_ok,
             self._output_hashes,
+            self._joins,
         )
 
     def _loop(self) -> None:
@@ -215,7 +178,7 @@ class Simulator:
                 engines = list(self._engines.items())
                 known = self._fleet_version
             best_s: float | None = None
-            best: tuple[InstanceId, EngineModel] | None = None
+            best: tuple[InstanceId, Server] | None = None
             for item in engines:
                 at_s = item[1].next_event_s()
                 if at_s is not None and (best_s is None or at_s < best_s):
@@ -228,17 +191,24 @@ class Simulator:
             elif heap_s is not None:
                 at_s, _, kind, index, instance_id = heapq.heappop(self._heap)
                 self._set_now(at_s)
-                if kind == _ARRIVAL:
-                    self._route(index)
-                elif kind == _SUBMIT:
-                    self._submit(index, instance_id)
-                else:
-                    self._scale(self._config.scale_events[index])
+                self._dispatch(kind, index, instance_id)
             else:
                 return
             if self._config.check_invariants:
                 for _, engine in engines:
                     engine.check_invariants()
+
+    def _dispatch(self, kind: int, index: int, instance_id: InstanceId) -> None:
+        if kind == _ARRIVAL:
+            self._arrive(index)
+        elif kind == _SUBMIT:
+            self._submit(index, instance_id)
+        elif kind == _SCALE:
+            self._scale(self._config.scale_events[index])
+        elif kind == _TICK:
+            self._tick()
+        else:
+            self._ready(instance_id)
 
     def _set_now(self, now_s: float) -> None:
         if now_s < self._now_s:
@@ -263,27 +233,40 @@ class Simulator:
             )
         return FleetSnapshot(tuple(states), self._now_s)
 
+    def _arrive(self, index: int) -> None:
+        self._records[index].arrival_s = self._now_s
+        if self._active:
+            self._route(index)
+        else:
+            self._waiting.append(index)
+
     def _route(self, index: int) -> None:
         key = self._keys[index]
         record = self._records[index]
-        record.arrival_s = self._now_s
         decision = self._strategy.choose(key, self._snapshot())
         self._strategy.on_routed(key, decision)
         chosen = decision.instance_id
-        bt = self._block_tokens
-        best = 0
-        for instance_id in self._active:
-            cached = self._engines[instance_id].cached_prefix_blocks(key.block_hashes)
-            best = max(best, cached)
-            if instance_id == chosen:
-                record.captured_tokens = min(cached * bt, record.prompt_tokens)
-        record.available_tokens = min(best * bt, record.prompt_tokens)
+        if key.block_hashes:  # else nothing can be cached: both stay 0
+            self._record_reuse(record, key.block_hashes, chosen)
         record.instance_id = chosen
         record.reason = str(decision.reason)
         record.spilled = decision.spilled
         self._in_flight_requests[chosen] += 1
         self._in_flight_tokens[chosen] += key.prompt_tokens + key.output_tokens_hint
         self._push(self._now_s + self._config.router_overhead_s, _SUBMIT, index, chosen)
+
+    def _record_reuse(
+        self, record: RequestRecord, block_hashes: tuple[int, ...], chosen: InstanceId
+    ) -> None:
+        """The best instance's and the chosen one's actual cached prefix, at decision time."""
+        bt = self._block_tokens
+        best = 0
+        for instance_id in self._active:
+            cached = self._engines[instance_id].cached_prefix_blocks(block_hashes)
+            best = max(best, cached)
+            if instance_id == chosen:
+                record.captured_tokens = min(cached * bt, record.prompt_tokens)
+        record.available_tokens = min(best * bt, record.prompt_tokens)
 
     def _submit(self, index: int, instance_id: InstanceId) -> None:
         key = self._keys[index]
@@ -328,7 +311,7 @@ class Simulator:
     def _scale(self, event: ScaleEvent) -> None:
         before = tuple(self._active)
         if event.action == "add":
-            self._add_instance()
+            self._activate(self._new_id())
         else:
             victim = event.instance_id or (self._active[-1] if self._active else None)
             if victim is None or victim not in self._active or len(self._active) == 1:
@@ -337,5 +320,43 @@ class Simulator:
             if self._in_flight_requests[victim] == 0:
                 del self._engines[victim]
                 self._fleet_version += 1
+        self._changed(before)
+
+    def _changed(self, before: tuple[InstanceId, ...]) -> None:
         self._strategy.on_instances_changed(list(self._active))
         self._scale_records.append(ScaleRecord(self._now_s, before, tuple(self._active)))
+
+    # ------------------------------------------------------------------ fleet controller
+
+    def _tick(self) -> None:
+        controller = self._controller
+        if controller is None or self._now_s >= controller.until_s:
+            return
+        view = FleetView(
+            self._now_s,
+            replicas=len(self._active) + self._starting,
+            ready=len(self._active),
+            in_flight_requests=sum(self._in_flight_requests.values()) + len(self._waiting),
+        )
+        for join in controller.tick(view):
+            self._start(join)
+        self._push(self._now_s + controller.period_s, _TICK, 0)
+
+    def _start(self, join: Join) -> None:
+        instance_id = self._new_id()
+        ready_s = self._now_s + max(join.ready_in_s, 0.0)
+        self._joins.append(JoinRecord(instance_id, self._now_s, ready_s, join.tag))
+        self._starting += 1
+        if join.ready_in_s <= 0:
+            self._ready(instance_id)
+        else:
+            self._push(ready_s, _READY, 0, instance_id)
+
+    def _ready(self, instance_id: InstanceId) -> None:
+        """A started instance takes traffic; requests waiting for one are routed now."""
+        self._starting -= 1
+        before = tuple(self._active)
+        self._activate(instance_id)
+        self._changed(before)
+        while self._waiting:
+            self._route(self._waiting.popleft())

@@ -46,7 +46,8 @@ from warmfleet.bench.conformance import run_conformance
 from warmfleet.bench.live_procs import ProcessSet, free_port, terminate_on_sigterm
 from warmfleet.gateway.kv_events import KvEventRelay
 from warmfleet.gateway.tokenizer import HfChatTokenizer
-from warmfleet.routing.keys import KeyBuilder, KeySpec
+from warmfleet.routing.key_modes import key_builder
+from warmfleet.routing.keys import KeySpec
 
 CASES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("random", "default", {"type": "random"}),
@@ -142,7 +143,7 @@ class E2E:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.tokenizer = HfChatTokenizer.from_dir(args.model_dir)
-        keys = KeyBuilder(KeySpec(mode="tokens", block_size=BLOCK_SIZE), self.tokenizer)
+        keys = key_builder(KeySpec(mode="tokens", block_size=BLOCK_SIZE), self.tokenizer)
         self.workloads = (multi_turn(args.seed), shared_document(args.seed))
         self.ideal = {w.name: ideal_reuse(w, keys, MODEL_NAME) for w in self.workloads}
         self.engines: list[EngineSpec] = []

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmfleet.bench.conformance import filler_text, predicted_cached
-from warmfleet.routing.keys import KeyBuilder
+from warmfleet.routing.key_modes import KeyBuilder
+from warmfleet.routing.parse import parse_chat
 
 Messages = list[dict[str, Any]]
 
@@ -62,7 +63,7 @@ def ideal_reuse(workload: Workload, keys: KeyBuilder, model: str) -> tuple[int, 
     seen: set[int] = set()
     cached = prompt = 0
     for messages in workload.requests:
-        key = keys.for_chat({"model": model, "messages": messages}, None)
+        key = keys.key(parse_chat({"model": model, "messages": messages}))
         cached += predicted_cached(key.block_hashes, seen, key.prompt_tokens, keys.block_size)
         prompt += key.prompt_tokens
         seen.update(key.block_hashes)

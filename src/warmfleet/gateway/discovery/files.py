@@ -15,8 +15,8 @@ from pathlib import Path
 from warmfleet.core.config import load_yaml_text
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.config import parse_instance_list
-from warmfleet.gateway.fleet import GatewayState
-from warmfleet.gateway.state import VariantRuntime
+from warmfleet.gateway.variant import VariantRuntime
+from warmfleet.gateway.world import GatewayState
 
 log = logging.getLogger(__name__)
 _MIN_TICK_S = 0.05

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 
 from warmfleet.gateway.config import InstanceSpec, KubernetesDiscovery
-from warmfleet.gateway.fleet import GatewayState
+from warmfleet.gateway.world import GatewayState
 from warmfleet.kube.access import read_own, served_versions_of
 from warmfleet.kube.endpointslices import (
     SERVICE_NAME_LABEL,

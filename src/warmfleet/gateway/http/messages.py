@@ -6,18 +6,53 @@ not on the connection machinery.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from warmfleet.gateway.http.wire import ServerConnection
+from typing import Protocol
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 # The response headers that say which instance answered and why it was chosen (the routing reason).
 INSTANCE_HEADER = "x-warmfleet-instance"
 REASON_HEADER = "x-warmfleet-reason"
+
+
+class ClientConnection(Protocol):
+    """The connection a request came on, as its handler sees it (``wire.ServerConnection`` is
+    the one implementation; declared here so these messages do not import the protocol):
+    answer it whole or stream the answer, hook its back-pressure, see whether it is gone."""
+
+    transport: asyncio.Transport | None
+    closed: bool
+    on_pause: Callable[[bool], None] | None  # a relay's back-pressure hook
+
+    def write_response(
+        self,
+        response: Response,
+        keep_alive: bool = True,
+        http10: bool = False,
+        head_only: bool = False,
+    ) -> None: ...
+
+    def start_stream(
+        self,
+        status: int,
+        content_type: str,
+        headers: dict[str, str],
+        first: bytes,
+        *,
+        end: bool = False,
+        length: int | None = None,
+    ) -> None: ...
+
+    def send(self, data: bytes, *, end: bool = False) -> None: ...
+
+    def end_stream(self) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Request:
@@ -37,7 +72,7 @@ class Request:
 
     def __init__(
         self,
-        conn: ServerConnection,
+        conn: ClientConnection,
         method: str,
         path: str,
         *,
@@ -122,3 +157,16 @@ class ServerLimits:
         self.body_read_timeout_s = body_read_timeout_s
         self.keepalive_timeout_s = keepalive_timeout_s
         self.max_head_bytes = max_head_bytes
+
+
+class Reject(Exception):
+    """A request the parser or a limit rejects: answered with ``status`` and the message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @classmethod
+    def too_large(cls, limit: int, declared: int | None) -> Reject:
+        what = f"request body of {declared} bytes" if declared is not None else "request body"
+        return cls(413, f"{what} exceeds the limit of {limit} bytes")

@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import socket
 from time import monotonic
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
-
-if TYPE_CHECKING:
-    from warmfleet.gateway.http.upstream_pool import UpstreamPool
 
 
 class Origin:
@@ -81,6 +78,17 @@ class Sink(Protocol):
     def end(self, ex: Exchange) -> None: ...
 
 
+class ConnectionPool(Protocol):
+    """What a connection tells its pool (``upstream_pool.UpstreamPool``, which imports this):
+    reusable, gone, or a request whose timeouts the pool's ticker must check."""
+
+    def release(self, conn: UpstreamConnection) -> None: ...
+
+    def forget(self, conn: UpstreamConnection) -> None: ...
+
+    def watch(self, timeout_s: float) -> None: ...
+
+
 class Exchange:
     """One request/response on one connection. ``headers``: the response headers the relay
     uses (Content-Type/-Length/-Encoding, Transfer-Encoding, X-Request-Id), lower-case."""
@@ -110,7 +118,7 @@ def _fail(
 
 
 class UpstreamConnection(asyncio.Protocol):
-    def __init__(self, pool: UpstreamPool, addr: Addr) -> None:
+    def __init__(self, pool: ConnectionPool, addr: Addr) -> None:
         self.pool = pool
         self.addr = addr
         self.parser = httptools.HttpResponseParser(self)

@@ -18,25 +18,37 @@ import socket
 from collections import deque
 from collections.abc import Callable
 from time import monotonic, perf_counter
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import httptools
 
-from warmfleet.gateway.http.access_log import CLIENT_CLOSED
+from warmfleet.gateway.http.access_log import CLIENT_CLOSED, AccessLog
 from warmfleet.gateway.http.answers import AnswerWriter
-from warmfleet.gateway.http.messages import Request
-
-if TYPE_CHECKING:
-    from warmfleet.gateway.http.listener import HttpServer
+from warmfleet.gateway.http.messages import ErrorFactory, Handler, Reject, Request, ServerLimits
 
 log = logging.getLogger(__name__)
+
+
+class ConnectionOwner(Protocol):
+    """What a connection uses of its server (``listener.HttpServer``, which imports this)."""
+
+    limits: ServerLimits
+    handler: Handler
+    error: ErrorFactory
+    access_log: AccessLog | None
+    connections: set[ServerConnection]
+    held: deque[ServerConnection]  # not read while over the body budget
+    buffered_body_bytes: int
+
+    def admit(self, conn: ServerConnection) -> bool: ...
+    def release_held(self) -> None: ...
 
 
 class ServerConnection(AnswerWriter, asyncio.Protocol):
     """One client connection: parses requests, runs the handler of each in turn, writes answers
     (``AnswerWriter``: streaming handlers use ``start_stream``, ``send``, ``end_stream``)."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: ConnectionOwner) -> None:
         self.server = server
         self.limits = server.limits
         self.parser = httptools.HttpRequestParser(self)
@@ -89,7 +101,7 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
             self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as err:
             cause = err.__cause__ or err.__context__
-            if isinstance(cause, _Reject):
+            if isinstance(cause, Reject):
                 self._fail(cause.status, str(cause))
             else:
                 self._fail(400, f"malformed HTTP request: {err}")
@@ -167,7 +179,7 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
     def _add_head(self, size: int) -> None:
         self._head_size += size
         if self._head_size > self.limits.max_head_bytes:
-            raise _Reject(431, f"request head over the limit of {self.limits.max_head_bytes} bytes")
+            raise Reject(431, f"request head over the limit of {self.limits.max_head_bytes} bytes")
 
     def on_url(self, url: bytes) -> None:
         self._add_head(len(url) + 16)  # with the method and "HTTP/1.1\r\n"
@@ -188,18 +200,18 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._head_open = False
         if self.parser.should_upgrade():
-            raise _Reject(400, "protocol upgrades are not supported")
+            raise Reject(400, "protocol upgrades are not supported")
         coding = self._headers.get("transfer-encoding")
         if coding is not None and coding.strip().lower() != "chunked":
             # e.g. "gzip, chunked": the body would be relayed still encoded (RFC 9112 6.1)
-            raise _Reject(400, f"transfer coding {coding!r} is not supported (only chunked)")
+            raise Reject(400, f"transfer coding {coding!r} is not supported (only chunked)")
         declared = self._headers.get("content-length")
         if (
             declared is not None
             and declared.isdigit()
             and int(declared) > self.limits.max_body_bytes
         ):
-            raise _too_large(self.limits.max_body_bytes, int(declared))
+            raise Reject.too_large(self.limits.max_body_bytes, int(declared))
         if self._headers.get("expect", "").lower() == "100-continue" and self.transport:
             if self._task is None:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -211,7 +223,7 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
         self._size += size
         limits = self.limits
         if self._size > limits.max_body_bytes:
-            raise _too_large(limits.max_body_bytes, None)
+            raise Reject.too_large(limits.max_body_bytes, None)
         self._body.append(body)
         self._counted += size
         server = self.server
@@ -385,14 +397,3 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
             return
         self.write_response(self.server.error(status, message), keep_alive=False)
         self._linger()
-
-
-class _Reject(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _too_large(limit: int, declared: int | None) -> _Reject:
-    what = f"request body of {declared} bytes" if declared is not None else "request body"
-    return _Reject(413, f"{what} exceeds the limit of {limit} bytes")

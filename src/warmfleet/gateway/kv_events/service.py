@@ -15,7 +15,7 @@ from warmfleet.core.types import InstanceId
 from warmfleet.gateway.kv_config import KvEventsConfig, KvReplayConfig
 from warmfleet.gateway.kv_events.transport import KvEventSubscriber, ReplaySource
 from warmfleet.gateway.kv_events.wiring import KvEventFeed
-from warmfleet.gateway.state import RouterLike
+from warmfleet.gateway.variant import RouterLike
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import Tokenizer
 from warmfleet.routing.router import Router

@@ -2,18 +2,20 @@
 
 ``KvEventFeed.router_factory(tokenizer)`` is a ``gateway.state.RouterFactory``: every router it
 builds is a routing-core ``Router`` (with the tokenizer, for the ``tokens`` key mode) wrapped in
-``ExactModeRouter``. The wrapper that the gateway actually uses (the first to see
-``on_instances_changed`` or ``choose``; throwaway routers built to validate a config never do)
-becomes the feed's target: the feed's translator then feeds that router's exact index. A router
-swapped in by a reload inherits the translator's view (same seed and block size), so a reload
-does not drop to approximate mode.
+``ExactModeRouter``, which binds, when it is built, the router's exact index to the chains the
+feed's events translate into (the seed of the feed's model and the router's block size). The
+router the gateway puts in service (the one told its instances: ``on_instances_changed``, before
+its first ``choose``; throwaway routers built to validate a config never are) becomes the feed's
+target, once: the feed's translator then feeds its exact index. A router swapped in by a reload
+inherits the translator's view (same seed and block size), so a reload does not drop to
+approximate mode; a replaced router that an in-flight request still holds keeps its own index.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -26,29 +28,31 @@ from warmfleet.gateway.kv_events.translator import ExactIndex, KvEventTranslator
 from warmfleet.gateway.kv_events.view import ReplayRequest
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.keys import Tokenizer
+from warmfleet.routing.request import KeyRequest
 from warmfleet.routing.router import Router
 
 
 class ExactModeRouter:
-    """A ``Router`` whose exact index is fed by a ``KvEventFeed`` (a gateway ``RouterLike``)."""
+    """A ``Router`` whose exact index is fed by a ``KvEventFeed`` (a gateway ``RouterLike``).
+
+    Built bound: ``chain_seed`` (where the feed's translated chains start: its model, no
+    adapter, no tenant) and ``block_size`` are fixed here, and the exact index (if the strategy
+    has one) matches only keys chained from that seed."""
 
     def __init__(self, router: Router, feed: KvEventFeed) -> None:
         self.router = router
         self._feed = feed
         sink = router.kv_event_sink
         self.exact_index: ExactIndex | None = sink if isinstance(sink, ExactIndex) else None
+        self.chain_seed = router.keys.seed(feed.model, None, None)
+        self.block_size = router.keys.block_size
+        if self.exact_index is not None:
+            self.exact_index.chain_seed = self.chain_seed
 
-    def key_for_chat(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
-        return self.router.key_for_chat(body, tenant)
-
-    def key_for_completions(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
-        return self.router.key_for_completions(body, tenant)
-
-    def key_for_bytes(self, raw: bytes, tenant: str | None, model: str) -> RoutingKey:
-        return self.router.key_for_bytes(raw, tenant, model)
+    def key(self, request: KeyRequest) -> RoutingKey:
+        return self.router.key(request)
 
     def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
-        self._feed.activate(self)
         return self.router.choose(key, fleet)
 
     def on_routed(self, key: RoutingKey, decision: Decision) -> None:
@@ -67,7 +71,7 @@ class ExactModeRouter:
         self.router.adopt(previous.router if isinstance(previous, ExactModeRouter) else previous)
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
-        self._feed.activate(self)
+        self._feed.activate(self)  # in service (a no-op once it is the feed's target)
         self.router.on_instances_changed(instance_ids)
         self._feed.retain(instance_ids)
 
@@ -106,6 +110,7 @@ class KvEventFeed:
         return factory
 
     def activate(self, router: ExactModeRouter) -> None:
+        """``router`` is the one in service: the events feed its exact index from now on."""
         if router is self._active:
             return
         self._active = router
@@ -113,9 +118,7 @@ class KvEventFeed:
         if index is None:  # the strategy has no exact index: events are not needed
             self.translator = None
             return
-        seed = router.router.keys.seed(self.model, None, None)
-        index.chain_seed = seed
-        block_size = router.router.keys.block_size
+        seed, block_size = router.chain_seed, router.block_size
         old = self.translator
         if old is not None and old.seed == seed and old.block_size == block_size:
             old.rebind(index)

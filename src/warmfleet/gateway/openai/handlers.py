@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 from time import perf_counter
 from typing import Any
+from urllib.parse import parse_qs
 
 from warmfleet.core.errors import BadRequestError, WarmfleetError
 from warmfleet.core.types import RoutingKey
@@ -17,7 +18,9 @@ from warmfleet.gateway.metrics import CONTENT_TYPE
 from warmfleet.gateway.openai.body import check_key_body_size, openai_fields, parse_request_body
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.server_config import LimitsConfig
-from warmfleet.gateway.state import RouterLike
+from warmfleet.gateway.variant import RouterLike
+from warmfleet.routing.parse import parse_chat, parse_completions, parse_native
+from warmfleet.routing.request import KeyRequest
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +39,9 @@ _DEFENSIVE = (
     UnicodeError,
 )
 
-KeyFn = Callable[[RouterLike, Mapping[str, Any], str | None], RoutingKey]
-
-
-def _chat_key(router: RouterLike, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
-    return router.key_for_chat(body, tenant)
-
-
-def _completions_key(router: RouterLike, body: Mapping[str, Any], tenant: str | None) -> RoutingKey:
-    return router.key_for_completions(body, tenant)
+# Parses a body into its typed request: parse_chat or parse_completions (body, tenant header
+# value, tenant header name).
+Parse = Callable[[Mapping[str, Any], str | None, str], KeyRequest]
 
 
 def _parse_offloaded(raw: bytes, limits: LimitsConfig, chat: bool) -> tuple[list[Any], str]:
@@ -55,10 +52,11 @@ def _parse_offloaded(raw: bytes, limits: LimitsConfig, chat: bool) -> tuple[list
 
 
 def _key_offloaded(
-    key_fn: KeyFn, router: RouterLike, holder: list[Any], tenant: str | None
+    router: RouterLike, parse: Parse, holder: list[Any], tenant: str | None, tenant_header: str
 ) -> RoutingKey:
-    """On the body worker: the key of the body in ``holder``, which is freed there."""
-    return key_fn(router, holder.pop(), tenant)
+    """On the body worker: the key of the body in ``holder``, parsed into its request there
+    (both are freed there)."""
+    return router.key(parse(holder.pop(), tenant, tenant_header))
 
 
 class Handlers:
@@ -76,15 +74,16 @@ class Handlers:
         return error_response(err)
 
     async def chat_completions(self, request: Request) -> Response | None:
-        return await self._openai(request, CHAT_PATH, _chat_key, chat=True)
+        return await self._openai(request, CHAT_PATH, parse_chat, chat=True)
 
     async def completions(self, request: Request) -> Response | None:
-        return await self._openai(request, COMPLETIONS_PATH, _completions_key, chat=False)
+        return await self._openai(request, COMPLETIONS_PATH, parse_completions, chat=False)
 
     async def _openai(
-        self, request: Request, path: str, key_fn: KeyFn, *, chat: bool
+        self, request: Request, path: str, parse: Parse, *, chat: bool
     ) -> Response | None:
-        """Parse, check the limits, pick the variant, build the key. A body over
+        """Parse, check the limits, pick the variant, parse the body into its typed request (the
+        variant's key settings name the tenant header) and build its key. A body over
         ``limits.offload_body_bytes`` is parsed and keyed on the body worker thread (the
         variant is picked on the loop, which owns the state); small ones stay inline."""
         t_start = perf_counter()
@@ -92,7 +91,7 @@ class Handlers:
         limits = state.limits
         raw = request.body
         if len(raw) > limits.offload_body_bytes:
-            return await self._openai_offloaded(request, path, key_fn, chat=chat, t_start=t_start)
+            return await self._openai_offloaded(request, path, parse, chat=chat, t_start=t_start)
         try:
             body = parse_request_body(raw, limits, chat=chat)
             model, _stream = openai_fields(body)
@@ -103,7 +102,8 @@ class Handlers:
             router = variant.router
             key_spec = variant.routing_config.key
             check_key_body_size(len(raw), key_spec.mode, limits)
-            key = key_fn(router, body, request.headers.get(key_spec.tenant_header.lower()))
+            tenant = request.headers.get(key_spec.tenant_header.lower())
+            key = router.key(parse(body, tenant, key_spec.tenant_header))
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
@@ -113,7 +113,7 @@ class Handlers:
         )
 
     async def _openai_offloaded(
-        self, request: Request, path: str, key_fn: KeyFn, *, chat: bool, t_start: float
+        self, request: Request, path: str, parse: Parse, *, chat: bool, t_start: float
     ) -> Response | None:
         """``_openai`` for a big body: parsed and keyed on the body worker (where the body is
         also freed); the variant is picked here, on the loop, which owns the state."""
@@ -130,7 +130,9 @@ class Handlers:
             key_spec = variant.routing_config.key
             check_key_body_size(len(request.body), key_spec.mode, state.limits)
             tenant = request.headers.get(key_spec.tenant_header.lower())
-            key = await worker.run(_key_offloaded, key_fn, router, holder, tenant)
+            key = await worker.run(
+                _key_offloaded, router, parse, holder, tenant, key_spec.tenant_header
+            )
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
@@ -159,10 +161,11 @@ class Handlers:
             check_key_body_size(len(raw), key_spec.mode, limits)
             tenant = request.headers.get(key_spec.tenant_header.lower())
             model = variant.config.models[0] if variant.config.models else endpoint.name
+            native = parse_native(raw, tenant, model, key_spec.tenant_header)
             if len(raw) > limits.offload_body_bytes:
-                key = await self.gw.body_worker.run(router.key_for_bytes, raw, tenant, model)
+                key = await self.gw.body_worker.run(router.key, native)
             else:
-                key = router.key_for_bytes(raw, tenant, model)
+                key = router.key(native)
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
@@ -183,17 +186,25 @@ class Handlers:
     async def health(self, _request: Request) -> Response:
         return Response(200, b'{"status":"ok"}', _JSON)
 
-    async def ready(self, _request: Request) -> Response:
-        """Ready once a health round completed and every endpoint has a healthy instance."""
+    async def ready(self, request: Request) -> Response:
+        """``/ready``: a health round completed and every endpoint has a healthy instance.
+        ``/ready?scope=gateway`` (the pods' readiness probe): this gateway can route, i.e. a
+        health round completed, whatever the engines' state, so a fleet without engines yet
+        does not take every gateway pod out of its Service (clients get 503s that say why,
+        not refused connections)."""
+        scope = parse_qs(request.query).get("scope", ["endpoints"])[-1]
+        if scope not in ("endpoints", "gateway"):
+            return self.reject(BadRequestError("scope must be 'endpoints' or 'gateway'"))
         unavailable = [
             name
             for name, endpoint in self.state.endpoints.items()
             if not any(v.healthy for v in endpoint.variants.values())
         ]
         rounds = self.gw.health.rounds_completed
-        ready = rounds > 0 and not unavailable
+        ready = rounds > 0 and (scope == "gateway" or not unavailable)
         body = {
             "status": "ready" if ready else "not_ready",
+            "scope": scope,
             "health_rounds": rounds,
             "unavailable": unavailable,
         }

@@ -18,8 +18,8 @@ from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout
 from prometheus_client import Counter
 
 from warmfleet.core.jsonio import deepest_field
-from warmfleet.gateway.fleet import GatewayState
-from warmfleet.gateway.state import VariantRuntime
+from warmfleet.gateway.variant import VariantRuntime
+from warmfleet.gateway.world import GatewayState
 
 log = logging.getLogger(__name__)
 

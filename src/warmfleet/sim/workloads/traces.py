@@ -1,6 +1,9 @@
 """Trace-driven workloads: Mooncake JSONL, Azure LLM CSV, LMBenchmark ShareGPT text replay.
 
-Paths are arguments; ``default_trace_path`` finds ``../shared/traces/...`` next to the repository.
+Each parser takes a ``Trace``: the file's text as the CLI edge read it and the name it came
+from (for errors). The edge finds the file (``--trace``, or the workload's ``DEFAULT_TRACES``
+file in the traces directory, ``warmfleet.edge.resolve_traces_dir``); nothing here opens a file
+or guesses a location.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ import itertools
 import json
 import random
 import statistics
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -24,6 +27,7 @@ from warmfleet.sim.workloads.base import Segment, WorkloadRequest
 
 MOONCAKE_BLOCK_TOKENS = 512
 
+# each trace-driven workload's file, relative to a traces directory
 DEFAULT_TRACES = {
     "mooncake": "mooncake_conversation_first30min.jsonl",
     "azure": "azure_llm_2023_conv.csv",
@@ -31,28 +35,12 @@ DEFAULT_TRACES = {
 }
 
 
-def repo_root() -> Path:
-    """The source checkout this package runs from (editable install)."""
-    return Path(__file__).resolve().parents[4]
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A trace file's ``text`` as the edge read it; ``source`` (its path) names it in errors."""
 
-
-def default_trace_path(scenario: str) -> Path | None:
-    """``../shared/traces/<file>`` relative to the repository root, if it exists."""
-    name = DEFAULT_TRACES.get(scenario)
-    if name is None:
-        return None
-    for base in (repo_root(), Path.cwd()):
-        candidate = base.parent / "shared" / "traces" / name
-        if candidate.exists():
-            return candidate
-    return None
-
-
-def _open_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"trace: cannot read {path}: {err}") from err
+    text: str
+    source: str
 
 
 class MooncakeConfig(StrictModel):
@@ -74,7 +62,7 @@ def _spread(timestamps_ms: list[int], rng: random.Random) -> list[float]:
     return out
 
 
-def _mooncake_row(path: Path, line_no: int, line: str) -> tuple[int, list[int], int, int]:
+def _mooncake_row(source: str, line_no: int, line: str) -> tuple[int, list[int], int, int]:
     """(timestamp ms, hash ids, input tokens, output tokens) of one JSONL line."""
     try:
         row = json.loads(line)
@@ -83,7 +71,7 @@ def _mooncake_row(path: Path, line_no: int, line: str) -> tuple[int, list[int], 
         ids = [int(h) for h in row["hash_ids"]]
         return int(row["timestamp"]), ids, int(row["input_length"]), int(row["output_length"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"trace: {path}:{line_no}: not a Mooncake trace row: {err}") from err
+        raise ConfigError(f"trace: {source}:{line_no}: not a Mooncake trace row: {err}") from err
 
 
 def _mooncake_segments(ids: list[int], input_tokens: int, tail_id: int) -> tuple[Segment, ...]:
@@ -102,11 +90,11 @@ def _mooncake_segments(ids: list[int], input_tokens: int, tail_id: int) -> tuple
     return tuple(segments)
 
 
-def mooncake(path: Path, seed: int, spread_buckets: bool = True) -> tuple[WorkloadRequest, ...]:
+def mooncake(trace: Trace, seed: int, spread_buckets: bool = True) -> tuple[WorkloadRequest, ...]:
     """Each ``hash_ids`` entry is one 512-token block; the last block is partial."""
     rows = [
-        _mooncake_row(path, line_no, line)
-        for line_no, line in enumerate(_open_text(path).splitlines(), 1)
+        _mooncake_row(trace.source, line_no, line)
+        for line_no, line in enumerate(trace.text.splitlines(), 1)
         if line.strip()
     ]
     stamps = [row[0] for row in rows]
@@ -138,7 +126,7 @@ def _parse_azure_time(text: str) -> float:
     return stamp.timestamp()
 
 
-def _azure_row(path: Path, line_no: int, row: dict[str, str]) -> tuple[float, int, int]:
+def _azure_row(source: str, line_no: int, row: dict[str, str]) -> tuple[float, int, int]:
     try:
         return (
             _parse_azure_time(row["TIMESTAMP"]),
@@ -146,12 +134,12 @@ def _azure_row(path: Path, line_no: int, row: dict[str, str]) -> tuple[float, in
             max(1, int(row["GeneratedTokens"])),
         )
     except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"trace: {path}:{line_no}: not an Azure LLM trace row: {err}") from err
+        raise ConfigError(f"trace: {source}:{line_no}: not an Azure LLM trace row: {err}") from err
 
 
-def azure(path: Path, seed: int) -> tuple[WorkloadRequest, ...]:
-    reader = csv.DictReader(_open_text(path).splitlines())
-    rows = [_azure_row(path, line_no, row) for line_no, row in enumerate(reader, 2)]
+def azure(trace: Trace, seed: int) -> tuple[WorkloadRequest, ...]:
+    reader = csv.DictReader(trace.text.splitlines())
+    rows = [_azure_row(trace.source, line_no, row) for line_no, row in enumerate(reader, 2)]
     if not rows:
         return ()
     start_s = min(stamp for stamp, _, _ in rows)
@@ -192,12 +180,12 @@ def text_segments(
 
 
 def sharegpt_replay(
-    path: Path, config: ShareGptReplayConfig, seed: int
+    trace: Trace, config: ShareGptReplayConfig, seed: int
 ) -> tuple[WorkloadRequest, ...]:
     try:
-        items = json.loads(_open_text(path))
+        items = json.loads(trace.text)
     except json.JSONDecodeError as err:
-        raise ConfigError(f"trace: {path}: not JSON: {err}") from err
+        raise ConfigError(f"trace: {trace.source}: not JSON: {err}") from err
     sessions: dict[str, int] = {}
     out = []
     for index, item in enumerate(items):

@@ -1,6 +1,7 @@
 """``make bench-cache``: throughput and fault runs of the node cache, written as JSON.
 
-* HTTP: a throttled local origin (separate process); achieved prefetch rate / throttle rate.
+* HTTP: a throttled local origin (the local fleet's, ``warmfleet.local.origin_proc``, in a
+  separate process); achieved prefetch rate / throttle rate.
 * Local path and S3 (moto server, separate process): GB/s next to baselines measured in the same
   run (``cp`` for the local path, a plain boto3 ``download_file`` for S3).
 * Faults: kill -9 mid-download (N times in a row), truncated bodies, 503s, a flipped byte at
@@ -8,11 +9,13 @@
   audited afterwards; ``corrupt_or_partial_published`` counts what should never exist.
 * Big model (acceptance 3): a sparse synthetic model (default 5 GB) is prefetched, fully
   verified, evicted by LRU admission and re-fetched within a disk budget; peak disk use sampled.
+
+``python -m harness.cache_bench --out bench-results/cache.json`` with ``tests`` on
+``PYTHONPATH`` (``make bench-cache``). A benchmark harness, not part of the installed package.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -24,14 +27,17 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
+
+from harness.faults import run_fault_matrix
+from harness.registry import free_port, stop_process
 from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.store import Store
-from warmfleet.agent.testing.faults import run_fault_matrix
-from warmfleet.agent.testing.registry import free_port, stop_process
 from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, SourcesSpec
 
 MB = 10**6
@@ -103,31 +109,48 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"{url}: server did not start")
 
 
+def _wait_ready_file(path: Path, proc: subprocess.Popen[bytes]) -> str:
+    """The URL the origin announces in its ready file."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"origin exited with {proc.returncode}")
+        with contextlib.suppress(OSError, ValueError):
+            url: str = json.loads(path.read_text())["url"]
+            return url
+        time.sleep(0.1)
+    raise RuntimeError("origin did not start")
+
+
 # ----- HTTP throttled origin ----------------------------------------------------------------
 async def bench_http(work: Path, size: int, throttle_bps: float, reps: int = 3) -> dict[str, Any]:
     """Median of ``reps`` prefetches (fresh cache each time) through one throttled origin."""
-    src = work / "http-src.bin"
+    served = work / "http-origin"
+    served.mkdir()
+    src = served / "w.bin"
     write_pseudo_random(src, size)
+    ready = work / "http-origin.json"
     cmd = [
         sys.executable,
         "-m",
-        "warmfleet.agent.testing.origin",
-        "--file",
-        f"w.bin={src}",
+        "warmfleet.local.origin_proc",
+        "--dir",
+        str(served),
+        "--ready-file",
+        str(ready),
         "--throttle",
         str(throttle_bps),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     runs = []
     try:
-        assert proc.stdout is not None
-        port = int(proc.stdout.readline())
+        url = _wait_ready_file(ready, proc)
         for _ in range(reps):
             load = os.getloadavg()[0]
             cpu0 = time.process_time()
             async with manager_for(work / "http-cache") as m:
                 t0 = time.perf_counter()
-                await m.prefetch(f"http://127.0.0.1:{port}/files/w.bin")
+                await m.prefetch(f"{url}/files/w.bin")
                 elapsed = time.perf_counter() - t0
             runs.append(
                 {
@@ -140,7 +163,7 @@ async def bench_http(work: Path, size: int, throttle_bps: float, reps: int = 3) 
             shutil.rmtree(work / "http-cache", ignore_errors=True)
     finally:
         stop_process(proc)
-    src.unlink()
+    shutil.rmtree(served)
     fractions = sorted(r["fraction"] for r in runs)
     return {
         "size_bytes": size,
@@ -310,57 +333,73 @@ async def bench_big(work: Path, size: int) -> dict[str, Any]:
     return out
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    base = Path(args.workdir)
-    base.mkdir(parents=True, exist_ok=True)
+@dataclass(frozen=True)
+class BenchParams:
+    """What ``make bench-cache`` measures (bytes, bytes/s, rounds)."""
+
+    workdir: Path
+    http_size: int
+    http_throttle_bps: float
+    local_size: int
+    s3_size: int
+    big_size: int
+    kills: int
+
+
+async def run(params: BenchParams) -> dict[str, Any]:
+    params.workdir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "machine": {"nproc": os.cpu_count(), "loadavg_at_start": os.getloadavg()}
     }
-    with tempfile.TemporaryDirectory(dir=base, prefix="cache-bench-") as tmp:
+    with tempfile.TemporaryDirectory(dir=params.workdir, prefix="cache-bench-") as tmp:
         work = Path(tmp)
         print("faults ...", flush=True)
-        faults = await run_fault_matrix(work / "faults", kills=args.kills)
+        faults = await run_fault_matrix(work / "faults", kills=params.kills)
         result["faults_injected"] = faults["faults_injected"]
         result["corrupt_or_partial_published"] = faults["corrupt_or_partial_published"]
         result["faults"] = faults
         print("http ...", flush=True)
-        http = await bench_http(work, args.http_size, args.http_throttle)
+        http = await bench_http(work, params.http_size, params.http_throttle_bps)
         result["http_throttle_fraction"] = http["fraction"]
         result["http"] = http
         print("local ...", flush=True)
-        local = await bench_local(work, args.local_size)
+        local = await bench_local(work, params.local_size)
         result["local_gbps"] = local["gbps"]
         result["local_baseline_cp_gbps"] = local["baseline_cp_gbps"]
         result["local_baseline_cp_fsync_gbps"] = local["baseline_cp_fsync_gbps"]
         result["local"] = local
         print("s3 ...", flush=True)
-        s3 = await bench_s3(work, args.s3_size)
+        s3 = await bench_s3(work, params.s3_size)
         result["s3_gbps"] = s3["gbps"]
         result["s3_baseline_boto3_gbps"] = s3["baseline_boto3_download_file_gbps"]
         result["s3"] = s3
-        if args.big_size > 0:
-            print(f"big model ({args.big_size} bytes) ...", flush=True)
-            result["big_model"] = await bench_big(work, args.big_size)
+        if params.big_size > 0:
+            print(f"big model ({params.big_size} bytes) ...", flush=True)
+            result["big_model"] = await bench_big(work, params.big_size)
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="bench-results/cache.json")
-    parser.add_argument("--workdir", default="/var/tmp/warmfleet-bench")
-    parser.add_argument("--http-size", type=int, default=300 * MB)
-    parser.add_argument("--http-throttle", type=float, default=50 * MB)
-    parser.add_argument("--local-size", type=int, default=2 * GB)
-    parser.add_argument("--s3-size", type=int, default=256 * MB)
-    parser.add_argument("--big-size", type=int, default=5 * GB)
-    parser.add_argument("--kills", type=int, default=3)
-    args = parser.parse_args()
-    result = asyncio.run(run(args))
-    out = Path(args.out)
+def cache_bench_command(
+    out: Annotated[Path, typer.Option(help="JSON results")] = Path("bench-results/cache.json"),
+    workdir: Annotated[Path, typer.Option(help="scratch space")] = Path("/var/tmp/warmfleet-bench"),
+    http_size: Annotated[int, typer.Option(help="bytes through the HTTP origin")] = 300 * MB,
+    http_throttle: Annotated[float, typer.Option(help="HTTP origin bytes/s")] = 50 * MB,
+    local_size: Annotated[int, typer.Option(help="bytes copied from a local path")] = 2 * GB,
+    s3_size: Annotated[int, typer.Option(help="bytes through moto's S3")] = 256 * MB,
+    big_size: Annotated[int, typer.Option(help="the big sparse model (0: skip)")] = 5 * GB,
+    kills: Annotated[int, typer.Option(help="kill -9 rounds in the fault matrix")] = 3,
+) -> None:
+    """Throughput and fault runs of the node cache, written as JSON."""
+    params = BenchParams(workdir, http_size, http_throttle, local_size, s3_size, big_size, kills)
+    result = asyncio.run(run(params))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     summary = {k: v for k, v in result.items() if not isinstance(v, dict)}
     print(json.dumps(summary, indent=2, sort_keys=True))
+
+
+def main() -> None:
+    typer.run(cache_bench_command)
 
 
 if __name__ == "__main__":

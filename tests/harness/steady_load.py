@@ -1,4 +1,4 @@
-"""A small bounded closed-loop client for the embedded fleet's acceptance runs: ``concurrency``
+"""A small bounded closed-loop client for the local fleet's acceptance runs: ``concurrency``
 workers send non-streamed chat completions through the gateway until stopped (or
 ``max_requests``), each request tagged with the phase it was sent in."""
 

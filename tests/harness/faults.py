@@ -20,12 +20,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from harness.audit import published_corrupt_or_partial
+from harness.origin import Blob, Origin, ServerThread
 from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.sources.base import DiskFullError, SourceChangedError
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.store import Store
-from warmfleet.agent.testing.audit import published_corrupt_or_partial
-from warmfleet.agent.testing.origin import Blob, Origin, ServerThread
 from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec
 from warmfleet.core.errors import IntegrityError, WarmfleetError
 

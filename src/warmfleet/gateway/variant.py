@@ -12,7 +12,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import Counter
@@ -32,6 +32,7 @@ from warmfleet.gateway.outlier import (
 )
 from warmfleet.gateway.server_config import OutlierConfig
 from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.request import KeyRequest
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,7 @@ log = logging.getLogger(__name__)
 class RouterLike(Protocol):
     """What the gateway needs from ``warmfleet.routing.router.Router``."""
 
-    def key_for_chat(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey: ...
-
-    def key_for_completions(self, body: Mapping[str, Any], tenant: str | None) -> RoutingKey: ...
-
-    def key_for_bytes(self, raw: bytes, tenant: str | None, model: str) -> RoutingKey: ...
+    def key(self, request: KeyRequest) -> RoutingKey: ...
 
     def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision: ...
 

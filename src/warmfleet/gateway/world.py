@@ -1,4 +1,5 @@
-"""The gateway's whole live world and how a new configuration document is applied to it."""
+"""The gateway's world: its endpoints (each a weighted set of variants, ``variant``) and how a
+new configuration document is applied to it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from warmfleet.core.errors import ConfigError, NotFoundError
 from warmfleet.gateway.config import GatewayConfig, GatewaySpec
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.server_config import HealthConfig, LimitsConfig
-from warmfleet.gateway.state import RouterFactory, VariantRuntime
+from warmfleet.gateway.variant import RouterFactory, VariantRuntime
 from warmfleet.routing.config import RoutingConfig
 
 log = logging.getLogger(__name__)

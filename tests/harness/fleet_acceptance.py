@@ -10,28 +10,34 @@
    node is refilled (agent restarted / data re-downloaded) and gets its label back; no request
    may fail.
 
-``python -m warmfleet.local.acceptance --out bench-results/fleet.json`` merges the
-figures into the file as top-level fields (the what-if stays under its own key).
+``python -m harness.fleet_acceptance --out bench-results/fleet.json`` (with ``tests`` on
+``PYTHONPATH``; the second step of ``make bench-fleet``) merges the figures into the file as
+top-level fields (the what-if stays under its own key). ``tests/operator/test_embedded_fleet.py``
+runs a smaller one. An acceptance harness, not part of the installed package.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import contextlib
 import json
+import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
+
+from harness.steady_load import SteadyLoad
 from warmfleet.api.names import weights_label
 from warmfleet.api.resources import EndpointPhase, InferenceEndpointSpec
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.local.config import LocalFleet, parse_fleet
 from warmfleet.local.fleet import EmbeddedFleet
-from warmfleet.local.load import SteadyLoad
 from warmfleet.local.state import start_times
 
 ENDPOINT = "demo"
@@ -186,7 +192,8 @@ async def rolling_rollover(
 def kill_agent(fleet: EmbeddedFleet, node: str) -> int:
     """Fault: SIGKILL ``node``'s agent (the fleet restarts it)."""
     child = fleet.agents[node]
-    child.kill()
+    with contextlib.suppress(ProcessLookupError):  # dies without cleaning up
+        os.kill(child.pid, signal.SIGKILL)
     fleet.event("fault_kill_agent", node=node, pid=child.pid)
     return child.pid
 
@@ -353,43 +360,45 @@ def merge_into(path: Path, figures: dict[str, Any]) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, default=Path("bench-results/fleet.json"))
-    parser.add_argument("--size", type=int, default=200_000_000, help="model bytes")
-    parser.add_argument("--throttle", type=int, default=100_000_000, help="origin bytes/s")
-    parser.add_argument("--max-s", type=float, default=280.0, help="bound of the whole run")
-    args = parser.parse_args()
+SUMMARY_KEYS = (
+    "rollover_failed_requests",
+    "node_loss_failed_requests",
+    "rolling_rollover_failed_requests",
+    "warm_start_s",
+    "cold_start_s",
+    "unprepared_replica_share",
+)
+
+
+def acceptance_command(
+    out: Annotated[Path, typer.Option(help="JSON file the figures are merged into")] = Path(
+        "bench-results/fleet.json"
+    ),
+    size: Annotated[int, typer.Option(help="model bytes")] = 200_000_000,
+    throttle: Annotated[int, typer.Option(help="origin bytes/s")] = 100_000_000,
+    max_s: Annotated[float, typer.Option(help="bound of the whole run")] = 280.0,
+) -> None:
+    """Acceptance 1 and 2 on the embedded backend; prints the summary line."""
 
     async def bounded(workdir: Path) -> dict[str, Any]:
-        async with asyncio.timeout(args.max_s):
-            return await run_acceptance(workdir, args.size, args.throttle)
+        async with asyncio.timeout(max_s):
+            return await run_acceptance(workdir, size, throttle)
 
     with tempfile.TemporaryDirectory(prefix="warmfleet-fleet-", dir="/var/tmp") as tmp:
         figures = asyncio.run(bounded(Path(tmp)))
     figures["embedded_params"] = {
-        "model_bytes": args.size,
-        "origin_throttle_bps": args.throttle,
+        "model_bytes": size,
+        "origin_throttle_bps": throttle,
         "nodes": 3,
         "replicas": 2,
         "engine": "warmfleet emulate (tiny-cpu, speedup 50) reading every weights byte",
     }
-    merge_into(args.out, figures)
-    print(
-        json.dumps(
-            {
-                k: figures[k]
-                for k in (
-                    "rollover_failed_requests",
-                    "node_loss_failed_requests",
-                    "rolling_rollover_failed_requests",
-                    "warm_start_s",
-                    "cold_start_s",
-                    "unprepared_replica_share",
-                )
-            }
-        )
-    )
+    merge_into(out, figures)
+    print(json.dumps({k: figures[k] for k in SUMMARY_KEYS}))
+
+
+def main() -> None:
+    typer.run(acceptance_command)
 
 
 if __name__ == "__main__":

@@ -1,1 +1,0 @@
-"""Local origins (HTTP, HF-compatible, OCI registry) for tests and benchmarks."""
