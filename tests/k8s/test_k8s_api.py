@@ -46,7 +46,7 @@ def test_valid_examples_accepted(
                 assert item["spec"]["variants"][0]["trafficWeight"] == 1
                 assert item["spec"]["modelCacheConfig"]["weightsCache"]["gate"]["mode"]
     results.record(valid_examples_accepted=accepted, valid_examples_total=total)
-    assert total >= 2
+    assert total >= 1
     assert accepted == total
 
 
