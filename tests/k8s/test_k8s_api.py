@@ -8,6 +8,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import helm_python as helm
 import pytest
 import yaml
 
@@ -244,3 +245,30 @@ def test_rbac_in_force(
             failed.append(f"{user} {' '.join(args)}: {out.stdout.strip()} {out.stderr.strip()}")
     results.record(rbac_applied=not failed, rbac_checks=len(checks))
     assert not failed, failed
+
+
+WORKLOAD_KINDS = {"Deployment", "DaemonSet", "Service"}
+
+
+def test_helm_chart_applied(
+    control_plane: ControlPlane, crds: int, rbac: list[Obj], results: Results
+) -> None:
+    """The chart as Helm itself renders it (its Go SDK, helm-python-sdk) is accepted by the server:
+    its CRDs and every object as a server-side dry run, then every object for real (they carry
+    the same names as deploy/manifests'); the workloads are deleted again at once (no node
+    exists yet, so no pod of theirs was scheduled)."""
+    with helm.Chart.load(str(DEPLOY / "helm" / "warmfleet")) as chart:
+        rendered = chart.render({}, name="warmfleet", namespace="warmfleet-system")
+        chart_crds = [crd["data"] for crd in chart.crds]
+    objects = [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
+    for crd in chart_crds:
+        control_plane.kubectl("apply", "--dry-run=server", "-f", "-", stdin=crd)
+    stream = yaml.safe_dump_all(objects)
+    control_plane.kubectl("apply", "--dry-run=server", "-f", "-", stdin=stream)
+    control_plane.kubectl("apply", "-f", "-", stdin=stream)
+    found = control_plane.kubectl("get", "-f", "-", "-o", "name", stdin=stream).stdout.split()
+    workloads = yaml.safe_dump_all([o for o in objects if o["kind"] in WORKLOAD_KINDS])
+    control_plane.kubectl("delete", "--wait=false", "-f", "-", stdin=workloads)
+    results.record(helm_applied=len(found) == len(objects), helm_objects=len(objects))
+    assert len(found) == len(objects)
+    assert len(chart_crds) == 3
