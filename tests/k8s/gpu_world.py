@@ -93,6 +93,17 @@ def reported_ready(plane: ControlPlane) -> set[str]:
     return found
 
 
+def ready_for(plane: ControlPlane, cache: str) -> set[str]:
+    """The nodes whose agent reports ``cache`` ready."""
+    found = set()
+    for node in items(plane, "/api/v1/nodes"):
+        text = (node["metadata"].get("annotations") or {}).get(names.ANN_CACHE_STATUS)
+        report = (json.loads(text) if text else {}).get(cache) or {}
+        if report.get("state") == "ready":
+            found.add(node["metadata"]["name"])
+    return found
+
+
 def weights_load(log_path: Path) -> dict[str, Any] | None:
     """The engine's ready line: where its weights came from and how long they took."""
     try:

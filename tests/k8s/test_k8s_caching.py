@@ -36,6 +36,7 @@ from k8s.gpu_world import (
     image_endpoint,
     items,
     marked,
+    ready_for,
     reported_ready,
     running_pods,
     start_agent,
@@ -255,11 +256,26 @@ def test_rollover_to_a_new_revision_under_load(
             status, body = plane.request("PATCH", f"{API}/inferenceendpoints/delta", new_spec)
             assert status == 200, body
 
+            gate_seen: dict[str, Any] = {"held_polls": 0}
+
             def rolled_over() -> bool:
                 deployments = deployments_of(plane, "delta")
                 caches = {c["metadata"]["name"] for c in items(plane, f"{API}/modelcaches")}
+                watch_partial_gate(deployments - old_deployments, caches - {old_cache})
                 new_only = bool(deployments) and not deployments & old_deployments
                 return new_only and old_cache not in caches
+
+            def watch_partial_gate(new_deployments: set[str], new_caches: set[str]) -> None:
+                """minReady 3 of 4 target nodes: the new Deployment waits for 3 ready nodes
+                (reports read after the Deployments: they only go to ready) and not for the
+                4th, which has no agent."""
+                if "ready_at_open" in gate_seen or not new_caches:
+                    return
+                ready = ready_for(plane, min(new_caches))
+                if new_deployments:
+                    gate_seen["ready_at_open"] = ready
+                else:
+                    gate_seen["held_polls"] += 1
 
             wait_for("the new revision in place of the old one", rolled_over, 180)
             new_pods = wait_for("4 ready replicas of r2", lambda: running_pods(plane, 4), 90)
@@ -272,7 +288,12 @@ def test_rollover_to_a_new_revision_under_load(
             wait_for("the old cache's bytes gone from every node", lambda: old_bytes() == 0, 60)
     finally:
         gateway.stop()
+    at_open = sorted(gate_seen.get("ready_at_open", ()))
+    gate_partial_ok = gate_seen["held_polls"] > 0 and at_open == sorted(WARM_NODES)
     results.record(
+        gate_partial_ok=gate_partial_ok,
+        gate_partial_ready_at_open=at_open,
+        gate_partial_held_polls=gate_seen["held_polls"],
         rollover_requests=load.ok + load.failures,
         rollover_failed_requests=load.failures,
         rollover_failures=dict(load.failed),
@@ -282,3 +303,4 @@ def test_rollover_to_a_new_revision_under_load(
     )
     assert old_bytes() == 0
     assert load.failures == 0, dict(load.failed)
+    assert gate_partial_ok, gate_seen
