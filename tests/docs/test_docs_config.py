@@ -446,10 +446,10 @@ def test_readme_quick_start_is_two_commands() -> None:
 
 _README_METRICS = {  # README phrase (Operations) -> gateway metric family
     "requests by variant, instance, reason and status": "warmfleet_gateway_requests",
-    "in-flight requests per instance": "warmfleet_gateway_in_flight_requests",
+    "in-flight requests": "warmfleet_gateway_in_flight_requests",
     "decision time": "warmfleet_gateway_decision_seconds",
     "gateway overhead": "warmfleet_gateway_overhead_seconds",
-    "TTFT seen at the gateway": "warmfleet_gateway_ttft_seconds",
+    "TTFT": "warmfleet_gateway_ttft_seconds",
     "spills": "warmfleet_gateway_spills",
     "predicted prefix hits": "warmfleet_gateway_predicted_prefix_hits",
 }
