@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -159,7 +159,7 @@ def test_gateway_discovers_the_pods_through_real_endpointslices(
     try:
         seen = wait_for(
             "requests through the gateway to reach both pods",
-            lambda: both_pods_answered(gateway.url, {p["metadata"]["name"] for p in pods}),
+            all_pods_answer(gateway.url, {p["metadata"]["name"] for p in pods}),
             60,
         )
     finally:
@@ -209,25 +209,17 @@ def answered_by(url: str, pods: set[str]) -> str | None:
     return instance if instance in pods else None
 
 
-_answered: set[str] = set()
+def all_pods_answer(url: str, pods: set[str]) -> Callable[[], set[str] | None]:
+    """A probe for ``wait_for``: each call sends one request; truthy once every pod answered."""
+    answered: set[str] = set()
 
+    def probe() -> set[str] | None:
+        instance = answered_by(url, pods)
+        if instance is not None:
+            answered.add(instance)
+        return set(answered) if answered == pods else None
 
-def both_pods_answered(url: str, pods: set[str]) -> set[str] | None:
-    body = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    request = urllib.request.Request(
-        f"{url}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            instance = resp.headers.get("x-warmfleet-instance")
-            resp.read()
-    except (urllib.error.URLError, OSError):
-        return None
-    if instance in pods:
-        _answered.add(instance)
-    return set(_answered) if _answered == pods else None
+    return probe
 
 
 KINDS = {
