@@ -15,6 +15,7 @@ from warmfleet.edge import TRACES_DIR_ENV, read_text_file, resolve_traces_dir
 from warmfleet.routing.config import STRATEGY_NAMES
 from warmfleet.sim.runner import Comparison, run_comparison
 from warmfleet.sim.scenario import (
+    BUILTIN_WORKLOADS,
     ScenarioSpec,
     builtin_scenario,
     parse_scenario,
@@ -92,8 +93,14 @@ def _emit(comparison: Comparison, json_out: Path | None, report_dir: Path | None
             console.print(f"wrote {path}")
 
 
+_SCENARIO_HELP = (
+    f"a built-in scenario ({', '.join(BUILTIN_WORKLOADS)}) or a Scenario YAML file;"
+    " trace-driven ones read their trace from --traces-dir"
+)
+
+
 def sim(  # noqa: PLR0917 (one parameter per CLI option)
-    scenario: Annotated[str, typer.Option(help="built-in scenario name or a Scenario YAML file")],
+    scenario: Annotated[str, typer.Option(help=_SCENARIO_HELP)],
     strategies: Annotated[str, typer.Option(help="comma-separated strategy names")] = (
         DEFAULT_STRATEGIES
     ),
