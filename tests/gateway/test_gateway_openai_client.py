@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
 import pytest
 from gateway_support import (
@@ -74,3 +76,29 @@ def test_openai_sync_client_streaming() -> None:
             assert len(list(stream)) == 4
             out = client.completions.create(model=MODEL, prompt="p")
             assert out.choices[0].text.startswith("hello from")
+
+
+async def test_openai_client_retrieves_a_model_by_id() -> None:
+    """``models.retrieve`` (``GET /v1/models/{id}``) answers from the instances' model lists, ids
+    with a slash included; an unknown id is the client's NotFoundError."""
+    org_model = "meta-llama/Llama-3.1-8B"
+    async with backends_running("a") as backends:
+        backends[0].models = [MODEL, org_model]
+        variants: list[dict[str, Any]] = [
+            {
+                "name": "v1",
+                "models": [MODEL, org_model],
+                "routing": {"strategy": {"type": "round_robin"}},
+                "instances": [{"id": b.name, "url": b.url} for b in backends],
+            }
+        ]
+        async with (
+            gateway_running(gateway_config(backends, variants=variants)) as gw,
+            openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+        ):
+            model = await client.models.retrieve(MODEL)
+            assert (model.id, model.object) == (MODEL, "model")
+            assert (await client.models.retrieve(org_model)).id == org_model
+            with pytest.raises(openai.NotFoundError) as info:
+                await client.models.retrieve("missing")
+            assert "missing" in str(info.value)

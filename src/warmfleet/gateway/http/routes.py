@@ -1,4 +1,5 @@
-"""Request dispatch: method + path -> handler, with ``{name}`` path parameters.
+"""Request dispatch: method + path -> handler, with ``{name}`` path parameters (one segment) and
+``{name:path}`` (the rest of the path, slashes included: model ids such as ``org/model``).
 
 Static paths are one dict lookup (the OpenAI routes are static); patterns are tried in the order
 they were added. A known path with another method gets 405 (with an ``Allow`` header), an
@@ -13,7 +14,11 @@ from urllib.parse import unquote
 
 from warmfleet.gateway.http.messages import ErrorFactory, Handler, Request, Response
 
-_PARAM = re.compile(r"\{(\w+)\}")
+_PARAM = re.compile(r"\{(\w+)(:path)?\}")
+
+
+def _group(param: re.Match[str]) -> str:
+    return f"(?P<{param.group(1)}>{'.+' if param.group(2) else '[^/]+'})"
 
 
 class Routes:
@@ -26,7 +31,7 @@ class Routes:
         if "{" not in path:
             self._static.setdefault(path, {})[method] = handler
             return
-        regex = re.compile("^" + _PARAM.sub(r"(?P<\1>[^/]+)", path) + "$")
+        regex = re.compile("^" + _PARAM.sub(_group, path) + "$")
         for known, methods in self._patterns:
             if known.pattern == regex.pattern:
                 methods[method] = handler

@@ -9,7 +9,7 @@ from time import perf_counter
 from typing import Any
 from urllib.parse import parse_qs
 
-from warmfleet.core.errors import BadRequestError, WarmfleetError
+from warmfleet.core.errors import BadRequestError, NotFoundError, WarmfleetError
 from warmfleet.core.types import RoutingKey
 from warmfleet.gateway.errors import error_response, status_and_type
 from warmfleet.gateway.http.messages import Request, Response
@@ -183,6 +183,17 @@ class Handlers:
             return self.reject(err)
         return Response(200, body, _JSON)
 
+    async def model(self, request: Request) -> Response:
+        """``GET /v1/models/{model}`` (the OpenAI client's ``models.retrieve``)."""
+        model = request.match_info["model"]
+        try:
+            card = await self.gw.models.card(model)
+        except WarmfleetError as err:
+            return self.reject(err)
+        if card is None:
+            return self.reject(NotFoundError(f"The model `{model}` does not exist."))
+        return Response(200, card, _JSON)
+
     async def health(self, _request: Request) -> Response:
         return Response(200, b'{"status":"ok"}', _JSON)
 
@@ -218,6 +229,7 @@ def add_public_routes(routes: Routes, handlers: Handlers) -> None:
     routes.add("POST", CHAT_PATH, handlers.chat_completions)
     routes.add("POST", COMPLETIONS_PATH, handlers.completions)
     routes.add("GET", "/v1/models", handlers.models)
+    routes.add("GET", "/v1/models/{model:path}", handlers.model)
     routes.add("POST", "/endpoints/{endpoint}/invocations", handlers.invocations)
     routes.add("GET", "/health", handlers.health)
     routes.add("GET", "/ready", handlers.ready)

@@ -59,6 +59,13 @@ class ModelsCache:
             self._expires_s = time.monotonic() + self.state.spec.models_cache_ttl_s
             return body
 
+    async def card(self, model: str) -> bytes | None:
+        """``GET /v1/models/{model}``: that model's entry in the union, or ``None``."""
+        for entry in json.loads(await self.get())["data"]:
+            if entry.get("id") == model:
+                return json.dumps(entry).encode()
+        return None
+
     async def _collect(self) -> list[dict[str, Any]]:
         variants = [v for e in self.state.openai_endpoints() for v in e.variants.values()]
         reported = await asyncio.gather(*(self._variant_models(v) for v in variants))
