@@ -4,7 +4,6 @@ a failure is loud and short: its exit status, at most 3 lines on stderr, no trac
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -130,11 +129,3 @@ def gateway(config: Path) -> Iterator[str]:
         yield line.strip().rsplit(" ", 1)[-1]
     finally:
         stop(proc)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -21,9 +20,10 @@ from cli_support import (
     emulator,
     gateway,
     gateway_file,
-    pid_alive,
     run_cli,
 )
+
+from support.fleets import pid_alive, small_fleet
 
 pytestmark = pytest.mark.e2e
 
@@ -71,39 +71,10 @@ def test_emulate_on_a_busy_port_is_one_line() -> None:
     assert "address already in use" in stderr
 
 
-def _fleet_doc(workdir: Path, gateway_port: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "warmfleet.dev/v1alpha1",
-        "kind": "LocalFleet",
-        "spec": {
-            "workdir": str(workdir),
-            "nodes": [{"name": "n1", "budget": "64MiB"}],
-            "origin": {
-                "throttle": None,
-                "models": [{"name": "m", "size": 1_000_000, "revisions": ["v1"]}],
-            },
-            "gateway": {"port": gateway_port},
-            "reconcileIntervalS": 0.2,
-            "endpoints": [
-                {
-                    "name": "m",
-                    "spec": {
-                        "modelSource": {"uri": "origin://m", "revision": "v1"},
-                        "image": "x",
-                        "modelCacheConfig": {"weightsCache": {"enabled": True}},
-                        "variants": [{"name": "main", "replicas": 1}],
-                    },
-                }
-            ],
-        },
-    }
-
-
-@pytest.mark.slow
 def test_up_on_a_busy_gateway_port_is_one_line_and_stops_its_children(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     with busy_port() as port:
-        path.write_text(yaml.safe_dump(_fleet_doc(tmp_path / "w", port)))
+        path.write_text(yaml.safe_dump(small_fleet(tmp_path / "w", port)))
         stderr = assert_short_failure(run_cli("up", str(path)), 2)
     assert stderr.startswith("warmfleet up: ")
     assert "address already in use" in stderr
@@ -118,7 +89,7 @@ def test_up_with_a_missing_or_bad_fleet_file_is_one_line(tmp_path: Path) -> None
     stderr = assert_short_failure(run_cli("up", str(tmp_path / "nope.yaml")), 2)
     assert "invalid fleet file" in stderr
     bad = tmp_path / "fleet.yaml"
-    doc = _fleet_doc(tmp_path / "w", 0)
+    doc = small_fleet(tmp_path / "w", 0)
     doc["spec"]["nodes"][0]["budget"] = "lots"
     bad.write_text(yaml.safe_dump(doc))
     stderr = assert_short_failure(run_cli("up", str(bad)), 2)
@@ -241,7 +212,7 @@ def test_status_says_a_stopped_fleet_is_not_running(tmp_path: Path) -> None:
     once Ctrl-C stopped it (its last state still lists the endpoint Ready)."""
     path = tmp_path / "fleet.yaml"
     workdir = tmp_path / "w"
-    path.write_text(yaml.safe_dump(_fleet_doc(workdir, 0)))
+    path.write_text(yaml.safe_dump(small_fleet(workdir, 0)))
     up = subprocess.Popen([WARMFLEET, "up", str(path)], stdout=subprocess.DEVNULL)
     try:
         for _ in range(600):

@@ -34,10 +34,11 @@ from typing import Annotated, Any
 import typer
 
 from harness.faults import run_fault_matrix
-from harness.registry import free_port, stop_process
+from harness.registry import stop_process
 from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.store import Store
+from warmfleet.bench.live_procs import free_port
 from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, SourcesSpec
 
 MB = 10**6

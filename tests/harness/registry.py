@@ -12,7 +12,6 @@ import gzip
 import io
 import json
 import shutil
-import socket
 import subprocess
 import tarfile
 import time
@@ -24,15 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from warmfleet.agent.oci import OCI_INDEX, OCI_MANIFEST, sha256_digest
+from warmfleet.bench.live_procs import free_port
 
 REGISTRY_BIN = "docker-registry"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def ensure_registry_installed() -> str | None:

@@ -20,7 +20,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -31,6 +30,8 @@ from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
 from typing import IO, Any
+
+from warmfleet.bench.live_procs import free_port
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -43,13 +44,6 @@ ISSUER = "https://kubernetes.default.svc"
 
 class ControlPlaneError(RuntimeError):
     """A component did not start (the message names its log file)."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def find_binary(name: str, bin_dir: Path) -> Path:

@@ -12,9 +12,10 @@ from typing import Any
 
 import yaml
 
-from k8s.controlplane import ControlPlane, free_port
+from k8s.controlplane import ControlPlane
 from k8s.k8s_results import LOG_DIR
 from k8s.serviceaccounts import service_account_kubeconfig
+from warmfleet.bench.live_procs import free_port
 
 CLI = [sys.executable, "-c", "from warmfleet.cli import main; main()"]
 STOP_TIMEOUT_S = 15.0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,39 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-FLEET = {
-    "apiVersion": "warmfleet.dev/v1alpha1",
-    "kind": "LocalFleet",
-    "spec": {
-        "nodes": [{"name": "n1", "budget": "64MiB"}],
-        "origin": {
-            "throttle": None,
-            "models": [{"name": "m", "size": 1_000_000, "revisions": ["v1"]}],
-        },
-        "gateway": {"port": 0},
-        "reconcileIntervalS": 0.2,
-        "endpoints": [
-            {
-                "name": "m",
-                "spec": {
-                    "modelSource": {"uri": "origin://m", "revision": "v1"},
-                    "image": "x",
-                    "modelCacheConfig": {"weightsCache": {"enabled": True}},
-                    "variants": [{"name": "main", "replicas": 1}],
-                },
-            }
-        ],
-    },
-}
+from support.fleets import pid_alive, small_fleet
+
 BOOT = "import sys; from warmfleet.cli import app; sys.argv[0] = 'warmfleet'; app()"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _state(workdir: Path) -> dict[str, Any] | None:
@@ -59,8 +28,7 @@ def _state(workdir: Path) -> dict[str, Any] | None:
 
 @pytest.mark.slow
 def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
-    fleet = dict(FLEET)
-    fleet["spec"] = {**FLEET["spec"], "workdir": str(tmp_path / "w")}  # type: ignore[dict-item]
+    fleet = small_fleet(tmp_path / "w")
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump(fleet))
     up = subprocess.Popen([sys.executable, "-c", BOOT, "up", str(path)], stdout=subprocess.DEVNULL)
@@ -76,10 +44,10 @@ def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
         pids = [doc["originPid"]] + [n["agentPid"] for n in doc["nodes"]]
         pids += [r["pid"] for r in doc["replicas"]]
         assert len(pids) == 3
-        assert all(_alive(int(p)) for p in pids)
+        assert all(pid_alive(int(p)) for p in pids)
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=30) == 0
-        assert not [p for p in pids if _alive(int(p))]
+        assert not [p for p in pids if pid_alive(int(p))]
         final = _state(tmp_path / "w")
         assert final is not None
         assert final["running"] is False
