@@ -170,6 +170,10 @@ class ControlPlane:
             raise urllib.error.HTTPError(self.server + path, status, str(body), Message(), None)
         return body
 
+    def items(self, path: str) -> list[dict[str, Any]]:
+        """The ``items`` of a list at ``path``."""
+        return list(self.get_json(path)["items"])
+
     def request(
         self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
     ) -> tuple[int, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from k8s.controlplane import ControlPlane
+from k8s.endpoints import inference_endpoint
 from k8s.procs import CLI, Proc
 from warmfleet.api import names
 
@@ -78,14 +79,10 @@ def endpoint(origin: str, replicas: int) -> Obj:
     }
 
 
-def items(plane: ControlPlane, path: str) -> list[Obj]:
-    return list(plane.get_json(path)["items"])
-
-
 def reported_ready(plane: ControlPlane) -> set[str]:
     """The nodes whose agent reports a ready cache (Node annotation ``cache-status``)."""
     found = set()
-    for node in items(plane, "/api/v1/nodes"):
+    for node in plane.items("/api/v1/nodes"):
         text = (node["metadata"].get("annotations") or {}).get(names.ANN_CACHE_STATUS)
         reports = json.loads(text) if text else {}
         if any(r.get("state") == "ready" for r in reports.values()):
@@ -96,7 +93,7 @@ def reported_ready(plane: ControlPlane) -> set[str]:
 def ready_for(plane: ControlPlane, cache: str) -> set[str]:
     """The nodes whose agent reports ``cache`` ready."""
     found = set()
-    for node in items(plane, "/api/v1/nodes"):
+    for node in plane.items("/api/v1/nodes"):
         text = (node["metadata"].get("annotations") or {}).get(names.ANN_CACHE_STATUS)
         report = (json.loads(text) if text else {}).get(cache) or {}
         if report.get("state") == "ready":
@@ -118,7 +115,7 @@ def weights_load(log_path: Path) -> dict[str, Any] | None:
 
 
 def running_pods(plane: ControlPlane, count: int) -> list[Obj] | None:
-    pods = items(plane, f"/api/v1/namespaces/{NS}/pods")
+    pods = plane.items(f"/api/v1/namespaces/{NS}/pods")
     ready = [
         p for p in pods
         if any(c["type"] == "Ready" and c["status"] == "True"
@@ -135,28 +132,23 @@ def marked(plane: ControlPlane, count: int) -> list[Obj] | None:
 
 def image_endpoint(name: str) -> Obj:
     """An endpoint with only the image cache: no weights, no command (its pods just run)."""
-    return {
-        "apiVersion": "warmfleet.dev/v1alpha1",
-        "kind": "InferenceEndpoint",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "modelSource": {"uri": f"s3://models/{name}/", "revision": "r1"},
-            "image": "engine:shared",
-            "nodeSelector": POOL,
-            "modelCacheConfig": {"imageCache": {"enabled": True}},
-            "variants": [{"name": "main", "replicas": 1}],
-        },
-    }
+    return inference_endpoint(
+        name,
+        NS,
+        image="engine:shared",
+        nodeSelector=POOL,
+        modelCacheConfig={"imageCache": {"enabled": True}},
+    )
 
 
 def image_caches(plane: ControlPlane) -> list[Obj]:
-    return [c for c in items(plane, f"{API}/imagecaches") if c["spec"]["image"] == "engine:shared"]
+    return [c for c in plane.items(f"{API}/imagecaches") if c["spec"]["image"] == "engine:shared"]
 
 
 def cache_paths(plane: ControlPlane, cache: str) -> dict[str, str]:
     """node -> the published directory of ``cache`` its agent reports."""
     found = {}
-    for node in items(plane, "/api/v1/nodes"):
+    for node in plane.items("/api/v1/nodes"):
         text = (node["metadata"].get("annotations") or {}).get(names.ANN_CACHE_STATUS)
         report = (json.loads(text) if text else {}).get(cache) or {}
         if report.get("path"):
@@ -167,7 +159,7 @@ def cache_paths(plane: ControlPlane, cache: str) -> dict[str, str]:
 def deployments_of(plane: ControlPlane, endpoint_name: str) -> set[str]:
     return {
         d["metadata"]["name"]
-        for d in items(plane, f"/apis/apps/v1/namespaces/{NS}/deployments")
+        for d in plane.items(f"/apis/apps/v1/namespaces/{NS}/deployments")
         if d["metadata"]["labels"].get(names.LABEL_ENDPOINT) == endpoint_name
     }
 

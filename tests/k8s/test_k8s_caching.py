@@ -34,7 +34,6 @@ from k8s.gpu_world import (
     endpoint,
     image_caches,
     image_endpoint,
-    items,
     marked,
     ready_for,
     reported_ready,
@@ -108,7 +107,7 @@ def test_gate_holds_then_replicas_start_warm(
     while True:  # until the Deployment exists: never before every target node is warm
         # the Deployments first, then the reports (which only go to ready): a Deployment seen
         # with a node not yet reported ready was created before that node was warm
-        deployments = items(plane, f"/apis/apps/v1/namespaces/{NS}/deployments")
+        deployments = plane.items(f"/apis/apps/v1/namespaces/{NS}/deployments")
         warm = reported_ready(plane)
         if deployments:
             if not set(WARM_NODES) <= warm:
@@ -181,14 +180,13 @@ def test_shared_image_cache_never_gates_and_is_refcounted(
 
     def both_deployed() -> bool:
         mine = [
-            d["metadata"]["labels"].get(names.LABEL_ENDPOINT)
-            for d in items(plane, deployments_path)
+            d["metadata"]["labels"].get(names.LABEL_ENDPOINT) for d in plane.items(deployments_path)
         ]
         return {"epsilon", "zeta"} <= set(mine)
 
     wait_for("both Deployments, without waiting for the image", both_deployed, 60)
     (cache,) = wait_for("the shared ImageCache", lambda: image_caches(plane) or None)
-    pullers = items(plane, f"/apis/apps/v1/namespaces/{NS}/daemonsets")
+    pullers = plane.items(f"/apis/apps/v1/namespaces/{NS}/daemonsets")
     never_blocked = (
         not any((d.get("status") or {}).get("numberReady", 0) for d in pullers)
         and (cache.get("status") or {}).get("state") != "Ready"
@@ -210,7 +208,7 @@ def test_shared_image_cache_never_gates_and_is_refcounted(
     refcounts.append(0)
     wait_for(
         "its puller DaemonSet removed",
-        lambda: not items(plane, f"/apis/apps/v1/namespaces/{NS}/daemonsets"),
+        lambda: not plane.items(f"/apis/apps/v1/namespaces/{NS}/daemonsets"),
         60,
     )
     results.record(
@@ -235,7 +233,7 @@ def test_rollover_to_a_new_revision_under_load(
         patch = {"status": {"capacity": gpus, "allocatable": gpus}}
         status, body = plane.request("PATCH", f"/api/v1/nodes/{node}/status", patch)
         assert status == 200, body
-    old_caches = [c["metadata"]["name"] for c in items(plane, f"{API}/modelcaches")]
+    old_caches = [c["metadata"]["name"] for c in plane.items(f"{API}/modelcaches")]
     (old_cache,) = old_caches
     old_paths = cache_paths(plane, old_cache)
     assert len(old_paths) == len(WARM_NODES)
@@ -260,7 +258,7 @@ def test_rollover_to_a_new_revision_under_load(
 
             def rolled_over() -> bool:
                 deployments = deployments_of(plane, "delta")
-                caches = {c["metadata"]["name"] for c in items(plane, f"{API}/modelcaches")}
+                caches = {c["metadata"]["name"] for c in plane.items(f"{API}/modelcaches")}
                 watch_partial_gate(deployments - old_deployments, caches - {old_cache})
                 new_only = bool(deployments) and not deployments & old_deployments
                 return new_only and old_cache not in caches

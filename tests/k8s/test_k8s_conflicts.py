@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from k8s.controlplane import ControlPlane
+from k8s.endpoints import inference_endpoint
 from k8s.k8s_results import ENABLED, SKIP_REASON, Results
 from warmfleet.kube import client as kube
 from warmfleet.operator.controller import Controller
@@ -48,18 +49,12 @@ class ChangedAfterRead(kube.KubeClient):
 
 
 def endpoint(zone: str) -> Obj:
-    return {
-        "apiVersion": "warmfleet.dev/v1alpha1",
-        "kind": "InferenceEndpoint",
-        "metadata": {"name": "gamma", "namespace": NS},
-        "spec": {
-            "modelSource": {"uri": "s3://models/gamma/", "revision": "r1"},
-            "image": "engine:1",
-            "nodeSelector": {"e2e.warmfleet.dev/zone": zone},
-            "modelCacheConfig": {"weightsCache": {"enabled": True, "gate": {"mode": "none"}}},
-            "variants": [{"name": "main", "replicas": 1}],
-        },
-    }
+    return inference_endpoint(
+        "gamma",
+        NS,
+        nodeSelector={"e2e.warmfleet.dev/zone": zone},
+        modelCacheConfig={"weightsCache": {"enabled": True, "gate": {"mode": "none"}}},
+    )
 
 
 async def test_conflicts_are_retried(

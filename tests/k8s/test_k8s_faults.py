@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from k8s.controlplane import ControlPlane, ControlPlaneError
+from k8s.endpoints import emulator_args, inference_endpoint
 from k8s.k8s_results import ENABLED, LOG_DIR, SKIP_REASON, Results
 from k8s.kubelet_stub import StubKubelet, register_node, wait_for
 from k8s.load import Load
@@ -44,33 +45,22 @@ def world(control_plane: ControlPlane, rbac: list[Obj], crds: int) -> Iterator[d
 
 
 def endpoint() -> Obj:
-    args = ["emulate", "--host", "$(POD_IP)", "--base-port", "8000", "--instances", "1"]
-    args += ["--preset", "tiny-cpu", "--model", "theta"]
-    return {
-        "apiVersion": "warmfleet.dev/v1alpha1",
-        "kind": "InferenceEndpoint",
-        "metadata": {"name": "theta", "namespace": NS},
-        "spec": {
-            "modelSource": {"uri": "s3://models/theta/", "revision": "r1"},
-            "image": "engine:1",
-            "port": 8000,
-            "gpusPerReplica": 1,
-            "nodeSelector": POOL,
-            "command": CLI,
-            "args": args,
-            "variants": [{"name": "main", "replicas": 2}],
-        },
-    }
-
-
-def items(plane: ControlPlane, path: str) -> list[Obj]:
-    return list(plane.get_json(path)["items"])
+    return inference_endpoint(
+        "theta",
+        NS,
+        replicas=2,
+        port=8000,
+        gpusPerReplica=1,
+        nodeSelector=POOL,
+        command=CLI,
+        args=emulator_args("theta", 8000),
+    )
 
 
 def ready_pods(plane: ControlPlane) -> list[Obj]:
     return [
         p
-        for p in items(plane, f"/api/v1/namespaces/{NS}/pods")
+        for p in plane.items(f"/api/v1/namespaces/{NS}/pods")
         if not p["metadata"].get("deletionTimestamp")
         and any(
             c["type"] == "Ready" and c["status"] == "True"
@@ -87,8 +77,8 @@ def test_operator_killed_mid_reconcile_converges_after_restart(
     assert status == 201, body
 
     def first_child() -> bool:
-        children = items(plane, f"/apis/apps/v1/namespaces/{NS}/deployments")
-        children += items(plane, f"/api/v1/namespaces/{NS}/services")
+        children = plane.items(f"/apis/apps/v1/namespaces/{NS}/deployments")
+        children += plane.items(f"/api/v1/namespaces/{NS}/services")
         return bool(children)
 
     wait_for("the operator's first object for theta", first_child, 60)
@@ -100,8 +90,8 @@ def test_operator_killed_mid_reconcile_converges_after_restart(
     last: dict[str, Any] = {}
 
     def converged() -> dict[str, Any] | None:
-        deployments = items(plane, f"/apis/apps/v1/namespaces/{NS}/deployments")
-        services = items(plane, f"/api/v1/namespaces/{NS}/services")
+        deployments = plane.items(f"/apis/apps/v1/namespaces/{NS}/deployments")
+        services = plane.items(f"/api/v1/namespaces/{NS}/services")
         theta = plane.get_json(f"{API}/inferenceendpoints/theta")
         phase = (theta.get("status") or {}).get("phase")
         pods = ready_pods(plane)

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from k8s.controlplane import ControlPlane
+from k8s.endpoints import emulator_args, inference_endpoint
 from k8s.k8s_results import ENABLED, LOG_DIR, SKIP_REASON, Results
 from k8s.kubelet_stub import StubKubelet, register_node, wait_for
 from k8s.procs import CLI, Proc, serve_gateway, start_gateway, start_operator
@@ -61,22 +62,16 @@ def operator(
 
 
 def endpoint(name: str, *, replicas: int, image: str = "engine:1") -> Obj:
-    args = ["emulate", "--host", "$(POD_IP)", "--base-port", str(ENGINE_PORT)]
-    args += ["--instances", "1", "--preset", "tiny-cpu", "--model", name]
-    return {
-        "apiVersion": "warmfleet.dev/v1alpha1",
-        "kind": "InferenceEndpoint",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "modelSource": {"uri": f"s3://models/{name}/", "revision": "r1"},
-            "image": image,
-            "port": ENGINE_PORT,
-            "command": CLI,
-            "args": args,
-            "modelCacheConfig": {"weightsCache": {"enabled": True, "gate": {"mode": "none"}}},
-            "variants": [{"name": "main", "replicas": replicas}],
-        },
-    }
+    return inference_endpoint(
+        name,
+        NS,
+        replicas=replicas,
+        image=image,
+        port=ENGINE_PORT,
+        command=CLI,
+        args=emulator_args(name, ENGINE_PORT),
+        modelCacheConfig={"weightsCache": {"enabled": True, "gate": {"mode": "none"}}},
+    )
 
 
 def get(plane: ControlPlane, path: str) -> Obj | None:
