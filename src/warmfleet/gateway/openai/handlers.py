@@ -18,7 +18,8 @@ from warmfleet.gateway.metrics import CONTENT_TYPE
 from warmfleet.gateway.openai.body import check_key_body_size, openai_fields, parse_request_body
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.server_config import LimitsConfig
-from warmfleet.gateway.variant import RouterLike
+from warmfleet.gateway.variant import RouterLike, VariantRuntime
+from warmfleet.gateway.world import EndpointRuntime
 from warmfleet.routing.parse import parse_chat, parse_completions, parse_native
 from warmfleet.routing.request import KeyRequest
 
@@ -69,6 +70,17 @@ class Handlers:
         log.warning("routing key failed on a request body: %r", err)
         return self.reject(BadRequestError(f"request body not understood: {type(err).__name__}"))
 
+    def _pick(
+        self, request: Request, endpoint: EndpointRuntime, model: str | None, size_bytes: int
+    ) -> tuple[VariantRuntime, str | None]:
+        """The variant that takes the request (header, else weights) and the request's tenant
+        under that variant's key settings; a body too big for its key mode is refused here."""
+        state = self.state
+        variant = endpoint.pick_variant(model, request.headers.get(state.variant_header), state.rng)
+        key_spec = variant.routing_config.key
+        check_key_body_size(size_bytes, key_spec.mode, state.limits)
+        return variant, request.headers.get(key_spec.tenant_header.lower())
+
     def reject(self, err: WarmfleetError) -> Response:
         self.gw.metrics.rejected.labels(str(status_and_type(err)[0])).inc()
         return error_response(err)
@@ -95,15 +107,9 @@ class Handlers:
         try:
             body = parse_request_body(raw, limits, chat=chat)
             model, _stream = openai_fields(body)
-            endpoint = state.openai_endpoint(model)
-            variant = endpoint.pick_variant(
-                model, request.headers.get(state.variant_header), state.rng
-            )
+            variant, tenant = self._pick(request, state.openai_endpoint(model), model, len(raw))
             router = variant.router
-            key_spec = variant.routing_config.key
-            check_key_body_size(len(raw), key_spec.mode, limits)
-            tenant = request.headers.get(key_spec.tenant_header.lower())
-            key = router.key(parse(body, tenant, key_spec.tenant_header))
+            key = router.key(parse(body, tenant, variant.routing_config.key.tenant_header))
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
@@ -123,16 +129,10 @@ class Handlers:
         try:
             holder, model = await worker.run(_parse_offloaded, request.body, state.limits, chat)
             endpoint = state.openai_endpoint(model)
-            variant = endpoint.pick_variant(
-                model, request.headers.get(state.variant_header), state.rng
-            )
+            variant, tenant = self._pick(request, endpoint, model, len(request.body))
             router = variant.router
-            key_spec = variant.routing_config.key
-            check_key_body_size(len(request.body), key_spec.mode, state.limits)
-            tenant = request.headers.get(key_spec.tenant_header.lower())
-            key = await worker.run(
-                _key_offloaded, router, parse, holder, tenant, key_spec.tenant_header
-            )
+            tenant_header = variant.routing_config.key.tenant_header
+            key = await worker.run(_key_offloaded, router, parse, holder, tenant, tenant_header)
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
@@ -153,15 +153,10 @@ class Handlers:
         try:
             endpoint = state.endpoint(request.match_info["endpoint"])
             raw = request.body
-            variant = endpoint.pick_variant(
-                None, request.headers.get(state.variant_header), state.rng
-            )
+            variant, tenant = self._pick(request, endpoint, None, len(raw))
             router = variant.router
-            key_spec = variant.routing_config.key
-            check_key_body_size(len(raw), key_spec.mode, limits)
-            tenant = request.headers.get(key_spec.tenant_header.lower())
             model = variant.config.models[0] if variant.config.models else endpoint.name
-            native = parse_native(raw, tenant, model, key_spec.tenant_header)
+            native = parse_native(raw, tenant, model, variant.routing_config.key.tenant_header)
             if len(raw) > limits.offload_body_bytes:
                 key = await self.gw.body_worker.run(router.key, native)
             else:
