@@ -22,6 +22,7 @@ from warmfleet.bench.live_procs import ProcessSet, terminate_on_sigterm
 from warmfleet.bench.loadgen import LoadResult, LoadSpec
 from warmfleet.bench.loadgen_metrics import measure
 from warmfleet.bench.loadgen_report import comparison_report, runs_table, write_report
+from warmfleet.bench.progress import Activity
 from warmfleet.bench.sim_cli import DEMO_STRATEGIES
 from warmfleet.bench.terminal import console, progress_bar, run_async
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
@@ -91,13 +92,15 @@ def ideal_hit_rate(requests: Sequence[WorkloadRequest]) -> float:
     return ideal_hit_tokens(keys, order, 16) / total
 
 
-async def _one_strategy(
+async def _one_strategy(  # noqa: PLR0917 (the demo's state, passed along)
     procs: ProcessSet,
     strategy: str,
     requests: Sequence[WorkloadRequest],
     config: DemoConfig,
     emulator: dict[str, Any],
+    activity: Activity,
 ) -> tuple[LoadResult, dict[str, object]]:
+    activity.log(f"{strategy}: starting {config.instances} emulated instances and a gateway")
     fleet = await start_fleet(
         procs, name=f"fleet-{strategy}", instances=config.instances, spec=emulator
     )
@@ -114,7 +117,7 @@ async def _one_strategy(
             ignore_eos=True,
         )
         bounds = {"ideal": ideal_hit_rate(requests)}
-        with progress_bar(len(requests), strategy) as on_done:
+        with progress_bar(len(requests), strategy, activity) as on_done:
             return await measure(
                 requests, spec, fleet.metrics_targets, instances=fleet.ids,
                 reuse_bounds=bounds, on_done=on_done,
@@ -140,10 +143,12 @@ async def run_live_demo(
     runs: dict[str, dict[str, object]] = {}
     loads: dict[str, LoadResult] = {}
     try:
-        for strategy in strategies:
-            loads[strategy], runs[strategy] = await _one_strategy(
-                procs, strategy, requests, config, emulator
-            )
+        with Activity("warmfleet demo") as activity:
+            for strategy in strategies:
+                loads[strategy], runs[strategy] = await _one_strategy(
+                    procs, strategy, requests, config, emulator, activity
+                )
+            activity.log(f"writing the report to {report_dir}")
     finally:
         procs.stop_all()
     working = shared_prefix_tokens(requests) / capacity

@@ -17,6 +17,7 @@ from warmfleet.bench.loadgen import ApiKind, LoadSpec
 from warmfleet.bench.loadgen_errors import error_lines, too_many_errors
 from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
 from warmfleet.bench.loadgen_preflight import check_base_url, preflight
+from warmfleet.bench.progress import Activity
 from warmfleet.bench.sim_cli import read_trace
 from warmfleet.bench.terminal import console, progress_bar, run_async
 from warmfleet.edge import read_text_file
@@ -129,8 +130,11 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     )
     from warmfleet.bench.report import write_json  # noqa: PLC0415
 
-    with progress_bar(len(workload), label) as on_done:
-        load, summary = run_async(measure(workload, load_spec, targets, on_done=on_done))
+    with Activity("warmfleet bench") as activity:
+        target = f"{', '.join(urls)} (model {load_spec.model})"
+        activity.log(f"{len(workload)} requests of {spec.name} to {target}")
+        with progress_bar(len(workload), label, activity) as on_done:
+            load, summary = run_async(measure(workload, load_spec, targets, on_done=on_done))
     meta = {
         "scenario": spec.name,
         "preset": spec.preset,

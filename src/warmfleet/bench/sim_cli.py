@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from warmfleet.bench.progress import Activity, PhasedProgress
 from warmfleet.bench.report import comparison_table, write_json, write_plots
 from warmfleet.core.errors import ConfigError, WarmfleetError
 from warmfleet.edge import TRACES_DIR_ENV, read_text_file, resolve_traces_dir
@@ -130,13 +131,17 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         raise typer.BadParameter("give at most one of --concurrency and --rate")
     try:
         spec = _scenario(scenario, instances, preset, seed, requests)
-        comparison = run_comparison(
-            spec,
-            _strategies(strategies),
-            trace=read_trace(spec, trace, traces_dir),
-            rate_rps=rate,
-            concurrency=concurrency,
-        )
+        with Activity("warmfleet sim") as activity:
+            progress = PhasedProgress(activity)
+            comparison = run_comparison(
+                spec,
+                _strategies(strategies),
+                trace=read_trace(spec, trace, traces_dir),
+                rate_rps=rate,
+                concurrency=concurrency,
+                progress=progress,
+            )
+            progress.close()
     except WarmfleetError as err:
         typer.echo(f"error: {err}", err=True)  # one line (per problem), never wrapped
         raise typer.Exit(2) from err
@@ -160,7 +165,10 @@ def demo(
 ) -> None:
     """Simulator-only demo: the four strategies on a scaled-down aws-long-context (virtual time)."""
     started = time.perf_counter()
-    comparison = run_comparison(demo_scenario(), DEMO_STRATEGIES)
+    with Activity("warmfleet demo-sim") as activity:
+        progress = PhasedProgress(activity)
+        comparison = run_comparison(demo_scenario(), DEMO_STRATEGIES, progress=progress)
+        progress.close()
     _emit(comparison, None, report)
     _console().print(f"demo finished in {time.perf_counter() - started:.1f} s")
 

@@ -1,17 +1,19 @@
 """The terminal side of the live bench commands (``warmfleet bench``, ``warmfleet demo``,
-``make bench-peers``): a console, a progress bar, and the uvloop runner they measure on."""
+``make bench-peers``): a console, a progress display (``bench.progress``: a bar on a terminal,
+plain lines when piped, on stderr), and the uvloop runner they measure on."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from warmfleet.bench.loadgen import RequestResult
+from warmfleet.bench.progress import Activity
 
 T = TypeVar("T")
 
@@ -22,23 +24,26 @@ def console() -> Console:
 
 
 @contextmanager
-def progress_bar(total: int, label: str) -> Iterator[Callable[[RequestResult], None]]:
-    """A rich progress bar (hidden when not on a terminal); yields the per-request callback."""
-    out = console()
-    columns = (
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("errors {task.fields[errors]}"),
-    )  # fmt: skip
-    with Progress(*columns, console=out, disable=not out.is_terminal, transient=True) as bar:
-        task = bar.add_task(label, total=total, errors=0)
+def progress_bar(
+    total: int, label: str, activity: Activity | None = None
+) -> Iterator[Callable[[RequestResult], None]]:
+    """Requests done of ``total`` (with the errors so far) on ``activity``'s display, or on one
+    of its own (prefix ``warmfleet bench``); yields the per-request callback."""
+    with contextlib.ExitStack() as stack:
+        if activity is None:
+            activity = stack.enter_context(Activity("warmfleet bench"))
+        task = activity.track(label, total)
         errors = 0
 
         def done(result: RequestResult) -> None:
             nonlocal errors
             errors += 0 if result.ok else 1
-            bar.update(task, advance=1, errors=errors)
+            task.update(task.done + 1, note=f"errors {errors}" if errors else "")
 
-        yield done
+        try:
+            yield done
+        finally:
+            task.finish()
 
 
 def run_async(main: Coroutine[Any, Any, T]) -> T:

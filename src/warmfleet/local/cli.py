@@ -15,8 +15,10 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 
+from warmfleet.bench.progress import Activity
 from warmfleet.core.errors import ConfigError, NotFoundError
 from warmfleet.local.config import LocalFleet, load_fleet
+from warmfleet.local.events import FleetLog
 from warmfleet.local.fleet import EmbeddedFleet
 from warmfleet.local.state import STATE_FILE, not_running_reason, read_state, render
 
@@ -48,13 +50,14 @@ async def run_up(config: LocalFleet, path: Path | None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with EmbeddedFleet(config) as fleet, asyncio.TaskGroup() as tg:
-        assert fleet.gateway is not None
-        print(f"warmfleet up: gateway {fleet.gateway.url}, state {fleet.workdir}", flush=True)
-        if path is not None:
-            tg.create_task(_watch_file(fleet, path, stop))
-        await fleet.run(stop)
-        stop.set()
+    with Activity("warmfleet up") as activity:
+        async with EmbeddedFleet(config, FleetLog(activity)) as fleet, asyncio.TaskGroup() as tg:
+            assert fleet.gateway is not None
+            print(f"warmfleet up: gateway {fleet.gateway.url}, state {fleet.workdir}", flush=True)
+            if path is not None:
+                tg.create_task(_watch_file(fleet, path, stop))
+            await fleet.run(stop)
+            stop.set()
 
 
 def up(
@@ -62,6 +65,10 @@ def up(
     workdir: Annotated[Path | None, typer.Option(help="override spec.workdir")] = None,
 ) -> None:
     """Run the whole fleet on this machine: origin, node agents, engines, gateway, reconciler.
+
+    What happens is logged on stderr as it happens (caches filling with their progress, nodes
+    ready, replicas started and ready, the gateway switched, old caches deleted): a live display
+    on a terminal, plain lines when piped.
 
     Edit the endpoints in FLEET_FILE while it runs (e.g. a new model revision) to roll over."""
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(message)s")

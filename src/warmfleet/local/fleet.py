@@ -23,17 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from warmfleet.control.actions import (
-    Action,
-    ApplyDeployment,
-    ApplyModelCache,
-    AssignNodeCaches,
-    DeleteDeployment,
-    DeleteModelCache,
-    NodeCacheAssignment,
-    ScaleDeployment,
-    SetNodeLabels,
-)
+from warmfleet.control.actions import Action, AssignNodeCaches, NodeCacheAssignment
 from warmfleet.control.autoscaler import AutoscalerState
 from warmfleet.control.load import VariantKey, autoscale, in_flight_by_variant
 from warmfleet.control.observed import DesiredEndpoint, ObservedNode
@@ -44,6 +34,7 @@ from warmfleet.gateway.server import StartedApp
 from warmfleet.local import infra
 from warmfleet.local.backoff import CrashBackoff
 from warmfleet.local.config import EndpointEntry, LocalFleet, origin_path
+from warmfleet.local.events import FleetWatcher, action_event
 from warmfleet.local.procs import Child, stop_all
 from warmfleet.local.replicas import (
     EngineArgs,
@@ -63,8 +54,11 @@ from warmfleet.local.state import (
 
 
 class EmbeddedFleet:
-    def __init__(self, config: LocalFleet) -> None:
+    """``watcher`` is told every event and every node's cache reports as they come."""
+
+    def __init__(self, config: LocalFleet, watcher: FleetWatcher | None = None) -> None:
         self.spec = config.spec
+        self.watcher = watcher
         self.workdir = Path(self.spec.workdir).resolve()
         nodes = [ObservedNode(n.name, labels=dict(n.labels)) for n in self.spec.nodes]
         self.world = World(nodes)
@@ -100,6 +94,8 @@ class EmbeddedFleet:
 
     def event(self, kind: str, **fields: Any) -> None:
         self.events.append({"t": round(self.now_s(), 3), "kind": kind, **fields})
+        if self.watcher is not None:
+            self.watcher.event(self.events[-1])
 
     async def __aenter__(self) -> EmbeddedFleet:
         try:
@@ -175,7 +171,9 @@ class EmbeddedFleet:
         self._record(actions)
         await self._push_assignments()
         await self._sync_replicas()
-        write_instance_files(self.workdir, self.world.endpoints.values(), self.replicas.values())
+        endpoints, replicas = self.world.endpoints.values(), self.replicas.values()
+        for endpoint, variant, ids in write_instance_files(self.workdir, endpoints, replicas):
+            self.event("gateway_switched", endpoint=endpoint, variant=variant, instances=ids)
         await self._reap()
         self.passes += 1
         self.last_pass_s = time.monotonic() - started
@@ -200,6 +198,8 @@ class EmbeddedFleet:
             elif child.poll_ready() and child.ready_info is not None:
                 self.agent_urls[name] = str(child.ready_info["url"])
                 reports = await self._agent_reports(name)
+                if self.watcher is not None:
+                    self.watcher.caches(name, reports)
             node = self.world.nodes[name]
             self.world.nodes[name] = replace(node, weights=reports)
 
@@ -287,20 +287,8 @@ class EmbeddedFleet:
         for action in actions:
             if isinstance(action, AssignNodeCaches):
                 self.assignments[action.node] = action.caches
-                self.event("assign", node=action.node, caches=[c.cache for c in action.caches])
-            elif isinstance(action, SetNodeLabels):
-                self.event(
-                    "labels",
-                    node=action.node,
-                    set=dict(action.set_labels),
-                    removed=list(action.remove),
-                )
-            elif isinstance(action, ApplyModelCache | DeleteModelCache | DeleteDeployment):
-                self.event(type(action).__name__, name=action.name)
-            elif isinstance(action, ApplyDeployment):
-                self.event("ApplyDeployment", name=action.plan.name, replicas=action.plan.replicas)
-            elif isinstance(action, ScaleDeployment):
-                self.event("ScaleDeployment", name=action.name, replicas=action.replicas)
+            if (recorded := action_event(action)) is not None:
+                self.event(recorded[0], **recorded[1])
 
     async def _push_assignments(self) -> None:
         assert self._session is not None

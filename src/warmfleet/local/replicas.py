@@ -148,12 +148,14 @@ def drained(replica: Replica, in_flight: Mapping[str, float], grace_s: float) ->
 
 def write_instance_files(
     workdir: Path, endpoints: Iterable[DesiredEndpoint], replicas: Iterable[Replica]
-) -> None:
-    """Each variant's instance file for the gateway: its ready replicas that are not draining."""
+) -> list[tuple[str, str, list[str]]]:
+    """Each variant's instance file for the gateway: its ready replicas that are not draining.
+    Returns the (endpoint, variant, replica names) whose file changed."""
     ready = sorted(
         (r for r in replicas if r.draining_since_s is None and r.ready and r.url),
         key=lambda r: r.name,
     )
+    changed = []
     for endpoint in endpoints:
         for variant in endpoint.spec.variants:
             instances = [
@@ -161,4 +163,6 @@ def write_instance_files(
                 for r in ready
                 if r.endpoint == endpoint.name and r.variant == variant.name
             ]
-            write_instances(instance_file(workdir, endpoint.name, variant.name), instances)
+            if write_instances(instance_file(workdir, endpoint.name, variant.name), instances):
+                changed.append((endpoint.name, variant.name, [i["id"] for i in instances]))
+    return changed

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from warmfleet.core.hashing import hash_str
+from warmfleet.core.progress import NoProgress, RunProgress
 from warmfleet.core.types import RoutingKey
 from warmfleet.engine.spec import EngineSpec
 from warmfleet.routing.base import Strategy
@@ -140,7 +141,12 @@ def run_strategy(
     prepared: Prepared,
     *,
     check_invariants: bool = False,
+    progress: RunProgress | None = None,
 ) -> StrategyRun:
+    """Simulate ``name`` on the workload; ``progress`` gets a phase named after the strategy
+    and one unit per finished request."""
+    progress = progress or NoProgress()
+    progress.phase(name, len(prepared.requests))
     config = strategy_config(name)
     keys = routing_keys(prepared, prefix_length_of(config))
     sim_config = SimConfig(
@@ -153,7 +159,10 @@ def run_strategy(
     )
     started = time.perf_counter()
     strategy = build_strategy(config, strategy_rng(scenario.seed, name))
-    result = Simulator(sim_config, strategy, prepared.requests, keys).run()
+    simulator = Simulator(
+        sim_config, strategy, prepared.requests, keys, on_finished=progress.advance
+    )
+    result = simulator.run()
     wall_s = time.perf_counter() - started
     fleet_blocks = spec.capacity_blocks * scenario.instances
     metrics = compute_metrics(result, keys, spec.block_tokens, fleet_blocks)
@@ -173,7 +182,10 @@ def run_comparison(
     rate_rps: float | None = None,
     concurrency: int | None = None,
     check_invariants: bool = False,
+    progress: RunProgress | None = None,
 ) -> Comparison:
+    """Every strategy on the same workload. ``progress`` (a display, from the shell) gets a
+    phase per strategy with one unit per finished request."""
     spec = engine_spec(scenario)
     if concurrency is not None:
         data = scenario.model_dump(by_alias=True)
@@ -188,7 +200,13 @@ def run_comparison(
     for name in strategies:
         comparison.runs.append(
             run_strategy(
-                name, scenario, spec, workload, prepared, check_invariants=check_invariants
+                name,
+                scenario,
+                spec,
+                workload,
+                prepared,
+                check_invariants=check_invariants,
+                progress=progress,
             )
         )
     return comparison

@@ -61,7 +61,8 @@ class Simulator:
     """Run ``requests`` (with their routing ``keys``) through ``strategy`` on a simulated fleet.
 
     ``servers`` builds each instance (default: an ``EngineModel`` of ``config.engine``);
-    ``controller`` starts instances during the run (see the module docstring).
+    ``controller`` starts instances during the run (see the module docstring); ``on_finished``
+    is called each time a request finishes or is rejected.
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class Simulator:
         *,
         servers: Callable[[], Server] | None = None,
         controller: FleetController | None = None,
+        on_finished: Callable[[], None] | None = None,
     ) -> None:
         if len(requests) != len(keys):
             raise ValueError("one routing key per request")
@@ -84,6 +86,7 @@ class Simulator:
         self._keys = keys
         self._new_server = servers or (lambda: EngineModel(config.engine))
         self._controller = controller
+        self._on_finished = on_finished  # called as each request finishes (a progress display)
         self._block_tokens = config.engine.block_tokens
         self._engines: dict[InstanceId, Server] = {}
         self._active: list[InstanceId] = []
@@ -294,6 +297,8 @@ class Simulator:
         self._in_flight_requests[instance_id] -= 1
         self._in_flight_tokens[instance_id] -= key.prompt_tokens + key.output_tokens_hint
         self._release_next(event.request_id)
+        if self._on_finished is not None:
+            self._on_finished()
         if instance_id not in self._active and self._in_flight_requests[instance_id] == 0:
             del self._engines[instance_id]  # drained
             self._fleet_version += 1

@@ -1,0 +1,75 @@
+"""Issue 21, "progress and logs on long work": ``warmfleet up`` says what happens as it happens.
+Piped, its stderr has plain lines for the cache filling on the node (with its percentage), the
+node ready, the replica started and ready and the gateway switched to it, while the fleet keeps
+running."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_support import WARMFLEET
+from pty_support import ANSI_ESCAPE
+
+from support.fleets import small_fleet
+
+pytestmark = pytest.mark.e2e
+
+MODEL_BYTES = 24_000_000  # filled at 8 MB/s: several progress reports of the fill
+
+
+def _read_until(proc: subprocess.Popen[bytes], wanted: list[str], deadline_s: float) -> str:
+    """stderr as it comes, until every ``wanted`` text was seen (or the deadline)."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    text = ""
+    end_s = time.monotonic() + deadline_s
+    while time.monotonic() < end_s and not all(w in text for w in wanted):
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            data = os.read(fd, 65536)
+            assert data, f"warmfleet up ended early:\n{text}"
+            text += data.decode("utf-8", "replace")
+    return text
+
+
+@pytest.mark.slow
+def test_up_logs_the_cache_fill_and_the_replica_ready(tmp_path: Path) -> None:
+    doc = small_fleet(tmp_path / "w")
+    doc["spec"]["origin"]["throttle"] = "8MB"
+    doc["spec"]["origin"]["models"][0]["size"] = MODEL_BYTES
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    argv = [WARMFLEET, "up", str(path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wanted = ["filling on n1: done, 24.0 MB", "gateway switched: m/main", "-1 ready on n1"]
+        text = _read_until(proc, wanted, 90.0)
+        assert proc.poll() is None, text  # told while it runs, not at the end
+        lines = text.splitlines()
+        assert all(w in text for w in wanted), text
+        fill = [line for line in lines if "cache m-" in line and "filling on n1" in line]
+        assert any(line.endswith("started (24.0 MB)") for line in fill), text
+        assert any(" %), " in line and "MB/s" in line for line in fill), text
+        assert any("node n1 ready: weights.warmfleet.dev/m-" in line for line in lines), text
+        started = next(i for i, line in enumerate(lines) if "started on n1" in line)
+        ready = [i for i, line in enumerate(lines) if "replica m-main-" in line]
+        assert any(lines[i].endswith(" ready on n1") and started < i for i in ready), text
+        assert ANSI_ESCAPE.search(text) is None, text
+        assert all(line.split(" ", 1)[1].startswith("warmfleet up: ") for line in lines), text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
