@@ -54,7 +54,8 @@ def test_piped_activity_prints_plain_lines() -> None:
     buffer = io.StringIO()
     console = Console(file=buffer, width=200, no_color=True)
     with Activity("warmfleet test", console=console) as activity:
-        assert not activity.live and activity.bar is None
+        assert not activity.live
+        assert activity.bar is None
         task = activity.track("work", 10_000)
         for _ in range(10_000):
             task.advance()

@@ -1,5 +1,5 @@
 """Issue 21, "progress and logs on long work": ``warmfleet up`` says what happens as it happens.
-Piped, its stderr has plain lines for the cache filling on the node (with its percentage), the
+Piped, its stdout has plain lines for the cache filling on the node (with its percentage), the
 node ready, the replica started and ready and the gateway switched to it, while the fleet keeps
 running."""
 
@@ -25,9 +25,9 @@ MODEL_BYTES = 24_000_000  # filled at 8 MB/s: several progress reports of the fi
 
 
 def _read_until(proc: subprocess.Popen[bytes], wanted: list[str], deadline_s: float) -> str:
-    """stderr as it comes, until every ``wanted`` text was seen (or the deadline)."""
-    assert proc.stderr is not None
-    fd = proc.stderr.fileno()
+    """stdout as it comes, until every ``wanted`` text was seen (or the deadline)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     text = ""
     end_s = time.monotonic() + deadline_s
     while time.monotonic() < end_s and not all(w in text for w in wanted):
@@ -47,12 +47,14 @@ def test_up_logs_the_cache_fill_and_the_replica_ready(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump(doc))
     argv = [WARMFLEET, "up", str(path)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         wanted = ["filling on n1: done, 24.0 MB", "gateway switched: m/main", "-1 ready on n1"]
         text = _read_until(proc, wanted, 90.0)
         assert proc.poll() is None, text  # told while it runs, not at the end
-        lines = text.splitlines()
+        said = text.splitlines()
+        lines = [line for line in said if not line.startswith("warmfleet up: gateway ")]
+        assert len(lines) == len(said) - 1, text  # and the gateway's URL, once
         assert all(w in text for w in wanted), text
         fill = [line for line in lines if "cache m-" in line and "filling on n1" in line]
         assert any(line.endswith("started (24.0 MB)") for line in fill), text
@@ -71,5 +73,5 @@ def test_up_logs_the_cache_fill_and_the_replica_ready(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            if proc.stderr is not None:
-                proc.stderr.close()
+            if proc.stdout is not None:
+                proc.stdout.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -13,14 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
 from warmfleet.cache.config import (
@@ -31,6 +24,7 @@ from warmfleet.cache.config import (
     load_node_config,
     parse_size,
 )
+from warmfleet.cache.uri import parse_uri
 from warmfleet.core.errors import ConfigError, WarmfleetError
 
 if TYPE_CHECKING:
@@ -141,11 +135,14 @@ def prefetch(  # noqa: PLR0917 (typer maps parameters to options)
     )
 
     async def go(manager: CacheManager) -> dict[str, Any]:
+        from warmfleet.agent.prefetch_progress import show_progress  # noqa: PLC0415
+
         task = asyncio.create_task(
             manager.prefetch(uri, revision=revision, name=name, holder=ref, pin=pin)
         )
         if not as_json:
-            await _progress(manager, task)
+            parsed = parse_uri(uri)
+            await show_progress(manager, task, name or parsed.default_name(), parsed.kind)
         rec = await task
         return rec.to_json()
 
@@ -155,30 +152,9 @@ def prefetch(  # noqa: PLR0917 (typer maps parameters to options)
     else:
         Console().print(
             f"[green]ready[/green] {doc['name']} {doc['key'][:16]} -> "
-            f"{Path(spec.root) / 'objects' / doc['key']}"
+            f"{Path(spec.root) / 'objects' / doc['key']}",
+            soft_wrap=True,  # one line (a path cut in two cannot be copied)
         )
-
-
-async def _progress(manager: CacheManager, task: asyncio.Task[Any]) -> None:
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[state]}"),
-    )
-    with Progress(*columns, transient=False) as bar:
-        ids: dict[str, Any] = {}
-        while not task.done():
-            for st in manager.live():
-                if st.key not in ids:
-                    ids[st.key] = bar.add_task(st.name, total=st.bytes_total, state="")
-                bar.update(ids[st.key], completed=st.bytes_done, state=st.state.value)
-            await asyncio.wait([task], timeout=0.2)
-        for st in manager.live():
-            if st.key in ids:
-                bar.update(ids[st.key], completed=st.bytes_done, state=st.state.value)
 
 
 @cache_app.command("ls")
@@ -280,9 +256,26 @@ def gc(
     )
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 @cache_app.command()
-def agent(config: Annotated[Path, typer.Option("--config", help="node.yaml")]) -> None:
-    """Run the node agent until SIGTERM / SIGINT."""
+def agent(
+    config: Annotated[Path, typer.Option("--config", help="node.yaml")],
+    log_level: Annotated[
+        str,
+        typer.Option(
+            "--log-level",
+            help="debug, info (what it fetches and serves), warning or error; on stderr",
+        ),
+    ] = "info",
+) -> None:
+    """Run the node agent until SIGTERM / SIGINT, logging what it fetches and serves."""
+    if log_level.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"choose from {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     cfg: NodeCacheConfig = load_node_config(config.read_text(), str(config))  # OSError: one line
 
     async def go() -> None:

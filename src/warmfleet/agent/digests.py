@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,20 @@ def file_digests(path: Path, entry: FileEntry) -> dict[str, str]:
     return {name: h.hexdigest() for name, h in hashers.items()}
 
 
-def hash_into(path: Path, hashers: list[Any]) -> None:
-    """Feed a file to hashers through one reused buffer."""
+def hash_into(
+    path: Path, hashers: list[Any], on_hashed: Callable[[int], None] | None = None
+) -> None:
+    """Feed a file to hashers through one reused buffer; ``on_hashed`` gets the bytes so far."""
     buf = bytearray(HASH_BLOCK_BYTES)
     view = memoryview(buf)
+    done = 0
     with path.open("rb", buffering=0) as fh:
         while n := fh.readinto(buf):
             for h in hashers:
                 h.update(view[:n])
+            done += n
+            if on_hashed is not None:
+                on_hashed(done)
 
 
 def check_digests(

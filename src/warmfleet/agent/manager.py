@@ -18,7 +18,13 @@ from warmfleet.agent.metrics import CacheMetrics
 from warmfleet.agent.prefetch_failures import PrefetchFailures
 from warmfleet.agent.sources.base import TransientSourceError
 from warmfleet.agent.sourceset import SourceSet
-from warmfleet.agent.status import ArtifactStatus, DownloadProgress, WallClock
+from warmfleet.agent.status import (
+    ArtifactStatus,
+    DownloadProgress,
+    WallClock,
+    fetch_done_text,
+    fetch_start_text,
+)
 from warmfleet.agent.store import Store, VerifyResult
 from warmfleet.cache.capacity import EvictionPlan, occupied_bytes, plan_admission, plan_gc
 from warmfleet.cache.config import NodeCacheSpec
@@ -201,18 +207,11 @@ class CacheManager:
             done = self._admit(manifest, name, holder, pin)
             if done is not None:
                 return done
-        status = ArtifactStatus(
-            key,
-            name,
-            manifest.uri,
-            ArtifactState.PENDING,
-            0,
-            manifest.size_bytes,
-            started_at=self._wall.now_s(),
-        )
+        status = ArtifactStatus.starting(manifest, name, self._wall.now_s())
         self._live[key] = status
         started = self._mono.now_s()
         kind = manifest.kind.value
+        log.info("%s", fetch_start_text(name, manifest))
         try:
             await self._download_and_verify(manifest, status)
         except WarmfleetError as err:
@@ -231,7 +230,9 @@ class CacheManager:
         except Exception as err:  # anything else must not leave it "downloading" forever
             raise self._failed_unexpectedly(key, name, kind, err) from err
         self.metrics.downloads.labels(kind, "ok").inc()
-        self.metrics.download_seconds.labels(kind).observe(self._mono.now_s() - started)
+        took_s = self._mono.now_s() - started
+        self.metrics.download_seconds.labels(kind).observe(took_s)
+        log.info("%s", fetch_done_text(name, manifest, took_s, self.store.object_dir(key)))
         return self._settle(key, name, holder)
 
     def _failed_unexpectedly(

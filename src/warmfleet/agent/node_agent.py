@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from warmfleet.agent.fleet_node import FleetNode
 from warmfleet.agent.kube_node import KubeNodeSync
@@ -34,6 +35,22 @@ from warmfleet.core.errors import WarmfleetError
 
 log = logging.getLogger("warmfleet.agent")
 CONFIG_HOLDER = "config:"
+QUIET_PATHS = frozenset({"/healthz", "/metrics"})  # polled: logged at DEBUG only
+
+
+class AccessLog(AbstractAccessLogger):
+    """One line per request the status API served (INFO; probes and scrapes at DEBUG)."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        level = logging.DEBUG if request.path in QUIET_PATHS else logging.INFO
+        self.logger.log(
+            level, "served %s %s -> %d in %.1f ms", request.method, request.path_qs,
+            response.status, time * 1000,
+        )  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
 
 
 class NodeAgent:
@@ -65,13 +82,18 @@ class NodeAgent:
                 task.add_done_callback(tasks.discard)
                 return task
 
-            runner = web.AppRunner(build_app(manager, spawn), access_log=None)
+            runner = web.AppRunner(
+                build_app(manager, spawn),
+                access_log_class=AccessLog,
+                access_log=logging.getLogger("warmfleet.agent.http"),
+            )
             await runner.setup()
             site = web.TCPSite(runner, self.spec.status.host, self.spec.status.port)
             await site.start()
             server = site._server
             self.port = server.sockets[0].getsockname()[1] if server else 0  # type: ignore[attr-defined]
             self._write_discovery(manager.store.root)
+            log.info("serving the cache %s; status API on port %d", manager.store.root, self.port)
             spawn(self._reconcile_loop(manager))
             fleet: FleetNode | None = None
             if self.spec.kubernetes is not None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from warmfleet.agent.metrics import CacheMetrics
+from warmfleet.cache.manifest import Manifest
 from warmfleet.cache.state import ArtifactState
 from warmfleet.cache.transfer import RateMeter
+from warmfleet.core.progress import format_bytes, format_seconds
 
 
 class WallClock:
@@ -29,6 +32,14 @@ class ArtifactStatus:
     finished_at: float | None = None
     reason: str = ""
     retries: int = 0
+
+    @classmethod
+    def starting(cls, manifest: Manifest, name: str, now_s: float) -> ArtifactStatus:
+        """A download of ``manifest`` about to start (pending, nothing done)."""
+        return cls(
+            manifest.key(), name, manifest.uri, ArtifactState.PENDING, 0, manifest.size_bytes,
+            started_at=now_s,
+        )  # fmt: skip
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -66,3 +77,20 @@ class DownloadProgress:
     def on_retry(self, reason: str) -> None:
         self.status.retries += 1
         self.metrics.retries.labels(reason).inc()
+
+
+def fetch_start_text(name: str, manifest: Manifest) -> str:
+    """The agent's log line when a download starts."""
+    size = format_bytes(manifest.size_bytes)
+    files = f"{len(manifest.files)} file" + ("" if len(manifest.files) == 1 else "s")
+    return f"fetching {name} ({manifest.key()[:16]}) from {manifest.uri}: {size} in {files}"
+
+
+def fetch_done_text(name: str, manifest: Manifest, took_s: float, path: Path) -> str:
+    """The agent's log line when a download is verified and published (served from ``path``)."""
+    size = manifest.size_bytes
+    rate = format_bytes(size / took_s) if took_s > 0 else "-"
+    return (
+        f"fetched {name} ({manifest.key()[:16]}): {format_bytes(size)} in "
+        f"{format_seconds(took_s)} ({rate}/s); serving it from {path}"
+    )

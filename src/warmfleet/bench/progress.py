@@ -1,9 +1,11 @@
-"""Progress of the long commands (``bench``, ``sim``, ``demo``, ``up``) on stderr.
+"""Progress of the long commands (``bench``, ``sim``, ``demo``, ``up``), on stdout before their
+result.
 
 On a terminal: a rich live display, one bar per task (its phase name, done / total, elapsed and
 ETA; bytes with their rate for fills) with event lines printed above it. Piped: plain lines only,
 no escape codes, at a bounded rate per task (``warmfleet.core.progress.ProgressThrottle``) plus
-one line when a task starts and one when it ends. stdout stays for the command's result.
+one line when a task starts and one when it ends. stderr stays for failures (a few lines: a
+script reading it sees why a command failed, not its progress).
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ from warmfleet.core.progress import (
 )
 
 
-def stderr_console() -> Console:
-    """The console progress goes to: stderr, with a fixed width when it is not a terminal."""
-    out = Console(stderr=True)
-    return out if out.is_terminal else Console(stderr=True, width=200, no_color=True)
+def progress_console() -> Console:
+    """The console progress goes to: stdout, plain and wide when it is not a terminal."""
+    out = Console()
+    return out if out.is_terminal else Console(width=200, no_color=True)
 
 
 class _AmountColumn(ProgressColumn):
@@ -115,11 +117,11 @@ class Activity:
     """The progress display of one command (a context manager): ``track`` tasks, ``log`` events.
 
     ``live`` forces the terminal form (True) or the plain one (False); by default it follows
-    whether stderr is a terminal. ``prefix`` starts every plain line (e.g. ``warmfleet sim``).
+    whether stdout is a terminal. ``prefix`` starts every plain line (e.g. ``warmfleet sim``).
     """
 
     def __init__(self, prefix: str, *, console: Console | None = None, live: bool | None = None):
-        self.console = console or stderr_console()
+        self.console = console or progress_console()
         self.prefix = prefix
         self.live = self.console.is_terminal if live is None else live
         self.bar: Progress | None = None

@@ -1,6 +1,6 @@
 """The terminal side of the live bench commands (``warmfleet bench``, ``warmfleet demo``,
 ``make bench-peers``): a console, a progress display (``bench.progress``: a bar on a terminal,
-plain lines when piped, on stderr), and the uvloop runner they measure on."""
+plain lines when piped), and the uvloop runner they measure on."""
 
 from __future__ import annotations
 

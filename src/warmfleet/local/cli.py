@@ -66,7 +66,7 @@ def up(
 ) -> None:
     """Run the whole fleet on this machine: origin, node agents, engines, gateway, reconciler.
 
-    What happens is logged on stderr as it happens (caches filling with their progress, nodes
+    What happens is printed as it happens (caches filling with their progress, nodes
     ready, replicas started and ready, the gateway switched, old caches deleted): a live display
     on a terminal, plain lines when piped.
 

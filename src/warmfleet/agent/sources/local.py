@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from warmfleet.agent.digests import hash_into
@@ -22,9 +22,9 @@ from warmfleet.cache.uri import ParsedUri
 from warmfleet.core.errors import NotFoundError
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, on_hashed: Callable[[int], None] | None = None) -> str:
     digest = hashlib.sha256()
-    hash_into(path, [digest])
+    hash_into(path, [digest], on_hashed)
     return digest.hexdigest()
 
 
@@ -33,11 +33,24 @@ def _stat_identity(st: os.stat_result) -> str:
 
 
 class LocalSource:
+    """Resolving hashes every file (sha256); ``hashing`` tells how far the files being resolved
+    now are, for a progress display (a large model takes a while)."""
+
     kind = SourceKind.LOCAL
 
     def __init__(self, hash_concurrency: int = 2, symlink_roots: tuple[str, ...] = ()) -> None:
         self._hash_sem = asyncio.Semaphore(hash_concurrency)
         self._symlink_roots = tuple(os.path.realpath(r) for r in symlink_roots)
+        # per file being resolved: [bytes hashed, size]; each item written by one thread only
+        self._hashing: dict[str, list[int]] = {}
+        self._hashed_bytes = 0  # of the resolves that ended
+
+    def hashing(self) -> tuple[int, int]:
+        """(bytes hashed, bytes to hash) by this source's resolves so far, those under way
+        included; (0, 0) before any."""
+        items = list(self._hashing.values())
+        done = self._hashed_bytes + sum(item[0] for item in items)
+        return done, self._hashed_bytes + sum(item[1] for item in items)
 
     async def resolve(self, parsed: ParsedUri, revision: str | None) -> Manifest:  # noqa: ARG002
         root = Path(parsed.location)
@@ -50,14 +63,26 @@ class LocalSource:
             files = sorted(await asyncio.to_thread(_walk_files, root, inside))
             if not files:
                 raise SourceError(f"local source directory is empty: {root}")
-        entries = await asyncio.gather(*(self._entry(rel, p) for rel, p in files))
+        for _, path in files:
+            self._hashing[str(path)] = [0, path.stat().st_size]
+        try:
+            entries = await asyncio.gather(*(self._entry(rel, p) for rel, p in files))
+        finally:
+            for _, path in files:
+                self._hashing.pop(str(path), None)
+        self._hashed_bytes += sum(entry.size_bytes for entry in entries)
         return Manifest(SourceKind.LOCAL, parsed.uri, tuple(entries), revision=None)
 
     async def _entry(self, rel: str, path: Path) -> FileEntry:
         real = Path(os.path.realpath(path))
+        progress = self._hashing.get(str(path), [0, 0])
+
+        def hashed(done_bytes: int) -> None:
+            progress[0] = done_bytes
+
         async with self._hash_sem:
             before = real.stat()
-            digest = await asyncio.to_thread(sha256_file, real)
+            digest = await asyncio.to_thread(sha256_file, real, hashed)
             after = real.stat()
         if _stat_identity(before) != _stat_identity(after):
             raise SourceChangedError(f"{path} changed while it was being hashed")
