@@ -82,7 +82,7 @@ def test_the_simulator_reports_a_phase_per_strategy_and_each_finished_request() 
 
     scenario = builtin_scenario("gsp", 2, "tiny-cpu", 0).model_copy(update={"requests": 40})
     comparison = run_comparison(scenario, ["random", "prefix_hash"], progress=Recorder())
-    assert [name for name, _ in seen] == ["random", "prefix_hash"]
+    assert [name for name, _ in seen] == ["hashing the workload's blocks", "random", "prefix_hash"]
     assert all(left == 0 for _, left in seen)  # one advance per request, every one
     assert len(comparison.runs) == 2
 

@@ -94,8 +94,9 @@ class Tracker:
             line = progress_line(self.label, done, self.total, now_s - self.started_s, self.unit)
             self._activity.log(line + (f", {self.note}" if self.note else ""))
 
-    def finish(self) -> None:
-        """The end line (piped) or the bar left complete (terminal)."""
+    def finish(self, *, keep: bool = True) -> None:
+        """The end line (piped), or the bar left complete (terminal); ``keep=False`` replaces
+        the bar by the end line (a long-running command's bars do not pile up)."""
         if self.finished:
             return
         self.finished = True
@@ -104,7 +105,10 @@ class Tracker:
         if bar is not None and self._task is not None:
             bar.update(self._task, completed=self.done, total=self.total, note=self.note)
             bar.stop_task(self._task)
-            return
+            if keep:
+                return
+            bar.remove_task(self._task)
+            bar.refresh()  # gone before the end line is printed above the bars
         line = finished_line(self.label, self.done, self.total, elapsed_s, self.unit)
         self._activity.log(line + (f", {self.note}" if self.note else ""))
 
@@ -129,7 +133,7 @@ class Activity:
     def __enter__(self) -> Activity:
         if self.live:
             columns = (
-                TextColumn("{task.description}"), BarColumn(), _AmountColumn(),
+                TextColumn("{task.description}"), BarColumn(bar_width=30), _AmountColumn(),
                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             )  # fmt: skip
             self.bar = Progress(*columns, console=self.console, transient=False)

@@ -132,11 +132,14 @@ class FleetLog:
                 fill = self._fills[key] = self.activity.track(
                     f"cache {cache} filling on {node}", total, "bytes"
                 )
-            fill.update(report.bytes_done, report.bytes_total or None, report.state.value)
+            verifying = report.state == NodeCacheState.VERIFYING
+            fill.update(
+                report.bytes_done, report.bytes_total or None, "verifying" if verifying else ""
+            )
             return
         if fill is not None:
             fill.update(report.bytes_total if report.usable else report.bytes_done, note="")
-            fill.finish()
+            fill.finish(keep=False)
             del self._fills[key]
         said = f"{report.state.value}:{report.message}"
         if report.state in (NodeCacheState.READY, NodeCacheState.FAILED) and (

@@ -45,7 +45,12 @@ class Prepared:
     chain_seed: int
 
 
-def prepare(requests: Sequence[WorkloadRequest], block_tokens: int) -> Prepared:
+def prepare(
+    requests: Sequence[WorkloadRequest],
+    block_tokens: int,
+    progress: RunProgress | None = None,
+) -> Prepared:
+    """Hash every request's blocks (``progress``: one unit per request)."""
     seeds: dict[str | None, PrefixBlockHasher] = {}
     hashes = []
     for req in requests:
@@ -54,6 +59,8 @@ def prepare(requests: Sequence[WorkloadRequest], block_tokens: int) -> Prepared:
             hasher = PrefixBlockHasher(block_tokens, default_seed(tenant=req.tenant))
             seeds[req.tenant] = hasher
         hashes.append(hasher.blocks(req.segments))
+        if progress is not None:
+            progress.advance()
     return Prepared(tuple(requests), tuple(hashes), block_tokens, default_seed())
 
 
@@ -193,7 +200,9 @@ def run_comparison(
         scenario = ScenarioSpec.model_validate(data)
     workload = build_workload(scenario, spec, trace=trace, rate_rps=rate_rps)
     spec = spec.with_block_tokens(workload.block_tokens)
-    prepared = prepare(workload.requests, workload.block_tokens)
+    if progress is not None:
+        progress.phase("hashing the workload's blocks", len(workload.requests))
+    prepared = prepare(workload.requests, workload.block_tokens, progress)
     distinct = working_set_blocks_of(prepared)
     ratio = distinct / max(spec.capacity_blocks, 1)
     comparison = Comparison(scenario, spec, workload, ratio)
