@@ -33,7 +33,9 @@ def test_events_read_as_sentences() -> None:
 
 
 def test_actions_become_events() -> None:
-    kind, fields = action_event(SetNodeLabels("n1", {"weights.warmfleet.dev/c": "ready"}, ("x",)))
+    recorded = action_event(SetNodeLabels("n1", {"weights.warmfleet.dev/c": "ready"}, ("x",)))
+    assert recorded is not None
+    kind, fields = recorded
     assert describe({"kind": kind, **fields}) == (
         "node n1 ready: weights.warmfleet.dev/c; node n1 no longer ready: x"
     )
