@@ -9,6 +9,7 @@ import base64
 import json
 from array import array
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -60,7 +61,7 @@ class Setup:
     http: Http
 
 
-def _doc(urls: list[str], strategy: str) -> dict[str, Any]:
+def _doc(urls: list[str], strategy: str, limits: dict[str, Any]) -> dict[str, Any]:
     variant = {
         "name": "v1",
         "models": [MODEL],
@@ -68,13 +69,17 @@ def _doc(urls: list[str], strategy: str) -> dict[str, Any]:
         "instances": [{"id": f"emu-{i}", "url": url} for i, url in enumerate(urls)],
     }
     spec = {
+        "limits": limits,
         "health": {"interval_s": 0.2, "timeout_s": 0.2},
         "endpoints": [{"name": "main", "variants": [variant]}],
     }
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
 
 
-async def _setup(instances: int, strategy: str) -> AsyncIterator[Setup]:
+@asynccontextmanager
+async def _setup(
+    instances: int, strategy: str, limits: dict[str, Any] | None = None
+) -> AsyncIterator[Setup]:
     spec = build_spec(
         instances=instances,
         preset="tiny-cpu",
@@ -84,7 +89,7 @@ async def _setup(instances: int, strategy: str) -> AsyncIterator[Setup]:
     )
     async with (
         EmulatedFleet(spec) as fleet,
-        gateway_running(parse_gateway_config(_doc(fleet.urls, strategy))) as gateway,
+        gateway_running(parse_gateway_config(_doc(fleet.urls, strategy, limits or {}))) as gateway,
         openai.AsyncOpenAI(
             base_url=gateway.url + "/v1", api_key="k", max_retries=0, timeout=60
         ) as client,
@@ -95,13 +100,13 @@ async def _setup(instances: int, strategy: str) -> AsyncIterator[Setup]:
 
 @pytest.fixture
 async def one() -> AsyncIterator[Setup]:
-    async for setup in _setup(1, "round_robin"):
+    async with _setup(1, "round_robin") as setup:
         yield setup
 
 
 @pytest.fixture
 async def affinity() -> AsyncIterator[Setup]:
-    async for setup in _setup(3, "prefix_affinity"):
+    async with _setup(3, "prefix_affinity") as setup:
         yield setup
 
 
@@ -250,3 +255,28 @@ async def test_responses_sharing_a_long_prefix_stay_on_one_instance(affinity: Se
             placed.setdefault(conversation, set()).add(raw.headers[INSTANCE])
     assert all(len(instances) == 1 for instances in placed.values()), placed
     assert len(set().union(*placed.values())) > 1  # and they are spread
+
+
+async def test_big_bodies_are_parsed_on_the_body_worker() -> None:
+    """Bodies over ``limits.offload_body_bytes`` take the worker path: the same answers, the
+    same limits (a Responses body's input items count as messages)."""
+    limits = {"offload_body_bytes": 0, "max_messages": 3, "max_prompts": 2}
+    async with _setup(1, "prefix_affinity", limits) as setup:
+        items = [{"role": "user", "content": f"turn {i}"} for i in range(3)]
+        response = await setup.client.responses.create(
+            model=MODEL, input=cast(Any, items), max_output_tokens=2
+        )
+        assert response.output_text
+        vectors = await setup.client.embeddings.create(model=MODEL, input=["a", "b"])
+        assert len(vectors.data) == 2
+        tokens = await setup.http.post("/tokenize", json={"model": MODEL, "prompt": "x"})
+        assert tokens.status == 200
+        for path, body, param in [
+            ("/v1/responses", {"model": MODEL, "input": [*items, items[0]]}, "input"),
+            ("/v1/embeddings", {"model": MODEL, "input": ["a", "b", "c"]}, "input"),
+            ("/tokenize", {"model": MODEL, "messages": [*items, items[0]]}, "messages"),
+        ]:
+            answer = await setup.http.post(path, json=body)
+            assert answer.status == 400, (path, answer.content)
+            assert answer.json()["error"]["param"] == param
+            assert "limits." in answer.json()["error"]["message"]
