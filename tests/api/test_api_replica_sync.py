@@ -67,7 +67,7 @@ def test_a_batch_round_trips() -> None:
     assert len(encode_batch([long])) < 8 * 2048 + 100
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(note_st, max_size=5))
 def test_any_notes_round_trip(notes: list[SyncNote]) -> None:
     assert decode_batch(encode_batch(notes)) == tuple(notes)
@@ -113,7 +113,7 @@ def test_what_cannot_be_sent_or_read_is_named() -> None:
         decode_batch(b"\xc1")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(note_st, st.integers(0, 16), _value_st)
 def test_a_note_with_one_field_replaced_decodes_or_raises_the_one_error(
     note: SyncNote, position: int, value: object

@@ -79,7 +79,8 @@ class ReplicaView:
 
     ``routed``/``finished`` record the replica's own requests and return the notes to send;
     ``apply`` takes a peer's note. ``in_flight_requests``/``in_flight_tokens`` (per instance,
-    absent = 0) are the snapshot fields for the next ``strategy.choose``.
+    absent = 0) are the snapshot fields for the next ``strategy.choose``: read them, do not
+    modify them.
     """
 
     def __init__(

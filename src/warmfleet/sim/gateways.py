@@ -67,6 +67,7 @@ class Gateways:
             raise ValueError("several replicas need a random.Random to pick one per request")
         self.views = [ReplicaView(f"replica-{r}", SIM_VARIANT, s) for r, s in enumerate(strategies)]
         self.sync_delay_s = sync_delay_s
+        self._index = {view.replica_id: r for r, view in enumerate(self.views)}
         self.routed_by: dict[int, int] = {}  # request -> the replica that routed it
         self._rng = rng
         self._notes: dict[int, tuple[ReplicaView, RoutedNote]] = {}  # request -> routed by
@@ -86,7 +87,7 @@ class Gateways:
         None if nothing is to be scheduled."""
         note = view.routed(key, decision)
         self._notes[request] = (view, note)
-        self.routed_by[request] = self.views.index(view)
+        self.routed_by[request] = self._index[view.replica_id]
         return self._send(view, note, now_s)
 
     def finished(self, request: int, now_s: float) -> float | None:
