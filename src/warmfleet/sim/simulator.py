@@ -6,8 +6,8 @@ that exchange notes with a propagation delay (``sim.gateways``). A request arriv
 chooses an instance from a ``FleetSnapshot`` (in-flight requests and tokens as its replica
 sees them, queue length, KV usage and capacity read from the instances), the request reaches
 the instance ``router_overhead_s`` later, and the instance reports its first token and its
-end. An instance is an ``EngineModel``
-unless the caller gives another ``Server`` factory (``sim.fleet``).
+end. An instance is an ``EngineModel`` unless the caller gives another ``Server`` factory
+(``sim.fleet``).
 
 Scale events add an instance (empty cache) or remove one. A removed instance **drains**: the
 router stops sending to it at once (``on_instances_changed``), the requests already on it run to
@@ -94,8 +94,9 @@ class Simulator:
         self._active: list[InstanceId] = []
         self._starting = 0  # started by the controller, not ready yet
         self._waiting: deque[int] = deque()  # arrived while no instance was ready
+        # the fleet's true in-flight requests (drains, the controller's view); what each
+        # strategy sees is its gateway replica's view (``sim.gateways``)
         self._in_flight_requests: dict[InstanceId, int] = {}
-        self._in_flight_tokens: dict[InstanceId, int] = {}
         self._heap: list[tuple[float, int, int, int, InstanceId]] = []
         self._counter = itertools.count()
         self._records = [
@@ -123,7 +124,6 @@ class Simulator:
         self._fleet_version += 1
         self._active.append(instance_id)
         self._in_flight_requests[instance_id] = 0
-        self._in_flight_tokens[instance_id] = 0
 
     def _push(self, at_s: float, kind: int, index: int, instance_id: InstanceId = "") -> None:
         heapq.heappush(self._heap, (at_s, next(self._counter), kind, index, instance_id))
@@ -262,7 +262,6 @@ class Simulator:
         record.reason = str(decision.reason)
         record.spilled = decision.spilled
         self._in_flight_requests[chosen] += 1
-        self._in_flight_tokens[chosen] += key.prompt_tokens + key.output_tokens_hint
         self._push(self._now_s + self._config.router_overhead_s, _SUBMIT, index, chosen)
 
     def _record_reuse(
@@ -300,9 +299,7 @@ class Simulator:
             return
         record.finish_s = event.time_s
         record.rejected = event.kind == EngineEventKind.REJECTED
-        key = self._keys[event.request_id]
         self._in_flight_requests[instance_id] -= 1
-        self._in_flight_tokens[instance_id] -= key.prompt_tokens + key.output_tokens_hint
         self._sync_at(self._gateways.finished(event.request_id, self._now_s))
         self._release_next(event.request_id)
         if instance_id not in self._active and self._in_flight_requests[instance_id] == 0:
