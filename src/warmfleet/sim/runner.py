@@ -19,6 +19,7 @@ from warmfleet.routing.config import PrefixHashConfig, StrategyConfig
 from warmfleet.routing.factory import build_strategy, strategy_config
 from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH, key_from_blocks
 from warmfleet.routing.movement import moved_fraction
+from warmfleet.sim.gateways import Gateways, GatewaySync
 from warmfleet.sim.metrics import RunMetrics, compute_metrics
 from warmfleet.sim.scenario import (
     BuiltWorkload,
@@ -77,6 +78,11 @@ def prefix_length_of(config: StrategyConfig) -> int:
 
 def strategy_rng(seed: int, name: str) -> random.Random:
     return random.Random(hash_str(name, seed))
+
+
+def replica_rng(seed: int, name: str, replica: int) -> random.Random:
+    """Gateway replica ``replica``'s strategy randomness (replica 0: ``strategy_rng``'s)."""
+    return strategy_rng(seed, name if replica == 0 else f"{name}@replica-{replica}")
 
 
 @dataclass(slots=True)
@@ -140,7 +146,9 @@ def run_strategy(
     prepared: Prepared,
     *,
     check_invariants: bool = False,
+    gateways: GatewaySync | None = None,
 ) -> StrategyRun:
+    """One strategy's run; ``gateways``: several gateway replicas in sync (default: one)."""
     config = strategy_config(name)
     keys = routing_keys(prepared, prefix_length_of(config))
     sim_config = SimConfig(
@@ -152,8 +160,14 @@ def run_strategy(
         check_invariants=check_invariants,
     )
     started = time.perf_counter()
-    strategy = build_strategy(config, strategy_rng(scenario.seed, name))
-    result = Simulator(sim_config, strategy, prepared.requests, keys).run()
+    if gateways is None:
+        routing: Strategy | Gateways = build_strategy(config, strategy_rng(scenario.seed, name))
+    else:
+        routing = gateways.build(
+            lambda r: build_strategy(config, replica_rng(scenario.seed, name, r)),
+            random.Random(hash_str("gateway-replicas", scenario.seed)),
+        )
+    result = Simulator(sim_config, routing, prepared.requests, keys).run()
     wall_s = time.perf_counter() - started
     fleet_blocks = spec.capacity_blocks * scenario.instances
     metrics = compute_metrics(result, keys, spec.block_tokens, fleet_blocks)
@@ -174,6 +188,31 @@ def run_comparison(
     concurrency: int | None = None,
     check_invariants: bool = False,
 ) -> Comparison:
+    comparison, prepared = prepare_comparison(
+        scenario, trace=trace, rate_rps=rate_rps, concurrency=concurrency
+    )
+    for name in strategies:
+        comparison.runs.append(
+            run_strategy(
+                name,
+                comparison.scenario,
+                comparison.engine,
+                comparison.workload,
+                prepared,
+                check_invariants=check_invariants,
+            )
+        )
+    return comparison
+
+
+def prepare_comparison(
+    scenario: ScenarioSpec,
+    *,
+    trace: Trace | None = None,
+    rate_rps: float | None = None,
+    concurrency: int | None = None,
+) -> tuple[Comparison, Prepared]:
+    """The scenario's workload, hashed, and an empty comparison (no run yet) to add runs to."""
     spec = engine_spec(scenario)
     if concurrency is not None:
         data = scenario.model_dump(by_alias=True)
@@ -184,14 +223,7 @@ def run_comparison(
     prepared = prepare(workload.requests, workload.block_tokens)
     distinct = working_set_blocks_of(prepared)
     ratio = distinct / max(spec.capacity_blocks, 1)
-    comparison = Comparison(scenario, spec, workload, ratio)
-    for name in strategies:
-        comparison.runs.append(
-            run_strategy(
-                name, scenario, spec, workload, prepared, check_invariants=check_invariants
-            )
-        )
-    return comparison
+    return Comparison(scenario, spec, workload, ratio), prepared
 
 
 def working_set_blocks_of(prepared: Prepared) -> int:
