@@ -130,13 +130,11 @@ spec:
     assert parse_size("1.5KiB") == 1536
     assert cfg.spec.download.lock_wait_timeout_s == 3600.0
     quick = load_node_config(
-        "spec: {root: /x, capacity: {budget: 1}, download: {lock_wait_timeout_s: 2}}"
+        "spec: {root: /x, capacity: {budget: 1}, download: {lockWaitTimeoutS: 2}}"
     )
     assert quick.spec.download.lock_wait_timeout_s == 2.0
-    with pytest.raises(ConfigError, match=r"spec\.download\.lock_wait_timeout_s"):
-        load_node_config(
-            "spec: {root: /x, capacity: {budget: 1}, download: {lock_wait_timeout_s: 0}}"
-        )
+    with pytest.raises(ConfigError, match=r"spec\.download\.lockWaitTimeoutS"):
+        load_node_config("spec: {root: /x, capacity: {budget: 1}, download: {lockWaitTimeoutS: 0}}")
 
 
 def test_uri_parsing() -> None:

@@ -54,8 +54,8 @@ def test_overrides_change_the_preset_only_where_asked() -> None:
     [
         ({"preset": "gpt-9"}, "preset"),
         ({"speedup": 0}, "speedup"),
-        ({"instances": 2, "instance_faults": {5: {}}}, "instance_faults"),
-        ({"faults": {"error_rate": 2}}, "faults.error_rate"),
+        ({"instances": 2, "instance_faults": {5: {}}}, "instanceFaults"),
+        ({"faults": {"error_rate": 2}}, "faults.errorRate"),
         ({"bogus": 1}, "bogus"),
         ({"kv_events": {"endpoint": "tcp://127.0.0.1:1", "topic": "kv.{nope}"}}, "topic"),
     ],

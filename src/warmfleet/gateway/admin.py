@@ -59,7 +59,7 @@ def validate(model: type[M], data: Any, source: str) -> M:
     except ValidationError as err:
         first = err.errors()[0]["loc"] if err.errors() else ()
         param = ".".join(str(p) for p in first) or None
-        raise BadRequestError(format_validation_error(err, source), param=param) from err
+        raise BadRequestError(format_validation_error(err, source, model), param=param) from err
 
 
 class AdminApi:
