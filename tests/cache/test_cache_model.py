@@ -111,7 +111,7 @@ kind: NodeCacheConfig
 spec:
   root: /tmp/x
   capacity: {budget: 2GiB, reserve: 100MB}
-  download: {chunk: 4MiB, bandwidth_limit: 1GB}
+  download: {chunk: 4MiB, bandwidthLimit: 1GB}
   artifacts:
     - {type: model, name: m, uri: "hf://org/m", pin: true}
     - {type: image, name: i, ref: "127.0.0.1:5000/x:1"}

@@ -17,6 +17,7 @@ from typing import Any, TypeVar, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
 
 from warmfleet.core.errors import ConfigError
 
@@ -66,16 +67,20 @@ def format_validation_error(err: ValidationError, source: str = "config", model:
     (``spec.routing.prefixLength: ...``), also where the document used the old one; ``model``
     (the validated model or type) gives the spellings."""
     renames = new_spellings(model) if model is not None else {}
-    lines = []
-    for item in err.errors():
-        loc = item["loc"]
-        keep = len(loc) - 1 if item["type"] == "extra_forbidden" else len(loc)  # the input key
-        path = ".".join(
-            renames.get(p, p) if isinstance(p, str) and i < keep else str(p)
-            for i, p in enumerate(loc)
-        )
-        lines.append(f"{source}: {path or '<root>'}: {item['msg']}")
+    lines = [
+        f"{source}: {error_path(item, renames) or '<root>'}: {item['msg']}" for item in err.errors()
+    ]
     return "\n".join(lines)
+
+
+def error_path(item: ErrorDetails, renames: dict[str, str]) -> str:
+    """The dotted field path of one validation error, field names in their new spelling (an
+    unknown key as the input spelt it)."""
+    loc = item["loc"]
+    keep = len(loc) - 1 if item["type"] == "extra_forbidden" else len(loc)
+    return ".".join(
+        renames.get(p, p) if isinstance(p, str) and i < keep else str(p) for i, p in enumerate(loc)
+    )
 
 
 def old_spellings(value: object, data: object, path: str = "") -> list[tuple[str, str]]:
