@@ -247,9 +247,9 @@ def test_scenario_yaml_roundtrip_and_errors(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(
         "apiVersion: warmfleet.dev/v1alpha1\nkind: Scenario\nname: mine\n"
-        "workload: {type: gsp, groups: 4, prompts_per_group: 2}\n"
-        "arrival: {type: gamma, rate_rps: 3, cv: 2}\ninstances: 2\npreset: tiny-cpu\n"
-        "engine: {max_num_seqs: 4}\nscale_events: [{at_s: 1, action: add}]\n",
+        "workload: {type: gsp, groups: 4, promptsPerGroup: 2}\n"
+        "arrival: {type: gamma, rateRps: 3, cv: 2}\ninstances: 2\npreset: tiny-cpu\n"
+        "engine: {maxNumSeqs: 4}\nscaleEvents: [{atS: 1, action: add}]\n",
         encoding="utf-8",
     )
     scenario = parse_scenario(good.read_text(encoding="utf-8"), str(good))

@@ -133,7 +133,7 @@ async def run_live_demo(
     config = config or DemoConfig()
     requests = demo_workload(config)
     capacity = kv_capacity_tokens(requests, config)
-    emulator = {"preset": config.preset, "kv_capacity_tokens": capacity, "speedup": config.speedup,
+    emulator = {"preset": config.preset, "kvCapacityTokens": capacity, "speedup": config.speedup,
                 "seed": config.seed}  # fmt: skip
     logs = log_dir or Path(tempfile.mkdtemp(prefix="warmfleet-demo-"))
     procs = ProcessSet(logs)

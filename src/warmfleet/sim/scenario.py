@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
+from warmfleet.core.config import StrictModel, load_yaml_text, parse_document, validate_fields
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
 from warmfleet.engine.spec import EngineSpec
@@ -77,11 +77,7 @@ class EngineOverrides(StrictModel):
 class ScenarioSpec(StrictModel):
     """``apiVersion: warmfleet.dev/v1alpha1``, ``kind: Scenario``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    api_version: Literal["warmfleet.dev/v1alpha1"] = Field(
-        "warmfleet.dev/v1alpha1", alias="apiVersion"
-    )
+    api_version: Literal["warmfleet.dev/v1alpha1"] = "warmfleet.dev/v1alpha1"
     kind: Literal["Scenario"] = "Scenario"
     name: str
     workload: WorkloadConfig
@@ -132,7 +128,7 @@ def engine_spec(scenario: ScenarioSpec) -> EngineSpec:
     base = get_preset(scenario.preset)
     updates = scenario.engine.model_dump(exclude_none=True)
     spec = base.model_copy(update=updates)
-    return parse_document(EngineSpec, spec.model_dump(), "engine")
+    return validate_fields(EngineSpec, spec.model_dump(), "engine")
 
 
 def default_arrival(scenario: ScenarioSpec) -> ArrivalConfig:
