@@ -2,9 +2,10 @@
 
 Reads the three default trace files from a traces directory (default ../shared/traces) and prints
 the figures the equivalents' constants were copied from: request counts, arrival rates per
-10-minute window, nearest-rank quantiles of the lengths, and Mooncake's prefix structure (which
-earlier request a prompt continues, how much of it it keeps, how many blocks it adds). Standard
-library only; run from the repository root:
+5-minute window, the gaps' coefficient of variation, nearest-rank
+quantiles of the lengths, and Mooncake's prefix structure (which earlier request a prompt
+continues, how much of it it keeps, how many blocks it adds). Standard library only; run from the
+repository root:
 
     python scripts/traces/measure_equivalents.py [TRACES_DIR]
 """
@@ -21,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 PROBS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
-WINDOW_S = 600.0
+WINDOW_S = 300.0  # rate windows: 5 minutes keep each trace's spread of requests per minute
 
 
 def quantiles(values: list[float]) -> list[tuple[float, float]]:
@@ -29,13 +30,13 @@ def quantiles(values: list[float]) -> list[tuple[float, float]]:
     return [(p, round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 3)) for p in PROBS]
 
 
-def window_rates(stamps_s: list[float]) -> list[float]:
-    """Requests per second in each 10-minute window (the last one over its own length)."""
+def window_rates(stamps_s: list[float], window_s: float = WINDOW_S) -> list[float]:
+    """Requests per second in each window (the last one over its own length)."""
     end_s = max(stamps_s)
-    counts = collections.Counter(int(t // WINDOW_S) for t in stamps_s)
+    counts = collections.Counter(int(t // window_s) for t in stamps_s)
     rates = []
-    for window in range(int(end_s // WINDOW_S) + 1):
-        length_s = min(WINDOW_S, end_s - window * WINDOW_S) or WINDOW_S
+    for window in range(int(end_s // window_s) + 1):
+        length_s = min(window_s, end_s - window * window_s) or window_s
         rates.append(round(counts[window] / length_s, 3))
     return rates
 
@@ -61,7 +62,7 @@ def mooncake(path: Path) -> None:
             fresh.append(row["input_length"])
         owner.update((h, index) for h in ids)
     print(f"mooncake {path.name}: {len(rows)} requests")
-    print("  rates per 10 min:", window_rates([r["timestamp"] / 1000 for r in rows]))
+    print("  rates per 5 min:", window_rates([r["timestamp"] / 1000 for r in rows]))
     print(f"  follow-up share: {len(kept) / len(rows):.4f}")
     print("  fresh input tokens:", quantiles(fresh))
     print("  output tokens:", quantiles([r["output_length"] for r in rows]))
@@ -79,7 +80,7 @@ def azure(path: Path) -> None:
     offsets = [s - start for s in stamps]
     gaps = [b - a for a, b in itertools.pairwise(offsets)]
     print(f"azure {path.name}: {len(rows)} requests over {max(offsets):.1f} s")
-    print("  rates per 10 min:", window_rates(offsets))
+    print("  rates per 5 min:", window_rates(offsets))
     print(f"  gap cv: {statistics.pstdev(gaps) / statistics.mean(gaps):.3f}")
     print("  input tokens:", quantiles([int(r["ContextTokens"]) for r in rows]))
     print("  output tokens:", quantiles([int(r["GeneratedTokens"]) for r in rows]))

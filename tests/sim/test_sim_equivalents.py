@@ -6,6 +6,8 @@ figures are computed on both request lists, as the simulator receives them.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import random
 import statistics
 from collections.abc import Sequence
@@ -21,7 +23,7 @@ from warmfleet.sim.workloads.equivalents import (
     mooncake_equivalent,
     mooncake_equivalent_rows,
     sharegpt_equivalent,
-    windowed_poisson,
+    windowed_arrivals,
 )
 from warmfleet.sim.workloads.traces import (
     DEFAULT_TRACES,
@@ -54,6 +56,8 @@ class Stats:
     output_median: float
     ideal_reuse: float  # full blocks whose chained hash an earlier request already had
     sessions: int
+    gap_cv: float  # coefficient of variation of the arrival gaps
+    per_minute_sd: float  # standard deviation of the requests per whole minute
 
 
 def _quantile(values: Sequence[float], p: float) -> float:
@@ -82,14 +86,33 @@ def stats(requests: Sequence[WorkloadRequest], block_tokens: int) -> Stats:
         output_median=_quantile(outputs, 0.5),
         ideal_reuse=hits / max(total, 1),
         sessions=len({r.session_id for r in requests}),
+        gap_cv=_gap_cv(arrivals),
+        per_minute_sd=_per_minute_sd(arrivals),
     )
+
+
+def _gap_cv(arrivals_s: Sequence[float]) -> float:
+    gaps = [b - a for a, b in itertools.pairwise(sorted(arrivals_s))]
+    mean = statistics.mean(gaps)
+    return statistics.pstdev(gaps) / mean if mean > 0 else 0.0
+
+
+def _per_minute_sd(arrivals_s: Sequence[float]) -> float:
+    counts = collections.Counter(int(t // 60) for t in arrivals_s)
+    whole = [counts[m] for m in range(int(max(arrivals_s) // 60))]  # the last minute is partial
+    return statistics.pstdev(whole) if len(whole) > 1 else 0.0
+
+
+_COMPARED = (
+    "requests", "duration_s", "input_mean", "input_median", "input_p90", "output_mean",
+    "output_median", "sessions", "gap_cv", "per_minute_sd",
+)  # fmt: skip
 
 
 def _close(real: Stats, synthetic: Stats, tolerance: float, reuse_points: float) -> None:
     """Every figure within ``tolerance`` (relative), the ideal reuse within ``reuse_points``."""
     problems = []
-    for name in ("requests", "duration_s", "input_mean", "input_median", "input_p90",
-                 "output_mean", "output_median", "sessions"):  # fmt: skip
+    for name in _COMPARED:
         want, got = getattr(real, name), getattr(synthetic, name)
         if abs(got - want) > tolerance * abs(want):
             problems.append(f"{name}: real {want:.1f}, synthetic {got:.1f}")
@@ -113,7 +136,7 @@ def test_mooncake_equivalent_matches_the_conversation_trace(seed: int) -> None:
 def test_azure_equivalent_matches_the_conversation_trace(seed: int) -> None:
     real = stats(azure(_real("azure"), 0), 16)
     synthetic = stats(azure_equivalent(seed), 16)
-    _close(real, synthetic, tolerance=0.1, reuse_points=0.01)
+    _close(real, synthetic, tolerance=0.15, reuse_points=0.01)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -148,14 +171,16 @@ def test_mooncake_equivalent_rows_are_well_formed() -> None:
     assert [r[0] for r in rows] == sorted(r[0] for r in rows)
 
 
-def test_draw_and_windowed_poisson() -> None:
+def test_draw_and_windowed_arrivals() -> None:
     rng = random.Random(0)
     table = ((0.0, 10.0), (0.5, 20.0), (1.0, 40.0))
     values = [draw(table, rng) for _ in range(4000)]
     assert min(values) >= 10.0
     assert max(values) <= 40.0
     assert abs(_quantile(values, 0.5) - 20.0) < 1.0
-    times = windowed_poisson((1.0, 4.0), 3000, rng)
+    times = windowed_arrivals((1.0, 4.0), 600.0, 3000, rng)
     first = sum(1 for t in times if t < 600.0)
     assert abs(first - 600) < 90  # 1 req/s in the first 10 minutes, then 4 req/s
     assert abs(len(times) - first - 2400) < 90
+    assert abs(_gap_cv(windowed_arrivals((2.0,), 600.0, 4000, rng)) - 1.0) < 0.08
+    assert abs(_gap_cv(windowed_arrivals((2.0,), 600.0, 4000, rng, gap_cv=2.0)) - 2.0) < 0.3

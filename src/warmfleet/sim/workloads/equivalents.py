@@ -3,9 +3,10 @@
 The real traces stay outside the package (``../shared/traces``); a fresh install has none. Each
 trace-driven built-in (``mooncake``, ``azure``, ``aws-short-context``) then runs a seeded
 generator whose statistics were measured on its real trace: the same request count, the arrival
-rate per 10-minute window, the length distributions (nearest-rank quantiles, drawn by linear
-interpolation between them), and for Mooncake the prefix structure (which earlier prompt a
-request continues, how much of it it keeps, how many blocks it adds). The figures come from
+rate per 5-minute window (and, for Azure, the gaps' burstiness), the length distributions
+(nearest-rank quantiles, drawn by linear interpolation between them), and for Mooncake the
+prefix structure (which earlier prompt a request continues, how much of it it keeps, how many
+blocks it adds). The figures come from
 ``scripts/traces/measure_equivalents.py``; ``tests/sim/test_sim_equivalents.py`` compares each
 generator with its real trace when the file is present. A real trace always wins when found; the
 report says which one ran. Pure: no file is read here.
@@ -32,14 +33,15 @@ from warmfleet.sim.workloads.traces import (
 # (cumulative probability, value) pairs, nearest-rank quantiles of the real trace
 Quantiles = tuple[tuple[float, float], ...]
 
-WINDOW_S = 600.0  # the arrival-rate windows below are 10 minutes long
+RATE_WINDOW_S = 300.0  # the arrival rates below are per 5-minute window of the real trace
+
 
 # ---- mooncake: kvcache-ai/Mooncake FAST25-release conversation_trace.jsonl, first 30 min -------
 # (../shared/traces/mooncake_conversation_first30min.jsonl, Apache-2.0), measured over its 5,719
 # rows. A "follow-up" continues an earlier prompt past the shared block 0 (its leading hash ids
 # match >= 2 blocks of one earlier row, the "parent": the last row holding the deepest match).
 MOONCAKE_REQUESTS = 5719
-MOONCAKE_RATES_RPS = (2.917, 3.18, 3.452)  # per 10-minute window
+MOONCAKE_RATES_RPS = (3.06, 2.773, 3.26, 3.1, 3.357, 3.549)  # per window; Poisson within one
 MOONCAKE_BUCKET_MS = 3000  # the trace's timestamps come in ~3 s buckets
 MOONCAKE_FOLLOW_UP_SHARE = 0.3548
 MOONCAKE_FRESH_INPUT_TOKENS: Quantiles = (
@@ -67,10 +69,15 @@ MOONCAKE_ADDED_BLOCKS: Quantiles = (
 )  # fmt: skip
 
 # ---- azure: Azure/AzurePublicDataset AzureLLMInferenceTrace_conv.csv (CC-BY 4.0) ----------------
-# (../shared/traces/azure_llm_2023_conv.csv), measured over its 19,366 rows (3,502 s; the gaps'
-# coefficient of variation is 1.09: Poisson within windows whose rates change, as here).
+# (../shared/traces/azure_llm_2023_conv.csv), measured over its 19,366 rows (3,502 s). Its rate
+# moves within minutes (191 to 507 requests a minute); its gaps' coefficient of variation is
+# 1.094 over the whole trace. Gamma gaps of CV 1.07 within the windows give that overall (the
+# rate changes add the rest; tests/sim/test_sim_equivalents.py compares).
 AZURE_REQUESTS = 19366
-AZURE_RATES_RPS = (4.778, 5.197, 6.872, 6.78, 5.208, 4.116)  # per 10-minute window
+AZURE_RATES_RPS = (
+    4.817, 4.74, 5.19, 5.203, 6.28, 7.463, 7.43, 6.13, 5.67, 4.747, 4.323, 3.807,
+)  # fmt: skip
+AZURE_GAP_CV = 1.07
 AZURE_INPUT_TOKENS: Quantiles = (
     (0.0, 2), (0.05, 181), (0.1, 207), (0.2, 387), (0.3, 403), (0.4, 703), (0.5, 1020),
     (0.6, 1071), (0.7, 1130), (0.8, 1315), (0.9, 2735), (0.95, 4083), (0.99, 4142), (1.0, 14050),
@@ -108,14 +115,25 @@ def draw(table: Quantiles, rng: random.Random) -> float:
     return table[-1][1]
 
 
-def windowed_poisson(rates_rps: Sequence[float], count: int, rng: random.Random) -> list[float]:
-    """``count`` Poisson arrival times (s) whose rate is ``rates_rps[k]`` in the k-th window of
-    ``WINDOW_S`` seconds (the last rate holds after the last window)."""
+def windowed_arrivals(
+    rates_rps: Sequence[float],
+    window_s: float,
+    count: int,
+    rng: random.Random,
+    gap_cv: float = 1.0,
+) -> list[float]:
+    """``count`` arrival times (s) whose rate is ``rates_rps[k]`` in the k-th window of
+    ``window_s`` seconds (the last rate holds after the last window); gaps exponential
+    (Poisson) for ``gap_cv`` 1, else gamma with that coefficient of variation."""
+    shape = 1.0 / (gap_cv * gap_cv)
     out = []
     now_s = 0.0
     for _ in range(count):
-        window = min(int(now_s // WINDOW_S), len(rates_rps) - 1)
-        now_s += rng.expovariate(rates_rps[window])
+        rate = rates_rps[min(int(now_s // window_s), len(rates_rps) - 1)]
+        if gap_cv == 1.0:
+            now_s += rng.expovariate(rate)
+        else:
+            now_s += rng.gammavariate(shape, 1.0 / (rate * shape))
         out.append(now_s)
     return out
 
@@ -134,7 +152,7 @@ def mooncake_equivalent_rows(seed: int, count: int = MOONCAKE_REQUESTS) -> list[
     (the shared system prompt); a follow-up keeps a fraction of an earlier prompt's blocks,
     chosen by the time since it, and adds new blocks."""
     rng = random.Random(hash_str("mooncake-equivalent", seed))
-    arrivals_s = windowed_poisson(MOONCAKE_RATES_RPS, count, rng)
+    arrivals_s = windowed_arrivals(MOONCAKE_RATES_RPS, RATE_WINDOW_S, count, rng)
     rows: list[MooncakeRow] = []
     next_id = 1
     for index, arrival_s in enumerate(arrivals_s):
@@ -172,7 +190,7 @@ def azure_equivalent(seed: int, count: int = AZURE_REQUESTS) -> tuple[WorkloadRe
             max(1, round(draw(AZURE_INPUT_TOKENS, rng))),
             max(1, round(draw(AZURE_OUTPUT_TOKENS, rng))),
         )
-        for arrival_s in windowed_poisson(AZURE_RATES_RPS, count, rng)
+        for arrival_s in windowed_arrivals(AZURE_RATES_RPS, RATE_WINDOW_S, count, rng, AZURE_GAP_CV)
     ]
     return azure_requests(rows, seed)
 
