@@ -112,7 +112,7 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     )
     workload = built.requests
     if built.source != "generated":
-        console().print(f"workload: {built.source}")
+        console().print(f"workload: {built.source}", markup=False, highlight=False)
     load_spec = LoadSpec(
         urls=urls,
         url_names=tuple(instance_name(u, targets) for u in urls) if len(urls) > 1 else (),

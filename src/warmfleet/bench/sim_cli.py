@@ -85,7 +85,7 @@ def _console() -> Console:
 def _emit(comparison: Comparison, json_out: Path | None, report_dir: Path | None) -> None:
     console = _console()
     if comparison.workload.source != "generated":
-        console.print(f"workload: {comparison.workload.source}")
+        console.print(f"workload: {comparison.workload.source}", markup=False, highlight=False)
     console.print(comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs}))
     report = comparison.report()
     for run in comparison.runs:
