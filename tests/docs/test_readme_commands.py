@@ -292,7 +292,7 @@ def _results_table() -> dict[str, list[str]]:
 @pytest.mark.timeout(900)
 def test_readme_results_command_reproduces_its_table(tmp_path: Path) -> None:
     """The simulator results command, as written: deterministic, so its TTFT percentiles, hit
-    rates and shares are the README's (about 3.5 minutes on 2 shared cores)."""
+    rates and shares are the README's (90 s on 2 idle cores, 4.5 min on busy ones)."""
     table = _results_table()
     strategies = _SIM_RESULTS.split("--strategies ")[1].split(maxsplit=1)[0]
     assert set(table) == set(strategies.split(","))
