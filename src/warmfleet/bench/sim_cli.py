@@ -56,10 +56,15 @@ def read_trace(
 ) -> Trace | None:
     """The trace file a trace-driven scenario replays, found and read here at the edge:
     ``trace``, else the scenario's ``workload.trace``, else its default file in the traces
-    directory (``warmfleet.edge.resolve_traces_dir``). None for a generated workload."""
+    directory (``warmfleet.edge.resolve_traces_dir``). None for a generated workload, and when
+    the default file is absent: the scenario then runs its synthetic equivalent (a file named
+    by ``--trace`` or ``workload.trace`` must exist)."""
     if not replays_trace(scenario):
         return None
     path = trace_path(scenario, trace, resolve_traces_dir(traces_dir))
+    named = trace is not None or getattr(scenario.workload, "trace", None)
+    if not named and not path.is_file():
+        return None
     try:
         return Trace(read_text_file(path), str(path))
     except ConfigError as err:
@@ -81,6 +86,8 @@ def _console() -> Console:
 
 def _emit(comparison: Comparison, json_out: Path | None, report_dir: Path | None) -> None:
     console = _console()
+    if comparison.workload.source != "generated":
+        console.print(f"workload: {comparison.workload.source}", markup=False, highlight=False)
     console.print(comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs}))
     report = comparison.report()
     for run in comparison.runs:
@@ -137,7 +144,8 @@ def _emit_sweep(sweep: ReplicaSweep, json_out: Path | None) -> None:
 
 _SCENARIO_HELP = (
     f"a built-in scenario ({', '.join(BUILTIN_WORKLOADS)}) or a Scenario YAML file;"
-    " trace-driven ones read their trace from --traces-dir"
+    " trace-driven ones read their trace from --traces-dir, or without it run a synthetic"
+    " equivalent"
 )
 
 

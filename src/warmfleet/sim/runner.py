@@ -105,6 +105,7 @@ class Comparison:
     def report(self) -> dict[str, object]:
         return {
             "scenario": self.scenario.name,
+            "workload": self.workload.source,
             "preset": self.scenario.preset,
             "seed": self.scenario.seed,
             "instances": self.scenario.instances,
