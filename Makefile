@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck imports unit k8s-bin k8s-e2e bench-routing bench-fleet sim clean bench-peers peers-venvs
+.PHONY: demo test lint typecheck imports unit k8s-bin k8s-e2e bench-routing bench-fleet sim clean bench-peers peers-venvs bench-replicas
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,7 @@ help:
 	  'make unit           every pytest test (pytest -q)' \
 	  'make bench-routing  routing benchmark -> bench-results/routing.json' \
 	  'make bench-fleet    scale-out what-if + embedded-fleet acceptance -> bench-results/fleet.json' \
+	  'make bench-replicas hit rate, gateway replicas x sync delay (sim) -> bench-results/replicas.json' \
 	  'make bench-peers    ours beside sglang-router and vllm-router, one run (~10 min)' \
 	  'make peers-venvs    the peer routers, each in its own venv' \
 	  'make bench-cache    model/image cache throughput, fault matrix -> bench-results/cache.json' \
@@ -66,6 +67,13 @@ test: lint typecheck imports vllm-model unit k8s-e2e e2e-vllm
 
 bench-routing: $(STAMP)
 	$(BIN)/python -m warmfleet.bench.routing_bench --out bench-results/routing.json
+
+# Simulator: prefix_affinity's hit rate on the shared Mooncake trace (../shared/traces) for 1-16
+# gateway replicas x sync delays 0-100 ms and no sync (docs/replicas.md).
+bench-replicas: $(STAMP)
+	$(BIN)/warmfleet sim --scenario mooncake --strategies prefix_affinity \
+		--gateway-replicas 1,2,4,8,16 --sync-delay-ms 0,1,10,100,none \
+		--json bench-results/replicas.json
 
 # Peer routers (Rust, from PyPI), each in its own git-ignored venv.
 PEERS_SGLANG := .venv-peers-sglang

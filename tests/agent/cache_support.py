@@ -48,7 +48,7 @@ kind: NodeCacheConfig
 spec:
   root: {root}
   capacity: {{budget: 50MB, reserve: 0}}
-  download: {{chunk: 128KiB, concurrency: 2, fsync_every_s: 0.05}}
+  download: {{chunk: 128KiB, concurrency: 2, fsyncEveryS: 0.05}}
   status: {{host: 127.0.0.1, port: 0}}
 {rest}"""
     )

@@ -29,7 +29,7 @@ TOKEN = "s3cr3t-agent-token"
 
 @contextlib.asynccontextmanager
 async def _agent(root: Path, status: str = "") -> AsyncIterator[str]:
-    agent = NodeAgent(agent_config(root, f"  reconcile_interval_s: 30\n{status}"))
+    agent = NodeAgent(agent_config(root, f"  reconcileIntervalS: 30\n{status}"))
     run = asyncio.create_task(agent.run())
 
     async def listening() -> bool:
@@ -83,7 +83,7 @@ async def test_token_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("WARMFLEET_AGENT_TOKEN", raising=False)
     token_file = tmp_path / "token"
     token_file.write_text(f"{TOKEN}\n")
-    status = f"  status: {{host: 127.0.0.1, port: 0, token_file: {token_file}}}\n"
+    status = f"  status: {{host: 127.0.0.1, port: 0, tokenFile: {token_file}}}\n"
     async with _agent(tmp_path / "root", status) as api, aiohttp.ClientSession() as http:
         body = {"uri": "/nonexistent", "name": "x"}
         assert await _call(http, "POST", f"{api}/v1/prefetch", json=body) == 401
@@ -136,10 +136,10 @@ def test_token_and_listener_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert ApiAuth(None, "127.0.0.1").mutations_open
     assert not ApiAuth(TOKEN, "127.0.0.1").mutations_open  # a token always applies
     assert not ApiAuth(None, "0.0.0.0").mutations_open
-    with pytest.raises(ConfigError, match=r"status\.token_file"):
+    with pytest.raises(ConfigError, match=r"status\.tokenFile"):
         read_agent_token(StatusSpec(token_file=str(tmp_path / "missing")))
     (tmp_path / "empty").write_text("\n")
-    with pytest.raises(ConfigError, match=r"status\.token_file"):
+    with pytest.raises(ConfigError, match=r"status\.tokenFile"):
         read_agent_token(StatusSpec(token_file=str(tmp_path / "empty")))
     monkeypatch.setenv("MY_AGENT_TOKEN", " t1 ")
     assert read_agent_token(StatusSpec(token_env="MY_AGENT_TOKEN")) == "t1"

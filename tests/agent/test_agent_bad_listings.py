@@ -54,9 +54,9 @@ apiVersion: warmfleet.dev/v1alpha1
 kind: NodeCacheConfig
 spec:
   root: {root}
-  capacity: {{budget: {budget}, reserve: 0, high_watermark_frac: 1.0, low_watermark_frac: 1.0}}
-  download: {{chunk: 128KiB, concurrency: 2, fsync_every_s: 0.05, backoff_base_s: 0.01}}
-  sources: {{hf_endpoint: "{url}"}}
+  capacity: {{budget: {budget}, reserve: 0, highWatermarkFrac: 1.0, lowWatermarkFrac: 1.0}}
+  download: {{chunk: 128KiB, concurrency: 2, fsyncEveryS: 0.05, backoffBaseS: 0.01}}
+  sources: {{hfEndpoint: "{url}"}}
   artifacts:
 {bad}    - {{type: model, name: good, uri: "{good_uri}"}}
 """
@@ -258,7 +258,7 @@ def test_more_files_than_the_open_file_limit(tmp_path: Path) -> None:
     cfg.write_text(
         "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\nspec:\n"
         f"  root: {root}\n  capacity: {{budget: 1GiB}}\n"
-        "  download: {chunk: 64KiB, concurrency: 4, fsync_every_s: 0.05, max_open_files: 8}\n"
+        "  download: {chunk: 64KiB, concurrency: 4, fsyncEveryS: 0.05, maxOpenFiles: 8}\n"
     )
     code = (
         "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)); "

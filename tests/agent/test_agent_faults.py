@@ -27,7 +27,7 @@ def _node_yaml(path: Path, root: Path) -> Path:
     path.write_text(
         "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\nspec:\n"
         f"  root: {root}\n  capacity: {{budget: 1GiB}}\n"
-        "  download: {chunk: 128KiB, concurrency: 2, fsync_every_s: 0.05, backoff_base_s: 0.01}\n"
+        "  download: {chunk: 128KiB, concurrency: 2, fsyncEveryS: 0.05, backoffBaseS: 0.01}\n"
     )
     return path
 

@@ -30,14 +30,14 @@ NODE = "gpu-node-0"
 def _config(root: Path, api: str, host_path: str, interval_s: float) -> Any:
     return agent_config(
         root,
-        f"""  reconcile_interval_s: 30
+        f"""  reconcileIntervalS: 30
   kubernetes:
-    api_server: "{api}"
-    host_path: {host_path}
-    node_name: {NODE}
-    interval_s: {interval_s}
-    token_path: /nonexistent/token
-    ca_path: /nonexistent/ca.crt
+    apiServer: "{api}"
+    hostPath: {host_path}
+    nodeName: {NODE}
+    intervalS: {interval_s}
+    tokenPath: /nonexistent/token
+    caPath: /nonexistent/ca.crt
 """,
     )
 

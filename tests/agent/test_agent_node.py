@@ -18,7 +18,7 @@ from warmfleet.cache.config import NodeCacheConfig
 def _config(root: Path, url: str, interval_s: float = 0.1) -> NodeCacheConfig:
     return agent_config(
         root,
-        f"""  reconcile_interval_s: {interval_s}
+        f"""  reconcileIntervalS: {interval_s}
   artifacts:
     - {{type: model, name: weights, uri: "{url}/files/w.bin", pin: true}}
 """,

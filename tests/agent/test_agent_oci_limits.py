@@ -141,5 +141,5 @@ def test_depth_check_counts_brackets_outside_strings_only() -> None:
 def test_manifest_limit_is_a_typed_size() -> None:
     assert SourcesSpec().registry_max_manifest_bytes == 4 * 2**20
     assert SourcesSpec(registry_max_manifest_bytes="1MiB").registry_max_manifest_bytes == 2**20
-    with pytest.raises(ConfigError, match="registry_max_manifest_bytes"):
+    with pytest.raises(ConfigError, match="registryMaxManifestBytes"):
         parse_document(SourcesSpec, {"registry_max_manifest_bytes": 0})

@@ -315,6 +315,24 @@ def test_bench_cli_writes_json(threaded_engine: FakeEngine, tmp_path: Path) -> N
     assert threaded_engine.requests == 12
     assert (tmp_path / "r" / "report.md").exists()
     assert (report["preset"], report["seed"]) == ("llama-3.1-70b-p5", 0)
+    assert report["workload"] == "generated"
+
+
+def test_bench_cli_says_a_synthetic_equivalent_ran(
+    threaded_engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace scenario without its trace file (an empty traces directory) drives its synthetic
+    equivalent, and the output and the report say so."""
+    monkeypatch.setenv("WARMFLEET_TRACES_DIR", str(tmp_path))
+    out = tmp_path / "bench.json"
+    args = [
+        "bench", "--url", threaded_engine.url, "--scenario", "aws-short-context", "--requests",
+        "6", "--concurrency", "2", "--max-output-tokens", "4", "--json", str(out),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("workload: synthetic equivalent of ")
+    assert json.loads(out.read_text())["workload"].startswith("synthetic equivalent of ")
 
 
 @pytest.mark.parametrize(

@@ -53,7 +53,7 @@ def test_lines_say_amount_rate_elapsed_and_eta() -> None:
 def test_piped_activity_prints_plain_lines() -> None:
     buffer = io.StringIO()
     console = Console(file=buffer, width=200, no_color=True)
-    with Activity("warmfleet test", console=console) as activity:
+    with Activity(console=console) as activity:
         assert not activity.live
         assert activity.bar is None
         task = activity.track("work", 10_000)
@@ -64,9 +64,9 @@ def test_piped_activity_prints_plain_lines() -> None:
     lines = [re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in buffer.getvalue().splitlines()]
     assert "\x1b" not in buffer.getvalue()
     assert len(lines) == 3, lines  # no line per request: the task took well under 2 s
-    assert lines[0] == "warmfleet test: work: started (10000 requests)"
-    assert lines[1].startswith("warmfleet test: work: done, 10000 requests in ")
-    assert lines[2] == "warmfleet test: an event"
+    assert lines[0] == "work: started (10000 requests)"
+    assert lines[1].startswith("work: done, 10000 requests in ")
+    assert lines[2] == "an event"
 
 
 def test_the_simulator_reports_a_phase_per_strategy_and_each_finished_request() -> None:
@@ -89,7 +89,7 @@ def test_the_simulator_reports_a_phase_per_strategy_and_each_finished_request() 
 
 def test_phased_progress_finishes_each_phase() -> None:
     buffer = io.StringIO()
-    with Activity("sim", console=Console(file=buffer, width=200)) as activity:
+    with Activity(console=Console(file=buffer, width=200)) as activity:
         progress = PhasedProgress(activity)
         progress.phase("a", 2)
         progress.advance()
@@ -98,5 +98,5 @@ def test_phased_progress_finishes_each_phase() -> None:
         progress.advance()
         progress.close()
     text = buffer.getvalue()
-    assert "sim: a: done, 2 requests in" in text
-    assert "sim: b: done, 1 requests in" in text
+    assert "a: done, 2 requests in" in text
+    assert "b: done, 1 requests in" in text

@@ -55,9 +55,9 @@ def test_config_fields_and_errors() -> None:
     spec = DownloadSpec()
     assert (spec.min_download_rate_bytes_per_s, spec.low_speed_time_s) == (16 * 1024, 30.0)
     assert DownloadSpec(min_download_rate_bytes_per_s="1MiB").min_download_rate_bytes_per_s == 2**20
-    with pytest.raises(ConfigError, match="low_speed_time_s"):
+    with pytest.raises(ConfigError, match="lowSpeedTimeS"):
         parse_document(DownloadSpec, {"low_speed_time_s": 0})
-    with pytest.raises(ConfigError, match="max_open_files"):
+    with pytest.raises(ConfigError, match="maxOpenFiles"):
         parse_document(DownloadSpec, {"max_open_files": 0})
     with pytest.raises(ConfigError):
         LowSpeedGuard(0, 1)

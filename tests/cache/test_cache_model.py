@@ -111,7 +111,7 @@ kind: NodeCacheConfig
 spec:
   root: /tmp/x
   capacity: {budget: 2GiB, reserve: 100MB}
-  download: {chunk: 4MiB, bandwidth_limit: 1GB}
+  download: {chunk: 4MiB, bandwidthLimit: 1GB}
   artifacts:
     - {type: model, name: m, uri: "hf://org/m", pin: true}
     - {type: image, name: i, ref: "127.0.0.1:5000/x:1"}
@@ -130,13 +130,11 @@ spec:
     assert parse_size("1.5KiB") == 1536
     assert cfg.spec.download.lock_wait_timeout_s == 3600.0
     quick = load_node_config(
-        "spec: {root: /x, capacity: {budget: 1}, download: {lock_wait_timeout_s: 2}}"
+        "spec: {root: /x, capacity: {budget: 1}, download: {lockWaitTimeoutS: 2}}"
     )
     assert quick.spec.download.lock_wait_timeout_s == 2.0
-    with pytest.raises(ConfigError, match=r"spec\.download\.lock_wait_timeout_s"):
-        load_node_config(
-            "spec: {root: /x, capacity: {budget: 1}, download: {lock_wait_timeout_s: 0}}"
-        )
+    with pytest.raises(ConfigError, match=r"spec\.download\.lockWaitTimeoutS"):
+        load_node_config("spec: {root: /x, capacity: {budget: 1}, download: {lockWaitTimeoutS: 0}}")
 
 
 def test_uri_parsing() -> None:

@@ -51,10 +51,10 @@ def test_local_prefetch_piped_logs_plain_lines(tmp_path: Path) -> None:
     assert "\x1b" not in done.stdout
     *progress, ready = done.stdout.strip().splitlines()
     lines = [line.split(" ", 1)[1] for line in progress]
-    assert lines[0] == "warmfleet cache prefetch: hashing model: started (48.0 MB)"
-    assert lines[1].startswith("warmfleet cache prefetch: hashing model: done, 48.0 MB in ")
+    assert lines[0] == "hashing model: started (48.0 MB)"
+    assert lines[1].startswith("hashing model: done, 48.0 MB in ")
     assert "model: started (48.0 MB)" in lines[2]
-    assert lines[-1].startswith("warmfleet cache prefetch: model: done, 48.0 MB in ")
+    assert lines[-1].startswith("model: done, 48.0 MB in ")
     assert lines[-1].endswith(", ready")
     assert len(lines) <= 4 + 2 * 10
     assert ready.startswith("ready model ")
@@ -82,7 +82,7 @@ def _node_file(tmp_path: Path, src: Path) -> Path:
             "root": str(tmp_path / "cache"),
             "capacity": {"budget": "256MiB", "reserve": "0"},
             "status": {"host": "127.0.0.1", "port": 0},
-            "reconcile_interval_s": 0.2,
+            "reconcileIntervalS": 0.2,
             "artifacts": [{"type": "model", "name": "w", "uri": str(src)}],
         },
     }

@@ -104,26 +104,47 @@ def model_tree(root: type[BaseModel]) -> list[type[BaseModel]]:
     return seen
 
 
+def field_name(model: type[BaseModel], key: str) -> str:
+    """The Python name of the field a document spells ``key`` (its camelCase alias, or the
+    name itself); ``KeyError`` if ``model`` has no such field."""
+    if key in model.model_fields:
+        return key
+    for name, field in model.model_fields.items():
+        if field.alias == key:
+            return name
+    raise KeyError(key)
+
+
+def document_key(model: type[BaseModel], name: str) -> str:
+    """How a document spells the field ``name`` of ``model`` (its alias, if it has one)."""
+    return model.model_fields[name].alias or name
+
+
 def field_at(root: type[BaseModel], path: str) -> tuple[type[BaseModel], str]:
-    """(owning model, field name) of a dotted ``path`` below ``root``; ``KeyError`` if absent.
-    Through a union of models the first member that has the next field is taken."""
+    """(owning model, field name) of a dotted ``path`` (document keys) below ``root``;
+    ``KeyError`` if absent. Through a union of models the first member that has the next field
+    is taken."""
     model = root
     parts = path.split(".")
     for i, part in enumerate(parts[:-1]):
-        if part not in model.model_fields:
-            raise KeyError(path)
-        candidates = _models_in(model.model_fields[part].annotation)
-        found = next((m for m in candidates if parts[i + 1] in m.model_fields), None)
+        candidates = _models_in(model.model_fields[field_name(model, part)].annotation)
+        found = next((m for m in candidates if _has(m, parts[i + 1])), None)
         if found is None:
             raise KeyError(path)
         model = found
-    if parts[-1] not in model.model_fields:
-        raise KeyError(path)
-    return model, parts[-1]
+    return model, field_name(model, parts[-1])
 
 
-def default_of(model: type[BaseModel], name: str) -> Any:
-    field = model.model_fields[name]
+def _has(model: type[BaseModel], key: str) -> bool:
+    try:
+        field_name(model, key)
+    except KeyError:
+        return False
+    return True
+
+
+def default_of(model: type[BaseModel], key: str) -> Any:
+    field = model.model_fields[field_name(model, key)]
     if field.is_required():
         return "<required>"
     return field.get_default(call_default_factory=True)

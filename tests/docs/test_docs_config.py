@@ -17,6 +17,7 @@ CLI and Makefile.
 from __future__ import annotations
 
 import copy
+import logging
 import re
 from pathlib import Path
 from typing import Any, get_args
@@ -32,7 +33,9 @@ from docs_support import (
     code_blocks,
     code_spans,
     default_of,
+    document_key,
     field_at,
+    field_name,
     model_tree,
     section,
     tables_after,
@@ -100,8 +103,11 @@ def _load_example(path: Path) -> None:
 @pytest.mark.parametrize(
     "path", sorted(EXAMPLES.rglob("*.yaml")), ids=lambda p: str(p.relative_to(EXAMPLES))
 )
-def test_example_loads(path: Path) -> None:
-    _load_example(path)
+def test_example_loads(path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="warmfleet.config"):
+        _load_example(path)
+    old = [r.getMessage() for r in caplog.records if r.name == "warmfleet.config"]
+    assert not old, f"{path} uses old (snake_case) spellings: {old}"
 
 
 # ---- README YAML blocks -----------------------------------------------------------------------
@@ -115,7 +121,8 @@ def _document_for(fragment: dict[str, Any]) -> dict[str, Any]:
     if set(fragment) == {"spec"}:
         doc["spec"].update(fragment["spec"])
         return doc
-    unknown = set(fragment) - set(VariantConfig.model_fields)
+    variant_keys = {document_key(VariantConfig, n) for n in VariantConfig.model_fields}
+    unknown = set(fragment) - variant_keys
     if unknown:
         pytest.fail(f"README fragment with top-level {sorted(unknown)}: no gateway place for it")
     variant = doc["spec"]["endpoints"][0]["variants"][0]
@@ -149,12 +156,17 @@ def test_readme_has_yaml_blocks() -> None:
 
 
 @pytest.mark.parametrize(("where", "chunk"), _readme_fragments(), ids=lambda v: str(v)[:40])
-def test_readme_yaml_validates(where: str, chunk: str, tmp_path: Path) -> None:
+def test_readme_yaml_validates(
+    where: str, chunk: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     fragment = yaml.safe_load(chunk)
     assert isinstance(fragment, dict), where
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump(_document_for(fragment)), encoding="utf-8")
-    check_config(path)
+    with caplog.at_level(logging.WARNING, logger="warmfleet.config"):
+        check_config(path)
+    old = [r.getMessage() for r in caplog.records if r.name == "warmfleet.config"]
+    assert not old, f"{where} uses old (snake_case) spellings: {old}"
 
 
 # ---- README settings tables -------------------------------------------------------------------
@@ -170,7 +182,7 @@ def _default_at(root: type[BaseModel], path: str) -> Any:
         if i == 0:
             value = default_of(model, part)
         elif isinstance(value, BaseModel):
-            value = getattr(value, part)
+            value = getattr(value, field_name(type(value), part))
         else:
             owner, name = field_at(root, path)
             return default_of(owner, name)
@@ -221,13 +233,15 @@ def test_readme_setting_default(where: str, root: type[BaseModel], row: list[str
 
 # ---- config names in the configuration reference ----------------------------------------------
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
+_NAME = re.compile(r"^[a-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
 
 
 def _vocabulary() -> set[str]:
+    """Every key a gateway document may spell (camelCase: an old snake_case spelling in the
+    docs is not in it), the strategy and discovery types and the key modes."""
     names = {"spec", "prompt_cache_key"}  # a body field, named as the tenant key's source
     for model in model_tree(GatewayConfig):
-        names.update(model.model_fields)
+        names.update(document_key(model, n) for n in model.model_fields)
     names.update(STRATEGY_NAMES)
     names.update(get_args(KeyMode))
     names.update(("static", "file", "kubernetes"))
@@ -249,12 +263,15 @@ def _reference_names() -> list[str]:
 
 
 def _yaml_comment_names() -> list[str]:
-    """Setting-like words (with an underscore) in the comments of the reference's YAML blocks."""
+    """Setting-like words (snake_case or camelCase) in the comments of the reference's YAML
+    blocks."""
     words = []
     for _, block in code_blocks(CONFIG_REFERENCE, "yaml"):
         for line in block.splitlines():
             if "#" in line:
-                words += re.findall(r"\b[a-z]+_[a-z0-9_]+\b", line.split("#", 1)[1])
+                words += re.findall(
+                    r"\b[a-z]+(?:_[a-z0-9_]+|[A-Z][A-Za-z0-9]*)\b", line.split("#", 1)[1]
+                )
     return words
 
 
@@ -302,8 +319,9 @@ def test_gateway_examples_show_every_setting() -> None:
         for name in model.model_fields:
             if model in _STRATEGY_KNOBS_ELSEWHERE and name != "type":
                 continue
-            if not re.search(rf"\b{re.escape(name)}\b", text):
-                missing.append(f"{model.__name__}.{name}")
+            key = document_key(model, name)
+            if not re.search(rf"\b{re.escape(key)}\b", text):
+                missing.append(f"{model.__name__}.{key}")
     assert not missing, f"settings missing from {[p.name for p in GATEWAY_EXAMPLES]}: {missing}"
 
 

@@ -139,7 +139,7 @@ def test_replay_endpoint_of_an_instance(config: dict[str, int], url: str, endpoi
 
 def test_replay_config_needs_exactly_one_port() -> None:
     for bad in ({}, {"port": 1, "port_offset": 1}):
-        with pytest.raises(ValueError, match="exactly one of port and port_offset"):
+        with pytest.raises(ValueError, match="exactly one of port and portOffset"):
             KvReplayConfig.model_validate(bad)
 
 

@@ -54,8 +54,8 @@ def test_overrides_change_the_preset_only_where_asked() -> None:
     [
         ({"preset": "gpt-9"}, "preset"),
         ({"speedup": 0}, "speedup"),
-        ({"instances": 2, "instance_faults": {5: {}}}, "instance_faults"),
-        ({"faults": {"error_rate": 2}}, "faults.error_rate"),
+        ({"instances": 2, "instance_faults": {5: {}}}, "instanceFaults"),
+        ({"faults": {"error_rate": 2}}, "faults.errorRate"),
         ({"bogus": 1}, "bogus"),
         ({"kv_events": {"endpoint": "tcp://127.0.0.1:1", "topic": "kv.{nope}"}}, "topic"),
     ],
@@ -91,7 +91,7 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(
         "apiVersion: warmfleet.dev/v1alpha1\nkind: Emulator\nspec:\n"
-        "  instances: 4\n  kv_capacity_tokens: 8192\n  faults: {error_rate: 0.1}\n"
+        "  instances: 4\n  kvCapacityTokens: 8192\n  faults: {errorRate: 0.1}\n"
     )
     assert load_emulator_config(path).instances == 4
     spec = _cli(config=path, overrides={"instances": 2}, kv_events_endpoint="tcp://127.0.0.1:9")

@@ -233,7 +233,7 @@ def gateway_doc(
             }
         ]
     spec: dict[str, Any] = {
-        "health": dict(health or {"interval_s": 0.2, "timeout_s": 0.2}),
+        "health": dict(health or {"intervalS": 0.2, "timeoutS": 0.2}),
         "limits": dict(limits or {}),
         "endpoints": [{"name": "main", "variants": list(variants)}],
     }

@@ -163,11 +163,11 @@ async def test_key_body_bytes_apply_per_key_mode_and_to_invocations() -> None:
 
 def test_limits_are_validated_naming_the_field() -> None:
     cases: list[tuple[dict[str, Any], str]] = [
-        ({"max_json_depth": 1}, "spec.limits.max_json_depth"),
-        ({"max_messages": 0}, "spec.limits.max_messages"),
-        ({"offload_body_bytes": -1}, "spec.limits.offload_body_bytes"),
-        ({"max_key_body_bytes": {"tokens": 0}}, "spec.limits.max_key_body_bytes.tokens"),
-        ({"max_key_body_bytes": {"token": 5}}, "spec.limits.max_key_body_bytes.token"),
+        ({"max_json_depth": 1}, "spec.limits.maxJsonDepth"),
+        ({"max_messages": 0}, "spec.limits.maxMessages"),
+        ({"offload_body_bytes": -1}, "spec.limits.offloadBodyBytes"),
+        ({"max_key_body_bytes": {"tokens": 0}}, "spec.limits.maxKeyBodyBytes.tokens"),
+        ({"max_key_body_bytes": {"token": 5}}, "spec.limits.maxKeyBodyBytes.token"),
     ]
     for limits, field in cases:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

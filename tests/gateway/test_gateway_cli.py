@@ -98,14 +98,14 @@ def test_serve_check_validates_without_serving(tmp_path: Path) -> None:
     _write(path, doc)
     result = CliRunner().invoke(app, ["--config", str(path), "--check"])
     assert result.exit_code == 2
-    assert "tokenizer_path: required when routing.key.mode is 'tokens'" in result.output
+    assert "tokenizerPath: required when routing.key.mode is 'tokens'" in result.output
     assert "endpoints.0.variants.0" in result.output
 
-    doc["spec"]["tokenizer_path"] = str(tmp_path / "no-such-tokenizer")  # valid, cannot load
+    doc["spec"]["tokenizerPath"] = str(tmp_path / "no-such-tokenizer")  # valid, cannot load
     _write(path, doc)
     result = CliRunner().invoke(app, ["--config", str(path), "--check"])
     assert result.exit_code == 2
-    assert "spec.tokenizer_path" in result.output
+    assert "spec.tokenizerPath" in result.output
 
 
 def _stream(url: str) -> bytes:

@@ -142,7 +142,7 @@ def test_kubernetes_discovery_config_is_validated() -> None:
     for bad, field in (
         ({"service": "Llama_1"}, "service"),
         ({"service": "llama", "port": 0}, "port"),
-        ({"service": "llama", "api_server": "ftp://x"}, "api_server"),
+        ({"service": "llama", "api_server": "ftp://x"}, "apiServer"),
         ({"service": "llama", "namespace": "-x"}, "namespace"),
         ({"service": "llama", "watch": True}, "watch"),
     ):
@@ -217,7 +217,7 @@ def test_a_gateway_needs_endpoints_or_their_source() -> None:
     with pytest.raises(ConfigError, match="endpoints: at least one endpoint"):
         parse_gateway_config(doc)
     doc["spec"]["inference_endpoints"] = {"namespace": "Bad_NS"}
-    with pytest.raises(ConfigError, match=r"inference_endpoints\.namespace"):
+    with pytest.raises(ConfigError, match=r"inferenceEndpoints\.namespace"):
         parse_gateway_config(doc)
     doc["spec"]["inference_endpoints"] = {}
     assert parse_gateway_config(doc).spec.default_endpoint_name is None

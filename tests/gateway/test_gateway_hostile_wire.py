@@ -161,7 +161,7 @@ async def test_bodies_being_received_share_one_budget() -> None:
 def test_a_body_budget_below_the_body_limit_is_refused_at_load() -> None:
     from warmfleet.gateway.server_config import LimitsConfig  # noqa: PLC0415
 
-    with pytest.raises(ValueError, match="max_buffered_body_bytes"):
+    with pytest.raises(ValueError, match="maxBufferedBodyBytes"):
         LimitsConfig(max_body_bytes=8 << 20, max_buffered_body_bytes=1 << 20)
 
 

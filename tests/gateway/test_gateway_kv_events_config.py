@@ -80,7 +80,7 @@ INSTANCES = [{"id": "emu-0", "url": "http://127.0.0.1:9"}]
 
 
 def test_tokens_mode_requires_tokenizer_path_named() -> None:
-    with pytest.raises(ConfigError, match=r"tokenizer_path: required"):
+    with pytest.raises(ConfigError, match=r"tokenizerPath: required"):
         parse_gateway_config(document(INSTANCES, tokenizer_path=None))
     parse_gateway_config(document(INSTANCES, tokenizer_path=None, key_mode="text"))
 
@@ -91,16 +91,16 @@ def test_kv_events_fields_validated() -> None:
     assert config.spec.kv_events is not None
     assert config.spec.kv_events.bind is True
     assert config.spec.kv_events_model() == MODEL
-    with pytest.raises(ConfigError, match=r"kv_events.model: required"):
+    with pytest.raises(ConfigError, match=r"kvEvents.model: required"):
         parse_gateway_config(document(INSTANCES, kv_events=events, models=()))
     named = {**events, "model": "m"}
     assert parse_gateway_config(document(INSTANCES, kv_events=named, models=())).spec.kv_events
     with pytest.raises(ConfigError, match=r"exactly one variant"):
         parse_gateway_config(document(INSTANCES, kv_events=events, key_mode="text"))
     for bad in ({"endpoint": "127.0.0.1:1"}, {**events, "resync_batches": 0}, {**events, "x": 1}):
-        with pytest.raises(ConfigError, match=r"kv_events"):
+        with pytest.raises(ConfigError, match=r"kvEvents"):
             parse_gateway_config(document(INSTANCES, kv_events=bad))
-    with pytest.raises(ConfigError, match=r"silence_timeout_s"):
+    with pytest.raises(ConfigError, match=r"silenceTimeoutS"):
         parse_gateway_config(document(INSTANCES, kv_events={**events, "silence_timeout_s": 0}))
 
 

@@ -105,8 +105,8 @@ async def test_admin_api_auth_validation_and_reads() -> None:
             async with client.put(gw.url + VARIANT + "/routing", json=invalid, headers=AUTH) as r:
                 assert r.status == 400
                 error = (await r.json())["error"]
-                assert "prefix_length" in error["message"]
-                assert error["param"] == "strategy.prefix_hash.prefix_length"
+                assert "prefixLength" in error["message"]
+                assert error["param"] == "strategy.prefix_hash.prefixLength"
             unknown = {"strategy": {"type": "round_robin"}, "bogus": 1}
             async with client.put(gw.url + VARIANT + "/routing", json=unknown, headers=AUTH) as r:
                 assert r.status == 400

@@ -75,9 +75,9 @@ def test_config_is_strict_and_consistent() -> None:
     parse({"consecutive_failures": 5, "max_ejection_percent": 100})
     with pytest.raises(ConfigError, match=r"outlier\.consecutive_errors"):
         parse({"consecutive_errors": 5})
-    with pytest.raises(ConfigError, match="max_ejection_time_s must not be below"):
+    with pytest.raises(ConfigError, match="maxEjectionTimeS must not be below"):
         parse({"base_ejection_time_s": 60, "max_ejection_time_s": 30})
-    with pytest.raises(ConfigError, match="max_ejection_percent"):
+    with pytest.raises(ConfigError, match="maxEjectionPercent"):
         parse({"max_ejection_percent": 101})
 
 

@@ -385,5 +385,5 @@ def test_a_negative_data_parallel_rank_is_rejected_naming_it() -> None:
     doc["spec"]["endpoints"][0]["variants"][0]["instances"] = [
         {"id": "a", "url": "http://127.0.0.1:1", "data_parallel_rank": -1}
     ]
-    with pytest.raises(ConfigError, match=r"data_parallel_rank: .*greater than or equal to 0"):
+    with pytest.raises(ConfigError, match=r"dataParallelRank: .*greater than or equal to 0"):
         parse_gateway_config(doc)

@@ -50,7 +50,7 @@ def test_defaults_and_loopback() -> None:
     ("mutation", "field"),
     [
         ({"bogus": 1}, "spec.bogus"),
-        ({"limits": {"max_body_bytes": 0}}, "spec.limits.max_body_bytes"),
+        ({"limits": {"max_body_bytes": 0}}, "spec.limits.maxBodyBytes"),
         ({"health": {"interval_s": 1, "timeout_s": 2}}, "spec.health"),
         ({"default_endpoint": "zz"}, "spec"),
         ({"admin": {"token": "short"}}, "spec.admin.token"),

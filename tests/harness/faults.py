@@ -98,7 +98,7 @@ def kill9_rounds(url: str, root: Path, kills: int) -> dict[str, Any]:
     cfg.write_text(
         "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\nspec:\n"
         f"  root: {root}\n  capacity: {{budget: 1GiB}}\n"
-        "  download: {chunk: 128KiB, concurrency: 2, fsync_every_s: 0.05}\n"
+        "  download: {chunk: 128KiB, concurrency: 2, fsyncEveryS: 0.05}\n"
     )
     cmd = [*CACHE_CLI, "prefetch", url, "--config", str(cfg), "--json"]
     seen, killed = 0, 0

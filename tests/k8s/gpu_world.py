@@ -32,12 +32,12 @@ def start_agent(root: Path, node: str, kubeconfig: Path) -> Proc:
         "kind": "NodeCacheConfig",
         "spec": {
             "root": str(cache_root),
-            "capacity": {"budget": "1GiB", "high_watermark_frac": 1.0, "low_watermark_frac": 1.0},
+            "capacity": {"budget": "1GiB", "highWatermarkFrac": 1.0, "lowWatermarkFrac": 1.0},
             "status": {"host": "127.0.0.1", "port": 0},
             "kubernetes": {
-                "host_path": HOST_PATH,
-                "node_name": node,
-                "interval_s": 1.0,
+                "hostPath": HOST_PATH,
+                "nodeName": node,
+                "intervalS": 1.0,
                 "kubeconfig": str(kubeconfig),
             },
         },

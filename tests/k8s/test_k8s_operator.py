@@ -174,7 +174,7 @@ def test_gateway_follows_the_inference_endpoints(
     namespace, the request's ``model`` picking it, its instances from the variant's Service."""
     kubeconfig = service_account_kubeconfig(control_plane, "warmfleet-gateway")
     source = {"namespace": NS, "port": "http", "kubeconfig": str(kubeconfig)}
-    spec = {"inference_endpoints": source, "model_selects_endpoint": True}
+    spec = {"inferenceEndpoints": source, "modelSelectsEndpoint": True}
     gateway = serve_gateway("inference-endpoints", spec)
     pods = {p["metadata"]["name"] for p in pods_of(control_plane, "alpha")}
     try:

@@ -15,7 +15,7 @@ from warmfleet.local.events import FleetLog, action_event, describe
 
 
 def _lines(buffer: io.StringIO) -> list[str]:
-    return [re.sub(r"^\d\d:\d\d:\d\d warmfleet up: ", "", line) for line in
+    return [re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in
             buffer.getvalue().splitlines()]  # fmt: skip
 
 
@@ -48,7 +48,7 @@ def test_actions_become_events() -> None:
 
 def test_a_fill_is_started_followed_and_ended_once() -> None:
     buffer = io.StringIO()
-    with Activity("warmfleet up", console=Console(file=buffer, width=200)) as activity:
+    with Activity(console=Console(file=buffer, width=200)) as activity:
         watcher = FleetLog(activity)
         total = 100_000_000
         steps = [

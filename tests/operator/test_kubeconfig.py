@@ -98,7 +98,7 @@ def test_access_reads_the_kubeconfig(tmp_path: Path) -> None:
 
 
 def test_kubeconfig_and_api_server_exclude_each_other() -> None:
-    with pytest.raises(ValueError, match="at most one of api_server and kubeconfig"):
+    with pytest.raises(ValueError, match="at most one of apiServer and kubeconfig"):
         KubeApiSpec(kubeconfig="kc", api_server="https://x")
     with pytest.raises(ValueError, match="context needs kubeconfig"):
         KubeApiSpec(context="main")

@@ -28,8 +28,8 @@ def test_whatif_merges_into_existing_report(tmp_path: Path) -> None:
     out.write_text(json.dumps({"other": 1}))
     params = tmp_path / "p.yaml"
     params.write_text(
-        "engine_preset: tiny-cpu\nprompt_tokens: 256\noutput_tokens: 32\n"
-        "burst_duration_s: 120\ncalibration_requests: 30\n"
+        "enginePreset: tiny-cpu\npromptTokens: 256\noutputTokens: 32\n"
+        "burstDurationS: 120\ncalibrationRequests: 30\n"
     )
     result = CliRunner().invoke(
         app, ["fleet", "whatif", "--params", str(params), "--out", str(out)]

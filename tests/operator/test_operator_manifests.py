@@ -112,8 +112,27 @@ def test_crds_are_structural_and_valid(crd: Obj) -> None:
         for line in yaml.safe_dump(crd).splitlines()
         if "x-kubernetes-preserve-unknown-fields" in line
     ]
-    # InferenceEndpoint: a variant's routing.strategy and routing.key.default_chat_template_kwargs
-    assert len(preserved) == (2 if crd["spec"]["names"]["kind"] == "InferenceEndpoint" else 0)
+    # InferenceEndpoint: a variant's routing.strategy, routing.key (old spellings kept) and
+    # routing.key.defaultChatTemplateKwargs
+    assert len(preserved) == (3 if crd["spec"]["names"]["kind"] == "InferenceEndpoint" else 0)
+
+
+def test_old_routing_key_spelling_is_kept_by_the_crd_and_read_by_the_operator() -> None:
+    """An object stored before v0.2 spelt ``routing.key`` in snake_case: the API server must not
+    prune those fields (the CRD preserves them) and the model reads them as the new spelling."""
+    doc = yaml.safe_load((DEPLOY / "examples/vllm-llama-3.1-70b.yaml").read_text())
+    key_schema = crd_schema("InferenceEndpoint", "spec")["properties"]["variants"]["items"]
+    key_schema = key_schema["properties"]["routing"]["properties"]["key"]
+    assert key_schema["x-kubernetes-preserve-unknown-fields"] is True
+    assert "blockSize" in key_schema["properties"]
+    routing = doc["spec"]["variants"][0]["routing"]
+    old = {**doc["spec"]["variants"][0], "routing": {**routing, "key": {"block_size": 64}}}
+    new = {**doc["spec"]["variants"][0], "routing": {**routing, "key": {"blockSize": 64}}}
+    for variant in (old, new):
+        obj = {**doc, "spec": {**doc["spec"], "variants": [variant]}}
+        crd_validate("InferenceEndpoint", obj)
+        parsed = InferenceEndpoint.model_validate(obj)
+        assert parsed.spec.variants[0].routing.key.block_size == 64
 
 
 def test_example_validates_against_crd_and_model() -> None:

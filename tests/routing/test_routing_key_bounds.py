@@ -55,7 +55,7 @@ def test_max_blocks_caps_token_id_prompts_too() -> None:
 
 def test_max_blocks_is_validated_naming_the_field() -> None:
     doc = {"strategy": {"type": "random"}, "key": {"max_blocks": 0}}
-    with pytest.raises(ConfigError, match=r"key\.max_blocks"):
+    with pytest.raises(ConfigError, match=r"key\.maxBlocks"):
         parse_document(RoutingConfig, doc, "routing")
 
 

@@ -273,7 +273,7 @@ def test_key_holds_only_integers() -> None:
 
 
 def test_key_spec_validation() -> None:
-    with pytest.raises(ConfigError, match="block_size"):
+    with pytest.raises(ConfigError, match="blockSize"):
         parse_document(RoutingConfig, {"key": {"block_size": 0}})
     with pytest.raises(ConfigError, match="unknown"):
         parse_document(RoutingConfig, {"key": {"unknown": 1}})

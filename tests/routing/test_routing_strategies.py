@@ -67,13 +67,13 @@ def test_every_strategy_builds_and_implements_the_protocol() -> None:
 def test_strategy_config_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match="unknown strategy"):
         strategy_config("nope")
-    with pytest.raises(ConfigError, match="concurrency_threshold"):
+    with pytest.raises(ConfigError, match="concurrencyThreshold"):
         strategy_config("prefix_hash", concurrency_threshold=0)
-    with pytest.raises(ConfigError, match="prefix_length"):
+    with pytest.raises(ConfigError, match="prefixLength"):
         parse_document(RoutingConfig, {"strategy": {"type": "prefix_hash", "prefix_length": 1023}})
-    with pytest.raises(ConfigError, match="prefix_length"):
+    with pytest.raises(ConfigError, match="prefixLength"):
         parse_document(RoutingConfig, {"strategy": {"type": "prefix_hash", "prefix_length": 65537}})
-    with pytest.raises(ConfigError, match="concurrency_threshold"):
+    with pytest.raises(ConfigError, match="concurrencyThreshold"):
         parse_document(
             RoutingConfig, {"strategy": {"type": "prefix_hash", "concurrency_threshold": 1025}}
         )

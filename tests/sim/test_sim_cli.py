@@ -98,15 +98,20 @@ def test_sim_cli_finds_traces_by_option_then_environment(
     out = tmp_path / "a.json"
     given = runner.invoke(app, [*base, "--traces-dir", str(traces), "--json", str(out)])
     assert given.exit_code == 0, given.output
+    assert given.output.startswith(f"workload: trace {traces / DEFAULT_TRACES['mooncake']}")
     assert json.loads(out.read_text())["requests"] == 24
     monkeypatch.setenv(TRACES_DIR_ENV, str(traces))
     from_env = runner.invoke(app, base)
     assert from_env.exit_code == 0, from_env.output
     monkeypatch.delenv(TRACES_DIR_ENV)
     monkeypatch.chdir(tmp_path)  # ../shared/traces does not exist from here
-    missing = runner.invoke(app, base)
-    assert missing.exit_code == 2
-    assert missing.output.startswith("error: trace: ../shared/traces/")
+    absent = runner.invoke(app, [*base, "--requests", "30", "--json", str(out)])
+    assert absent.exit_code == 0, absent.output  # the default file is absent: the equivalent
+    assert absent.output.startswith("workload: synthetic equivalent of ")
+    assert json.loads(out.read_text())["workload"].startswith("synthetic equivalent of ")
+    missing = runner.invoke(app, [*base, "--trace", "nowhere.jsonl"])
+    assert missing.exit_code == 2  # a file named by --trace must exist
+    assert missing.output.startswith("error: trace: nowhere.jsonl")
     assert "cannot read" in missing.output
     assert len(missing.output.strip().splitlines()) == 1  # one line, not wrapped
     assert resolve_traces_dir() == Path("../shared/traces")

@@ -235,21 +235,27 @@ def test_trace_scenarios_name_their_file_and_replay_what_the_edge_read(tmp_path:
     with pytest.raises(ConfigError, match="no default trace"):
         trace_path(gsp_scenario, None, tmp_path)
     spec = get_preset("llama-3.1-70b-p5")
-    with pytest.raises(ConfigError, match="none was read"):
-        build_workload(mooncake_scenario, spec)
+    short = mooncake_scenario.model_copy(update={"requests": 40})
+    equivalent = build_workload(short, spec)  # no trace read: the synthetic equivalent
+    assert len(equivalent.requests) == 40
+    assert equivalent.source.startswith("synthetic equivalent of " + DEFAULT_TRACES["mooncake"])
     row = {"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}
     text = "".join(json.dumps(row) + "\n" for _ in range(5))
     built = build_workload(mooncake_scenario, spec, trace=Trace(text, "inline"))
     assert len(built.requests) == 5
+    assert built.source == "trace inline"
+    assert build_workload(gsp_scenario.model_copy(update={"requests": 4}), spec).source == (
+        "generated"
+    )
 
 
 def test_scenario_yaml_roundtrip_and_errors(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(
         "apiVersion: warmfleet.dev/v1alpha1\nkind: Scenario\nname: mine\n"
-        "workload: {type: gsp, groups: 4, prompts_per_group: 2}\n"
-        "arrival: {type: gamma, rate_rps: 3, cv: 2}\ninstances: 2\npreset: tiny-cpu\n"
-        "engine: {max_num_seqs: 4}\nscale_events: [{at_s: 1, action: add}]\n",
+        "workload: {type: gsp, groups: 4, promptsPerGroup: 2}\n"
+        "arrival: {type: gamma, rateRps: 3, cv: 2}\ninstances: 2\npreset: tiny-cpu\n"
+        "engine: {maxNumSeqs: 4}\nscaleEvents: [{atS: 1, action: add}]\n",
         encoding="utf-8",
     )
     scenario = parse_scenario(good.read_text(encoding="utf-8"), str(good))

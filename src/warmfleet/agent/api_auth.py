@@ -48,10 +48,10 @@ def read_agent_token(spec: StatusSpec) -> str | None:
     try:
         lines = Path(spec.token_file).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"status.token_file: cannot read {spec.token_file}: {err}") from err
+        raise ConfigError(f"status.tokenFile: cannot read {spec.token_file}: {err}") from err
     token = lines[0].strip() if lines else ""
     if not token:
-        raise ConfigError(f"status.token_file: {spec.token_file} is empty")
+        raise ConfigError(f"status.tokenFile: {spec.token_file} is empty")
     return token
 
 
@@ -78,7 +78,7 @@ class ApiAuth:
             return web.json_response(
                 {
                     "error": f"the agent listens on {self.host} and no token is configured "
-                    "(status.token_env / status.token_file): changes over HTTP are refused"
+                    "(status.tokenEnv / status.tokenFile): changes over HTTP are refused"
                 },
                 status=403,
             )
@@ -97,7 +97,7 @@ class ApiAuth:
         if self.token is None and not self.mutations_open:
             log.warning(
                 "status API on %s without a token: mutating routes are refused "
-                "(set $%s or status.token_file)",
+                "(set $%s or status.tokenFile)",
                 self.host,
                 self.token_env,
             )

@@ -90,7 +90,7 @@ class _Lines:
         self.ended: set[str] = set()
 
     def say(self, text: str) -> None:
-        line = f"{time.strftime('%H:%M:%S')} warmfleet cache prefetch: {text}"
+        line = f"{time.strftime('%H:%M:%S')} {text}"
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def show(self, step: Step) -> None:

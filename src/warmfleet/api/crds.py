@@ -7,8 +7,11 @@ one-value ``enum``, JSON-Schema-2020 ``exclusiveMinimum: x`` into OpenAPI 3.0's
 pruned by the API server and rejected by the operator's pydantic parse). The subtrees kept
 open with ``x-kubernetes-preserve-unknown-fields`` are a variant's routing ``strategy`` (a
 discriminated union on ``type``, which structural schemas cannot express) and the free-form JSON
-map ``routing.key.default_chat_template_kwargs``; the operator validates both with
-``warmfleet.routing.config.RoutingConfig``.
+map ``routing.key.defaultChatTemplateKwargs``; the operator validates both with
+``warmfleet.routing.config.RoutingConfig``. ``routing.key`` keeps its typed properties and also
+preserves unknown fields: its keys were spelt snake_case before v0.2 (``block_size``), and an
+object stored with that spelling must reach the operator (which still accepts it) instead of
+being pruned by the API server; until the old spelling is dropped (v0.3).
 """
 
 from __future__ import annotations
@@ -187,15 +190,17 @@ def all_crds() -> list[dict[str, Any]]:
         {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
         {"name": "Revision", "type": "string", "jsonPath": ".status.revision"},
     ]
+    endpoint = _crd(
+        "InferenceEndpoint",
+        plural="inferenceendpoints",
+        short=["wie"],
+        spec=InferenceEndpointSpec,
+        status=EndpointStatus,
+        columns=endpoint_columns,
+    )
+    _keep_old_key_spelling(endpoint)
     return [
-        _crd(
-            "InferenceEndpoint",
-            plural="inferenceendpoints",
-            short=["wie"],
-            spec=InferenceEndpointSpec,
-            status=EndpointStatus,
-            columns=endpoint_columns,
-        ),
+        endpoint,
         _crd(
             "ModelCache",
             plural="modelcaches",
@@ -216,3 +221,12 @@ def all_crds() -> list[dict[str, Any]]:
             ],
         ),
     ]
+
+
+def _keep_old_key_spelling(crd: dict[str, Any]) -> None:
+    """``spec.variants[].routing.key`` also keeps unknown (old snake_case) fields (module doc)."""
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    variant = schema["properties"]["spec"]["properties"]["variants"]["items"]
+    variant["properties"]["routing"]["properties"]["key"][
+        "x-kubernetes-preserve-unknown-fields"
+    ] = True

@@ -136,14 +136,14 @@ async def run_live_demo(
     config = config or DemoConfig()
     requests = demo_workload(config)
     capacity = kv_capacity_tokens(requests, config)
-    emulator = {"preset": config.preset, "kv_capacity_tokens": capacity, "speedup": config.speedup,
+    emulator = {"preset": config.preset, "kvCapacityTokens": capacity, "speedup": config.speedup,
                 "seed": config.seed}  # fmt: skip
     logs = log_dir or Path(tempfile.mkdtemp(prefix="warmfleet-demo-"))
     procs = ProcessSet(logs)
     runs: dict[str, dict[str, object]] = {}
     loads: dict[str, LoadResult] = {}
     try:
-        with Activity("warmfleet demo") as activity:
+        with Activity() as activity:
             for strategy in strategies:
                 loads[strategy], runs[strategy] = await _one_strategy(
                     procs, strategy, requests, config, emulator, activity

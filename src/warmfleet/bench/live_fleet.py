@@ -88,7 +88,7 @@ async def start_fleet(
             **spec,
             "instances": instances,
             "host": "127.0.0.1",
-            "base_port": base,
+            "basePort": base,
         }
         doc = {"apiVersion": API_VERSION, "kind": "Emulator", "spec": fields}
         path = procs.log_dir / f"{name}.json"
@@ -116,8 +116,8 @@ def gateway_document(
     variant = {"name": VARIANT, "routing": dict(routing), "instances": instances}
     spec: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
-        "admin": {"token_env": ADMIN_TOKEN_ENV},
-        "health": {"interval_s": 2.0, "timeout_s": 1.0},
+        "admin": {"tokenEnv": ADMIN_TOKEN_ENV},
+        "health": {"intervalS": 2.0, "timeoutS": 1.0},
         "endpoints": [{"name": ENDPOINT, "variants": [variant]}],
         **(extra_spec or {}),
     }

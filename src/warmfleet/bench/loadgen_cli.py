@@ -22,13 +22,13 @@ from warmfleet.bench.sim_cli import read_trace
 from warmfleet.bench.terminal import console, progress_bar, run_async
 from warmfleet.edge import read_text_file
 from warmfleet.sim.scenario import (
+    BuiltWorkload,
     ScenarioSpec,
     build_workload,
     builtin_scenario,
     engine_spec,
     parse_scenario,
 )
-from warmfleet.sim.workloads.base import WorkloadRequest
 
 
 def scenario_requests(
@@ -40,8 +40,9 @@ def scenario_requests(
     preset: str | None = None,
     instances: int | None = None,
     seed: int = 0,
-) -> tuple[ScenarioSpec, tuple[WorkloadRequest, ...]]:
-    """The first ``requests`` requests of a built-in or YAML scenario, timed by its arrivals."""
+) -> tuple[ScenarioSpec, BuiltWorkload]:
+    """The first ``requests`` requests of a built-in or YAML scenario, timed by its arrivals
+    (``source`` says whether a trace or its synthetic equivalent ran)."""
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
         spec = parse_scenario(read_text_file(Path(name)), name)
     else:
@@ -57,7 +58,7 @@ def scenario_requests(
     data.update(updates)
     spec = ScenarioSpec.model_validate(data)
     built = build_workload(spec, engine_spec(spec), trace=read_trace(spec), rate_rps=rate_rps)
-    return spec, built.requests
+    return spec, built
 
 
 def instance_name(url: str, targets: list[MetricsTarget]) -> str:
@@ -107,9 +108,12 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     api_kind: ApiKind = "chat" if api == "chat" else "completions"
     targets = [MetricsTarget.parse(m) for m in metrics_url or ()]
     urls = tuple(check_base_url(u) for u in url)
-    spec, workload = scenario_requests(
+    spec, built = scenario_requests(
         scenario, requests, concurrency=concurrency, rate_rps=rate, preset=preset, seed=seed
     )
+    workload = built.requests
+    if built.source != "generated":
+        console().print(f"workload: {built.source}", markup=False, highlight=False)
     load_spec = LoadSpec(
         urls=urls,
         url_names=tuple(instance_name(u, targets) for u in urls) if len(urls) > 1 else (),
@@ -130,13 +134,14 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     )
     from warmfleet.bench.report import write_json  # noqa: PLC0415
 
-    with Activity("warmfleet bench") as activity:
+    with Activity() as activity:
         target = f"{', '.join(urls)} (model {load_spec.model})"
         activity.log(f"{len(workload)} requests of {spec.name} to {target}")
         with progress_bar(len(workload), label, activity) as on_done:
             load, summary = run_async(measure(workload, load_spec, targets, on_done=on_done))
     meta = {
         "scenario": spec.name,
+        "workload": built.source,
         "preset": spec.preset,
         "seed": seed,
         "requests": len(workload),

@@ -249,7 +249,7 @@ async def run_quality(
     config = replace(QUALITY, requests=max(16, int(QUALITY.requests * scale)))
     requests = demo_workload(config)
     fleet_spec = {"preset": config.preset, "speedup": config.speedup, "seed": config.seed,
-                  "kv_capacity_tokens": kv_capacity_tokens(requests, config)}  # fmt: skip
+                  "kvCapacityTokens": kv_capacity_tokens(requests, config)}  # fmt: skip
     routers = [r for r in routers if r.router not in REFERENCE_PROXIES]  # overhead only
     out: list[list[RowInput]] = []
     for round_index in range(rounds):

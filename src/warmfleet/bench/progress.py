@@ -121,12 +121,11 @@ class Activity:
     """The progress display of one command (a context manager): ``track`` tasks, ``log`` events.
 
     ``live`` forces the terminal form (True) or the plain one (False); by default it follows
-    whether stdout is a terminal. ``prefix`` starts every plain line (e.g. ``warmfleet sim``).
+    whether stdout is a terminal. Every line starts with the time of day.
     """
 
-    def __init__(self, prefix: str, *, console: Console | None = None, live: bool | None = None):
+    def __init__(self, *, console: Console | None = None, live: bool | None = None) -> None:
         self.console = console or progress_console()
-        self.prefix = prefix
         self.live = self.console.is_terminal if live is None else live
         self.bar: Progress | None = None
 
@@ -156,8 +155,7 @@ class Activity:
         if self.bar is not None:
             self.bar.console.print(f"[dim]{stamp}[/dim] {message}", highlight=False)
         else:
-            self.console.print(f"{stamp} {self.prefix}: {message}", markup=False, highlight=False,
-                               soft_wrap=True)  # fmt: skip
+            self.console.print(f"{stamp} {message}", markup=False, highlight=False, soft_wrap=True)
 
 
 class PhasedProgress:

@@ -10,13 +10,16 @@ import typer
 from rich.console import Console
 
 from warmfleet.bench.progress import Activity, PhasedProgress
+from warmfleet.bench.replicas_report import replicas_tables
 from warmfleet.bench.report import comparison_table, write_json, write_plots
 from warmfleet.core.errors import ConfigError, WarmfleetError
 from warmfleet.edge import TRACES_DIR_ENV, read_text_file, resolve_traces_dir
 from warmfleet.routing.config import STRATEGY_NAMES
+from warmfleet.sim.replica_sweep import ReplicaSweep, run_replica_sweep
 from warmfleet.sim.runner import Comparison, run_comparison
 from warmfleet.sim.scenario import (
     BUILTIN_WORKLOADS,
+    BuiltWorkload,
     ScenarioSpec,
     builtin_scenario,
     parse_scenario,
@@ -55,10 +58,15 @@ def read_trace(
 ) -> Trace | None:
     """The trace file a trace-driven scenario replays, found and read here at the edge:
     ``trace``, else the scenario's ``workload.trace``, else its default file in the traces
-    directory (``warmfleet.edge.resolve_traces_dir``). None for a generated workload."""
+    directory (``warmfleet.edge.resolve_traces_dir``). None for a generated workload, and when
+    the default file is absent: the scenario then runs its synthetic equivalent (a file named
+    by ``--trace`` or ``workload.trace`` must exist)."""
     if not replays_trace(scenario):
         return None
     path = trace_path(scenario, trace, resolve_traces_dir(traces_dir))
+    named = trace is not None or getattr(scenario.workload, "trace", None)
+    if not named and not path.is_file():
+        return None
     try:
         return Trace(read_text_file(path), str(path))
     except ConfigError as err:
@@ -78,6 +86,12 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=200)
 
 
+def _say_workload(workload: BuiltWorkload) -> None:
+    """The first line, when the workload is not generated: which trace (or its equivalent)."""
+    if workload.source != "generated":
+        _console().print(f"workload: {workload.source}", markup=False, highlight=False)
+
+
 def _emit(comparison: Comparison, json_out: Path | None, report_dir: Path | None) -> None:
     console = _console()
     console.print(comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs}))
@@ -94,9 +108,50 @@ def _emit(comparison: Comparison, json_out: Path | None, report_dir: Path | None
             console.print(f"wrote {path}")
 
 
+def _replica_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as err:
+        raise typer.BadParameter(f"--gateway-replicas: not integers: {text!r}") from err
+    if not counts or min(counts) < 1:
+        raise typer.BadParameter(f"--gateway-replicas: integers >= 1, got {text!r}")
+    return counts
+
+
+def _sync_delays(text: str) -> list[float | None]:
+    delays: list[float | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.lower() == "none":
+            delays.append(None)
+            continue
+        try:
+            delay = float(part)
+        except ValueError as err:
+            raise typer.BadParameter(f"--sync-delay-ms: not a number or 'none': {part!r}") from err
+        if not 0.0 <= delay < float("inf"):
+            raise typer.BadParameter(f"--sync-delay-ms: must be >= 0, got {part!r}")
+        delays.append(delay)
+    return delays
+
+
+def _emit_sweep(sweep: ReplicaSweep, json_out: Path | None) -> None:
+    console = _console()
+    for table in replicas_tables(sweep):
+        console.print(table)
+    for cell in sweep.cells:
+        if not (cell.run.conserved and cell.run.time_monotonic):
+            console.print(
+                f"[red]{cell.strategy} x {cell.replicas}: conservation or time-order failed[/red]"
+            )
+    if json_out is not None:
+        write_json(sweep.report(), json_out)
+        console.print(f"wrote {json_out}")
+
+
 _SCENARIO_HELP = (
     f"a built-in scenario ({', '.join(BUILTIN_WORKLOADS)}) or a Scenario YAML file;"
-    " trace-driven ones read their trace from --traces-dir"
+    " trace-driven ones read their trace from --traces-dir, or without it run a synthetic"
+    " equivalent"
 )
 
 
@@ -125,23 +180,43 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="closed loop with N clients (saturation mode)")
     ] = None,
+    gateway_replicas: Annotated[
+        str, typer.Option(help="gateway replicas, or a comma-separated list to sweep")
+    ] = "1",
+    sync_delay_ms: Annotated[
+        str,
+        typer.Option(help="replica sync delay in ms ('none': no sync), or a list to sweep"),
+    ] = "0",
 ) -> None:
-    """Compare routing strategies on a simulated fleet (virtual time)."""
+    """Compare routing strategies on a simulated fleet (virtual time); with
+    --gateway-replicas/--sync-delay-ms, the hit rate per (replicas, delay) instead."""
     if concurrency is not None and rate is not None:
         raise typer.BadParameter("give at most one of --concurrency and --rate")
+    counts, delays = _replica_counts(gateway_replicas), _sync_delays(sync_delay_ms)
+    sweep = counts != [1] or delays != [0.0]
+    if sweep and report is not None:
+        raise typer.BadParameter("--report (plots) is for one gateway; use --json with replicas")
     try:
         spec = _scenario(scenario, instances, preset, seed, requests)
-        with Activity("warmfleet sim") as activity:
+        names = _strategies(strategies)
+        trace_data = read_trace(spec, trace, traces_dir)
+        with Activity() as activity:
             progress = PhasedProgress(activity)
-            comparison = run_comparison(
-                spec,
-                _strategies(strategies),
-                trace=read_trace(spec, trace, traces_dir),
-                rate_rps=rate,
-                concurrency=concurrency,
-                progress=progress,
-            )
+            if sweep:
+                swept = run_replica_sweep(
+                    spec, names, counts, delays,
+                    trace=trace_data, rate_rps=rate, concurrency=concurrency, progress=progress,
+                    on_workload=_say_workload,
+                )  # fmt: skip
+            else:
+                comparison = run_comparison(
+                    spec, names, trace=trace_data, rate_rps=rate, concurrency=concurrency,
+                    progress=progress, on_workload=_say_workload,
+                )  # fmt: skip
             progress.close()
+        if sweep:
+            _emit_sweep(swept, json_out)
+            return
     except WarmfleetError as err:
         typer.echo(f"error: {err}", err=True)  # one line (per problem), never wrapped
         raise typer.Exit(2) from err
@@ -165,7 +240,7 @@ def demo(
 ) -> None:
     """Simulator-only demo: the four strategies on a scaled-down aws-long-context (virtual time)."""
     started = time.perf_counter()
-    with Activity("warmfleet demo-sim") as activity:
+    with Activity() as activity:
         progress = PhasedProgress(activity)
         comparison = run_comparison(demo_scenario(), DEMO_STRATEGIES, progress=progress)
         progress.close()

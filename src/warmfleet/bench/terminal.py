@@ -28,10 +28,10 @@ def progress_bar(
     total: int, label: str, activity: Activity | None = None
 ) -> Iterator[Callable[[RequestResult], None]]:
     """Requests done of ``total`` (with the errors so far) on ``activity``'s display, or on one
-    of its own (prefix ``warmfleet bench``); yields the per-request callback."""
+    of its own; yields the per-request callback."""
     with contextlib.ExitStack() as stack:
         if activity is None:
-            activity = stack.enter_context(Activity("warmfleet bench"))
+            activity = stack.enter_context(Activity())
         task = activity.track(label, total)
         errors = 0
 

@@ -40,7 +40,7 @@ class CapacityPolicy:
             raise ConfigError("capacity.reserve_bytes: must be >= 0")
         if not 0.0 < self.low_watermark_frac <= self.high_watermark_frac <= 1.0:
             raise ConfigError(
-                "capacity: need 0 < low_watermark_frac <= high_watermark_frac <= 1 "
+                "capacity: need 0 < lowWatermarkFrac <= highWatermarkFrac <= 1 "
                 f"(got low={self.low_watermark_frac}, high={self.high_watermark_frac})"
             )
 

@@ -131,7 +131,7 @@ class LowSpeedGuard:
 
     def __init__(self, min_rate_bps: float, window_s: float) -> None:
         if min_rate_bps <= 0 or window_s <= 0:
-            raise ConfigError("download.min_download_rate_bytes_per_s/low_speed_time_s: > 0")
+            raise ConfigError("download.minDownloadRateBytesPerS/lowSpeedTimeS: > 0")
         self.min_rate_bps = min_rate_bps
         self.window_s = window_s
         self._waited_s = 0.0

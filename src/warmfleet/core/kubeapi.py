@@ -27,7 +27,7 @@ class KubeApiSpec(StrictModel):
     @model_validator(mode="after")
     def _one_locator(self) -> KubeApiSpec:
         if self.kubeconfig is not None and self.api_server is not None:
-            raise ValueError("set at most one of api_server and kubeconfig")
+            raise ValueError("set at most one of apiServer and kubeconfig")
         if self.context is not None and self.kubeconfig is None:
             raise ValueError("context needs kubeconfig")
         return self

@@ -1,8 +1,10 @@
 """The aiohttp application of one emulated instance: vLLM's OpenAI routes and peers' probes.
 
-Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/invocations`` (SageMaker style),
-``/tokenize``, ``/v1/chat/completions/render``, ``/v1/completions/render``; ``GET /v1/models``,
-``/health``, ``/ping``, ``/version``, ``/server_info``, ``/model_info``, ``/metrics``.
+Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses``
+(``responses_api``), ``/v1/embeddings`` (``embeddings``), ``/invocations`` (SageMaker style),
+``/tokenize``, ``/detokenize``, ``/v1/chat/completions/render``, ``/v1/completions/render``;
+``GET /v1/models``, ``/health``, ``/ping``, ``/version``, ``/server_info``, ``/model_info``,
+``/metrics``.
 The app is served with ``handler_cancellation=True``: a client that disconnects cancels its
 handler, whose ``finally`` cancels its engine requests (one per choice, ``generation``).
 """
@@ -18,7 +20,9 @@ from aiohttp import web
 
 from warmfleet.core.errors import BadRequestError, NotFoundError
 from warmfleet.core.jsonio import loads_body
+from warmfleet.emulator.detokenize import Detokenizer
 from warmfleet.emulator.driver import EngineDriver
+from warmfleet.emulator.embeddings import embeddings_answer
 from warmfleet.emulator.generation import Generation, serve_full, serve_stream
 from warmfleet.emulator.metrics import CONTENT_TYPE, InstanceMetrics
 from warmfleet.emulator.protocol import (
@@ -29,6 +33,7 @@ from warmfleet.emulator.protocol import (
     parse_job,
     tokenize_ids,
 )
+from warmfleet.emulator.responses_api import ResponsesCall, responses_call, serve_responses
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,7 @@ async def _read_json(request: web.Request) -> Any:
 class Handlers:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self.detokenizer = Detokenizer(rt.ctx.tokenizer)
 
     async def _hang_if_asked(self) -> None:
         if self.rt.host.hanging:
@@ -92,7 +98,14 @@ class Handlers:
     async def invocations(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, None)
 
-    async def _generate(self, request: web.Request, kind: Kind | None) -> web.StreamResponse:
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat", responses=True)
+
+    async def _generate(
+        self, request: web.Request, kind: Kind | None, *, responses: bool = False
+    ) -> web.StreamResponse:
+        """A generation request: chat, completions, SageMaker style (``kind`` None: chat if the
+        body has ``messages``) or, with ``responses``, a Responses request (its chat)."""
         rt = self.rt
         arrival_s = rt.driver.now_wall_s()
         await self._hang_if_asked()
@@ -106,9 +119,14 @@ class Handlers:
             return _error("injected fault: internal server error", 500)
         try:
             body = await _read_json(request)
-            if kind is None:
-                kind = "chat" if isinstance(body, dict) and "messages" in body else "completion"
-            job = parse_job(body, kind, rt.ctx)
+            call: ResponsesCall | None = None
+            if responses:
+                call = responses_call(body, rt.ctx)
+                job = call.job
+            else:
+                if kind is None:
+                    kind = "chat" if isinstance(body, dict) and "messages" in body else "completion"
+                job = parse_job(body, kind, rt.ctx)
             self._check_fits(job)
         except BadRequestError as err:
             return _error(str(err), 400, err.param)
@@ -127,6 +145,8 @@ class Handlers:
         )
         gen = Generation(job, streams, rt.driver, rt.metrics)
         try:
+            if call is not None:
+                return await serve_responses(request, gen, call)
             if job.stream:
                 return await serve_stream(request, gen)
             return await serve_full(gen)
@@ -158,6 +178,28 @@ class Handlers:
         return web.json_response(
             {"count": len(ids), "max_model_len": spec.max_model_len, "tokens": ids}
         )
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``/detokenize``: ``{"tokens"}`` -> ``{"prompt"}`` (``detokenize``)."""
+        await self._hang_if_asked()
+        try:
+            answer = self.detokenizer.answer(await _read_json(request), self.rt.ctx.model)
+        except BadRequestError as err:
+            return _error(str(err), 400, err.param)
+        except NotFoundError as err:
+            return _error(str(err), 404, "model")
+        return web.json_response(answer)
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """``/v1/embeddings``: deterministic vectors of the inputs' token ids (``embeddings``)."""
+        await self._hang_if_asked()
+        try:
+            answer = embeddings_answer(await _read_json(request), self.rt.ctx)
+        except BadRequestError as err:
+            return _error(str(err), 400, err.param)
+        except NotFoundError as err:
+            return _error(str(err), 404, "model")
+        return web.json_response(answer)
 
     async def render_chat(self, request: web.Request) -> web.Response:
         return await self._render(request, "chat")
@@ -246,8 +288,11 @@ def create_app(rt: Runtime) -> web.Application:
     r = app.router
     r.add_post("/v1/chat/completions", handlers.chat)
     r.add_post("/v1/completions", handlers.completions)
+    r.add_post("/v1/responses", handlers.responses)
+    r.add_post("/v1/embeddings", handlers.embeddings)
     r.add_post("/invocations", handlers.invocations)
     r.add_post("/tokenize", handlers.tokenize)
+    r.add_post("/detokenize", handlers.detokenize)
     r.add_post("/v1/chat/completions/render", handlers.render_chat)
     r.add_post("/v1/completions/render", handlers.render_completions)
     r.add_get("/v1/models", handlers.models)

@@ -57,7 +57,7 @@ def build_cli_spec(
     if kv_events_topic is not None:
         if not kv_events:
             raise ConfigError(
-                "--kv-events-topic needs --kv-events-endpoint (or kv_events in --config)"
+                "--kv-events-topic needs --kv-events-endpoint (or kvEvents in --config)"
             )
         kv_events["topic"] = kv_events_topic
     if kv_events:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from warmfleet.core.config import StrictModel, parse_document
+from warmfleet.core.config import StrictModel, parse_document, validate_fields
 from warmfleet.core.errors import ConfigError
 from warmfleet.edge import load_yaml_file
 from warmfleet.engine.presets import get_preset
@@ -84,12 +84,12 @@ class EmulatorSpec(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> EmulatorSpec:
         if self.eos_max_tokens < self.eos_min_tokens:
-            raise ValueError("eos_max_tokens must be >= eos_min_tokens")
+            raise ValueError("eosMaxTokens must be >= eosMinTokens")
         bad = [i for i in self.instance_faults if not 0 <= i < self.instances]
         if bad:
-            raise ValueError(f"instance_faults: no instance {bad[0]} (0..{self.instances - 1})")
+            raise ValueError(f"instanceFaults: no instance {bad[0]} (0..{self.instances - 1})")
         if self.base_port and self.base_port + self.instances - 1 > 65_535:
-            raise ValueError("base_port + instances - 1 must be <= 65535")
+            raise ValueError("basePort + instances - 1 must be <= 65535")
         if self.engine is None:
             try:
                 get_preset(self.preset)
@@ -108,7 +108,7 @@ class EmulatorSpec(StrictModel):
         if update:
             spec = EngineSpec.model_validate({**spec.model_dump(), **update})
         if spec.capacity_blocks < 1:
-            raise ConfigError("kv_capacity_tokens: smaller than one block")
+            raise ConfigError("kvCapacityTokens: smaller than one block")
         return spec
 
     def faults_for(self, index: int) -> FaultSpec:
@@ -134,7 +134,7 @@ def load_emulator_config(path: Path) -> EmulatorSpec:
 
 def build_spec(**fields: object) -> EmulatorSpec:
     """An ``EmulatorSpec`` from keyword fields, ConfigError naming any bad field."""
-    return parse_document(EmulatorSpec, fields, "emulator")
+    return validate_fields(EmulatorSpec, fields, "emulator")
 
 
 def parse_fault_flag(flag: str) -> tuple[int, dict[str, str]]:

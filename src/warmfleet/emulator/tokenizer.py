@@ -171,6 +171,10 @@ class EmulatorTokenizer:
             segments[text] = ids
             self._segment_chars += len(text)
 
+    def known_pieces(self) -> list[tuple[str, int]]:
+        """The (piece, id) pairs memoised so far: a snapshot of the bounded piece cache."""
+        return list(self._ids.items())
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; the template's special tokens are recognised as single tokens."""
         if "<|" not in text:  # every special token starts with it

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from warmfleet.core.config import format_validation_error
+from warmfleet.core.config import error_path, format_validation_error, new_spellings
 from warmfleet.core.errors import BadRequestError, ConfigError, NotFoundError, WarmfleetError
 from warmfleet.gateway.config import (
     FileDiscovery,
@@ -57,9 +57,9 @@ def validate(model: type[M], data: Any, source: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]["loc"] if err.errors() else ()
-        param = ".".join(str(p) for p in first) or None
-        raise BadRequestError(format_validation_error(err, source), param=param) from err
+        errors = err.errors()
+        param = error_path(errors[0], new_spellings(model)) if errors else None
+        raise BadRequestError(format_validation_error(err, source, model), param=param) from err
 
 
 class AdminApi:

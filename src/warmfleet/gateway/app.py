@@ -43,7 +43,7 @@ def configured_routing(
         try:
             tokenizer = HfChatTokenizer.from_dir(spec.tokenizer_path)
         except ConfigError as err:
-            raise ConfigError(f"spec.tokenizer_path: {err}") from err
+            raise ConfigError(f"spec.tokenizerPath: {err}") from err
     model = spec.kv_events_model()
     if spec.kv_events is not None and model is not None:
         service = KvEventService(spec.kv_events, model)

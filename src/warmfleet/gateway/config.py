@@ -209,11 +209,11 @@ class GatewaySpec(StrictModel):
     @model_validator(mode="after")
     def _endpoints_consistent(self) -> GatewaySpec:
         if not self.endpoints and self.inference_endpoints is None:
-            raise ValueError("endpoints: at least one endpoint (or set inference_endpoints)")
+            raise ValueError("endpoints: at least one endpoint (or set inferenceEndpoints)")
         names = [e.name for e in self.endpoints]
         _require_unique(names, "endpoint name")
         if self.default_endpoint is not None and self.default_endpoint not in names:
-            raise ValueError(f"default_endpoint {self.default_endpoint!r} is not an endpoint")
+            raise ValueError(f"defaultEndpoint {self.default_endpoint!r} is not an endpoint")
         return self
 
     @model_validator(mode="after")
@@ -221,18 +221,18 @@ class GatewaySpec(StrictModel):
         tokens = self.tokens_variants()
         if tokens and self.tokenizer_path is None:
             raise ValueError(
-                f"tokenizer_path: required when routing.key.mode is 'tokens' ({tokens[0]})"
+                f"tokenizerPath: required when routing.key.mode is 'tokens' ({tokens[0]})"
             )
         if self.kv_events is None:
             return self
         if len(tokens) != 1:
             raise ValueError(
-                "kv_events: needs exactly one variant with routing.key.mode 'tokens', "
+                "kvEvents: needs exactly one variant with routing.key.mode 'tokens', "
                 f"found {len(tokens)} ({', '.join(tokens) or 'none'})"
             )
         if self.kv_events.model is None and len(self.kv_events_variant().models) != 1:
             raise ValueError(
-                f"kv_events.model: required unless variant {tokens[0]} lists exactly one model"
+                f"kvEvents.model: required unless variant {tokens[0]} lists exactly one model"
             )
         return self
 
@@ -251,7 +251,7 @@ class GatewaySpec(StrictModel):
             for variant in endpoint.variants:
                 if variant.routing.key.mode == "tokens":
                     return variant
-        raise ConfigError("kv_events: no variant with routing.key.mode 'tokens'")
+        raise ConfigError("kvEvents: no variant with routing.key.mode 'tokens'")
 
     def kv_events_model(self) -> str | None:
         if self.kv_events is None:

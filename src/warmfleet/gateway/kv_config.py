@@ -22,7 +22,7 @@ class KvReplayConfig(StrictModel):
     @model_validator(mode="after")
     def _one_port(self) -> KvReplayConfig:
         if (self.port is None) == (self.port_offset is None):
-            raise ValueError("replay: give exactly one of port and port_offset")
+            raise ValueError("replay: give exactly one of port and portOffset")
         return self
 
     def endpoint(self, instance_url: str) -> str | None:

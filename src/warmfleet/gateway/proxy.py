@@ -63,9 +63,11 @@ class Proxy:
         key: RoutingKey,
         path: str,
         t_start: float,
+        method: str = "POST",
     ) -> Response | None:
         """Route ``request.body`` to an instance of ``variant`` at ``path`` and relay its answer
         (``None`` once the relay has answered the client; an error response otherwise).
+        ``method``: ``GET`` sends no body (vLLM's ``/version``).
 
         ``router`` is the one that built ``key``: a strategy switch meanwhile applies to the
         next request, never to half of this one."""
@@ -96,7 +98,7 @@ class Proxy:
             try:
                 if inst.outlier.standing is PROBATION:
                     variant.begin_trial(inst, call)  # its one request until it has answered
-                return await self._attempt(call, path)
+                return await self._attempt(call, path, method)
             except Retry as retry:
                 failure = retry.cause
                 excluded = excluded or set()
@@ -107,7 +109,7 @@ class Proxy:
                     variant.end_trial(inst, call)  # no verdict (the client left)
         return _unavailable(variant, failure, len(excluded) - avoided if excluded else 0)
 
-    async def _attempt(self, call: Attempt, path: str) -> Response | None:
+    async def _attempt(self, call: Attempt, path: str, method: str) -> Response | None:
         inst = call.inst
         origin = inst.origin
         try:
@@ -120,7 +122,7 @@ class Proxy:
         conn = relay.conn
         conn.on_pause = up.pause_reading
         ex = up.start(
-            _request_bytes(call.request, origin, origin.prefix + path.encode()),
+            _request_bytes(call.request, origin, origin.prefix + path.encode(), method),
             limits.upstream_read_timeout_s,
             limits.upstream_total_timeout_s,
             relay,
@@ -190,13 +192,19 @@ def _count_decision(variant: VariantRuntime, decision: Decision) -> None:
         variant.spill_counter(decision.instance_id).inc()
 
 
-def _request_bytes(request: Request, origin: Origin, target: bytes) -> bytes:
+def _request_bytes(request: Request, origin: Origin, target: bytes, method: str) -> bytes:
     """The upstream request: the client's body unchanged, with the few headers that matter."""
     incoming = request.headers
     ctype = incoming.get("content-type", "application/json")
     extra = "".join(
         f"{name}: {incoming[name]}\r\n" for name in _PASS_REQUEST_HEADERS if name in incoming
     )
+    if method == "GET":
+        return b"GET %s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (
+            target,
+            origin.host_header,
+            extra.encode("latin-1") + origin.extra_headers,
+        )
     body = request.body
     return b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n%s" % (
         target,

@@ -19,7 +19,7 @@ from warmfleet.gateway.http.messages import (
     Request,
     Response,
 )
-from warmfleet.gateway.http.upstream import Exchange
+from warmfleet.gateway.http.upstream import FRAMING_HEADERS, Exchange
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.outlier import FailureCause
 from warmfleet.gateway.variant import VariantRuntime
@@ -174,7 +174,8 @@ class Relay:
             call.variant.m_ttft["false"].observe(perf_counter() - call.t_start)
             request = call.request
             answer = Response(ex.status, b"".join(self.pending), self.content_type, self.headers)
-            self.conn.write_response(answer, request.keep_alive, request.http10)
+            head_only = request.method == "HEAD"  # relayed as a GET (``/version``)
+            self.conn.write_response(answer, request.keep_alive, request.http10, head_only)
             return
         if self.framer is not None and (tail := self.framer.flush()):
             self.pending.append(tail)
@@ -209,13 +210,14 @@ def prompt_id(key: RoutingKey) -> int:
 
 
 def response_headers(ex: Exchange, call: Attempt) -> dict[str, str]:
+    """The gateway's own headers (instance, routing reason, attempts) and the instance's that
+    the client reads (``upstream.RELAYED_HEADERS``, ``x-ratelimit-*``: the only others the
+    upstream connection keeps besides the framing ones)."""
     headers = {INSTANCE_HEADER: call.inst.instance_id, REASON_HEADER: call.decision.reason}
     if call.index:
         headers[ATTEMPTS_HEADER] = str(call.index + 1)
-    incoming = ex.headers
-    for name in ("content-encoding", "x-request-id"):
-        value = incoming.get(name)
-        if value is not None:
+    for name, value in ex.headers.items():
+        if name not in FRAMING_HEADERS:
             headers[name] = value
     if ex.content_type.startswith("text/event-stream"):
         headers["Cache-Control"] = "no-cache"

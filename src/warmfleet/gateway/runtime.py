@@ -183,7 +183,7 @@ class Gateway:
         self.metrics.reloads.labels(source, "ok").inc()
         if _restart_only(config) != self._restart_only:
             log.warning(
-                "spec.tokenizer_path / spec.kv_events changed (%s): they apply at the next restart",
+                "spec.tokenizerPath / spec.kvEvents changed (%s): they apply at the next restart",
                 source,
             )
         if self._models is not None:
@@ -229,8 +229,8 @@ class Gateway:
         objects can never make the document itself fail)."""
         merged = config
         for endpoint in self._derived(config):
-            doc = merged.model_dump(mode="json")
-            doc["spec"]["endpoints"].append(endpoint.model_dump(mode="json"))
+            doc = merged.model_dump(mode="json", by_alias=True)
+            doc["spec"]["endpoints"].append(endpoint.model_dump(mode="json", by_alias=True))
             try:
                 merged = parse_document(
                     GatewayConfig, doc, f"with InferenceEndpoint {endpoint.name}"

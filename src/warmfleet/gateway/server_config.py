@@ -62,7 +62,7 @@ class LimitsConfig(StrictModel):
     def _budget_holds_a_body(self) -> LimitsConfig:
         if self.max_buffered_body_bytes < self.max_body_bytes:
             raise ValueError(
-                "max_buffered_body_bytes must be at least max_body_bytes (a body of the maximum "
+                "maxBufferedBodyBytes must be at least maxBodyBytes (a body of the maximum "
                 "size could never be received)"
             )
         return self
@@ -77,7 +77,7 @@ class AdminConfig(StrictModel):
     @model_validator(mode="after")
     def _one_source(self) -> AdminConfig:
         if self.token is not None and self.token_env is not None:
-            raise ValueError("set at most one of token and token_env")
+            raise ValueError("set at most one of token and tokenEnv")
         return self
 
     def resolved_token(self) -> str | None:
@@ -85,7 +85,7 @@ class AdminConfig(StrictModel):
             return self.token
         value = os.environ.get(self.token_env)
         if value is not None and len(value) < 16:
-            raise ConfigError(f"spec.admin.token_env: ${self.token_env} is shorter than 16 chars")
+            raise ConfigError(f"spec.admin.tokenEnv: ${self.token_env} is shorter than 16 chars")
         return value
 
 
@@ -107,7 +107,7 @@ class OutlierConfig(StrictModel):
     @model_validator(mode="after")
     def _max_not_below_base(self) -> OutlierConfig:
         if self.max_ejection_time_s < self.base_ejection_time_s:
-            raise ValueError("max_ejection_time_s must not be below base_ejection_time_s")
+            raise ValueError("maxEjectionTimeS must not be below baseEjectionTimeS")
         return self
 
 
@@ -128,5 +128,5 @@ class HealthConfig(StrictModel):
     @model_validator(mode="after")
     def _timeout_within_interval(self) -> HealthConfig:
         if self.timeout_s > self.interval_s:
-            raise ValueError("timeout_s must not exceed interval_s")
+            raise ValueError("timeoutS must not exceed intervalS")
         return self

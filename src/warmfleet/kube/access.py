@@ -60,7 +60,7 @@ def api_server(spec: KubeApiSpec) -> str:
     port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     if not host:
         raise KubeAccessError(
-            "api_server is not set and $KUBERNETES_SERVICE_HOST is unset (not in a pod)"
+            "apiServer is not set and $KUBERNETES_SERVICE_HOST is unset (not in a pod)"
         )
     return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 

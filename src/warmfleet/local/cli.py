@@ -50,7 +50,7 @@ async def run_up(config: LocalFleet, path: Path | None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    with Activity("warmfleet up") as activity:
+    with Activity() as activity:
         async with EmbeddedFleet(config, FleetLog(activity)) as fleet, asyncio.TaskGroup() as tg:
             assert fleet.gateway is not None
             print(f"warmfleet up: gateway {fleet.gateway.url}, state {fleet.workdir}", flush=True)

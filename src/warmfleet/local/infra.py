@@ -111,11 +111,11 @@ def gateway_document(spec: LocalFleetSpec, workdir: Path) -> dict[str, Any]:
                 {
                     "name": variant.name,
                     "weight": variant.traffic_weight,
-                    "routing": variant.routing.model_dump(mode="json"),
+                    "routing": variant.routing.model_dump(mode="json", by_alias=True),
                     "discovery": {
                         "type": "file",
                         "path": str(path),
-                        "poll_interval_s": spec.gateway.poll_interval_s,
+                        "pollIntervalS": spec.gateway.poll_interval_s,
                     },
                 }
             )
@@ -125,7 +125,7 @@ def gateway_document(spec: LocalFleetSpec, workdir: Path) -> dict[str, Any]:
         "kind": "Gateway",
         "spec": {
             "listen": {"host": spec.gateway.host, "port": spec.gateway.port},
-            "health": {"interval_s": 1.0, "timeout_s": 0.5},
+            "health": {"intervalS": 1.0, "timeoutS": 0.5},
             "endpoints": endpoints,
         },
     }

@@ -189,7 +189,7 @@ def agent_objects(v: Values) -> list[Obj]:
     node_yaml = (
         "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\n"
         "spec:\n  root: /cache\n  capacity:\n    budget: 1TiB\n    reserve: 50GiB\n"
-        f"  kubernetes:\n    host_path: {v.host_path}\n"
+        f"  kubernetes:\n    hostPath: {v.host_path}\n"
     )
     config = {
         "apiVersion": "v1",
@@ -206,8 +206,8 @@ def gateway_yaml(v: Values) -> str:
     ``model``. Edit the ConfigMap (or list endpoints by hand) to change it."""
     spec = {
         "listen": {"host": "0.0.0.0", "port": 8080},
-        "inference_endpoints": {"namespace": v.watch_namespace},
-        "model_selects_endpoint": True,
+        "inferenceEndpoints": {"namespace": v.watch_namespace},
+        "modelSelectsEndpoint": True,
     }
     doc = {"apiVersion": API_VERSION, "kind": "Gateway", "spec": spec}
     return yaml.safe_dump(doc, sort_keys=False)

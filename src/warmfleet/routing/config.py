@@ -112,7 +112,7 @@ class RoutingConfig(StrictModel):
             and self.key.prefix_length != strategy.prefix_length
         ):
             raise ValueError(
-                "key.prefix_length must be unset or equal strategy.prefix_length for prefix_hash"
+                "key.prefixLength must be unset or equal strategy.prefixLength for prefix_hash"
             )
         return self
 

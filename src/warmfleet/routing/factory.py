@@ -64,4 +64,4 @@ def strategy_config(name: str, **overrides: object) -> StrategyConfig:
     try:
         return adapter.validate_python({"type": name, **overrides})
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, "strategy")) from err
+        raise ConfigError(format_validation_error(err, "strategy", StrategyConfig)) from err

@@ -1,5 +1,7 @@
-"""Parsing what a router keys, once: a chat or completions body, or a native invocation, into a
-``routing.request`` object (``parse_chat``, ``parse_completions``, ``parse_native``).
+"""Parsing what a router keys, once: a chat, completions, Responses or embeddings body, or a
+native invocation, into a ``routing.request`` object (``parse_chat``, ``parse_completions``,
+``parse_responses``: the chat it renders, ``routing.responses_input``; ``parse_embeddings``: its
+inputs as a completions batch; ``parse_native``).
 
 The checks are structural (types and shapes, in a fixed order: the body, the tenant, ``model``,
 ``cache_salt``, the output-token fields, then the prompt), so a body with several faults always
@@ -21,6 +23,7 @@ from warmfleet.routing.request import (
     CompletionsRequest,
     NativeRequest,
 )
+from warmfleet.routing.responses_input import responses_messages
 
 MAX_TENANT_CHARS = 64
 DEFAULT_TENANT_HEADER = "x-prefix-aware-id"
@@ -77,10 +80,38 @@ def parse_completions(
     """A completions body (one prompt or a batch); ``tenant`` as for ``parse_chat``."""
     fields = _object(body)
     tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
-    prompts = completions_prompts(fields)
+    prompts = completions_prompts(fields.get("prompt"))
     hint = completions_output_hint(fields, len(prompts))
     options = _options(fields, _COMPLETIONS_OPTIONS)
     return CompletionsRequest(model, tenant_key, salt, hint, prompts, options)
+
+
+def parse_responses(
+    body: object, tenant: str | None = None, tenant_header: str = DEFAULT_TENANT_HEADER
+) -> ChatRequest:
+    """A Responses body: the chat of its ``instructions`` and ``input``
+    (``routing.responses_input``), its ``tools`` as they are, ``max_output_tokens`` the output
+    hint; ``tenant`` as for ``parse_chat`` (the Responses API has ``prompt_cache_key`` too)."""
+    fields = _object(body)
+    tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
+    hint = _max_tokens(fields, "max_output_tokens") or 0
+    messages = responses_messages(fields)
+    tools = fields.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request("'tools' must be an array", "tools")
+    return ChatRequest(model, tenant_key, salt, hint, messages, tools)
+
+
+def parse_embeddings(
+    body: object, tenant: str | None = None, tenant_header: str = DEFAULT_TENANT_HEADER
+) -> CompletionsRequest:
+    """An embeddings body: its ``input`` (a string, token ids, or a batch of either) keyed as
+    a completions batch with no output; ``tenant`` as for ``parse_chat``."""
+    fields = _object(body)
+    tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
+    prompts = completions_prompts(fields.get("input"), "input")
+    options = _options(fields, _COMPLETIONS_OPTIONS)
+    return CompletionsRequest(model, tenant_key, salt, 0, prompts, options)
 
 
 def parse_native(
@@ -313,28 +344,25 @@ def _is_token_list(value: object) -> bool:
     return not value or (min(value) >= 0 and max(value) <= _MASK64)
 
 
-def completions_prompts(body: Mapping[str, Any]) -> list[str] | list[list[int]]:
-    """Every prompt of a completions body, validated: a string or one array of token ids is one
-    prompt; an array of strings or of token-id arrays is a batch (the engine runs each as its own
-    request). Token-id arrays are returned as they are (not copied)."""
-    prompt = body.get("prompt")
+def completions_prompts(prompt: object, param: str = "prompt") -> list[str] | list[list[int]]:
+    """Every prompt of a completions body's ``prompt`` (or an embeddings body's ``input``,
+    named ``param``), validated: a string or one array of token ids is one prompt; an array of
+    strings or of token-id arrays is a batch (the engine runs each as its own request).
+    Token-id arrays are returned as they are (not copied)."""
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt:
         first = prompt[0]
         if isinstance(first, str):
             if not all(isinstance(p, str) for p in prompt):
-                raise bad_request("'prompt' array must hold only strings", "prompt")
+                raise bad_request(f"'{param}' array must hold only strings", param)
             return prompt
         if isinstance(first, list):
             if not all(_is_token_list(p) and p for p in prompt):
-                raise bad_request(
-                    "'prompt' must be an array of non-empty token-id arrays", "prompt"
-                )
+                raise bad_request(f"'{param}' must be an array of non-empty token-id arrays", param)
             return prompt
         if _is_token_list(prompt):
             return [prompt]
     raise bad_request(
-        "'prompt' must be a string, an array of strings, token ids or token-id arrays",
-        "prompt",
+        f"'{param}' must be a string, an array of strings, token ids or token-id arrays", param
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from warmfleet.core.hashing import hash_str
@@ -20,6 +20,7 @@ from warmfleet.routing.config import PrefixHashConfig, StrategyConfig
 from warmfleet.routing.factory import build_strategy, strategy_config
 from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH, key_from_blocks
 from warmfleet.routing.movement import moved_fraction
+from warmfleet.sim.gateways import Gateways, GatewaySync
 from warmfleet.sim.metrics import RunMetrics, compute_metrics
 from warmfleet.sim.scenario import (
     BuiltWorkload,
@@ -87,6 +88,11 @@ def strategy_rng(seed: int, name: str) -> random.Random:
     return random.Random(hash_str(name, seed))
 
 
+def replica_rng(seed: int, name: str, replica: int) -> random.Random:
+    """Gateway replica ``replica``'s strategy randomness (replica 0: ``strategy_rng``'s)."""
+    return strategy_rng(seed, name if replica == 0 else f"{name}@replica-{replica}")
+
+
 @dataclass(slots=True)
 class StrategyRun:
     name: str
@@ -107,6 +113,7 @@ class Comparison:
     def report(self) -> dict[str, object]:
         return {
             "scenario": self.scenario.name,
+            "workload": self.workload.source,
             "preset": self.scenario.preset,
             "seed": self.scenario.seed,
             "instances": self.scenario.instances,
@@ -148,10 +155,11 @@ def run_strategy(
     prepared: Prepared,
     *,
     check_invariants: bool = False,
+    gateways: GatewaySync | None = None,
     progress: RunProgress | None = None,
 ) -> StrategyRun:
-    """Simulate ``name`` on the workload; ``progress`` gets a phase named after the strategy
-    and one unit per finished request."""
+    """One strategy's run; ``gateways``: several gateway replicas in sync (default: one);
+    ``progress`` gets a phase named after the strategy and one unit per finished request."""
     progress = progress or NoProgress()
     progress.phase(name, len(prepared.requests))
     config = strategy_config(name)
@@ -165,9 +173,15 @@ def run_strategy(
         check_invariants=check_invariants,
     )
     started = time.perf_counter()
-    strategy = build_strategy(config, strategy_rng(scenario.seed, name))
+    if gateways is None:
+        routing: Strategy | Gateways = build_strategy(config, strategy_rng(scenario.seed, name))
+    else:
+        routing = gateways.build(
+            lambda r: build_strategy(config, replica_rng(scenario.seed, name, r)),
+            random.Random(hash_str("gateway-replicas", scenario.seed)),
+        )
     simulator = Simulator(
-        sim_config, strategy, prepared.requests, keys, on_finished=progress.advance
+        sim_config, routing, prepared.requests, keys, on_finished=progress.advance
     )
     result = simulator.run()
     wall_s = time.perf_counter() - started
@@ -190,35 +204,55 @@ def run_comparison(
     concurrency: int | None = None,
     check_invariants: bool = False,
     progress: RunProgress | None = None,
+    on_workload: Callable[[BuiltWorkload], None] | None = None,
 ) -> Comparison:
     """Every strategy on the same workload. ``progress`` (a display, from the shell) gets a
-    phase per strategy with one unit per finished request."""
-    spec = engine_spec(scenario)
-    if concurrency is not None:
-        data = scenario.model_dump(by_alias=True)
-        data["arrival"] = {"type": "closed", "concurrency": concurrency}
-        scenario = ScenarioSpec.model_validate(data)
-    workload = build_workload(scenario, spec, trace=trace, rate_rps=rate_rps)
-    spec = spec.with_block_tokens(workload.block_tokens)
-    if progress is not None:
-        progress.phase("hashing the workload's blocks", len(workload.requests))
-    prepared = prepare(workload.requests, workload.block_tokens, progress)
-    distinct = working_set_blocks_of(prepared)
-    ratio = distinct / max(spec.capacity_blocks, 1)
-    comparison = Comparison(scenario, spec, workload, ratio)
+    phase hashing the workload's blocks, then one per strategy, one unit per request;
+    ``on_workload`` is called with the workload as soon as it is built."""
+    comparison, prepared = prepare_comparison(
+        scenario, trace=trace, rate_rps=rate_rps, concurrency=concurrency, progress=progress,
+        on_workload=on_workload,
+    )  # fmt: skip
     for name in strategies:
         comparison.runs.append(
             run_strategy(
                 name,
-                scenario,
-                spec,
-                workload,
+                comparison.scenario,
+                comparison.engine,
+                comparison.workload,
                 prepared,
                 check_invariants=check_invariants,
                 progress=progress,
             )
         )
     return comparison
+
+
+def prepare_comparison(
+    scenario: ScenarioSpec,
+    *,
+    trace: Trace | None = None,
+    rate_rps: float | None = None,
+    concurrency: int | None = None,
+    progress: RunProgress | None = None,
+    on_workload: Callable[[BuiltWorkload], None] | None = None,
+) -> tuple[Comparison, Prepared]:
+    """The scenario's workload, hashed, and an empty comparison (no run yet) to add runs to."""
+    spec = engine_spec(scenario)
+    if concurrency is not None:
+        data = scenario.model_dump(by_alias=True)
+        data["arrival"] = {"type": "closed", "concurrency": concurrency}
+        scenario = ScenarioSpec.model_validate(data)
+    workload = build_workload(scenario, spec, trace=trace, rate_rps=rate_rps)
+    if on_workload is not None:
+        on_workload(workload)
+    spec = spec.with_block_tokens(workload.block_tokens)
+    if progress is not None:
+        progress.phase("hashing the workload's blocks", len(workload.requests))
+    prepared = prepare(workload.requests, workload.block_tokens, progress)
+    distinct = working_set_blocks_of(prepared)
+    ratio = distinct / max(spec.capacity_blocks, 1)
+    return Comparison(scenario, spec, workload, ratio), prepared
 
 
 def working_set_blocks_of(prepared: Prepared) -> int:

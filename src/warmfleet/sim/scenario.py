@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from warmfleet.core.config import StrictModel, load_yaml_text, parse_document
+from warmfleet.core.config import StrictModel, load_yaml_text, parse_document, validate_fields
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
 from warmfleet.engine.spec import EngineSpec
@@ -22,6 +22,11 @@ from warmfleet.sim.workloads.arrivals import (
     scale_to_rate,
 )
 from warmfleet.sim.workloads.base import WorkloadRequest
+from warmfleet.sim.workloads.equivalents import (
+    azure_equivalent,
+    mooncake_equivalent,
+    sharegpt_equivalent,
+)
 from warmfleet.sim.workloads.synthetic import (
     AwsLongContextConfig,
     GspConfig,
@@ -77,11 +82,7 @@ class EngineOverrides(StrictModel):
 class ScenarioSpec(StrictModel):
     """``apiVersion: warmfleet.dev/v1alpha1``, ``kind: Scenario``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    api_version: Literal["warmfleet.dev/v1alpha1"] = Field(
-        "warmfleet.dev/v1alpha1", alias="apiVersion"
-    )
+    api_version: Literal["warmfleet.dev/v1alpha1"] = "warmfleet.dev/v1alpha1"
     kind: Literal["Scenario"] = "Scenario"
     name: str
     workload: WorkloadConfig
@@ -132,7 +133,7 @@ def engine_spec(scenario: ScenarioSpec) -> EngineSpec:
     base = get_preset(scenario.preset)
     updates = scenario.engine.model_dump(exclude_none=True)
     spec = base.model_copy(update=updates)
-    return parse_document(EngineSpec, spec.model_dump(), "engine")
+    return validate_fields(EngineSpec, spec.model_dump(), "engine")
 
 
 def default_arrival(scenario: ScenarioSpec) -> ArrivalConfig:
@@ -145,6 +146,20 @@ class BuiltWorkload:
     requests: tuple[WorkloadRequest, ...]
     block_tokens: int  # the engine's block size for this scenario
     closed_loop_concurrency: int | None
+    source: str = "generated"  # what ran: "generated", "trace PATH" or a synthetic equivalent
+
+
+def workload_source(scenario: ScenarioSpec, trace: Trace | None) -> str:
+    """Says what the workload replays: a trace file, or (none read) its synthetic equivalent."""
+    if not replays_trace(scenario):
+        return "generated"
+    if trace is not None:
+        return f"trace {trace.source}"
+    name = DEFAULT_TRACES[scenario.workload.type]
+    return (
+        f"synthetic equivalent of {name} (trace file not found; --trace or --traces-dir "
+        "replays the real one)"
+    )
 
 
 def replays_trace(scenario: ScenarioSpec) -> bool:
@@ -180,12 +195,14 @@ def _raw_requests(
         return gsp(workload, seed)
     if isinstance(workload, MultiRoundQaConfig):
         return multi_round_qa(workload, seed)
-    if trace is None:
-        raise ConfigError(f"trace: the {workload.type!r} workload replays a trace; none was read")
     if isinstance(workload, MooncakeConfig):
+        if trace is None:
+            return mooncake_equivalent(seed, workload.spread_buckets)
         return mooncake(trace, seed, workload.spread_buckets)
     if isinstance(workload, AzureConfig):
-        return azure(trace, seed)
+        return azure(trace, seed) if trace is not None else azure_equivalent(seed)
+    if trace is None:
+        return sharegpt_equivalent(workload, seed)
     return sharegpt_replay(trace, workload, seed)
 
 
@@ -197,7 +214,8 @@ def build_workload(
     rate_rps: float | None = None,
 ) -> BuiltWorkload:
     """The scenario's requests, timed by its arrival process; ``rate_rps`` overrides the rate.
-    A trace-driven scenario replays ``trace`` (the edge read ``trace_path``'s file)."""
+    A trace-driven scenario replays ``trace`` (the edge read ``trace_path``'s file), or without
+    one its synthetic equivalent (``workloads.equivalents``; ``source`` says so)."""
     requests = _raw_requests(scenario, spec, trace)
     arrival = scenario.arrival or default_arrival(scenario)
     rng = random.Random(scenario.seed + 1)
@@ -215,7 +233,7 @@ def build_workload(
     if isinstance(scenario.workload, MooncakeConfig) and scenario.engine.block_tokens is None:
         block_tokens = MOONCAKE_BLOCK_TOKENS  # the trace's hash ids are 512-token blocks
     concurrency = getattr(arrival, "concurrency", None)
-    return BuiltWorkload(timed, block_tokens, concurrency)
+    return BuiltWorkload(timed, block_tokens, concurrency, workload_source(scenario, trace))
 
 
 def scale_events(scenario: ScenarioSpec) -> tuple[ScaleEvent, ...]:

@@ -1,11 +1,13 @@
 """Discrete-event, virtual-time fleet simulator (pure, deterministic for a given seed).
 
 N instances sit behind ONE ``Strategy`` object (the same classes the gateway runs, built by
-``routing.factory``). A request arrives, the strategy chooses an instance from a
-``FleetSnapshot`` (in-flight requests and tokens tracked here, queue length, KV usage and
-capacity read from the instances), the request reaches the instance ``router_overhead_s``
-later, and the instance reports its first token and its end. An instance is an ``EngineModel``
-unless the caller gives another ``Server`` factory (``sim.fleet``).
+``routing.factory``), or behind several gateway replicas, each with its own strategy object,
+that exchange notes with a propagation delay (``sim.gateways``). A request arrives, the strategy
+chooses an instance from a ``FleetSnapshot`` (in-flight requests and tokens as its replica
+sees them, queue length, KV usage and capacity read from the instances), the request reaches
+the instance ``router_overhead_s`` later, and the instance reports its first token and its
+end. An instance is an ``EngineModel`` unless the caller gives another ``Server`` factory
+(``sim.fleet``).
 
 Scale events add an instance (empty cache) or remove one. A removed instance **drains**: the
 router stops sending to it at once (``on_instances_changed``), the requests already on it run to
@@ -32,7 +34,9 @@ from warmfleet.core.types import FleetSnapshot, InstanceId, InstanceState, Routi
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
 from warmfleet.routing.base import Strategy
+from warmfleet.routing.replicas import ReplicaView
 from warmfleet.sim.fleet import FleetController, FleetView, Join, Server
+from warmfleet.sim.gateways import Gateways
 from warmfleet.sim.records import (
     JoinRecord,
     RequestRecord,
@@ -54,12 +58,13 @@ __all__ = [
     "continuation_blocks",
 ]
 
-_ARRIVAL, _SUBMIT, _SCALE, _TICK, _READY = 0, 1, 2, 3, 4
+_ARRIVAL, _SUBMIT, _SCALE, _TICK, _READY, _SYNC = 0, 1, 2, 3, 4, 5
 
 
 class Simulator:
     """Run ``requests`` (with their routing ``keys``) through ``strategy`` on a simulated fleet.
 
+    ``strategy``: one strategy (one gateway), or ``Gateways`` (several replicas in sync).
     ``servers`` builds each instance (default: an ``EngineModel`` of ``config.engine``);
     ``controller`` starts instances during the run (see the module docstring); ``on_finished``
     is called each time a request finishes or is rejected.
@@ -68,7 +73,7 @@ class Simulator:
     def __init__(
         self,
         config: SimConfig,
-        strategy: Strategy,
+        strategy: Strategy | Gateways,
         requests: Sequence[WorkloadRequest],
         keys: Sequence[RoutingKey],
         *,
@@ -81,7 +86,7 @@ class Simulator:
         if config.instances < 1 and controller is None:
             raise ValueError("no instance and no fleet controller to start one")
         self._config = config
-        self._strategy = strategy
+        self._gateways = strategy if isinstance(strategy, Gateways) else Gateways([strategy])
         self._requests = requests
         self._keys = keys
         self._new_server = servers or (lambda: EngineModel(config.engine))
@@ -92,8 +97,9 @@ class Simulator:
         self._active: list[InstanceId] = []
         self._starting = 0  # started by the controller, not ready yet
         self._waiting: deque[int] = deque()  # arrived while no instance was ready
+        # the fleet's true in-flight requests (drains, the controller's view); what each
+        # strategy sees is its gateway replica's view (``sim.gateways``)
         self._in_flight_requests: dict[InstanceId, int] = {}
-        self._in_flight_tokens: dict[InstanceId, int] = {}
         self._heap: list[tuple[float, int, int, int, InstanceId]] = []
         self._counter = itertools.count()
         self._records = [
@@ -121,7 +127,6 @@ class Simulator:
         self._fleet_version += 1
         self._active.append(instance_id)
         self._in_flight_requests[instance_id] = 0
-        self._in_flight_tokens[instance_id] = 0
 
     def _push(self, at_s: float, kind: int, index: int, instance_id: InstanceId = "") -> None:
         heapq.heappush(self._heap, (at_s, next(self._counter), kind, index, instance_id))
@@ -146,7 +151,7 @@ class Simulator:
     def run(self) -> SimResult:
         for _ in range(self._config.instances):
             self._activate(self._new_id())
-        self._strategy.on_instances_changed(list(self._active))
+        self._gateways.on_instances_changed(list(self._active))
         firsts = self._plan_sessions()
         self._output_hashes = continuation_blocks(
             self._keys, self._requests, self._next_turn, self._block_tokens
@@ -210,6 +215,8 @@ class Simulator:
             self._scale(self._config.scale_events[index])
         elif kind == _TICK:
             self._tick()
+        elif kind == _SYNC:
+            self._gateways.deliver()
         else:
             self._ready(instance_id)
 
@@ -220,15 +227,17 @@ class Simulator:
 
     # ------------------------------------------------------------------ handlers
 
-    def _snapshot(self) -> FleetSnapshot:
+    def _snapshot(self, view: ReplicaView) -> FleetSnapshot:
+        """The fleet as ``view``'s replica sees it (its in-flight counts, the engines' stats)."""
         states = []
+        requests, tokens = view.in_flight_requests, view.in_flight_tokens
         for instance_id in self._active:
             stats = self._engines[instance_id].stats()
             states.append(
                 InstanceState(
                     instance_id,
-                    in_flight_requests=self._in_flight_requests[instance_id],
-                    in_flight_tokens=self._in_flight_tokens[instance_id],
+                    in_flight_requests=requests.get(instance_id, 0),
+                    in_flight_tokens=tokens.get(instance_id, 0),
                     waiting_requests=stats.waiting,
                     kv_usage_frac=stats.kv_usage_frac,
                     kv_capacity_blocks=stats.capacity_blocks,
@@ -246,8 +255,9 @@ class Simulator:
     def _route(self, index: int) -> None:
         key = self._keys[index]
         record = self._records[index]
-        decision = self._strategy.choose(key, self._snapshot())
-        self._strategy.on_routed(key, decision)
+        view = self._gateways.pick()
+        decision = view.strategy.choose(key, self._snapshot(view))
+        self._sync_at(self._gateways.routed(view, index, key, decision, self._now_s))
         chosen = decision.instance_id
         if key.block_hashes:  # else nothing can be cached: both stay 0
             self._record_reuse(record, key.block_hashes, chosen)
@@ -255,7 +265,6 @@ class Simulator:
         record.reason = str(decision.reason)
         record.spilled = decision.spilled
         self._in_flight_requests[chosen] += 1
-        self._in_flight_tokens[chosen] += key.prompt_tokens + key.output_tokens_hint
         self._push(self._now_s + self._config.router_overhead_s, _SUBMIT, index, chosen)
 
     def _record_reuse(
@@ -293,15 +302,18 @@ class Simulator:
             return
         record.finish_s = event.time_s
         record.rejected = event.kind == EngineEventKind.REJECTED
-        key = self._keys[event.request_id]
         self._in_flight_requests[instance_id] -= 1
-        self._in_flight_tokens[instance_id] -= key.prompt_tokens + key.output_tokens_hint
+        self._sync_at(self._gateways.finished(event.request_id, self._now_s))
         self._release_next(event.request_id)
         if self._on_finished is not None:
             self._on_finished()
         if instance_id not in self._active and self._in_flight_requests[instance_id] == 0:
             del self._engines[instance_id]  # drained
             self._fleet_version += 1
+
+    def _sync_at(self, at_s: float | None) -> None:
+        if at_s is not None:
+            self._push(at_s, _SYNC, 0)
 
     def _release_next(self, index: int) -> None:
         nxt = self._next_turn.get(index)
@@ -328,7 +340,7 @@ class Simulator:
         self._changed(before)
 
     def _changed(self, before: tuple[InstanceId, ...]) -> None:
-        self._strategy.on_instances_changed(list(self._active))
+        self._gateways.on_instances_changed(list(self._active))
         self._scale_records.append(ScaleRecord(self._now_s, before, tuple(self._active)))
 
     # ------------------------------------------------------------------ fleet controller

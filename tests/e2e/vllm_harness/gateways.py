@@ -1,8 +1,8 @@
 """In-process warmfleet gateway replicas for the e2e, built exactly as ``warmfleet serve --config``
-builds them: a ``kind: Gateway`` YAML document (``spec.tokenizer_path`` for the ``tokens`` key
-mode, ``spec.kv_events`` for exact mode) written to disk, ``load_gateway_config`` and
+builds them: a ``kind: Gateway`` YAML document (``spec.tokenizerPath`` for the ``tokens`` key
+mode, ``spec.kvEvents`` for exact mode) written to disk, ``load_gateway_config`` and
 ``create_app`` with no injected router factory. In exact mode each replica's subscriber connects
-to the KV-event relay that the engines publish to (``kv_events.bind: false``).
+to the KV-event relay that the engines publish to (``kvEvents.bind: false``).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ def gateway_document(
     spec: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": 0},
         "seed": seed,
-        "health": {"interval_s": 5.0, "timeout_s": 4.0},
-        "limits": {"upstream_read_timeout_s": 120.0},
-        "tokenizer_path": tokenizer_path,
+        "health": {"intervalS": 5.0, "timeoutS": 4.0},
+        "limits": {"upstreamReadTimeoutS": 120.0},
+        "tokenizerPath": tokenizer_path,
         "endpoints": [
             {
                 "name": "e2e",
@@ -55,7 +55,7 @@ def gateway_document(
                         "models": [MODEL_NAME],
                         "routing": {
                             "strategy": strategy,
-                            "key": {"mode": "tokens", "block_size": BLOCK_SIZE},
+                            "key": {"mode": "tokens", "blockSize": BLOCK_SIZE},
                         },
                         "instances": [{"id": e.instance_id, "url": e.url} for e in engines],
                     }
@@ -64,11 +64,11 @@ def gateway_document(
         ],
     }
     if kv_events_endpoint is not None:
-        spec["kv_events"] = {
+        spec["kvEvents"] = {
             "endpoint": kv_events_endpoint,
             "bind": False,
-            "resync_batches": 3,
-            "replay": {"port_offset": REPLAY_PORT_OFFSET, "timeout_s": 30.0},
+            "resyncBatches": 3,
+            "replay": {"portOffset": REPLAY_PORT_OFFSET, "timeoutS": 30.0},
         }
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
 

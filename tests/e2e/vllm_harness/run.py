@@ -51,7 +51,7 @@ from warmfleet.routing.keys import KeySpec
 
 CASES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("random", "default", {"type": "random"}),
-    ("prefix_affinity", "approximate", {"type": "prefix_affinity", "use_exact_index": False}),
+    ("prefix_affinity", "approximate", {"type": "prefix_affinity", "useExactIndex": False}),
     ("prefix_affinity", "exact", {"type": "prefix_affinity"}),
 )
 

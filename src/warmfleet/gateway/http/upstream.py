@@ -50,17 +50,23 @@ class UpstreamTimeout(Exception):
 
 
 Addr = tuple[str, int, bool]  # host, port, TLS
+# The instance's response headers the relay passes on to the client (docs/gateway.md): its
+# request id, processing time, rate limits (every ``x-ratelimit-*``) and retry hints (the
+# openai client reads ``retry-after-ms`` and ``retry-after``). Hop-by-hop headers never are.
+RELAYED_HEADERS = (
+    "content-encoding",
+    "x-request-id",
+    "openai-processing-ms",
+    "openai-version",
+    "server-timing",
+    "retry-after",
+    "retry-after-ms",
+)
+_RELAYED_PREFIXES = (b"x-ratelimit-",)
+# The framing headers the relay reads (``Exchange`` fields; the client's are its own).
+FRAMING_HEADERS = ("content-type", "content-length", "transfer-encoding")
 # Response headers the relay reads or passes on (lower-case bytes -> str key).
-_KEPT_HEADERS = {
-    name.encode(): name
-    for name in (
-        "content-type",
-        "content-length",
-        "transfer-encoding",
-        "content-encoding",
-        "x-request-id",
-    )
-}
+_KEPT_HEADERS = {name.encode(): name for name in (*FRAMING_HEADERS, *RELAYED_HEADERS)}
 
 
 class Sink(Protocol):
@@ -187,9 +193,14 @@ class UpstreamConnection(asyncio.Protocol):
             self._stray = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = _KEPT_HEADERS.get(name.lower())  # only what the relay needs is decoded
+        lower = name.lower()
+        key = _KEPT_HEADERS.get(lower)  # only what the relay needs is decoded
+        if key is None:
+            if not lower.startswith(_RELAYED_PREFIXES):
+                return
+            key = lower.decode("latin-1")
         ex = self.exchange
-        if key is not None and ex is not None:
+        if ex is not None:
             ex.headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:

@@ -15,18 +15,31 @@ from warmfleet.gateway.errors import error_response, status_and_type
 from warmfleet.gateway.http.messages import Request, Response
 from warmfleet.gateway.http.routes import Routes
 from warmfleet.gateway.metrics import CONTENT_TYPE
-from warmfleet.gateway.openai.body import check_key_body_size, openai_fields, parse_request_body
+from warmfleet.gateway.openai.body import (
+    BodyKind,
+    check_key_body_size,
+    openai_fields,
+    parse_request_body,
+)
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.server_config import LimitsConfig
 from warmfleet.gateway.variant import RouterLike, VariantRuntime
 from warmfleet.gateway.world import EndpointRuntime
-from warmfleet.routing.parse import parse_chat, parse_completions, parse_native
+from warmfleet.routing.parse import (
+    parse_chat,
+    parse_completions,
+    parse_embeddings,
+    parse_native,
+    parse_responses,
+)
 from warmfleet.routing.request import KeyRequest
 
 log = logging.getLogger(__name__)
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+RESPONSES_PATH = "/v1/responses"
+EMBEDDINGS_PATH = "/v1/embeddings"
 _JSON = "application/json"
 # Errors the routing core should have turned into BadRequestError; caught so bad input can never
 # become a 500 even if a validation gap slips through.
@@ -45,10 +58,10 @@ _DEFENSIVE = (
 Parse = Callable[[Mapping[str, Any], str | None, str], KeyRequest]
 
 
-def _parse_offloaded(raw: bytes, limits: LimitsConfig, chat: bool) -> tuple[list[Any], str]:
+def _parse_offloaded(raw: bytes, limits: LimitsConfig, kind: BodyKind) -> tuple[list[Any], str]:
     """On the body worker: the parsed body (inside a holder the key job empties, so the body is
     freed on the worker: 150,000 objects take milliseconds to free) and its model."""
-    body = parse_request_body(raw, limits, chat=chat, yielding=True)
+    body = parse_request_body(raw, limits, kind=kind, yielding=True)
     return [body], openai_fields(body)[0]
 
 
@@ -58,6 +71,15 @@ def _key_offloaded(
     """On the body worker: the key of the body in ``holder``, parsed into its request there
     (both are freed there)."""
     return router.key(parse(holder.pop(), tenant, tenant_header))
+
+
+def _utility_model(raw: bytes, limits: LimitsConfig, kind: BodyKind, yielding: bool) -> str | None:
+    """The ``model`` of a utility route's body: optional (vLLM's ``/tokenize`` and
+    ``/detokenize`` take none), else a non-empty string."""
+    model = parse_request_body(raw, limits, kind=kind, yielding=yielding).get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise BadRequestError("'model' must be a non-empty string", param="model")
+    return model
 
 
 class Handlers:
@@ -86,13 +108,21 @@ class Handlers:
         return error_response(err)
 
     async def chat_completions(self, request: Request) -> Response | None:
-        return await self._openai(request, CHAT_PATH, parse_chat, chat=True)
+        return await self._openai(request, CHAT_PATH, parse_chat, kind="chat")
 
     async def completions(self, request: Request) -> Response | None:
-        return await self._openai(request, COMPLETIONS_PATH, parse_completions, chat=False)
+        return await self._openai(request, COMPLETIONS_PATH, parse_completions, kind="completions")
+
+    async def responses(self, request: Request) -> Response | None:
+        """``POST /v1/responses``: keyed as the chat it renders (``parse_responses``)."""
+        return await self._openai(request, RESPONSES_PATH, parse_responses, kind="responses")
+
+    async def embeddings(self, request: Request) -> Response | None:
+        """``POST /v1/embeddings``: keyed on its inputs, as a completions batch."""
+        return await self._openai(request, EMBEDDINGS_PATH, parse_embeddings, kind="embeddings")
 
     async def _openai(
-        self, request: Request, path: str, parse: Parse, *, chat: bool
+        self, request: Request, path: str, parse: Parse, *, kind: BodyKind
     ) -> Response | None:
         """Parse, check the limits, pick the variant, parse the body into its typed request (the
         variant's key settings name the tenant header) and build its key. A body over
@@ -103,9 +133,9 @@ class Handlers:
         limits = state.limits
         raw = request.body
         if len(raw) > limits.offload_body_bytes:
-            return await self._openai_offloaded(request, path, parse, chat=chat, t_start=t_start)
+            return await self._openai_offloaded(request, path, parse, kind=kind, t_start=t_start)
         try:
-            body = parse_request_body(raw, limits, chat=chat)
+            body = parse_request_body(raw, limits, kind=kind)
             model, _stream = openai_fields(body)
             variant, tenant = self._pick(request, state.openai_endpoint(model), model, len(raw))
             router = variant.router
@@ -119,7 +149,7 @@ class Handlers:
         )
 
     async def _openai_offloaded(
-        self, request: Request, path: str, parse: Parse, *, chat: bool, t_start: float
+        self, request: Request, path: str, parse: Parse, *, kind: BodyKind, t_start: float
     ) -> Response | None:
         """``_openai`` for a big body: parsed and keyed on the body worker (where the body is
         also freed); the variant is picked here, on the loop, which owns the state."""
@@ -127,7 +157,7 @@ class Handlers:
         worker = self.gw.body_worker
         holder: list[Any] = []
         try:
-            holder, model = await worker.run(_parse_offloaded, request.body, state.limits, chat)
+            holder, model = await worker.run(_parse_offloaded, request.body, state.limits, kind)
             endpoint = state.openai_endpoint(model)
             variant, tenant = self._pick(request, endpoint, model, len(request.body))
             router = variant.router
@@ -169,6 +199,47 @@ class Handlers:
         path = variant.config.invocations_path
         return await self.gw.proxy.forward(
             request, variant, router=router, key=key, path=path, t_start=t_start
+        )
+
+    async def tokenize(self, request: Request) -> Response | None:
+        return await self._utility(request, "/tokenize", "tokenize")
+
+    async def detokenize(self, request: Request) -> Response | None:
+        return await self._utility(request, "/detokenize", "detokenize")
+
+    async def version(self, request: Request) -> Response | None:
+        return await self._utility(request, "/version", None)
+
+    async def _utility(self, request: Request, path: str, kind: BodyKind | None) -> Response | None:
+        """vLLM's utility routes (a body of ``kind``; ``None``: a GET): to a healthy instance of
+        the variant serving the body's ``model`` (without one: any variant of the default
+        endpoint), chosen by the variant's strategy with a key of no prompt and a random prefix
+        hash, so nothing is learnt from it and the calls spread."""
+        t_start = perf_counter()
+        state = self.state
+        limits = state.limits
+        model = None
+        try:
+            if kind is not None and len(request.body) > limits.offload_body_bytes:
+                run = self.gw.body_worker.run
+                model = await run(_utility_model, request.body, limits, kind, True)
+            elif kind is not None:
+                model = _utility_model(request.body, limits, kind, False)
+            endpoint = state.openai_endpoint(model)
+            requested = request.headers.get(state.variant_header)
+            variant = endpoint.pick_variant(model, requested, state.rng)
+        except WarmfleetError as err:
+            return self.reject(err)
+        key = RoutingKey((), 1, 0, 0, state.rng.getrandbits(64))
+        method = "GET" if kind is None else "POST"
+        return await self.gw.proxy.forward(
+            request,
+            variant,
+            router=variant.router,
+            key=key,
+            path=path,
+            t_start=t_start,
+            method=method,
         )
 
     async def models(self, _request: Request) -> Response:
@@ -223,6 +294,11 @@ class Handlers:
 def add_public_routes(routes: Routes, handlers: Handlers) -> None:
     routes.add("POST", CHAT_PATH, handlers.chat_completions)
     routes.add("POST", COMPLETIONS_PATH, handlers.completions)
+    routes.add("POST", RESPONSES_PATH, handlers.responses)
+    routes.add("POST", EMBEDDINGS_PATH, handlers.embeddings)
+    routes.add("POST", "/tokenize", handlers.tokenize)
+    routes.add("POST", "/detokenize", handlers.detokenize)
+    routes.add("GET", "/version", handlers.version)
     routes.add("GET", "/v1/models", handlers.models)
     routes.add("GET", "/v1/models/{model:path}", handlers.model)
     routes.add("POST", "/endpoints/{endpoint}/invocations", handlers.invocations)

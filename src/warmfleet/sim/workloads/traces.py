@@ -14,6 +14,7 @@ import itertools
 import json
 import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -62,7 +63,11 @@ def _spread(timestamps_ms: list[int], rng: random.Random) -> list[float]:
     return out
 
 
-def _mooncake_row(source: str, line_no: int, line: str) -> tuple[int, list[int], int, int]:
+# (timestamp ms, hash ids, input tokens, output tokens): one line of a Mooncake trace
+MooncakeRow = tuple[int, Sequence[int], int, int]
+
+
+def _mooncake_row(source: str, line_no: int, line: str) -> MooncakeRow:
     """(timestamp ms, hash ids, input tokens, output tokens) of one JSONL line."""
     try:
         row = json.loads(line)
@@ -74,7 +79,7 @@ def _mooncake_row(source: str, line_no: int, line: str) -> tuple[int, list[int],
         raise ConfigError(f"trace: {source}:{line_no}: not a Mooncake trace row: {err}") from err
 
 
-def _mooncake_segments(ids: list[int], input_tokens: int, tail_id: int) -> tuple[Segment, ...]:
+def _mooncake_segments(ids: Sequence[int], input_tokens: int, tail_id: int) -> tuple[Segment, ...]:
     """One segment per ``hash_id`` block (the last one partial), ``input_tokens`` in all: ids
     past the prompt are dropped, a prompt longer than its ids ends with unique content."""
     segments = []
@@ -97,6 +102,14 @@ def mooncake(trace: Trace, seed: int, spread_buckets: bool = True) -> tuple[Work
         for line_no, line in enumerate(trace.text.splitlines(), 1)
         if line.strip()
     ]
+    return mooncake_requests(rows, seed, spread_buckets)
+
+
+def mooncake_requests(
+    rows: Sequence[MooncakeRow], seed: int, spread_buckets: bool = True
+) -> tuple[WorkloadRequest, ...]:
+    """Requests of Mooncake rows (timestamp ms, hash ids, input tokens, output tokens), read
+    from a trace or generated (``equivalents.mooncake_equivalent``)."""
     stamps = [row[0] for row in rows]
     arrivals = _spread(stamps, random.Random(seed)) if spread_buckets else [t / 1e3 for t in stamps]
     out = []
@@ -140,6 +153,14 @@ def _azure_row(source: str, line_no: int, row: dict[str, str]) -> tuple[float, i
 def azure(trace: Trace, seed: int) -> tuple[WorkloadRequest, ...]:
     reader = csv.DictReader(trace.text.splitlines())
     rows = [_azure_row(trace.source, line_no, row) for line_no, row in enumerate(reader, 2)]
+    return azure_requests(rows, seed)
+
+
+def azure_requests(
+    rows: Sequence[tuple[float, int, int]], seed: int
+) -> tuple[WorkloadRequest, ...]:
+    """Requests of Azure rows (arrival s, prompt tokens, output tokens), read from a trace or
+    generated (``equivalents.azure_equivalent``); every prompt is unique."""
     if not rows:
         return ()
     start_s = min(stamp for stamp, _, _ in rows)

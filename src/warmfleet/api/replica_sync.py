@@ -1,0 +1,153 @@
+"""The gateway replicas' sync wire format: the one definition of how the notes of
+``routing.replica_notes`` (``RoutedNote``, ``FinishedNote``) travel between replicas.
+
+**Encoding.** msgpack (already a dependency: the KV-event wire uses it), chosen over JSON for
+size and speed: a payload is one batch ``[VERSION, [note, ...]]``, a note an array
+
+- routed: ``[0, origin, variant, seq, block_hashes, block_size, units, prompt_tokens,
+  prefix_hash, output_tokens_hint, chain_seed | nil, instance_id, reason, predicted_cached_blocks,
+  best_cached_blocks, spilled, tokens]``, where ``block_hashes`` is one bytes value of 8-byte
+  little-endian unsigned hashes (8 bytes a block instead of msgpack's 9, packed and unpacked in
+  C) and ``reason`` the ``Reason`` value (``"prefix_hit"``...);
+- finished: ``[1, origin, variant, seq, instance_id, tokens]``.
+
+Every field is positional; a reader refuses another ``VERSION``. ``decode_batch`` raises
+``ReplicaSyncError`` for anything that is not a batch of this version, never another exception.
+
+**Bounded staleness.** There is no leader: each replica applies its own decisions at once and
+its peers' notes when they arrive (``routing.replicas.ReplicaView``). If every note reaches every
+peer within ``D`` seconds of the decision (transport latency plus any batching interval), a
+replica deciding at ``t`` knows every routing and completion of the fleet made before ``t - D``:
+its prefix index, fan-out, prompt ends and in-flight load lag the fleet's by at most ``D``, and
+two replicas can only disagree about requests routed within ``D`` of each other. The
+simulator (``warmfleet sim --gateway-replicas N --sync-delay-ms D``) measures what a given
+``D`` costs in hit rate; a replica cut off from its peers degrades to its own view (``D``
+infinite, the "no sync" column of that table).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from warmfleet.core.errors import WarmfleetError
+from warmfleet.core.types import Decision, Reason, RoutingKey
+from warmfleet.routing.replica_notes import FinishedNote, RoutedNote, SyncNote
+
+VERSION = 1
+_ROUTED, _FINISHED = 0, 1
+_ROUTED_FIELDS = 17
+_FINISHED_FIELDS = 6
+_U64 = (1 << 64) - 1
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class ReplicaSyncError(WarmfleetError):
+    """A note that cannot be encoded, or a payload that is not a batch of sync notes."""
+
+
+def _hashes_bytes(hashes: tuple[int, ...]) -> bytes:
+    try:
+        return struct.pack(f"<{len(hashes)}Q", *hashes)
+    except struct.error as err:
+        raise ReplicaSyncError(f"block_hashes: not unsigned 64-bit hashes: {err}") from err
+
+
+def _note_fields(note: SyncNote) -> list[Any]:
+    if isinstance(note, FinishedNote):
+        return [_FINISHED, note.origin, note.variant, note.seq, note.instance_id, note.tokens]
+    key, decision = note.key, note.decision
+    return [
+        _ROUTED, note.origin, note.variant, note.seq,
+        _hashes_bytes(key.block_hashes), key.block_size, key.units, key.prompt_tokens,
+        key.prefix_hash, key.output_tokens_hint, key.chain_seed,
+        decision.instance_id, decision.reason.value, decision.predicted_cached_blocks,
+        decision.best_cached_blocks, decision.spilled, note.tokens,
+    ]  # fmt: skip
+
+
+def encode_batch(notes: Sequence[SyncNote]) -> bytes:
+    """One payload carrying ``notes`` in order."""
+    try:
+        payload: bytes = msgpack.packb(
+            [VERSION, [_note_fields(n) for n in notes]], use_bin_type=True
+        )
+    except (OverflowError, ValueError, TypeError) as err:  # an int past 64 bits
+        raise ReplicaSyncError(f"note: cannot encode: {err}") from err
+    return payload
+
+
+def _int(value: object, name: str, low: int = 0, high: int = _I64[1]) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ReplicaSyncError(f"{name}: expected an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def _str(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise ReplicaSyncError(f"{name}: expected a string, got {value!r}")
+    return value
+
+
+def _head(fields: list[Any]) -> tuple[str, str, int]:
+    return _str(fields[1], "origin"), _str(fields[2], "variant"), _int(fields[3], "seq", 1)
+
+
+def _decode_routed(fields: list[Any]) -> RoutedNote:
+    origin, variant, seq = _head(fields)
+    raw = fields[4]
+    if not isinstance(raw, bytes) or len(raw) % 8:
+        raise ReplicaSyncError("block_hashes: expected bytes of 8-byte hashes")
+    seed = fields[10]
+    key = RoutingKey(
+        block_hashes=struct.unpack(f"<{len(raw) // 8}Q", raw),
+        block_size=_int(fields[5], "block_size"),
+        units=_int(fields[6], "units"),
+        prompt_tokens=_int(fields[7], "prompt_tokens"),
+        prefix_hash=_int(fields[8], "prefix_hash", _I64[0], _U64),
+        output_tokens_hint=_int(fields[9], "output_tokens_hint"),
+        chain_seed=None if seed is None else _int(seed, "chain_seed", _I64[0], _U64),
+    )
+    try:
+        reason = Reason(fields[12])
+    except (ValueError, TypeError) as err:  # TypeError: an unhashable value
+        raise ReplicaSyncError(f"reason: unknown {fields[12]!r}") from err
+    if not isinstance(fields[15], bool):
+        raise ReplicaSyncError(f"spilled: expected a boolean, got {fields[15]!r}")
+    decision = Decision(
+        _str(fields[11], "instance_id"),
+        reason,
+        _int(fields[13], "predicted_cached_blocks"),
+        _int(fields[14], "best_cached_blocks"),
+        fields[15],
+    )
+    return RoutedNote(origin, variant, seq, key, decision, _int(fields[16], "tokens"))
+
+
+def _decode_note(fields: object) -> SyncNote:
+    if not isinstance(fields, list) or not fields:
+        raise ReplicaSyncError(f"note: expected a non-empty array, got {fields!r}")
+    kind = fields[0]
+    if kind == _ROUTED and type(kind) is int and len(fields) == _ROUTED_FIELDS:
+        return _decode_routed(fields)
+    if kind == _FINISHED and type(kind) is int and len(fields) == _FINISHED_FIELDS:
+        origin, variant, seq = _head(fields)
+        instance_id = _str(fields[4], "instance_id")
+        return FinishedNote(origin, variant, seq, instance_id, _int(fields[5], "tokens"))
+    raise ReplicaSyncError(f"note: unknown kind or field count: {fields[:1]!r}, {len(fields)}")
+
+
+def decode_batch(payload: bytes) -> tuple[SyncNote, ...]:
+    """The notes of one payload, in order."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as err:  # TypeError: a list as key
+        raise ReplicaSyncError(f"payload: not msgpack: {err}") from err
+    if not isinstance(raw, list) or len(raw) != 2 or not isinstance(raw[1], list):
+        raise ReplicaSyncError("payload: expected [version, [note, ...]]")
+    if raw[0] != VERSION or type(raw[0]) is not int:
+        raise ReplicaSyncError(f"payload: version {raw[0]!r}, this reader speaks {VERSION}")
+    return tuple(_decode_note(fields) for fields in raw[1])

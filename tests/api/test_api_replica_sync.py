@@ -1,0 +1,124 @@
+"""The replica-sync wire format: every field round-trips, anything else is one error type."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import fields, replace
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from warmfleet.api.replica_sync import VERSION, ReplicaSyncError, decode_batch, encode_batch
+from warmfleet.core.types import Decision, Reason, RoutingKey
+from warmfleet.routing.replica_notes import FinishedNote, RoutedNote, SyncNote, routed_note
+
+U64 = st.integers(0, (1 << 64) - 1)
+COUNT = st.integers(0, 1 << 40)
+NAME = st.text(max_size=20)
+
+key_st = st.builds(
+    RoutingKey,
+    block_hashes=st.lists(U64, max_size=40).map(tuple),
+    block_size=COUNT,
+    units=COUNT,
+    prompt_tokens=COUNT,
+    prefix_hash=U64,
+    output_tokens_hint=COUNT,
+    chain_seed=st.none() | U64,
+)
+decision_st = st.builds(
+    Decision,
+    instance_id=NAME,
+    reason=st.sampled_from(Reason),
+    predicted_cached_blocks=COUNT,
+    best_cached_blocks=COUNT,
+    spilled=st.booleans(),
+)
+SEQ = st.integers(1, (1 << 63) - 1)
+note_st: st.SearchStrategy[SyncNote] = st.one_of(
+    st.builds(RoutedNote, NAME, NAME, SEQ, key_st, decision_st, COUNT),
+    st.builds(FinishedNote, NAME, NAME, SEQ, NAME, COUNT),
+)
+
+
+def test_the_codec_covers_every_field_of_the_key_and_the_decision() -> None:
+    """A field added to RoutingKey or Decision must be added to the wire (and to key_st /
+    decision_st above, which the round trip draws every field of)."""
+    assert [f.name for f in fields(RoutingKey)] == [
+        "block_hashes", "block_size", "units", "prompt_tokens", "prefix_hash",
+        "output_tokens_hint", "chain_seed",
+    ]  # fmt: skip
+    assert [f.name for f in fields(Decision)] == [
+        "instance_id", "reason", "predicted_cached_blocks", "best_cached_blocks", "spilled",
+    ]  # fmt: skip
+
+
+def test_a_batch_round_trips() -> None:
+    key = RoutingKey((1, 2, (1 << 64) - 1), 16, 50, 50, 99, 8, None)
+    routed = routed_note("r0", "llama", 7, key, Decision("i1", Reason.PREFIX_HIT, 2, 3, True))
+    done = FinishedNote("r0", "llama", 7, "i1", routed.tokens)
+    payload = encode_batch([routed, done])
+    assert decode_batch(payload) == (routed, done)
+    assert decode_batch(encode_batch([])) == ()
+    # 8 bytes a block hash: the chain dominates a long prompt's note
+    long = replace(routed, key=replace(key, block_hashes=tuple(range(1 << 40, (1 << 40) + 2048))))
+    assert len(encode_batch([long])) < 8 * 2048 + 100
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(note_st, max_size=5))
+def test_any_notes_round_trip(notes: list[SyncNote]) -> None:
+    assert decode_batch(encode_batch(notes)) == tuple(notes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_raise_the_one_error(payload: bytes) -> None:
+    with contextlib.suppress(ReplicaSyncError):
+        decode_batch(payload)
+
+
+_value_st = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 63), (1 << 64) - 1)  # what msgpack can carry
+    | st.sampled_from([0, 1, 7])
+    | st.text(max_size=5)
+    | st.binary(max_size=9),
+    lambda inner: st.lists(inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(_value_st, max_size=18), max_size=2))
+def test_malformed_notes_raise_the_one_error(notes: list[list[object]]) -> None:
+    payload = msgpack.packb([VERSION, notes], use_bin_type=True)
+    with contextlib.suppress(ReplicaSyncError):
+        decode_batch(payload)
+
+
+def test_what_cannot_be_sent_or_read_is_named() -> None:
+    key = RoutingKey((1 << 64,), 16, 16, 16, 0)
+    with pytest.raises(ReplicaSyncError, match="block_hashes"):
+        encode_batch([routed_note("r0", "v", 1, key, Decision("i", Reason.RANDOM))])
+    with pytest.raises(ReplicaSyncError, match="version"):
+        decode_batch(msgpack.packb([VERSION + 1, []]))
+    finished = [1, "r0", "v", 0, "i", 5]  # sequence numbers start at 1
+    with pytest.raises(ReplicaSyncError, match="seq"):
+        decode_batch(msgpack.packb([VERSION, [finished]]))
+    with pytest.raises(ReplicaSyncError, match="payload"):
+        decode_batch(b"\xc1")
+
+
+@settings(max_examples=150, deadline=None)
+@given(note_st, st.integers(0, 16), _value_st)
+def test_a_note_with_one_field_replaced_decodes_or_raises_the_one_error(
+    note: SyncNote, position: int, value: object
+) -> None:
+    (fields_,) = msgpack.unpackb(encode_batch([note]))[1]
+    fields_[position % len(fields_)] = value
+    with contextlib.suppress(ReplicaSyncError):
+        decode_batch(msgpack.packb([VERSION, [fields_]], use_bin_type=True))
