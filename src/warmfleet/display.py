@@ -57,7 +57,8 @@ WideOpt = Annotated[bool, typer.Option("--wide", help="Show every column of tabl
 
 def num(value: float | None, digits: int = 3) -> str:
     """``value`` to ``digits`` significant digits, never in exponent form for people
-    (0.06939999 -> 0.0694, 1234.5 -> 1235, 12.345 -> 12.3); integers as they are."""
+    (0.06939999 -> 0.0694, 1234.5 -> 1234, 12.345 -> 12.3, 0.030000000000000002 -> 0.03);
+    integers as they are."""
     if value is None:
         return NA
     if isinstance(value, int):
@@ -67,7 +68,8 @@ def num(value: float | None, digits: int = 3) -> str:
     if value == 0:
         return "0"
     magnitude = math.floor(math.log10(abs(value)))
-    return fixed(value, max(digits - 1 - magnitude, 0))
+    text = fixed(value, max(digits - 1 - magnitude, 0))
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def fixed(value: float | None, decimals: int) -> str:

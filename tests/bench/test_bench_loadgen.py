@@ -272,7 +272,8 @@ async def test_write_report_files(engines: list[FakeEngine], tmp_path: Path) -> 
     load, summary = await measure(small_gsp(6), LoadSpec(urls=(engines[0].url,)), ())
     report = comparison_report({"scenario": "gsp", "instances": 1}, {"x": summary})
     paths = write_report(report, {"x": load}, tmp_path, "test")
-    assert {p.name for p in paths} == {"report.json", "report.md", "ttft_cdf.png", "share.png"}
+    names = {p.name for p in paths}
+    assert names == {"report.json", "report.md", "ttft_cdf.png", "share.png", "hit_rate.png"}
     assert json.loads((tmp_path / "report.json").read_text())["strategies"]["x"]["ttft_ms"]
 
 

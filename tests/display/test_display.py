@@ -30,6 +30,8 @@ def test_num_rounds_to_three_significant_digits_without_exponents() -> None:
     assert num(0.0) == "0"
     assert num(-0.00001234) == "-0.0000123"
     assert num(7) == "7"
+    assert num(0.030000000000000002) == "0.03"  # no trailing zeros
+    assert num(100.0) == "100"
     assert num(None) == "-"
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from warmfleet.bench.report import comparison_table, write_json, write_plots
 from warmfleet.core.errors import ConfigError, WarmfleetError
+from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console, emit
 from warmfleet.edge import TRACES_DIR_ENV, read_text_file, resolve_traces_dir
 from warmfleet.routing.config import STRATEGY_NAMES
 from warmfleet.sim.runner import Comparison, run_comparison
@@ -72,15 +72,18 @@ def _strategies(text: str) -> list[str]:
     return names
 
 
-def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
-
-
-def _emit(comparison: Comparison, json_out: Path | None, report_dir: Path | None) -> None:
-    console = _console()
-    console.print(comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs}))
+def _emit(
+    comparison: Comparison,
+    json_out: Path | None,
+    report_dir: Path | None,
+    fmt: OutputFormat = OutputFormat.table,
+    wide: bool = False,
+) -> None:
+    """The table (or TSV/JSON on stdout, the other lines then on stderr), then the files."""
     report = comparison.report()
+    table = comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs})
+    emit(table, fmt, wide=wide, document=report)
+    console = chatter_console(fmt)
     for run in comparison.runs:
         if not (run.conserved and run.time_monotonic):
             console.print(f"[red]{run.name}: conservation or time-order check failed[/red]")
@@ -124,6 +127,8 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="closed loop with N clients (saturation mode)")
     ] = None,
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
     """Compare routing strategies on a simulated fleet (virtual time)."""
     if concurrency is not None and rate is not None:
@@ -140,7 +145,7 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     except WarmfleetError as err:
         typer.echo(f"error: {err}", err=True)  # one line (per problem), never wrapped
         raise typer.Exit(2) from err
-    _emit(comparison, json_out, report)
+    _emit(comparison, json_out, report, fmt, wide)
 
 
 def demo_scenario() -> ScenarioSpec:
@@ -157,12 +162,14 @@ def demo_scenario() -> ScenarioSpec:
 
 def demo(
     report: Annotated[Path, typer.Option(help="output directory")] = Path("warmfleet-report"),
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
     """Simulator-only demo: the four strategies on a scaled-down aws-long-context (virtual time)."""
     started = time.perf_counter()
     comparison = run_comparison(demo_scenario(), DEMO_STRATEGIES)
-    _emit(comparison, None, report)
-    _console().print(f"demo finished in {time.perf_counter() - started:.1f} s")
+    _emit(comparison, None, report, fmt, wide)
+    chatter_console(fmt).print(f"demo finished in {time.perf_counter() - started:.1f} s")
 
 
 def register(app: typer.Typer) -> None:
