@@ -32,7 +32,7 @@ from rich.text import Text
 
 PIPED_WIDTH = 100  # columns of piped output when $COLUMNS is not set
 NA = "-"  # a figure that was not measured
-WRAP_MIN = 16  # a wrapping column is never squeezed below this (or its longest word)
+WRAP_MIN = 20  # a wrapping column (long words folded) is never squeezed below this
 _SIZE_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
 
@@ -122,8 +122,8 @@ def _common_chars(a: str, b: str) -> int:
 @dataclass(frozen=True)
 class Column:
     """``drop``: 0 is always shown; when the table is too wide, the column with the highest
-    rank goes first (the rightmost of equal ranks). ``wrap``: long text may wrap onto more
-    lines instead of widening the table."""
+    rank goes first (the rightmost of equal ranks). ``wrap``: long text may wrap (a long word
+    fold) onto more lines instead of widening the table; otherwise a cell is never cut."""
 
     header: str
     left: bool = False
@@ -151,10 +151,7 @@ def plain(cell: str) -> str:
 def _width(column: Column, cells: Sequence[str]) -> int:
     lines = [line for text in (column.header, *cells) for line in plain(text).splitlines()]
     natural = max((cell_len(line) for line in lines), default=0)
-    if not column.wrap:
-        return natural
-    longest_word = max((cell_len(word) for line in lines for word in line.split()), default=0)
-    return max(longest_word, min(natural, WRAP_MIN))
+    return natural if not column.wrap else min(natural, WRAP_MIN)
 
 
 def table_width(grid: Grid, shown: Sequence[int]) -> int:
