@@ -318,6 +318,28 @@ def test_bench_cli_writes_json(threaded_engine: FakeEngine, tmp_path: Path) -> N
     assert (report["preset"], report["seed"]) == ("llama-3.1-70b-p5", 0)
 
 
+def test_bench_cli_table_fits_and_json_goes_alone_to_stdout(
+    threaded_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Piped at COLUMNS=100 the table fits; ``--format json`` prints the report alone on stdout
+    (the notes under the table go to stderr)."""
+    monkeypatch.setenv("COLUMNS", "100")
+    args = [
+        "bench", "--url", threaded_engine.url, "--scenario", "gsp", "--requests", "6",
+        "--concurrency", "2", "--max-output-tokens", "4", "--label", "least_outstanding_requests",
+    ]  # fmt: skip
+    table = CliRunner().invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert max(len(line) for line in table.output.splitlines()) <= 100
+    assert "least_outstanding_requests" in table.output
+    assert "Not streamed: TTFT is each request's end-to-end latency" in table.output
+    shown = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    report = json.loads(shown.stdout)
+    assert report["strategies"]["least_outstanding_requests"]["requests"]["completed"] == 6
+    assert "Not streamed" in shown.stderr
+
+
 @pytest.mark.parametrize(
     "flags", [["--rate", "0"], ["--rate", "2", "--concurrency", "2"]], ids=["zero", "both"]
 )
