@@ -164,11 +164,17 @@ def table_width(grid: Grid, shown: Sequence[int]) -> int:
 def fitting_columns(grid: Grid, width: int) -> list[int]:
     """Indexes of the columns shown in ``width`` columns (see ``Column.drop``)."""
     shown = list(range(len(grid.columns)))
+    dropped = []
     while table_width(grid, shown) > width:
         droppable = [i for i in shown if grid.columns[i].drop > 0]
         if not droppable:
             break
-        shown.remove(max(reversed(droppable), key=lambda i: grid.columns[i].drop))
+        column = max(reversed(droppable), key=lambda i: grid.columns[i].drop)
+        shown.remove(column)
+        dropped.append(column)
+    for column in reversed(dropped):  # a narrow column dropped early may fit after all
+        if table_width(grid, sorted([*shown, column])) <= width:
+            shown = sorted([*shown, column])
     return shown
 
 
