@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from warmfleet.bench.replicas_report import replicas_tables
 from warmfleet.bench.report import comparison_table, write_json, write_plots
 from warmfleet.core.errors import ConfigError, WarmfleetError
+from warmfleet.display import (
+    FormatOpt,
+    OutputFormat,
+    WideOpt,
+    chatter_console,
+    emit,
+    output_console,
+)
 from warmfleet.edge import TRACES_DIR_ENV, read_text_file, resolve_traces_dir
 from warmfleet.routing.config import STRATEGY_NAMES
 from warmfleet.sim.replica_sweep import ReplicaSweep, run_replica_sweep
@@ -79,17 +87,20 @@ def _strategies(text: str) -> list[str]:
     return names
 
 
-def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
-
-
-def _emit(comparison: Comparison, json_out: Path | None, report_dir: Path | None) -> None:
-    console = _console()
+def _emit(
+    comparison: Comparison,
+    json_out: Path | None,
+    report_dir: Path | None,
+    fmt: OutputFormat = OutputFormat.table,
+    wide: bool = False,
+) -> None:
+    """The table (or TSV/JSON on stdout, the other lines then on stderr), then the files."""
+    report = comparison.report()
+    console = chatter_console(fmt)
     if comparison.workload.source != "generated":
         console.print(f"workload: {comparison.workload.source}", markup=False, highlight=False)
-    console.print(comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs}))
-    report = comparison.report()
+    table = comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs})
+    emit(table, fmt, wide=wide, document=report)
     for run in comparison.runs:
         if not (run.conserved and run.time_monotonic):
             console.print(f"[red]{run.name}: conservation or time-order check failed[/red]")
@@ -128,10 +139,14 @@ def _sync_delays(text: str) -> list[float | None]:
     return delays
 
 
-def _emit_sweep(sweep: ReplicaSweep, json_out: Path | None) -> None:
-    console = _console()
-    for table in replicas_tables(sweep):
-        console.print(table)
+def _emit_sweep(sweep: ReplicaSweep, json_out: Path | None, fmt: OutputFormat) -> None:
+    """The replicas tables, or (``--format json``) the sweep's report on stdout."""
+    console = chatter_console(fmt)
+    if fmt == OutputFormat.table:
+        for table in replicas_tables(sweep):
+            console.print(table)
+    else:
+        output_console().file.write(json.dumps(sweep.report(), indent=1, default=str) + "\n")
     for cell in sweep.cells:
         if not (cell.run.conserved and cell.run.time_monotonic):
             console.print(
@@ -181,6 +196,8 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         str,
         typer.Option(help="replica sync delay in ms ('none': no sync), or a list to sweep"),
     ] = "0",
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
     """Compare routing strategies on a simulated fleet (virtual time); with
     --gateway-replicas/--sync-delay-ms, the hit rate per (replicas, delay) instead."""
@@ -188,6 +205,8 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         raise typer.BadParameter("give at most one of --concurrency and --rate")
     counts, delays = _replica_counts(gateway_replicas), _sync_delays(sync_delay_ms)
     sweep = counts != [1] or delays != [0.0]
+    if sweep and fmt == OutputFormat.tsv:
+        raise typer.BadParameter("--format tsv is for one gateway; use json with replicas")
     if sweep and report is not None:
         raise typer.BadParameter("--report (plots) is for one gateway; use --json with replicas")
     try:
@@ -201,6 +220,7 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
                     trace=trace_data, rate_rps=rate, concurrency=concurrency,
                 ),
                 json_out,
+                fmt,
             )  # fmt: skip
             return
         comparison = run_comparison(
@@ -209,7 +229,7 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     except WarmfleetError as err:
         typer.echo(f"error: {err}", err=True)  # one line (per problem), never wrapped
         raise typer.Exit(2) from err
-    _emit(comparison, json_out, report)
+    _emit(comparison, json_out, report, fmt, wide)
 
 
 def demo_scenario() -> ScenarioSpec:
@@ -226,12 +246,14 @@ def demo_scenario() -> ScenarioSpec:
 
 def demo(
     report: Annotated[Path, typer.Option(help="output directory")] = Path("warmfleet-report"),
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
     """Simulator-only demo: the four strategies on a scaled-down aws-long-context (virtual time)."""
     started = time.perf_counter()
     comparison = run_comparison(demo_scenario(), DEMO_STRATEGIES)
-    _emit(comparison, None, report)
-    _console().print(f"demo finished in {time.perf_counter() - started:.1f} s")
+    _emit(comparison, None, report, fmt, wide)
+    chatter_console(fmt).print(f"demo finished in {time.perf_counter() - started:.1f} s")
 
 
 def register(app: typer.Typer) -> None:
