@@ -272,7 +272,8 @@ async def test_write_report_files(engines: list[FakeEngine], tmp_path: Path) -> 
     load, summary = await measure(small_gsp(6), LoadSpec(urls=(engines[0].url,)), ())
     report = comparison_report({"scenario": "gsp", "instances": 1}, {"x": summary})
     paths = write_report(report, {"x": load}, tmp_path, "test")
-    assert {p.name for p in paths} == {"report.json", "report.md", "ttft_cdf.png", "share.png"}
+    names = {p.name for p in paths}
+    assert names == {"report.json", "report.md", "ttft_cdf.png", "share.png", "hit_rate.png"}
     assert json.loads((tmp_path / "report.json").read_text())["strategies"]["x"]["ttft_ms"]
 
 
@@ -333,6 +334,28 @@ def test_bench_cli_says_a_synthetic_equivalent_ran(
     assert result.exit_code == 0, result.output
     assert result.output.startswith("workload: synthetic equivalent of ")
     assert json.loads(out.read_text())["workload"].startswith("synthetic equivalent of ")
+
+
+def test_bench_cli_table_fits_and_json_goes_alone_to_stdout(
+    threaded_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Piped at COLUMNS=100 the table fits; ``--format json`` prints the report alone on stdout
+    (the notes under the table go to stderr)."""
+    monkeypatch.setenv("COLUMNS", "100")
+    args = [
+        "bench", "--url", threaded_engine.url, "--scenario", "gsp", "--requests", "6",
+        "--concurrency", "2", "--max-output-tokens", "4", "--label", "least_outstanding_requests",
+    ]  # fmt: skip
+    table = CliRunner().invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert max(len(line) for line in table.output.splitlines()) <= 100
+    assert "least_outstanding_requests" in table.output
+    assert "Not streamed: TTFT is each request's end-to-end latency" in table.output
+    shown = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    report = json.loads(shown.stdout)
+    assert report["strategies"]["least_outstanding_requests"]["requests"]["completed"] == 6
+    assert "Not streamed" in shown.stderr
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import subprocess
@@ -11,17 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from warmfleet.bench.live_procs import ProcessSet, free_port, tree_cpu_s
 from warmfleet.bench.peers import overhead_order, overhead_workload
 from warmfleet.bench.peers_report import (
     RowInput,
     acceptance,
+    acceptance_table,
     build_rows,
     median_rows,
     rows_table,
 )
 from warmfleet.bench.peers_routers import PeerPaths, RouterSpec
+from warmfleet.display import Grid, emit
 from warmfleet.sim.workloads.base import render_prompt_text
 
 
@@ -92,6 +96,17 @@ def test_rows_carry_each_process_cpu_and_the_machine_busy_share() -> None:
     rows_table(merged)  # renders
 
 
+def _fits_100_columns(grids: list[Grid]) -> None:
+    """The tables at 100 columns: no line wider, no cell cut, routers and checks all there."""
+    out = io.StringIO()
+    emit(grids, console=Console(file=out, width=100))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "…" not in text
+    assert "aiohttp-passthrough" in text
+    assert "2. busiest share at c=1 <= 1.5 x fair" in " ".join(text.replace("│", " ").split())
+
+
 def test_acceptance_checks_pass_and_fail() -> None:
     d = "client_round_robin"
     pa = "prefix_affinity"
@@ -113,7 +128,9 @@ def test_acceptance_checks_pass_and_fail() -> None:
         ),
         row("warmfleet", pa, "quality_c1", summary(20.0, 30.0, 10.0, 10.0, busiest_pct=50.0)),
     ]
-    checks = {c["check"]: c for c in acceptance(build_rows(inputs, 4))}
+    rows = build_rows(inputs, 4)
+    checks = {c["check"]: c for c in acceptance(rows)}
+    _fits_100_columns([rows_table(rows), acceptance_table(list(checks.values()))])
     assert checks["1. router CPU ms/request at c=32 <= 0.30"]["pass"] is True  # 0.2 ms
     calibrated = checks[
         "1. router CPU at c=32 <= 1.36 x aiohttp pass-through, same run (0.30 vs 0.22)"

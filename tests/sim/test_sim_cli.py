@@ -115,3 +115,33 @@ def test_sim_cli_finds_traces_by_option_then_environment(
     assert "cannot read" in missing.output
     assert len(missing.output.strip().splitlines()) == 1  # one line, not wrapped
     assert resolve_traces_dir() == Path("../shared/traces")
+
+
+def test_sim_cli_table_fits_100_columns_wide_and_machine_formats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Piped with COLUMNS=100 the table fits and names what it left out; --wide shows every
+    column; --format tsv and json parse (JSON is the report; other lines go to stderr)."""
+    monkeypatch.setenv("COLUMNS", "100")
+    base = [
+        "sim", "--scenario", "gsp", "--requests", "30", "--preset", "tiny-cpu", "--instances", "2",
+        "--strategies", "random,least_outstanding_requests", "--rate", "4",
+    ]  # fmt: skip
+    runner = CliRunner()
+    table = runner.invoke(app, base)
+    assert table.exit_code == 0, table.output
+    assert max(len(line) for line in table.output.splitlines()) <= 100
+    assert "least_outstanding_requests" in table.output
+    assert "hidden:" in table.output
+    wide = runner.invoke(app, [*base, "--wide"])
+    for header in ("fleet ceil", "spills", "wall s", "out tok/s"):
+        assert header in wide.output
+    as_json = runner.invoke(app, [*base, "--format", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    report = json.loads(as_json.stdout)
+    assert set(report["strategies"]) == {"random", "least_outstanding_requests"}
+    tsv = runner.invoke(app, [*base, "--format", "tsv"])
+    lines = [line.split("\t") for line in tsv.stdout.splitlines()]
+    assert lines[0][:2] == ["strategy", "TTFT p50 ms"]
+    assert lines[0][-1] == "wall s"
+    assert [row[0] for row in lines[1:]] == ["random", "least_outstanding_requests"]

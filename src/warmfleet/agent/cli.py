@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from warmfleet.cache.config import (
     CapacitySpec,
@@ -25,10 +24,23 @@ from warmfleet.cache.config import (
     parse_size,
 )
 from warmfleet.cache.uri import parse_uri
-from warmfleet.core.errors import ConfigError, WarmfleetError
+from warmfleet.core.errors import CacheError, ConfigError, NotFoundError, WarmfleetError
+from warmfleet.core.failures import EXPECTED_EXIT, one_line
+from warmfleet.display import (
+    Column,
+    FormatOpt,
+    Grid,
+    OutputFormat,
+    WideOpt,
+    emit,
+    output_console,
+    short_ids,
+    size,
+)
 
 if TYPE_CHECKING:
     from warmfleet.agent.manager import CacheManager
+    from warmfleet.cache.index import CacheIndex
 
 cache_app = typer.Typer(no_args_is_help=True, help="Node-local model and image cache.")
 T = TypeVar("T")
@@ -157,11 +169,28 @@ def prefetch(  # noqa: PLR0917 (typer maps parameters to options)
         )
 
 
+LS_COLUMNS = (
+    Column("key", left=True),
+    Column("name", left=True, wrap=True),
+    Column("state", left=True),
+    Column("size"),
+    Column("done", drop=3),
+    Column("pinned", left=True, drop=1),
+    Column("refs", left=True, wrap=True, drop=2),
+    Column("revision/reason", left=True, wrap=True, drop=4),
+)
+
+
 @cache_app.command("ls")
 def list_artifacts(
-    dest: DestOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False
+    dest: DestOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
-    """List cached artifacts with state, size, refs and pins."""
+    """List cached artifacts with state, size, refs and pins; the key column is a short prefix
+    that pin, unpin and verify accept."""
     spec = build_spec(dest, config)
 
     async def go(manager: CacheManager) -> list[dict[str, Any]]:
@@ -173,54 +202,80 @@ def list_artifacts(
         return out
 
     docs = _run(lambda: _with_manager(spec, go))
-    if as_json:
-        typer.echo(json.dumps(docs))
-        return
-    table = Table("key", "name", "state", "size", "done", "refs", "pinned", "revision/reason")
+    short = short_ids(d["key"] for d in docs)
+    grid = Grid("", LS_COLUMNS)
     for d in docs:
-        table.add_row(
-            d["key"][:16],
+        grid.add(
+            short[d["key"]],
             d["name"],
             d["state"],
-            str(d["size_bytes"]),
-            str(d["bytes_done"]),
-            ",".join(d["refs"]),
+            size(d["size_bytes"]),
+            size(d["bytes_done"]),
             "yes" if d["pinned"] else "",
+            ", ".join(d["refs"]),
             d["reason"] or d["extra"].get("revision", "") or d["extra"].get("digest", ""),
         )
-    Console().print(table)
+    emit(grid, OutputFormat.json if as_json else fmt, wide=wide, document=docs)
+
+
+def _index(spec: NodeCacheSpec) -> CacheIndex:
+    from warmfleet.agent.store import Store  # noqa: PLC0415 (keeps the CLI fast)
+
+    return Store(Path(spec.root)).read_index()
+
+
+def resolve_keys(index: CacheIndex, keys: list[str], command: str) -> list[str]:
+    """The full keys of ``keys`` (a key, a unique prefix of at least 6 characters, or a name
+    with one version); an unknown or ambiguous one is one line on stderr and exit 2."""
+    out = []
+    for key in keys:
+        try:
+            out.append(index.resolve(key).key)
+        except (NotFoundError, CacheError) as err:
+            hint = " (a key prefix needs at least 6 characters)" if len(key) < 6 else ""
+            typer.echo(f"warmfleet cache {command}: {one_line(str(err))}{hint}", err=True)
+            raise typer.Exit(EXPECTED_EXIT) from None
+    return out
 
 
 @cache_app.command()
 def verify(
-    keys: Annotated[list[str] | None, typer.Argument(help="Keys (default: all ready)")] = None,
+    keys: Annotated[
+        list[str] | None, typer.Argument(help="Keys, key prefixes or names (default: all ready)")
+    ] = None,
     full: Annotated[bool, typer.Option("--full", help="Re-hash every file")] = False,
     dest: DestOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Check published artifacts (sizes + markers, or full re-hash); bad ones are unpublished."""
     spec = build_spec(dest, config)
+    index = _index(spec)
+    resolved = resolve_keys(index, keys or [], "verify")
+    short = short_ids(r.key for r in index)
 
     async def go(manager: CacheManager) -> list[Any]:
-        resolved = [manager.store.read_index().resolve(k).key for k in keys or []]
         return await manager.verify(full=full, keys=resolved or None)
 
     results = _run(lambda: _with_manager(spec, go))
+    console = output_console()
     for res in results:
         mark = "[green]ok[/green]" if res.ok else f"[red]FAILED[/red] {res.reason}"
-        Console().print(f"{res.key[:16]} {mark}")
+        console.print(f"{short.get(res.key, res.key[:8])} {mark}")
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 
 
 def _set_pin(key: str, pinned: bool, dest: Path | None, config: Path | None) -> None:
     spec = build_spec(dest, config)
+    index = _index(spec)
+    (full_key,) = resolve_keys(index, [key], "pin" if pinned else "unpin")
 
     async def go(manager: CacheManager) -> str:
-        return manager.set_pinned(key, pinned).key
+        return manager.set_pinned(full_key, pinned).key
 
     done = _run(lambda: _with_manager(spec, go))
-    Console().print(f"{'pinned' if pinned else 'unpinned'} {done[:16]}")
+    short = short_ids(r.key for r in index)
+    output_console().print(f"{'pinned' if pinned else 'unpinned'} {short.get(done, done)}")
 
 
 @cache_app.command()
@@ -231,7 +286,7 @@ def pin(key: str, dest: DestOpt = None, config: ConfigOpt = None) -> None:
 
 @cache_app.command()
 def unpin(key: str, dest: DestOpt = None, config: ConfigOpt = None) -> None:
-    """Remove a pin."""
+    """Remove a pin (key, key prefix or name)."""
     _set_pin(key, False, dest, config)
 
 
@@ -252,7 +307,7 @@ def gc(
     plan = _run(lambda: _with_manager(spec, go))
     Console().print(
         f"evicted {len(plan.evict)} artifacts, dropped {len(plan.discard)} failed downloads, "
-        f"{plan.freed_bytes} bytes"
+        f"freed {size(plan.freed_bytes)}"
     )
 
 

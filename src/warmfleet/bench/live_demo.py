@@ -21,10 +21,11 @@ from warmfleet.bench.live_fleet import start_fleet, start_gateway
 from warmfleet.bench.live_procs import ProcessSet, terminate_on_sigterm
 from warmfleet.bench.loadgen import LoadResult, LoadSpec
 from warmfleet.bench.loadgen_metrics import measure
-from warmfleet.bench.loadgen_report import comparison_report, runs_table, write_report
-from warmfleet.bench.progress import Activity
+from warmfleet.bench.loadgen_report import comparison_report, print_runs, write_report
+from warmfleet.bench.progress import Activity, activity_for
 from warmfleet.bench.sim_cli import DEMO_STRATEGIES
-from warmfleet.bench.terminal import console, progress_bar, run_async
+from warmfleet.bench.terminal import progress_bar, run_async
+from warmfleet.display import OutputFormat, chatter_console
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.engine.presets import get_preset
 from warmfleet.sim.metrics import ideal_hit_tokens
@@ -131,8 +132,10 @@ async def run_live_demo(
     config: DemoConfig | None = None,
     strategies: Sequence[str] = DEMO_STRATEGIES,
     log_dir: Path | None = None,
+    fmt: OutputFormat = OutputFormat.table,
 ) -> dict[str, Any]:
-    """Run every strategy, write ``report_dir``/report.{json,md} and PNGs; the report."""
+    """Run every strategy, write ``report_dir``/report.{json,md} and PNGs; the report. Progress
+    is shown as for a command printing ``fmt``."""
     config = config or DemoConfig()
     requests = demo_workload(config)
     capacity = kv_capacity_tokens(requests, config)
@@ -143,7 +146,7 @@ async def run_live_demo(
     runs: dict[str, dict[str, object]] = {}
     loads: dict[str, LoadResult] = {}
     try:
-        with Activity() as activity:
+        with activity_for(fmt) as activity:
             for strategy in strategies:
                 loads[strategy], runs[strategy] = await _one_strategy(
                     procs, strategy, requests, config, emulator, activity
@@ -164,6 +167,7 @@ async def run_live_demo(
         "working_set_ratio": working,
         "fleet_working_set_ratio": working / config.instances,
         "closed_loop_concurrency": config.concurrency,
+        "stream": True,
         "router_overhead_ms": None,
         "speedup": config.speedup,
         "logs": str(logs),
@@ -174,20 +178,26 @@ async def run_live_demo(
 
 
 def main_live_demo(
-    report: Path, *, requests: int = 240, concurrency: int = 8, speedup: float = 2.0
+    report: Path,
+    *,
+    requests: int = 240,
+    concurrency: int = 8,
+    speedup: float = 2.0,
+    fmt: OutputFormat = OutputFormat.table,
+    wide: bool = False,
 ) -> dict[str, Any]:
     """Run the demo, print the comparison table; the report (``warmfleet demo``)."""
     config = DemoConfig(requests=requests, concurrency=concurrency, speedup=speedup)
     started = time.perf_counter()
     with terminate_on_sigterm():
-        result = run_async(run_live_demo(report, config))
-    out = console()
+        result = run_async(run_live_demo(report, config, fmt=fmt))
     title = (
         f"live: {result['scenario']} | {result['instances']} emulated instances | "
         f"{result['requests']} requests/strategy | c={result['closed_loop_concurrency']} | "
         f"shared prefixes = {result['working_set_ratio']:.1f} x one instance's KV"
     )
-    out.print(runs_table(result, title))
-    out.print(f"wrote {report}/report.json, report.md, ttft_cdf.png, share.png")
+    print_runs(result, title, fmt, wide)
+    out = chatter_console(fmt)
+    out.print(f"wrote {report}/report.json, report.md, ttft_cdf.png, share.png, hit_rate.png")
     out.print(f"demo finished in {time.perf_counter() - started:.1f} s")
     return result

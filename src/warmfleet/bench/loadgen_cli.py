@@ -17,9 +17,10 @@ from warmfleet.bench.loadgen import ApiKind, LoadSpec
 from warmfleet.bench.loadgen_errors import error_lines, too_many_errors
 from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
 from warmfleet.bench.loadgen_preflight import check_base_url, preflight
-from warmfleet.bench.progress import Activity
+from warmfleet.bench.progress import activity_for
 from warmfleet.bench.sim_cli import read_trace
-from warmfleet.bench.terminal import console, progress_bar, run_async
+from warmfleet.bench.terminal import progress_bar, run_async
+from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console
 from warmfleet.edge import read_text_file
 from warmfleet.sim.scenario import (
     BuiltWorkload,
@@ -99,6 +100,8 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
         float,
         typer.Option(min=0.0, max=1.0, help="exit 1 when more than this share of requests fails"),
     ] = 0.0,
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
     """Drive a workload against OpenAI-compatible URLs (a gateway, a router, engines)."""
     if concurrency is not None and rate is not None:
@@ -113,7 +116,9 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     )
     workload = built.requests
     if built.source != "generated":
-        console().print(f"workload: {built.source}", markup=False, highlight=False)
+        chatter_console(fmt).print(
+            f"workload: {built.source}", markup=False, highlight=False, soft_wrap=True
+        )
     load_spec = LoadSpec(
         urls=urls,
         url_names=tuple(instance_name(u, targets) for u in urls) if len(urls) > 1 else (),
@@ -129,12 +134,12 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     # Reports pull in matplotlib: imported here so other commands start fast.
     from warmfleet.bench.loadgen_report import (  # noqa: PLC0415
         comparison_report,
-        runs_table,
+        print_runs,
         write_report,
     )
     from warmfleet.bench.report import write_json  # noqa: PLC0415
 
-    with Activity() as activity:
+    with activity_for(fmt) as activity:
         target = f"{', '.join(urls)} (model {load_spec.model})"
         activity.log(f"{len(workload)} requests of {spec.name} to {target}")
         with progress_bar(len(workload), label, activity) as on_done:
@@ -152,7 +157,7 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
         "urls": list(load_spec.urls),
     }
     result = comparison_report(meta, {label: summary})
-    console().print(runs_table(result))
+    print_runs(result, fmt=fmt, wide=wide)
     if json_out is not None:
         write_json(result, json_out)
     if report is not None:
@@ -171,16 +176,20 @@ def _judge_errors(summary: dict[str, Any], max_error_share: float) -> None:
         raise typer.Exit(1)
 
 
-def demo_live(
+def demo_live(  # noqa: PLR0917 (one parameter per CLI option)
     report: Annotated[Path, typer.Option(help="output directory")] = Path("warmfleet-report"),
     requests: Annotated[int, typer.Option(min=8, help="requests per strategy")] = 240,
     concurrency: Annotated[int, typer.Option(min=1)] = 8,
     speedup: Annotated[float, typer.Option(min=0.1, help="emulated engine speed-up")] = 2.0,
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
     """Live demo: emulated fleet + gateway, four strategies, comparison table and report."""
     from warmfleet.bench.live_demo import main_live_demo  # noqa: PLC0415 (heavy imports)
 
-    main_live_demo(report, requests=requests, concurrency=concurrency, speedup=speedup)
+    main_live_demo(
+        report, requests=requests, concurrency=concurrency, speedup=speedup, fmt=fmt, wide=wide
+    )
 
 
 def register(app: typer.Typer) -> None:

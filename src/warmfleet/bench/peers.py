@@ -52,7 +52,8 @@ from warmfleet.bench.peers_routers import (
     start_router,
 )
 from warmfleet.bench.report import write_json
-from warmfleet.bench.terminal import console, progress_bar, run_async
+from warmfleet.bench.terminal import progress_bar, run_async
+from warmfleet.display import WideOpt, emit, output_console
 from warmfleet.sim.workloads.base import Segment, WorkloadRequest, render_segment_text
 from warmfleet.sim.workloads.synthetic import GspConfig, gsp
 
@@ -335,6 +336,7 @@ def peers_command(  # noqa: PLR0917 (one parameter per CLI option)
     routers: Annotated[str, typer.Option(help="comma-separated labels to keep")] = "",
     parts: Annotated[str, typer.Option(help="overhead and/or quality")] = "overhead,quality",
     rounds: Annotated[int, typer.Option(help="runs of each part (medians kept)")] = ROUNDS,
+    wide: WideOpt = False,
 ) -> None:
     """warmfleet beside sglang-router and vllm-router, same fleet, one run."""
     kept: tuple[RouterSpec, ...] = ROUTERS
@@ -353,9 +355,8 @@ def peers_command(  # noqa: PLR0917 (one parameter per CLI option)
             rounds=max(1, rounds),
         )
         document = run_async(main_run)
-    term = console()
-    term.print(rows_table(document["rows"]))
-    term.print(acceptance_table(document["acceptance"]))
+    term = output_console()
+    emit([rows_table(document["rows"]), acceptance_table(document["acceptance"])], wide=wide)
     noisy = sum(1 for row in document["rows"] if row["noisy"])
     if noisy:
         term.print(

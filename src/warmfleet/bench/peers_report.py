@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rich.table import Table
+from warmfleet.display import NA, Column, Grid, fixed, pct
 
 OURS = ("warmfleet", "prefix_affinity")
 NOISY_FRAC = 0.15  # a row is noisy when unrelated processes used > 15 % of the machine's CPU
@@ -241,49 +241,48 @@ def acceptance(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
-    if value is None:
-        return "-"
     if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+        return fixed(value, digits)
+    return NA if value is None else str(value)
 
 
-def rows_table(rows: Sequence[Mapping[str, Any]]) -> Table:
-    table = Table(title="warmfleet vs peer routers (same run, same emulated fleet)")
-    columns = (
-        "router", "policy", "load point", "+p50 ms", "+p99 ms", "+TTFT p50 ms", "CPU ms/req",
-        "fleet CPU", "client CPU", "tput vs direct", "req/s", "hit rate",
-        "busiest", "TTFT p50", "TTFT p90", "errors", "busy", "foreign CPU",
-    )  # fmt: skip
-    for column in columns:
-        table.add_column(column, justify="left" if column in columns[:3] else "right")
+PEER_COLUMNS = (
+    Column("router", left=True), Column("policy", left=True), Column("load point", left=True),
+    Column("+p50 ms"), Column("+p99 ms", drop=4), Column("+TTFT p50 ms", drop=2),
+    Column("CPU ms/req"), Column("fleet CPU", drop=6), Column("client CPU", drop=6),
+    Column("tput vs direct", drop=1), Column("req/s", drop=5), Column("hit rate", drop=3),
+    Column("busiest", drop=3), Column("TTFT p50", drop=4), Column("TTFT p90", drop=3),
+    Column("errors", drop=2), Column("busy", drop=5), Column("foreign CPU", drop=1),
+)  # fmt: skip
+
+
+def rows_table(rows: Sequence[Mapping[str, Any]]) -> Grid:
+    grid = Grid("warmfleet vs peer routers (same run, same emulated fleet)", PEER_COLUMNS)
     for r in rows:
-        table.add_row(
+        grid.add(
             r["router"], r["policy"], r["load_point"], _fmt(r["added_p50_ms"]),
             _fmt(r["added_p99_ms"]), _fmt(r["ttft_added_p50_ms"]),
             _fmt(r["router_cpu_ms_per_request"], 3), _fmt(r["fleet_cpu_ms_per_request"], 2),
             _fmt(r["client_cpu_ms_per_request"], 2), _fmt(r["throughput_vs_direct"]),
             _fmt(r["throughput_rps"], 0), _fmt(r["hit_rate"], 3), _fmt(r["busiest_share"]),
             _fmt(r["ttft_ms"]["p50"], 1), _fmt(r["ttft_ms"]["p90"], 1), str(r["errors"]),
-            _percent(r["machine_busy_frac"]), _noisy(r["foreign_cpu_frac"]),
+            pct(r["machine_busy_frac"], 0), _noisy(r["foreign_cpu_frac"]),
         )  # fmt: skip
-    return table
-
-
-def _percent(frac: float | None) -> str:
-    return "-" if frac is None else f"{100 * frac:.0f}%"
+    return grid
 
 
 def _noisy(frac: float | None) -> str:
-    text = _percent(frac)
+    text = pct(frac, 0)
     return f"[red]{text}[/red]" if frac is not None and frac > NOISY_FRAC else text
 
 
-def acceptance_table(checks: Sequence[Mapping[str, Any]]) -> Table:
-    table = Table(title="issue 3 acceptance (prefix_affinity), measured in this run")
-    for column in ("check", "measured", "limit", "result"):
-        table.add_column(column)
+def acceptance_table(checks: Sequence[Mapping[str, Any]]) -> Grid:
+    columns = (
+        Column("check", left=True, wrap=True), Column("measured"), Column("limit"),
+        Column("result", left=True),
+    )  # fmt: skip
+    grid = Grid("issue 3 acceptance (prefix_affinity), measured in this run", columns)
     for c in checks:
         verdict = {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: "n/a"}[c["pass"]]
-        table.add_row(c["check"], _fmt(c["value"], 3), _fmt(c["limit"], 3), verdict)
-    return table
+        grid.add(c["check"], _fmt(c["value"], 3), _fmt(c["limit"], 3), verdict)
+    return grid

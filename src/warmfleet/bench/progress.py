@@ -33,12 +33,14 @@ from warmfleet.core.progress import (
     format_bytes,
     progress_line,
 )
+from warmfleet.display import OutputFormat
 
 
-def progress_console() -> Console:
-    """The console progress goes to: stdout, plain and wide when it is not a terminal."""
-    out = Console()
-    return out if out.is_terminal else Console(width=200, no_color=True)
+def progress_console(*, stderr: bool = False) -> Console:
+    """The console progress goes to: stdout (stderr for a command whose stdout is TSV or JSON),
+    plain and wide when it is not a terminal."""
+    out = Console(stderr=stderr)
+    return out if out.is_terminal else Console(stderr=stderr, width=200, no_color=True)
 
 
 class _AmountColumn(ProgressColumn):
@@ -156,6 +158,12 @@ class Activity:
             self.bar.console.print(f"[dim]{stamp}[/dim] {message}", highlight=False)
         else:
             self.console.print(f"{stamp} {message}", markup=False, highlight=False, soft_wrap=True)
+
+
+def activity_for(fmt: OutputFormat) -> Activity:
+    """The progress display of a command printing ``fmt``: beside the table on stdout, on stderr
+    when stdout is TSV or JSON for a program."""
+    return Activity(console=progress_console(stderr=fmt != OutputFormat.table))
 
 
 class PhasedProgress:

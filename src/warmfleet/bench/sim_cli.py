@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from warmfleet.bench.progress import Activity, PhasedProgress
+from warmfleet.bench.progress import PhasedProgress, activity_for
 from warmfleet.bench.replicas_report import replicas_tables
 from warmfleet.bench.report import comparison_table, write_json, write_plots
 from warmfleet.core.errors import ConfigError, WarmfleetError
+from warmfleet.display import (
+    FormatOpt,
+    OutputFormat,
+    WideOpt,
+    chatter_console,
+    emit,
+    output_console,
+)
 from warmfleet.edge import TRACES_DIR_ENV, read_text_file, resolve_traces_dir
 from warmfleet.routing.config import STRATEGY_NAMES
 from warmfleet.sim.replica_sweep import ReplicaSweep, run_replica_sweep
@@ -81,21 +90,29 @@ def _strategies(text: str) -> list[str]:
     return names
 
 
-def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
+def _workload_line(fmt: OutputFormat) -> Callable[[BuiltWorkload], None]:
+    """Says first which trace (or its equivalent) drives the run, when it is not generated."""
+
+    def say(workload: BuiltWorkload) -> None:
+        if workload.source != "generated":
+            line = f"workload: {workload.source}"
+            chatter_console(fmt).print(line, markup=False, highlight=False, soft_wrap=True)
+
+    return say
 
 
-def _say_workload(workload: BuiltWorkload) -> None:
-    """The first line, when the workload is not generated: which trace (or its equivalent)."""
-    if workload.source != "generated":
-        _console().print(f"workload: {workload.source}", markup=False, highlight=False)
-
-
-def _emit(comparison: Comparison, json_out: Path | None, report_dir: Path | None) -> None:
-    console = _console()
-    console.print(comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs}))
+def _emit(
+    comparison: Comparison,
+    json_out: Path | None,
+    report_dir: Path | None,
+    fmt: OutputFormat = OutputFormat.table,
+    wide: bool = False,
+) -> None:
+    """The table (or TSV/JSON on stdout, the other lines then on stderr), then the files."""
     report = comparison.report()
+    console = chatter_console(fmt)
+    table = comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs})
+    emit(table, fmt, wide=wide, document=report)
     for run in comparison.runs:
         if not (run.conserved and run.time_monotonic):
             console.print(f"[red]{run.name}: conservation or time-order check failed[/red]")
@@ -134,10 +151,14 @@ def _sync_delays(text: str) -> list[float | None]:
     return delays
 
 
-def _emit_sweep(sweep: ReplicaSweep, json_out: Path | None) -> None:
-    console = _console()
-    for table in replicas_tables(sweep):
-        console.print(table)
+def _emit_sweep(sweep: ReplicaSweep, json_out: Path | None, fmt: OutputFormat) -> None:
+    """The replicas tables, or (``--format json``) the sweep's report on stdout."""
+    console = chatter_console(fmt)
+    if fmt == OutputFormat.table:
+        for table in replicas_tables(sweep):
+            console.print(table)
+    else:
+        output_console().file.write(json.dumps(sweep.report(), indent=1, default=str) + "\n")
     for cell in sweep.cells:
         if not (cell.run.conserved and cell.run.time_monotonic):
             console.print(
@@ -187,6 +208,8 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         str,
         typer.Option(help="replica sync delay in ms ('none': no sync), or a list to sweep"),
     ] = "0",
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
     """Compare routing strategies on a simulated fleet (virtual time); with
     --gateway-replicas/--sync-delay-ms, the hit rate per (replicas, delay) instead."""
@@ -194,33 +217,35 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         raise typer.BadParameter("give at most one of --concurrency and --rate")
     counts, delays = _replica_counts(gateway_replicas), _sync_delays(sync_delay_ms)
     sweep = counts != [1] or delays != [0.0]
+    if sweep and fmt == OutputFormat.tsv:
+        raise typer.BadParameter("--format tsv is for one gateway; use json with replicas")
     if sweep and report is not None:
         raise typer.BadParameter("--report (plots) is for one gateway; use --json with replicas")
     try:
         spec = _scenario(scenario, instances, preset, seed, requests)
         names = _strategies(strategies)
         trace_data = read_trace(spec, trace, traces_dir)
-        with Activity() as activity:
+        with activity_for(fmt) as activity:
             progress = PhasedProgress(activity)
             if sweep:
                 swept = run_replica_sweep(
                     spec, names, counts, delays,
-                    trace=trace_data, rate_rps=rate, concurrency=concurrency, progress=progress,
-                    on_workload=_say_workload,
+                    trace=trace_data, rate_rps=rate, concurrency=concurrency,
+                    progress=progress, on_workload=_workload_line(fmt),
                 )  # fmt: skip
             else:
                 comparison = run_comparison(
                     spec, names, trace=trace_data, rate_rps=rate, concurrency=concurrency,
-                    progress=progress, on_workload=_say_workload,
+                    progress=progress, on_workload=_workload_line(fmt),
                 )  # fmt: skip
             progress.close()
         if sweep:
-            _emit_sweep(swept, json_out)
+            _emit_sweep(swept, json_out, fmt)
             return
     except WarmfleetError as err:
         typer.echo(f"error: {err}", err=True)  # one line (per problem), never wrapped
         raise typer.Exit(2) from err
-    _emit(comparison, json_out, report)
+    _emit(comparison, json_out, report, fmt, wide)
 
 
 def demo_scenario() -> ScenarioSpec:
@@ -237,15 +262,17 @@ def demo_scenario() -> ScenarioSpec:
 
 def demo(
     report: Annotated[Path, typer.Option(help="output directory")] = Path("warmfleet-report"),
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
     """Simulator-only demo: the four strategies on a scaled-down aws-long-context (virtual time)."""
     started = time.perf_counter()
-    with Activity() as activity:
+    with activity_for(fmt) as activity:
         progress = PhasedProgress(activity)
         comparison = run_comparison(demo_scenario(), DEMO_STRATEGIES, progress=progress)
         progress.close()
-    _emit(comparison, None, report)
-    _console().print(f"demo finished in {time.perf_counter() - started:.1f} s")
+    _emit(comparison, None, report, fmt, wide)
+    chatter_console(fmt).print(f"demo finished in {time.perf_counter() - started:.1f} s")
 
 
 def register(app: typer.Typer) -> None:

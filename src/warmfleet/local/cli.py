@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console
 
 from warmfleet.bench.progress import Activity
 from warmfleet.core.errors import ConfigError, NotFoundError
+from warmfleet.display import FormatOpt, OutputFormat, WideOpt, output_console
 from warmfleet.local.config import LocalFleet, load_fleet
 from warmfleet.local.events import FleetLog
 from warmfleet.local.fleet import EmbeddedFleet
@@ -85,6 +85,8 @@ def up(
 def status(
     fleet_file: Annotated[Path | None, typer.Argument(help="the fleet file given to `up`")] = None,
     workdir: Annotated[Path | None, typer.Option(help="the fleet's workdir")] = None,
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
     """Show the running fleet's endpoints, caches, nodes and replicas.
 
@@ -99,7 +101,7 @@ def status(
     reason = not_running_reason(doc)
     if reason is not None:
         _not_running(f"{reason} (last state in {workdir / STATE_FILE})")
-    render(doc, Console())
+    render(doc, output_console(), fmt, wide)
 
 
 def _not_running(why: str) -> NoReturn:

@@ -19,13 +19,13 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
-from rich.table import Table
 
 from warmfleet.api.names import READY_VALUE
 from warmfleet.api.resources import wire
 from warmfleet.control.placement import unprepared_share
 from warmfleet.control.world import World
 from warmfleet.core.errors import NotFoundError
+from warmfleet.display import NA, Column, Grid, OutputFormat, emit, fixed, num, pct, size
 from warmfleet.gateway.server import StartedApp
 from warmfleet.local.config import LocalFleetSpec
 from warmfleet.local.procs import Child
@@ -216,80 +216,118 @@ def not_running_reason(doc: dict[str, Any], *, timeout_s: float = 2.0) -> str | 
     return None
 
 
-def _gb(n: int | None) -> str:
-    return "-" if n is None else f"{n / 1e9:.2f} GB"
-
-
-def render(doc: dict[str, Any], console: Console) -> None:
+def render(
+    doc: dict[str, Any],
+    console: Console,
+    fmt: OutputFormat = OutputFormat.table,
+    wide: bool = False,
+) -> None:
+    """``warmfleet status``: a header line, the endpoints, caches, nodes and replicas tables and
+    the start times (``--format json``: the state document itself)."""
+    grids = [_endpoints(doc), _caches(doc), _nodes_table(doc), _replicas(doc)]
+    if fmt != OutputFormat.table:
+        emit(grids, fmt, console=console, document=doc)
+        return
     state = "running" if doc.get("running") else "stopped"
     console.print(
-        f"fleet {state} (pid {doc.get('pid')}, up {doc.get('uptimeS')} s), "
-        f"gateway {doc.get('gateway')}, origin {doc.get('origin')}"
+        f"fleet {state} (pid {doc.get('pid')}, up {fixed(doc.get('uptimeS'), 0)} s), "
+        f"gateway {doc.get('gateway')}, origin {doc.get('origin')}",
+        markup=False,
     )
-    for table in (_endpoints(doc), _caches(doc), _nodes_table(doc), _replicas(doc)):
-        console.print(table)
-    console.print(f"starts: {json.dumps(doc.get('starts', {}))}")
+    emit(grids, fmt, wide=wide, console=console)
+    console.print(starts_line(doc.get("starts", {})), markup=False)
 
 
-def _table(title: str, columns: tuple[str, ...]) -> Table:
-    t = Table(title=title)
-    for col in columns:
-        t.add_column(col)
-    return t
+def starts_line(starts: dict[str, Any]) -> str:
+    """Median time to ready (and weights load) of warm and cold starts, for people."""
+
+    def median(kind: str) -> str:
+        ready, load = starts.get(f"{kind}StartS"), starts.get(f"{kind}WeightsLoadS")
+        if ready is None:
+            return f"{kind}: none yet"
+        return (
+            f"{kind} {num(ready)} s (weights {num(load)} s, {starts.get(f'{kind}Starts', 0)} "
+            "starts)"
+        )
+
+    share = starts.get("unpreparedReplicaShare")
+    return (
+        f"median time to ready: {median('warm')}; {median('cold')}; "
+        f"replicas started unprepared: {pct(share, 0)}"
+    )
 
 
-def _endpoints(doc: dict[str, Any]) -> Table:
-    t = _table("endpoints", ("name", "phase", "revision", "replicas", "ready", "unprepared share"))
+def _endpoints(doc: dict[str, Any]) -> Grid:
+    columns = (
+        Column("name", left=True), Column("phase", left=True),
+        Column("revision", left=True, drop=2), Column("replicas"), Column("ready"),
+        Column("unprepared share", drop=1),
+    )  # fmt: skip
+    grid = Grid("endpoints", columns)
     for e in doc.get("endpoints", []):
         s = e.get("status") or {}
-        t.add_row(
+        grid.add(
             e["name"],
             str(s.get("phase", "")),
             str(s.get("revision", "")),
             str(s.get("replicas", 0)),
             str(s.get("readyReplicas", 0)),
-            f"{s.get('unpreparedReplicaShare', 0.0):.2f}",
+            pct(s.get("unpreparedReplicaShare", 0.0), 0),
         )
-    return t
+    return grid
 
 
-def _caches(doc: dict[str, Any]) -> Table:
-    t = _table("caches", ("name", "source", "state", "ready/target nodes"))
+def _caches(doc: dict[str, Any]) -> Grid:
+    columns = (
+        Column("name", left=True), Column("source", left=True, wrap=True, drop=1),
+        Column("state", left=True), Column("ready/target nodes"),
+    )  # fmt: skip
+    grid = Grid("caches", columns)
     for c in doc.get("caches", []):
         s = c.get("status") or {}
         src = c.get("source", {})
-        t.add_row(
+        grid.add(
             c["name"],
             f"{src.get('uri')}@{src.get('revision')}",
             str(s.get("state", "")),
             f"{s.get('readyNodes', 0)}/{s.get('targetNodes', 0)}",
         )
-    return t
+    return grid
 
 
-def _nodes_table(doc: dict[str, Any]) -> Table:
-    t = _table("nodes", ("name", "agent", "budget", "ready labels", "caches"))
+def _nodes_table(doc: dict[str, Any]) -> Grid:
+    columns = (
+        Column("name", left=True), Column("agent", left=True), Column("budget", drop=2),
+        Column("ready labels", left=True, wrap=True, drop=3),
+        Column("caches", left=True, wrap=True, drop=1),
+    )  # fmt: skip
+    grid = Grid("nodes", columns)
     for n in doc.get("nodes", []):
-        caches = ", ".join(
-            f"{k}: {v['state']} {_gb(v['bytesDone'])}/{_gb(v['bytesTotal'])}"
+        caches = "\n".join(
+            f"{k}: {v['state']} {size(v['bytesDone'])}/{size(v['bytesTotal'])}"
             + ("" if v["healthy"] else " (unhealthy)")
             for k, v in n.get("caches", {}).items()
         )
         agent = f"up (pid {n['agentPid']})" if n.get("agentUp") else "DOWN"
-        t.add_row(n["name"], agent, _gb(n["budgetBytes"]), "\n".join(n["readyLabels"]), caches)
-    return t
+        grid.add(n["name"], agent, size(n["budgetBytes"]), "\n".join(n["readyLabels"]), caches)
+    return grid
 
 
-def _replicas(doc: dict[str, Any]) -> Table:
-    t = _table("replicas", ("name", "node", "state", "weights from", "time to ready", "url"))
+def _replicas(doc: dict[str, Any]) -> Grid:
+    columns = (
+        Column("name", left=True), Column("node", left=True), Column("state", left=True),
+        Column("weights from", left=True, drop=2), Column("time to ready", drop=1),
+        Column("url", left=True, drop=3),
+    )  # fmt: skip
+    grid = Grid("replicas", columns)
     for r in doc.get("replicas", []):
         ttr = r.get("timeToReadyS")
-        t.add_row(
+        grid.add(
             r["name"],
             r["node"],
             r["state"],
             r["loadSource"],
-            "-" if ttr is None else f"{ttr:.2f} s",
-            str(r.get("url") or "-"),
+            NA if ttr is None else f"{num(ttr)} s",
+            str(r.get("url") or NA),
         )
-    return t
+    return grid
