@@ -19,7 +19,7 @@ from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
 from warmfleet.bench.loadgen_preflight import check_base_url, preflight
 from warmfleet.bench.sim_cli import read_trace
 from warmfleet.bench.terminal import progress_bar, run_async
-from warmfleet.display import FormatOpt, OutputFormat, WideOpt
+from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console
 from warmfleet.edge import read_text_file
 from warmfleet.sim.scenario import (
     BuiltWorkload,
@@ -115,7 +115,9 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     )
     workload = built.requests
     if built.source != "generated":
-        console().print(f"workload: {built.source}", markup=False, highlight=False)
+        chatter_console(fmt).print(
+            f"workload: {built.source}", markup=False, highlight=False, soft_wrap=True
+        )
     load_spec = LoadSpec(
         urls=urls,
         url_names=tuple(instance_name(u, targets) for u in urls) if len(urls) > 1 else (),

@@ -98,7 +98,9 @@ def _emit(
     report = comparison.report()
     console = chatter_console(fmt)
     if comparison.workload.source != "generated":
-        console.print(f"workload: {comparison.workload.source}", markup=False, highlight=False)
+        console.print(
+            f"workload: {comparison.workload.source}", markup=False, highlight=False, soft_wrap=True
+        )
     table = comparison_table(comparison, {r.name: r.wall_s for r in comparison.runs})
     emit(table, fmt, wide=wide, document=report)
     for run in comparison.runs:
