@@ -16,6 +16,7 @@ from warmfleet.core.progress import (
     format_seconds,
     progress_line,
 )
+from warmfleet.sim.replica_sweep import run_replica_sweep
 from warmfleet.sim.runner import run_comparison
 from warmfleet.sim.scenario import builtin_scenario
 
@@ -100,3 +101,20 @@ def test_phased_progress_finishes_each_phase() -> None:
     text = buffer.getvalue()
     assert "a: done, 2 requests in" in text
     assert "b: done, 1 requests in" in text
+
+
+def test_the_replica_sweep_names_each_cell() -> None:
+    phases: list[str] = []
+
+    class Recorder:
+        def phase(self, name: str, total: int) -> None:
+            phases.append(name)
+
+        def advance(self, done: int = 1) -> None:
+            return None
+
+    scenario = builtin_scenario("gsp", 2, "tiny-cpu", 0).model_copy(update={"requests": 20})
+    run_replica_sweep(scenario, ["random"], [1, 2], [10.0, None], progress=Recorder())
+    assert phases == [
+        "hashing the workload's blocks", "random x1", "random x2 sync 10 ms", "random x2 no sync",
+    ]  # fmt: skip

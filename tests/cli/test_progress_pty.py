@@ -5,6 +5,7 @@ the result: stderr keeps only failures)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -71,3 +72,12 @@ def test_piped_progress_is_plain_bounded_lines() -> None:
     assert any("random: started (1500 requests)" in line for line in lines), lines
     assert "prefix_affinity: done, 1500 requests in" in lines[-1]
     assert "TTFT p50 ms" in done.stdout[table:]  # then the result
+
+
+def test_progress_leaves_json_output_alone() -> None:
+    """With ``--format json`` stdout is the report for a program: the progress goes to stderr."""
+    args = ["--requests", "40", "--instances", "2", "--preset", "tiny-cpu", "--format", "json"]
+    done = run_piped("sim", "--scenario", "gsp", "--strategies", "random", *args)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["requests"] == 40
+    assert "random: done, 40 requests in " in done.stderr
