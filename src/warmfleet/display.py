@@ -30,10 +30,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from warmfleet.core.progress import format_bytes
+
 PIPED_WIDTH = 100  # columns of piped output when $COLUMNS is not set
 NA = "-"  # a figure that was not measured
 WRAP_MIN = 20  # a wrapping column (long words folded) is never squeezed below this
-_SIZE_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
 
 class OutputFormat(StrEnum):
@@ -87,12 +88,7 @@ def pct(fraction: float | None, decimals: int = 1) -> str:
 
 def size(n_bytes: int | None) -> str:
     """Bytes in decimal units with one decimal: 30000003 -> 30.0 MB, 512 -> 512 B."""
-    if n_bytes is None:
-        return NA
-    value, unit = float(n_bytes), 0
-    while abs(value) >= 999.95 and unit < len(_SIZE_UNITS) - 1:  # 999.96 kB is 1.0 MB
-        value, unit = value / 1000, unit + 1
-    return f"{n_bytes} B" if unit == 0 else f"{value:.1f} {_SIZE_UNITS[unit]}"
+    return NA if n_bytes is None else format_bytes(n_bytes)
 
 
 def short_ids(ids: Iterable[str], min_chars: int = 8) -> dict[str, str]:

@@ -157,6 +157,7 @@ async def run_live_demo(
     working = shared_prefix_tokens(requests) / capacity
     meta = {
         "scenario": "aws-long-context-live",
+        "workload": "generated",
         "mode": "live",
         "preset": config.preset,
         "seed": config.seed,

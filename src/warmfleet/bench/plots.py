@@ -47,7 +47,9 @@ def figure() -> tuple[Figure, Axes]:
 
 def legend_outside(fig: Figure) -> None:
     """The legend under the axes (clear of the data and of the title), three entries a row."""
-    count = len(fig.axes[0].get_legend_handles_labels()[0]) if fig.axes else 1
+    count = len(fig.axes[0].get_legend_handles_labels()[0]) if fig.axes else 0
+    if count == 0:
+        return  # nothing labelled to show (e.g. no request succeeded)
     fig.legend(loc="outside lower center", ncols=min(max(count, 1), 3), fontsize="small")
 
 

@@ -61,14 +61,16 @@ class ProgressThrottle:
         return False
 
 
+_BYTE_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
+
+
 def format_bytes(size_bytes: float) -> str:
-    """Decimal units for people: ``999 B``, ``30.0 MB``, ``1.2 GB``."""
-    value = float(size_bytes)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
+    """Decimal units for people, one decimal: ``999 B``, ``30.0 MB``, ``1.2 GB`` (999.96 kB is
+    ``1.0 MB``, never ``1000.0 kB``)."""
+    value, unit = float(size_bytes), 0
+    while abs(value) >= 999.95 and unit < len(_BYTE_UNITS) - 1:
+        value, unit = value / 1000, unit + 1
+    return f"{value:.0f} B" if unit == 0 else f"{value:.1f} {_BYTE_UNITS[unit]}"
 
 
 def format_seconds(seconds: float) -> str:
