@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.engines import engine_spec
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
-from warmfleet.engine.spec import EngineSpec
 from warmfleet.routing.factory import build_strategy, strategy_config
 from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH
 from warmfleet.sim.gateways import Gateways, GatewaySync
@@ -28,19 +28,11 @@ from warmfleet.sim.simulator import ScaleEvent, SimConfig, SimResult, Simulator
 from warmfleet.sim.workloads.base import Segment, WorkloadRequest
 from warmfleet.sim.workloads.synthetic import MultiRoundQaConfig, multi_round_qa
 
-SPEC = EngineSpec(
-    name="sim-test",
-    block_tokens=16,
-    kv_capacity_tokens=400 * 16,
-    max_num_seqs=8,
-    max_num_batched_tokens=256,
-    max_model_len=8192,
-    step_overhead_s=0.01,
-    prefill_s_per_token=0.0002,
-    prefill_attn_s_per_token_pair=1e-8,
-    decode_s_per_seq=0.001,
+SPEC = engine_spec(
+    name="sim-test", kv_capacity_tokens=400 * 16, max_model_len=8192,
+    prefill_s_per_token=0.0002, prefill_attn_s_per_token_pair=1e-8, decode_s_per_seq=0.001,
     kv_read_s_per_token=1e-7,
-)
+)  # fmt: skip
 
 MRQ = MultiRoundQaConfig(
     users=16,
