@@ -1,0 +1,149 @@
+"""The replicas' ZeroMQ wire: note batches over PUB/SUB, catch-up over ROUTER/DEALER.
+
+- **Batches.** Each replica binds one PUB socket (``spec.replica_sync.listen``) and every peer's
+  SUB socket connects to it. A batch is one message of four frames: ``TOPIC``, the origin
+  replica's id, ``STAMP`` (the wall-clock time, in seconds, at which the batch's oldest note was
+  queued: the receiver's now minus it is the note's observed propagation delay, batching
+  included) and the payload of ``api.replica_sync.encode_batch``. A batch with no notes is a
+  heartbeat.
+- **Catch-up.** Each replica binds a ROUTER on the next port. A DEALER sends ``[LOG_REQUEST]``;
+  the answer is ``[LOG_REQUEST, origin, payload, ...]``, the payloads holding the notes the
+  replica keeps for newcomers (``CATCH_UP_NOTES_PER_FRAME`` a frame).
+
+Every decoder here raises ``ReplicaSyncError`` (counted and dropped by the caller), never
+another exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from warmfleet.api.replica_sync import ReplicaSyncError, decode_batch, encode_batch
+from warmfleet.gateway.replica_sync.config import catch_up_endpoint
+from warmfleet.routing.replica_notes import SyncNote
+
+TOPIC = b"wf-sync"
+LOG_REQUEST = b"wf-sync-log"
+STAMP = struct.Struct("<d")
+CATCH_UP_NOTES_PER_FRAME = 1024
+MAX_ORIGIN_BYTES = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    origin: str
+    oldest_queued_s: float  # wall clock
+    notes: tuple[SyncNote, ...]
+
+
+def batch_frames(origin: str, oldest_queued_s: float, payload: bytes) -> list[bytes]:
+    return [TOPIC, origin.encode(), STAMP.pack(oldest_queued_s), payload]
+
+
+def _origin(raw: bytes) -> str:
+    if not raw or len(raw) > MAX_ORIGIN_BYTES:
+        raise ReplicaSyncError(f"origin: expected 1 to {MAX_ORIGIN_BYTES} bytes")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as err:
+        raise ReplicaSyncError(f"origin: not UTF-8: {err}") from err
+
+
+def parse_batch(frames: Sequence[bytes]) -> Batch:
+    """A received batch message."""
+    if len(frames) != 4 or frames[0] != TOPIC or len(frames[2]) != STAMP.size:
+        raise ReplicaSyncError("batch: expected 4 frames [topic, origin, stamp, payload]")
+    (stamp,) = STAMP.unpack(frames[2])
+    return Batch(_origin(frames[1]), stamp, decode_batch(frames[3]))
+
+
+def log_frames(origin: str, notes: Sequence[SyncNote]) -> list[bytes]:
+    """The answer to a catch-up request (without the ROUTER's identity frame)."""
+    step = CATCH_UP_NOTES_PER_FRAME
+    chunks = [encode_batch(notes[i : i + step]) for i in range(0, len(notes), step)]
+    return [LOG_REQUEST, origin.encode(), *chunks]
+
+
+def parse_log(frames: Sequence[bytes]) -> tuple[str, list[SyncNote]]:
+    if len(frames) < 2 or frames[0] != LOG_REQUEST:
+        raise ReplicaSyncError("catch-up answer: expected [request, origin, payload, ...]")
+    notes: list[SyncNote] = []
+    for payload in frames[2:]:
+        notes.extend(decode_batch(payload))
+    return _origin(frames[1]), notes
+
+
+class Sockets:
+    """This replica's sockets: ``pub`` (bound), ``sub`` (connected to the peers), ``router``
+    (bound on the next port, answers catch-up requests). ``close`` is idempotent."""
+
+    def __init__(self, endpoint: str, *, send_hwm: int = 10_000) -> None:
+        self.endpoint = endpoint
+        self.ctx = zmq.asyncio.Context()
+        self._closed = False
+        try:
+            # A plain (blocking-API) socket: a PUB send never blocks (past its high-water mark
+            # it drops), so the hot path sends without awaiting.
+            self.pub: zmq.Socket[bytes] = zmq.Socket(self.ctx, zmq.PUB)
+            self.pub.setsockopt(zmq.LINGER, 0)
+            self.pub.setsockopt(zmq.SNDHWM, send_hwm)
+            self.sub = self.ctx.socket(zmq.SUB)
+            self.sub.setsockopt(zmq.LINGER, 0)
+            self.sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+            self.router = self.ctx.socket(zmq.ROUTER)
+            self.router.setsockopt(zmq.LINGER, 0)
+            self.pub.bind(endpoint)
+            self.router.bind(catch_up_endpoint(endpoint))
+        except BaseException:
+            self.close()
+            raise
+        self.connected: set[str] = set()
+
+    def send(self, frames: list[bytes]) -> bool:
+        """False if the message was dropped (every peer's queue full)."""
+        try:
+            self.pub.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def set_peers(self, endpoints: Iterable[str]) -> None:
+        wanted = set(endpoints)
+        for gone in self.connected - wanted:
+            with contextlib.suppress(zmq.ZMQError):
+                self.sub.disconnect(gone)
+        for new in wanted - self.connected:
+            self.sub.connect(new)
+        self.connected = wanted
+
+    async def fetch_log(self, endpoint: str, timeout_s: float) -> list[bytes]:
+        """Ask the peer whose sync socket is ``endpoint`` for its log (``TimeoutError`` after
+        ``timeout_s``)."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(catch_up_endpoint(endpoint))
+            await asyncio.wait_for(sock.send_multipart([LOG_REQUEST]), timeout_s)
+            frames: list[bytes] = await asyncio.wait_for(sock.recv_multipart(), timeout_s)
+            return frames
+        finally:
+            sock.close(linger=0)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for name in ("pub", "sub", "router"):
+            sock: Any = getattr(self, name, None)
+            if sock is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.close(linger=0)
+        self.ctx.term()
