@@ -238,3 +238,13 @@ async def _wait_ready(session: aiohttp.ClientSession, url: str, timeout_s: float
                 return
         assert loop.time() < deadline, "not ready in time"
         await asyncio.sleep(0.02)
+
+
+async def test_a_busy_sync_port_fails_the_start_naming_the_field() -> None:
+    (port,) = sync_ports(1)
+    async with backends_running("b0") as backends:
+        doc = _doc(backends, _sync("one", port, []), "random")
+        async with gateway_running(parse_gateway_config(doc)):
+            with pytest.raises(ConfigError, match=r"spec\.replica_sync\.listen"):
+                async with gateway_running(parse_gateway_config(doc)):
+                    pass

@@ -108,6 +108,8 @@ class Gateway:
         return self._models
 
     async def start(self) -> None:
+        if self.replica_sync is not None:
+            self.replica_sync.open()  # first: a busy port fails the start before any task runs
         limits = self.state.limits
         self._pool = UpstreamPool(
             limits.upstream_connect_timeout_s, limits.max_upstream_connections, keepalive_s=60.0
@@ -129,7 +131,6 @@ class Gateway:
             asyncio.create_task(self._sweep_idle(), name="warmfleet-gateway-pool-sweep"),
         ]
         if self.replica_sync is not None:
-            self.replica_sync.open()
             self.replica_sync.attach(self.state)
             self._tasks.append(asyncio.create_task(self.replica_sync.run(), name="warmfleet-sync"))
         if self.kv_events is not None:

@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import zmq
 from prometheus_client import CollectorRegistry
@@ -50,6 +50,18 @@ log = logging.getLogger(__name__)
 _MAX_OWN_OPEN = 1 << 16
 _PRUNE_TIMEOUTS = 100  # a peer silent this many peer timeouts is no longer listed
 _APPLY_SLICE = 256  # catch-up notes applied between two chances for requests to run
+
+
+async def _kept(name: str, step: Callable[[], Awaitable[None]]) -> None:
+    """Run ``step`` to its end; a bug in it is logged and it starts again a second later
+    (one failing part must not take the others, and the replica's sync, down)."""
+    while True:
+        try:
+            await step()
+            return
+        except Exception:
+            log.exception("replica sync: %s failed; restarting it in 1 s", name)
+            await asyncio.sleep(1.0)
 
 
 class CurrentRouter:
@@ -134,13 +146,16 @@ class ReplicaSync:
     async def run(self) -> None:
         try:
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self.peers.run(), name="warmfleet-sync-peers")
-                tasks.create_task(self._flusher(), name="warmfleet-sync-flush")
-                tasks.create_task(self._receiver(), name="warmfleet-sync-receive")
-                tasks.create_task(self._answer_catch_up(), name="warmfleet-sync-answer")
-                tasks.create_task(self._ticker(), name="warmfleet-sync-tick")
-                tasks.create_task(self._catch_up_at_start(), name="warmfleet-sync-catch-up")
-                tasks.create_task(self._resync_on_return(), name="warmfleet-sync-resync")
+                for name, step in (
+                    ("peers", self.peers.run),
+                    ("flush", self._flusher),
+                    ("receive", self._receiver),
+                    ("answer", self._answer_catch_up),
+                    ("tick", self._ticker),
+                    ("catch-up", self._catch_up_at_start),
+                    ("resync", self._resync_on_return),
+                ):
+                    tasks.create_task(_kept(name, step), name=f"warmfleet-sync-{name}")
         finally:
             if self._pending:
                 self.flush()  # a graceful stop sends its last ends
@@ -306,7 +321,10 @@ class ReplicaSync:
             except ReplicaSyncError as err:
                 log.error("replica sync: log not encoded: %s", err)
                 continue
-            await asyncio.wait_for(sockets.router.send_multipart([frames[0], *answer]), 5.0)
+            try:  # a ROUTER drops what it cannot deliver: this never waits in practice
+                await asyncio.wait_for(sockets.router.send_multipart([frames[0], *answer]), 5.0)
+            except TimeoutError:
+                log.warning("replica sync: a catch-up answer was not sent in 5 s")
 
     async def catch_up(self, endpoints: Iterable[str], timeout_s: float) -> int:
         """Replay the logs of the peers at ``endpoints``; how many answered in time."""
