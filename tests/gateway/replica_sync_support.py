@@ -15,6 +15,8 @@ from typing import Any
 
 import aiohttp
 import yaml
+from gateway_support import MODEL as STUB_MODEL
+from gateway_support import FakeBackend
 
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import parse_gateway_config
@@ -79,6 +81,30 @@ def replica_doc(
             "peers": peers,
             **sync,
         }
+    return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
+
+
+def stub_doc(backends: Sequence[FakeBackend], sync: dict[str, Any] | None, strategy: str) -> Any:
+    """A gateway in front of stub backends (``gateway_support.FakeBackend``), one variant
+    ``main/v1``; ``sync``: its ``spec.replica_sync`` (None: off)."""
+    spec: dict[str, Any] = {
+        "health": {"interval_s": 0.2, "timeout_s": 0.2},
+        "endpoints": [
+            {
+                "name": "main",
+                "variants": [
+                    {
+                        "name": "v1",
+                        "models": [STUB_MODEL],
+                        "routing": {"strategy": {"type": strategy}},
+                        "instances": [{"id": b.name, "url": b.url} for b in backends],
+                    }
+                ],
+            }
+        ],
+    }
+    if sync is not None:
+        spec["replica_sync"] = sync
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
 
 

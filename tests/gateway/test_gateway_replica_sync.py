@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from gateway_support import MODEL, FakeBackend, backends_running, gateway_running
 from prometheus_client import CollectorRegistry
-from replica_sync_support import endpoint, sync_ports
+from replica_sync_support import endpoint, stub_doc, sync_ports
 
 from warmfleet.api.replica_sync import encode_batch
 from warmfleet.core.errors import ConfigError
@@ -27,28 +27,6 @@ from warmfleet.gateway.server import StartedApp
 from warmfleet.gateway.variant import VariantRuntime
 from warmfleet.routing.parse import parse_chat
 from warmfleet.routing.replica_notes import routed_note
-
-
-def _doc(backends: list[FakeBackend], sync: dict[str, Any] | None, strategy: str) -> Any:
-    spec: dict[str, Any] = {
-        "health": {"interval_s": 0.2, "timeout_s": 0.2},
-        "endpoints": [
-            {
-                "name": "main",
-                "variants": [
-                    {
-                        "name": "v1",
-                        "models": [MODEL],
-                        "routing": {"strategy": {"type": strategy}},
-                        "instances": [{"id": b.name, "url": b.url} for b in backends],
-                    }
-                ],
-            }
-        ],
-    }
-    if sync is not None:
-        spec["replica_sync"] = sync
-    return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
 
 
 def _sync(name: str, port: int, peers: list[int], **extra: Any) -> dict[str, Any]:
@@ -71,8 +49,8 @@ async def _pair(
     backends: list[FakeBackend], strategy: str = "prefix_affinity"
 ) -> AsyncIterator[tuple[StartedApp, StartedApp]]:
     a, b = sync_ports(2)
-    doc_a = _doc(backends, _sync("a", a, [b]), strategy)
-    doc_b = _doc(backends, _sync("b", b, [a]), strategy)
+    doc_a = stub_doc(backends, _sync("a", a, [b]), strategy)
+    doc_b = stub_doc(backends, _sync("b", b, [a]), strategy)
     async with (
         gateway_running(parse_gateway_config(doc_a)) as gw_a,
         gateway_running(parse_gateway_config(doc_b)) as gw_b,
@@ -97,7 +75,7 @@ def test_config_defaults_and_errors_name_the_field() -> None:
     ]
     for fields, named in bad:
         with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
-            parse_gateway_config(_doc([], fields, "random"))
+            parse_gateway_config(stub_doc([], fields, "random"))
 
 
 def test_peers_from_slices_and_files() -> None:
@@ -189,8 +167,8 @@ async def test_a_replica_learns_its_peers_routings_and_catches_up_before_ready()
     messages = [{"role": "system", "content": "a long shared context " * 40}]
     body = {"model": MODEL, "messages": messages, "stream": False}
     async with backends_running("b0", "b1", "b2", "b3") as backends:
-        doc_a = _doc(backends, _sync("a", port_a, [port_b]), "prefix_affinity")
-        doc_b = _doc(backends, _sync("b", port_b, [port_a]), "prefix_affinity")
+        doc_a = stub_doc(backends, _sync("a", port_a, [port_b]), "prefix_affinity")
+        doc_b = stub_doc(backends, _sync("b", port_b, [port_a]), "prefix_affinity")
         async with gateway_running(parse_gateway_config(doc_a)) as a, aiohttp.ClientSession() as s:
             async with s.post(a.url + "/v1/chat/completions", json=body) as resp:
                 assert resp.status == 200
@@ -212,7 +190,7 @@ async def test_ready_after_catch_up_timeout_when_no_peer_answers() -> None:
     async with backends_running("b0") as backends:
         sync = _sync("lonely", port, [dead], catch_up_timeout_s=0.6)
         async with (
-            gateway_running(parse_gateway_config(_doc(backends, sync, "random"))) as gw,
+            gateway_running(parse_gateway_config(stub_doc(backends, sync, "random"))) as gw,
             aiohttp.ClientSession() as session,
         ):
             async with session.get(gw.url + "/ready") as resp:
@@ -243,7 +221,7 @@ async def _wait_ready(session: aiohttp.ClientSession, url: str, timeout_s: float
 async def test_a_busy_sync_port_fails_the_start_naming_the_field() -> None:
     (port,) = sync_ports(1)
     async with backends_running("b0") as backends:
-        doc = _doc(backends, _sync("one", port, []), "random")
+        doc = stub_doc(backends, _sync("one", port, []), "random")
         async with gateway_running(parse_gateway_config(doc)):
             with pytest.raises(ConfigError, match=r"spec\.replica_sync\.listen"):
                 async with gateway_running(parse_gateway_config(doc)):
