@@ -24,6 +24,7 @@ from warmfleet.gateway.replica_sync.service import ReplicaSync
 from warmfleet.gateway.server import StartedApp, start_app
 
 MODEL = "warmfleet-emulated"
+ADMIN_TOKEN = "replica-sync-admin-token"
 
 
 def _bindable(port: int) -> bool:
@@ -89,6 +90,7 @@ def stub_doc(backends: Sequence[FakeBackend], sync: dict[str, Any] | None, strat
     ``main/v1``; ``sync``: its ``spec.replica_sync`` (None: off)."""
     spec: dict[str, Any] = {
         "health": {"interval_s": 0.2, "timeout_s": 0.2},
+        "admin": {"token": ADMIN_TOKEN},
         "endpoints": [
             {
                 "name": "main",

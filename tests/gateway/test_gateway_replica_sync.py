@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from gateway_support import MODEL, FakeBackend, backends_running, gateway_running
 from prometheus_client import CollectorRegistry
-from replica_sync_support import endpoint, stub_doc, sync_ports
+from replica_sync_support import ADMIN_TOKEN, endpoint, stub_doc, sync_ports
 
 from warmfleet.api.replica_sync import encode_batch
 from warmfleet.core.errors import ConfigError
@@ -38,6 +38,15 @@ def _sync(name: str, port: int, peers: list[int], **extra: Any) -> dict[str, Any
         "peer_timeout_s": 0.5,
         **extra,
     }
+
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def _sync_of(app: StartedApp) -> ReplicaSync:
+    sync = app.gateway.replica_sync
+    assert sync is not None
+    return sync
 
 
 def _variant(app: StartedApp) -> VariantRuntime:
@@ -157,6 +166,16 @@ async def test_peers_see_each_others_in_flight_load() -> None:
         sync_b = b.gateway.replica_sync
         assert sync_b is not None
         assert sync_b.recent_delays_s
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(b.url + "/admin/v1/replica-sync", headers=ADMIN) as resp,
+        ):
+            state = await resp.json()
+        origin_a = _sync_of(a).origin
+        assert state["enabled"] is True
+        assert state["peers"] == [_sync_of(a).endpoint]
+        assert state["peers_heard"] == [origin_a]
+        assert state["open_requests"] == {"main/v1": {origin_a: 0}}
         assert sync_b.metrics.received._value.get() == 8  # 4 routed, 4 finished
 
 
