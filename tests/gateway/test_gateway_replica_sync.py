@@ -113,11 +113,11 @@ def test_peers_from_slices_and_files() -> None:
         parse_peer_list(["a:1"], "f")
 
 
-async def test_bad_frames_are_counted_and_dropped() -> None:
+async def test_bad_frames_are_counted_and_dropped_and_lost_batches_seen() -> None:
     sync = ReplicaSync(ReplicaSyncConfig(replica_id="r"), CollectorRegistry())
     key = RoutingKey((1, 2), 16, 2, 32, 7)
     note = routed_note("peer#1", "main/v1", 1, key, Decision("i", Reason.PREFIX_HIT))
-    good = batch_frames("peer#1", 0.0, encode_batch([note]))
+    good = batch_frames("peer#1", 0.0, 1, encode_batch([note]))
     for frames in (
         [b"junk"],
         [good[0], good[1], b"short", good[3]],
@@ -129,6 +129,8 @@ async def test_bad_frames_are_counted_and_dropped() -> None:
     assert sync.metrics.dropped.labels("bad_frame")._value.get() == 5
     sync.receive(good)  # no view for main/v1 here: received, applied nowhere, no crash
     assert sync.metrics.received._value.get() == 1
+    sync.receive(batch_frames("peer#1", 0.0, 4, encode_batch([])))  # batches 2 and 3 lost
+    assert sync.metrics.missed._value.get() == 2
 
 
 async def test_peers_see_each_others_in_flight_load() -> None:

@@ -3,7 +3,8 @@
 - ``notes_sent_total``, ``notes_received_total`` (applied or not), ``notes_dropped_total{reason}``
   (``bad_frame``: a message that is not a batch, counted once; ``send_full``: a batch the PUB
   socket dropped at its high-water mark; ``catch_up_bad_frame``);
-- ``batches_sent_total``, ``peers`` (endpoints subscribed to), ``peers_connected`` (origins heard
+- ``batches_sent_total``, ``batches_missed_total`` (a peer's batch numbers skipped: its logs
+  are replayed), ``peers`` (endpoints subscribed to), ``peers_connected`` (origins heard
   within ``peer_timeout_s``), ``origins_forgotten_total`` (peers gone silent: their open requests
   forgotten);
 - ``propagation_delay_seconds`` (histogram: a note queued on its replica to received here,
@@ -24,6 +25,9 @@ class SyncMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.sent = Counter(f"{_P}_notes_sent", "Notes sent to the peers", registry=registry)
         self.batches = Counter(f"{_P}_batches_sent", "Batches sent", registry=registry)
+        self.missed = Counter(
+            f"{_P}_batches_missed", "Peers' batches never received", registry=registry
+        )
         self.received = Counter(
             f"{_P}_notes_received", "Notes received from the peers", registry=registry
         )

@@ -11,7 +11,8 @@ A starting replica subscribes to its peers, then asks each for its log (``log_no
 applied, plus its own open requests) and reports ready (``caught_up``) once every peer answered
 or ``catch_up_timeout_s`` passed. A peer silent for ``peer_timeout_s`` is taken for gone: its
 open requests stop counting (``ReplicaView.forget_origin``); heard again, every peer's log is
-replayed (notes are idempotent), so a healed partition catches up too.
+replayed (notes are idempotent), so a healed partition catches up too; so are they when a
+peer's batch numbers skip (notes lost on a dropped connection).
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ class ReplicaSync:
         self._pending: list[SyncNote] = []
         self._oldest_s = 0.0
         self._last_sent_s = -1e18
+        self._batches = 0  # numbered from 1
+        self._last_batch: dict[str, int] = {}  # origin -> number of its last batch heard
         self._wake = asyncio.Event()
         self._resync = asyncio.Event()
         self._log: deque[SyncNote] = deque(maxlen=config.log_notes)
@@ -211,7 +214,8 @@ class ReplicaSync:
             self.metrics.dropped.labels("encode").inc()
             return
         self._last_sent_s = self._clock()
-        if not sockets.send(batch_frames(self.origin, self._oldest_s, payload)):
+        self._batches += 1
+        if not sockets.send(batch_frames(self.origin, self._oldest_s, self._batches, payload)):
             self.metrics.dropped.labels("send_full").inc()
             return
         self.metrics.batches.inc()
@@ -255,6 +259,11 @@ class ReplicaSync:
             self.recent_delays_s.append(delay_s)
             self.metrics.received.inc(len(batch.notes))
         self._hear(batch.origin)
+        last = self._last_batch.get(batch.origin)
+        self._last_batch[batch.origin] = batch.number
+        if last is not None and batch.number > last + 1:  # notes lost (a dropped connection)
+            self.metrics.missed.inc(batch.number - last - 1)
+            self._resync.set()
         self.apply(batch.notes)
 
     def apply(self, notes: Iterable[SyncNote]) -> int:
@@ -298,6 +307,7 @@ class ReplicaSync:
                 elif silent_s > _PRUNE_TIMEOUTS * config.peer_timeout_s:  # a past run: drop it
                     del self._heard[origin]
                     self._gone.discard(origin)
+                    self._last_batch.pop(origin, None)
             self.metrics.connected.set(len(self._heard) - len(self._gone))
 
     def _forget(self, origin: str) -> None:

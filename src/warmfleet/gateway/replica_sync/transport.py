@@ -4,8 +4,9 @@
   SUB socket connects to it. A batch is one message of four frames: ``TOPIC``, the origin
   replica's id, ``STAMP`` (the wall-clock time, in seconds, at which the batch's oldest note was
   queued: the receiver's now minus it is the note's observed propagation delay, batching
-  included) and the payload of ``api.replica_sync.encode_batch``. A batch with no notes is a
-  heartbeat.
+  included; then the batch's number, from 1 for each origin: a receiver that sees one skipped
+  knows it lost notes) and the payload of ``api.replica_sync.encode_batch``. A batch with no
+  notes is a heartbeat.
 - **Catch-up.** Each replica binds a ROUTER on the next port. A DEALER sends ``[LOG_REQUEST]``;
   the answer is ``[LOG_REQUEST, origin, payload, ...]``, the payloads holding the notes the
   replica keeps for newcomers (``CATCH_UP_NOTES_PER_FRAME`` a frame).
@@ -32,7 +33,7 @@ from warmfleet.routing.replica_notes import SyncNote
 
 TOPIC = b"wf-sync"
 LOG_REQUEST = b"wf-sync-log"
-STAMP = struct.Struct("<d")
+STAMP = struct.Struct("<dQ")  # oldest note queued (wall clock, s), batch number
 CATCH_UP_NOTES_PER_FRAME = 1024
 MAX_ORIGIN_BYTES = 512
 
@@ -41,11 +42,12 @@ MAX_ORIGIN_BYTES = 512
 class Batch:
     origin: str
     oldest_queued_s: float  # wall clock
+    number: int  # from 1, one by one, per origin
     notes: tuple[SyncNote, ...]
 
 
-def batch_frames(origin: str, oldest_queued_s: float, payload: bytes) -> list[bytes]:
-    return [TOPIC, origin.encode(), STAMP.pack(oldest_queued_s), payload]
+def batch_frames(origin: str, oldest_queued_s: float, number: int, payload: bytes) -> list[bytes]:
+    return [TOPIC, origin.encode(), STAMP.pack(oldest_queued_s, number), payload]
 
 
 def _origin(raw: bytes) -> str:
@@ -61,8 +63,8 @@ def parse_batch(frames: Sequence[bytes]) -> Batch:
     """A received batch message."""
     if len(frames) != 4 or frames[0] != TOPIC or len(frames[2]) != STAMP.size:
         raise ReplicaSyncError("batch: expected 4 frames [topic, origin, stamp, payload]")
-    (stamp,) = STAMP.unpack(frames[2])
-    return Batch(_origin(frames[1]), stamp, decode_batch(frames[3]))
+    stamp, number = STAMP.unpack(frames[2])
+    return Batch(_origin(frames[1]), stamp, number, decode_batch(frames[3]))
 
 
 def log_frames(origin: str, notes: Sequence[SyncNote]) -> list[bytes]:
@@ -97,6 +99,8 @@ class Sockets:
             self.pub.setsockopt(zmq.SNDHWM, send_hwm)
             self.sub = self.ctx.socket(zmq.SUB)
             self.sub.setsockopt(zmq.LINGER, 0)
+            self.sub.setsockopt(zmq.RECONNECT_IVL, 20)  # a peer that (re)starts: heard soon
+            self.sub.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
             self.sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
             self.router = self.ctx.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
