@@ -1,6 +1,7 @@
-"""Replica sync in the live gateway (issue 22): ``spec.replica_sync`` validation, the ZeroMQ
-wire's bad frames, peers from the gateway's own Service, the shared load view between two
-replicas, catch-up before readiness and its timeout."""
+"""Replica sync in the live gateway (issue 22), with stub backends: ``spec.replica_sync``
+validation, peers from EndpointSlices and files, the ZeroMQ wire's bad frames and lost batches,
+the shared load view between two replicas (and the admin view), catch-up before readiness and
+its timeout, a busy sync port."""
 
 from __future__ import annotations
 
