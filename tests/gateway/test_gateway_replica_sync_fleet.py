@@ -17,6 +17,7 @@ import pytest
 from replica_sync_support import Replicas
 from replica_sync_workload import chat, conversations, hit_counters
 
+from support.waiting import wait_until
 from warmfleet.emulator.config import build_spec
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.routing.parse import parse_chat
@@ -118,8 +119,7 @@ async def test_a_killed_replica_loses_only_its_own_requests(tmp_path: Path) -> N
         tasks = [asyncio.create_task(stream(n)) for n in range(32)]
         origin = reps.sync_of(0).origin
         view = reps.sync_of(1).views["main/v1"]
-        while view.open_requests().get(origin, 0) < 8:  # replica 1 sees replica 0's 8 streams
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: view.open_requests().get(origin, 0) == 8, timeout_s=10.0)
         await reps.kill(0)
         assert view.open_requests()[origin] == 8
         results = await asyncio.gather(*tasks)
