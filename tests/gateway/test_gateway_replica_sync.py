@@ -7,23 +7,31 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import aiohttp
 import pytest
 from gateway_support import MODEL, FakeBackend, backends_running, gateway_running
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from replica_sync_support import ADMIN_TOKEN, endpoint, stub_doc, sync_ports
 
-from warmfleet.api.replica_sync import encode_batch
+from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.peers import parse_peer_list, peers_from_slices
 from warmfleet.gateway.replica_sync.service import ReplicaSync
-from warmfleet.gateway.replica_sync.transport import batch_frames
+from warmfleet.gateway.replica_sync.transport import (
+    LOG_REQUEST,
+    TOPIC,
+    batch_frames,
+    parse_batch,
+    parse_log,
+)
 from warmfleet.gateway.server import StartedApp
 from warmfleet.gateway.variant import VariantRuntime
 from warmfleet.routing.parse import parse_chat
@@ -132,6 +140,25 @@ async def test_bad_frames_are_counted_and_dropped_and_lost_batches_seen() -> Non
     assert sync.metrics.received._value.get() == 1
     sync.receive(batch_frames("peer#1", 0.0, 4, encode_batch([])))  # batches 2 and 3 lost
     assert sync.metrics.missed._value.get() == 2
+
+
+_FRAMES = st.one_of(
+    st.lists(st.binary(max_size=40), max_size=6),
+    st.tuples(  # shaped like a batch or a log answer, with arbitrary contents
+        st.sampled_from([TOPIC, LOG_REQUEST]),
+        st.binary(max_size=8),
+        st.binary(min_size=16, max_size=16),
+        st.binary(max_size=60),
+    ).map(list),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_FRAMES)
+def test_any_message_is_a_batch_or_a_replica_sync_error(frames: list[bytes]) -> None:
+    for parse in (parse_batch, parse_log):
+        with suppress(ReplicaSyncError):
+            parse(frames)
 
 
 async def test_peers_see_each_others_in_flight_load() -> None:
