@@ -80,7 +80,8 @@ class ReplicaSyncConfig(StrictModel):
     ``heartbeat_interval_s``: an empty batch when nothing was sent for that long;
     ``peer_timeout_s``: a peer silent that long has its open requests forgotten;
     ``catch_up_timeout_s``: the longest a starting replica waits for its peers' logs before it
-    reports ready anyway; ``log_notes``: the notes each replica keeps for newcomers."""
+    reports ready anyway; ``log_bytes``: the encoded batches each replica keeps for newcomers
+    (8 bytes a prompt block; 32 MiB hold some 4 million blocks)."""
 
     replica_id: Annotated[str, Field(pattern=_REPLICA_ID)] | None = None
     listen: SyncListen = Field(default_factory=SyncListen)
@@ -90,7 +91,7 @@ class ReplicaSyncConfig(StrictModel):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     peer_timeout_s: float = Field(default=5.0, gt=0)
     catch_up_timeout_s: float = Field(default=10.0, ge=0)
-    log_notes: int = Field(default=16_384, ge=0, le=1 << 20)
+    log_bytes: int = Field(default=32 << 20, ge=0, le=1 << 32)
 
     @model_validator(mode="after")
     def _timeout_outlasts_heartbeats(self) -> ReplicaSyncConfig:

@@ -7,12 +7,13 @@ it (``VariantRuntime.routed``/``finished``) and the notes come here (``send``). 
 batches, every ``batch_interval_ms`` or at ``max_batch_notes``; the peers' batches are applied
 on the event loop (strategies are not thread-safe) to the view of the note's variant.
 
-A starting replica subscribes to its peers, then asks each for its log (``log_notes`` notes it
-applied, plus its own open requests) and reports ready (``caught_up``) once every peer answered
-or ``catch_up_timeout_s`` passed. A peer silent for ``peer_timeout_s`` is taken for gone: its
-open requests stop counting (``ReplicaView.forget_origin``); heard again, every peer's log is
-replayed (notes are idempotent), so a healed partition catches up too; so are they when a
-peer's batch numbers skip (notes lost on a dropped connection).
+A starting replica subscribes to its peers, then asks each for its log (the batches it sent or
+learnt from, up to ``log_bytes``, plus its own open requests) and reports ready (``caught_up``)
+once every peer answered or ``catch_up_timeout_s`` passed. A peer silent for
+``peer_timeout_s`` is taken for gone: its open requests stop counting
+(``ReplicaView.forget_origin``); heard again, every peer's log is replayed (notes are
+idempotent), so a healed partition catches up too; so are they when a peer's batch numbers skip
+(notes lost on a dropped connection).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from warmfleet.gateway.replica_sync.metrics import SyncMetrics
 from warmfleet.gateway.replica_sync.peers import PeerWatch
 from warmfleet.gateway.replica_sync.transport import (
     LOG_REQUEST,
+    PayloadLog,
     Sockets,
     batch_frames,
     log_frames,
@@ -50,7 +52,6 @@ from warmfleet.routing.replicas import ReplicaView
 log = logging.getLogger(__name__)
 _MAX_OWN_OPEN = 1 << 16
 _PRUNE_TIMEOUTS = 100  # a peer silent this many peer timeouts is no longer listed
-_APPLY_SLICE = 256  # catch-up notes applied between two chances for requests to run
 
 
 async def _kept(name: str, step: Callable[[], Awaitable[None]]) -> None:
@@ -116,7 +117,7 @@ class ReplicaSync:
         self._last_batch: dict[str, int] = {}  # origin -> number of its last batch heard
         self._wake = asyncio.Event()
         self._resync = asyncio.Event()
-        self._log: deque[SyncNote] = deque(maxlen=config.log_notes)
+        self._log = PayloadLog(config.log_bytes)
         self._own_open: dict[tuple[str, int], RoutedNote] = {}
         self._heard: dict[str, float] = {}  # origin -> when last heard (clock)
         self._gone: set[str] = set()
@@ -192,7 +193,6 @@ class ReplicaSync:
             self._oldest_s = self._wall()
             self._wake.set()
         self._pending.append(note)
-        self._log.append(note)
         if isinstance(note, RoutedNote):
             self._own_open[(note.variant, note.seq)] = note
             if len(self._own_open) > _MAX_OWN_OPEN:
@@ -215,6 +215,8 @@ class ReplicaSync:
             return
         self._last_sent_s = self._clock()
         self._batches += 1
+        if notes:
+            self._log.add(payload)
         if not sockets.send(batch_frames(self.origin, self._oldest_s, self._batches, payload)):
             self.metrics.dropped.labels("send_full").inc()
             return
@@ -264,7 +266,8 @@ class ReplicaSync:
         if last is not None and batch.number > last + 1:  # notes lost (a dropped connection)
             self.metrics.missed.inc(batch.number - last - 1)
             self._resync.set()
-        self.apply(batch.notes)
+        if self.apply(batch.notes):
+            self._log.add(frames[3])
 
     def apply(self, notes: Iterable[SyncNote]) -> int:
         """Apply peers' notes to the views of their variants; the number that changed one."""
@@ -277,9 +280,7 @@ class ReplicaSync:
             if view is None:
                 continue
             try:
-                if view.apply(note):
-                    self._log.append(note)
-                    changed += 1
+                changed += view.apply(note)
             except Exception:  # a strategy bug must not stop the replica hearing its peers
                 log.exception("replica sync: applying a note of %s failed", note.origin)
         return changed
@@ -325,9 +326,8 @@ class ReplicaSync:
             if len(frames) != 2 or frames[1] != LOG_REQUEST:
                 self.metrics.dropped.labels("bad_frame").inc()
                 continue
-            notes = [*self._own_open.values(), *self._log]
             try:
-                answer = log_frames(self.origin, notes)
+                answer = log_frames(self.origin, list(self._own_open.values()), self._log)
             except ReplicaSyncError as err:
                 log.error("replica sync: log not encoded: %s", err)
                 continue
@@ -352,7 +352,7 @@ class ReplicaSync:
             return False
         try:
             frames = await sockets.fetch_log(endpoint, timeout_s)
-            origin, notes = parse_log(frames)
+            origin, payloads = parse_log(frames)
         except ReplicaSyncError as err:
             self.metrics.dropped.labels("catch_up_bad_frame").inc()
             log.warning("replica sync: bad catch-up answer from %s: %s", endpoint, err)
@@ -360,11 +360,11 @@ class ReplicaSync:
         except (TimeoutError, zmq.ZMQError) as err:
             log.warning("replica sync: no catch-up answer from %s: %r", endpoint, err)
             return False
-        self.metrics.catch_up_notes.inc(len(notes))
+        self.metrics.catch_up_notes.inc(sum(len(notes) for _, notes in payloads))
         if origin != self.origin:
             self._hear(origin)
-            for start in range(0, len(notes), _APPLY_SLICE):  # requests run in between
-                self.apply(notes[start : start + _APPLY_SLICE])
+            for _payload, notes in payloads:  # a batch at a time: requests run in between
+                self.apply(notes)  # not logged again: a newcomer asks that peer itself
                 await asyncio.sleep(0)
         return True
 

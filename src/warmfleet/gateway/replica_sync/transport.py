@@ -8,8 +8,9 @@
   knows it lost notes) and the payload of ``api.replica_sync.encode_batch``. A batch with no
   notes is a heartbeat.
 - **Catch-up.** Each replica binds a ROUTER on the next port. A DEALER sends ``[LOG_REQUEST]``;
-  the answer is ``[LOG_REQUEST, origin, payload, ...]``, the payloads holding the notes the
-  replica keeps for newcomers (``CATCH_UP_NOTES_PER_FRAME`` a frame).
+  the answer is ``[LOG_REQUEST, origin, payload, ...]``: the replica's open requests
+  (``CATCH_UP_NOTES_PER_FRAME`` a frame), then the batches it keeps for newcomers
+  (``PayloadLog``), as they were received or sent.
 
 Every decoder here raises ``ReplicaSyncError`` (counted and dropped by the caller), never
 another exception.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,20 +69,37 @@ def parse_batch(frames: Sequence[bytes]) -> Batch:
     return Batch(_origin(frames[1]), stamp, number, decode_batch(frames[3]))
 
 
-def log_frames(origin: str, notes: Sequence[SyncNote]) -> list[bytes]:
-    """The answer to a catch-up request (without the ROUTER's identity frame)."""
+class PayloadLog:
+    """The encoded batches a replica keeps for newcomers (its own and those of its peers that
+    taught it something), oldest dropped once they total more than ``limit_bytes``: a bound on
+    bytes, not notes, since a note's size is its prompt's (8 bytes a block)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.payloads: deque[bytes] = deque()
+        self.size_bytes = 0
+
+    def add(self, payload: bytes) -> None:
+        self.payloads.append(payload)
+        self.size_bytes += len(payload)
+        while self.size_bytes > self.limit_bytes and self.payloads:
+            self.size_bytes -= len(self.payloads.popleft())
+
+
+def log_frames(origin: str, open_notes: Sequence[SyncNote], log: PayloadLog) -> list[bytes]:
+    """The answer to a catch-up request (without the ROUTER's identity frame): the replica's
+    open requests, then its log."""
     step = CATCH_UP_NOTES_PER_FRAME
-    chunks = [encode_batch(notes[i : i + step]) for i in range(0, len(notes), step)]
-    return [LOG_REQUEST, origin.encode(), *chunks]
+    chunks = [encode_batch(open_notes[i : i + step]) for i in range(0, len(open_notes), step)]
+    return [LOG_REQUEST, origin.encode(), *chunks, *log.payloads]
 
 
-def parse_log(frames: Sequence[bytes]) -> tuple[str, list[SyncNote]]:
+def parse_log(frames: Sequence[bytes]) -> tuple[str, list[tuple[bytes, tuple[SyncNote, ...]]]]:
+    """The origin of a catch-up answer and its payloads, each with its notes."""
     if len(frames) < 2 or frames[0] != LOG_REQUEST:
         raise ReplicaSyncError("catch-up answer: expected [request, origin, payload, ...]")
-    notes: list[SyncNote] = []
-    for payload in frames[2:]:
-        notes.extend(decode_batch(payload))
-    return _origin(frames[1]), notes
+    origin = _origin(frames[1])
+    return origin, [(payload, decode_batch(payload)) for payload in frames[2:]]
 
 
 class Sockets:
