@@ -28,6 +28,7 @@ from warmfleet.gateway.replica_sync.service import ReplicaSync
 from warmfleet.gateway.replica_sync.transport import (
     LOG_REQUEST,
     TOPIC,
+    PayloadLog,
     batch_frames,
     parse_batch,
     parse_log,
@@ -159,6 +160,19 @@ def test_any_message_is_a_batch_or_a_replica_sync_error(frames: list[bytes]) -> 
     for parse in (parse_batch, parse_log):
         with suppress(ReplicaSyncError):
             parse(frames)
+
+
+def test_the_catch_up_log_is_bounded_in_bytes() -> None:
+    log = PayloadLog(limit_bytes=10)
+    for payload in (b"aaaa", b"bbbb", b"cc"):
+        log.add(payload)
+    assert list(log.payloads) == [b"aaaa", b"bbbb", b"cc"]
+    log.add(b"ddd")  # 13 bytes: the oldest goes
+    assert list(log.payloads) == [b"bbbb", b"cc", b"ddd"]
+    assert log.size_bytes == 9
+    log.add(b"e" * 11)  # larger than the bound alone: nothing is kept
+    assert not log.payloads
+    assert log.size_bytes == 0
 
 
 async def test_peers_see_each_others_in_flight_load() -> None:
