@@ -247,6 +247,34 @@ async def test_a_replica_learns_its_peers_routings_and_catches_up_before_ready()
                 assert decision.predicted_cached_blocks > 0, decision
 
 
+async def test_a_peers_routings_reach_the_router_an_admin_change_put_in_place() -> None:
+    """The view follows its variant's router of the moment: after ``PUT .../routing`` on both
+    (another block size: a new router that starts empty), A's routings teach B's new router."""
+    messages = [{"role": "system", "content": "another long shared context " * 40}]
+    body = {"model": MODEL, "messages": messages, "stream": False}
+    async with (
+        backends_running("b0", "b1", "b2", "b3") as backends,
+        _pair(backends) as (a, b),
+        aiohttp.ClientSession() as session,
+    ):
+        old_router = _variant(b).router
+        routing = {"strategy": {"type": "prefix_affinity"}, "key": {"block_size": 32}}
+        for app in (a, b):
+            url = app.url + "/admin/v1/endpoints/main/variants/v1/routing"
+            async with session.put(url, json=routing, headers=ADMIN) as resp:
+                assert resp.status == 200
+        variant = _variant(b)
+        assert variant.router is not old_router
+        async with session.post(a.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+        key = variant.router.key(parse_chat({"model": MODEL, "messages": messages}))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while variant.router.choose(key, variant.snapshot()).predicted_cached_blocks == 0:
+            assert loop.time() < deadline, "B's new router never learnt A's routing"
+            await asyncio.sleep(0.01)
+
+
 async def test_ready_after_catch_up_timeout_when_no_peer_answers() -> None:
     (port,) = sync_ports(1)
     (dead,) = sync_ports(1)
