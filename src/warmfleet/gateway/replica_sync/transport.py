@@ -152,11 +152,15 @@ class Sockets:
         ``timeout_s``)."""
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+
+        async def ask() -> list[bytes]:
+            await sock.send_multipart([LOG_REQUEST])  # waits for the connection
+            frames: list[bytes] = await sock.recv_multipart()
+            return frames
+
         try:
             sock.connect(catch_up_endpoint(endpoint))
-            await asyncio.wait_for(sock.send_multipart([LOG_REQUEST]), timeout_s)
-            frames: list[bytes] = await asyncio.wait_for(sock.recv_multipart(), timeout_s)
-            return frames
+            return await asyncio.wait_for(ask(), timeout_s)
         finally:
             sock.close(linger=0)
 
