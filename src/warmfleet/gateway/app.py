@@ -125,6 +125,14 @@ def create_app(
         return Response(200, json.dumps(body).encode())
 
     routes.add("GET", "/admin/v1/kv-events", admin.guard(kv_events_state))
+
+    async def replica_sync_state(_request: Request) -> Response:
+        """``GET /admin/v1/replica-sync``: peers, catch-up, open requests per origin."""
+        sync = gateway.replica_sync
+        body = {"enabled": False} if sync is None else {"enabled": True, **sync.describe()}
+        return Response(200, json.dumps(body).encode())
+
+    routes.add("GET", "/admin/v1/replica-sync", admin.guard(replica_sync_state))
     return GatewayApp(gateway, routes, error)
 
 

@@ -15,9 +15,10 @@ from yarl import URL
 
 from warmfleet.core.config import StrictModel, parse_document
 from warmfleet.core.errors import ConfigError
-from warmfleet.core.kubeapi import SERVICE_ACCOUNT_DIR, KubeApiSpec
 from warmfleet.edge import load_yaml_file
+from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeWatchSpec
 from warmfleet.gateway.kv_config import KvEventsConfig
+from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.server_config import (
     AdminConfig,
     HealthConfig,
@@ -95,31 +96,13 @@ class FileDiscovery(StrictModel):
         return self.path
 
 
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-
-
-class KubeWatchSpec(KubeApiSpec):
-    """What the gateway watches in Kubernetes, and how. ``namespace`` ``None``: the gateway
-    pod's own (read from ``namespace_path``). ``port``: the engines' Service port, by name or
-    number. API access (``api_server``, ``token_path``, ``ca_path``, ``timeout_s``):
-    ``KubeApiSpec``."""
-
-    namespace: str | None = Field(default=None, pattern=_DNS_LABEL)
-    namespace_path: str = f"{SERVICE_ACCOUNT_DIR}/namespace"
-    port: (
-        Annotated[str, Field(min_length=1, max_length=15)] | Annotated[int, Field(ge=1, le=65535)]
-    ) = "http"
-    watch_timeout_s: float = Field(default=300.0, gt=0)
-    retry_interval_s: float = Field(default=2.0, gt=0)
-
-
 class KubernetesDiscovery(KubeWatchSpec):
     """The ready endpoints of a Kubernetes Service, from its EndpointSlices (list, then watch).
     The fleet controller creates a Service per ``InferenceEndpoint`` variant,
     ``<endpoint>-<variant>``."""
 
     type: Literal["kubernetes"] = "kubernetes"
-    service: str = Field(pattern=_DNS_LABEL)
+    service: str = Field(pattern=DNS_LABEL)
     scheme: Literal["http", "https"] = "http"
 
     @property
@@ -205,6 +188,7 @@ class GatewaySpec(StrictModel):
     tokenizer_path: str | None = Field(default=None, min_length=1)
     kv_events: KvEventsConfig | None = None
     access_log: bool = False  # a line per request on logger warmfleet.gateway.access (INFO)
+    replica_sync: ReplicaSyncConfig | None = None  # off unless given (docs/replicas.md)
 
     @model_validator(mode="after")
     def _endpoints_consistent(self) -> GatewaySpec:

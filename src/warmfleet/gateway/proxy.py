@@ -8,7 +8,8 @@
   dropped connection, and a timeout waiting for the answer (a wedged instance).
 - Every attempt's outcome feeds passive outlier detection (``gateway.outlier``): gateway
   failures eject an instance, and a probation instance gets one request at a time.
-- In-flight requests and tokens per instance are counted here and fed to the strategy.
+- In-flight requests and tokens per instance are counted here and fed to the strategy (with
+  replica sync, the peers' too, and every routing and end is a note for them).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class Proxy:
                 decision = router.choose(key, fleet)
                 variant.m_decision.observe(perf_counter() - t_decide)
                 inst = variant.instances[decision.instance_id]
-                router.on_routed(key, decision)
+                note = variant.routed(router, key, decision)  # with replica sync: to the peers
             except Exception as err:  # a strategy bug must not become an HTML 500 or a crash
                 log.exception("routing failed in %s/%s", variant.endpoint, variant.name)
                 failure = InternalError(f"routing failed: {type(err).__name__}")
@@ -105,6 +106,8 @@ class Proxy:
                 excluded.add(inst.instance_id)
             finally:
                 inst.add_load(-1, -cost)
+                if note is not None:
+                    variant.finished(note)
                 if inst.outlier.trial is call:
                     variant.end_trial(inst, call)  # no verdict (the client left)
         return _unavailable(variant, failure, len(excluded) - avoided if excluded else 0)

@@ -33,6 +33,7 @@ from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import BodyWorker
 from warmfleet.gateway.openai.models import ModelsCache
 from warmfleet.gateway.proxy import Proxy
+from warmfleet.gateway.replica_sync.service import ReplicaSync
 from warmfleet.gateway.variant import RouterFactory
 from warmfleet.gateway.world import GatewayState, build_router_or_raise
 
@@ -85,6 +86,8 @@ class Gateway:
         # Called after a new config was applied (the HTTP server takes its new limits).
         self.on_applied: list[Callable[[GatewayConfig], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        sync = config.spec.replica_sync  # docs/replicas.md; a change needs a restart
+        self.replica_sync = ReplicaSync(sync, self.metrics.registry) if sync is not None else None
 
     @property
     def proxy(self) -> Proxy:
@@ -105,6 +108,8 @@ class Gateway:
         return self._models
 
     async def start(self) -> None:
+        if self.replica_sync is not None:
+            self.replica_sync.open()  # first: a busy port fails the start before any task runs
         limits = self.state.limits
         self._pool = UpstreamPool(
             limits.upstream_connect_timeout_s, limits.max_upstream_connections, keepalive_s=60.0
@@ -125,6 +130,9 @@ class Gateway:
             asyncio.create_task(self._follow_inference_endpoints(), name="warmfleet-gateway-ie"),
             asyncio.create_task(self._sweep_idle(), name="warmfleet-gateway-pool-sweep"),
         ]
+        if self.replica_sync is not None:
+            self.replica_sync.attach(self.state)
+            self._tasks.append(asyncio.create_task(self.replica_sync.run(), name="warmfleet-sync"))
         if self.kv_events is not None:
             await self.kv_events.start(self.state.instance_url)
 
@@ -137,6 +145,8 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        if self.replica_sync is not None:
+            self.replica_sync.close()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -178,12 +188,15 @@ class Gateway:
             self.metrics.reloads.labels(source, "error").inc()
             raise
         self.base_config = config
+        if self.replica_sync is not None:
+            self.replica_sync.attach(self.state)
         given = {e.name for e in config.spec.endpoints}
         self.derived_endpoints = frozenset(e.name for e in merged.spec.endpoints) - given
         self.metrics.reloads.labels(source, "ok").inc()
         if _restart_only(config) != self._restart_only:
             log.warning(
-                "spec.tokenizerPath / spec.kvEvents changed (%s): they apply at the next restart",
+                "spec.tokenizerPath / kvEvents / replicaSync changed (%s): they apply at the "
+                "next restart",
                 source,
             )
         if self._models is not None:
@@ -309,7 +322,13 @@ class Gateway:
                     await running[1]
 
 
-def _restart_only(config: GatewayConfig) -> tuple[str | None, str | None]:
-    """Settings that need a restart (like ``spec.listen``): the tokenizer and the KV events."""
-    events = config.spec.kv_events
-    return config.spec.tokenizer_path, events.model_dump_json() if events is not None else None
+def _restart_only(config: GatewayConfig) -> tuple[str | None, ...]:
+    """Settings that need a restart (like ``spec.listen``): the tokenizer, the KV events and
+    replica sync."""
+    spec = config.spec
+    events, sync = spec.kv_events, spec.replica_sync
+    return (
+        spec.tokenizer_path,
+        events.model_dump_json() if events is not None else None,
+        sync.model_dump_json() if sync is not None else None,
+    )

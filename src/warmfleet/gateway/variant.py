@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from prometheus_client import Counter
 
 from warmfleet.core.errors import NotFoundError
-from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, InstanceState, RoutingKey
 from warmfleet.gateway.config import FileDiscovery, InstanceSpec, VariantConfig, redacted_url
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.metrics import FastValue, GatewayMetrics
@@ -32,6 +32,8 @@ from warmfleet.gateway.outlier import (
 )
 from warmfleet.gateway.server_config import OutlierConfig
 from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.replica_notes import RoutedNote, SyncNote
+from warmfleet.routing.replicas import ReplicaView
 from warmfleet.routing.request import KeyRequest
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,9 @@ class VariantRuntime:
         self.m_retries = metrics.retries.labels(endpoint, self.name)
         self.config = config
         self.routing_config = config.routing
+        # replica sync (set by gateway/replica_sync): the view kept with peers, the notes' way out
+        self.replica: ReplicaView | None = None
+        self.sync_out: Callable[[SyncNote], None] = lambda _note: None
         self.router = self._new_router(config.routing)
         self.set_instances(config.static_instances())
 
@@ -189,7 +194,8 @@ class VariantRuntime:
         changed = healthy != self.healthy
         self.healthy = healthy
         if changed:
-            self.router.on_instances_changed([i.instance_id for i in healthy])
+            ids = [i.instance_id for i in healthy]
+            (self.replica or self.router).on_instances_changed(ids)
         if changed or gauges:
             for inst in instances:
                 self._gauges(inst)
@@ -324,7 +330,32 @@ class VariantRuntime:
         routable = self.routable
         if exclude:
             routable = tuple(i for i in routable if i.instance_id not in exclude)
-        return FleetSnapshot(tuple([i.state for i in routable]), now)
+        replica = self.replica
+        if replica is None:
+            return FleetSnapshot(tuple([i.state for i in routable]), now)
+        # the fleet's in-flight load as this replica knows it: its own plus its peers'
+        requests, tokens = replica.in_flight_requests, replica.in_flight_tokens
+        states = [
+            InstanceState(iid, requests.get(iid, 0), tokens.get(iid, 0))
+            for iid in (i.instance_id for i in routable)
+        ]
+        return FleetSnapshot(tuple(states), now)
+
+    def routed(self, router: RouterLike, key: RoutingKey, decision: Decision) -> RoutedNote | None:
+        """The request goes to ``decision.instance_id``: ``router`` learns it; with replica sync,
+        through the replica's view, and the note goes to the peers (``finished`` when it ends)."""
+        replica = self.replica
+        if replica is None or router is not self.router:  # a router replaced meanwhile
+            router.on_routed(key, decision)
+            return None
+        note = replica.routed(key, decision)
+        self.sync_out(note)
+        return note
+
+    def finished(self, note: RoutedNote) -> None:
+        """The request of ``note`` (from ``routed``) ended, however it ended."""
+        if self.replica is not None:
+            self.sync_out(self.replica.finished(note))
 
     def request_counter(self, instance: str, reason: str, status: str) -> FastValue:
         key = (instance, reason, status)

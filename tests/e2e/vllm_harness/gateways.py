@@ -2,7 +2,9 @@
 builds them: a ``kind: Gateway`` YAML document (``spec.tokenizerPath`` for the ``tokens`` key
 mode, ``spec.kvEvents`` for exact mode) written to disk, ``load_gateway_config`` and
 ``create_app`` with no injected router factory. In exact mode each replica's subscriber connects
-to the KV-event relay that the engines publish to (``kvEvents.bind: false``).
+to the KV-event relay that the engines publish to (``kvEvents.bind: false``). With
+``replica_sync_sections`` the replicas share their routings over loopback (``spec.replicaSync``,
+docs/replicas.md).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def gateway_document(
     *,
     tokenizer_path: str,
     kv_events_endpoint: str | None,
+    replica_sync: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": 0},
@@ -70,7 +73,24 @@ def gateway_document(
             "resyncBatches": 3,
             "replay": {"portOffset": REPLAY_PORT_OFFSET, "timeoutS": 30.0},
         }
+    if replica_sync is not None:
+        spec["replicaSync"] = replica_sync
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
+
+
+def replica_sync_sections(count: int, base_port: int) -> list[dict[str, Any]]:
+    """``spec.replicaSync`` of ``count`` replicas on loopback: replica ``i``'s sync socket on
+    ``base_port + 2i`` (its catch-up socket on the next port), every other one its peer."""
+    endpoints = [f"tcp://127.0.0.1:{base_port + 2 * i}" for i in range(count)]
+    return [
+        {
+            "replicaId": f"e2e-replica-{i}",
+            "listen": {"host": "127.0.0.1", "port": base_port + 2 * i},
+            "peers": {"type": "static", "endpoints": endpoints[:i] + endpoints[i + 1 :]},
+            "catchUpTimeoutS": 10.0,
+        }
+        for i in range(count)
+    ]
 
 
 @dataclass
@@ -104,14 +124,17 @@ async def start_replica(
     relay_endpoint: str | None,
     seed: int,
     name: str,
+    replica_sync: dict[str, Any] | None = None,
 ) -> Replica:
-    """One gateway from a config file; with ``relay_endpoint`` its KV events come from there."""
+    """One gateway from a config file; with ``relay_endpoint`` its KV events come from there;
+    with ``replica_sync`` it shares its routings with its peers."""
     document = gateway_document(
         strategy,
         engines,
         seed,
         tokenizer_path=str(model_dir),
         kv_events_endpoint=relay_endpoint,
+        replica_sync=replica_sync,
     )
     config_dir.mkdir(parents=True, exist_ok=True)
     path = config_dir / f"{name}.yaml"
@@ -141,6 +164,36 @@ async def sync_exact(
             modes = [r.feed.describe() if r.feed else {} for r in replicas]
             raise RuntimeError(f"KV-event feeds not in sync after {timeout_s:.0f} s: {modes}")
         await asyncio.sleep(1.0)
+
+
+async def wait_caught_up(replicas: Sequence[Replica], timeout_s: float = 30.0) -> float:
+    """Until every synced replica caught up with its peers (what its ``/ready`` waits for);
+    the seconds it took."""
+    start = time.monotonic()
+    while not all(
+        r.gateway.replica_sync is None or r.gateway.replica_sync.caught_up for r in replicas
+    ):
+        if time.monotonic() - start > timeout_s:
+            raise RuntimeError(f"replicas not caught up after {timeout_s:.0f} s")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - start
+
+
+def sync_delays_ms(replicas: Sequence[Replica]) -> dict[str, float]:
+    """The observed propagation delays (every batch received by every replica): p50, p99, max."""
+    delays = sorted(
+        d * 1000.0
+        for r in replicas
+        if r.gateway.replica_sync is not None
+        for d in r.gateway.replica_sync.recent_delays_s
+    )
+    if not delays:
+        return {}
+
+    def at(q: float) -> float:
+        return round(delays[min(len(delays) - 1, int(q * (len(delays) - 1)))], 2)
+
+    return {"p50": at(0.5), "p99": at(0.99), "max": round(delays[-1], 2), "batches": len(delays)}
 
 
 def _exact_ids(replica: Replica) -> set[str]:

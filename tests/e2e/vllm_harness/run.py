@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import random
 import sys
 import time
 from collections.abc import Sequence
@@ -33,8 +34,11 @@ from vllm_harness.engines import (
 from vllm_harness.gateways import (
     BLOCK_SIZE,
     Replica,
+    replica_sync_sections,
     start_replica,
+    sync_delays_ms,
     sync_exact,
+    wait_caught_up,
 )
 from vllm_harness.workloads import (
     Workload,
@@ -43,6 +47,7 @@ from vllm_harness.workloads import (
     shared_document,
 )
 from warmfleet.bench.conformance import run_conformance
+from warmfleet.bench.live_fleet import consecutive_free_ports
 from warmfleet.bench.live_procs import ProcessSet, free_port, terminate_on_sigterm
 from warmfleet.gateway.kv_events import KvEventRelay
 from warmfleet.gateway.tokenizer import HfChatTokenizer
@@ -57,6 +62,14 @@ CASES: tuple[tuple[str, str, dict[str, Any]], ...] = (
 
 
 MIN_GAP = 0.25  # random's engine hit rate must be at least this much lower (absolute)
+# Replica runs: label, exact (KV events), replica sync, each request to a random replica (else
+# round-robin). The approximate replicas share their routings (spec.replicaSync, issue 22).
+REPLICA_RUNS: tuple[tuple[str, bool, bool, bool], ...] = (
+    ("4", True, False, False),
+    ("4_approximate", False, True, False),
+    ("4_approximate_sessions", False, True, True),
+)
+SYNCED_SHARE = 0.95  # synced replicas' hit rate: at least this share of one gateway's
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -93,12 +106,17 @@ async def run_workload(
     gateways: Sequence[str],
     engines: Sequence[EngineSpec],
     workload: Workload,
+    rng: random.Random | None = None,
 ) -> dict[str, Any]:
-    """Send the workload one request at a time (round-robin over ``gateways``); hit rate from
-    the engines' own prefix-cache counters."""
+    """Send the workload one request at a time (round-robin over ``gateways``; with ``rng``,
+    each to a random one, so a session's turns reach random replicas); hit rate from the
+    engines' own prefix-cache counters."""
     before = [await prefix_counters(session, e.url) for e in engines]
     targets = itertools.cycle(gateways)
-    ttfts = [await send_chat(session, next(targets), m) for m in workload.requests]
+    ttfts = [
+        await send_chat(session, rng.choice(gateways) if rng else next(targets), m)
+        for m in workload.requests
+    ]
     after = [await prefix_counters(session, e.url) for e in engines]
     hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
@@ -151,10 +169,20 @@ class E2E:
         self.timings_s: dict[str, float] = {}
 
     async def case(
-        self, session: aiohttp.ClientSession, strategy: dict[str, Any], replicas: int, exact: bool
+        self,
+        session: aiohttp.ClientSession,
+        strategy: dict[str, Any],
+        replicas: int,
+        exact: bool,
+        *,
+        synced: bool = False,
+        random_replica: bool = False,
     ) -> dict[str, Any]:
         for engine in self.engines:
             await reset_prefix_cache(session, engine.url)
+        sections: list[dict[str, Any] | None] = [None] * replicas
+        if synced:
+            sections = list(replica_sync_sections(replicas, consecutive_free_ports(2 * replicas)))
         started: list[Replica] = []
         try:
             for i in range(replicas):
@@ -167,11 +195,15 @@ class E2E:
                         relay_endpoint=self.relay_replicas if exact else None,
                         seed=self.args.seed + i,
                         name=f"{strategy['type']}-{'exact' if exact else 'plain'}-{replicas}-{i}",
+                        replica_sync=sections[i],
                     )
                 )
             sync_s = await sync_exact(started, self.engines, session) if exact else 0.0
+            catch_up_s = await wait_caught_up(started) if synced else 0.0
+            rng = random.Random(f"replicas/{self.args.seed}") if random_replica else None
+            urls = [r.url for r in started]
             parts = {
-                w.name: await run_workload(session, [r.url for r in started], self.engines, w)
+                w.name: await run_workload(session, urls, self.engines, w, rng)
                 for w in self.workloads
             }
             result = summarize(parts, self.ideal)
@@ -179,6 +211,11 @@ class E2E:
             if exact:
                 result["kv_event_sync_s"] = round(sync_s, 2)
                 result["kv_events"] = [r.feed.describe() for r in started if r.feed]
+            if synced:
+                result["replica_sync"] = {
+                    "catch_up_s": round(catch_up_s, 2),
+                    "propagation_delay_ms": sync_delays_ms(started),
+                }
             return result
         finally:
             for replica in started:
@@ -214,15 +251,19 @@ async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
                 "hit_rate": out["strategies"]["prefix_affinity"]["exact"]["hit_rate"]
             }
             exact_strategy = CASES[2][2]
-            for label, exact in (("4", True), ("4_approximate", False)):
+            for label, exact, synced, random_replica in REPLICA_RUNS:
                 t = time.monotonic()
                 strategy = exact_strategy if exact else CASES[1][2]
-                result = await e2e.case(session, strategy, 4, exact)
+                result = await e2e.case(
+                    session, strategy, 4, exact, synced=synced, random_replica=random_replica
+                )
                 out["replicas"][label] = {
                     "hit_rate": result["hit_rate"],
                     "ideal_reuse": result["ideal_reuse"],
                     "ttft_ms": result["ttft_ms"],
                 }
+                if synced:
+                    out["replicas"][label]["replica_sync"] = result["replica_sync"]
                 e2e.timings_s[f"replicas/{label}"] = round(time.monotonic() - t, 1)
                 progress(f"replicas/{label}", result, e2e.timings_s)
         out["relay_frames"] = relay.frames
@@ -269,6 +310,13 @@ def check(out: dict[str, Any]) -> list[str]:
     four = out["replicas"]["4"]
     if four["hit_rate"] < 0.8 * four["ideal_reuse"]:
         failures.append(f"4 exact replicas: hit rate {four['hit_rate']} < 0.8 x ideal")
+    one = out["replicas"]["1"]["hit_rate"]
+    for label in ("4_approximate", "4_approximate_sessions"):
+        synced = out["replicas"][label]["hit_rate"]
+        if synced < SYNCED_SHARE * one:
+            failures.append(
+                f"{label} (replica sync): hit rate {synced} < {SYNCED_SHARE} x one gateway's {one}"
+            )
     return failures + _replay_failures(pa["exact"].get("kv_events", []), out["engine"])
 
 

@@ -25,9 +25,9 @@ from warmfleet.gateway.config import (
     EndpointConfig,
     InferenceEndpointsSource,
     KubernetesDiscovery,
-    KubeWatchSpec,
     VariantConfig,
 )
+from warmfleet.gateway.kube_watch_config import KubeWatchSpec
 from warmfleet.kube.access import read_own
 from warmfleet.kube.watch import ListWatch, object_name
 

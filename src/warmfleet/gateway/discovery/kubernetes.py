@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
 
 from warmfleet.gateway.config import InstanceSpec, KubernetesDiscovery
+from warmfleet.gateway.kube_watch_config import KubeWatchSpec
 from warmfleet.gateway.world import GatewayState
 from warmfleet.kube.access import read_own, served_versions_of
 from warmfleet.kube.endpointslices import (
@@ -65,24 +66,40 @@ class SliceWatch(ListWatch):
             raise
 
 
-def slice_watch(owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery) -> SliceWatch:
-    """The watch of one variant's Service slices, reporting to ``owner``."""
+def service_slice_watch(
+    spec: KubeWatchSpec,
+    service: str,
+    on_change: Callable[[Iterable[Mapping[str, Any]]], None],
+    on_error: Callable[[BaseException, bool], None],
+) -> SliceWatch:
+    """The watch of Service ``service``'s EndpointSlices (the engines' of a variant, or the
+    gateway's own for its replica-sync peers): ``on_change`` gets every slice at each change."""
 
     def path() -> str:
-        namespace = disc.namespace or read_own(disc.namespace_path, "discovery.namespace")
+        namespace = spec.namespace or read_own(spec.namespace_path, "discovery.namespace")
         return _SLICES.format(version=watch.version or "v1", namespace=namespace)
 
     watch = SliceWatch(
-        disc,
+        spec,
         path,
-        on_change=lambda slices: owner.apply(key, disc, slices.values()),
-        on_error=lambda err, first: owner.failed(key, err, first=first),
-        keep=lambda obj: belongs_to(obj, disc.service),
-        selectors={"labelSelector": f"{SERVICE_NAME_LABEL}={disc.service}"},
-        watch_timeout_s=disc.watch_timeout_s,
-        retry_interval_s=disc.retry_interval_s,
+        on_change=lambda slices: on_change(slices.values()),
+        on_error=on_error,
+        keep=lambda obj: belongs_to(obj, service),
+        selectors={"labelSelector": f"{SERVICE_NAME_LABEL}={service}"},
+        watch_timeout_s=spec.watch_timeout_s,
+        retry_interval_s=spec.retry_interval_s,
     )
     return watch
+
+
+def slice_watch(owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery) -> SliceWatch:
+    """The watch of one variant's Service slices, reporting to ``owner``."""
+    return service_slice_watch(
+        disc,
+        disc.service,
+        lambda slices: owner.apply(key, disc, slices),
+        lambda err, first: owner.failed(key, err, first=first),
+    )
 
 
 class KubeDiscovery:

@@ -264,7 +264,8 @@ class Handlers:
         return Response(200, b'{"status":"ok"}', _JSON)
 
     async def ready(self, request: Request) -> Response:
-        """``/ready``: a health round completed and every endpoint has a healthy instance.
+        """``/ready``: a health round completed, every endpoint has a healthy instance and, with
+        ``spec.replicaSync``, this replica caught up with its peers (or gave up waiting).
         ``/ready?scope=gateway`` (the pods' readiness probe): this gateway can route, i.e. a
         health round completed, whatever the engines' state, so a fleet without engines yet
         does not take every gateway pod out of its Service (clients get 503s that say why,
@@ -278,13 +279,17 @@ class Handlers:
             if not any(v.healthy for v in endpoint.variants.values())
         ]
         rounds = self.gw.health.rounds_completed
-        ready = rounds > 0 and (scope == "gateway" or not unavailable)
-        body = {
+        sync = self.gw.replica_sync  # with replica sync: not ready before catching up
+        caught_up = sync is None or sync.caught_up
+        ready = rounds > 0 and caught_up and (scope == "gateway" or not unavailable)
+        body: dict[str, Any] = {
             "status": "ready" if ready else "not_ready",
             "scope": scope,
             "health_rounds": rounds,
             "unavailable": unavailable,
         }
+        if sync is not None:
+            body["replica_sync"] = {"origin": sync.origin, "caught_up": caught_up}
         return Response(200 if ready else 503, json.dumps(body).encode(), _JSON)
 
     async def metrics(self, _request: Request) -> Response:

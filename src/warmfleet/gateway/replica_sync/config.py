@@ -1,0 +1,107 @@
+"""``spec.replicaSync`` of a Gateway document: this replica's sync socket, its peers and the
+timings of batching, catch-up and peer loss (docs/replicas.md, "Live replicas")."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from warmfleet.core.config import StrictModel
+from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeWatchSpec
+
+_ENDPOINT = r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"
+_REPLICA_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
+
+PeerEndpoint = Annotated[str, Field(pattern=_ENDPOINT)]
+
+
+def endpoint_port(endpoint: str) -> int:
+    """The port of a ``tcp://host:port`` endpoint."""
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def catch_up_endpoint(endpoint: str) -> str:
+    """Where the replica whose sync socket is ``endpoint`` answers catch-up requests: the next
+    port."""
+    host, port = endpoint.rsplit(":", 1)
+    return f"{host}:{int(port) + 1}"
+
+
+class SyncListen(StrictModel):
+    """This replica's PUB socket (``host:port``); its catch-up socket is on ``port + 1``."""
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=9470, ge=1, le=65534)
+
+    @property
+    def endpoint(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+
+class StaticPeers(StrictModel):
+    """A fixed list of the peers' sync endpoints (``tcp://host:port``)."""
+
+    type: Literal["static"] = "static"
+    endpoints: list[PeerEndpoint] = Field(default_factory=list)
+
+
+class FilePeers(StrictModel):
+    """A YAML/JSON file holding a list of ``tcp://host:port`` endpoints (or ``{endpoints:
+    [...]}``), polled for changes."""
+
+    type: Literal["file"] = "file"
+    path: str = Field(min_length=1)
+    poll_interval_s: float = Field(default=1.0, gt=0)
+
+
+class KubernetesPeers(KubeWatchSpec):
+    """The ready endpoints of the gateway's own Service (its EndpointSlices, watched as the
+    engines' are by ``discovery: {type: kubernetes}``); ``port``: the Service port of the sync
+    socket, by name or number."""
+
+    type: Literal["kubernetes"] = "kubernetes"
+    service: str = Field(pattern=DNS_LABEL)
+    port: (
+        Annotated[str, Field(min_length=1, max_length=15)] | Annotated[int, Field(ge=1, le=65534)]
+    ) = "sync"
+
+
+Peers = Annotated[StaticPeers | FilePeers | KubernetesPeers, Field(discriminator="type")]
+
+
+class ReplicaSyncConfig(StrictModel):
+    """Replica sync (off unless given). ``replica_id``: this replica's name among its peers
+    (default ``$POD_NAME``, else the host name); ``batch_interval_ms``: the longest a note
+    waits before it is sent (a batch also goes out at ``max_batch_notes``);
+    ``heartbeat_interval_s``: an empty batch when nothing was sent for that long;
+    ``peer_timeout_s``: a peer silent that long has its open requests forgotten;
+    ``catch_up_timeout_s``: the longest a starting replica waits for its peers' logs before it
+    reports ready anyway; ``log_bytes``: the encoded batches each replica keeps for newcomers
+    (8 bytes a prompt block; 32 MiB hold some 4 million blocks)."""
+
+    replica_id: Annotated[str, Field(pattern=_REPLICA_ID)] | None = None
+    listen: SyncListen = Field(default_factory=SyncListen)
+    peers: Peers = Field(default_factory=StaticPeers)
+    batch_interval_ms: float = Field(default=2.0, ge=0, le=1000)
+    max_batch_notes: int = Field(default=256, ge=1, le=65_536)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    peer_timeout_s: float = Field(default=5.0, gt=0)
+    catch_up_timeout_s: float = Field(default=10.0, ge=0)
+    log_bytes: int = Field(default=32 << 20, ge=0, le=1 << 32)
+
+    @model_validator(mode="after")
+    def _timeout_outlasts_heartbeats(self) -> ReplicaSyncConfig:
+        if self.peer_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError(
+                "peerTimeoutS: must be more than twice heartbeatIntervalS (a live peer "
+                "would be taken for gone)"
+            )
+        return self
+
+    def resolved_replica_id(self) -> str:
+        """``replica_id``, else ``$POD_NAME``, else the host name."""
+        return self.replica_id or os.environ.get("POD_NAME") or socket.gethostname()

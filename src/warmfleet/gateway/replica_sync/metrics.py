@@ -1,0 +1,65 @@
+"""Replica-sync metrics, on the gateway's registry (all ``warmfleet_gateway_replica_sync_``):
+
+- ``notes_sent_total``, ``notes_received_total`` (applied or not), ``notes_dropped_total{reason}``
+  (``bad_frame``: a message that is not a batch, counted once; ``send_full``: a batch the PUB
+  socket dropped at its high-water mark; ``catch_up_bad_frame``);
+- ``batches_sent_total``, ``batches_missed_total`` (a peer's batch numbers skipped: its logs
+  are replayed), ``peers`` (endpoints subscribed to), ``peers_connected`` (origins heard
+  within ``peer_timeout_s``), ``origins_forgotten_total`` (peers gone silent: their open requests
+  forgotten);
+- ``propagation_delay_seconds`` (histogram: a note queued on its replica to received here,
+  batching included; the oldest note of each batch, so the staleness bound ``D`` observed);
+- ``caught_up`` (1 once this replica caught up or gave up waiting), ``catch_up_seconds`` (the
+  last catch-up's duration), ``catch_up_timeouts_total``, ``catch_up_notes_total``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_P = "warmfleet_gateway_replica_sync"
+_DELAY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+
+class SyncMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.sent = Counter(f"{_P}_notes_sent", "Notes sent to the peers", registry=registry)
+        self.batches = Counter(f"{_P}_batches_sent", "Batches sent", registry=registry)
+        self.missed = Counter(
+            f"{_P}_batches_missed", "Peers' batches never received", registry=registry
+        )
+        self.received = Counter(
+            f"{_P}_notes_received", "Notes received from the peers", registry=registry
+        )
+        self.dropped = Counter(
+            f"{_P}_notes_dropped", "Messages or batches dropped", ("reason",), registry=registry
+        )
+        self.peers = Gauge(f"{_P}_peers", "Peer endpoints subscribed to", registry=registry)
+        self.connected = Gauge(
+            f"{_P}_peers_connected", "Peers heard within peer_timeout_s", registry=registry
+        )
+        self.forgotten = Counter(
+            f"{_P}_origins_forgotten",
+            "Peers gone silent whose open requests were forgotten",
+            registry=registry,
+        )
+        self.delay = Histogram(
+            f"{_P}_propagation_delay_seconds",
+            "A batch's oldest note: queued on its replica to received here",
+            buckets=_DELAY_BUCKETS,
+            registry=registry,
+        )
+        self.caught_up = Gauge(
+            f"{_P}_caught_up", "1 once caught up (or given up)", registry=registry
+        )
+        self.catch_up_s = Gauge(
+            f"{_P}_catch_up_seconds", "Duration of the last catch-up", registry=registry
+        )
+        self.catch_up_timeouts = Counter(
+            f"{_P}_catch_up_timeouts",
+            "Catch-ups that ended at catch_up_timeout_s with peers unanswered",
+            registry=registry,
+        )
+        self.catch_up_notes = Counter(
+            f"{_P}_catch_up_notes", "Notes received in catch-up answers", registry=registry
+        )

@@ -1,0 +1,398 @@
+"""``ReplicaSync``: one gateway replica's side of replica sync (``spec.replicaSync``), owned by
+the ``Gateway``'s lifespan (``open`` at start, ``run`` a task, ``close`` at stop).
+
+Each variant gets a ``routing.replicas.ReplicaView`` (the same object the simulator's replicas
+use) over the variant's router of the moment; the proxy records each routing and each end in
+it (``VariantRuntime.routed``/``finished``) and the notes come here (``send``). They leave in
+batches, every ``batch_interval_ms`` or at ``max_batch_notes``; the peers' batches are applied
+on the event loop (strategies are not thread-safe) to the view of the note's variant.
+
+A starting replica subscribes to its peers, then asks each for its log (the batches it sent or
+learnt from, up to ``log_bytes``, plus its own open requests) and reports ready (``caught_up``)
+once every peer answered or ``catch_up_timeout_s`` passed. A peer silent for
+``peer_timeout_s`` is taken for gone: its open requests stop counting
+(``ReplicaView.forget_origin``); heard again, every peer's log is replayed (notes are
+idempotent), so a healed partition catches up too; so are they when a peer's batch numbers skip
+(notes lost on a dropped connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+
+import zmq
+from prometheus_client import CollectorRegistry
+
+from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
+from warmfleet.core.errors import ConfigError
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
+from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
+from warmfleet.gateway.replica_sync.metrics import SyncMetrics
+from warmfleet.gateway.replica_sync.peers import PeerWatch
+from warmfleet.gateway.replica_sync.transport import (
+    LOG_REQUEST,
+    PayloadLog,
+    Sockets,
+    batch_frames,
+    log_frames,
+    parse_batch,
+    parse_log,
+)
+from warmfleet.gateway.variant import VariantRuntime
+from warmfleet.gateway.world import GatewayState
+from warmfleet.routing.replica_notes import RoutedNote, SyncNote
+from warmfleet.routing.replicas import ReplicaView
+
+log = logging.getLogger(__name__)
+_MAX_OWN_OPEN = 1 << 16
+_PRUNE_TIMEOUTS = 100  # a peer silent this many peer timeouts is no longer listed
+
+
+async def _kept(name: str, step: Callable[[], Awaitable[None]]) -> None:
+    """Run ``step`` to its end; a bug in it is logged and it starts again a second later
+    (one failing part must not take the others, and the replica's sync, down)."""
+    while True:
+        try:
+            await step()
+            return
+        except Exception:
+            log.exception("replica sync: %s failed; restarting it in 1 s", name)
+            await asyncio.sleep(1.0)
+
+
+class CurrentRouter:
+    """A ``ReplicaView``'s strategy in the live gateway: the variant's router of the moment (a
+    reload or the admin API may replace it; what it learnt is adopted by the new one)."""
+
+    name = "gateway-router"
+    reads_block_hashes = True
+
+    def __init__(self, variant: VariantRuntime) -> None:
+        self.variant = variant
+
+    def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
+        return self.variant.router.choose(key, fleet)
+
+    def on_routed(self, key: RoutingKey, decision: Decision) -> None:
+        self.variant.router.on_routed(key, decision)
+
+    def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
+        self.variant.router.on_instances_changed(instance_ids)
+
+
+class ReplicaSync:
+    def __init__(
+        self,
+        config: ReplicaSyncConfig,
+        registry: CollectorRegistry,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.replica_id = config.resolved_replica_id()
+        # the notes' origin: this process's run of the replica (a restarted replica numbers its
+        # notes from 1 again, and must not look like its previous run to the peers)
+        self.origin = f"{self.replica_id}#{os.urandom(4).hex()}"
+        self.endpoint = config.listen.endpoint
+        self.metrics = SyncMetrics(registry)
+        self.views: dict[str, ReplicaView] = {}  # by "endpoint/variant"; kept across reloads
+        self.caught_up = False
+        self.catch_up_s: float | None = None
+        self.recent_delays_s: deque[float] = deque(maxlen=4096)  # observed, for reports
+        self.peers = PeerWatch(config.peers, self.endpoint, self.replica_id, self._set_peers)
+        self._clock = clock
+        self._wall = wall
+        self._sockets: Sockets | None = None
+        self._pending: list[SyncNote] = []
+        self._oldest_s = 0.0
+        self._last_sent_s = -1e18
+        self._batches = 0  # numbered from 1
+        self._last_batch: dict[str, int] = {}  # origin -> number of its last batch heard
+        self._wake = asyncio.Event()
+        self._resync = asyncio.Event()
+        self._log = PayloadLog(config.log_bytes)
+        self._own_open: dict[tuple[str, int], RoutedNote] = {}
+        self._heard: dict[str, float] = {}  # origin -> when last heard (clock)
+        self._gone: set[str] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Bind the sockets (a busy port is a ``ConfigError`` naming the field)."""
+        try:
+            self._sockets = Sockets(self.endpoint)
+        except zmq.ZMQError as err:
+            raise ConfigError(
+                f"spec.replicaSync.listen: cannot bind {self.endpoint} and the next port: {err}"
+            ) from err
+
+    def attach(self, state: GatewayState) -> None:
+        """Give every variant of ``state`` its view (after each applied config)."""
+        for variant in state.variants():
+            key = f"{variant.endpoint}/{variant.name}"
+            view = self.views.get(key)
+            if view is None:
+                view = self.views[key] = ReplicaView(self.origin, key, CurrentRouter(variant))
+            elif variant.replica is not view:
+                view.strategy = CurrentRouter(variant)  # a variant re-created by a reload
+            if variant.replica is not view:
+                variant.replica = view
+                variant.sync_out = self.send
+                view.on_instances_changed([i.instance_id for i in variant.healthy])
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                for name, step in (
+                    ("peers", self.peers.run),
+                    ("flush", self._flusher),
+                    ("receive", self._receiver),
+                    ("answer", self._answer_catch_up),
+                    ("tick", self._ticker),
+                    ("catch-up", self._catch_up_at_start),
+                    ("resync", self._resync_on_return),
+                ):
+                    tasks.create_task(_kept(name, step), name=f"warmfleet-sync-{name}")
+        finally:
+            if self._pending:
+                self.flush()  # a graceful stop sends its last ends
+            self.close()
+
+    def close(self) -> None:
+        """Close the sockets (idempotent): nothing more is sent or received."""
+        sockets, self._sockets = self._sockets, None
+        if sockets is not None:
+            sockets.close()
+
+    def describe(self) -> dict[str, object]:
+        now = self._clock()
+        return {
+            "replica_id": self.replica_id,
+            "origin": self.origin,
+            "caught_up": self.caught_up,
+            "catch_up_s": self.catch_up_s,
+            "peers": sorted(self.peers.current or ()),
+            "peers_heard": sorted(o for o, t in self._heard.items() if o not in self._gone),
+            "peers_gone": sorted(self._gone),
+            "open_requests": {k: dict(v.open_requests()) for k, v in self.views.items()},
+            "last_heard_s_ago": {o: round(now - t, 3) for o, t in self._heard.items()},
+        }
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, note: SyncNote) -> None:
+        """A note of this replica (hot path): queued for the next batch."""
+        if not self._pending:
+            self._oldest_s = self._wall()
+            self._wake.set()
+        self._pending.append(note)
+        if isinstance(note, RoutedNote):
+            self._own_open[(note.variant, note.seq)] = note
+            if len(self._own_open) > _MAX_OWN_OPEN:
+                del self._own_open[next(iter(self._own_open))]
+        else:
+            self._own_open.pop((note.variant, note.seq), None)
+        if len(self._pending) >= self.config.max_batch_notes:
+            self.flush()
+
+    def flush(self) -> None:
+        notes, self._pending = self._pending, []
+        sockets = self._sockets
+        if sockets is None:
+            return
+        try:
+            payload = encode_batch(notes)
+        except ReplicaSyncError as err:  # a bug: never a reason to stop routing
+            log.error("replica sync: a batch of %d notes not encoded: %s", len(notes), err)
+            self.metrics.dropped.labels("encode").inc()
+            return
+        self._last_sent_s = self._clock()
+        self._batches += 1
+        if notes:
+            self._log.add(payload)
+        if not sockets.send(batch_frames(self.origin, self._oldest_s, self._batches, payload)):
+            self.metrics.dropped.labels("send_full").inc()
+            return
+        self.metrics.batches.inc()
+        self.metrics.sent.inc(len(notes))
+
+    async def _flusher(self) -> None:
+        interval_s = self.config.batch_interval_ms / 1000.0
+        while True:
+            await self._wake.wait()
+            if interval_s > 0:
+                await asyncio.sleep(interval_s)
+            self._wake.clear()
+            if self._pending:
+                self.flush()
+
+    # ------------------------------------------------------------------ receiving
+
+    def _set_peers(self, endpoints: frozenset[str]) -> None:
+        if self._sockets is not None:
+            self._sockets.set_peers(endpoints)
+        self.metrics.peers.set(len(endpoints))
+        log.info("replica %s: %d sync peers", self.replica_id, len(endpoints))
+
+    async def _receiver(self) -> None:
+        while (sockets := self._sockets) is not None:
+            self.receive(await sockets.sub.recv_multipart())
+
+    def receive(self, frames: Sequence[bytes]) -> None:
+        """One message from a peer's PUB socket; a bad one is counted and dropped."""
+        try:
+            batch = parse_batch(frames)
+        except ReplicaSyncError as err:
+            self.metrics.dropped.labels("bad_frame").inc()
+            log.debug("replica sync: dropping a message: %s", err)
+            return
+        if batch.origin == self.origin:
+            return
+        if batch.notes:
+            delay_s = max(0.0, self._wall() - batch.oldest_queued_s)
+            self.metrics.delay.observe(delay_s)
+            self.recent_delays_s.append(delay_s)
+            self.metrics.received.inc(len(batch.notes))
+        self._hear(batch.origin)
+        last = self._last_batch.get(batch.origin)
+        self._last_batch[batch.origin] = batch.number
+        if last is not None and batch.number > last + 1:  # notes lost (a dropped connection)
+            self.metrics.missed.inc(batch.number - last - 1)
+            self._resync.set()
+        if self.apply(batch.notes):
+            self._log.add(frames[3])
+
+    def apply(self, notes: Iterable[SyncNote]) -> int:
+        """Apply peers' notes to the views of their variants; the number that changed one."""
+        changed = 0
+        heard, now_s = self._heard, self._clock()
+        for note in notes:
+            if note.origin not in heard and note.origin != self.origin:
+                heard[note.origin] = now_s  # known through a peer: forgotten if never heard
+            view = self.views.get(note.variant)
+            if view is None:
+                continue
+            try:
+                changed += view.apply(note)
+            except Exception:  # a strategy bug must not stop the replica hearing its peers
+                log.exception("replica sync: applying a note of %s failed", note.origin)
+        return changed
+
+    def _hear(self, origin: str) -> None:
+        if origin in self._gone:
+            self._gone.discard(origin)
+            self._resync.set()
+            log.warning("replica sync: peer %s heard again: replaying the peers' logs", origin)
+        self._heard[origin] = self._clock()
+
+    async def _ticker(self) -> None:
+        """Heartbeats when idle; peers silent for ``peer_timeout_s`` are forgotten."""
+        config = self.config
+        while True:
+            await asyncio.sleep(config.heartbeat_interval_s / 2)
+            now = self._clock()
+            if not self._pending and now - self._last_sent_s >= config.heartbeat_interval_s:
+                self._oldest_s = self._wall()
+                self.flush()  # an empty batch: a heartbeat
+            for origin, heard_s in list(self._heard.items()):
+                silent_s = now - heard_s
+                if origin not in self._gone and silent_s > config.peer_timeout_s:
+                    self._forget(origin)
+                elif silent_s > _PRUNE_TIMEOUTS * config.peer_timeout_s:  # a past run: drop it
+                    del self._heard[origin]
+                    self._gone.discard(origin)
+                    self._last_batch.pop(origin, None)
+            self.metrics.connected.set(len(self._heard) - len(self._gone))
+
+    def _forget(self, origin: str) -> None:
+        self._gone.add(origin)
+        for view in self.views.values():
+            view.forget_origin(origin)
+        self.metrics.forgotten.inc()
+        log.warning("replica sync: peer %s silent, its open requests forgotten", origin)
+
+    # ------------------------------------------------------------------ catch-up
+
+    async def _answer_catch_up(self) -> None:
+        while (sockets := self._sockets) is not None:
+            frames = await sockets.router.recv_multipart()
+            if len(frames) != 2 or frames[1] != LOG_REQUEST:
+                self.metrics.dropped.labels("bad_frame").inc()
+                continue
+            try:
+                answer = log_frames(self.origin, list(self._own_open.values()), self._log)
+            except ReplicaSyncError as err:
+                log.error("replica sync: log not encoded: %s", err)
+                continue
+            try:  # a ROUTER drops what it cannot deliver: this never waits in practice
+                await asyncio.wait_for(sockets.router.send_multipart([frames[0], *answer]), 5.0)
+            except TimeoutError:
+                log.warning("replica sync: a catch-up answer was not sent in 5 s")
+
+    async def catch_up(self, endpoints: Iterable[str], timeout_s: float) -> int:
+        """Replay the logs of the peers at ``endpoints``; how many answered in time."""
+        peers = list(endpoints)
+        if not peers or timeout_s <= 0:
+            return 0
+        results = await asyncio.gather(
+            *(self._fetch_one(p, timeout_s) for p in peers), return_exceptions=True
+        )
+        return sum(1 for r in results if r is True)
+
+    async def _fetch_one(self, endpoint: str, timeout_s: float) -> bool:
+        sockets = self._sockets
+        if sockets is None:
+            return False
+        try:
+            frames = await sockets.fetch_log(endpoint, timeout_s)
+            origin, payloads = parse_log(frames)
+        except ReplicaSyncError as err:
+            self.metrics.dropped.labels("catch_up_bad_frame").inc()
+            log.warning("replica sync: bad catch-up answer from %s: %s", endpoint, err)
+            return False
+        except (TimeoutError, zmq.ZMQError) as err:
+            log.warning("replica sync: no catch-up answer from %s: %r", endpoint, err)
+            return False
+        self.metrics.catch_up_notes.inc(sum(len(notes) for _, notes in payloads))
+        if origin != self.origin:
+            self._hear(origin)
+            for _payload, notes in payloads:  # a batch at a time: requests run in between
+                self.apply(notes)  # not logged again: a newcomer asks that peer itself
+                await asyncio.sleep(0)
+        return True
+
+    async def _catch_up_at_start(self) -> None:
+        start_s = self._clock()
+        deadline_s = start_s + self.config.catch_up_timeout_s
+        while self.peers.current is None and self._clock() < deadline_s:
+            await asyncio.sleep(0.05)
+        peers = sorted(self.peers.current or ())
+        answered = await self.catch_up(peers, deadline_s - self._clock())
+        self.catch_up_s = self._clock() - start_s
+        self.metrics.catch_up_s.set(self.catch_up_s)
+        if answered < len(peers) or self.peers.current is None:
+            self.metrics.catch_up_timeouts.inc()
+            log.warning(
+                "replica sync: %d of %d peers answered within catch_up_timeout_s (%.1f s); "
+                "ready with a partial view",
+                answered,
+                len(peers),
+                self.config.catch_up_timeout_s,
+            )
+        self.caught_up = True
+        self.metrics.caught_up.set(1)
+
+    async def _resync_on_return(self) -> None:
+        while True:
+            await self._resync.wait()
+            self._resync.clear()
+            peers = sorted(self.peers.current or ())
+            with contextlib.suppress(Exception):
+                await self.catch_up(peers, self.config.catch_up_timeout_s)

@@ -1,0 +1,176 @@
+"""The replicas' ZeroMQ wire: note batches over PUB/SUB, catch-up over ROUTER/DEALER.
+
+- **Batches.** Each replica binds one PUB socket (``spec.replicaSync.listen``) and every peer's
+  SUB socket connects to it. A batch is one message of four frames: ``TOPIC``, the origin
+  replica's id, ``STAMP`` (the wall-clock time, in seconds, at which the batch's oldest note was
+  queued: the receiver's now minus it is the note's observed propagation delay, batching
+  included; then the batch's number, from 1 for each origin: a receiver that sees one skipped
+  knows it lost notes) and the payload of ``api.replica_sync.encode_batch``. A batch with no
+  notes is a heartbeat.
+- **Catch-up.** Each replica binds a ROUTER on the next port. A DEALER sends ``[LOG_REQUEST]``;
+  the answer is ``[LOG_REQUEST, origin, payload, ...]``: the replica's open requests
+  (``CATCH_UP_NOTES_PER_FRAME`` a frame), then the batches it keeps for newcomers
+  (``PayloadLog``), as they were received or sent.
+
+Every decoder here raises ``ReplicaSyncError`` (counted and dropped by the caller), never
+another exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from warmfleet.api.replica_sync import ReplicaSyncError, decode_batch, encode_batch
+from warmfleet.gateway.replica_sync.config import catch_up_endpoint
+from warmfleet.routing.replica_notes import SyncNote
+
+TOPIC = b"wf-sync"
+LOG_REQUEST = b"wf-sync-log"
+STAMP = struct.Struct("<dQ")  # oldest note queued (wall clock, s), batch number
+CATCH_UP_NOTES_PER_FRAME = 1024
+MAX_ORIGIN_BYTES = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    origin: str
+    oldest_queued_s: float  # wall clock
+    number: int  # from 1, one by one, per origin
+    notes: tuple[SyncNote, ...]
+
+
+def batch_frames(origin: str, oldest_queued_s: float, number: int, payload: bytes) -> list[bytes]:
+    return [TOPIC, origin.encode(), STAMP.pack(oldest_queued_s, number), payload]
+
+
+def _origin(raw: bytes) -> str:
+    if not raw or len(raw) > MAX_ORIGIN_BYTES:
+        raise ReplicaSyncError(f"origin: expected 1 to {MAX_ORIGIN_BYTES} bytes")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as err:
+        raise ReplicaSyncError(f"origin: not UTF-8: {err}") from err
+
+
+def parse_batch(frames: Sequence[bytes]) -> Batch:
+    """A received batch message."""
+    if len(frames) != 4 or frames[0] != TOPIC or len(frames[2]) != STAMP.size:
+        raise ReplicaSyncError("batch: expected 4 frames [topic, origin, stamp, payload]")
+    stamp, number = STAMP.unpack(frames[2])
+    return Batch(_origin(frames[1]), stamp, number, decode_batch(frames[3]))
+
+
+class PayloadLog:
+    """The encoded batches a replica keeps for newcomers (its own and those of its peers that
+    taught it something), oldest dropped once they total more than ``limit_bytes``: a bound on
+    bytes, not notes, since a note's size is its prompt's (8 bytes a block)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.payloads: deque[bytes] = deque()
+        self.size_bytes = 0
+
+    def add(self, payload: bytes) -> None:
+        self.payloads.append(payload)
+        self.size_bytes += len(payload)
+        while self.size_bytes > self.limit_bytes and self.payloads:
+            self.size_bytes -= len(self.payloads.popleft())
+
+
+def log_frames(origin: str, open_notes: Sequence[SyncNote], log: PayloadLog) -> list[bytes]:
+    """The answer to a catch-up request (without the ROUTER's identity frame): the replica's
+    open requests, then its log."""
+    step = CATCH_UP_NOTES_PER_FRAME
+    chunks = [encode_batch(open_notes[i : i + step]) for i in range(0, len(open_notes), step)]
+    return [LOG_REQUEST, origin.encode(), *chunks, *log.payloads]
+
+
+def parse_log(frames: Sequence[bytes]) -> tuple[str, list[tuple[bytes, tuple[SyncNote, ...]]]]:
+    """The origin of a catch-up answer and its payloads, each with its notes."""
+    if len(frames) < 2 or frames[0] != LOG_REQUEST:
+        raise ReplicaSyncError("catch-up answer: expected [request, origin, payload, ...]")
+    origin = _origin(frames[1])
+    return origin, [(payload, decode_batch(payload)) for payload in frames[2:]]
+
+
+class Sockets:
+    """This replica's sockets: ``pub`` (bound), ``sub`` (connected to the peers), ``router``
+    (bound on the next port, answers catch-up requests). ``close`` is idempotent."""
+
+    def __init__(self, endpoint: str, *, send_hwm: int = 10_000) -> None:
+        self.endpoint = endpoint
+        self.ctx = zmq.asyncio.Context()
+        self._closed = False
+        try:
+            # A plain (blocking-API) socket: a PUB send never blocks (past its high-water mark
+            # it drops), so the hot path sends without awaiting.
+            self.pub: zmq.Socket[bytes] = zmq.Socket(self.ctx, zmq.PUB)
+            self.pub.setsockopt(zmq.LINGER, 0)
+            self.pub.setsockopt(zmq.SNDHWM, send_hwm)
+            self.sub = self.ctx.socket(zmq.SUB)
+            self.sub.setsockopt(zmq.LINGER, 0)
+            self.sub.setsockopt(zmq.RECONNECT_IVL, 20)  # a peer that (re)starts: heard soon
+            self.sub.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            self.sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+            self.router = self.ctx.socket(zmq.ROUTER)
+            self.router.setsockopt(zmq.LINGER, 0)
+            self.pub.bind(endpoint)
+            self.router.bind(catch_up_endpoint(endpoint))
+        except BaseException:
+            self.close()
+            raise
+        self.connected: set[str] = set()
+
+    def send(self, frames: list[bytes]) -> bool:
+        """False if the message was dropped (every peer's queue full)."""
+        try:
+            self.pub.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def set_peers(self, endpoints: Iterable[str]) -> None:
+        wanted = set(endpoints)
+        for gone in self.connected - wanted:
+            with contextlib.suppress(zmq.ZMQError):
+                self.sub.disconnect(gone)
+        for new in wanted - self.connected:
+            self.sub.connect(new)
+        self.connected = wanted
+
+    async def fetch_log(self, endpoint: str, timeout_s: float) -> list[bytes]:
+        """Ask the peer whose sync socket is ``endpoint`` for its log (``TimeoutError`` after
+        ``timeout_s``)."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+
+        async def ask() -> list[bytes]:
+            await sock.send_multipart([LOG_REQUEST])  # waits for the connection
+            frames: list[bytes] = await sock.recv_multipart()
+            return frames
+
+        try:
+            sock.connect(catch_up_endpoint(endpoint))
+            return await asyncio.wait_for(ask(), timeout_s)
+        finally:
+            sock.close(linger=0)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for name in ("pub", "sub", "router"):
+            sock: Any = getattr(self, name, None)
+            if sock is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.close(linger=0)
+        self.ctx.term()

@@ -1,0 +1,83 @@
+"""Replica-sync peers from the gateway's own Service (``peers: {type: kubernetes}``) against
+kmock's API emulator: each replica finds the others' ready endpoints at the ``sync`` port,
+leaves itself out by pod name, and their notes flow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from gateway_support import MODEL, backends_running, gateway_running
+from replica_sync_support import endpoint, stub_doc, sync_ports
+from test_gateway_kube_discovery import NS, SLICES, declare
+
+from support.waiting import wait_until
+from warmfleet.gateway.config import parse_gateway_config
+from warmfleet.gateway.replica_sync.service import ReplicaSync
+from warmfleet.gateway.server import StartedApp
+
+
+def _slice(pod: str, port: int, ready: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"gw-{pod}",
+            "namespace": NS,
+            "labels": {"kubernetes.io/service-name": "gw"},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "sync", "port": port}, {"name": "http", "port": 8080}],
+        "endpoints": [
+            {
+                "addresses": ["127.0.0.1"],
+                "conditions": {"ready": ready},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS},
+            }
+        ],
+    }
+
+
+def _sync(pod: str, port: int, api: str) -> dict[str, Any]:
+    peers = {
+        "type": "kubernetes",
+        "service": "gw",
+        "namespace": NS,
+        "api_server": api,
+        "token_path": "/nonexistent/token",
+        "ca_path": "/nonexistent/ca.crt",
+        "retry_interval_s": 0.05,
+        "timeout_s": 2.0,
+    }
+    return {"replica_id": pod, "listen": {"port": port}, "peers": peers}
+
+
+def _replica(app: StartedApp) -> ReplicaSync:
+    sync = app.gateway.replica_sync
+    assert sync is not None
+    return sync
+
+
+async def test_peers_are_the_ready_endpoints_of_the_gateways_service(
+    kmock: Any, session: aiohttp.ClientSession
+) -> None:
+    declare(kmock)
+    api = str(kmock.url).rstrip("/")
+    port_a, port_b, port_c = sync_ports(3)
+    await session.post(api + SLICES, json=_slice("gw-a", port_a, True))
+    await session.post(api + SLICES, json=_slice("gw-b", port_b, True))
+    await session.post(api + SLICES, json=_slice("gw-c", port_c, False))  # not ready: left out
+    async with backends_running("b0") as backends:
+        doc_a = stub_doc(backends, _sync("gw-a", port_a, api), "prefix_affinity")
+        doc_b = stub_doc(backends, _sync("gw-b", port_b, api), "prefix_affinity")
+        async with (
+            gateway_running(parse_gateway_config(doc_a)) as a,
+            gateway_running(parse_gateway_config(doc_b)) as b,
+        ):
+            await wait_until(lambda: _replica(a).peers.current == frozenset({endpoint(port_b)}))
+            await wait_until(lambda: _replica(b).peers.current == frozenset({endpoint(port_a)}))
+            await wait_until(lambda: _replica(b).caught_up)
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            async with session.post(a.url + "/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+            await wait_until(lambda: _replica(b).metrics.received._value.get() == 2)
