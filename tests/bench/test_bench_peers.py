@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import json
 import os
 import socket
 import subprocess
@@ -11,11 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from rich.console import Console
 
-from warmfleet.bench.live_procs import ProcessSet, free_port, tree_cpu_s
-from warmfleet.bench.peers import overhead_order, overhead_workload
+from warmfleet.bench.live_fleet import start_fleet
+from warmfleet.bench.live_procs import Child, ProcessSet, free_port, tree_cpu_s
+from warmfleet.bench.peers import FAST_FLEET, overhead_order, overhead_workload
 from warmfleet.bench.peers_report import (
     RowInput,
     acceptance,
@@ -24,7 +28,12 @@ from warmfleet.bench.peers_report import (
     median_rows,
     rows_table,
 )
-from warmfleet.bench.peers_routers import PeerPaths, RouterSpec
+from warmfleet.bench.peers_routers import (
+    SYNCED_PREFIX_AFFINITY,
+    PeerPaths,
+    RouterSpec,
+    start_router,
+)
 from warmfleet.display import Grid, emit
 from warmfleet.sim.workloads.base import render_prompt_text
 
@@ -273,6 +282,80 @@ def test_median_rows_take_each_figure_over_rounds_matching_rows_by_key() -> None
     assert median_rows([]) == []
     checks = {c["check"]: c for c in acceptance(rows)}
     assert checks["1. added p50 ms at c=32 <= vllm-router round_robin"]["pass"] is True
+    assert checks["1. added p50 ms at c=32 <= vllm-router round_robin"]["spread"] == [1.0, 15.0]
+
+
+def test_sync_checks_compare_with_vllm_router_round_robin_and_carry_the_spread() -> None:
+    """Issue 22's targets: the synced prefix_affinity against vllm-router round_robin in the
+    same run, each a median of rounds with its min-max."""
+    d, sync, rr = "client_round_robin", "prefix_affinity+sync", ("vllm-router", "round_robin")
+
+    def one_round(ours_ms: float, ours_cpu_s: float) -> list[dict[str, Any]]:
+        return build_rows([
+            row("direct", d, "c1_8k", summary(1.0, 1.0, 1.0, 100.0)),
+            row("warmfleet", sync, "c1_8k", summary(1.0 + ours_ms, 1.0, 1.2, 100.0), 0.02),
+            row(*rr, "c1_8k", summary(1.5, 1.0, 1.5, 100.0), 0.01),
+            row("direct", d, "c32_8k", summary(5.0, 9.0, 5.0, 100.0)),
+            row("warmfleet", sync, "c32_8k", summary(5.0 + ours_ms, 9.0, 7.0, 100.0), ours_cpu_s),
+            row(*rr, "c32_8k", summary(8.0, 9.0, 8.0, 100.0), 0.01),
+        ], 4)  # fmt: skip
+
+    rows = median_rows([one_round(0.2, 0.005), one_round(0.4, 0.02), one_round(0.3, 0.008)])
+    checks = {c["check"]: c for c in acceptance(rows)}
+    c1 = checks["22. sync: added p50 ms at c=1 <= vllm-router round_robin"]
+    assert c1["value"] == pytest.approx(0.3)
+    assert c1["spread"] == pytest.approx([0.2, 0.4])
+    assert c1["limit"] == pytest.approx(0.5)
+    assert c1["pass"] is True
+    cpu = checks["22. sync: router CPU ms/request at c=32 <= vllm-router round_robin"]
+    assert cpu["value"] == pytest.approx(0.08)  # median of 0.05, 0.2, 0.08 ms
+    assert cpu["pass"] is True  # <= 0.1 ms
+    assert checks["22. sync: added p50 ms at c=32 <= vllm-router round_robin"]["pass"] is True
+    assert checks["22. sync: throughput vs direct at c=64 >= 0.6"]["pass"] is None  # not run
+    out = io.StringIO()
+    emit(acceptance_table(list(checks.values())), console=Console(file=out, width=100))
+    assert max(len(line) for line in out.getvalue().splitlines()) <= 100
+    assert "0.200-0.400" in out.getvalue()  # the rounds' min-max beside the median
+
+
+@pytest.mark.slow
+async def test_the_synced_router_is_two_replicas_sharing_notes(tmp_path: Path) -> None:
+    """``warmfleet/prefix_affinity+sync``: two gateway processes with replica sync in front of
+    one fleet; a request through the first is known to the second (its admin view)."""
+    procs = ProcessSet(tmp_path)
+    try:
+        fleet = await start_fleet(procs, name="fleet", instances=2, spec=FAST_FLEET)
+        spec = RouterSpec("warmfleet", SYNCED_PREFIX_AFFINITY)
+        router = await start_router(procs, spec, PeerPaths(None, None), fleet)
+        assert router.url is not None
+        assert len(router.children) == 2
+        assert [c.alive() for c in router.children] == [True, True]
+        async with aiohttp.ClientSession() as session:
+            body = {"model": fleet.model, "prompt": "hello " * 50, "max_tokens": 2}
+            async with session.post(router.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+        peer_doc = json.loads((tmp_path / "warmfleet-prefix_affinity+sync-1.json").read_text())
+        assert peer_doc["spec"]["replicaSync"]["peers"]["endpoints"]
+        peer_url = f"http://127.0.0.1:{peer_doc['spec']['listen']['port']}"
+        await _wait_peer_learnt(peer_url, router.children[1])
+    finally:
+        procs.stop_all()
+
+
+async def _wait_peer_learnt(peer_url: str, peer: Child) -> None:
+    metric = "warmfleet_gateway_replica_sync_notes_received_total"
+    async with aiohttp.ClientSession() as session:
+        for _ in range(100):
+            async with session.get(peer_url + "/metrics") as resp:
+                text = await resp.text()
+            received = [
+                float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith(metric)
+            ]  # fmt: skip
+            if sum(received) >= 1:
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"the peer never received a note:\n{peer.log_tail()}")
 
 
 @pytest.mark.parametrize(

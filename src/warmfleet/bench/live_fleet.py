@@ -131,13 +131,15 @@ async def start_gateway(
     *,
     name: str = "gateway",
     timeout_s: float = 60.0,
+    extra_spec: Mapping[str, Any] | None = None,
 ) -> GatewayHandle:
-    """``warmfleet serve`` in front of ``fleet`` with one variant routed by ``routing``."""
+    """``warmfleet serve`` in front of ``fleet`` with one variant routed by ``routing``
+    (``extra_spec``: more fields of its ``spec``)."""
     token = secrets.token_hex(16)
 
     async def launch() -> GatewayHandle:
         port = free_port()
-        doc = gateway_document(fleet, routing, port)
+        doc = gateway_document(fleet, routing, port, extra_spec=extra_spec)
         path = procs.log_dir / f"{name}.json"
         procs.log_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=2), encoding="utf-8")

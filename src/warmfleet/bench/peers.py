@@ -46,6 +46,7 @@ from warmfleet.bench.peers_routers import (
     PASSTHROUGH,
     PROTOCOL_PASSTHROUGH,
     REFERENCE_PROXIES,
+    SYNCED_PREFIX_AFFINITY,
     PeerPaths,
     RouterSpec,
     RunningRouter,
@@ -92,6 +93,7 @@ ROUTERS = (
     RouterSpec(PASSTHROUGH, "round_robin"),
     RouterSpec(PROTOCOL_PASSTHROUGH, "round_robin"),
     RouterSpec("warmfleet", "prefix_affinity"),
+    RouterSpec("warmfleet", SYNCED_PREFIX_AFFINITY),
     RouterSpec("warmfleet", "random"),
     RouterSpec("sglang-router", "cache_aware"),
     RouterSpec("sglang-router", "round_robin"),
@@ -117,15 +119,16 @@ def overhead_workload(count: int, seed: int = 7) -> tuple[WorkloadRequest, ...]:
 
 @dataclass
 class CpuProbe:
-    """CPU seconds, between ``start`` and ``stop``, of the router tree, the fleet tree, this
+    """CPU seconds, between ``start`` and ``stop``, of the router trees (a router with replica
+    sync: both replicas, the one routing and the peer applying its notes), the fleet tree, this
     whole process tree (client, fleet, router) and the machine (busy, and wall x CPUs)."""
 
-    router_pid: int | None
+    router_pids: tuple[int, ...]
     fleet_pid: int
     deltas: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0)
 
     def _sample(self) -> tuple[float, ...]:
-        router = tree_cpu_s(self.router_pid) if self.router_pid is not None else 0.0
+        router = sum(tree_cpu_s(pid) for pid in self.router_pids)
         return (router, tree_cpu_s(self.fleet_pid), tree_cpu_s(os.getpid()), *machine_cpu_s())
 
     def start(self) -> None:
@@ -136,7 +139,7 @@ class CpuProbe:
 
     @property
     def router_s(self) -> float | None:
-        return self.deltas[0] if self.router_pid is not None else None
+        return self.deltas[0] if self.router_pids else None
 
     @property
     def fleet_s(self) -> float:
@@ -180,7 +183,7 @@ async def run_point(
     if point.warmup:
         await run_load(requests[: point.warmup], replace(spec, max_duration_s=30.0))
     measured = requests[point.warmup :]
-    probe = CpuProbe(router.child.pid if router.child is not None else None, fleet.child.pid)
+    probe = CpuProbe(tuple(c.pid for c in router.children), fleet.child.pid)
     probe.start()
     with progress_bar(len(measured), f"{router.spec.label} {point.name}") as on_done:
         load, summary = await measure(
@@ -231,8 +234,8 @@ async def run_overhead(
                     requests = workload[: point.requests + point.warmup]
                     rows.append(await run_point(router, fleet, point, requests, "gsp-8k-chars"))
             finally:
-                if router.child is not None:
-                    procs.stop(router.child)
+                for child in router.children:
+                    procs.stop(child)
         out.append(rows)
     procs.stop(fleet.child)
     return out

@@ -10,6 +10,9 @@ from typing import Any
 from warmfleet.display import NA, Column, Grid, fixed, pct
 
 OURS = ("warmfleet", "prefix_affinity")
+# prefix_affinity with replica sync on: two replicas, the load on one (peers_routers)
+OURS_SYNC = ("warmfleet", "prefix_affinity+sync")
+VLLM_RR = ("vllm-router", "round_robin")
 NOISY_FRAC = 0.15  # a row is noisy when unrelated processes used > 15 % of the machine's CPU
 
 
@@ -199,7 +202,35 @@ CHECKS: tuple[tuple[str, Ref, float | tuple[Ref, float], str], ...] = (
      (*PA_Q16, "hit_rate", None), ((*RND_Q16, "hit_rate", None), 2.0), "ge"),
     ("2. P50 TTFT ms <= 0.5 x random",
      (*PA_Q16, "ttft_ms", "p50"), ((*RND_Q16, "ttft_ms", "p50"), 0.5), "le"),
+    # issue 22: relative to vllm-router round_robin, with replica sync on (router CPU counts
+    # both replicas: the routing one and the peer applying its notes)
+    ("22. sync: router CPU ms/request at c=32 <= vllm-router round_robin",
+     (*OURS_SYNC, "c32_8k", "router_cpu_ms_per_request", None),
+     ((*VLLM_RR, "c32_8k", "router_cpu_ms_per_request", None), 1.0), "le"),
+    ("22. sync: added p50 ms at c=1 <= vllm-router round_robin",
+     (*OURS_SYNC, "c1_8k", "added_p50_ms", None),
+     ((*VLLM_RR, "c1_8k", "added_p50_ms", None), 1.0), "le"),
+    ("22. sync: added p50 ms at c=32 <= vllm-router round_robin",
+     (*OURS_SYNC, "c32_8k", "added_p50_ms", None),
+     ((*VLLM_RR, "c32_8k", "added_p50_ms", None), 1.0), "le"),
+    ("22. sync: streamed TTFT added ms at c=32 <= vllm-router round_robin",
+     (*OURS_SYNC, "stream_c32_8k", "ttft_added_p50_ms", None),
+     ((*VLLM_RR, "stream_c32_8k", "ttft_added_p50_ms", None), 1.0), "le"),
+    ("22. sync: throughput vs direct at c=64 >= 0.6",
+     (*OURS_SYNC, "c64_8k", "throughput_vs_direct", None), 0.6, "ge"),
 )  # fmt: skip
+
+
+def _spread(rows: Sequence[Mapping[str, Any]], ref: Ref) -> list[float] | None:
+    """[min, max] of ``ref``'s value over the rounds (None: one round, or not measured)."""
+    router, policy, point, field, sub = ref
+    for row in rows:
+        if (row["router"], row["policy"], row["load_point"]) == (router, policy, point):
+            per_round = (row.get("rounds") or {}).get(field) or []
+            values = [v if sub is None else v.get(sub) for v in per_round if v is not None]
+            values = [float(v) for v in values if v is not None]
+            return [min(values), max(values)] if len(values) > 1 else None
+    return None
 
 
 def _value(rows: Sequence[Mapping[str, Any]], ref: Ref) -> float | None:
@@ -234,9 +265,10 @@ def acceptance(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             limit = None if reference is None else reference * limit_spec[1]
         else:
             limit = limit_spec
-        out.append(
-            {"check": name, "value": value, "limit": limit, "pass": _verdict(value, limit, op)}
-        )
+        out.append({
+            "check": name, "value": value, "spread": _spread(rows, ref), "limit": limit,
+            "pass": _verdict(value, limit, op),
+        })  # fmt: skip
     return out
 
 
@@ -278,11 +310,13 @@ def _noisy(frac: float | None) -> str:
 
 def acceptance_table(checks: Sequence[Mapping[str, Any]]) -> Grid:
     columns = (
-        Column("check", left=True, wrap=True), Column("measured"), Column("limit"),
-        Column("result", left=True),
+        Column("check", left=True, wrap=True), Column("median"), Column("rounds min-max"),
+        Column("limit"), Column("result", left=True),
     )  # fmt: skip
-    grid = Grid("issue 3 acceptance (prefix_affinity), measured in this run", columns)
+    grid = Grid("acceptance (issues 3 and 22), medians of rounds in this run", columns)
     for c in checks:
         verdict = {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: "n/a"}[c["pass"]]
-        grid.add(c["check"], _fmt(c["value"], 3), _fmt(c["limit"], 3), verdict)
+        spread = c.get("spread")
+        low_high = "-" if not spread else f"{_fmt(spread[0], 3)}-{_fmt(spread[1], 3)}"
+        grid.add(c["check"], _fmt(c["value"], 3), low_high, _fmt(c["limit"], 3), verdict)
     return grid

@@ -18,12 +18,19 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
-from warmfleet.bench.live_fleet import FleetHandle, routing_for, start_gateway
+from warmfleet.bench.live_fleet import (
+    FleetHandle,
+    consecutive_free_ports,
+    routing_for,
+    start_gateway,
+)
 from warmfleet.bench.live_procs import (
     Child,
     ProcessError,
@@ -40,6 +47,9 @@ REFERENCE_PROXIES = {
     PASSTHROUGH: "warmfleet.bench.passthrough",
     PROTOCOL_PASSTHROUGH: "warmfleet.bench.protocol_passthrough",
 }
+# prefix_affinity with replica sync on (issue 22): the measured gateway and one peer replica
+# (both in front of the same fleet) exchange their notes; the load goes to the first.
+SYNCED_PREFIX_AFFINITY = "prefix_affinity+sync"
 DEAD_HF_ENDPOINT = "http://127.0.0.1:1"
 PEER_ENV = {"HF_ENDPOINT": DEAD_HF_ENDPOINT, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
 
@@ -72,6 +82,12 @@ class RunningRouter:
     spec: RouterSpec
     url: str | None  # None: direct
     child: Child | None
+    peers: tuple[Child, ...] = ()  # replica-sync peers of a synced warmfleet gateway
+
+    @property
+    def children(self) -> tuple[Child, ...]:
+        """Every process of this router (its CPU is the router's)."""
+        return ((self.child,) if self.child is not None else ()) + self.peers
 
 
 async def _wait_workers(url: str, fleet: FleetHandle, child: Child, timeout_s: float) -> None:
@@ -117,6 +133,8 @@ async def start_router(
     if spec.router == "direct":
         return RunningRouter(spec, None, None)
     name = spec.label.replace("/", "-")
+    if spec.router == "warmfleet" and spec.policy == SYNCED_PREFIX_AFFINITY:
+        return await _start_synced(procs, spec, fleet, name)
     if spec.router == "warmfleet":
         gateway = await start_gateway(procs, fleet, routing_for(spec.policy), name=name)
         return RunningRouter(spec, gateway.url, gateway.child)
@@ -140,3 +158,35 @@ async def start_router(
     if module is None:  # the peers register their workers asynchronously
         await _wait_workers(url, fleet, child, timeout_s)
     return RunningRouter(spec, url, child)
+
+
+def replica_sync_sections(sync_ports: Sequence[int]) -> list[dict[str, Any]]:
+    """``spec.replicaSync`` of each replica on loopback (its PUB socket on ``sync_ports[i]``,
+    catch-up on the next port), every other replica its static peer."""
+    endpoints = [f"tcp://127.0.0.1:{port}" for port in sync_ports]
+    return [
+        {
+            "replicaId": f"bench-replica-{i}",
+            "listen": {"host": "127.0.0.1", "port": port},
+            "peers": {"type": "static", "endpoints": endpoints[:i] + endpoints[i + 1 :]},
+            "catchUpTimeoutS": 5.0,
+        }
+        for i, port in enumerate(sync_ports)
+    ]
+
+
+async def _start_synced(
+    procs: ProcessSet, spec: RouterSpec, fleet: FleetHandle, name: str
+) -> RunningRouter:
+    """Two gateway replicas with replica sync, started together (each catches up from the
+    other before it is ready); the first one is measured, the second applies its notes."""
+    base = consecutive_free_ports(4)  # two replicas: a PUB and a catch-up port each
+    sections = replica_sync_sections([base, base + 2])
+    routing = routing_for(spec.policy.split("+", 1)[0])
+    first, peer = await asyncio.gather(
+        *(
+            start_gateway(procs, fleet, routing, name=f"{name}-{i}", extra_spec={"replicaSync": s})
+            for i, s in enumerate(sections)
+        )
+    )
+    return RunningRouter(spec, first.url, first.child, (peer.child,))
