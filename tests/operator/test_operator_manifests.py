@@ -178,6 +178,34 @@ def test_installed_gateway_config_follows_the_example_endpoints_variant_services
     assert gateway.spec.listen.host == "0.0.0.0"  # reachable from outside the pod
 
 
+def test_installed_gateway_replicas_share_routing_state_through_their_service(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two gateway replicas are installed, so replica sync is on (issue 22): peers are the
+    ready pods of the gateway's own Service at its ``sync`` port, which the Deployment and
+    the Service expose (catch-up on the next port), and each replica is named by its pod."""
+    objects = {o["kind"]: o for o in gateway_objects(Values())}
+    gateway = parse_gateway_config(yaml.safe_load(objects["ConfigMap"]["data"]["gateway.yaml"]))
+    sync = gateway.spec.replica_sync
+    assert sync is not None
+    assert sync.peers.type == "kubernetes"
+    assert sync.peers.service == objects["Service"]["metadata"]["name"]
+    assert sync.listen.host == "0.0.0.0"
+    service_ports = {p["name"]: p for p in objects["Service"]["spec"]["ports"]}
+    assert service_ports[sync.peers.port]["port"] == sync.listen.port
+    deployment = objects["Deployment"]
+    assert deployment["spec"]["replicas"] > 1
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert service_ports["sync"]["targetPort"] == "sync"
+    assert ports["sync"] == sync.listen.port
+    assert ports["sync-catch-up"] == sync.listen.port + 1
+    (env,) = [e for e in container["env"] if e["name"] == "POD_NAME"]
+    assert env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    monkeypatch.setenv("POD_NAME", "warmfleet-gateway-7d9-abc")
+    assert sync.resolved_replica_id() == "warmfleet-gateway-7d9-abc"
+
+
 def test_node_agent_config_serves_the_mounted_host_path() -> None:
     """The agent's ConfigMap turns on the Node-annotation protocol for the hostPath that its
     DaemonSet mounts at the cache root (engine pods mount that same path)."""

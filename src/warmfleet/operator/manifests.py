@@ -21,6 +21,7 @@ from warmfleet.api.resources import API_VERSION
 
 Obj = dict[str, Any]
 VERSION = "0.1.0"
+SYNC_PORT = 9470  # the gateway replicas' replica-sync port (catch-up on the next one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +204,17 @@ def agent_objects(v: Values) -> list[Obj]:
 def gateway_yaml(v: Values) -> str:
     """The gateway's configuration in its ConfigMap: one endpoint per ``InferenceEndpoint`` of
     the watched namespace (on the Services the operator creates), chosen by the OpenAI
-    ``model``. Edit the ConfigMap (or list endpoints by hand) to change it."""
+    ``model``. The replicas share their routing state (docs/replicas.md): each one's peers are
+    the ready pods of the gateway's own Service at its ``sync`` port. Edit the ConfigMap (or
+    list endpoints by hand) to change it."""
     spec = {
         "listen": {"host": "0.0.0.0", "port": 8080},
         "inferenceEndpoints": {"namespace": v.watch_namespace},
         "modelSelectsEndpoint": True,
+        "replicaSync": {
+            "listen": {"host": "0.0.0.0", "port": SYNC_PORT},
+            "peers": {"type": "kubernetes", "service": "warmfleet-gateway", "port": "sync"},
+        },
     }
     doc = {"apiVersion": API_VERSION, "kind": "Gateway", "spec": spec}
     return yaml.safe_dump(doc, sort_keys=False)
@@ -239,7 +246,19 @@ def gateway_objects(v: Values) -> list[Obj]:
                             "image": v.image,
                             "imagePullPolicy": v.pull_policy,
                             "args": ["serve", "--config", "/etc/warmfleet/gateway.yaml"],
-                            "ports": [{"name": "http", "containerPort": 8080}],
+                            "ports": [
+                                {"name": "http", "containerPort": 8080},
+                                # replica sync: notes (PUB) and catch-up (the next port)
+                                {"name": "sync", "containerPort": SYNC_PORT},
+                                {"name": "sync-catch-up", "containerPort": SYNC_PORT + 1},
+                            ],
+                            # replicaSync.replicaId: the pod's name
+                            "env": [
+                                {
+                                    "name": "POD_NAME",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                }
+                            ],
                             # Ready once this gateway can route (a health round done); not
                             # plain /ready, which is 503 while any endpoint has no healthy
                             # engine and would take every gateway pod out of the Service.
@@ -277,7 +296,13 @@ def gateway_objects(v: Values) -> list[Obj]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _meta("warmfleet-gateway", v, "gateway"),
-        "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+        "spec": {
+            "selector": labels,
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": "http"},
+                {"name": "sync", "port": SYNC_PORT, "targetPort": "sync"},
+            ],
+        },
     }
     return [*_rbac("warmfleet-gateway", v, "gateway", rules), config, deployment, service]
 
