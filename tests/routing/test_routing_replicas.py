@@ -22,7 +22,7 @@ from warmfleet.core.types import (
 from warmfleet.routing.factory import build_strategy, strategy_config
 from warmfleet.routing.keys import key_from_blocks
 from warmfleet.routing.replica_notes import FinishedNote, RoutedNote, SyncNote, finished_note
-from warmfleet.routing.replicas import ReplicaView, SeqWindow
+from warmfleet.routing.replicas import FORGOTTEN_ORIGINS, ReplicaView, SeqWindow
 
 IDS = ("a", "b", "c")
 
@@ -150,6 +150,24 @@ def test_forgetting_a_peer_drops_its_open_requests_but_not_what_was_learnt() -> 
     assert len(recorder.routed) == 3
     assert view.apply(notes[0]) is False  # still applied once at most
     assert view.apply(finished_note(notes[0])) is False
+
+
+def test_state_of_forgotten_origins_is_bounded_over_any_number_of_restarts() -> None:
+    """Each restart of a peer is a new origin: once more than FORGOTTEN_ORIGINS were forgotten,
+    the oldest one's state goes whole; one heard again (a healed partition) is kept."""
+    view, _ = _view()
+    view.apply(_peer_notes("healed", 1)[0])
+    view.forget_origin("healed")
+    view.apply(_peer_notes("healed", 2)[1])  # heard again: alive
+    for run in range(FORGOTTEN_ORIGINS + 10):
+        origin = f"r1#{run}"
+        view.apply(_peer_notes(origin, 1)[0])
+        view.forget_origin(origin)
+    origins = set(view.open_requests())
+    assert len(origins) == FORGOTTEN_ORIGINS + 1  # the forgotten ones kept, plus "healed"
+    assert "healed" in origins
+    assert "r1#0" not in origins
+    assert f"r1#{FORGOTTEN_ORIGINS + 9}" in origins
 
 
 def test_seq_window_is_bounded_and_exact_inside_its_limit() -> None:

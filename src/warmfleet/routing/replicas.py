@@ -17,6 +17,7 @@ counted, so its end balances, but not learnt. Counts are sums of open requests, 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from warmfleet.core.types import Decision, InstanceId, RoutingKey
@@ -30,6 +31,9 @@ from warmfleet.routing.replica_notes import (
 )
 
 DEFAULT_WINDOW = 1 << 16  # sequence numbers remembered, and requests kept open, per origin
+# Forgotten origins (stopped replicas; each restart is a new origin) whose seen numbers are
+# still kept to drop their late duplicates; past this many, the oldest one's state goes whole.
+FORGOTTEN_ORIGINS = 64
 
 
 class SeqWindow:
@@ -96,6 +100,7 @@ class ReplicaView:
         self._window = window
         self._seq = 0
         self._origins: dict[str, _Origin] = {}
+        self._forgotten: OrderedDict[str, None] = OrderedDict()
         self._instances: frozenset[InstanceId] = frozenset()
 
     # ------------------------------------------------------------------ the replica's own
@@ -130,13 +135,20 @@ class ReplicaView:
         """Origin ``origin`` is gone (stopped, or its notes can no longer arrive): its open
         requests stop counting. What the strategy learnt from it stays (the engines still hold
         those prefixes), and so do the numbers seen: a note of it that arrives later is still
-        applied once at most."""
+        applied once at most, unless more than ``FORGOTTEN_ORIGINS`` origins were forgotten
+        since (then its state is gone whole: memory stays bounded over any number of restarts)."""
         state = self._origins.get(origin)
         if state is not None:
             for instance_id, tokens in state.open.values():
                 self._count(instance_id, -1, -tokens)
             state.open.clear()
             state.early.clear()
+            self._forgotten[origin] = None
+            self._forgotten.move_to_end(origin)
+            if len(self._forgotten) > FORGOTTEN_ORIGINS:
+                oldest, _ = self._forgotten.popitem(last=False)
+                if not self._origins[oldest].open:  # it came back and routes: keep it
+                    del self._origins[oldest]
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         """The variant's routable instances are now ``instance_ids``."""
@@ -156,6 +168,8 @@ class ReplicaView:
         state = self._origins.get(origin)
         if state is None:
             state = self._origins[origin] = _Origin(self._window)
+        elif origin in self._forgotten and origin != self.replica_id:
+            del self._forgotten[origin]  # heard again (a healed partition): alive
         return state
 
     def _apply_routed(self, note: RoutedNote) -> bool:
