@@ -11,9 +11,15 @@ sessions make the affinity explicit (reason ``session``), they do not beat prefi
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
 
 from support.engines import engine_spec
+from warmfleet.bench import sim_cli
 from warmfleet.core.types import RoutingKey
 from warmfleet.routing.factory import build_strategy, strategy_config
 from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH
@@ -87,3 +93,22 @@ def test_synced_replicas_keep_each_session_home_at_one_gateways_hit_rate() -> No
     # context's instance: placement weighs what each instance holds)
     plain, _, _ = _run(4, sessions=False)
     assert not any(r.reason == "session" for r in plain.records)
+
+
+def test_the_cli_runs_sessions_when_asked(tmp_path: Path) -> None:
+    app = typer.Typer()
+    sim_cli.register(app)
+    args = [
+        "sim", "--scenario", "multi-round-qa", "--preset", "tiny-cpu", "--instances", "3",
+        "--requests", "40", "--strategies", "prefix_affinity", "--gateway-replicas", "2",
+    ]  # fmt: skip
+    reasons = []
+    for extra in ([], ["--sessions"]):
+        out = tmp_path / "replicas.json"
+        result = CliRunner().invoke(app, [*args, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        cell = json.loads(out.read_text())["strategies"]["prefix_affinity"][-1]
+        assert cell["gateway_replicas"] == 2
+        reasons.append(cell["metrics"]["decisions_by_reason"])
+    assert "session" not in reasons[0]
+    assert reasons[1]["session"] > 0
