@@ -12,14 +12,12 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import aiohttp
-import pytest
-from gateway_support import MODEL, FakeBackend, backends_running, gateway_running
+from gateway_support import MODEL, FakeBackend, backends_running, gateway_doc, gateway_running
 from replica_sync_support import endpoint, stub_doc, sync_ports
 
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.server import StartedApp
 
-pytestmark = pytest.mark.slow
 INSTANCE, REASON = "x-warmfleet-instance", "x-warmfleet-reason"
 
 
@@ -135,3 +133,39 @@ async def test_a_session_moves_off_an_instance_past_the_load_bound() -> None:
         url = apps[rng.randrange(3)].url + "/v1/chat/completions"
         async with session.post(url, json=_body(9, rng), headers=headers) as resp:
             assert (resp.headers[INSTANCE], resp.headers[REASON]) == (moved_to, "session")
+
+
+async def test_every_route_and_the_body_worker_carry_the_session() -> None:
+    """One gateway: a big body (keyed on the body worker), a small one, a completions body, a
+    native invocation and a body whose ``prompt_cache_key`` names the session all go to the
+    session's instance."""
+    rng = random.Random(7)
+    headers = {"x-warmfleet-session": "program-1"}
+    async with backends_running("b0", "b1", "b2", "b3") as backends:
+        doc = gateway_doc(
+            backends, strategy={"type": "prefix_affinity"}, limits={"offloadBodyBytes": 4096}
+        )
+        async with gateway_running(parse_gateway_config(doc)) as gw, aiohttp.ClientSession() as s:
+            chat_url = gw.url + "/v1/chat/completions"
+            landed = []
+            for size in (80, 1200, 80):  # 1,200 words: over 4 kB, keyed on the body worker
+                body = _body(size, rng)
+                body["messages"][0]["content"] += " pad" * size
+                async with s.post(chat_url, json=body, headers=headers) as resp:
+                    landed.append((resp.headers[INSTANCE], resp.headers[REASON]))
+            completions = {"model": MODEL, "prompt": f"other {rng.random()}", "max_tokens": 4}
+            async with s.post(gw.url + "/v1/completions", json=completions, headers=headers) as r:
+                landed.append((r.headers[INSTANCE], r.headers[REASON]))
+            native = f"native {rng.random()}".encode()
+            url = gw.url + "/endpoints/main/invocations"
+            async with s.post(url, data=native, headers=headers) as resp:
+                landed.append((resp.headers[INSTANCE], resp.headers[REASON]))
+            home = landed[0][0]
+            assert landed[1:] == [(home, "session")] * 4, landed
+            # prompt_cache_key alone: its own session (and tenant), kept like any other
+            keyed = []
+            for turn in range(3):
+                body = {**_body(turn, rng), "prompt_cache_key": "tenant-session"}
+                async with s.post(chat_url, json=body) as resp:
+                    keyed.append((resp.headers[INSTANCE], resp.headers[REASON]))
+            assert keyed[1:] == [(keyed[0][0], "session")] * 2, keyed
