@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 
 import pytest
 from pydantic import ValidationError
 
 from warmfleet.core.errors import BadRequestError
-from warmfleet.core.types import FleetSnapshot, InstanceState, Reason, RoutingKey
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceState, Reason, RoutingKey
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import build_strategy, strategy_config
 from warmfleet.routing.keys import KeySpec, key_from_blocks
@@ -160,6 +161,29 @@ def test_an_overloaded_home_is_left_and_the_session_moves() -> None:
     # a home that left the fleet is not chosen either
     gone = FleetSnapshot(tuple(InstanceState(i) for i in IDS if i != moved.instance_id))
     assert strategy.choose(_turn(4, "s"), gone).instance_id != moved.instance_id
+
+
+def test_a_longer_strong_match_elsewhere_beats_the_sessions_home() -> None:
+    """A client that sends one ``prompt_cache_key`` for all its traffic does not drag a prompt
+    held elsewhere to its session's instance: a strong match the home lacks wins."""
+    strategy = _affinity()
+    first = strategy.choose(_turn(1, "s"), _fleet())
+    strategy.on_routed(_turn(1, "s"), first)
+    other = next(i for i in IDS if i != first.instance_id)
+    held = _turn(2, None)
+    strategy.on_routed(held, Decision(other, Reason.NO_MATCH))
+    same_prompt = replace(held, session=_turn(3, "s").session)
+    decision = strategy.choose(same_prompt, _fleet())
+    assert (decision.instance_id, decision.reason) == (other, Reason.PREFIX_HIT)
+    strategy.on_routed(same_prompt, decision)
+    assert strategy.choose(_turn(4, "s"), _fleet()).instance_id == other  # the session moved
+    # a weak match elsewhere (under min_match_fraction of the prompt) does not
+    longer = key_from_blocks(
+        (*held.block_hashes[:2], *range(900_000, 900_030)), block_size=16, units=512,
+        prompt_tokens=512, prefix_length=4096, seed=3, session="s",
+    )  # fmt: skip
+    strategy.on_routed(_turn(5, "s"), Decision(first.instance_id, Reason.SESSION))
+    assert strategy.choose(longer, _fleet()).reason is Reason.SESSION
 
 
 def test_peers_learn_a_sessions_home_from_the_routed_note() -> None:

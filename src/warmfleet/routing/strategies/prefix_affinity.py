@@ -2,9 +2,10 @@
 
 Per request:
 
-0. A request of a known session (``RoutingKey.session``) whose last instance is in the fleet and
-   eligible under the bounded-load rule (3.) goes there (``SESSION``); otherwise it takes the
-   steps below, and its session moves to wherever it went.
+0. A request of a known session (``RoutingKey.session``) whose last instance is in the fleet,
+   eligible under the bounded-load rule (3.) and not beaten by another instance's longer strong
+   match (5.) goes there (``SESSION``); otherwise it takes the steps below, and its session
+   moves to wherever it went.
 1. Longest-prefix match of the key's chained blocks against the approximate index (per-instance
    LRU mirroring KV capacity), overridden per instance by the exact index for instances that
    report engine KV events.
@@ -217,7 +218,7 @@ class PrefixAffinityStrategy:
     def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
         view = self._view(key, fleet)
         if key.session is not None:
-            home = self._session_home(key.session, view)
+            home = self._session_home(key.session, key.prompt_tokens, view)
             if home is not None:
                 return home
         cfg = self.config
@@ -262,13 +263,18 @@ class PrefixAffinityStrategy:
             return self._replicate(key, view, holder, holder_cost)
         return self._place_new(key, view)
 
-    def _session_home(self, session: int, view: _View) -> Decision | None:
-        """The session's last instance, if it is in the fleet and within the load bound."""
+    def _session_home(self, session: int, prompt_tokens: int, view: _View) -> Decision | None:
+        """The session's last instance, if it is in the fleet, within the load bound, and no
+        other instance holds a strong match (``min_match_fraction``) longer than its own."""
         home = self.sessions.get(session)
         at = None if home is None else view.pos.get(home)
         if home is None or at is None or view.loads[at] > view.cap_load:
             return None
-        return Decision(home, Reason.SESSION, view.matches.get(home, 0), view.best_blocks)
+        held, best = view.matches.get(home, 0), view.best_blocks
+        strong = self.config.min_match_fraction * prompt_tokens / view.tokens_per_block
+        if best > held and best >= max(1.0, strong):
+            return None
+        return Decision(home, Reason.SESSION, held, best)
 
     def is_private(self, block_hash: int) -> bool:
         """The match ends where an earlier prompt ended (this request continues it, as a
