@@ -27,6 +27,7 @@ key_st = st.builds(
     prefix_hash=U64,
     output_tokens_hint=COUNT,
     chain_seed=st.none() | U64,
+    session=st.none() | U64,
 )
 decision_st = st.builds(
     Decision,
@@ -48,7 +49,7 @@ def test_the_codec_covers_every_field_of_the_key_and_the_decision() -> None:
     decision_st above, which the round trip draws every field of)."""
     assert [f.name for f in fields(RoutingKey)] == [
         "block_hashes", "block_size", "units", "prompt_tokens", "prefix_hash",
-        "output_tokens_hint", "chain_seed",
+        "output_tokens_hint", "chain_seed", "session",
     ]  # fmt: skip
     assert [f.name for f in fields(Decision)] == [
         "instance_id", "reason", "predicted_cached_blocks", "best_cached_blocks", "spilled",
@@ -62,6 +63,8 @@ def test_a_batch_round_trips() -> None:
     payload = encode_batch([routed, done])
     assert decode_batch(payload) == (routed, done)
     assert decode_batch(encode_batch([])) == ()
+    with_session = replace(routed, key=replace(key, session=(1 << 64) - 2))
+    assert decode_batch(encode_batch([with_session])) == (with_session,)
     # 8 bytes a block hash: the chain dominates a long prompt's note
     long = replace(routed, key=replace(key, block_hashes=tuple(range(1 << 40, (1 << 40) + 2048))))
     assert len(encode_batch([long])) < 8 * 2048 + 100
@@ -93,7 +96,7 @@ _value_st = st.recursive(
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.lists(_value_st, max_size=18), max_size=2))
+@given(st.lists(st.lists(_value_st, max_size=19), max_size=2))
 def test_malformed_notes_raise_the_one_error(notes: list[list[object]]) -> None:
     payload = msgpack.packb([VERSION, notes], use_bin_type=True)
     with contextlib.suppress(ReplicaSyncError):
@@ -111,10 +114,19 @@ def test_what_cannot_be_sent_or_read_is_named() -> None:
         decode_batch(msgpack.packb([VERSION, [finished]]))
     with pytest.raises(ReplicaSyncError, match="payload"):
         decode_batch(b"\xc1")
+    (routed,) = msgpack.unpackb(encode_batch([_note_with_session()]))[1]
+    routed[11] = "s"  # the session is a 64-bit hash or nil
+    with pytest.raises(ReplicaSyncError, match="session"):
+        decode_batch(msgpack.packb([VERSION, [routed]], use_bin_type=True))
+
+
+def _note_with_session() -> RoutedNote:
+    key = RoutingKey((1, 2), 16, 32, 32, 5, 0, 9, session=77)
+    return routed_note("r0", "v", 1, key, Decision("i", Reason.SESSION))
 
 
 @settings(max_examples=150, deadline=None)
-@given(note_st, st.integers(0, 16), _value_st)
+@given(note_st, st.integers(0, 17), _value_st)
 def test_a_note_with_one_field_replaced_decodes_or_raises_the_one_error(
     note: SyncNote, position: int, value: object
 ) -> None:

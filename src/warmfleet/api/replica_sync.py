@@ -5,13 +5,14 @@
 size and speed: a payload is one batch ``[VERSION, [note, ...]]``, a note an array
 
 - routed: ``[0, origin, variant, seq, block_hashes, block_size, units, prompt_tokens,
-  prefix_hash, output_tokens_hint, chain_seed | nil, instance_id, reason, predicted_cached_blocks,
-  best_cached_blocks, spilled, tokens]``, where ``block_hashes`` is one bytes value of 8-byte
-  little-endian unsigned hashes (8 bytes a block instead of msgpack's 9, packed and unpacked in
-  C) and ``reason`` the ``Reason`` value (``"prefix_hit"``...);
+  prefix_hash, output_tokens_hint, chain_seed | nil, session | nil, instance_id, reason,
+  predicted_cached_blocks, best_cached_blocks, spilled, tokens]``, where ``block_hashes`` is
+  one bytes value of 8-byte little-endian unsigned hashes (8 bytes a block instead of msgpack's
+  9, packed and unpacked in C) and ``reason`` the ``Reason`` value (``"prefix_hit"``...);
 - finished: ``[1, origin, variant, seq, instance_id, tokens]``.
 
-Every field is positional; a reader refuses another ``VERSION``. ``decode_batch`` raises
+Every field is positional; a reader refuses another ``VERSION`` (2: version 1 had no
+``session``). ``decode_batch`` raises
 ``ReplicaSyncError`` for anything that is not a batch of this version, never another exception.
 
 **Bounded staleness.** There is no leader: each replica applies its own decisions at once and
@@ -37,9 +38,9 @@ from warmfleet.core.errors import WarmfleetError
 from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.routing.replica_notes import FinishedNote, RoutedNote, SyncNote
 
-VERSION = 1
+VERSION = 2
 _ROUTED, _FINISHED = 0, 1
-_ROUTED_FIELDS = 17
+_ROUTED_FIELDS = 18
 _FINISHED_FIELDS = 6
 _U64 = (1 << 64) - 1
 _I64 = (-(1 << 63), (1 << 63) - 1)
@@ -63,7 +64,7 @@ def _note_fields(note: SyncNote) -> list[Any]:
     return [
         _ROUTED, note.origin, note.variant, note.seq,
         _hashes_bytes(key.block_hashes), key.block_size, key.units, key.prompt_tokens,
-        key.prefix_hash, key.output_tokens_hint, key.chain_seed,
+        key.prefix_hash, key.output_tokens_hint, key.chain_seed, key.session,
         decision.instance_id, decision.reason.value, decision.predicted_cached_blocks,
         decision.best_cached_blocks, decision.spilled, note.tokens,
     ]  # fmt: skip
@@ -101,7 +102,7 @@ def _decode_routed(fields: list[Any]) -> RoutedNote:
     raw = fields[4]
     if not isinstance(raw, bytes) or len(raw) % 8:
         raise ReplicaSyncError("block_hashes: expected bytes of 8-byte hashes")
-    seed = fields[10]
+    seed, session = fields[10], fields[11]
     key = RoutingKey(
         block_hashes=struct.unpack(f"<{len(raw) // 8}Q", raw),
         block_size=_int(fields[5], "block_size"),
@@ -110,21 +111,22 @@ def _decode_routed(fields: list[Any]) -> RoutedNote:
         prefix_hash=_int(fields[8], "prefix_hash", _I64[0], _U64),
         output_tokens_hint=_int(fields[9], "output_tokens_hint"),
         chain_seed=None if seed is None else _int(seed, "chain_seed", _I64[0], _U64),
+        session=None if session is None else _int(session, "session", _I64[0], _U64),
     )
     try:
-        reason = Reason(fields[12])
+        reason = Reason(fields[13])
     except (ValueError, TypeError) as err:  # TypeError: an unhashable value
-        raise ReplicaSyncError(f"reason: unknown {fields[12]!r}") from err
-    if not isinstance(fields[15], bool):
-        raise ReplicaSyncError(f"spilled: expected a boolean, got {fields[15]!r}")
+        raise ReplicaSyncError(f"reason: unknown {fields[13]!r}") from err
+    if not isinstance(fields[16], bool):
+        raise ReplicaSyncError(f"spilled: expected a boolean, got {fields[16]!r}")
     decision = Decision(
-        _str(fields[11], "instance_id"),
+        _str(fields[12], "instance_id"),
         reason,
-        _int(fields[13], "predicted_cached_blocks"),
-        _int(fields[14], "best_cached_blocks"),
-        fields[15],
+        _int(fields[14], "predicted_cached_blocks"),
+        _int(fields[15], "best_cached_blocks"),
+        fields[16],
     )
-    return RoutedNote(origin, variant, seq, key, decision, _int(fields[16], "tokens"))
+    return RoutedNote(origin, variant, seq, key, decision, _int(fields[17], "tokens"))
 
 
 def _decode_note(fields: object) -> SyncNote:

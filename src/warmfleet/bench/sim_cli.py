@@ -43,8 +43,13 @@ DEFAULT_STRATEGIES = "random,least_outstanding_requests,prefix_hash,prefix_affin
 DEMO_STRATEGIES = ("random", "least_outstanding_requests", "prefix_hash", "prefix_affinity")
 
 
-def _scenario(
-    name: str, instances: int | None, preset: str | None, seed: int | None, requests: int | None
+def _scenario(  # noqa: PLR0917 (one parameter per CLI option)
+    name: str,
+    instances: int | None,
+    preset: str | None,
+    seed: int | None,
+    requests: int | None,
+    sessions: bool = False,
 ) -> ScenarioSpec:
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
         spec = parse_scenario(read_text_file(Path(name)), name)
@@ -59,6 +64,8 @@ def _scenario(
         updates["seed"] = seed
     if requests is not None:
         updates["requests"] = requests
+    if sessions:
+        updates["sessions"] = True
     return spec.model_copy(update=updates)
 
 
@@ -208,6 +215,12 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         str,
         typer.Option(help="replica sync delay in ms ('none': no sync), or a list to sweep"),
     ] = "0",
+    sessions: Annotated[
+        bool,
+        typer.Option(
+            "--sessions", help="keys carry each request's session id (as x-warmfleet-session)"
+        ),
+    ] = False,
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,
 ) -> None:
@@ -222,7 +235,7 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     if sweep and report is not None:
         raise typer.BadParameter("--report (plots) is for one gateway; use --json with replicas")
     try:
-        spec = _scenario(scenario, instances, preset, seed, requests)
+        spec = _scenario(scenario, instances, preset, seed, requests, sessions)
         names = _strategies(strategies)
         trace_data = read_trace(spec, trace, traces_dir)
         with activity_for(fmt) as activity:

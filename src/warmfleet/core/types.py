@@ -22,6 +22,7 @@ class Reason(StrEnum):
     RANDOM = "random"
     ROUND_ROBIN = "round_robin"
     HASH = "hash"  # consistent-hash owner of the prefix (prefix_hash strategy)
+    SESSION = "session"  # the instance the request's session was last routed to (prefix_affinity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,9 @@ class RoutingKey:
     tokens, used for cost models. ``prefix_hash`` hashes the first ``prefix_length`` units
     (AWS-style routing) together with the tenant key. ``chain_seed`` is where the chain starts
     (salt, model, adapter, tenant; ``None`` if unknown): hashes of chains with different starts
-    never name the same tokens.
+    never name the same tokens. ``session`` is the hash of the request's session id (a
+    conversation or agent program: ``x-warmfleet-session``, an agent's session header or
+    ``prompt_cache_key``), salted with the chain seed; ``None`` without one.
     """
 
     block_hashes: tuple[int, ...]
@@ -46,6 +49,7 @@ class RoutingKey:
     prefix_hash: int
     output_tokens_hint: int = 0
     chain_seed: int | None = None
+    session: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from warmfleet.routing.keys import (
     KeySpec,
     Tokenizer,
     estimated_tokens,
+    with_session,
 )
 from warmfleet.routing.parse import bool_field
 from warmfleet.routing.request import ChatRequest, CompletionsRequest, KeyRequest, NativeRequest
@@ -48,11 +49,14 @@ class KeyBuilder(KeyHasher, ABC):
         self.tokenizer = tokenizer
 
     def key(self, request: KeyRequest) -> RoutingKey:
+        """The key of ``request``, carrying its session (``RoutingKey.session``) if it has one."""
         if isinstance(request, ChatRequest):
-            return self.chat(request)
-        if isinstance(request, CompletionsRequest):
-            return self.completions(request)
-        return self.native(request)
+            key = self.chat(request)
+        elif isinstance(request, CompletionsRequest):
+            key = self.completions(request)
+        else:
+            key = self.native(request)
+        return key if request.session is None else with_session(key, request.session)
 
     def request_seed(self, request: ChatRequest | CompletionsRequest) -> int:
         return self.seed(request.model, None, request.tenant, request.cache_salt)

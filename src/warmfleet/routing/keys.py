@@ -29,6 +29,7 @@ from warmfleet.core.types import RoutingKey
 from warmfleet.routing.chains import SpanMemo
 from warmfleet.routing.chat_options import RESERVED_TEMPLATE_KWARGS, ChatTemplateOptions
 from warmfleet.routing.parse import DEFAULT_TENANT_HEADER, bad_request
+from warmfleet.routing.sessions import DEFAULT_SESSION_HEADERS, session_hash
 
 KeyMode = Literal["text", "bytes", "tokens"]
 DEFAULT_BLOCK_SIZE: dict[str, int] = {"text": 128, "bytes": 128, "tokens": 16}
@@ -74,6 +75,8 @@ class KeySpec(StrictModel):
     ``--default-chat-template-kwargs``, under each request's ``chat_template_kwargs``.
     ``exclude_tools_when_tool_choice_none`` (``tokens`` mode): the engines run with vLLM's flag
     of that name, so a request with ``tool_choice: "none"`` renders without its tools.
+    ``session_headers``: the request headers that name its session, first present wins
+    (``routing.sessions``; empty: only the body's ``prompt_cache_key`` does).
     """
 
     mode: KeyMode = "text"
@@ -85,6 +88,15 @@ class KeySpec(StrictModel):
     tenant_header: str = DEFAULT_TENANT_HEADER
     default_chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
     exclude_tools_when_tool_choice_none: bool = False
+    session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
+
+    @field_validator("session_headers")
+    @classmethod
+    def _header_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name):
+                raise ValueError(f"{name!r} is not a header name (letters, digits, '-', '_')")
+        return tuple(name.lower() for name in value)
 
     @field_validator("default_chat_template_kwargs")
     @classmethod
@@ -222,6 +234,23 @@ class KeyHasher:
         )
 
 
+def with_session(key: RoutingKey, session: str | None) -> RoutingKey:
+    """``key`` with the session ``session`` (hashed under the key's chain seed); ``key`` itself
+    without one."""
+    if session is None:
+        return key
+    return RoutingKey(
+        key.block_hashes,
+        key.block_size,
+        key.units,
+        key.prompt_tokens,
+        key.prefix_hash,
+        key.output_tokens_hint,
+        key.chain_seed,
+        session_hash(session, key.chain_seed or 0),
+    )
+
+
 def key_from_blocks(
     block_hashes: Sequence[int],
     *,
@@ -231,12 +260,13 @@ def key_from_blocks(
     prefix_length: int,
     seed: int,
     output_tokens_hint: int = 0,
+    session: str | None = None,
 ) -> RoutingKey:
     """A ``RoutingKey`` for callers that already have chained block hashes (the simulator).
 
     ``prefix_hash`` is the chained hash of the last full block inside ``prefix_length`` units
     (it identifies the whole prefix); for prompts shorter than one block, the seed mixed with
-    ``units``.
+    ``units``. ``session``: the request's session id, hashed as the gateway hashes it.
     """
     hashes = tuple(block_hashes)
     n_prefix = min(len(hashes), prefix_length // block_size)
@@ -245,5 +275,12 @@ def key_from_blocks(
     else:
         prefix_hash = _h64(units.to_bytes(8, "little"), seed ^ _PREFIX_SALT)
     return RoutingKey(
-        hashes, block_size, units, prompt_tokens, prefix_hash, output_tokens_hint, chain_seed=seed
+        hashes,
+        block_size,
+        units,
+        prompt_tokens,
+        prefix_hash,
+        output_tokens_hint,
+        chain_seed=seed,
+        session=None if session is None else session_hash(session, seed),
     )

@@ -55,12 +55,17 @@ def bad_request(message: str, param: str) -> BadRequestError:
 
 
 def parse_chat(
-    body: object, tenant: str | None = None, tenant_header: str = DEFAULT_TENANT_HEADER
+    body: object,
+    tenant: str | None = None,
+    tenant_header: str = DEFAULT_TENANT_HEADER,
+    session: str | None = None,
 ) -> ChatRequest:
     """A chat-completions body. ``tenant``: the value of the tenant header (named
-    ``tenant_header`` in errors), overridden by the body's ``prompt_cache_key``."""
+    ``tenant_header`` in errors), overridden by the body's ``prompt_cache_key``. ``session``:
+    the request's session header (``routing.sessions``), else the body's ``prompt_cache_key``
+    is the session."""
     fields = _object(body)
-    tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
+    tenant_key, model, salt, session = _chain_fields(fields, tenant, tenant_header, session)
     hint = output_hint(fields)
     messages = validate_messages(fields)
     tools = fields.get("tools")
@@ -71,54 +76,68 @@ def parse_chat(
         if len(message) != 2 or type(message.get("content")) is not str:
             _check_message(message, i)
     options = NO_OPTIONS if _CHAT_OPTIONS.isdisjoint(fields) else _options(fields, _CHAT_OPTIONS)
-    return ChatRequest(model, tenant_key, salt, hint, messages, tools, options)
+    return ChatRequest(model, tenant_key, salt, hint, messages, tools, options, session)
 
 
 def parse_completions(
-    body: object, tenant: str | None = None, tenant_header: str = DEFAULT_TENANT_HEADER
+    body: object,
+    tenant: str | None = None,
+    tenant_header: str = DEFAULT_TENANT_HEADER,
+    session: str | None = None,
 ) -> CompletionsRequest:
     """A completions body (one prompt or a batch); ``tenant`` as for ``parse_chat``."""
     fields = _object(body)
-    tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
+    tenant_key, model, salt, session = _chain_fields(fields, tenant, tenant_header, session)
     prompts = completions_prompts(fields.get("prompt"))
     hint = completions_output_hint(fields, len(prompts))
     options = _options(fields, _COMPLETIONS_OPTIONS)
-    return CompletionsRequest(model, tenant_key, salt, hint, prompts, options)
+    return CompletionsRequest(model, tenant_key, salt, hint, prompts, options, session)
 
 
 def parse_responses(
-    body: object, tenant: str | None = None, tenant_header: str = DEFAULT_TENANT_HEADER
+    body: object,
+    tenant: str | None = None,
+    tenant_header: str = DEFAULT_TENANT_HEADER,
+    session: str | None = None,
 ) -> ChatRequest:
     """A Responses body: the chat of its ``instructions`` and ``input``
     (``routing.responses_input``), its ``tools`` as they are, ``max_output_tokens`` the output
     hint; ``tenant`` as for ``parse_chat`` (the Responses API has ``prompt_cache_key`` too)."""
     fields = _object(body)
-    tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
+    tenant_key, model, salt, session = _chain_fields(fields, tenant, tenant_header, session)
     hint = _max_tokens(fields, "max_output_tokens") or 0
     messages = responses_messages(fields)
     tools = fields.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad_request("'tools' must be an array", "tools")
-    return ChatRequest(model, tenant_key, salt, hint, messages, tools)
+    return ChatRequest(model, tenant_key, salt, hint, messages, tools, session=session)
 
 
 def parse_embeddings(
-    body: object, tenant: str | None = None, tenant_header: str = DEFAULT_TENANT_HEADER
+    body: object,
+    tenant: str | None = None,
+    tenant_header: str = DEFAULT_TENANT_HEADER,
+    session: str | None = None,
 ) -> CompletionsRequest:
     """An embeddings body: its ``input`` (a string, token ids, or a batch of either) keyed as
     a completions batch with no output; ``tenant`` as for ``parse_chat``."""
     fields = _object(body)
-    tenant_key, model, salt = _chain_fields(fields, tenant, tenant_header)
+    tenant_key, model, salt, session = _chain_fields(fields, tenant, tenant_header, session)
     prompts = completions_prompts(fields.get("input"), "input")
     options = _options(fields, _COMPLETIONS_OPTIONS)
-    return CompletionsRequest(model, tenant_key, salt, 0, prompts, options)
+    return CompletionsRequest(model, tenant_key, salt, 0, prompts, options, session)
 
 
 def parse_native(
-    raw: bytes, tenant: str | None, model: str, tenant_header: str = DEFAULT_TENANT_HEADER
+    raw: bytes,
+    tenant: str | None,
+    model: str,
+    tenant_header: str = DEFAULT_TENANT_HEADER,
+    session: str | None = None,
 ) -> NativeRequest:
-    """A native invocation's raw body, keyed under ``model`` (the variant's)."""
-    return NativeRequest(raw, model, _tenant(None, tenant, tenant_header))
+    """A native invocation's raw body, keyed under ``model`` (the variant's); ``session``: its
+    session header's value."""
+    return NativeRequest(raw, model, _tenant(None, tenant, tenant_header), session)
 
 
 def _object(body: object) -> Mapping[str, Any]:
@@ -159,20 +178,23 @@ def _tenant(body: Mapping[str, Any] | None, header: str | None, header_name: str
 
 
 def _chain_fields(
-    body: Mapping[str, Any], header: str | None, header_name: str
-) -> tuple[str | None, str, str | None]:
+    body: Mapping[str, Any], header: str | None, header_name: str, session: str | None
+) -> tuple[str | None, str, str | None, str | None]:
     """What the chain seed is made of, checked in this order: the tenant, ``model`` and
-    ``cache_salt`` (the usual values without a call each: this runs for every request)."""
+    ``cache_salt`` (the usual values without a call each: this runs for every request); and
+    the session (``session``, else the body's ``prompt_cache_key``)."""
     tenant = None
     if header is not None or "prompt_cache_key" in body:
         tenant = _tenant(body, header, header_name)
+        if session is None and body.get("prompt_cache_key") is not None:
+            session = tenant
     model = body.get("model")
     if type(model) is not str or not model:
         model = model_of(body)
     salt = body.get("cache_salt")
     if salt is not None:
         salt = cache_salt_of(body)
-    return tenant, model, salt
+    return tenant, model, salt, session
 
 
 def cache_salt_of(body: Mapping[str, Any]) -> str | None:

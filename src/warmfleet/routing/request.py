@@ -3,12 +3,13 @@
 Three kinds, one per endpoint: ``ChatRequest`` (``/v1/chat/completions``), ``CompletionsRequest``
 (``/v1/completions``) and ``NativeRequest`` (native invocations, keyed on the raw body). Each
 carries what every key mode reads, already validated: the model, the tenant (the body's
-``prompt_cache_key``, else the tenant header), vLLM's ``cache_salt``, the output-token hint and
-the prompt (messages and tools, prompts, or raw bytes). ``prompt_options`` holds the body's
-fields that change how the engine renders or tokenizes the prompt (``add_generation_prompt``,
-``chat_template_kwargs``, ``add_special_tokens``, ``tool_choice``, ...): only the ``tokens`` key
-mode reads them, so only it validates them (``routing.chat_options``), and a body that other
-modes key stays accepted whatever they hold.
+``prompt_cache_key``, else the tenant header), vLLM's ``cache_salt``, the output-token hint, the
+prompt (messages and tools, prompts, or raw bytes) and the session id (``routing.sessions``: a
+session header's value, else the body's ``prompt_cache_key``; ``None`` without either).
+``prompt_options`` holds the body's fields that change how the engine renders or tokenizes the
+prompt (``add_generation_prompt``, ``chat_template_kwargs``, ``add_special_tokens``,
+``tool_choice``, ...): only the ``tokens`` key mode reads them, so only it validates them
+(``routing.chat_options``), and a body that other modes key stays accepted whatever they hold.
 
 Immutable values (named tuples: a frozen dataclass costs four times as much to build, on the
 path of every request); they hold references into the parsed body (never copies), are built on
@@ -37,6 +38,7 @@ class ChatRequest(NamedTuple):
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Any] | None
     prompt_options: Mapping[str, Any] = NO_OPTIONS
+    session: str | None = None
 
 
 class CompletionsRequest(NamedTuple):
@@ -49,6 +51,7 @@ class CompletionsRequest(NamedTuple):
     output_tokens_hint: int
     prompts: Sequence[str] | Sequence[Sequence[int]]
     prompt_options: Mapping[str, Any] = NO_OPTIONS
+    session: str | None = None
 
 
 class NativeRequest(NamedTuple):
@@ -57,6 +60,7 @@ class NativeRequest(NamedTuple):
     raw: bytes
     model: str
     tenant: str | None
+    session: str | None = None
 
 
 KeyRequest = ChatRequest | CompletionsRequest | NativeRequest

@@ -65,7 +65,10 @@ def prepare(
     return Prepared(tuple(requests), tuple(hashes), block_tokens, default_seed())
 
 
-def routing_keys(prepared: Prepared, prefix_length: int) -> list[RoutingKey]:
+def routing_keys(
+    prepared: Prepared, prefix_length: int, *, sessions: bool = False
+) -> list[RoutingKey]:
+    """The requests' keys; ``sessions``: each carries its request's ``session_id``."""
     return [
         key_from_blocks(
             hashes,
@@ -75,6 +78,7 @@ def routing_keys(prepared: Prepared, prefix_length: int) -> list[RoutingKey]:
             prefix_length=prefix_length,
             seed=prepared.chain_seed,
             output_tokens_hint=req.output_tokens,
+            session=None if not sessions or req.session_id is None else str(req.session_id),
         )
         for req, hashes in zip(prepared.requests, prepared.block_hashes, strict=True)
     ]
@@ -163,7 +167,7 @@ def run_strategy(
     progress = progress or NoProgress()
     progress.phase(name, len(prepared.requests))
     config = strategy_config(name)
-    keys = routing_keys(prepared, prefix_length_of(config))
+    keys = routing_keys(prepared, prefix_length_of(config), sessions=scenario.sessions)
     sim_config = SimConfig(
         instances=scenario.instances,
         engine=spec,

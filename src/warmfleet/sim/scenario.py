@@ -94,6 +94,9 @@ class ScenarioSpec(StrictModel):
     scale_events: tuple[ScaleEventConfig, ...] = ()
     requests: int | None = Field(None, ge=1)  # keep the first N requests
     seed: int = 0
+    # Keys carry each request's session id (``RoutingKey.session``), as a client sending
+    # ``x-warmfleet-session`` does; off: the router sees prompts only.
+    sessions: bool = False
 
 
 BUILTIN_WORKLOADS: dict[str, Any] = {

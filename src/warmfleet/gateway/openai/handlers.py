@@ -33,6 +33,7 @@ from warmfleet.routing.parse import (
     parse_responses,
 )
 from warmfleet.routing.request import KeyRequest
+from warmfleet.routing.sessions import session_from_headers
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ _DEFENSIVE = (
 )
 
 # Parses a body into its typed request: parse_chat or parse_completions (body, tenant header
-# value, tenant header name).
-Parse = Callable[[Mapping[str, Any], str | None, str], KeyRequest]
+# value, tenant header name, session header value).
+Parse = Callable[[Mapping[str, Any], str | None, str, str | None], KeyRequest]
 
 
 def _parse_offloaded(raw: bytes, limits: LimitsConfig, kind: BodyKind) -> tuple[list[Any], str]:
@@ -66,11 +67,11 @@ def _parse_offloaded(raw: bytes, limits: LimitsConfig, kind: BodyKind) -> tuple[
 
 
 def _key_offloaded(
-    router: RouterLike, parse: Parse, holder: list[Any], tenant: str | None, tenant_header: str
+    router: RouterLike, parse: Parse, holder: list[Any], names: tuple[str | None, str, str | None]
 ) -> RoutingKey:
     """On the body worker: the key of the body in ``holder``, parsed into its request there
-    (both are freed there)."""
-    return router.key(parse(holder.pop(), tenant, tenant_header))
+    (both are freed there); ``names``: the tenant, the tenant header's name, the session."""
+    return router.key(parse(holder.pop(), *names))
 
 
 def _utility_model(raw: bytes, limits: LimitsConfig, kind: BodyKind, yielding: bool) -> str | None:
@@ -94,14 +95,17 @@ class Handlers:
 
     def _pick(
         self, request: Request, endpoint: EndpointRuntime, model: str | None, size_bytes: int
-    ) -> tuple[VariantRuntime, str | None]:
+    ) -> tuple[VariantRuntime, str | None, str | None]:
         """The variant that takes the request (header, else weights) and the request's tenant
-        under that variant's key settings; a body too big for its key mode is refused here."""
+        and session headers under that variant's key settings; a body too big for its key mode
+        is refused here."""
         state = self.state
-        variant = endpoint.pick_variant(model, request.headers.get(state.variant_header), state.rng)
+        headers = request.headers
+        variant = endpoint.pick_variant(model, headers.get(state.variant_header), state.rng)
         key_spec = variant.routing_config.key
         check_key_body_size(size_bytes, key_spec.mode, state.limits)
-        return variant, request.headers.get(key_spec.tenant_header.lower())
+        session = session_from_headers(headers, key_spec.session_headers)
+        return variant, headers.get(key_spec.tenant_header.lower()), session
 
     def reject(self, err: WarmfleetError) -> Response:
         self.gw.metrics.rejected.labels(str(status_and_type(err)[0])).inc()
@@ -137,9 +141,11 @@ class Handlers:
         try:
             body = parse_request_body(raw, limits, kind=kind)
             model, _stream = openai_fields(body)
-            variant, tenant = self._pick(request, state.openai_endpoint(model), model, len(raw))
+            endpoint = state.openai_endpoint(model)
+            variant, tenant, session = self._pick(request, endpoint, model, len(raw))
             router = variant.router
-            key = router.key(parse(body, tenant, variant.routing_config.key.tenant_header))
+            tenant_header = variant.routing_config.key.tenant_header
+            key = router.key(parse(body, tenant, tenant_header, session))
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
@@ -159,10 +165,11 @@ class Handlers:
         try:
             holder, model = await worker.run(_parse_offloaded, request.body, state.limits, kind)
             endpoint = state.openai_endpoint(model)
-            variant, tenant = self._pick(request, endpoint, model, len(request.body))
+            variant, tenant, session = self._pick(request, endpoint, model, len(request.body))
             router = variant.router
             tenant_header = variant.routing_config.key.tenant_header
-            key = await worker.run(_key_offloaded, router, parse, holder, tenant, tenant_header)
+            names = (tenant, tenant_header, session)
+            key = await worker.run(_key_offloaded, router, parse, holder, names)
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
@@ -183,10 +190,11 @@ class Handlers:
         try:
             endpoint = state.endpoint(request.match_info["endpoint"])
             raw = request.body
-            variant, tenant = self._pick(request, endpoint, None, len(raw))
+            variant, tenant, session = self._pick(request, endpoint, None, len(raw))
             router = variant.router
             model = variant.config.models[0] if variant.config.models else endpoint.name
-            native = parse_native(raw, tenant, model, variant.routing_config.key.tenant_header)
+            tenant_header = variant.routing_config.key.tenant_header
+            native = parse_native(raw, tenant, model, tenant_header, session)
             if len(raw) > limits.offload_body_bytes:
                 key = await self.gw.body_worker.run(router.key, native)
             else:

@@ -2,6 +2,10 @@
 
 Per request:
 
+0. A request of a known session (``RoutingKey.session``) whose last instance is in the fleet,
+   eligible under the bounded-load rule (3.) and not beaten by another instance's longer strong
+   match (5.) goes there (``SESSION``); otherwise it takes the steps below, and its session
+   moves to wherever it went.
 1. Longest-prefix match of the key's chained blocks against the approximate index (per-instance
    LRU mirroring KV capacity), overridden per instance by the exact index for instances that
    report engine KV events.
@@ -43,6 +47,7 @@ from warmfleet.routing.config import PrefixAffinityConfig
 from warmfleet.routing.index import ApproxPrefixIndex, ExactPrefixIndex
 from warmfleet.routing.ledger import WorkLedger
 from warmfleet.routing.ring import RendezvousHash
+from warmfleet.routing.sessions import SessionHomes
 
 _FANOUT_ENTRIES = 1 << 17
 _instance_id = attrgetter("instance_id")
@@ -89,6 +94,7 @@ class PrefixAffinityStrategy:
         # Serial of the latest cold start (new group or replica) placed on each instance.
         self._cold_serial = 0
         self._last_cold: dict[InstanceId, int] = {}
+        self.sessions = SessionHomes()  # session -> the instance it was last routed to
 
     # ---------------------------------------------------------------------------------- state
 
@@ -98,6 +104,8 @@ class PrefixAffinityStrategy:
         if decision.reason is Reason.NO_MATCH or decision.reason is Reason.REPLICATE:
             self._cold_serial += 1
             self._last_cold[decision.instance_id] = self._cold_serial
+        if key.session is not None:
+            self.sessions.learn(key.session, decision.instance_id)
         prompt = key.prompt_tokens
         cached = decision.predicted_cached_blocks * _tokens_per_block(key)
         self.ledger.add(
@@ -155,14 +163,16 @@ class PrefixAffinityStrategy:
     def adopt(self, previous: object) -> None:
         """Take over what a ``prefix_affinity`` this one replaces learnt from routing: the
         approximate index (what each engine is predicted to hold), conversation ends, branch
-        points and the recency of cold starts. In-flight work is re-learnt from the caller's
-        counts; engine KV events re-feed the exact index (``KvEventTranslator.rebind``)."""
+        points, the sessions' instances and the recency of cold starts. In-flight work is
+        re-learnt from the caller's counts; engine KV events re-feed the exact index
+        (``KvEventTranslator.rebind``)."""
         if not isinstance(previous, PrefixAffinityStrategy):
             return
         self.index = previous.index
         self.index.default_capacity_blocks = self.config.default_capacity_blocks
         self._fanout, self._ends = previous._fanout, previous._ends
         self._cold_serial, self._last_cold = previous._cold_serial, previous._last_cold
+        self.sessions = previous.sessions
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self.index.retain(instance_ids)
@@ -207,6 +217,10 @@ class PrefixAffinityStrategy:
 
     def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
         view = self._view(key, fleet)
+        if key.session is not None:
+            home = self._session_home(key.session, key.prompt_tokens, view)
+            if home is not None:
+                return home
         cfg = self.config
         linear, attention, lw = (
             cfg.prefill_linear_coeff,
@@ -248,6 +262,19 @@ class PrefixAffinityStrategy:
         if strong_any:
             return self._replicate(key, view, holder, holder_cost)
         return self._place_new(key, view)
+
+    def _session_home(self, session: int, prompt_tokens: int, view: _View) -> Decision | None:
+        """The session's last instance, if it is in the fleet, within the load bound, and no
+        other instance holds a strong match (``min_match_fraction``) longer than its own."""
+        home = self.sessions.get(session)
+        at = None if home is None else view.pos.get(home)
+        if home is None or at is None or view.loads[at] > view.cap_load:
+            return None
+        held, best = view.matches.get(home, 0), view.best_blocks
+        strong = self.config.min_match_fraction * prompt_tokens / view.tokens_per_block
+        if best > held and best >= max(1.0, strong):
+            return None
+        return Decision(home, Reason.SESSION, held, best)
 
     def is_private(self, block_hash: int) -> bool:
         """The match ends where an earlier prompt ended (this request continues it, as a
