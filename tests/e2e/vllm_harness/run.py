@@ -80,8 +80,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank]
 
 
-async def send_chat(session: aiohttp.ClientSession, base_url: str, messages: Any) -> float:
-    """Stream one chat request; returns the time to the first streamed event (TTFT) in ms."""
+async def send_chat(
+    session: aiohttp.ClientSession, base_url: str, messages: Any, chat_session: str | None = None
+) -> float:
+    """Stream one chat request (``chat_session``: its ``x-warmfleet-session``); returns the time
+    to the first streamed event (TTFT) in ms."""
     body = {
         "model": MODEL_NAME,
         "messages": messages,
@@ -92,7 +95,9 @@ async def send_chat(session: aiohttp.ClientSession, base_url: str, messages: Any
     }
     start = time.perf_counter()
     ttft_ms: float | None = None
-    async with session.post(f"{base_url}/v1/chat/completions", json=body) as resp:
+    headers = {"x-warmfleet-session": chat_session} if chat_session else {}
+    url = f"{base_url}/v1/chat/completions"
+    async with session.post(url, json=body, headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
         async for chunk in resp.content.iter_any():
@@ -109,13 +114,19 @@ async def run_workload(
     rng: random.Random | None = None,
 ) -> dict[str, Any]:
     """Send the workload one request at a time (round-robin over ``gateways``; with ``rng``,
-    each to a random one, so a session's turns reach random replicas); hit rate from the
-    engines' own prefix-cache counters."""
+    each to a random one, so a session's turns reach random replicas, and each multi-turn
+    request names its chat in ``x-warmfleet-session``); hit rate from the engines' own
+    prefix-cache counters."""
     before = [await prefix_counters(session, e.url) for e in engines]
     targets = itertools.cycle(gateways)
     ttfts = [
-        await send_chat(session, rng.choice(gateways) if rng else next(targets), m)
-        for m in workload.requests
+        await send_chat(
+            session,
+            rng.choice(gateways) if rng else next(targets),
+            m,
+            workload.session_of(i) if rng else None,
+        )
+        for i, m in enumerate(workload.requests)
     ]
     after = [await prefix_counters(session, e.url) for e in engines]
     hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))

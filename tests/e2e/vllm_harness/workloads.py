@@ -17,6 +17,10 @@ Messages = list[dict[str, Any]]
 class Workload:
     name: str
     requests: tuple[Messages, ...]
+    sessions: tuple[str | None, ...] = ()  # each request's session id (multi-turn chats)
+
+    def session_of(self, index: int) -> str | None:
+        return self.sessions[index] if index < len(self.sessions) else None
 
 
 def multi_turn(
@@ -30,13 +34,15 @@ def multi_turn(
         for c in range(conversations)
     ]
     requests: list[Messages] = []
+    sessions: list[str | None] = []
     for turn in range(turns):
-        for history in histories:
+        for c, history in enumerate(histories):
             if turn:
                 history.append({"role": "assistant", "content": filler_text(rng, 25)})
             history.append({"role": "user", "content": filler_text(rng, 30)})
             requests.append(list(history))
-    return Workload("multi_turn", tuple(requests))
+            sessions.append(f"chat-{seed}-{c}")
+    return Workload("multi_turn", tuple(requests), tuple(sessions))
 
 
 def shared_document(
