@@ -39,7 +39,7 @@ def _trace_name(doc: Mapping[str, Any]) -> str:
 
 def _title(doc: Mapping[str, Any]) -> str:
     fleet = doc["fleet"]
-    return f"KV reuse | {_trace_name(doc)} | {fleet['preset']} x {fleet['instances']}"
+    return f"KV reuse waterfall | {fleet['preset']} x {fleet['instances']}"
 
 
 def _waterfall_grid(doc: Mapping[str, Any]) -> Grid:
@@ -154,7 +154,14 @@ def waterfall_figure(doc: Mapping[str, Any]) -> Figure:
 
 
 def _markdown(doc: Mapping[str, Any]) -> str:
-    lines = [f"# warmfleet doctor: {doc['trace']}", "", _title(doc), ""]
+    fleet = doc["fleet"]
+    lines = [f"# warmfleet doctor: {_trace_name(doc)}", ""]
+    lines += [
+        f"{doc['requests']} requests replayed on {fleet['preset']} x {fleet['instances']} "
+        f"({fleet['kv_capacity_tokens']} KV tokens per instance, {doc['block_tokens']}-token "
+        f"blocks); captured strategy: {fleet['captured_strategy'] or 'n/a'}.",
+        "",
+    ]
     lines += ["| step | KV reuse |", "|---|---|"]
     for step in STEPS:
         value = doc["waterfall"][step]
