@@ -17,8 +17,11 @@ from warmfleet.api.trace_format import TraceRecord
 from warmfleet.bench import doctor_cli
 from warmfleet.core.errors import ConfigError
 from warmfleet.edge import resolve_traces_dir
+from warmfleet.routing.factory import strategy_config
 from warmfleet.sim import doctor
-from warmfleet.sim.doctor_run import parse_target
+from warmfleet.sim.doctor_run import Chosen, parse_target, sweep_knob
+from warmfleet.sim.metrics import RunMetrics
+from warmfleet.sim.runner import StrategyRun
 from warmfleet.sim.workloads.traces import DEFAULT_TRACES
 
 app = typer.Typer()
@@ -102,6 +105,30 @@ def test_doctor_without_header_or_engine_figures(tmp_path: Path) -> None:
     table = CliRunner().invoke(app, ["doctor", str(trace), "--instances", "2"])
     assert "largest loss:" in table.output
     assert "recommend strategy:" in table.output
+    code, output, doc = _doctor([str(trace), "--preset", "tiny-cpu"])
+    assert code == 0, output
+    assert doc["fleet"]["instances"] == 2  # no header, no flag: the instances seen at the start
+
+
+def test_a_captured_best_is_swept_and_sized_with_its_own_parameters() -> None:
+    """The best replay may be the captured strategy (``NAME (captured)``): its knob sweep and
+    sizing runs replay the strategy by name with its parameters, the knob changed."""
+    config = strategy_config("prefix_hash", concurrency_threshold=7, prefix_length=2048)
+    metrics = RunMetrics([0.1], [0.2], 1, 0, 1, 1.0, 1.0, 0.5, {}, {}, 0, {})
+    best = StrategyRun("prefix_hash (captured)", metrics, 0.0, True, True)
+    calls: list[tuple[str, object, str]] = []
+
+    def run(name: str, cfg: object = None, label: str = "", *_: object) -> StrategyRun:
+        calls.append((name, cfg, label))
+        return best
+
+    knob = sweep_knob(Chosen(best, "prefix_hash", config), run)
+    assert knob is not None
+    assert knob["default"] == 7
+    assert [v["value"] for v in knob["sweep"]] == [2, 5, 7, 10, 20, 50]  # type: ignore[attr-defined]
+    assert {name for name, _, _ in calls} == {"prefix_hash"}
+    assert all(cfg.prefix_length == 2048 for _, cfg, _ in calls)  # type: ignore[attr-defined]
+    assert "prefix_hash (captured) concurrency_threshold=2" in [label for _, _, label in calls]
 
 
 def test_largest_loss_skips_steps_not_measured() -> None:

@@ -18,6 +18,7 @@ from warmfleet.bench.report import write_json
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console, emit
 from warmfleet.edge import read_text_file
+from warmfleet.sim.doctor import churn_of
 from warmfleet.sim.doctor_run import DoctorResult, parse_target, run_doctor
 from warmfleet.sim.trace_fleet import trace_scenario
 from warmfleet.sim.workloads.traces import Trace, parse_trace_text
@@ -29,7 +30,11 @@ def _diagnose(
     goal = parse_target(target) if target is not None else None
     data = Trace(read_text_file(trace), str(trace))
     parsed = parse_trace_text(data)
-    spec = trace_scenario(data, parsed.header, instances=instances, preset=preset)
+    churn = churn_of(parsed.records)
+    at_start = churn.instances_seen - len(churn.joins)
+    spec = trace_scenario(
+        data, parsed.header, instances=instances, preset=preset, seen_instances=at_start or None
+    )
     with activity_for(fmt) as activity:
         progress = PhasedProgress(activity)
         result = run_doctor(spec, data, parsed, goal, progress)

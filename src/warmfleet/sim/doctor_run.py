@@ -192,11 +192,15 @@ def run_doctor(
             name, scen, engine, workload, prepared, progress=progress, config=config, label=label
         )
 
+    configs = {name: (name, strategy_config(name)) for name in STRATEGY_NAMES}
     comparison.runs.extend(run(name) for name in STRATEGY_NAMES)
     captured = captured_strategy(parsed.header)
     captured_name = _captured_run(comparison, captured, run)
+    if captured is not None and captured_name is not None:
+        configs[captured_name] = captured
     ideal, ceiling = doctor.reuse_bounds(prepared, spec.capacity_blocks * scenario.instances)
     best = max(comparison.runs, key=lambda r: (r.metrics.hit_rate, -p95_ms(r)))
+    chosen = Chosen(best, *configs[best.name])
     waterfall: dict[str, float | None] = {
         "ideal": ideal,
         "fleet_ceiling": ceiling,
@@ -205,11 +209,11 @@ def run_doctor(
         "delivered": doctor.delivered(parsed.records),
     }
     result = DoctorResult(comparison, parsed, churn, waterfall, captured_name, best.name)
-    result.knob = _sweep_knob(best, run)
+    result.knob = sweep_knob(chosen, run)
     if target is not None:
         result.target = target
         result.sizing = _sizing(
-            target, best=best, scenario=scenario, spec=spec, run=run, ideal=ideal
+            target, best=chosen, scenario=scenario, spec=spec, run=run, ideal=ideal
         )
     return result
 
@@ -236,21 +240,31 @@ def _captured_run(
     return label
 
 
-def _sweep_knob(best: StrategyRun, run: RunFn) -> dict[str, object] | None:
-    """The best strategy's key parameter over ``KNOB_VALUES``: each value's replayed figures
-    and the value to set (the highest hit rate, then the lowest P95 TTFT)."""
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """The best replay, its strategy's name and its configuration."""
+
+    run: StrategyRun
+    name: str
+    config: StrategyConfig
+
+
+def sweep_knob(best: Chosen, run: RunFn) -> dict[str, object] | None:
+    """The best strategy's key parameter over ``KNOB_VALUES`` (its other parameters kept):
+    each value's replayed figures and the value to set (the highest hit rate, then the lowest
+    P95 TTFT); ``default`` is the value the best replay ran with."""
     name = best.name
     if name not in KNOB_VALUES:
         return None
     knob, values = KNOB_VALUES[name]
-    default = getattr(strategy_config(name), knob)
-    sweep: list[tuple[float, StrategyRun]] = []
+    default = getattr(best.config, knob)
+    params = best.config.model_dump(exclude={"type"})
+    sweep: list[tuple[float, StrategyRun]] = [(default, best.run)]
     for value in values:
-        if value == default:
-            sweep.append((value, best))
-            continue
-        config = strategy_config(name, **{knob: value})
-        sweep.append((value, run(name, config, f"{name} {knob}={value:g}")))
+        if value != default:
+            config = strategy_config(name, **{**params, knob: value})
+            sweep.append((value, run(name, config, f"{best.run.name} {knob}={value:g}")))
+    sweep.sort(key=lambda vr: vr[0])
     value, chosen = max(sweep, key=lambda vr: (vr[1].metrics.hit_rate, -p95_ms(vr[1])))
     return {
         "parameter": knob,
@@ -264,7 +278,7 @@ def _sweep_knob(best: StrategyRun, run: RunFn) -> dict[str, object] | None:
 def _sizing(
     target: Target,
     *,
-    best: StrategyRun,
+    best: Chosen,
     scenario: ScenarioSpec,
     spec: EngineSpec,
     run: RunFn,
@@ -274,8 +288,8 @@ def _sizing(
     strategy (first of ``SCALE_FACTORS`` that does; ``reached`` false past the last). A hit
     rate above the trace's ideal reuse is reached by no fleet: said, and nothing run."""
     out: list[dict[str, object]] = []
-    if target.reached(best):
-        return [{"kind": "target", "reached_now": True, **_figures(best), **_goal(target)}]
+    if target.reached(best.run):
+        return [{"kind": "target", "reached_now": True, **_figures(best.run), **_goal(target)}]
     if target.metric == "hit_rate" and target.value > ideal:
         reason = f"above the trace's ideal reuse ({ideal:.3f}): no fleet reaches it"
         return [{"kind": "target", "reached_now": False, "reason": reason, **_goal(target)}]
@@ -283,7 +297,8 @@ def _sizing(
     for factor in SCALE_FACTORS:
         count = math.ceil(scenario.instances * factor)
         bigger = scenario.model_copy(update={"instances": count})
-        result = run(best.name, None, f"{best.name} x{count} instances", bigger, spec)
+        label = f"{best.run.name} x{count} instances"
+        result = run(best.name, best.config, label, bigger, spec)
         tried.append({"instances": count, **_figures(result)})
         if target.reached(result):
             break
@@ -293,7 +308,8 @@ def _sizing(
     for factor in SCALE_FACTORS:
         kv_tokens = math.ceil(spec.kv_capacity_tokens * factor)
         engine = spec.model_copy(update={"kv_capacity_tokens": kv_tokens})
-        result = run(best.name, None, f"{best.name} kv x{factor:g}", scenario, engine)
+        label = f"{best.run.name} kv x{factor:g}"
+        result = run(best.name, best.config, label, scenario, engine)
         tried.append({"kv_capacity_tokens": kv_tokens, **_figures(result)})
         if target.reached(result):
             break

@@ -2,7 +2,8 @@
 
 The trace's header says what it was captured on (``fleet.instances``, ``preset``,
 ``kv_capacity_tokens``, ``strategy``); the command line's ``--instances`` / ``--preset`` win over
-it (an explicit flag is what the user asked for); without either, 8 x llama-3.1-70b-p5 as in
+it (an explicit flag is what the user asked for); without either, ``warmfleet doctor`` counts the
+instances a capture's records show from its start, else 8 x llama-3.1-70b-p5 as in
 ``warmfleet sim``. The header's ``kv_capacity_tokens`` replaces the preset's unless ``--preset``
 was given (then the preset's own capacity holds).
 """
@@ -40,14 +41,16 @@ def trace_scenario(
     preset: str | None = None,
     seed: int | None = None,
     requests: int | None = None,
+    seen_instances: int | None = None,
 ) -> ScenarioSpec:
-    """The scenario replaying ``trace`` on its fleet (flags win over the header)."""
+    """The scenario replaying ``trace`` on its fleet (flags win over the header);
+    ``seen_instances`` (the instances a capture shows from its start) comes after both."""
     fleet = header.fleet
     kv_tokens = fleet.kv_capacity_tokens if preset is None else None
     return ScenarioSpec(
         name=f"trace {trace.source.rsplit('/', 1)[-1]}",
         workload=TraceFileConfig(trace=trace.source),
-        instances=instances or fleet.instances or DEFAULT_INSTANCES,
+        instances=instances or fleet.instances or seen_instances or DEFAULT_INSTANCES,
         preset=preset or fleet.preset or DEFAULT_PRESET,
         engine=EngineOverrides(kv_capacity_tokens=kv_tokens),
         seed=seed or 0,
