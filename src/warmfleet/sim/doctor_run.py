@@ -22,7 +22,14 @@ from warmfleet.routing.config import STRATEGY_NAMES, StrategyConfig
 from warmfleet.routing.factory import strategy_config
 from warmfleet.sim import doctor
 from warmfleet.sim.metrics import percentile
-from warmfleet.sim.runner import Comparison, StrategyRun, prepare, run_strategy
+from warmfleet.sim.runner import (
+    Comparison,
+    Prepared,
+    StrategyRun,
+    prepare,
+    run_strategy,
+    working_set_blocks_of,
+)
 from warmfleet.sim.scenario import ScaleEventConfig, ScenarioSpec, build_workload, engine_spec
 from warmfleet.sim.trace_fleet import captured_strategy
 from warmfleet.sim.workloads.traces import Trace
@@ -174,12 +181,8 @@ def run_doctor(
     progress = progress or NoProgress()
     churn = doctor.churn_of(parsed.records)
     scenario = replay_scenario(scenario, churn)
-    spec = engine_spec(scenario)
-    workload = build_workload(scenario, spec, trace=trace)
-    spec = spec.with_block_tokens(workload.block_tokens)
-    progress.phase("hashing the trace's blocks", len(workload.requests))
-    prepared = prepare(workload.requests, workload.block_tokens, progress)
-    comparison = Comparison(scenario, spec, workload, 0.0)
+    comparison, prepared = _prepared(scenario, trace, progress)
+    spec, workload = comparison.engine, comparison.workload
 
     def run(
         name: str,
@@ -216,6 +219,19 @@ def run_doctor(
             target, best=chosen, scenario=scenario, spec=spec, run=run, ideal=ideal
         )
     return result
+
+
+def _prepared(
+    scenario: ScenarioSpec, trace: Trace, progress: RunProgress
+) -> tuple[Comparison, Prepared]:
+    """The trace's workload on ``scenario``'s engines, hashed, and an empty comparison."""
+    spec = engine_spec(scenario)
+    workload = build_workload(scenario, spec, trace=trace)
+    spec = spec.with_block_tokens(workload.block_tokens)
+    progress.phase("hashing the trace's blocks", len(workload.requests))
+    prepared = prepare(workload.requests, workload.block_tokens, progress)
+    ratio = working_set_blocks_of(prepared) / max(spec.capacity_blocks, 1)
+    return Comparison(scenario, spec, workload, ratio), prepared
 
 
 def _hit(comparison: Comparison, name: str) -> float:
