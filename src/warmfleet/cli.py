@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from warmfleet.agent.cli import cache_app
-from warmfleet.bench import conformance, loadgen_cli, sim_cli
+from warmfleet.bench import conformance, doctor_cli, loadgen_cli, sim_cli
 from warmfleet.core.failures import DEBUG_META_KEY, EXPECTED_EXIT, expected_failure
 from warmfleet.emulator import cli as emulator_cli
 from warmfleet.gateway import cli as gateway_cli
@@ -86,6 +86,7 @@ def _root(
 
 
 sim_cli.register(app)
+doctor_cli.register(app)
 conformance.register(app)
 loadgen_cli.register(app)
 gateway_cli.register(app)

@@ -126,6 +126,12 @@ RUNS: dict[str, Here | ByTest | Target] = {
     _SIM_TABLE: Here("test_readme_sim_command_runs_without_traces"),
     "warmfleet sim": Here("test_readme_sim_command_runs_without_traces"),
     "warmfleet sim --json": Here("test_readme_sim_command_runs_without_traces"),
+    "warmfleet doctor TRACE --instances 8 --json out.json --report dir/": ByTest(
+        "tests/sim/test_sim_doctor.py::test_doctor_on_a_capture"
+    ),
+    "warmfleet sim --trace FILE": ByTest(
+        "tests/sim/test_sim_trace_file.py::test_trace_with_header_runs_on_its_fleet_and_reports_tenants"
+    ),
     "warmfleet --version": Here("test_version_runs"),
     "warmfleet serve --config gateway.yaml --check": Here("test_three_steps_gateway_checks"),
     "warmfleet serve --config gateway.yaml": ByTest(

@@ -35,6 +35,7 @@ from warmfleet.sim.scenario import (
     replays_trace,
     trace_path,
 )
+from warmfleet.sim.trace_fleet import trace_header, trace_scenario
 from warmfleet.sim.workloads.arrivals import PoissonArrival
 from warmfleet.sim.workloads.synthetic import AwsLongContextConfig
 from warmfleet.sim.workloads.traces import Trace
@@ -87,6 +88,30 @@ def read_trace(
         return Trace(read_text_file(path), str(path))
     except ConfigError as err:
         raise ConfigError(f"trace: {err}") from err
+
+
+def _spec_and_trace(
+    scenario: str | None,
+    trace: Path | None,
+    traces_dir: Path | None,
+    overrides: tuple[int | None, str | None, int | None, int | None],
+    sessions: bool = False,
+) -> tuple[ScenarioSpec, Trace | None]:
+    """``--scenario`` (its trace found as ``read_trace`` says), or ``--trace FILE`` alone: a
+    trace in warmfleet's format on the fleet of its header, the flags winning
+    (``sim.trace_fleet``)."""
+    instances, preset, seed, requests = overrides
+    if scenario is not None:
+        spec = _scenario(scenario, instances, preset, seed, requests, sessions)
+        return spec, read_trace(spec, trace, traces_dir)
+    if trace is None:
+        raise typer.BadParameter("give --scenario, or --trace FILE (warmfleet's trace format)")
+    data = Trace(read_text_file(trace), str(trace))
+    spec = trace_scenario(
+        data, trace_header(data), instances=instances, preset=preset, seed=seed,
+        requests=requests,
+    )  # fmt: skip
+    return (spec.model_copy(update={"sessions": True}) if sessions else spec), data
 
 
 def _strategies(text: str) -> list[str]:
@@ -179,17 +204,18 @@ def _emit_sweep(sweep: ReplicaSweep, json_out: Path | None, fmt: OutputFormat) -
 _SCENARIO_HELP = (
     f"a built-in scenario ({', '.join(BUILTIN_WORKLOADS)}) or a Scenario YAML file;"
     " trace-driven ones read their trace from --traces-dir, or without it run a synthetic"
-    " equivalent"
+    " equivalent; without --scenario, --trace FILE is replayed as warmfleet's trace format"
 )
 
 
 def sim(  # noqa: PLR0917 (one parameter per CLI option)
-    scenario: Annotated[str, typer.Option(help=_SCENARIO_HELP)],
+    scenario: Annotated[str | None, typer.Option(help=_SCENARIO_HELP)] = None,
     strategies: Annotated[str, typer.Option(help="comma-separated strategy names")] = (
         DEFAULT_STRATEGIES
     ),
     trace: Annotated[
-        Path | None, typer.Option(help="trace file for trace-driven scenarios")
+        Path | None,
+        typer.Option(help="trace file: of a trace-driven scenario, or alone a warmfleet trace"),
     ] = None,
     traces_dir: Annotated[
         Path | None,
@@ -235,9 +261,10 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     if sweep and report is not None:
         raise typer.BadParameter("--report (plots) is for one gateway; use --json with replicas")
     try:
-        spec = _scenario(scenario, instances, preset, seed, requests, sessions)
         names = _strategies(strategies)
-        trace_data = read_trace(spec, trace, traces_dir)
+        spec, trace_data = _spec_and_trace(
+            scenario, trace, traces_dir, (instances, preset, seed, requests), sessions
+        )
         with activity_for(fmt) as activity:
             progress = PhasedProgress(activity)
             if sweep:

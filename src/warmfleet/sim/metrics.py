@@ -94,10 +94,12 @@ class RunMetrics:
     decisions_by_reason: dict[str, int]
     moved_fraction: list[float] = field(default_factory=list)
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (t_s, hit rate)
+    tenants: dict[str, dict[str, object]] = field(default_factory=dict)  # sim.tenants
+    cached_tokens: list[int] = field(default_factory=list)  # per request, in request order
 
     def as_report(self) -> dict[str, object]:
         shares = list(self.share_pct.values()) or [0.0]
-        return {
+        report: dict[str, object] = {
             "ttft_ms": percentiles_ms(self.ttft_s),
             "e2e_ms": percentiles_ms(self.e2e_s),
             "throughput_rps": self.throughput_rps,
@@ -114,6 +116,9 @@ class RunMetrics:
                 "rejected": self.rejected,
             },
         }
+        if self.tenants:
+            report["tenants"] = self.tenants
+        return report
 
 
 def _timeline(done: Sequence[RequestRecord], buckets: int) -> list[tuple[float, float]]:
@@ -177,4 +182,5 @@ def compute_metrics(
         spills=sum(1 for r in routed if r.spilled),
         decisions_by_reason=dict(sorted(Counter(r.reason for r in routed).items())),
         timeline=_timeline(done, timeline_buckets),
+        cached_tokens=[r.cached_tokens if r.done and not r.rejected else 0 for r in records],
     )

@@ -107,3 +107,21 @@ def continuation_blocks(
         end = (requests[index].prompt_tokens + requests[index].output_tokens) // block_tokens
         out[index] = theirs[len(mine) : end]
     return out
+
+
+def plan_sessions(requests: Sequence[WorkloadRequest]) -> tuple[dict[int, int], list[int]]:
+    """Chain the turns of each session in arrival order: (request index -> its session's next
+    turn, the first turns in arrival order)."""
+    next_turn: dict[int, int] = {}
+    last_of: dict[int, int] = {}
+    firsts: list[int] = []
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
+    for index in order:
+        session = requests[index].session_id
+        if session is not None and session in last_of:
+            next_turn[last_of[session]] = index
+        else:
+            firsts.append(index)
+        if session is not None:
+            last_of[session] = index
+    return next_turn, firsts

@@ -30,6 +30,7 @@ from warmfleet.sim.scenario import (
     scale_events,
 )
 from warmfleet.sim.simulator import SimConfig, Simulator
+from warmfleet.sim.tenants import tenant_figures
 from warmfleet.sim.workloads.base import PrefixBlockHasher, WorkloadRequest, default_seed
 from warmfleet.sim.workloads.traces import Trace
 
@@ -161,12 +162,16 @@ def run_strategy(
     check_invariants: bool = False,
     gateways: GatewaySync | None = None,
     progress: RunProgress | None = None,
+    config: StrategyConfig | None = None,
+    label: str | None = None,
 ) -> StrategyRun:
     """One strategy's run; ``gateways``: several gateway replicas in sync (default: one);
-    ``progress`` gets a phase named after the strategy and one unit per finished request."""
+    ``config``: other parameters than the strategy's defaults; ``label`` names the run (default:
+    ``name``); ``progress`` gets a phase named after the run and one unit per finished request."""
     progress = progress or NoProgress()
-    progress.phase(name, len(prepared.requests))
-    config = strategy_config(name)
+    label = label or name
+    progress.phase(label, len(prepared.requests))
+    config = config or strategy_config(name)
     keys = routing_keys(prepared, prefix_length_of(config), sessions=scenario.sessions)
     sim_config = SimConfig(
         instances=scenario.instances,
@@ -193,10 +198,11 @@ def run_strategy(
     metrics = compute_metrics(result, keys, spec.block_tokens, fleet_blocks)
     scale = [(r.before_ids, r.after_ids) for r in result.scale_records]
     metrics.moved_fraction = _moved(config, scenario.seed, keys, scale)
+    metrics.tenants = tenant_figures(prepared.requests, result.records)
     conserved = all(r.done for r in result.records) and metrics.completed + metrics.rejected == len(
         result.records
     )
-    return StrategyRun(name, metrics, wall_s, conserved, result.time_trace_ok)
+    return StrategyRun(label, metrics, wall_s, conserved, result.time_trace_ok)
 
 
 def run_comparison(

@@ -44,8 +44,19 @@ from warmfleet.sim.workloads.traces import (
     Trace,
     azure,
     mooncake,
+    parse_trace_text,
     sharegpt_replay,
+    trace_file_requests,
 )
+
+
+class TraceFileConfig(StrictModel):
+    """A trace in warmfleet's trace format (docs/trace-format.md), replayed as it is: its
+    timestamps as arrivals, its header's block size (``warmfleet sim --trace FILE``)."""
+
+    type: Literal["warmfleet-trace"] = "warmfleet-trace"
+    trace: str | None = None
+
 
 WorkloadConfig = Annotated[
     AwsLongContextConfig
@@ -53,7 +64,8 @@ WorkloadConfig = Annotated[
     | GspConfig
     | MultiRoundQaConfig
     | MooncakeConfig
-    | AzureConfig,
+    | AzureConfig
+    | TraceFileConfig,
     Field(discriminator="type"),
 ]
 
@@ -167,7 +179,9 @@ def workload_source(scenario: ScenarioSpec, trace: Trace | None) -> str:
 
 def replays_trace(scenario: ScenarioSpec) -> bool:
     """Whether the scenario's workload replays a trace file (the caller reads it)."""
-    return isinstance(scenario.workload, MooncakeConfig | AzureConfig | ShareGptReplayConfig)
+    return isinstance(
+        scenario.workload, MooncakeConfig | AzureConfig | ShareGptReplayConfig | TraceFileConfig
+    )
 
 
 def trace_path(scenario: ScenarioSpec, trace: Path | None, traces_dir: Path | None) -> Path:
@@ -189,6 +203,24 @@ def trace_path(scenario: ScenarioSpec, trace: Path | None, traces_dir: Path | No
 
 def _raw_requests(
     scenario: ScenarioSpec, spec: EngineSpec, trace: Trace | None
+) -> tuple[tuple[WorkloadRequest, ...], int | None]:
+    """The requests, and the block size their trace's hash ids are in (None: the engine's)."""
+    workload = scenario.workload
+    seed = scenario.seed
+    if isinstance(workload, TraceFileConfig):
+        if trace is None:
+            raise ConfigError("trace: a warmfleet-trace workload needs --trace or workload.trace")
+        parsed = parse_trace_text(trace)
+        return trace_file_requests(parsed, seed), parsed.header.block_tokens
+    if isinstance(workload, MooncakeConfig):  # the trace's hash ids are 512-token blocks
+        if trace is None:
+            return mooncake_equivalent(seed, workload.spread_buckets), MOONCAKE_BLOCK_TOKENS
+        return mooncake(trace, seed, workload.spread_buckets), MOONCAKE_BLOCK_TOKENS
+    return _generated_requests(scenario, spec, trace), None
+
+
+def _generated_requests(
+    scenario: ScenarioSpec, spec: EngineSpec, trace: Trace | None
 ) -> tuple[WorkloadRequest, ...]:
     workload = scenario.workload
     seed = scenario.seed
@@ -198,12 +230,10 @@ def _raw_requests(
         return gsp(workload, seed)
     if isinstance(workload, MultiRoundQaConfig):
         return multi_round_qa(workload, seed)
-    if isinstance(workload, MooncakeConfig):
-        if trace is None:
-            return mooncake_equivalent(seed, workload.spread_buckets)
-        return mooncake(trace, seed, workload.spread_buckets)
     if isinstance(workload, AzureConfig):
         return azure(trace, seed) if trace is not None else azure_equivalent(seed)
+    if not isinstance(workload, ShareGptReplayConfig):
+        raise ConfigError(f"workload.type: {workload.type!r} is not a generated workload")
     if trace is None:
         return sharegpt_equivalent(workload, seed)
     return sharegpt_replay(trace, workload, seed)
@@ -219,7 +249,7 @@ def build_workload(
     """The scenario's requests, timed by its arrival process; ``rate_rps`` overrides the rate.
     A trace-driven scenario replays ``trace`` (the edge read ``trace_path``'s file), or without
     one its synthetic equivalent (``workloads.equivalents``; ``source`` says so)."""
-    requests = _raw_requests(scenario, spec, trace)
+    requests, trace_block_tokens = _raw_requests(scenario, spec, trace)
     arrival = scenario.arrival or default_arrival(scenario)
     rng = random.Random(scenario.seed + 1)
     if rate_rps is not None and isinstance(arrival, TraceArrival):
@@ -233,8 +263,8 @@ def build_workload(
         requests = requests[: scenario.requests]
     timed = apply_arrivals(requests, arrival, rng)
     block_tokens = spec.block_tokens
-    if isinstance(scenario.workload, MooncakeConfig) and scenario.engine.block_tokens is None:
-        block_tokens = MOONCAKE_BLOCK_TOKENS  # the trace's hash ids are 512-token blocks
+    if trace_block_tokens is not None and scenario.engine.block_tokens is None:
+        block_tokens = trace_block_tokens
     concurrency = getattr(arrival, "concurrency", None)
     return BuiltWorkload(timed, block_tokens, concurrency, workload_source(scenario, trace))
 

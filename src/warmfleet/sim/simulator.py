@@ -45,6 +45,7 @@ from warmfleet.sim.records import (
     SimConfig,
     SimResult,
     continuation_blocks,
+    plan_sessions,
 )
 from warmfleet.sim.workloads.base import WorkloadRequest
 
@@ -133,17 +134,7 @@ class Simulator:
 
     def _plan_sessions(self) -> list[int]:
         """Chain the turns of each session; return the first turns in arrival order."""
-        last_of: dict[int, int] = {}
-        firsts: list[int] = []
-        order = sorted(range(len(self._requests)), key=lambda i: (self._requests[i].arrival_s, i))
-        for index in order:
-            session = self._requests[index].session_id
-            if session is not None and session in last_of:
-                self._next_turn[last_of[session]] = index
-            else:
-                firsts.append(index)
-            if session is not None:
-                last_of[session] = index
+        self._next_turn, firsts = plan_sessions(self._requests)
         return firsts
 
     # ------------------------------------------------------------------ run

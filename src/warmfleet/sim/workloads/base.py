@@ -30,7 +30,9 @@ class WorkloadRequest:
 
     ``arrival_s`` is the open-loop arrival time (ignored in closed loop). Requests of one
     ``session_id`` are turns of one conversation: in closed loop a turn is sent only after the
-    previous turn of the same session finished.
+    previous turn of the same session finished. ``tenant`` seeds the block hash chain (no
+    reuse across tenants, as in the gateway); ``priority`` is carried from a trace (reported,
+    not yet acted on by the simulated engines).
     """
 
     request_id: int
@@ -39,6 +41,7 @@ class WorkloadRequest:
     output_tokens: int
     session_id: int | None = None
     tenant: str | None = None
+    priority: int | None = None
 
     @property
     def prompt_tokens(self) -> int:

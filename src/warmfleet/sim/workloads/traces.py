@@ -21,12 +21,14 @@ from typing import Literal
 
 from pydantic import Field
 
+from warmfleet.api import trace_format
+from warmfleet.api.trace_format import TraceFile, parse_trace
 from warmfleet.core.config import StrictModel
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.hashing import hash_str
 from warmfleet.sim.workloads.base import Segment, WorkloadRequest
 
-MOONCAKE_BLOCK_TOKENS = 512
+MOONCAKE_BLOCK_TOKENS = trace_format.MOONCAKE_BLOCK_TOKENS  # the format's default block size
 
 # each trace-driven workload's file, relative to a traces directory
 DEFAULT_TRACES = {
@@ -50,7 +52,7 @@ class MooncakeConfig(StrictModel):
     spread_buckets: bool = True
 
 
-def _spread(timestamps_ms: list[int], rng: random.Random) -> list[float]:
+def _spread(timestamps_ms: list[float], rng: random.Random) -> list[float]:
     """Spread each ~3 s timestamp bucket uniformly up to the next distinct timestamp."""
     distinct = sorted(set(timestamps_ms))
     gaps = [b - a for a, b in itertools.pairwise(distinct)]
@@ -64,7 +66,16 @@ def _spread(timestamps_ms: list[int], rng: random.Random) -> list[float]:
 
 
 # (timestamp ms, hash ids, input tokens, output tokens): one line of a Mooncake trace
-MooncakeRow = tuple[int, Sequence[int], int, int]
+MooncakeRow = tuple[float, Sequence[int], int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLabels:
+    """Who sent a trace record (warmfleet's trace format): carried onto its WorkloadRequest."""
+
+    tenant: str | None = None
+    session_id: int | None = None
+    priority: int | None = None
 
 
 def _mooncake_row(source: str, line_no: int, line: str) -> MooncakeRow:
@@ -79,7 +90,9 @@ def _mooncake_row(source: str, line_no: int, line: str) -> MooncakeRow:
         raise ConfigError(f"trace: {source}:{line_no}: not a Mooncake trace row: {err}") from err
 
 
-def _mooncake_segments(ids: Sequence[int], input_tokens: int, tail_id: int) -> tuple[Segment, ...]:
+def _mooncake_segments(
+    ids: Sequence[int], input_tokens: int, tail_id: int, block_tokens: int
+) -> tuple[Segment, ...]:
     """One segment per ``hash_id`` block (the last one partial), ``input_tokens`` in all: ids
     past the prompt are dropped, a prompt longer than its ids ends with unique content."""
     segments = []
@@ -87,7 +100,7 @@ def _mooncake_segments(ids: Sequence[int], input_tokens: int, tail_id: int) -> t
     for h in ids:
         if left <= 0:
             break
-        take = min(MOONCAKE_BLOCK_TOKENS, left)
+        take = min(block_tokens, left)
         segments.append(Segment(h, take))
         left -= take
     if left > 0:
@@ -106,20 +119,60 @@ def mooncake(trace: Trace, seed: int, spread_buckets: bool = True) -> tuple[Work
 
 
 def mooncake_requests(
-    rows: Sequence[MooncakeRow], seed: int, spread_buckets: bool = True
+    rows: Sequence[MooncakeRow],
+    seed: int,
+    spread_buckets: bool = True,
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    labels: Sequence[RequestLabels] | None = None,
 ) -> tuple[WorkloadRequest, ...]:
     """Requests of Mooncake rows (timestamp ms, hash ids, input tokens, output tokens), read
-    from a trace or generated (``equivalents.mooncake_equivalent``)."""
+    from a Mooncake trace, a warmfleet trace (``trace_file_requests``: ``block_tokens`` from its
+    header, ``labels`` from its records) or generated (``equivalents.mooncake_equivalent``).
+    ``request_id`` is the row's index; the requests come sorted by arrival."""
     stamps = [row[0] for row in rows]
     arrivals = _spread(stamps, random.Random(seed)) if spread_buckets else [t / 1e3 for t in stamps]
+    no_labels = RequestLabels()
     out = []
     for index, ((_, ids, input_tokens, output), arrival_s) in enumerate(
         zip(rows, arrivals, strict=True)
     ):
         tail_id = hash_str(f"mooncake-tail:{index}", seed)
-        segments = _mooncake_segments(ids, input_tokens, tail_id)
-        out.append(WorkloadRequest(index, arrival_s, segments, output))
+        segments = _mooncake_segments(ids, input_tokens, tail_id, block_tokens)
+        label = labels[index] if labels is not None else no_labels
+        out.append(
+            WorkloadRequest(
+                index,
+                arrival_s,
+                segments,
+                output,
+                session_id=label.session_id,
+                tenant=label.tenant,
+                priority=label.priority,
+            )
+        )
     return tuple(sorted(out, key=lambda r: (r.arrival_s, r.request_id)))
+
+
+def parse_trace_text(trace: Trace) -> TraceFile:
+    """A trace in warmfleet's format (docs/trace-format.md); errors name the line and field."""
+    return parse_trace(trace.text.splitlines(), f"trace: {trace.source}")
+
+
+def trace_file_requests(parsed: TraceFile, seed: int) -> tuple[WorkloadRequest, ...]:
+    """The requests of a warmfleet trace, through the Mooncake conversion: ``hash_ids`` blocks
+    of the header's ``block_tokens``, timestamps as arrivals (no bucket spreading), ``tenant``
+    and ``priority`` carried, each (tenant, session) one session (its turns sent in order)."""
+    rows: list[MooncakeRow] = []
+    labels: list[RequestLabels] = []
+    sessions: dict[tuple[str | None, str], int] = {}
+    for record in parsed.records:
+        rows.append((record.timestamp, record.hash_ids, record.input_length, record.output_length))
+        session = None
+        if record.session is not None:
+            key = (record.tenant, record.session)
+            session = sessions.setdefault(key, len(sessions))
+        labels.append(RequestLabels(record.tenant, session, record.priority))
+    return mooncake_requests(rows, seed, False, parsed.header.block_tokens, labels)
 
 
 class AzureConfig(StrictModel):

@@ -1,0 +1,85 @@
+"""`warmfleet doctor TRACE`: replay a trace (a capture, or any trace in warmfleet's format) under
+every strategy on its fleet and explain the KV reuse it gets (docs/doctor.md).
+
+The edge part only: read the file, show progress, print and write. The replays and the figures
+are ``sim.doctor_run`` / ``sim.doctor`` (pure).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from warmfleet.bench.doctor_report import doctor_lines, doctor_tables, write_doctor_report
+from warmfleet.bench.progress import PhasedProgress, activity_for
+from warmfleet.bench.report import write_json
+from warmfleet.core.errors import WarmfleetError
+from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console, emit
+from warmfleet.edge import read_text_file
+from warmfleet.sim.doctor import churn_of
+from warmfleet.sim.doctor_run import DoctorResult, parse_target, run_doctor
+from warmfleet.sim.trace_fleet import trace_scenario
+from warmfleet.sim.workloads.traces import Trace, parse_trace_text
+
+
+def _diagnose(
+    trace: Path, instances: int | None, preset: str | None, target: str | None, fmt: OutputFormat
+) -> DoctorResult:
+    goal = parse_target(target) if target is not None else None
+    data = Trace(read_text_file(trace), str(trace))
+    parsed = parse_trace_text(data)
+    churn = churn_of(parsed.records)
+    at_start = churn.instances_seen - len(churn.joins)
+    spec = trace_scenario(
+        data, parsed.header, instances=instances, preset=preset, seen_instances=at_start or None
+    )
+    with activity_for(fmt) as activity:
+        progress = PhasedProgress(activity)
+        result = run_doctor(spec, data, parsed, goal, progress)
+        progress.close()
+    return result
+
+
+def doctor(  # noqa: PLR0917 (one parameter per CLI option)
+    trace: Annotated[Path, typer.Argument(help="a trace in warmfleet's format (or Mooncake's)")],
+    instances: Annotated[
+        int | None, typer.Option(min=1, help="instances (else the trace header's, else 8)")
+    ] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="engine preset (else the header's, else llama-3.1-70b-p5)")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result")] = None,
+    report: Annotated[
+        Path | None, typer.Option(help="directory for doctor.md, doctor.json, waterfall.png")
+    ] = None,
+    target: Annotated[
+        str | None, typer.Option(help="hit_rate=0.6 or p95_ttft_ms=800: size the fleet for it")
+    ] = None,
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
+) -> None:
+    """Replay a trace under every strategy and explain its KV reuse: a waterfall from the ideal
+    to what the fleet delivered, the largest loss and what closes it, recommendations."""
+    try:
+        result = _diagnose(trace, instances, preset, target, fmt)
+    except WarmfleetError as err:
+        typer.echo(f"error: {err}", err=True)  # one line, never wrapped
+        raise typer.Exit(2) from err
+    document = result.report()
+    console = chatter_console(fmt)
+    emit(doctor_tables(document), fmt, wide=wide, document=document)
+    if fmt == OutputFormat.table:
+        for line in doctor_lines(document):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if json_out is not None:
+        write_json(document, json_out)
+        console.print(f"wrote {json_out}")
+    if report is not None:
+        for path in write_doctor_report(document, report):
+            console.print(f"wrote {path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor)

@@ -1,0 +1,216 @@
+"""`warmfleet doctor`: the waterfall (fields, monotone steps, the largest loss named), churn
+figures, recommendations, --json/--report files, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from doctor_support import capture_lines, write_capture
+from typer.testing import CliRunner
+
+from warmfleet.api.trace_format import TraceRecord
+from warmfleet.bench import doctor_cli
+from warmfleet.core.errors import ConfigError
+from warmfleet.edge import resolve_traces_dir
+from warmfleet.routing.factory import strategy_config
+from warmfleet.sim import doctor
+from warmfleet.sim.doctor_run import Chosen, parse_target, sweep_knob
+from warmfleet.sim.metrics import RunMetrics
+from warmfleet.sim.runner import StrategyRun
+from warmfleet.sim.workloads.traces import DEFAULT_TRACES
+
+app = typer.Typer()
+doctor_cli.register(app)
+app.command("noop")(lambda: None)  # two commands: `doctor` stays a subcommand
+WATERFALL = {"ideal", "fleet_ceiling", "best_replay", "captured_replay", "delivered"}
+
+
+def _doctor(args: list[str]) -> tuple[int, str, dict[str, Any]]:
+    result = CliRunner().invoke(app, ["doctor", *args, "--format", "json"])
+    doc = json.loads(result.stdout) if result.exit_code == 0 else {}
+    return result.exit_code, result.output, doc
+
+
+def test_doctor_on_a_capture(tmp_path: Path) -> None:
+    trace = tmp_path / "capture.jsonl"
+    write_capture(trace, capture_lines(300, rate_rps=1.0))
+    out = tmp_path / "doctor.json"
+    args = [str(trace), "--json", str(out), "--report", str(tmp_path / "r"), "--target",
+            "p95_ttft_ms=5"]  # fmt: skip
+    code, output, doc = _doctor(args)
+    assert code == 0, output
+    written = json.loads(out.read_text())
+    assert written["waterfall"] == pytest.approx(doc["waterfall"], abs=1e-4)
+    fall = doc["waterfall"]
+    assert isinstance(fall, dict)
+    assert set(fall) == WATERFALL
+    assert all(isinstance(fall[step], float) for step in WATERFALL)  # captured, with engines
+    assert fall["ideal"] >= fall["fleet_ceiling"]
+    assert fall["best_replay"] >= fall["captured_replay"]
+    assert fall["captured_replay"] > fall["delivered"]  # the generator reports half the hits
+    loss = doc["largest_loss"]
+    assert isinstance(loss, dict)
+    drops = {
+        (a, b): fall[a] - fall[b] for a, b in zip(doctor.STEPS, doctor.STEPS[1:], strict=False)
+    }
+    assert (loss["from"], loss["to"]) == max(drops, key=lambda k: drops[k])
+    assert loss["closes"] == doctor.CLOSERS[loss["to"]]
+    strategies = doc["strategies"]
+    assert isinstance(strategies, dict)
+    assert {
+        "prefix_affinity",
+        "sglang_cache_aware",
+        "llmd_approx",
+        "prefix_hash (captured)",
+    } <= set(strategies)
+    assert set(strategies["random"]["ttft_ms"]) == {"p50", "p95", "p99"}
+    scale_out = doc["scale_out"]
+    assert isinstance(scale_out, dict)
+    assert scale_out["windows"] == 1
+    assert scale_out["requests"] > 0
+    assert scale_out["live_hit_rate"] is not None
+    assert 0 < doc["unprepared"]["share"] < 1
+    kinds = [rec["kind"] for rec in doc["recommendations"]]
+    assert kinds[0] == "strategy"
+    assert {"instances", "kv_per_instance"} <= set(kinds)
+    sizing = next(r for r in doc["recommendations"] if r["kind"] == "instances")
+    assert sizing["sweep"]
+    assert sizing["target"] == {"p95_ttft_ms": 5.0}
+    assert (tmp_path / "r" / "doctor.md").read_text().startswith("# warmfleet doctor")
+    assert (tmp_path / "r" / "waterfall.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_doctor_without_header_or_engine_figures(tmp_path: Path) -> None:
+    trace = tmp_path / "plain.jsonl"
+    write_capture(trace, capture_lines(120, header=False, engine=False))
+    code, output, doc = _doctor([str(trace), "--instances", "2", "--preset", "tiny-cpu"])
+    assert code == 0, output
+    fall = doc["waterfall"]
+    assert isinstance(fall, dict)
+    assert fall["captured_replay"] is None
+    assert fall["delivered"] is None
+    assert fall["ideal"] >= fall["fleet_ceiling"] > 0
+    fleet = doc["fleet"]
+    assert isinstance(fleet, dict)
+    assert (fleet["instances"], fleet["preset"], fleet["captured_strategy"]) == (
+        2,
+        "tiny-cpu",
+        None,
+    )
+    table = CliRunner().invoke(app, ["doctor", str(trace), "--instances", "2"])
+    assert "largest loss:" in table.output
+    assert "recommend strategy:" in table.output
+    code, output, doc = _doctor([str(trace), "--preset", "tiny-cpu"])
+    assert code == 0, output
+    assert doc["fleet"]["instances"] == 2  # no header, no flag: the instances seen at the start
+
+
+def test_a_captured_best_is_swept_and_sized_with_its_own_parameters() -> None:
+    """The best replay may be the captured strategy (``NAME (captured)``): its knob sweep and
+    sizing runs replay the strategy by name with its parameters, the knob changed."""
+    config = strategy_config("prefix_hash", concurrency_threshold=7, prefix_length=2048)
+    metrics = RunMetrics([0.1], [0.2], 1, 0, 1, 1.0, 1.0, 0.5, {}, {}, 0, {})
+    best = StrategyRun("prefix_hash (captured)", metrics, 0.0, True, True)
+    calls: list[tuple[str, object, str]] = []
+
+    def run(name: str, cfg: object = None, label: str = "", *_: object) -> StrategyRun:
+        calls.append((name, cfg, label))
+        return best
+
+    knob = sweep_knob(Chosen(best, "prefix_hash", config), run)
+    assert knob is not None
+    assert knob["default"] == 7
+    assert [v["value"] for v in knob["sweep"]] == [2, 5, 7, 10, 20, 50]  # type: ignore[attr-defined]
+    assert {name for name, _, _ in calls} == {"prefix_hash"}
+    assert all(cfg.prefix_length == 2048 for _, cfg, _ in calls)  # type: ignore[attr-defined]
+    assert "prefix_hash (captured) concurrency_threshold=2" in [label for _, _, label in calls]
+
+
+def test_largest_loss_skips_steps_not_measured() -> None:
+    fall = {"ideal": 0.5, "fleet_ceiling": 0.45, "best_replay": 0.4, "captured_replay": None,
+            "delivered": 0.1}  # fmt: skip
+    loss = doctor.largest_loss(fall)
+    assert loss is not None
+    assert (loss.from_step, loss.to_step) == ("best_replay", "delivered")
+    assert loss.loss == pytest.approx(0.3)
+    assert doctor.largest_loss({"ideal": 0.2, "fleet_ceiling": 0.2}) is None
+
+
+def _record(at_ms: float, instance: str | None, cached: int | None = None) -> TraceRecord:
+    return TraceRecord(timestamp=at_ms, input_length=100, output_length=1, instance=instance,
+                       engine_cached_tokens=cached)  # fmt: skip
+
+
+def test_churn_windows_and_unprepared_share() -> None:
+    records = [
+        _record(0, "a"), _record(10_000, "b"), _record(100_000, "c", 50),
+        _record(130_000, "c", 0), _record(170_000, "c"), _record(171_000, "a", 100),
+    ]  # fmt: skip
+    churn = doctor.churn_of(records)
+    assert churn.joins == {"c": 100.0}
+    assert churn.reason is None
+    assert churn.windows() == [(100.0, 160.0)]
+    assert doctor.unprepared_share(records, churn) == 2 / 6
+    assert doctor.live_hit_rate_in(records, churn.windows()) == 50 / 200
+    assert doctor.delivered(records) == 150 / 300
+    plain = [_record(0, None), _record(1000, None)]
+    assert doctor.churn_of(plain).reason is not None
+    assert doctor.unprepared_share(plain, doctor.churn_of(plain)) is None
+    assert doctor.delivered(plain) is None
+
+
+def test_parse_target() -> None:
+    assert parse_target("hit_rate=0.6").value == 0.6
+    assert parse_target("p95_ttft_ms=800").metric == "p95_ttft_ms"
+    for bad in ("hit_rate=2", "p95=1", "hit_rate=x"):
+        with pytest.raises(ConfigError, match="--target"):
+            parse_target(bad)
+
+
+def test_doctor_errors_are_one_line(tmp_path: Path) -> None:
+    missing = CliRunner().invoke(app, ["doctor", str(tmp_path / "nope.jsonl")])
+    assert missing.exit_code == 2
+    assert len(missing.output.strip().splitlines()) == 1
+    assert "nope.jsonl" in missing.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1}\nnot json\n')
+    result = CliRunner().invoke(app, ["doctor", str(bad)])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1
+    assert f"{bad}:2:" in result.output
+    target = CliRunner().invoke(app, ["doctor", str(bad), "--target", "speed=1"])
+    assert target.exit_code == 2
+    assert "--target" in target.output
+
+
+def _timed_doctor(trace: Path) -> tuple[float, dict[str, Any]]:
+    started = time.perf_counter()
+    code, output, doc = _doctor([str(trace), "--target", "hit_rate=0.99"])
+    assert code == 0, output
+    return time.perf_counter() - started, doc
+
+
+@pytest.mark.slow
+def test_doctor_runs_10000_requests_in_under_60_s(tmp_path: Path) -> None:
+    trace = tmp_path / "capture.jsonl"
+    write_capture(trace, capture_lines(10_000))
+    elapsed_s, doc = _timed_doctor(trace)
+    assert doc["requests"] == 10_000
+    assert elapsed_s < 60.0
+
+
+@pytest.mark.slow
+def test_doctor_on_the_mooncake_trace_in_under_60_s() -> None:
+    trace = resolve_traces_dir() / DEFAULT_TRACES["mooncake"]
+    if not trace.is_file():
+        pytest.skip(f"{trace} absent (the shared traces directory)")
+    elapsed_s, doc = _timed_doctor(trace)
+    fall = doc["waterfall"]
+    assert isinstance(fall, dict)
+    assert fall["ideal"] >= fall["fleet_ceiling"] >= fall["best_replay"] > 0
+    assert elapsed_s < 60.0
