@@ -14,6 +14,8 @@ from aiohttp import ClientSession, DummyCookieJar, TCPConnector
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.gateway.capture import Capture, CaptureMetrics, CaptureSwitch
+from warmfleet.gateway.capture_header import capture_header
 from warmfleet.gateway.config import (
     EndpointConfig,
     GatewayConfig,
@@ -88,6 +90,10 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         sync = config.spec.replica_sync  # docs/replicas.md; a change needs a restart
         self.replica_sync = ReplicaSync(sync, self.metrics.registry) if sync is not None else None
+        # spec.capture: switched by every applied config once started (docs/gateway.md)
+        self.capture = CaptureSwitch(
+            CaptureMetrics(self.metrics.registry), lambda: capture_header(self.state)
+        )
 
     @property
     def proxy(self) -> Proxy:
@@ -120,6 +126,8 @@ class Gateway:
         self._sessions = [control]
         self.body_worker.start()
         self._proxy = Proxy(self.state, self._pool)
+        self.capture.on_switch = self._capture_switched
+        self.capture.apply(self.state.spec.capture)
         self._health = HealthMonitor(self.state, control)
         self._models = ModelsCache(self.state, control)
         self.discovery.scan()  # instances from discovery files before the first request
@@ -137,6 +145,7 @@ class Gateway:
             await self.kv_events.start(self.state.instance_url)
 
     async def stop(self) -> None:
+        await self.capture.stop()  # what is queued is written
         if self.kv_events is not None:
             await self.kv_events.stop()
         for task in self._tasks:
@@ -154,6 +163,10 @@ class Gateway:
             await session.close()
         self._sessions = []
         await self.body_worker.stop()
+
+    def _capture_switched(self, capture: Capture | None) -> None:
+        if self._proxy is not None:
+            self._proxy.capture = capture
 
     async def _sweep_idle(self) -> None:
         """Close upstream connections idle for longer than the pool's keep-alive."""
@@ -199,6 +212,8 @@ class Gateway:
                 "next restart",
                 source,
             )
+        if self._proxy is not None:
+            self.capture.apply(config.spec.capture)
         if self._models is not None:
             self._models.invalidate()
         if self._pool is not None:
