@@ -318,6 +318,25 @@ def test_sync_checks_compare_with_vllm_router_round_robin_and_carry_the_spread()
     assert "0.200-0.400" in out.getvalue()  # the rounds' min-max beside the median
 
 
+def test_the_capture_check_allows_0_03_ms_more_router_cpu_than_prefix_affinity() -> None:
+    """Issue 26: prefix_affinity with capture on costs at most 0.03 ms of router CPU per
+    request more than without, at c=32 in the same run."""
+
+    def rows(capture_cpu_s: float) -> list[dict[str, Any]]:
+        return build_rows([
+            row("direct", "client_round_robin", "c32_8k", summary(5.0, 9.0, 5.0, 100.0)),
+            row("warmfleet", "prefix_affinity", "c32_8k", summary(6.0, 9.0, 7.0, 100.0), 0.01),
+            row("warmfleet", "prefix_affinity+capture", "c32_8k",
+                summary(6.0, 9.0, 7.0, 100.0), capture_cpu_s),
+        ], 4)  # fmt: skip
+
+    name = "26. capture: router CPU ms/request at c=32 <= prefix_affinity + 0.03"
+    within = {c["check"]: c for c in acceptance(rows(0.012))}[name]
+    assert within["limit"] == pytest.approx(within["value"] - 0.02 + 0.03)
+    assert within["pass"] is True
+    assert {c["check"]: c for c in acceptance(rows(0.014))}[name]["pass"] is False
+
+
 @pytest.mark.slow
 async def test_the_synced_router_is_two_replicas_sharing_notes(tmp_path: Path) -> None:
     """``warmfleet/prefix_affinity+sync``: two gateway processes with replica sync in front of
