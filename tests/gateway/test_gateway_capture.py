@@ -90,7 +90,8 @@ async def test_one_line_per_answered_request_and_it_parses(tmp_path: Path) -> No
             metrics = gw.gateway.capture.metrics
     assert statuses == [200] * 60
     trace = parse_trace(read(path), str(path))
-    assert trace.has_header and trace.header.block_tokens == 128  # text mode: characters
+    assert trace.has_header
+    assert trace.header.block_tokens == 128
     assert trace.header.fleet.instances == 2
     assert trace.header.fleet.strategy is not None
     assert trace.header.fleet.strategy["type"] == "prefix_affinity"
@@ -98,14 +99,19 @@ async def test_one_line_per_answered_request_and_it_parses(tmp_path: Path) -> No
     assert metrics.dropped.value == 0
     assert metrics.bytes.value == path.stat().st_size
     record = trace.records[0]
-    assert record.status == 200 and record.model == MODEL and record.variant == "v1"
-    assert record.instance in ("a", "b") and record.reason is not None
-    assert len(record.hash_ids) == len(("q0 " * 60)) // 128 >= 1
-    assert record.ttft_ms is not None and record.e2e_ms is not None
+    assert record.status == 200
+    assert record.model == MODEL
+    assert record.variant == "v1"
+    assert record.instance in ("a", "b")
+    assert record.reason is not None
+    assert len(record.hash_ids) == len("q0 " * 60) // 128 >= 1
+    assert record.ttft_ms is not None
+    assert record.e2e_ms is not None
     assert record.e2e_ms >= record.ttft_ms
     assert record.tenant is None
     hits = [r for r in trace.records if r.predicted_cached_tokens]
-    assert hits and all(r.predicted_cached_tokens % 128 == 0 for r in hits)
+    assert hits
+    assert all((r.predicted_cached_tokens or 0) % 128 == 0 for r in hits)
 
 
 async def test_a_full_queue_drops_and_counts_without_waiting(
@@ -159,11 +165,13 @@ def test_rotation_keeps_files_each_with_a_header_and_its_own_clock(tmp_path: Pat
         kept = tmp_path / name
         assert kept.stat().st_size <= 4096
         trace = parse_trace(read(kept), name)
-        assert trace.has_header and trace.header.block_tokens == 16
+        assert trace.has_header
+        assert trace.header.block_tokens == 16
         assert trace.records[0].timestamp == 0.0
         assert trace.records[-1].timestamp > 0.0
     last = parse_trace(read(path)).records[-1]
-    assert last.predicted_cached_tokens == 32 and last.output_length == 8
+    assert last.predicted_cached_tokens == 32
+    assert last.output_length == 8
 
 
 async def test_a_reload_turns_it_on_moves_it_and_turns_it_off(tmp_path: Path) -> None:
