@@ -23,12 +23,15 @@ from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.gateway.capture_config import CaptureConfig
 from warmfleet.gateway.capture_file import Captured, CaptureFile, WriteResult, usage_of
 from warmfleet.gateway.config import load_gateway_config, parse_gateway_config
+from warmfleet.routing.router import Router
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 80}], "max_tokens": 5}
 
 
-def doc_with(backends: Sequence[Any], capture: dict[str, Any] | None) -> dict[str, Any]:
-    doc = gateway_doc(backends, strategy={"type": "prefix_affinity"})
+def doc_with(
+    backends: Sequence[Any], capture: dict[str, Any] | None, strategy: str = "prefix_affinity"
+) -> dict[str, Any]:
+    doc = gateway_doc(backends, strategy={"type": strategy})
     if capture is not None:
         doc["spec"]["capture"] = capture
     return doc
@@ -174,27 +177,38 @@ def test_rotation_keeps_files_each_with_a_header_and_its_own_clock(tmp_path: Pat
     assert last.output_length == 8
 
 
+def hashes_blocks(router: object) -> bool:
+    assert isinstance(router, Router)
+    return router.keys.hash_blocks
+
+
 async def test_a_reload_turns_it_on_moves_it_and_turns_it_off(tmp_path: Path) -> None:
+    """round_robin reads no block hashes: its keys carry them only while capturing."""
     first, second = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     async with backends_running("a") as backends:
         config_path = tmp_path / "gateway.yaml"
-        doc = doc_with(backends, None)
+        doc = doc_with(backends, None, "round_robin")
         config_path.write_text(yaml.safe_dump(doc))
         config = load_gateway_config(config_path)
         async with gateway_running(config, config_path=config_path) as gw:
             proxy = gw.gateway.proxy
+            variant = gw.gateway.state.endpoint("main").variants["v1"]
             assert proxy.capture is None
+            assert not hashes_blocks(variant.router)
             await post_many(gw.url, 2)
             for capture in ({"path": "one.jsonl"}, {"path": str(second)}, None):
-                doc = doc_with(backends, capture)
+                doc = doc_with(backends, capture, "round_robin")
                 config_path.write_text(yaml.safe_dump(doc))
                 assert gw.gateway.reload() is True
                 assert (proxy.capture is None) == (capture is None)
+                assert hashes_blocks(variant.router) == (capture is not None)
                 await post_many(gw.url, 3)
             lines = gw.gateway.capture.metrics.lines
             await wait_until(lambda: lines.value == 6)
-    assert len(parse_trace(read(first)).records) == 3  # relative to the document
-    assert len(parse_trace(read(second)).records) == 3
+    for path in (first, second):  # the first relative to the document
+        records = parse_trace(read(path)).records
+        assert len(records) == 3
+        assert all(r.hash_ids and r.reason == "round_robin" for r in records)
 
 
 async def test_sampling_is_deterministic(tmp_path: Path) -> None:

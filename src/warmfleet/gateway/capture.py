@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterable
 from time import monotonic, perf_counter
 
 from prometheus_client import CollectorRegistry
@@ -25,6 +26,9 @@ from warmfleet.gateway.capture_config import CaptureConfig
 from warmfleet.gateway.capture_file import Captured, CaptureFile, WriteResult
 from warmfleet.gateway.metrics import FastCounter, FastValue
 from warmfleet.gateway.relay import Attempt, Relay
+from warmfleet.gateway.variant import RouterFactory, RouterLike
+from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -183,3 +187,26 @@ class CaptureSwitch:
         for task in pending:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def hash_blocks_for_capture(router: RouterLike, capturing: bool) -> None:
+    """While capturing, a router's keys carry their block hashes even when its strategy reads
+    none (``random``, ``round_robin``, the load-only ones): the capture writes them."""
+    if isinstance(router, Router):
+        router.keys.hash_blocks = capturing or router.strategy.reads_block_hashes
+
+
+def capture_aware(factory: RouterFactory, capturing: Callable[[], bool]) -> RouterFactory:
+    """``factory`` whose routers hash blocks while ``capturing()``."""
+
+    def build(routing: RoutingConfig, rng: random.Random) -> RouterLike:
+        router = factory(routing, rng)
+        hash_blocks_for_capture(router, capturing())
+        return router
+
+    return build
+
+
+def rekey_for_capture(routers: Iterable[RouterLike], capturing: bool) -> None:
+    for router in routers:
+        hash_blocks_for_capture(router, capturing)

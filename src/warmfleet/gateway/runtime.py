@@ -14,7 +14,13 @@ from aiohttp import ClientSession, DummyCookieJar, TCPConnector
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
-from warmfleet.gateway.capture import Capture, CaptureMetrics, CaptureSwitch
+from warmfleet.gateway.capture import (
+    Capture,
+    CaptureMetrics,
+    CaptureSwitch,
+    capture_aware,
+    rekey_for_capture,
+)
 from warmfleet.gateway.capture_header import capture_header
 from warmfleet.gateway.config import (
     EndpointConfig,
@@ -59,6 +65,11 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = GatewayMetrics()
+        # spec.capture: switched by every applied config once started (docs/gateway.md)
+        self.capture = CaptureSwitch(
+            CaptureMetrics(self.metrics.registry), lambda: capture_header(self.state)
+        )
+        factory = capture_aware(factory, lambda: self.capture.current is not None)
         self.state = GatewayState(config, factory, self.metrics, clock=clock)
         self.config_path = config_path
         self.kv_events = kv_events
@@ -90,10 +101,6 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         sync = config.spec.replica_sync  # docs/replicas.md; a change needs a restart
         self.replica_sync = ReplicaSync(sync, self.metrics.registry) if sync is not None else None
-        # spec.capture: switched by every applied config once started (docs/gateway.md)
-        self.capture = CaptureSwitch(
-            CaptureMetrics(self.metrics.registry), lambda: capture_header(self.state)
-        )
 
     @property
     def proxy(self) -> Proxy:
@@ -167,6 +174,8 @@ class Gateway:
     def _capture_switched(self, capture: Capture | None) -> None:
         if self._proxy is not None:
             self._proxy.capture = capture
+        routers = (v.router for e in self.state.endpoints.values() for v in e.variants.values())
+        rekey_for_capture(routers, capture is not None)
 
     async def _sweep_idle(self) -> None:
         """Close upstream connections idle for longer than the pool's keep-alive."""
