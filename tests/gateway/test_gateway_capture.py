@@ -17,11 +17,17 @@ import yaml
 from gateway_support import MODEL, backends_running, gateway_doc, gateway_running
 
 from support.waiting import wait_until
-from warmfleet.api.trace_format import parse_trace
+from warmfleet.api.trace_format import parse_trace, record_line
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.gateway.capture_config import CaptureConfig
-from warmfleet.gateway.capture_file import Captured, CaptureFile, WriteResult, usage_of
+from warmfleet.gateway.capture_file import (
+    Captured,
+    CaptureFile,
+    RecordMaker,
+    WriteResult,
+    usage_of,
+)
 from warmfleet.gateway.config import load_gateway_config, parse_gateway_config
 from warmfleet.routing.router import Router
 
@@ -151,6 +157,27 @@ def _captured(i: int, t_s: float) -> Captured:
     return Captured(
         t_s, t_s + 0.01, t_s + 0.1, key, decision, "inst-0", "v1", "s", 200, None, None, "m"
     )
+
+
+@pytest.mark.parametrize(
+    ("tenant", "model", "status", "usage"),
+    [
+        (None, None, 200, None),
+        ("acme", 'm\u00e9-"quoted"', 503, b'"usage":{"completion_tokens":3}'),
+        ("t", "x" * 513, 0, b'"usage":{"prompt_tokens_details":{"cached_tokens":16}}'),
+    ],
+)
+def test_the_fast_line_is_record_line_of_the_record(
+    tenant: str | None, model: str | None, status: int, usage: bytes | None
+) -> None:
+    item = _captured(3, 10.0)._replace(tenant=tenant, model=model, status=status, usage=usage)
+    maker = RecordMaker()
+    record = maker.record(item, 9.5)
+    if model is not None and len(model) > 512:
+        record["model"] = None  # too long for the format: left out
+    line = maker.line(item, 9.5)
+    assert line == record_line(record)
+    assert maker.line(item, 9.5) == line  # with the block ids' texts memoised
 
 
 def test_rotation_keeps_files_each_with_a_header_and_its_own_clock(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 import random
+from collections import deque
 from collections.abc import Callable, Iterable
 from time import monotonic, perf_counter
 
