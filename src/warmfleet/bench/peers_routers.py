@@ -139,7 +139,9 @@ async def start_router(
     if spec.router == "warmfleet" and spec.policy == SYNCED_PREFIX_AFFINITY:
         return await _start_synced(procs, spec, fleet, name)
     if spec.router == "warmfleet" and spec.policy == CAPTURED_PREFIX_AFFINITY:
-        capture = {"capture": {"path": f"{name}.capture.jsonl"}}
+        capture = {
+            "capture": {"path": f"{name}.capture.jsonl", "maxBytes": 64 << 20, "keepFiles": 1}
+        }
         routing = routing_for("prefix_affinity")
         gateway = await start_gateway(procs, fleet, routing, name=name, extra_spec=capture)
         return RunningRouter(spec, gateway.url, gateway.child)
