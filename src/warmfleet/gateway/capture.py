@@ -83,8 +83,11 @@ class Capture:
         if len(queue) >= self._limit:
             self.metrics.dropped.inc()
             return
-        tail = relay.tail
-        at = tail.rfind(b'"usage"') if tail else -1
+        tail = relay.last
+        at = tail.rfind(b'"usage"')
+        if at < 0:  # a stream's usage event, then [DONE] in a read of its own
+            tail = relay.tail
+            at = tail.rfind(b'"usage"')
         variant = call.variant
         key_spec = variant.routing_config.key
         queue.append(

@@ -121,6 +121,7 @@ class Relay:
         "content_type",
         "framer",
         "headers",
+        "last",
         "length",
         "pending",
         "started",
@@ -141,7 +142,9 @@ class Relay:
         self.started = False
         self.pending: list[bytes] = []
         self.t_first = 0.0  # perf_counter when the first byte went to the client
-        self.tail = b""  # the answer's end (buffered: all of it), where its usage is
+        # where the answer's usage is: its last piece (buffered: all of it) and the one before
+        self.last = b""
+        self.tail = b""
 
     def head(self, ex: Exchange) -> None:
         self.status = ex.status
@@ -182,7 +185,7 @@ class Relay:
             call.variant.m_ttft["false"].observe(now - call.t_start)
             request = call.request
             answer = Response(ex.status, b"".join(self.pending), self.content_type, self.headers)
-            self.tail = answer.body
+            self.last = answer.body
             head_only = request.method == "HEAD"  # relayed as a GET (``/version``)
             self.conn.write_response(answer, request.keep_alive, request.http10, head_only)
             return
@@ -190,8 +193,7 @@ class Relay:
             self.pending.append(tail)
         out = b"".join(self.pending)
         self.pending.clear()
-        # the usage event and [DONE] may come in separate reads: keep the previous one too
-        self.tail = self.tail + out if len(out) < 256 else out
+        self.last = out  # the usage event may be in it, or in ``tail`` before [DONE]
         if not self.started:
             self._start(out, end=True)  # the whole stream arrived at once: one write
         else:
