@@ -95,6 +95,8 @@ async def test_one_line_per_answered_request_and_it_parses(tmp_path: Path) -> No
                 bad = gw.url + "/v1/chat/completions"
                 async with client.post(bad, data=b"{not json") as resp:
                     assert resp.status == 400  # refused before routing: no line
+                async with client.get(gw.url + "/version") as resp:
+                    await resp.read()  # a utility route: no line
             statuses = await post_many(gw.url, 60)
             metrics = gw.gateway.capture.metrics
     assert statuses == [200] * 60

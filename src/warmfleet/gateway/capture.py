@@ -71,8 +71,9 @@ class Capture:
         self._header_at_s = -_HEADER_TTL_S
 
     def offer(self, call: Attempt, relay: Relay, status: int) -> None:
-        """On the request path, once the request was answered: queue its line (or drop it)."""
-        if self.closed:
+        """On the request path, once the request was answered: queue its line (or drop it).
+        A call without a model is a utility route's (``/tokenize``, ``/version``): no line."""
+        if self.closed or call.model is None:
             return
         if self._fraction < 1.0:  # every 1/fraction-th request, deterministically
             self._credit += self._fraction
