@@ -16,6 +16,7 @@ from gateway_support import gateway_running
 
 from warmfleet.api.trace_format import parse_trace
 from warmfleet.core.hashing import chain_seed
+from warmfleet.core.types import RoutingKey
 from warmfleet.emulator.config import build_spec
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.gateway.config import parse_gateway_config
@@ -28,6 +29,7 @@ SALT = "deployment-secret-1"
 TENANT_HEADER = "x-prefix-aware-id"
 MARKERS = ("ZEBRA-MARKER-7731", "kumquat-sentinel-4410", "Ünïcode-märker-99")
 TENANT = "tenant-MARKER-5512"
+SESSION = "session-MARKER-8820"
 ROUTING = {"strategy": {"type": "prefix_affinity"}, "key": {"salt": SALT}}
 
 
@@ -59,12 +61,17 @@ def doc(urls: list[str], path: Path) -> dict[str, Any]:
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
 
 
-def hashes_under(salt: str | None, chat: dict[str, Any], tenant: str | None) -> set[int]:
-    """The key's block hashes (and prefix hash) of ``chat`` with ``salt`` as the salt."""
+def key_under(salt: str | None, chat: dict[str, Any], tenant: str | None) -> RoutingKey:
+    """The key of ``chat`` (in session ``SESSION``) with ``salt`` as the salt."""
     routing = dict(ROUTING, key={"salt": salt} if salt is not None else {})
     router = Router(RoutingConfig.model_validate(routing), random.Random(0))
-    key = router.key(parse_chat(chat, tenant, TENANT_HEADER))
-    return {*key.block_hashes, key.prefix_hash}
+    return router.key(parse_chat(chat, tenant, TENANT_HEADER, SESSION))
+
+
+def hashes_under(salt: str | None, chat: dict[str, Any], tenant: str | None) -> set[int]:
+    """The key's block hashes, prefix hash and session hash with ``salt`` as the salt."""
+    key = key_under(salt, chat, tenant)
+    return {*key.block_hashes, key.prefix_hash, key.session or 0}
 
 
 async def test_no_marker_nor_unsalted_hash_in_the_capture(tmp_path: Path) -> None:
@@ -75,7 +82,7 @@ async def test_no_marker_nor_unsalted_hash_in_the_capture(tmp_path: Path) -> Non
         config = parse_gateway_config(doc(fleet.urls, path))
         async with gateway_running(config) as gw, aiohttp.ClientSession() as client:
             for chat in bodies:
-                headers = {TENANT_HEADER: TENANT}
+                headers = {TENANT_HEADER: TENANT, "x-warmfleet-session": SESSION}
                 url = gw.url + "/v1/chat/completions"
                 async with client.post(url, json=chat, headers=headers) as resp:
                     assert resp.status == 200
@@ -84,7 +91,7 @@ async def test_no_marker_nor_unsalted_hash_in_the_capture(tmp_path: Path) -> Non
     trace = parse_trace(raw.splitlines(), str(path))
     assert len(trace.records) == len(bodies)
     lowered = raw.lower()
-    for marker in (*MARKERS, TENANT, "system prompt", "question"):
+    for marker in (*MARKERS, TENANT, SESSION, "system prompt", "question"):
         assert marker.lower() not in lowered
         assert json.dumps(marker)[1:-1].lower() not in lowered  # nor JSON-escaped
     written = {h for r in trace.records for h in r.hash_ids}
@@ -92,6 +99,7 @@ async def test_no_marker_nor_unsalted_hash_in_the_capture(tmp_path: Path) -> Non
     for i, chat in enumerate(bodies):
         salted = hashes_under(SALT, chat, TENANT)
         assert set(trace.records[i].hash_ids) <= salted
+        assert trace.records[i].session == f"{key_under(SALT, chat, TENANT).session:016x}"
         assert trace.records[i].hash_ids
         for other in (None, "", "warmfleet"):  # the default salt is public
             for tenant in (TENANT, None):

@@ -102,7 +102,7 @@ class RecordMaker:
     def record(self, item: Captured, t0_s: float) -> dict[str, Any]:
         key = item.key
         prompt, completion, cached = usage_of(item.usage)
-        session = getattr(key, "session", None)  # RoutingKey.session: session affinity's hash
+        session = key.session  # salted under the chain seed (routing.sessions)
         status = item.status
         return {
             "timestamp": _ms(t0_s, item.t_start_s),
@@ -110,7 +110,7 @@ class RecordMaker:
             "output_length": key.output_tokens_hint if completion is None else completion,
             "hash_ids": key.block_hashes,
             "tenant": self.tenant_hash(item.tenant, item.salt) if item.tenant else None,
-            "session": f"{session:016x}" if isinstance(session, int) else None,
+            "session": f"{session:016x}" if session is not None else None,
             "model": item.model,
             "variant": item.variant,
             "instance": item.instance,
