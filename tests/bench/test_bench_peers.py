@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from rich.console import Console
 
+from warmfleet.api.trace_format import parse_trace
 from warmfleet.bench.live_fleet import start_fleet
 from warmfleet.bench.live_procs import Child, ProcessSet, free_port, tree_cpu_s
 from warmfleet.bench.peers import FAST_FLEET, overhead_order, overhead_workload
@@ -29,6 +30,7 @@ from warmfleet.bench.peers_report import (
     rows_table,
 )
 from warmfleet.bench.peers_routers import (
+    CAPTURED_PREFIX_AFFINITY,
     SYNCED_PREFIX_AFFINITY,
     PeerPaths,
     RouterSpec,
@@ -318,6 +320,25 @@ def test_sync_checks_compare_with_vllm_router_round_robin_and_carry_the_spread()
     assert "0.200-0.400" in out.getvalue()  # the rounds' min-max beside the median
 
 
+def test_the_capture_check_allows_0_03_ms_more_router_cpu_than_prefix_affinity() -> None:
+    """Issue 26: prefix_affinity with capture on costs at most 0.03 ms of router CPU per
+    request more than without, at c=32 in the same run."""
+
+    def rows(capture_cpu_s: float) -> list[dict[str, Any]]:
+        return build_rows([
+            row("direct", "client_round_robin", "c32_8k", summary(5.0, 9.0, 5.0, 100.0)),
+            row("warmfleet", "prefix_affinity", "c32_8k", summary(6.0, 9.0, 7.0, 100.0), 0.01),
+            row("warmfleet", "prefix_affinity+capture", "c32_8k",
+                summary(6.0, 9.0, 7.0, 100.0), capture_cpu_s),
+        ], 4)  # fmt: skip
+
+    name = "26. capture: router CPU ms/request at c=32 <= prefix_affinity + 0.03"
+    within = {c["check"]: c for c in acceptance(rows(0.012))}[name]
+    assert within["limit"] == pytest.approx(within["value"] - 0.02 + 0.03)
+    assert within["pass"] is True
+    assert {c["check"]: c for c in acceptance(rows(0.014))}[name]["pass"] is False
+
+
 @pytest.mark.slow
 async def test_the_synced_router_is_two_replicas_sharing_notes(tmp_path: Path) -> None:
     """``warmfleet/prefix_affinity+sync``: two gateway processes with replica sync in front of
@@ -340,6 +361,30 @@ async def test_the_synced_router_is_two_replicas_sharing_notes(tmp_path: Path) -
         await _wait_peer_learnt(peer_url, router.children[1])
     finally:
         procs.stop_all()
+
+
+@pytest.mark.slow
+async def test_the_capturing_router_writes_a_line_per_request(tmp_path: Path) -> None:
+    """``warmfleet/prefix_affinity+capture``: one gateway process with capture on, its file
+    next to its document; a line per answered request once it stops."""
+    procs = ProcessSet(tmp_path)
+    try:
+        fleet = await start_fleet(procs, name="fleet", instances=2, spec=FAST_FLEET)
+        spec = RouterSpec("warmfleet", CAPTURED_PREFIX_AFFINITY)
+        router = await start_router(procs, spec, PeerPaths(None, None), fleet)
+        assert router.url is not None
+        async with aiohttp.ClientSession() as session:
+            for i in range(3):
+                body = {"model": fleet.model, "prompt": f"hello {i} " * 50, "max_tokens": 2}
+                async with session.post(router.url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+    finally:
+        procs.stop_all()
+    capture = tmp_path / "warmfleet-prefix_affinity+capture.capture.jsonl"
+    trace = parse_trace(capture.read_text().splitlines(), str(capture))
+    assert len(trace.records) == 3
+    assert trace.header.fleet.strategy is not None
+    assert trace.header.fleet.strategy["type"] == "prefix_affinity"
 
 
 async def _wait_peer_learnt(peer_url: str, peer: Child) -> None:

@@ -12,6 +12,8 @@ from warmfleet.display import NA, Column, Grid, fixed, pct
 OURS = ("warmfleet", "prefix_affinity")
 # prefix_affinity with replica sync on: two replicas, the load on one (peers_routers)
 OURS_SYNC = ("warmfleet", "prefix_affinity+sync")
+# prefix_affinity with traffic capture on (peers_routers)
+OURS_CAPTURE = ("warmfleet", "prefix_affinity+capture")
 VLLM_RR = ("vllm-router", "round_robin")
 NOISY_FRAC = 0.15  # a row is noisy when unrelated processes used > 15 % of the machine's CPU
 
@@ -176,7 +178,8 @@ SGL_Q16 = ("sglang-router", "cache_aware", "quality_c16")
 RND_Q16 = ("warmfleet", "random", "quality_c16")
 BARE = ("aiohttp-passthrough", "round_robin")  # the reference proxy (bench.passthrough)
 
-# (check, measured value, limit: a constant or (reference value, factor), comparison)
+# (check, measured value, limit: a constant or (reference value, factor), comparison; "le+":
+# at most the reference plus the constant given as the factor)
 CHECKS: tuple[tuple[str, Ref, float | tuple[Ref, float], str], ...] = (
     ("1. router CPU ms/request at c=32 <= 0.30",
      (*OURS, "c32_8k", "router_cpu_ms_per_request", None), 0.30, "le"),
@@ -218,6 +221,9 @@ CHECKS: tuple[tuple[str, Ref, float | tuple[Ref, float], str], ...] = (
      ((*VLLM_RR, "stream_c32_8k", "ttft_added_p50_ms", None), 1.0), "le"),
     ("22. sync: throughput vs direct at c=64 >= 0.6",
      (*OURS_SYNC, "c64_8k", "throughput_vs_direct", None), 0.6, "ge"),
+    ("26. capture: router CPU ms/request at c=32 <= prefix_affinity + 0.03",
+     (*OURS_CAPTURE, "c32_8k", "router_cpu_ms_per_request", None),
+     ((*OURS, "c32_8k", "router_cpu_ms_per_request", None), 0.03), "le+"),
 )  # fmt: skip
 
 
@@ -262,7 +268,12 @@ def acceptance(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         value = _value(rows, ref)
         if isinstance(limit_spec, tuple):
             reference = _value(rows, limit_spec[0])
-            limit = None if reference is None else reference * limit_spec[1]
+            if reference is None:
+                limit = None
+            elif op == "le+":
+                limit, op = reference + limit_spec[1], "le"
+            else:
+                limit = reference * limit_spec[1]
         else:
             limit = limit_spec
         out.append({

@@ -50,6 +50,9 @@ REFERENCE_PROXIES = {
 # prefix_affinity with replica sync on (issue 22): the measured gateway and one peer replica
 # (both in front of the same fleet) exchange their notes; the load goes to the first.
 SYNCED_PREFIX_AFFINITY = "prefix_affinity+sync"
+# prefix_affinity with traffic capture on (issue 26: its CPU cost per request), the capture
+# file next to the gateway's document in the log directory
+CAPTURED_PREFIX_AFFINITY = "prefix_affinity+capture"
 DEAD_HF_ENDPOINT = "http://127.0.0.1:1"
 PEER_ENV = {"HF_ENDPOINT": DEAD_HF_ENDPOINT, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
 
@@ -135,6 +138,13 @@ async def start_router(
     name = spec.label.replace("/", "-")
     if spec.router == "warmfleet" and spec.policy == SYNCED_PREFIX_AFFINITY:
         return await _start_synced(procs, spec, fleet, name)
+    if spec.router == "warmfleet" and spec.policy == CAPTURED_PREFIX_AFFINITY:
+        capture = {
+            "capture": {"path": f"{name}.capture.jsonl", "maxBytes": 64 << 20, "keepFiles": 1}
+        }
+        routing = routing_for("prefix_affinity")
+        gateway = await start_gateway(procs, fleet, routing, name=name, extra_spec=capture)
+        return RunningRouter(spec, gateway.url, gateway.child)
     if spec.router == "warmfleet":
         gateway = await start_gateway(procs, fleet, routing_for(spec.policy), name=name)
         return RunningRouter(spec, gateway.url, gateway.child)

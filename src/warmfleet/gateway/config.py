@@ -16,6 +16,7 @@ from yarl import URL
 from warmfleet.core.config import StrictModel, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.edge import load_yaml_file
+from warmfleet.gateway.capture_config import CaptureConfig
 from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeWatchSpec
 from warmfleet.gateway.kv_config import KvEventsConfig
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
@@ -189,6 +190,7 @@ class GatewaySpec(StrictModel):
     kv_events: KvEventsConfig | None = None
     access_log: bool = False  # a line per request on logger warmfleet.gateway.access (INFO)
     replica_sync: ReplicaSyncConfig | None = None  # off unless given (docs/replicas.md)
+    capture: CaptureConfig | None = None  # traffic capture, off unless given (docs/gateway.md)
 
     @model_validator(mode="after")
     def _endpoints_consistent(self) -> GatewaySpec:
@@ -278,7 +280,8 @@ def load_gateway_config(path: str | Path) -> GatewayConfig:
 
 
 def resolve_relative_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
-    """Discovery files and ``tokenizer_path`` relative to ``base`` (the document's directory)."""
+    """Discovery files, ``tokenizer_path`` and ``capture.path`` relative to ``base`` (the
+    document's directory)."""
     endpoints = []
     for endpoint in config.spec.endpoints:
         variants = []
@@ -293,6 +296,9 @@ def resolve_relative_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
     tokenizer_path = config.spec.tokenizer_path
     if tokenizer_path is not None and not Path(tokenizer_path).is_absolute():
         update["tokenizer_path"] = str(base / tokenizer_path)
+    capture = config.spec.capture
+    if capture is not None and not Path(capture.path).is_absolute():
+        update["capture"] = capture.model_copy(update={"path": str(base / capture.path)})
     spec = config.spec.model_copy(update=update)
     return config.model_copy(update={"spec": spec})
 

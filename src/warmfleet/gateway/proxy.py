@@ -20,6 +20,7 @@ from time import perf_counter
 
 from warmfleet.core.errors import NoInstanceAvailableError, WarmfleetError
 from warmfleet.core.types import Decision, RoutingKey
+from warmfleet.gateway.capture import Capture
 from warmfleet.gateway.errors import (
     InternalError,
     error_response,
@@ -54,6 +55,7 @@ class Proxy:
     def __init__(self, state: GatewayState, pool: UpstreamPool) -> None:
         self.state = state
         self.pool = pool
+        self.capture: Capture | None = None  # spec.capture: a line per answered request
 
     async def forward(
         self,
@@ -65,10 +67,12 @@ class Proxy:
         path: str,
         t_start: float,
         method: str = "POST",
+        model: str | None = None,
     ) -> Response | None:
         """Route ``request.body`` to an instance of ``variant`` at ``path`` and relay its answer
         (``None`` once the relay has answered the client; an error response otherwise).
-        ``method``: ``GET`` sends no body (vLLM's ``/version``).
+        ``method``: ``GET`` sends no body (vLLM's ``/version``). ``model``: the body's, for
+        the capture.
 
         ``router`` is the one that built ``key``: a strategy switch meanwhile applies to the
         next request, never to half of this one."""
@@ -94,7 +98,9 @@ class Proxy:
                 failure = InternalError(f"routing failed: {type(err).__name__}")
                 break
             _count_decision(variant, decision)
-            call = Attempt(request, variant, inst, decision, t_start, key=key, index=attempt)
+            call = Attempt(
+                request, variant, inst, decision, t_start, key=key, index=attempt, model=model
+            )
             inst.add_load(1, cost)
             try:
                 if inst.outlier.standing is PROBATION:
@@ -157,6 +163,8 @@ class Proxy:
         elif inst.outlier.consecutive_failures or inst.outlier.standing is not IN:
             call.variant.passive_success(inst)  # resets its count, or ends its probation
         call.count("client_disconnect" if conn.closed else str(status))
+        if self.capture is not None:
+            self.capture.offer(call, relay, status)
         return None
 
     def _mid_stream_failure(self, call: Attempt, relay: Relay, err: Exception) -> None:
@@ -173,6 +181,8 @@ class Proxy:
         relay.drop_partial()
         relay.conn.send(sse_error_event(message, code=504 if timed_out else 502), end=True)
         call.count("stream_error")
+        if self.capture is not None:
+            self.capture.offer(call, relay, 504 if timed_out else 502)
 
 
 def _unavailable(variant: VariantRuntime, failure: WarmfleetError | None, tried: int) -> Response:

@@ -72,7 +72,7 @@ class Retry(Exception):
 class Attempt:
     """One try of one request on one instance."""
 
-    __slots__ = ("decision", "index", "inst", "key", "request", "t_start", "variant")
+    __slots__ = ("decision", "index", "inst", "key", "model", "request", "t_start", "variant")
 
     def __init__(
         self,
@@ -84,6 +84,7 @@ class Attempt:
         *,
         key: RoutingKey,
         index: int,
+        model: str | None = None,
     ) -> None:
         self.request = request
         self.key = key
@@ -92,6 +93,7 @@ class Attempt:
         self.decision = decision
         self.t_start = t_start
         self.index = index  # 0: the first attempt
+        self.model = model  # the body's model, when the caller knows it (the capture's)
 
     def count(self, status: str) -> None:
         self.variant.request_counter(self.inst.instance_id, self.decision.reason, status).inc()
@@ -119,10 +121,13 @@ class Relay:
         "content_type",
         "framer",
         "headers",
+        "last",
         "length",
         "pending",
         "started",
         "status",
+        "t_first",
+        "tail",
     )
 
     def __init__(self, call: Attempt) -> None:
@@ -136,6 +141,10 @@ class Relay:
         self.framer: SseFramer | None = None
         self.started = False
         self.pending: list[bytes] = []
+        self.t_first = 0.0  # perf_counter when the first byte went to the client
+        # where the answer's usage is: its last piece (buffered: all of it) and the one before
+        self.last = b""
+        self.tail = b""
 
     def head(self, ex: Exchange) -> None:
         self.status = ex.status
@@ -162,6 +171,7 @@ class Relay:
             return
         out = pending[0] if len(pending) == 1 else b"".join(pending)
         pending.clear()
+        self.tail = out
         if self.started:
             self.conn.send(out)
         else:
@@ -171,9 +181,11 @@ class Relay:
         call = self.call
         if self.buffered:
             self.started = True
-            call.variant.m_ttft["false"].observe(perf_counter() - call.t_start)
+            self.t_first = now = perf_counter()
+            call.variant.m_ttft["false"].observe(now - call.t_start)
             request = call.request
             answer = Response(ex.status, b"".join(self.pending), self.content_type, self.headers)
+            self.last = answer.body
             head_only = request.method == "HEAD"  # relayed as a GET (``/version``)
             self.conn.write_response(answer, request.keep_alive, request.http10, head_only)
             return
@@ -181,6 +193,7 @@ class Relay:
             self.pending.append(tail)
         out = b"".join(self.pending)
         self.pending.clear()
+        self.last = out  # the usage event may be in it, or in ``tail`` before [DONE]
         if not self.started:
             self._start(out, end=True)  # the whole stream arrived at once: one write
         else:
@@ -189,7 +202,8 @@ class Relay:
     def _start(self, first: bytes, *, end: bool = False) -> None:
         self.started = True
         call = self.call
-        call.variant.m_ttft["true"].observe(perf_counter() - call.t_start)
+        self.t_first = now = perf_counter()
+        call.variant.m_ttft["true"].observe(now - call.t_start)
         conn = self.conn
         conn.start_stream(
             self.status, self.content_type, self.headers, first, end=end, length=self.length

@@ -14,6 +14,14 @@ from aiohttp import ClientSession, DummyCookieJar, TCPConnector
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.gateway.capture import (
+    Capture,
+    CaptureMetrics,
+    CaptureSwitch,
+    capture_aware,
+    rekey_for_capture,
+)
+from warmfleet.gateway.capture_header import capture_header
 from warmfleet.gateway.config import (
     EndpointConfig,
     GatewayConfig,
@@ -57,6 +65,11 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = GatewayMetrics()
+        # spec.capture: switched by every applied config once started (docs/gateway.md)
+        self.capture = CaptureSwitch(
+            CaptureMetrics(self.metrics.registry), lambda: capture_header(self.state)
+        )
+        factory = capture_aware(factory, lambda: self.capture.current is not None)
         self.state = GatewayState(config, factory, self.metrics, clock=clock)
         self.config_path = config_path
         self.kv_events = kv_events
@@ -120,6 +133,8 @@ class Gateway:
         self._sessions = [control]
         self.body_worker.start()
         self._proxy = Proxy(self.state, self._pool)
+        self.capture.on_switch = self._capture_switched
+        self.capture.apply(self.state.spec.capture)
         self._health = HealthMonitor(self.state, control)
         self._models = ModelsCache(self.state, control)
         self.discovery.scan()  # instances from discovery files before the first request
@@ -137,6 +152,7 @@ class Gateway:
             await self.kv_events.start(self.state.instance_url)
 
     async def stop(self) -> None:
+        await self.capture.stop()  # what is queued is written
         if self.kv_events is not None:
             await self.kv_events.stop()
         for task in self._tasks:
@@ -154,6 +170,12 @@ class Gateway:
             await session.close()
         self._sessions = []
         await self.body_worker.stop()
+
+    def _capture_switched(self, capture: Capture | None) -> None:
+        if self._proxy is not None:
+            self._proxy.capture = capture
+        routers = (v.router for e in self.state.endpoints.values() for v in e.variants.values())
+        rekey_for_capture(routers, capture is not None)
 
     async def _sweep_idle(self) -> None:
         """Close upstream connections idle for longer than the pool's keep-alive."""
@@ -199,6 +221,8 @@ class Gateway:
                 "next restart",
                 source,
             )
+        if self._proxy is not None:
+            self.capture.apply(config.spec.capture)
         if self._models is not None:
             self._models.invalidate()
         if self._pool is not None:

@@ -151,7 +151,7 @@ class Handlers:
         except _DEFENSIVE as err:
             return self._not_understood(err)
         return await self.gw.proxy.forward(
-            request, variant, router=router, key=key, path=path, t_start=t_start
+            request, variant, router=router, key=key, path=path, t_start=t_start, model=model
         )
 
     async def _openai_offloaded(
@@ -178,7 +178,7 @@ class Handlers:
             if holder:  # not keyed (rejected, cancelled): free the body on the worker too
                 worker.discard(holder)
         return await self.gw.proxy.forward(
-            request, variant, router=router, key=key, path=path, t_start=t_start
+            request, variant, router=router, key=key, path=path, t_start=t_start, model=model
         )
 
     async def invocations(self, request: Request) -> Response | None:
@@ -206,7 +206,7 @@ class Handlers:
             return self.reject(BadRequestError(f"request not understood: {type(err).__name__}"))
         path = variant.config.invocations_path
         return await self.gw.proxy.forward(
-            request, variant, router=router, key=key, path=path, t_start=t_start
+            request, variant, router=router, key=key, path=path, t_start=t_start, model=model
         )
 
     async def tokenize(self, request: Request) -> Response | None:
