@@ -43,6 +43,7 @@ from warmfleet.bench.peers_report import (
     rows_table,
 )
 from warmfleet.bench.peers_routers import (
+    CAPTURED_PREFIX_AFFINITY,
     PASSTHROUGH,
     PROTOCOL_PASSTHROUGH,
     REFERENCE_PROXIES,
@@ -88,12 +89,16 @@ QUALITY_POINTS = (
     LoadPoint("quality_c16", 16, True, 480, 60.0, 0),
     LoadPoint("quality_c1", 1, True, 32, 30.0, 0),
 )
+# Variants of prefix_affinity whose targets are on the request path only (replica sync, capture):
+# measured on the overhead points, not on the quality ones (same routing, same hit rate).
+OVERHEAD_ONLY = frozenset({SYNCED_PREFIX_AFFINITY, CAPTURED_PREFIX_AFFINITY})
 ROUTERS = (
     RouterSpec("direct", "client_round_robin"),
     RouterSpec(PASSTHROUGH, "round_robin"),
     RouterSpec(PROTOCOL_PASSTHROUGH, "round_robin"),
     RouterSpec("warmfleet", "prefix_affinity"),
     RouterSpec("warmfleet", SYNCED_PREFIX_AFFINITY),
+    RouterSpec("warmfleet", CAPTURED_PREFIX_AFFINITY),
     RouterSpec("warmfleet", "random"),
     RouterSpec("sglang-router", "cache_aware"),
     RouterSpec("sglang-router", "round_robin"),
@@ -302,7 +307,8 @@ async def run_peers(
         if "overhead" in parts:
             overhead = await run_overhead(procs, paths, wanted, scale, rounds)
         if "quality" in parts:
-            quality = await run_quality(procs, paths, wanted, scale, rounds)
+            judged = [r for r in wanted if r.policy not in OVERHEAD_ONLY]
+            quality = await run_quality(procs, paths, judged, scale, rounds)
     finally:
         procs.stop_all()
     rows = median_rows([build_rows(r, INSTANCES) for r in overhead])
