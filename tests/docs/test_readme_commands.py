@@ -104,6 +104,7 @@ RUNS: dict[str, Here | ByTest | Target] = {
     "make help": Here("test_make_help_runs"),
     "make bench-routing": Target("warmfleet.bench.routing_bench"),
     "make bench-peers": Target("warmfleet.bench.peers"),
+    "make bench-replicas": Target("--gateway-replicas 1,2,4,8,16"),
     "make bench-cache": Target("harness.cache_bench"),
     "make bench-fleet": Target("harness.fleet_acceptance"),
     '.venv/bin/pytest -m "not slow"': Target("pytest"),  # `make unit` without the slow tests
