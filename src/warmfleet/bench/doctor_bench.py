@@ -33,6 +33,7 @@ from warmfleet.bench.loadgen import LoadSpec
 from warmfleet.bench.loadgen_metrics import MetricsTarget, measure, scrape
 from warmfleet.bench.report import write_json
 from warmfleet.bench.terminal import run_async
+from warmfleet.core.failures import EXPECTED_EXIT, expected_failure
 from warmfleet.edge import read_text_file
 from warmfleet.engine.presets import get_preset
 from warmfleet.sim.calibration import (
@@ -171,8 +172,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = bench_config(args.requests, args.concurrency, args.speedup)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="warmfleet-bench-doctor-"))
     started = time.perf_counter()
-    with terminate_on_sigterm():
-        out = run_async(run_bench(config, log_dir))
+    try:
+        with terminate_on_sigterm():
+            out = run_async(run_bench(config, log_dir))
+    except Exception as err:
+        line = expected_failure(err)
+        if line is None:
+            raise
+        print(f"bench-doctor: {line} (logs: {log_dir})", file=sys.stderr)
+        return EXPECTED_EXIT
     out["wall_s"] = time.perf_counter() - started
     write_json(out, args.out)
     print(render(out))
