@@ -33,6 +33,7 @@ help:
 	  'make bench-routing  routing benchmark -> bench-results/routing.json' \
 	  'make bench-fleet    scale-out what-if + embedded-fleet acceptance -> bench-results/fleet.json' \
 	  'make bench-replicas hit rate, gateway replicas x sync delay (sim) -> bench-results/replicas.json' \
+	  'make bench-doctor   doctor calibration, live vs replay -> bench-results/doctor.json' \
 	  'make bench-peers    ours beside sglang-router and vllm-router, one run (~10 min)' \
 	  'make peers-venvs    the peer routers, each in its own venv' \
 	  'make bench-cache    model/image cache throughput, fault matrix -> bench-results/cache.json' \
@@ -74,6 +75,12 @@ bench-replicas: $(STAMP)
 	$(BIN)/warmfleet sim --scenario mooncake --strategies prefix_affinity \
 		--gateway-replicas 1,2,4,8,16 --sync-delay-ms 0,1,10,100,none \
 		--json bench-results/replicas.json
+
+# doctor's calibration (issue 26): random and prefix_affinity live on an emulated fleet with
+# capture on, each capture replayed as `warmfleet doctor` does; exits 1 if a target is missed
+.PHONY: bench-doctor
+bench-doctor: $(STAMP)
+	$(BIN)/python -m warmfleet.bench.doctor_bench --out bench-results/doctor.json
 
 # Peer routers (Rust, from PyPI), each in its own git-ignored venv.
 PEERS_SGLANG := .venv-peers-sglang

@@ -114,3 +114,7 @@ def test_prefix_routing_on_real_vllm() -> None:
         synced = out["replicas"][label]
         assert synced["hit_rate"] >= 0.95 * one, (label, synced, one)
         assert synced["replica_sync"]["propagation_delay_ms"], synced
+    for name in ("random", "prefix_affinity"):  # doctor's replay of each capture (issue 26)
+        doctor = out["doctor"][name]
+        assert doctor["hit_rate_abs_error"] <= 0.05, (name, doctor)
+        assert doctor["capture_lines"] == doctor["requests_sent"], (name, doctor)

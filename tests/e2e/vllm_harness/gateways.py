@@ -42,6 +42,7 @@ def gateway_document(
     tokenizer_path: str,
     kv_events_endpoint: str | None,
     replica_sync: dict[str, Any] | None = None,
+    capture_path: str | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": 0},
@@ -75,6 +76,8 @@ def gateway_document(
         }
     if replica_sync is not None:
         spec["replicaSync"] = replica_sync
+    if capture_path is not None:  # traffic capture (issue 26): vllm_harness.doctor replays it
+        spec["capture"] = {"path": capture_path}
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
 
 
@@ -125,9 +128,11 @@ async def start_replica(
     seed: int,
     name: str,
     replica_sync: dict[str, Any] | None = None,
+    capture_path: str | None = None,
 ) -> Replica:
     """One gateway from a config file; with ``relay_endpoint`` its KV events come from there;
-    with ``replica_sync`` it shares its routings with its peers."""
+    with ``replica_sync`` it shares its routings with its peers; with ``capture_path`` it
+    captures its traffic there (written out when it stops)."""
     document = gateway_document(
         strategy,
         engines,
@@ -135,6 +140,7 @@ async def start_replica(
         tokenizer_path=str(model_dir),
         kv_events_endpoint=relay_endpoint,
         replica_sync=replica_sync,
+        capture_path=capture_path,
     )
     config_dir.mkdir(parents=True, exist_ok=True)
     path = config_dir / f"{name}.yaml"

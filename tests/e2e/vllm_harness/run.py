@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from vllm_harness.doctor import calibrate_run, capture_path, doctor_failures
 from vllm_harness.engines import (
     KV_CACHE_BLOCKS,
     MODEL_NAME,
@@ -40,12 +41,7 @@ from vllm_harness.gateways import (
     sync_exact,
     wait_caught_up,
 )
-from vllm_harness.workloads import (
-    Workload,
-    ideal_reuse,
-    multi_turn,
-    shared_document,
-)
+from vllm_harness.workloads import Workload, ideal_reuse, multi_turn, shared_document
 from warmfleet.bench.conformance import run_conformance
 from warmfleet.bench.live_fleet import consecutive_free_ports
 from warmfleet.bench.live_procs import ProcessSet, free_port, terminate_on_sigterm
@@ -188,6 +184,7 @@ class E2E:
         *,
         synced: bool = False,
         random_replica: bool = False,
+        capture: Path | None = None,
     ) -> dict[str, Any]:
         for engine in self.engines:
             await reset_prefix_cache(session, engine.url)
@@ -207,14 +204,14 @@ class E2E:
                         seed=self.args.seed + i,
                         name=f"{strategy['type']}-{'exact' if exact else 'plain'}-{replicas}-{i}",
                         replica_sync=sections[i],
+                        capture_path=None if capture is None else str(capture),
                     )
                 )
             sync_s = await sync_exact(started, self.engines, session) if exact else 0.0
             catch_up_s = await wait_caught_up(started) if synced else 0.0
             rng = random.Random(f"replicas/{self.args.seed}") if random_replica else None
-            urls = [r.url for r in started]
             parts = {
-                w.name: await run_workload(session, urls, self.engines, w, rng)
+                w.name: await run_workload(session, [r.url for r in started], self.engines, w, rng)
                 for w in self.workloads
             }
             result = summarize(parts, self.ideal)
@@ -246,7 +243,7 @@ async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
         e2e.timings_s["engines_ready"] = round(time.monotonic() - t0, 1)
         print(f"e2e-vllm: engines ready in {e2e.timings_s['engines_ready']} s", flush=True)
         timeout = aiohttp.ClientTimeout(total=300.0, connect=10.0)
-        out: dict[str, Any] = {"strategies": {}, "replicas": {}}
+        out: dict[str, Any] = {"strategies": {}, "replicas": {}, "doctor": {}}
         async with aiohttp.ClientSession(timeout=timeout) as session:
             conf = await run_conformance(
                 e2e.engines[0].url, str(args.model_dir), block_size=BLOCK_SIZE
@@ -254,7 +251,9 @@ async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
             out["conformance"] = conf.to_json()
             for name, mode, strategy in CASES:
                 t = time.monotonic()
-                result = await e2e.case(session, strategy, 1, mode == "exact")
+                capture = capture_path(args.log_dir, name, mode)
+                result = await e2e.case(session, strategy, 1, mode == "exact", capture=capture)
+                calibrate_run(out["doctor"], name, capture, result, e2e.engines, e2e.workloads)
                 out["strategies"].setdefault(name, {})[mode] = result
                 e2e.timings_s[f"{name}/{mode}"] = round(time.monotonic() - t, 1)
                 progress(f"{name}/{mode}", result, e2e.timings_s)
@@ -328,6 +327,7 @@ def check(out: dict[str, Any]) -> list[str]:
             failures.append(
                 f"{label} (replica sync): hit rate {synced} < {SYNCED_SHARE} x one gateway's {one}"
             )
+    failures += doctor_failures(out.get("doctor", {}))
     return failures + _replay_failures(pa["exact"].get("kv_events", []), out["engine"])
 
 
