@@ -104,6 +104,10 @@ async def test_a_tiny_calibration_run_writes_every_figure(tmp_path: Path) -> Non
     )
     capture = parse_trace((tmp_path / "logs" / "capture-prefix_affinity.jsonl").read_text()
                           .splitlines())  # fmt: skip
+    # live TTFT is the gateway's, as the capture records it; the client's (later) beside it
+    ttfts = sorted(r.ttft_ms for r in capture.records if r.ttft_ms is not None)
+    assert ttfts[0] <= row["live_ttft_p50_ms"] <= ttfts[-1]
+    assert row["live_client_ttft_p50_ms"] >= row["live_ttft_p50_ms"] * 0.9
     assert capture.header.block_tokens == 128  # tiny-cpu's blocks, in tokens
     assert capture.header.fleet.strategy is not None
     assert capture.header.fleet.strategy["type"] == "prefix_affinity"

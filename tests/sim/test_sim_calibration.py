@@ -16,6 +16,7 @@ from warmfleet.sim.calibration import (
     ReplayFigures,
     ReplayFleet,
     calibration_row,
+    capture_ttft_p50_ms,
     engine_overrides,
     replay_capture,
     row_failures,
@@ -113,6 +114,19 @@ def test_a_faster_fleet_replays_a_lower_ttft() -> None:
     expected_ms = (slow.ttft_p50_ms - router_ms) / 4.0 + router_ms
     assert fast.ttft_p50_ms == pytest.approx(expected_ms, rel=0.05)
     assert fast.ttft_p50_ms < slow.ttft_p50_ms / 2.0
+
+
+def test_the_live_ttft_is_the_captures_own_over_answered_requests() -> None:
+    fleet = TraceFleet(instances=1, strategy={"type": "random"})
+    lines = [header_line(TraceHeader(block_tokens=16, fleet=fleet))]
+    answered = [(10.0, 200), (30.0, 200), (20.0, 200), (500.0, 503), (None, 200)]
+    for i, (ttft_ms, status) in enumerate(answered):
+        record = {"timestamp": i * 1000.0, "input_length": 16, "output_length": 1,
+                  "hash_ids": [i], "ttft_ms": ttft_ms, "status": status}  # fmt: skip
+        lines.append(record_line(record))
+    assert capture_ttft_p50_ms("\n".join(lines), "c.jsonl") == pytest.approx(20.0)
+    with pytest.raises(ConfigError, match="ttft_ms"):
+        capture_ttft_p50_ms("\n".join(lines[:1] + lines[4:]), "c.jsonl")
 
 
 def test_a_capture_without_a_strategy_or_records_is_refused() -> None:

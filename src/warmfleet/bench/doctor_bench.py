@@ -40,6 +40,7 @@ from warmfleet.sim.calibration import (
     LiveFigures,
     ReplayFleet,
     calibration_row,
+    capture_ttft_p50_ms,
     replay_capture,
     row_failures,
 )
@@ -98,12 +99,14 @@ async def _live_strategy(  # noqa: PLR0917 (the bench's state, passed along)
         procs.stop(gateway.child)  # SIGTERM: the gateway writes its capture queue out
         counts: Any = summary["requests"]
         ttft: Any = summary["ttft_ms"]
+        text = read_text_file(capture)
         live = LiveFigures(
             hit_rate=float(str(summary["hit_rate"])),
-            ttft_p50_ms=float(ttft["p50"]),
+            ttft_p50_ms=capture_ttft_p50_ms(text, str(capture)),
             requests_answered=int(counts["completed"]),
-            capture_lines=record_lines(read_text_file(capture)),
+            capture_lines=record_lines(text),
             capture_dropped=int(metrics.get(CAPTURE_METRIC.format("dropped"), -1)),
+            client_ttft_p50_ms=float(ttft["p50"]),
         )
         return live, capture
     finally:

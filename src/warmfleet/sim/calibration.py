@@ -88,10 +88,24 @@ def replay_capture(text: str, source: str, fleet: ReplayFleet) -> ReplayFigures:
 @dataclass(frozen=True, slots=True)
 class LiveFigures:
     hit_rate: float  # engine-reported (metrics deltas)
-    ttft_p50_ms: float  # client-measured
+    ttft_p50_ms: float  # gateway-measured: the capture's own ``ttft_ms`` (what doctor is given)
     requests_answered: int
     capture_lines: int
     capture_dropped: int
+    client_ttft_p50_ms: float | None = None  # the load generator's (client time included)
+
+
+def capture_ttft_p50_ms(text: str, source: str) -> float:
+    """P50 of the ``ttft_ms`` the gateway recorded for the capture's answered (2xx) requests."""
+    parsed = parse_trace_text(Trace(text, source))
+    ttfts_s = [
+        float(r.ttft_ms) / 1000.0
+        for r in parsed.records
+        if r.ttft_ms is not None and r.status is not None and 200 <= r.status < 300
+    ]
+    if not ttfts_s:
+        raise ConfigError(f"{source}: no answered record carries ttft_ms")
+    return percentile(ttfts_s, 50) * 1000.0
 
 
 def calibration_row(live: LiveFigures, replay: ReplayFigures) -> dict[str, float | int | str]:
@@ -103,6 +117,9 @@ def calibration_row(live: LiveFigures, replay: ReplayFigures) -> dict[str, float
         "replay_hit_rate": replay.hit_rate,
         "hit_rate_abs_error": abs(replay.hit_rate - live.hit_rate),
         "live_ttft_p50_ms": live.ttft_p50_ms,
+        "live_client_ttft_p50_ms": (
+            live.client_ttft_p50_ms if live.client_ttft_p50_ms is not None else float("nan")
+        ),
         "replay_ttft_p50_ms": replay.ttft_p50_ms,
         "ttft_p50_ratio": ratio,
         "capture_lines": live.capture_lines,
