@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from warmfleet.api.trace_format import parse_trace
+from warmfleet.bench import doctor_speed
 from warmfleet.bench.doctor_bench import (
     bench_config,
     capture_spec,
@@ -88,8 +89,16 @@ def test_record_lines_count_records_not_the_header() -> None:
 
 @pytest.mark.slow
 @pytest.mark.e2e
-async def test_a_tiny_calibration_run_writes_every_figure(tmp_path: Path) -> None:
+async def test_a_tiny_calibration_run_writes_every_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(doctor_speed, "RECORDS", 100)  # the timing itself: make bench-doctor
+    monkeypatch.setattr(doctor_speed, "resolve_traces_dir", lambda: tmp_path / "absent")
     out = await run_bench(TINY, tmp_path / "logs", strategies=("prefix_affinity",))
+    speed = out["doctor_speed"]
+    assert speed["capture_records"] == 100
+    assert speed["capture_10k_s"] > 0
+    assert speed["mooncake_s"] is None
     row = out["strategies"]["prefix_affinity"]
     assert row["requests_answered"] == TINY.requests
     assert row["capture_lines"] == TINY.requests

@@ -4,15 +4,14 @@ figures, recommendations, --json/--report files, and one-line errors."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
-from doctor_support import capture_lines, write_capture
 from typer.testing import CliRunner
 
+from support.doctor_captures import capture_lines, write_capture
 from warmfleet.api.trace_format import TraceRecord
 from warmfleet.bench import doctor_cli
 from warmfleet.core.errors import ConfigError
@@ -188,29 +187,28 @@ def test_doctor_errors_are_one_line(tmp_path: Path) -> None:
     assert "--target" in target.output
 
 
-def _timed_doctor(trace: Path) -> tuple[float, dict[str, Any]]:
-    started = time.perf_counter()
+def _doctor_with_target(trace: Path) -> dict[str, Any]:
     code, output, doc = _doctor([str(trace), "--target", "hit_rate=0.99"])
     assert code == 0, output
-    return time.perf_counter() - started, doc
+    return doc
 
 
+# How long doctor takes (under 60 s for 10,000 requests) is measured by `make bench-doctor`
+# (bench/doctor_speed.py), not here: timings on a shared machine are noise.
 @pytest.mark.slow
-def test_doctor_runs_10000_requests_in_under_60_s(tmp_path: Path) -> None:
+def test_doctor_runs_10000_requests(tmp_path: Path) -> None:
     trace = tmp_path / "capture.jsonl"
     write_capture(trace, capture_lines(10_000))
-    elapsed_s, doc = _timed_doctor(trace)
+    doc = _doctor_with_target(trace)
     assert doc["requests"] == 10_000
-    assert elapsed_s < 60.0
 
 
 @pytest.mark.slow
-def test_doctor_on_the_mooncake_trace_in_under_60_s() -> None:
+def test_doctor_on_the_mooncake_trace() -> None:
     trace = resolve_traces_dir() / DEFAULT_TRACES["mooncake"]
     if not trace.is_file():
         pytest.skip(f"{trace} absent (the shared traces directory)")
-    elapsed_s, doc = _timed_doctor(trace)
+    doc = _doctor_with_target(trace)
     fall = doc["waterfall"]
     assert isinstance(fall, dict)
     assert fall["ideal"] >= fall["fleet_ceiling"] >= fall["best_replay"] > 0
-    assert elapsed_s < 60.0

@@ -25,6 +25,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from warmfleet.bench.doctor_speed import doctor_speed
 from warmfleet.bench.emulator_hf import write_emulator_tokenizer
 from warmfleet.bench.live_demo import DemoConfig, demo_workload, kv_capacity_tokens
 from warmfleet.bench.live_fleet import start_fleet, start_gateway
@@ -139,10 +140,13 @@ async def run_bench(
     finally:
         procs.stop_all()
     failures = [f for name, row in rows.items() for f in row_failures(name, row)]
+    speed = doctor_speed(procs.log_dir / f"capture-{strategies[-1]}.jsonl", log_dir)
+    failures.extend(speed.pop("failures"))
     return {
         "config": {**asdict(config), "instance_kv_capacity_tokens": capacity},
         "replay": {"arrivals": "captured timestamps (as warmfleet doctor replays a capture)"},
         "strategies": rows,
+        "doctor_speed": speed,
         "failures": failures,
         "logs": str(log_dir),
     }
@@ -160,6 +164,11 @@ def render(out: dict[str, Any]) -> str:
             f"{r['replay_ttft_p50_ms']:7.1f} {r['ttft_p50_ratio']:6.2f} "
             f"{r['capture_lines']:>7d}/{r['requests_answered']:<7d} {r['capture_dropped']:>7d}"
         )
+    speed = out["doctor_speed"]
+    mooncake = "absent" if speed["mooncake_s"] is None else f"{speed['mooncake_s']:.1f} s"
+    lines.append(f"warmfleet doctor: {speed['capture_records']:,}-record capture "
+                 f"{speed['capture_10k_s']:.1f} s, Mooncake trace {mooncake} "
+                 f"(limit {speed['limit_s']:.0f} s)")  # fmt: skip
     lines.extend(f"MISSED: {f}" for f in out["failures"])
     return "\n".join(lines)
 
