@@ -64,11 +64,14 @@ def test_the_line_bytes_are_record_line_of_the_record(changes: dict[str, Any]) -
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.floats(0.0, 1e12, allow_nan=False), st.floats(0.0, 1e12, allow_nan=False))
-def test_orjson_writes_the_rounded_times_as_repr_does(start_s: float, end_s: float) -> None:
-    value = _ms(start_s, end_s)  # every float a line holds
-    assert value < 1e15
-    assert orjson.dumps(value) == json.dumps(value).encode()
+@given(st.floats(0.0, 1e11), st.floats(0.0, 1e11), st.floats(0.0, 1e15, exclude_max=True))
+def test_orjson_writes_the_rounded_times_as_repr_does(
+    start_s: float, end_s: float, below_limit_ms: float
+) -> None:
+    """Every float of a line (``_ms``: rounded to the microsecond) under the fast path's limit
+    (unrounded, orjson and ``repr`` part below 1e-4: 0.00005 against 5e-05)."""
+    for value in (_ms(start_s, end_s), round(below_limit_ms, 3)):
+        assert orjson.dumps(value) == json.dumps(value).encode()
 
 
 def _offer(capture: Capture, count: int) -> None:
