@@ -242,26 +242,8 @@ class ReplicaSync:
         log.info("replica %s: %d sync peers", self.replica_id, len(endpoints))
 
     async def _receiver(self) -> None:
-        """Apply the peers' batches as they arrive: woken by the SUB socket's descriptor, it
-        reads every batch waiting (``RECEIVE_BURST`` at a time), then sleeps again."""
-        sockets = self._sockets
-        if sockets is None:
-            return
-        loop = asyncio.get_running_loop()
-        readable = asyncio.Event()
-        fd = sockets.sub_fd
-        loop.add_reader(fd, readable.set)
-        try:
-            while self._sockets is sockets:
-                for frames in sockets.receive_ready():
-                    self.receive(frames)
-                if sockets.sub_pending():  # more waiting: read on after other work
-                    await asyncio.sleep(0)
-                    continue
-                readable.clear()
-                await readable.wait()
-        finally:
-            loop.remove_reader(fd)
+        if (sockets := self._sockets) is not None:
+            await sockets.serve_sub(self.receive)
 
     def receive(self, frames: Sequence[bytes]) -> None:
         """One message from a peer's PUB socket; a bad one is counted and dropped."""

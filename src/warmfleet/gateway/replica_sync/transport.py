@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import struct
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +162,26 @@ class Sockets:
     def sub_pending(self) -> bool:
         """A message waits on the SUB socket (reading this re-arms ``sub_fd``)."""
         return bool(int(self.sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+    async def serve_sub(self, on_batch: Callable[[list[bytes]], None]) -> None:
+        """``on_batch`` for every message received, until the sockets close: woken by the SUB
+        socket's descriptor, it reads every message waiting (``RECEIVE_BURST`` at a time, the
+        event loop running other work in between), then sleeps again."""
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        fd = self.sub_fd
+        loop.add_reader(fd, readable.set)
+        try:
+            while not self._closed:
+                for frames in self.receive_ready():
+                    on_batch(frames)
+                if self.sub_pending():  # more waiting: read on after other work
+                    await asyncio.sleep(0)
+                    continue
+                readable.clear()
+                await readable.wait()
+        finally:
+            loop.remove_reader(fd)
 
     def set_peers(self, endpoints: Iterable[str]) -> None:
         wanted = set(endpoints)
