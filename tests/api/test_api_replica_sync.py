@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warmfleet.api.replica_sync import VERSION, ReplicaSyncError, decode_batch, encode_batch
+from warmfleet.api.replica_sync import (
+    VERSION,
+    ReplicaSyncError,
+    _routed_checked,
+    _routed_fast,
+    decode_batch,
+    encode_batch,
+)
 from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.routing.replica_notes import FinishedNote, RoutedNote, SyncNote, routed_note
 
@@ -134,3 +141,25 @@ def test_a_note_with_one_field_replaced_decodes_or_raises_the_one_error(
     fields_[position % len(fields_)] = value
     with contextlib.suppress(ReplicaSyncError):
         decode_batch(msgpack.packb([VERSION, [fields_]], use_bin_type=True))
+
+
+routed_st = st.builds(RoutedNote, NAME, NAME, SEQ, key_st, decision_st, COUNT)
+
+
+@settings(max_examples=200, deadline=None)
+@given(routed_st, st.integers(1, 17), _value_st)
+def test_the_fast_decoding_of_a_routed_note_is_the_checked_one(
+    note: RoutedNote, position: int, value: object
+) -> None:
+    """Valid or not, a routed note decodes alike with and without the per-field checks (the
+    fast path declines what the checked path refuses, which then names the field)."""
+    (fields_,) = msgpack.unpackb(encode_batch([note]))[1]
+    assert _routed_fast(fields_) == _routed_checked(fields_) == note
+    fields_[position] = value
+    fields_ = msgpack.unpackb(msgpack.packb(fields_, use_bin_type=True))
+    try:
+        checked = _routed_checked(fields_)
+    except ReplicaSyncError:
+        assert _routed_fast(fields_) is None
+    else:
+        assert _routed_fast(fields_) == checked

@@ -180,6 +180,28 @@ def test_seq_window_is_bounded_and_exact_inside_its_limit() -> None:
     assert 5 in window  # more than the limit behind: counted as seen, dropped if it comes
 
 
+def _reference_add(window: SeqWindow, seq: int) -> bool:
+    """``SeqWindow.add`` without its in-order shortcut: the rule as stated."""
+    if seq in window:
+        return False
+    window.above.add(seq)
+    if len(window.above) > window.limit:
+        window.floor = min(window.above)
+    while window.floor in window.above:
+        window.above.remove(window.floor)
+        window.floor += 1
+    return True
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.lists(st.integers(0, 40), max_size=60))
+def test_seq_window_in_order_shortcut_keeps_the_rule(limit: int, seqs: list[int]) -> None:
+    fast, reference = SeqWindow(limit=limit), SeqWindow(limit=limit)
+    for seq in [*range(1, 6), *seqs, *range(41, 45)]:  # in order, shuffled, in order again
+        assert fast.add(seq) == _reference_add(reference, seq)
+        assert (fast.floor, fast.above) == (reference.floor, reference.above)
+
+
 def test_open_requests_per_origin_are_bounded() -> None:
     view = ReplicaView("r0", "v", Recorder(), window=2)
     view.on_instances_changed(IDS)

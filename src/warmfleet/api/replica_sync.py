@@ -44,6 +44,8 @@ _ROUTED_FIELDS = 18
 _FINISHED_FIELDS = 6
 _U64 = (1 << 64) - 1
 _I64 = (-(1 << 63), (1 << 63) - 1)
+_MAX_I64 = _I64[1]
+_REASONS = {reason.value: reason for reason in Reason}
 
 
 class ReplicaSyncError(WarmfleetError):
@@ -97,7 +99,56 @@ def _head(fields: list[Any]) -> tuple[str, str, int]:
     return _str(fields[1], "origin"), _str(fields[2], "variant"), _int(fields[3], "seq", 1)
 
 
+def _hash(value: object) -> bool:
+    """An ``int`` in ``[-2**63, 2**64)`` (what ``_int`` accepts for a hash)."""
+    return type(value) is int and _I64[0] <= value <= _U64
+
+
+def _routed_fast(fields: list[Any]) -> RoutedNote | None:
+    """``_decode_routed`` of a valid note, without its per-field checks and messages (a
+    batch's notes are decoded by the peer of every replica: ~45 % of a note's decoding);
+    ``None`` when any field is off (the checked path then names it)."""
+    (
+        _kind, origin, variant, seq, raw, block_size, units, prompt_tokens, prefix_hash,
+        hint, seed, session, instance_id, reason, predicted, best, spilled, tokens,
+    ) = fields  # fmt: skip
+    if not (
+        type(origin) is str
+        and type(variant) is str
+        and type(instance_id) is str
+        and type(raw) is bytes
+        and not len(raw) % 8
+        and type(spilled) is bool
+        and type(reason) is str
+        and reason in _REASONS
+        and type(seq) is int
+        and type(block_size) is int
+        and type(units) is int
+        and type(prompt_tokens) is int
+        and type(hint) is int
+        and type(predicted) is int
+        and type(best) is int
+        and type(tokens) is int
+        and 1 <= seq <= _MAX_I64
+        and min(block_size, units, prompt_tokens, hint, predicted, best, tokens) >= 0
+        and max(block_size, units, prompt_tokens, hint, predicted, best, tokens) <= _MAX_I64
+        and _hash(prefix_hash)
+        and (seed is None or _hash(seed))
+        and (session is None or _hash(session))
+    ):
+        return None
+    hashes = struct.unpack(f"<{len(raw) // 8}Q", raw)
+    key = RoutingKey(hashes, block_size, units, prompt_tokens, prefix_hash, hint, seed, session)
+    decision = Decision(instance_id, _REASONS[reason], predicted, best, spilled)
+    return RoutedNote(origin, variant, seq, key, decision, tokens)
+
+
 def _decode_routed(fields: list[Any]) -> RoutedNote:
+    return _routed_fast(fields) or _routed_checked(fields)
+
+
+def _routed_checked(fields: list[Any]) -> RoutedNote:
+    """A routed note, each field checked in turn (the error names the first one off)."""
     origin, variant, seq = _head(fields)
     raw = fields[4]
     if not isinstance(raw, bytes) or len(raw) % 8:

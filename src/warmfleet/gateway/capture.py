@@ -3,9 +3,10 @@
 
 The proxy calls ``Capture.offer`` once a request is answered: a sampling check and one
 ``Captured`` tuple appended to a bounded queue; a full queue drops the line and counts it
-(``warmfleet_gateway_capture_dropped_total``), never waits. One writer task per capture takes
-everything queued and formats and writes it on a worker thread (``asyncio.to_thread``), so
-neither formatting nor file I/O runs on the event loop. ``CaptureSwitch`` owns the capture in
+(``warmfleet_gateway_capture_dropped_total``), never waits. One writer task per capture lets
+lines gather (``_GATHER_S``, or a batch), then takes everything queued and formats and writes
+it on a worker thread (``asyncio.to_thread``), so neither formatting nor file I/O runs on the
+event loop. ``CaptureSwitch`` owns the capture in
 force: a reload that turns it on, off or changes it closes the old one (its queue is written
 out) and starts the new one.
 """
@@ -35,6 +36,12 @@ log = logging.getLogger(__name__)
 USAGE_BYTES = 1024  # of an answer, from its last "usage" on: what the writer parses
 _HEADER_TTL_S = 1.0  # the header (fleet, block size) is recomputed at most this often
 _STOP_TIMEOUT_S = 10.0
+# Once woken, the writer lets lines gather this long (until ``_FULL_BATCH`` lines, or half the
+# queue, are waiting, or the capture closes) before it hands them to its thread: each hand-off
+# wakes a thread and the event loop and makes them trade the GIL, which cost more than
+# formatting a line when the batches were a few lines each.
+_GATHER_S = 0.05
+_FULL_BATCH = 1024
 
 
 class CaptureMetrics:
@@ -62,6 +69,7 @@ class Capture:
         self.closed = False
         self._queue: deque[Captured] = deque()
         self._limit = config.queue_size
+        self._batch = max(1, min(_FULL_BATCH, config.queue_size // 2))  # wakes a gathering writer
         self._fraction = config.sample_fraction
         self._credit = 0.0
         self._wake = asyncio.Event()
@@ -110,6 +118,8 @@ class Capture:
         if self._idle:
             self._idle = False
             self._wake.set()
+        elif len(queue) == self._batch:
+            self._wake.set()
 
     def close(self) -> None:
         """Take no more lines; ``run`` writes what is queued and ends."""
@@ -127,11 +137,20 @@ class Capture:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
+                if len(queue) < self._batch and not self.closed:
+                    await self._gather()
                 batch = list(queue)
                 queue.clear()
                 self._count(await asyncio.to_thread(self.file.write, batch, self._fresh_header()))
         finally:
             await asyncio.to_thread(self.file.close)  # waits for a write still running
+
+    async def _gather(self) -> None:
+        """Wait ``_GATHER_S`` for more lines (less once a batch is queued or the capture is
+        closed)."""
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), _GATHER_S)
 
     def _fresh_header(self) -> str:
         now = monotonic()

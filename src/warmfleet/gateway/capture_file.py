@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
+import orjson
 import xxhash
 
 from warmfleet.core.hashing import chain_seed
@@ -32,6 +33,8 @@ _MAX_ID_TEXTS = 1 << 16  # block ids whose decimal text is kept (shared prefixes
 # TraceRecord's bounds on the names a line carries: a longer one is left out of its line
 _MAX_NAME = {"model": 512, "variant": 256, "instance": 256, "reason": 64}
 _COMPACT = (",", ":")
+_FAST_FLOAT_LIMIT = 1e15  # ms: below it orjson and ``repr`` write a rounded float alike
+_DECODER = json.JSONDecoder()  # one for every usage snippet (building one costs ~1 us)
 
 
 class Captured(NamedTuple):
@@ -66,7 +69,7 @@ def usage_of(snippet: bytes | None) -> tuple[int | None, int | None, int | None]
         return None, None, None
     colon = snippet.find(b":")
     try:
-        value, _end = json.JSONDecoder().raw_decode(snippet[colon + 1 :].decode().lstrip())
+        value, _end = _DECODER.raw_decode(snippet[colon + 1 :].decode().lstrip())
     except (ValueError, UnicodeDecodeError):
         return None, None, None
     if not isinstance(value, dict):
@@ -124,8 +127,41 @@ class RecordMaker:
 
     def line(self, item: Captured, t0_s: float) -> str:
         """``record_line(self.record(item, t0_s))``, built without the record model (its
-        validation and the decimal text of every block id cost 0.2 µs a block; the ids of a
-        shared prefix are converted once): the same text, field for field."""
+        validation and the decimal text of every block id cost 0.2 µs a block): the same text,
+        field for field."""
+        return self.line_bytes(item, t0_s)[:-1].decode()
+
+    def line_bytes(self, item: Captured, t0_s: float) -> bytes:
+        """``line`` as UTF-8 with its newline. orjson writes it (~4x faster than the standard
+        library's two ``json.dumps``) when its text is the standard library's: every string
+        ASCII (orjson leaves other characters unescaped) and every number within what both
+        write alike (64-bit integers; the ``_ms`` floats, rounded to the microsecond, far below
+        1e16 where the float formats part); otherwise the standard library writes it."""
+        fields = self.record(item, t0_s)
+        model, variant, instance = fields["model"], fields["variant"], fields["instance"]
+        if (
+            (model is None or model.isascii())
+            and variant.isascii()
+            and instance.isascii()
+            and fields["timestamp"] < _FAST_FLOAT_LIMIT
+            and fields["e2e_ms"] < _FAST_FLOAT_LIMIT
+            and (fields["ttft_ms"] or 0.0) < _FAST_FLOAT_LIMIT
+        ):
+            for name, limit in _MAX_NAME.items():
+                value = fields[name]
+                if value is not None and len(value) > limit:
+                    fields[name] = None
+            try:
+                return orjson.dumps(
+                    {k: v for k, v in fields.items() if v is not None},
+                    option=orjson.OPT_APPEND_NEWLINE,
+                )
+            except orjson.JSONEncodeError:  # an integer past 64 bits: the standard library's
+                pass
+        return (self._slow_line(item, t0_s) + "\n").encode()
+
+    def _slow_line(self, item: Captured, t0_s: float) -> str:
+        """``line`` by the standard library (the ids of a shared prefix converted once)."""
         fields = self.record(item, t0_s)
         ids = fields.pop("hash_ids")
         for name, limit in _MAX_NAME.items():
@@ -182,7 +218,7 @@ class CaptureFile:
 
     def _line(self, item: Captured) -> bytes | None:
         try:
-            return self.records.line(item, self._t0_s).encode() + b"\n"
+            return self.records.line_bytes(item, self._t0_s)
         except (TypeError, ValueError) as err:  # a bug: the line is dropped and counted
             log.warning("capture: a record left out: %r", err)
             return None

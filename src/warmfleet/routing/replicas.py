@@ -54,9 +54,12 @@ class SeqWindow:
 
     def add(self, seq: int) -> bool:
         """Mark ``seq`` seen; False if it already was."""
+        above = self.above
+        if seq == self.floor and not above:  # the next number, in order (nearly every note)
+            self.floor = seq + 1
+            return True
         if seq in self:
             return False
-        above = self.above
         above.add(seq)
         if len(above) > self.limit:
             self.floor = min(above)

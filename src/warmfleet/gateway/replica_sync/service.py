@@ -242,8 +242,8 @@ class ReplicaSync:
         log.info("replica %s: %d sync peers", self.replica_id, len(endpoints))
 
     async def _receiver(self) -> None:
-        while (sockets := self._sockets) is not None:
-            self.receive(await sockets.sub.recv_multipart())
+        if (sockets := self._sockets) is not None:
+            await sockets.serve_sub(self.receive)
 
     def receive(self, frames: Sequence[bytes]) -> None:
         """One message from a peer's PUB socket; a bad one is counted and dropped."""
