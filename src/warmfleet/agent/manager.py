@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from warmfleet.agent.digests import verify_staged
@@ -37,6 +37,8 @@ from warmfleet.core.clock import Clock, MonotonicClock
 from warmfleet.core.errors import CacheError, IntegrityError, NotFoundError, WarmfleetError
 
 log = logging.getLogger("warmfleet.agent.cache")
+# (manifest, on_bytes) -> a fill replacing the Downloader for it (source, manifest, staging)
+FillHook = Callable[[Manifest, Callable[[int], None]], Callable[..., Awaitable[None]] | None]
 IN_PROGRESS = frozenset({ArtifactState.PENDING, ArtifactState.DOWNLOADING, ArtifactState.VERIFYING})
 LOCK_POLL_S = 0.2
 CANCELLED = "cancelled (staged data kept)"
@@ -80,6 +82,7 @@ class CacheManager:
         self._live: dict[str, ArtifactStatus] = {}
         self._logged: set[tuple[str, str]] = set()  # (key, reason) already logged with a trace
         self.failures = PrefetchFailures(self.metrics, self._wall)  # of held prefetches
+        self.fill_hook: FillHook | None = None  # e.g. a peer fill (``agent.peer_fill``)
         self.metrics.budget_bytes.set(self.policy.budget_bytes)
 
     # ----- resolve / prefetch ---------------------------------------------------------------
@@ -276,6 +279,7 @@ class CacheManager:
             progress.meter.done_bytes = 0
             staging = await asyncio.to_thread(self.store.prepare_staging, manifest)
             self._set_state(key, ArtifactState.DOWNLOADING)
+            fill = self.fill_hook(manifest, progress.on_bytes) if self.fill_hook else None
             downloader = Downloader(
                 self.spec.download,
                 self._mono,
@@ -284,7 +288,7 @@ class CacheManager:
                 on_bytes=progress.on_bytes,
                 on_retry=progress.on_retry,
             )
-            await downloader.download(source, manifest, staging)
+            await (fill or downloader.download)(source, manifest, staging)
             self._set_state(key, ArtifactState.VERIFYING)
             try:
                 staged = self.store.staging_dir(key)
