@@ -175,7 +175,12 @@ class PeerFill:
             async with self._session.get(url, headers=headers, timeout=timeout) as resp:
                 if resp.status != 206:
                     raise PeerFailedError(f"{job.peer}: HTTP {resp.status}", rejected=False)
-                data = await resp.content.read(piece.size_bytes + 1)
+                buf = bytearray()
+                async for block in resp.content.iter_any():
+                    buf += block
+                    if len(buf) > piece.size_bytes:
+                        break
+                data = bytes(buf)
         except (aiohttp.ClientError, TimeoutError) as err:
             raise PeerFailedError(f"{job.peer}: {err!r}", rejected=False) from err
         if len(data) != piece.size_bytes:
