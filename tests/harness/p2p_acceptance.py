@@ -192,7 +192,7 @@ async def _figures(
             for k in totals:
                 totals[k] += int((doc.get("peers") or {}).get(k, 0))
     origin_bytes = int(stats["bytesServed"])
-    tracker = next(iter(fleet.tracker.snapshot().values()), {})
+    tracker: dict[str, Any] = next(iter(fleet.tracker.snapshot().values()), {})
     return {
         "nodes": len(fleet.world.nodes),
         "all_nodes_ready_s": round(ready_s, 2),
@@ -212,12 +212,20 @@ async def _figures(
 async def run_all(
     workdir: Path, nodes: int, size_bytes: int, throttle_bps: int, piece_bytes: int
 ) -> dict[str, Any]:
-    common = {"nodes": nodes, "size_bytes": size_bytes, "throttle_bps": throttle_bps}
-    no_p2p = await fill_run(workdir / "no-p2p", peers=False, piece_bytes=piece_bytes, **common)
-    p2p = await fill_run(workdir / "p2p", peers=True, piece_bytes=piece_bytes, **common)
-    faults = await fill_run(
-        workdir / "faults", peers=True, piece_bytes=piece_bytes, faults=FAULTS, **common
-    )
+    async def one(name: str, *, peers: bool, faults: tuple[str, ...] = ()) -> dict[str, Any]:
+        return await fill_run(
+            workdir / name,
+            nodes=nodes,
+            size_bytes=size_bytes,
+            throttle_bps=throttle_bps,
+            peers=peers,
+            piece_bytes=piece_bytes,
+            faults=faults,
+        )
+
+    no_p2p = await one("no-p2p", peers=False)
+    p2p = await one("p2p", peers=True)
+    faults = await one("faults", peers=True, faults=FAULTS)
     faults["faults"] = list(FAULTS)
     p2p["clean_pieces_rejected"] = p2p["pieces_rejected"]
     p2p["pieces_rejected"] = faults["pieces_rejected"]  # the fault run's (the clean one: 0)
@@ -228,8 +236,13 @@ async def run_all(
         "p2p": p2p,
         "no_p2p": no_p2p,
         "p2p_ready_ratio": round(p2p["all_nodes_ready_s"] / no_p2p["all_nodes_ready_s"], 3),
-        "p2p_params": {"nodes": nodes, "model_bytes": size_bytes, "origin_throttle_bps":
-                       throttle_bps, "piece_bytes": piece_bytes, "origin_fetches_k": 1},  # fmt: skip
+        "p2p_params": {
+            "nodes": nodes,
+            "model_bytes": size_bytes,
+            "origin_throttle_bps": throttle_bps,
+            "piece_bytes": piece_bytes,
+            "origin_fetches_k": 1,
+        },
     }
 
 

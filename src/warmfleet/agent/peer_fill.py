@@ -46,7 +46,7 @@ class PeerConfig:
     self_url: str
     token: str
     piece_bytes: int = DEFAULT_PIECE_BYTES
-    concurrency: int = 4
+    concurrency: int = 6
     piece_timeout_s: float = 60.0
     stall_s: float = DEFAULT_STALL_S
     idle_wait_s: float = 0.05
@@ -175,17 +175,12 @@ class PeerFill:
             async with self._session.get(url, headers=headers, timeout=timeout) as resp:
                 if resp.status != 206:
                     raise PeerFailedError(f"{job.peer}: HTTP {resp.status}", rejected=False)
-                buf = bytearray()
-                async for block in resp.content.iter_any():
-                    buf += block
-                    if len(buf) > piece.size_bytes:
-                        break
-                data = bytes(buf)
-        except (aiohttp.ClientError, TimeoutError) as err:
+                if resp.content_length != piece.size_bytes:
+                    raise PeerFailedError(f"{job.peer}: {resp.content_length} bytes announced, "
+                                          f"not {piece.size_bytes}", rejected=True)  # fmt: skip
+                data = await resp.content.readexactly(piece.size_bytes)
+        except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError) as err:
             raise PeerFailedError(f"{job.peer}: {err!r}", rejected=False) from err
-        if len(data) != piece.size_bytes:
-            raise PeerFailedError(f"{job.peer}: {len(data)} bytes, not {piece.size_bytes}",
-                                  rejected=True)  # fmt: skip
         if await asyncio.to_thread(piece_digest, data) != job.digest:
             raise PeerFailedError(f"{job.peer}: piece {piece.index} fails its hash", rejected=True)
         return data

@@ -6,7 +6,9 @@ peers that failed it, assignments it gave up) and how many more pieces it can fe
 gets back that many assignments, each a peer that holds the piece or the origin:
 
 - a piece is fetched from the origin at most ``origin_fetches`` (``k``) times over all nodes,
-  in index order (the origin streams sequentially); further copies come from peers;
+  in index order, with ``origin_streams`` fetches under way over the fleet: those are handed
+  out first (the origin is the scarce link and must never idle while pieces are missing), the
+  node's other slots go to peers; further copies come from peers;
 - among peers, rarest piece first (fewest holders), each from the holder with the fewest
   uploads under way and below ``max_uploads_per_peer`` (fan-out: a node serves what it has
   as soon as it has it, so the copies spread as a tree, not a star);
@@ -79,25 +81,31 @@ class TrackerStats:
     released: int
 
 
+@dataclass(frozen=True, slots=True)
+class TrackerOptions:
+    origin_fetches: int = 1  # k: origin copies of each piece
+    max_uploads_per_peer: int = 4
+    origin_streams: int = 4  # origin fetches under way over the fleet
+    stall_s: float = 60.0  # an assignment not reported for this long is handed out again
+
+    def __post_init__(self) -> None:
+        if min(self.origin_fetches, self.max_uploads_per_peer, self.origin_streams) < 1:
+            raise ValueError("origin_fetches, max_uploads_per_peer, origin_streams must be >= 1")
+
+
 class VersionTracker:
     def __init__(
-        self,
-        pieces: int,
-        clock: Clock,
-        rng: random.Random,
-        *,
-        origin_fetches: int = 1,
-        max_uploads_per_peer: int = 4,
-        stall_s: float = 60.0,
+        self, pieces: int, clock: Clock, rng: random.Random, options: TrackerOptions
     ) -> None:
-        if pieces < 0 or origin_fetches < 1 or max_uploads_per_peer < 1:
-            raise ValueError("pieces >= 0, origin_fetches >= 1, max_uploads_per_peer >= 1")
+        if pieces < 0:
+            raise ValueError("pieces must be >= 0")
         self.pieces = pieces
         self._clock = clock
         self._rng = rng
-        self._k = origin_fetches
-        self._max_up = max_uploads_per_peer
-        self._stall_s = stall_s
+        self._k = options.origin_fetches
+        self._max_up = options.max_uploads_per_peer
+        self._origin_streams = options.origin_streams
+        self._stall_s = options.stall_s
         self.nodes: dict[str, _Node] = {}
         self.table: dict[int, str] = {}  # piece -> sha256, from origin fetches
         self._origin_count = [0] * pieces
@@ -169,19 +177,27 @@ class VersionTracker:
     def _assign(self, name: str, node: _Node, slots: int) -> list[Assignment]:
         missing = [p for p in range(self.pieces) if p not in node.have and p not in node.in_flight]
         load = {n: self.uploads(n) for n in self.nodes}
-        out = self._from_peers(name, node, missing, load, slots)
+        out: list[Assignment] = []
+        streams = sum(1 for n in self.nodes.values() for s, _ in n.in_flight.values() if s == "")
+        for piece in missing:  # keep the origin busy first: it is the scarce link
+            if len(out) >= slots or streams >= self._origin_streams:
+                break
+            if self._origin_count[piece] < self._k:
+                out.append(self._origin(piece, fallback=False))
+                streams += 1
+        taken = {a.piece for a in out}
+        out += self._from_peers(name, node, [p for p in missing if p not in taken], load,
+                                slots - len(out))  # fmt: skip
         taken = {a.piece for a in out}
         rest = [p for p in missing if p not in taken]
         for piece in rest:
             if len(out) >= slots:
                 break
-            if self._origin_count[piece] < self._k:
-                out.append(self._origin(piece, fallback=False))
-        taken = {a.piece for a in out}
-        for piece in rest:
-            if len(out) >= slots:
-                break
-            if piece not in taken and self._orphaned(name, node, piece):
+            if (
+                piece not in taken
+                and self._origin_count[piece] >= self._k
+                and self._orphaned(name, node, piece)
+            ):
                 out.append(self._origin(piece, fallback=True))
         return out
 
@@ -239,18 +255,10 @@ class VersionTracker:
 class Tracker:
     """The ``VersionTracker`` of every artifact version being distributed."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        rng: random.Random,
-        *,
-        origin_fetches: int = 1,
-        max_uploads_per_peer: int = 4,
-        stall_s: float = 60.0,
-    ) -> None:
+    def __init__(self, clock: Clock, rng: random.Random, options: TrackerOptions) -> None:
         self._clock = clock
         self._rng = rng
-        self._opts = (origin_fetches, max_uploads_per_peer, stall_s)
+        self.options = options
         self.versions: dict[str, VersionTracker] = {}
 
     def plan(self, version: str, pieces: int, req: PlanRequest) -> Plan:
@@ -260,15 +268,7 @@ class Tracker:
                 f"version {version[:16]} has {tracker.pieces} pieces, the request says {pieces}"
             )
         if tracker is None:
-            k, up, stall_s = self._opts
-            tracker = VersionTracker(
-                pieces,
-                self._clock,
-                self._rng,
-                origin_fetches=k,
-                max_uploads_per_peer=up,
-                stall_s=stall_s,
-            )
+            tracker = VersionTracker(pieces, self._clock, self._rng, self.options)
             self.versions[version] = tracker
         return tracker.plan(req)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from warmfleet.control.tracker import PlanRequest, Tracker
+from warmfleet.control.tracker import PlanRequest, Tracker, TrackerOptions
 from warmfleet.core.clock import MonotonicClock
 from warmfleet.core.errors import BadRequestError
 from warmfleet.local.config import PeersConfig
@@ -47,13 +47,13 @@ class TrackerHost:
     def __init__(self, config: PeersConfig, token: str, seed: int = 0) -> None:
         self.config = config
         self._token = token
-        self.tracker = Tracker(
-            MonotonicClock(),
-            random.Random(seed),
+        options = TrackerOptions(
             origin_fetches=config.origin_fetches,
             max_uploads_per_peer=config.max_uploads_per_peer,
+            origin_streams=config.origin_streams,
             stall_s=max(30.0, 10 * config.stall_s),
         )
+        self.tracker = Tracker(MonotonicClock(), random.Random(seed), options)
         self._runner: web.AppRunner | None = None
         self.url = ""
 
