@@ -6,6 +6,8 @@ the piece route needs the fleet's token and serves only verified pieces."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +20,11 @@ from cache_support import manager_for
 from harness.bad_peers import BadPeer, advertise
 from harness.origin import Blob, Origin
 from warmfleet.agent.manager import CacheManager
+from warmfleet.agent.peer_fill import _FileHash
 from warmfleet.agent.peer_node import Peers
+from warmfleet.agent.staged_files import StagedFiles
+from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
+from warmfleet.cache.pieces import plan_pieces
 from warmfleet.local.config import PeersConfig
 from warmfleet.local.tracker_host import TrackerHost
 
@@ -104,3 +110,23 @@ async def _route_checks(url: str, key: str) -> None:
         async with http.get(f"{url}/v1/peer/{key}/../x", headers={**auth,
                             "Range": "bytes=0-9"}) as resp:  # fmt: skip
             assert resp.status == 404
+
+
+def _write(fd: int, *, chunk: bytes, at: int) -> int:
+    return os.pwrite(fd, chunk, at)
+
+
+def test_file_hash_front_to_back_with_pieces_out_of_order(tmp_path: Path) -> None:
+    data = os.urandom(10_000)
+    entry = FileEntry("f.bin", len(data), "/x")
+    pieces = plan_pieces(Manifest(SourceKind.HTTP, "http://o/f", (entry,)), 3000)
+    files = StagedFiles(tmp_path, 4)
+    files.create("f.bin", len(data), mode=0o600, preallocate=False)
+    fh = _FileHash(entry)
+    for piece in (pieces[2], pieces[0], pieces[3], pieces[1]):
+        chunk = data[piece.start : piece.end]
+        files.run("f.bin", functools.partial(_write, chunk=chunk, at=piece.start), write=True)
+        assert fh.digests() is None or piece is pieces[1]
+        fh.advance(piece, chunk, files)
+    files.close()
+    assert fh.digests() == {"sha256": hashlib.sha256(data).hexdigest()}

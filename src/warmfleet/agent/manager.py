@@ -38,7 +38,8 @@ from warmfleet.core.errors import CacheError, IntegrityError, NotFoundError, War
 
 log = logging.getLogger("warmfleet.agent.cache")
 # (manifest, on_bytes) -> a fill replacing the Downloader for it (source, manifest, staging)
-FillHook = Callable[[Manifest, Callable[[int], None]], Callable[..., Awaitable[None]] | None]
+Inline = dict[str, dict[str, str]]  # digests hashed while staging, by file
+FillHook = Callable[[Manifest, Callable[[int], None]], Callable[..., Awaitable[Inline]] | None]
 IN_PROGRESS = frozenset({ArtifactState.PENDING, ArtifactState.DOWNLOADING, ArtifactState.VERIFYING})
 LOCK_POLL_S = 0.2
 CANCELLED = "cancelled (staged data kept)"
@@ -288,11 +289,14 @@ class CacheManager:
                 on_bytes=progress.on_bytes,
                 on_retry=progress.on_retry,
             )
-            await (fill or downloader.download)(source, manifest, staging)
+            inline = await fill(source, manifest, staging) if fill else None
+            if inline is None:
+                await downloader.download(source, manifest, staging)
+                inline = downloader.digests
             self._set_state(key, ArtifactState.VERIFYING)
             try:
                 staged = self.store.staging_dir(key)
-                digests = await verify_staged(staged, manifest, downloader.digests)
+                digests = await verify_staged(staged, manifest, inline)
             except IntegrityError:
                 self.metrics.integrity_failures.inc()
                 self.store.discard_staging(key)

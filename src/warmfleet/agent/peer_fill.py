@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from warmfleet.agent.digests import new_hashers
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
 from warmfleet.agent.sources.base import Source, SourceError, TransientSourceError
 from warmfleet.agent.staged_files import StagedFiles, staging_mode
@@ -77,6 +78,42 @@ class _Job:
     digest: str | None
 
 
+Digests = dict[str, dict[str, str]]
+
+
+def _reader(start: int, end: int) -> Callable[[int], bytes]:
+    return lambda fd: os.pread(fd, end - start, start)
+
+
+class _FileHash:
+    """A file's digests, fed front to back: a piece at the cursor from memory, pieces that
+    landed ahead of it read back once the gap is filled."""
+
+    def __init__(self, entry: FileEntry) -> None:
+        self.hashers: dict[str, Any] = new_hashers(entry)
+        self.offset = 0
+        self.size_bytes = entry.size_bytes
+        self.ahead: dict[int, int] = {}  # start -> end of written pieces past the cursor
+
+    def feed(self, data: bytes) -> None:
+        for h in self.hashers.values():
+            h.update(data)
+        self.offset += len(data)
+
+    def advance(self, piece: Piece, data: bytes, files: StagedFiles) -> None:
+        if piece.start != self.offset:
+            self.ahead[piece.start] = piece.end
+            return
+        self.feed(data)
+        while (end := self.ahead.pop(self.offset, None)) is not None:
+            self.feed(files.run(piece.path, _reader(self.offset, end), write=False))
+
+    def digests(self) -> dict[str, str] | None:
+        if self.offset != self.size_bytes:
+            return None
+        return {name: h.hexdigest() for name, h in self.hashers.items()}
+
+
 class PeerFailedError(CacheError):
     """A peer refused, stalled, sent too little or a piece whose hash is wrong."""
 
@@ -110,26 +147,30 @@ class PeerFill:
 
     def hook(
         self, manifest: Manifest, on_bytes: Callable[[int], None]
-    ) -> Callable[[Source, Manifest, Path], Awaitable[None]] | None:
+    ) -> Callable[[Source, Manifest, Path], Awaitable[Digests]] | None:
         if manifest.size_bytes == 0:
             return None
 
-        async def fill(source: Source, manifest_: Manifest, staging: Path) -> None:
-            await self.download(source, manifest_, staging, on_bytes)
+        async def fill(source: Source, manifest_: Manifest, staging: Path) -> Digests:
+            return await self.download(source, manifest_, staging, on_bytes)
 
         return fill
 
     async def download(
         self, source: Source, manifest: Manifest, staging: Path, on_bytes: Callable[[int], None]
-    ) -> None:
+    ) -> Digests:
+        """Stage ``manifest``; returns the digests of every file hashed front to back as its
+        pieces landed (the manager checks them, and hashes the others itself)."""
         key = manifest.key()
         pieces = plan_pieces(manifest, self.config.piece_bytes)
         self._holdings.forget(key)
         files = StagedFiles(staging, 64)
         try:
             await asyncio.to_thread(_create_all, files, manifest)
-            await _Run(self, source, manifest, pieces, files, on_bytes).run(key)
+            run = _Run(self, source, manifest, pieces, files, on_bytes)
+            await run.run(key)
             await asyncio.to_thread(files.sync)
+            return run.digests()
         except OSError as err:
             raise CacheError(f"peer fill of {key[:16]}: {err}") from err
         finally:
@@ -235,6 +276,7 @@ class _Run:
         self.report = _Report()
         self.have: set[int] = set()
         self.tasks: dict[asyncio.Task[bytes], _Job] = {}
+        self.hashes = {e.path: _FileHash(e) for e in manifest.files}
         self.alone = False  # the tracker did not answer: origin only
 
     async def run(self, key: str) -> None:
@@ -303,9 +345,14 @@ class _Run:
         await asyncio.to_thread(
             self.files.run, piece.path, lambda fd: _pwrite_all(fd, data, piece.start), write=True
         )
+        await asyncio.to_thread(self.hashes[piece.path].advance, piece, data, self.files)
         self.have.add(piece.index)
         self.report.have.append(piece.index)
         if digest is not None:
             self.report.hashes[piece.index] = digest
         self.fill.written(key, piece, len(data), from_origin=not job.peer)
         self.on_bytes(len(data))
+
+    def digests(self) -> Digests:
+        out = {path: h.digests() for path, h in self.hashes.items()}
+        return {path: d for path, d in out.items() if d is not None}
