@@ -37,9 +37,7 @@ from warmfleet.core.clock import Clock, MonotonicClock
 from warmfleet.core.errors import CacheError, IntegrityError, NotFoundError, WarmfleetError
 
 log = logging.getLogger("warmfleet.agent.cache")
-# (manifest, on_bytes) -> a fill replacing the Downloader for it (source, manifest, staging)
-Inline = dict[str, dict[str, str]]  # digests hashed while staging, by file
-FillHook = Callable[[Manifest, Callable[[int], None]], Callable[..., Awaitable[Inline]] | None]
+FillHook = Callable[..., Callable[..., Awaitable[dict[str, dict[str, str]]]] | None]
 IN_PROGRESS = frozenset({ArtifactState.PENDING, ArtifactState.DOWNLOADING, ArtifactState.VERIFYING})
 LOCK_POLL_S = 0.2
 CANCELLED = "cancelled (staged data kept)"
@@ -83,7 +81,7 @@ class CacheManager:
         self._live: dict[str, ArtifactStatus] = {}
         self._logged: set[tuple[str, str]] = set()  # (key, reason) already logged with a trace
         self.failures = PrefetchFailures(self.metrics, self._wall)  # of held prefetches
-        self.fill_hook: FillHook | None = None  # e.g. a peer fill (``agent.peer_fill``)
+        self.fill_hook: FillHook | None = None  # (manifest, on_bytes) -> a fill, e.g. a peer fill
         self.metrics.budget_bytes.set(self.policy.budget_bytes)
 
     # ----- resolve / prefetch ---------------------------------------------------------------
@@ -289,10 +287,9 @@ class CacheManager:
                 on_bytes=progress.on_bytes,
                 on_retry=progress.on_retry,
             )
-            inline = await fill(source, manifest, staging) if fill else None
-            if inline is None:
+            if fill is None:
                 await downloader.download(source, manifest, staging)
-                inline = downloader.digests
+            inline = await fill(source, manifest, staging) if fill else downloader.digests
             self._set_state(key, ArtifactState.VERIFYING)
             try:
                 staged = self.store.staging_dir(key)
