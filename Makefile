@@ -120,6 +120,7 @@ bench-cache: $(DEV_STAMP)
 bench-fleet: $(STAMP)
 	$(BIN)/warmfleet fleet whatif --out bench-results/fleet.json
 	PYTHONPATH=tests $(BIN)/python -m harness.fleet_acceptance --out bench-results/fleet.json
+	PYTHONPATH=tests $(BIN)/python -m harness.p2p_acceptance --out bench-results/fleet.json
 
 clean:
 	rm -rf $(VENV) bench-results warmfleet-report .mypy_cache .ruff_cache .pytest_cache

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from warmfleet.agent.digests import verify_staged
@@ -37,6 +37,7 @@ from warmfleet.core.clock import Clock, MonotonicClock
 from warmfleet.core.errors import CacheError, IntegrityError, NotFoundError, WarmfleetError
 
 log = logging.getLogger("warmfleet.agent.cache")
+FillHook = Callable[..., Callable[..., Awaitable[dict[str, dict[str, str]]]] | None]
 IN_PROGRESS = frozenset({ArtifactState.PENDING, ArtifactState.DOWNLOADING, ArtifactState.VERIFYING})
 LOCK_POLL_S = 0.2
 CANCELLED = "cancelled (staged data kept)"
@@ -80,6 +81,7 @@ class CacheManager:
         self._live: dict[str, ArtifactStatus] = {}
         self._logged: set[tuple[str, str]] = set()  # (key, reason) already logged with a trace
         self.failures = PrefetchFailures(self.metrics, self._wall)  # of held prefetches
+        self.fill_hook: FillHook | None = None  # (manifest, on_bytes) -> a fill, e.g. a peer fill
         self.metrics.budget_bytes.set(self.policy.budget_bytes)
 
     # ----- resolve / prefetch ---------------------------------------------------------------
@@ -276,6 +278,7 @@ class CacheManager:
             progress.meter.done_bytes = 0
             staging = await asyncio.to_thread(self.store.prepare_staging, manifest)
             self._set_state(key, ArtifactState.DOWNLOADING)
+            fill = self.fill_hook(manifest, progress.on_bytes) if self.fill_hook else None
             downloader = Downloader(
                 self.spec.download,
                 self._mono,
@@ -284,11 +287,13 @@ class CacheManager:
                 on_bytes=progress.on_bytes,
                 on_retry=progress.on_retry,
             )
-            await downloader.download(source, manifest, staging)
+            if fill is None:
+                await downloader.download(source, manifest, staging)
+            inline = await fill(source, manifest, staging) if fill else downloader.digests
             self._set_state(key, ArtifactState.VERIFYING)
             try:
                 staged = self.store.staging_dir(key)
-                digests = await verify_staged(staged, manifest, downloader.digests)
+                digests = await verify_staged(staged, manifest, inline)
             except IntegrityError:
                 self.metrics.integrity_failures.inc()
                 self.store.discard_staging(key)

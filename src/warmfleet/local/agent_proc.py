@@ -26,6 +26,7 @@ from aiohttp import web
 
 from warmfleet.agent.fleet_node import Assignment, FleetNode
 from warmfleet.agent.manager import CacheManager
+from warmfleet.agent.peer_node import Peers
 from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
@@ -37,16 +38,16 @@ log = logging.getLogger("warmfleet.embedded.agent")
 TICK_S = 0.25
 
 
-def _routes(app: web.Application, node: FleetNode) -> None:
+def _routes(app: web.Application, node: FleetNode, peers: Peers) -> None:
     async def put_assignments(request: web.Request) -> web.Response:
         body = await request.json()
         node.assigned = {str(c["cache"]): Assignment(str(c["uri"])) for c in body.get("caches", [])}
+        peers.configure(body.get("peers"))
         return web.json_response({"assigned": sorted(node.assigned)})
 
     async def get_caches(_request: web.Request) -> web.Response:
-        return web.json_response(
-            {"pid": os.getpid(), "caches": await asyncio.to_thread(node.reports)}
-        )
+        reports = await asyncio.to_thread(node.reports)
+        return web.json_response({"pid": os.getpid(), "caches": reports, "peers": peers.figures})
 
     app.router.add_put("/v1/fleet/assignments", put_assignments)
     app.router.add_get("/v1/fleet/caches", get_caches)
@@ -90,7 +91,9 @@ async def _run(
         return tg.create_task(_logged(coro))  # a failed ``POST /v1/prefetch`` stays in it
 
     app = build_app(manager, spawn)
-    _routes(app, node)
+    peers = Peers(manager)
+    peers.server.add_routes(app)
+    _routes(app, node, peers)
     runner = await serve_announced(app, ready_file)
     try:
         while not stop.is_set():
@@ -105,6 +108,7 @@ async def _run(
     finally:
         node.cancel()
         await runner.cleanup()
+        await peers.aclose()
 
 
 def agent_command(

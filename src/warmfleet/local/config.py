@@ -55,6 +55,18 @@ class GatewayPorts(WireModel):
     poll_interval_s: float = Field(default=0.2, gt=0)
 
 
+class PeersConfig(WireModel):
+    """Peer-to-peer weight distribution between the node agents (docs/peer-distribution.md)."""
+
+    enabled: bool = False
+    origin_fetches: int = Field(default=1, ge=1, description="origin copies per piece (k)")
+    piece_bytes: Size = Field(default=16 * 2**20, gt=0)
+    serve_bps: Size = Field(default=500_000_000, gt=0, description="upload bytes/s per node")
+    max_uploads_per_peer: int = Field(default=4, ge=1)
+    origin_streams: int = Field(default=12, ge=1, description="origin fetches at once, fleet-wide")
+    stall_s: float = Field(default=2.0, gt=0, description="a peer silent this long is dropped")
+
+
 class EndpointEntry(WireModel):
     name: str
     spec: InferenceEndpointSpec
@@ -69,6 +81,7 @@ class LocalFleetSpec(WireModel):
     reconcile_interval_s: float = Field(default=0.5, gt=0)
     agent_restart_delay_s: float = Field(default=2.0, ge=0)
     drain_grace_s: float = Field(default=1.0, ge=0)
+    peers: PeersConfig = Field(default_factory=PeersConfig)
     endpoints: tuple[EndpointEntry, ...] = ()
 
     @field_validator("nodes")

@@ -51,6 +51,7 @@ from warmfleet.local.state import (
     trim_history,
     write_state,
 )
+from warmfleet.local.tracker_host import TrackerHost
 
 
 class EmbeddedFleet:
@@ -66,6 +67,7 @@ class EmbeddedFleet:
         self.agents: dict[str, Child] = {}
         self.agent_token = secrets.token_urlsafe(32)  # this run's, given to its agents
         self.agent_urls: dict[str, str] = {}
+        self.tracker = TrackerHost(self.spec.peers, self.agent_token)  # peers: pieces' sources
         self.agent_down_since: dict[str, float] = {}
         self.cache_paths: dict[tuple[str, str], str] = {}
         self.assignments: dict[str, tuple[NodeCacheAssignment, ...]] = {}
@@ -112,6 +114,7 @@ class EmbeddedFleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._session, token = aiohttp.ClientSession(), self.agent_token
         self.origin, self.origin_url = await infra.start_origin(self.spec, self.workdir)
+        await self.tracker.start()
         for n in self.spec.nodes:
             self.agents[n.name] = await infra.start_agent(n.name, n.budget, self.workdir, token)
         self.gateway = await infra.start_gateway(self.spec, self.workdir)
@@ -128,6 +131,7 @@ class EmbeddedFleet:
         if self.origin is not None:
             children.append(self.origin)
         await stop_all(children)
+        await self.tracker.stop()
         await asyncio.gather(*self._stopping.values(), return_exceptions=True)
         if self._session is not None:
             await self._session.close()
@@ -296,7 +300,10 @@ class EmbeddedFleet:
             url = self.agent_urls.get(node)
             if url is None:
                 continue
-            body = {"caches": [{"cache": c.cache, "uri": self._origin_url(c)} for c in caches]}
+            body: dict[str, Any] = {
+                "caches": [{"cache": c.cache, "uri": self._origin_url(c)} for c in caches]
+            }
+            body.update(self.tracker.assignment_extra(node, url))
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 await infra.put_assignments(self._session, url, body, self.agent_token)
 

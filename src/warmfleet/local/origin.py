@@ -2,9 +2,10 @@
 
 Serves each file at ``/files/<name>`` the way a bucket behind a link does: single byte ranges,
 ``If-Match``, ``ETag``, ``Last-Modified`` and ``Repr-Digest`` (sha-256), and a fixed bandwidth
-(one token bucket shared by all connections) when throttled. ``warmfleet up`` runs it as a
-child process (``origin_proc``). Test doubles build on it (``tests/harness/origin.py`` adds fault
-injection and Hugging Face routes); it injects nothing itself.
+(one token bucket shared by all connections) when throttled; ``/stats`` tells its egress so
+far. ``warmfleet up`` runs it as a child process (``origin_proc``). Test doubles build on it
+(``tests/harness/origin.py`` adds fault injection and Hugging Face routes); it injects nothing
+itself.
 """
 
 from __future__ import annotations
@@ -92,7 +93,12 @@ class Origin:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/files/{name:.+}", self._file)
+        app.router.add_get("/stats", self._stats)
         return app
+
+    async def _stats(self, _request: web.Request) -> web.Response:
+        """``{"bytesServed"}``: body bytes sent since start (origin egress)."""
+        return web.json_response({"bytesServed": self.bytes_served})
 
     async def _file(self, request: web.Request) -> web.StreamResponse:
         blob = self.files.get(request.match_info["name"])

@@ -28,7 +28,8 @@ def whatif(
     out: Annotated[Path, typer.Option(help="JSON report path")] = Path("bench-results/fleet.json"),
     params: Annotated[Path | None, typer.Option(help="YAML overriding WhatIfParams")] = None,
 ) -> None:
-    """Traffic burst with autoscaling: cold vs weights cached vs weights+image cached."""
+    """Traffic burst with autoscaling: cold vs weights cached vs weights+image cached; peer
+    distribution: origin egress and time to capacity with and without peers."""
     from warmfleet.sim.whatif import WhatIfParams, run_whatif  # noqa: PLC0415
 
     try:
@@ -54,7 +55,20 @@ def whatif(
             f"p99 {result['ttft_p99_ms'] / 1000:.1f} s, "
             f"unprepared requests {result['unprepared_request_share']:.1%}"
         )
+    _echo_peers(report["peer_distribution"])  # type: ignore[arg-type]
     typer.echo(f"wrote {out}")
+
+
+def _echo_peers(peers: dict[str, dict[str, dict[str, float]]]) -> None:
+    for origin in ("shared_link", "per_node_origin"):
+        for nodes, c in peers[origin].items():
+            typer.echo(
+                f"peers {origin:15s} {nodes:>3s} nodes: origin egress "
+                f"{c['origin_egress_bytes_without_peers'] / 1e9:,.0f} -> "
+                f"{c['origin_egress_bytes_with_peers'] / 1e9:,.0f} GB, capacity in "
+                f"{c['time_to_capacity_s_without_peers']:,.0f} -> "
+                f"{c['time_to_capacity_s_with_peers']:,.0f} s"
+            )
 
 
 @fleet_app.command("render")

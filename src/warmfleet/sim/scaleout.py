@@ -64,6 +64,12 @@ class WhatIfParams(StrictModel):
     )
     calibration_requests: int = Field(400, ge=10)
     seed: int = 0
+    # peer distribution (sim.peer_model)
+    fleet_sizes: tuple[int, ...] = Field((4, 20, 100), min_length=1)
+    peer_serve_bytes_per_s: float = Field(
+        1.25e9, gt=0, description="upload a node gives its peers (10 Gb/s of its NIC)"
+    )
+    origin_fetches: int = Field(1, ge=1, description="k: origin copies of each piece")
 
     @model_validator(mode="after")
     def _at_least_one_replica(self) -> WhatIfParams:

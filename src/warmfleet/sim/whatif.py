@@ -8,7 +8,8 @@ placement, run as the kernel's ``FleetController`` every ``sync_period_s``), and
 a ``SlotServer`` (an M/D/c server) calibrated on ``EngineModel``, the vLLM-like engine model the
 fleet simulator uses, itself run on the same kernel (``llama-3.1-70b-p5`` preset by default: 141
 GB of BF16 weights, AWS's "145 GB" example). Replica start times and AWS's figures behind them:
-``sim.scaleout``.
+``sim.scaleout``. Peer distribution (origin egress and time to capacity with and without
+peers at ``fleet_sizes`` nodes): ``sim.peer_model``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from warmfleet.engine.spec import EngineSpec
 from warmfleet.routing.base import Strategy
 from warmfleet.routing.factory import build_strategy, strategy_config
 from warmfleet.sim.metrics import percentile
+from warmfleet.sim.peer_model import peer_whatif
 from warmfleet.sim.records import RequestRecord, SimConfig, SimResult
 from warmfleet.sim.runner import strategy_rng
 from warmfleet.sim.scaleout import SCENARIOS, ScaleOut, Scenario, WhatIfParams, rate_rps
@@ -257,4 +259,5 @@ def run_whatif(
             },
         },
         "scenarios": {s: r.report() for s, r in results.items()},
+        "peer_distribution": peer_whatif(params),
     }

@@ -1,0 +1,358 @@
+"""A fill that takes its pieces from peers where it can and from the origin where it must.
+
+``PeerFill.download`` stages one artifact version the way ``Downloader`` does (same staging
+directory, files created at their sizes, every written range ``fsync``ed before it returns), but
+piece by piece on the plan of the fleet's tracker (``POST {tracker}/v1/tracker/{key}/plan``, the
+wire form of ``warmfleet.control.tracker``): each assignment names a peer (its URL) or the
+origin. A peer piece is fetched with the fleet's token, hashed and compared with the piece table
+*before* it is written; a short, failed, stalled (no byte for ``stall_s``) or bad piece drops
+that peer for the rest of the fill and the piece is planned again (origin last). An origin piece
+is hashed on arrival and its hash reported, which builds the piece table. Every piece written is
+served to other peers at once (``PeerHoldings``). The manager then verifies the whole files
+against the manifest and publishes atomically exactly as after an ordinary download.
+
+Without an answer from the tracker the fill goes on alone, from the origin (never stuck).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from warmfleet.agent.digests import new_hashers
+from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
+from warmfleet.agent.sources.base import Source, SourceError, TransientSourceError
+from warmfleet.agent.staged_files import StagedFiles, staging_mode
+from warmfleet.cache.manifest import FileEntry, Manifest
+from warmfleet.cache.pieces import DEFAULT_PIECE_BYTES, Piece, piece_digest, plan_pieces
+from warmfleet.core.errors import CacheError
+
+log = logging.getLogger("warmfleet.agent.peers")
+ORIGIN_ATTEMPTS = 3
+DEFAULT_STALL_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class PeerConfig:
+    tracker_url: str
+    node: str
+    self_url: str
+    token: str
+    piece_bytes: int = DEFAULT_PIECE_BYTES
+    concurrency: int = 6
+    piece_timeout_s: float = 60.0
+    stall_s: float = DEFAULT_STALL_S
+    idle_wait_s: float = 0.05
+    plan_timeout_s: float = 2.0
+
+
+@dataclass
+class _Report:
+    have: list[int] = field(default_factory=list)
+    hashes: dict[int, str] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    released: list[int] = field(default_factory=list)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "have": self.have,
+            "hashes": {str(k): v for k, v in self.hashes.items()},
+            "failedPeers": sorted(self.failed),
+            "released": self.released,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    piece: Piece
+    peer: str  # "" = origin
+    url: str
+    digest: str | None
+
+
+Digests = dict[str, dict[str, str]]
+
+
+def _reader(start: int, end: int) -> Callable[[int], bytes]:
+    return lambda fd: os.pread(fd, end - start, start)
+
+
+class _FileHash:
+    """A file's digests, fed front to back: a piece at the cursor from memory, pieces that
+    landed ahead of it read back once the gap is filled."""
+
+    def __init__(self, entry: FileEntry) -> None:
+        self.hashers: dict[str, Any] = new_hashers(entry)
+        self.offset = 0
+        self.size_bytes = entry.size_bytes
+        self.ahead: dict[int, int] = {}  # start -> end of written pieces past the cursor
+
+    def feed(self, data: bytes) -> None:
+        for h in self.hashers.values():
+            h.update(data)
+        self.offset += len(data)
+
+    def advance(self, piece: Piece, data: bytes, files: StagedFiles) -> None:
+        if piece.start != self.offset:
+            self.ahead[piece.start] = piece.end
+            return
+        self.feed(data)
+        while (end := self.ahead.pop(self.offset, None)) is not None:
+            self.feed(files.run(piece.path, _reader(self.offset, end), write=False))
+
+    def digests(self) -> dict[str, str] | None:
+        if self.offset != self.size_bytes:
+            return None
+        return {name: h.hexdigest() for name, h in self.hashers.items()}
+
+
+class PeerFailedError(CacheError):
+    """A peer refused, stalled, sent too little or a piece whose hash is wrong."""
+
+    def __init__(self, message: str, *, rejected: bool) -> None:
+        super().__init__(message)
+        self.rejected = rejected
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+class PeerFill:
+    """One node's peer fills (one at a time per version); built by the agent's composition
+    root, handed to the manager as its ``fill_hook``."""
+
+    def __init__(
+        self,
+        config: PeerConfig,
+        session: aiohttp.ClientSession,
+        holdings: PeerHoldings,
+        counters: PeerCounters,
+    ) -> None:
+        self.config = config
+        self._session = session
+        self._holdings = holdings
+        self._counters = counters
+
+    def hook(
+        self, manifest: Manifest, on_bytes: Callable[[int], None]
+    ) -> Callable[[Source, Manifest, Path], Awaitable[Digests]] | None:
+        if manifest.size_bytes == 0:
+            return None
+
+        async def fill(source: Source, manifest_: Manifest, staging: Path) -> Digests:
+            return await self.download(source, manifest_, staging, on_bytes)
+
+        return fill
+
+    async def download(
+        self, source: Source, manifest: Manifest, staging: Path, on_bytes: Callable[[int], None]
+    ) -> Digests:
+        """Stage ``manifest``; returns the digests of every file hashed front to back as its
+        pieces landed (the manager checks them, and hashes the others itself)."""
+        key = manifest.key()
+        pieces = plan_pieces(manifest, self.config.piece_bytes)
+        self._holdings.forget(key)
+        files = StagedFiles(staging, 64)
+        try:
+            await asyncio.to_thread(_create_all, files, manifest)
+            run = _Run(self, source, manifest, pieces, files, on_bytes)
+            await run.run(key)
+            await asyncio.to_thread(files.sync)
+            return run.digests()
+        except OSError as err:
+            raise CacheError(f"peer fill of {key[:16]}: {err}") from err
+        finally:
+            files.close()
+
+    # ----- the wire ----------------------------------------------------------------------
+    async def ask(
+        self, key: str, pieces: int, session_id: str, report: _Report, want: int
+    ) -> dict[str, Any] | None:
+        body = {
+            "node": self.config.node,
+            "url": self.config.self_url,
+            "session": session_id,
+            "pieces": pieces,
+            "want": want,
+            **report.body(),
+        }
+        url = f"{self.config.tracker_url}/v1/tracker/{key}/plan"
+        headers = {"Authorization": f"Bearer {self.config.token}"}
+        timeout = aiohttp.ClientTimeout(total=self.config.plan_timeout_s)
+        try:
+            async with self._session.post(url, json=body, headers=headers, timeout=timeout) as r:
+                if r.status != 200:
+                    log.warning("tracker answered %s for %s", r.status, key[:16])
+                    return None
+                doc = await r.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+            log.warning("tracker unreachable (%s): fetching %s from the origin", err, key[:16])
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    async def fetch_peer(self, key: str, job: _Job) -> bytes:
+        piece = job.piece
+        url = f"{job.url}/v1/peer/{key}/{piece.path}"
+        headers = {
+            "Authorization": f"Bearer {self.config.token}",
+            "Range": f"bytes={piece.start}-{piece.end - 1}",
+        }
+        timeout = aiohttp.ClientTimeout(
+            total=self.config.piece_timeout_s, sock_read=self.config.stall_s
+        )
+        try:
+            async with self._session.get(url, headers=headers, timeout=timeout) as resp:
+                if resp.status != 206:
+                    raise PeerFailedError(f"{job.peer}: HTTP {resp.status}", rejected=False)
+                if resp.content_length != piece.size_bytes:
+                    raise PeerFailedError(f"{job.peer}: {resp.content_length} bytes announced, "
+                                          f"not {piece.size_bytes}", rejected=True)  # fmt: skip
+                data = await resp.content.readexactly(piece.size_bytes)
+        except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError) as err:
+            raise PeerFailedError(f"{job.peer}: {err!r}", rejected=False) from err
+        if await asyncio.to_thread(piece_digest, data) != job.digest:
+            raise PeerFailedError(f"{job.peer}: piece {piece.index} fails its hash", rejected=True)
+        return data
+
+    async def fetch_origin(self, source: Source, entry: FileEntry, piece: Piece) -> bytes:
+        for attempt in range(1, ORIGIN_ATTEMPTS + 1):
+            try:
+                blocks = [b async for b in source.open_range(entry, piece.start, piece.end)]
+            except TransientSourceError:
+                if attempt == ORIGIN_ATTEMPTS:
+                    raise
+                await asyncio.sleep(0.5 * attempt)
+                continue
+            data = b"".join(blocks)
+            if len(data) != piece.size_bytes:
+                raise TransientSourceError(f"{entry.path}: short piece from the origin")
+            return data
+        raise SourceError("unreachable")  # the loop returns or raises
+
+    def written(self, key: str, piece: Piece, size_bytes: int, *, from_origin: bool) -> None:
+        self._holdings.add(key, piece.path, piece.start, piece.end)
+        self._counters.fetched(size_bytes, from_origin=from_origin)
+
+    def dropped(self, err: PeerFailedError) -> None:
+        if err.rejected:
+            self._counters.reject()
+        self._counters.drop()
+        log.warning("peer dropped for this fill: %s", err)
+
+
+def _create_all(files: StagedFiles, manifest: Manifest) -> None:
+    for entry in manifest.files:
+        files.create(entry.path, entry.size_bytes, mode=staging_mode(entry.mode), preallocate=False)
+
+
+class _Run:
+    """The state of one fill: tasks under way, what to tell the tracker next."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        fill: PeerFill,
+        source: Source,
+        manifest: Manifest,
+        pieces: tuple[Piece, ...],
+        files: StagedFiles,
+        on_bytes: Callable[[int], None],
+    ) -> None:
+        self.fill, self.source, self.pieces, self.files = fill, source, pieces, files
+        self.entries = {e.path: e for e in manifest.files}
+        self.on_bytes = on_bytes
+        self.session_id = secrets.token_hex(8)
+        self.report = _Report()
+        self.have: set[int] = set()
+        self.tasks: dict[asyncio.Task[bytes], _Job] = {}
+        self.hashes = {e.path: _FileHash(e) for e in manifest.files}
+        self.alone = False  # the tracker did not answer: origin only
+
+    async def run(self, key: str) -> None:
+        cfg = self.fill.config
+        try:
+            while len(self.have) < len(self.pieces):
+                want = cfg.concurrency - len(self.tasks)
+                if want > 0:
+                    self._start(key, await self._plan(key, want))
+                if not self.tasks:
+                    await asyncio.sleep(cfg.idle_wait_s)
+                    continue
+                wait_s = cfg.idle_wait_s if len(self.tasks) < cfg.concurrency else None
+                done, _ = await asyncio.wait(
+                    self.tasks, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    await self._finish(key, task, self.tasks.pop(task))
+            await self.fill.ask(key, len(self.pieces), self.session_id, self.report, 0)
+        finally:
+            for task in self.tasks:
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _plan(self, key: str, want: int) -> list[_Job]:
+        doc = None
+        if not self.alone:
+            doc = await self.fill.ask(key, len(self.pieces), self.session_id, self.report, want)
+            self.alone = doc is None
+        if doc is None:  # alone: the next missing pieces from the origin
+            busy = {j.piece.index for j in self.tasks.values()}
+            todo = [p for p in self.pieces if p.index not in self.have and p.index not in busy]
+            return [_Job(p, "", "", None) for p in todo[:want]]
+        self.report = _Report()
+        hashes = {int(k): str(v) for k, v in (doc.get("hashes") or {}).items()}
+        jobs = []
+        for a in doc.get("assignments") or []:
+            index = int(a["piece"])
+            if 0 <= index < len(self.pieces) and index not in self.have:
+                peer = str(a.get("peer") or "")
+                jobs.append(_Job(self.pieces[index], peer, str(a.get("url") or ""),
+                                 hashes.get(index)))  # fmt: skip
+        return jobs
+
+    def _start(self, key: str, jobs: list[_Job]) -> None:
+        for job in jobs:
+            if job.peer and job.digest is None:  # never write a peer piece unchecked
+                self.report.released.append(job.piece.index)
+                continue
+            if job.peer:
+                coro = self.fill.fetch_peer(key, job)
+            else:
+                coro = self.fill.fetch_origin(self.source, self.entries[job.piece.path], job.piece)
+            self.tasks[asyncio.create_task(coro)] = job
+
+    async def _finish(self, key: str, task: asyncio.Task[bytes], job: _Job) -> None:
+        piece = job.piece
+        try:
+            data = task.result()
+        except PeerFailedError as err:
+            self.report.failed.add(job.peer)
+            self.report.released.append(piece.index)
+            self.fill.dropped(err)
+            return
+        digest = None if job.peer else await asyncio.to_thread(piece_digest, data)
+        await asyncio.to_thread(
+            self.files.run, piece.path, lambda fd: _pwrite_all(fd, data, piece.start), write=True
+        )
+        await asyncio.to_thread(self.hashes[piece.path].advance, piece, data, self.files)
+        self.have.add(piece.index)
+        self.report.have.append(piece.index)
+        if digest is not None:
+            self.report.hashes[piece.index] = digest
+        self.fill.written(key, piece, len(data), from_origin=not job.peer)
+        self.on_bytes(len(data))
+
+    def digests(self) -> Digests:
+        out = {path: h.digests() for path, h in self.hashes.items()}
+        return {path: d for path, d in out.items() if d is not None}

@@ -1,0 +1,178 @@
+"""A node agent serving the pieces it holds to its peers, from its status API port.
+
+``GET /v1/peer/{key}/{path}`` with ``Range: bytes=a-b`` answers ``206`` with those bytes of
+the file ``path`` of artifact ``key``: from the published directory when the version is
+published (verified as a whole), else from the staging directory of a fill under way when the
+range is exactly a piece this node has already verified and written (``PeerHoldings``). It needs
+the fleet's token (``Authorization: Bearer``) although it is a GET: a peer is a member of the
+fleet, not an anonymous reader. Serving is bounded so that it never starves the node's own
+engine: one token bucket (``serve_bps``) over all uploads and at most ``max_uploads`` at a time
+(more wait their turn); the bytes go out with ``sendfile`` (no copy through Python).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
+
+from warmfleet.agent.store import Store
+from warmfleet.cache.transfer import TokenBucket
+from warmfleet.core.clock import MonotonicClock
+
+PIECE_ROUTE = "/v1/peer/{key}/{path:.+}"
+
+
+class PeerCounters:
+    """Per-node peer-distribution figures (status and Prometheus)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.bytes_in = Counter(
+            "warmfleet_cache_fill_bytes",
+            "Bytes of verified pieces written by peer fills, by where they came from",
+            ["source"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "warmfleet_cache_peer_pieces_rejected",
+            "Pieces from peers refused before being written (bad hash or short)",
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "warmfleet_cache_peers_dropped",
+            "Peers dropped for the rest of a fill (failed, stalled or served a bad piece)",
+            registry=registry,
+        )
+        self.served = Counter(
+            "warmfleet_cache_peer_served_bytes", "Bytes served to peers", registry=registry
+        )
+        self.figures = {"bytesFromPeers": 0, "bytesFromOrigin": 0, "piecesRejected": 0}
+        self.figures.update({"peersDropped": 0, "bytesServed": 0})
+
+    def fetched(self, size_bytes: int, *, from_origin: bool) -> None:
+        source = "origin" if from_origin else "peer"
+        self.bytes_in.labels(source).inc(size_bytes)
+        self.figures["bytesFromOrigin" if from_origin else "bytesFromPeers"] += size_bytes
+
+    def reject(self) -> None:
+        self.rejected.inc()
+        self.figures["piecesRejected"] += 1
+
+    def drop(self) -> None:
+        self.dropped.inc()
+        self.figures["peersDropped"] += 1
+
+    def serve(self, size_bytes: int) -> None:
+        self.served.inc(size_bytes)
+        self.figures["bytesServed"] += size_bytes
+
+
+class PeerHoldings:
+    """The verified pieces of fills under way (key -> (path, start, end))."""
+
+    def __init__(self) -> None:
+        self._pieces: dict[str, set[tuple[str, int, int]]] = {}
+
+    def add(self, key: str, path: str, start: int, end: int) -> None:
+        self._pieces.setdefault(key, set()).add((path, start, end))
+
+    def has(self, key: str, path: str, start: int, end: int) -> bool:
+        return (path, start, end) in self._pieces.get(key, ())
+
+    def forget(self, key: str) -> None:
+        self._pieces.pop(key, None)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeLimits:
+    serve_bps: float = 500e6
+    max_uploads: int = 8
+
+
+def _parse_range(header: str) -> tuple[int, int]:
+    unit, _, spec = header.partition("=")
+    first, _, last = spec.strip().partition("-")
+    try:
+        start, end = int(first), int(last) + 1
+    except ValueError as err:
+        raise web.HTTPRequestRangeNotSatisfiable() from err
+    if unit.strip() != "bytes" or start < 0 or end <= start:
+        raise web.HTTPRequestRangeNotSatisfiable()
+    return start, end
+
+
+def _safe_rel(path: str) -> str:
+    norm = posixpath.normpath(path)
+    if norm != path or path.startswith(("/", "..")) or "/../" in path or ".warmfleet" in path:
+        raise web.HTTPNotFound()
+    return path
+
+
+class PeerServer:
+    def __init__(
+        self,
+        store: Store,
+        holdings: PeerHoldings,
+        counters: PeerCounters,
+        token: str | None,
+        limits: ServeLimits,
+    ) -> None:
+        self._store = store
+        self._holdings = holdings
+        self._counters = counters
+        self._token = token
+        self._bucket = TokenBucket(MonotonicClock(), limits.serve_bps)
+        self._slots = asyncio.Semaphore(limits.max_uploads)
+
+    def set_rate(self, serve_bps: float) -> None:
+        if serve_bps != self._bucket.rate_bps:
+            self._bucket = TokenBucket(MonotonicClock(), serve_bps)
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get(PIECE_ROUTE, self._piece)
+
+    def _authorised(self, request: web.Request) -> bool:
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        return (
+            self._token is not None
+            and scheme.lower() == "bearer"
+            and hmac.compare_digest(given.strip().encode(), self._token.encode())
+        )
+
+    def _locate(self, key: str, rel: str, start: int, end: int) -> Path:
+        if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
+            raise web.HTTPNotFound()
+        if self._store.is_published(key):
+            return self._store.object_dir(key) / rel
+        if self._holdings.has(key, rel, start, end):
+            return self._store.staging_dir(key) / rel
+        raise web.HTTPNotFound()
+
+    async def _piece(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorised(request):
+            return web.json_response({"error": "the fleet's bearer token is required"}, status=401)
+        key, rel = request.match_info["key"], _safe_rel(request.match_info["path"])
+        start, end = _parse_range(request.headers.get("Range", ""))
+        path = self._locate(key, rel, start, end)
+        try:
+            size_bytes = path.stat().st_size
+        except OSError as err:  # published meanwhile, or gone
+            raise web.HTTPNotFound() from err
+        if size_bytes < end:
+            raise web.HTTPRequestRangeNotSatisfiable()
+        async with self._slots:  # sent here (zero-copy ``sendfile``), within the bound
+            delay_s = self._bucket.reserve(end - start)
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            resp = web.FileResponse(path)
+            try:
+                await resp.prepare(request)
+            except ConnectionResetError:  # the peer went away
+                return resp
+            self._counters.serve(end - start)
+            return resp

@@ -1,0 +1,132 @@
+"""Peer fills between two in-process agents (their piece routes on 127.0.0.1) and the embedded
+fleet's tracker: the first node takes every piece from the origin once, the second takes them
+from the first; a peer serving flipped bytes has its pieces rejected before they are written;
+the piece route needs the fleet's token and serves only verified pieces."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from cache_support import manager_for
+
+from harness.bad_peers import BadPeer, advertise
+from harness.origin import Blob, Origin
+from warmfleet.agent.manager import CacheManager
+from warmfleet.agent.peer_fill import _FileHash
+from warmfleet.agent.peer_node import Peers
+from warmfleet.agent.staged_files import StagedFiles
+from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
+from warmfleet.cache.pieces import plan_pieces
+from warmfleet.local.config import PeersConfig
+from warmfleet.local.tracker_host import TrackerHost
+
+TOKEN = "fleet-token-for-peers"
+PIECE = 256 * 1024
+
+
+@contextlib.asynccontextmanager
+async def _serving(manager: CacheManager) -> AsyncIterator[tuple[Peers, str]]:
+    peers = Peers(manager)
+    app = web.Application()
+    peers.server.add_routes(app)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield peers, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+        await peers.aclose()
+
+
+def _join(peers: Peers, host: TrackerHost, node: str, url: str) -> None:
+    peers.configure(
+        {"tracker": host.url, "node": node, "url": url, "pieceBytes": PIECE, "stallS": 1.0}
+    )
+
+
+async def test_second_node_fills_from_the_first_and_rejects_a_flipping_peer(
+    origin: tuple[Origin, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    org, base = origin
+    data = os.urandom(3 * PIECE + 1000)
+    org.put("w.bin", Blob(data=data))
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "w.bin").write_bytes(data)
+    monkeypatch.setenv("WARMFLEET_AGENT_TOKEN", TOKEN)
+    host = TrackerHost(PeersConfig(enabled=True, piece_bytes=PIECE), TOKEN)
+    await host.start()
+    bad = BadPeer("bad-flip", "flip", tmp_path / "files")
+    await bad.start()
+    try:
+        async with (
+            manager_for(tmp_path / "a") as a,
+            manager_for(tmp_path / "b") as b,
+            _serving(a) as (peers_a, url_a),
+            _serving(b) as (peers_b, url_b),
+        ):
+            _join(peers_a, host, "a", url_a)
+            rec_a = await a.prefetch(f"{base}/files/w.bin", name="w")
+            assert peers_a.figures["bytesFromOrigin"] == len(data)
+            assert org.bytes_served == len(data)
+            assert advertise(host.tracker, [bad]) == 1
+            _join(peers_b, host, "b", url_b)
+            rec_b = await b.prefetch(f"{base}/files/w.bin", name="w")
+            assert rec_b.key == rec_a.key
+            assert org.bytes_served == len(data)  # the origin served the model once
+            figures = peers_b.figures
+            assert figures["bytesFromPeers"] == len(data)
+            assert figures["piecesRejected"] >= 1
+            assert bad.requests >= 1
+            published = b.store.object_dir(rec_b.key) / "w.bin"
+            assert published.read_bytes() == data
+            assert peers_a.figures["bytesServed"] >= len(data)
+            await _route_checks(url_a, rec_a.key)
+    finally:
+        await bad.stop()
+        await host.stop()
+
+
+async def _route_checks(url: str, key: str) -> None:
+    piece = f"{url}/v1/peer/{key}/w.bin"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(piece, headers={"Range": "bytes=0-9"}) as resp:
+            assert resp.status == 401  # a GET, but only for the fleet
+        async with http.get(piece, headers={**auth, "Range": "bytes=0-9"}) as resp:
+            assert resp.status == 206
+            assert len(await resp.read()) == 10
+        async with http.get(f"{url}/v1/peer/{'0' * 64}/w.bin", headers={**auth,
+                            "Range": "bytes=0-9"}) as resp:  # fmt: skip
+            assert resp.status == 404  # nothing held under that key
+        async with http.get(f"{url}/v1/peer/{key}/../x", headers={**auth,
+                            "Range": "bytes=0-9"}) as resp:  # fmt: skip
+            assert resp.status == 404
+
+
+def _write(fd: int, *, chunk: bytes, at: int) -> int:
+    return os.pwrite(fd, chunk, at)
+
+
+def test_file_hash_front_to_back_with_pieces_out_of_order(tmp_path: Path) -> None:
+    data = os.urandom(10_000)
+    entry = FileEntry("f.bin", len(data), "/x")
+    pieces = plan_pieces(Manifest(SourceKind.HTTP, "http://o/f", (entry,)), 3000)
+    files = StagedFiles(tmp_path, 4)
+    files.create("f.bin", len(data), mode=0o600, preallocate=False)
+    fh = _FileHash(entry)
+    for piece in (pieces[2], pieces[0], pieces[3], pieces[1]):
+        chunk = data[piece.start : piece.end]
+        files.run("f.bin", functools.partial(_write, chunk=chunk, at=piece.start), write=True)
+        assert fh.digests() is None or piece is pieces[1]
+        fh.advance(piece, chunk, files)
+    files.close()
+    assert fh.digests() == {"sha256": hashlib.sha256(data).hexdigest()}
