@@ -284,9 +284,9 @@ class CacheManager:
                 on_bytes=progress.on_bytes,
                 on_retry=progress.on_retry,
             )
-            await downloader.download(source, manifest, staging)
-            self._set_state(key, ArtifactState.VERIFYING)
-            try:
+            try:  # a local copy compares as it goes: its IntegrityError comes from download
+                await downloader.download(source, manifest, staging)
+                self._set_state(key, ArtifactState.VERIFYING)
                 staged = self.store.staging_dir(key)
                 digests = await verify_staged(staged, manifest, downloader.digests)
             except IntegrityError:
