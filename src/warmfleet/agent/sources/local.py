@@ -20,6 +20,7 @@ import os
 import stat
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -84,37 +85,39 @@ class LocalSource:
         """Read ``[start, end)`` of the source once, feed it to ``hasher``, write it at the same
         offsets of ``dst_fd`` (``write=False``: a range staged by an earlier attempt, left as it
         is) and read the staged bytes back: they must equal what was read, else IntegrityError.
-        The source must be the resolved version before and after. Runs in a worker thread."""
+        The source must be the resolved version before and after. Runs in a worker thread; a
+        helper thread hashes block ``i`` while this one writes and compares it and reads block
+        ``i + 1`` (two source buffers, alternating), so one file keeps two cores busy."""
         fd = _open_source(entry)
-        src_buf, back_buf = self._buffers()
-        src_view, back_view = memoryview(src_buf), memoryview(back_buf)
+        bufs = self._buffers()
+        pending: Future[None] | None = None
         try:
             _check_unchanged(fd, entry)
-            pos = start
-            while pos < end:
-                want = min(len(src_view), end - pos)
-                n = os.preadv(fd, [src_view[:want]], pos)
-                if n <= 0:
-                    raise SourceChangedError(f"{entry.locator} shrank while copying")
-                hasher.update(src_view[:n])
-                if write:
-                    _pwrite_all(dst_fd, src_view[:n], pos)
-                if os.preadv(dst_fd, [back_view[:n]], pos) != n or not _same(src_buf, back_buf, n):
-                    raise IntegrityError(
-                        f"{entry.path}: the staged bytes at {pos}-{pos + n} differ from the "
-                        f"source's"
-                    )
-                pos += n
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="warmfleet-hash") as pool:
+                pos, i = start, 0
+                while pos < end:
+                    buf = bufs[i % 2]
+                    n = os.preadv(fd, [memoryview(buf)[: min(len(buf), end - pos)]], pos)
+                    if n <= 0:
+                        raise SourceChangedError(f"{entry.locator} shrank while copying")
+                    if pending is not None:
+                        pending.result()  # in order; the other buffer is free again
+                    pending = pool.submit(hasher.update, memoryview(buf)[:n])
+                    _write_and_compare(entry, dst_fd, buf, bufs[2], n=n, pos=pos, write=write)
+                    pos, i = pos + n, i + 1
+                if pending is not None:
+                    pending.result()
             _check_unchanged(fd, entry)
             return pos - start
         finally:
             os.close(fd)
 
-    def _buffers(self) -> tuple[bytearray, bytearray]:
-        """This thread's two reused copy buffers (source read, staged read-back)."""
-        bufs: tuple[bytearray, bytearray] | None = getattr(self._local, "bufs", None)
+    def _buffers(self) -> tuple[bytearray, bytearray, bytearray]:
+        """This thread's reused copy buffers: two for the source (alternating), the read-back."""
+        bufs: tuple[bytearray, bytearray, bytearray] | None = getattr(self._local, "bufs", None)
         if bufs is None:
-            bufs = (bytearray(COPY_BLOCK_BYTES), bytearray(COPY_BLOCK_BYTES))
+            size = COPY_BLOCK_BYTES
+            bufs = (bytearray(size), bytearray(size), bytearray(size))
             self._local.bufs = bufs
         return bufs
 
@@ -192,6 +195,17 @@ def _entry(rel: str, path: Path) -> FileEntry:
         last_modified=str(st.st_mtime_ns),
         mode=stat.S_IMODE(st.st_mode),
     )
+
+
+def _write_and_compare(
+    entry: FileEntry, dst_fd: int, buf: bytearray, back: bytearray, *, n: int, pos: int, write: bool
+) -> None:
+    if write:
+        _pwrite_all(dst_fd, memoryview(buf)[:n], pos)
+    if os.preadv(dst_fd, [memoryview(back)[:n]], pos) != n or not _same(buf, back, n):
+        raise IntegrityError(
+            f"{entry.path}: the staged bytes at {pos}-{pos + n} differ from the source's"
+        )
 
 
 def _same(a: bytearray, b: bytearray, n: int) -> bool:
