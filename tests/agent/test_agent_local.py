@@ -1,7 +1,9 @@
-"""Local / shared file system source: sha256 manifest, in-kernel ranged copy, change detection."""
+"""Local / shared file system source: stat identity, sha256 while copying, change detection."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -21,8 +23,11 @@ async def test_local_dir_copy_in_chunks_is_verified(tmp_path: Path) -> None:
         (src / rel).write_bytes(data)
     async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
         rec = await m.prefetch(str(src))
-        manifest = m.store.read_marker(rec.key)["manifest"]
-        assert {f["path"]: f["sha256"] for f in manifest["files"]} == {
+        marker = m.store.read_marker(rec.key)
+        assert {f["path"]: f["sha256"] for f in marker["manifest"]["files"]} == dict.fromkeys(
+            files
+        )  # resolve only stats; the sha256 is computed while copying and recorded
+        assert {rel: d["sha256"] for rel, d in marker["digests"].items()} == {
             rel: hashlib.sha256(d).hexdigest() for rel, d in files.items()
         }
         for rel, data in files.items():
@@ -127,3 +132,73 @@ async def test_a_changed_mode_is_a_new_version(tmp_path: Path) -> None:
         before = (await m.resolve(str(src))).key()
         src.chmod(0o600)  # access narrowed at the source: the cached copy must follow
         assert (await m.resolve(str(src))).key() != before
+
+
+async def test_a_fault_in_the_write_path_is_caught_before_publish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each block written is read back and compared with the source bytes it was written
+    from: a byte changed on the way is an IntegrityError (after the retry), nothing is
+    published; without the fault the same fill publishes."""
+    from warmfleet.agent.sources import local  # noqa: PLC0415
+    from warmfleet.core.errors import IntegrityError  # noqa: PLC0415
+
+    src = tmp_path / "w.bin"
+    src.write_bytes(os.urandom(300_000))
+    real = local._pwrite_all
+
+    def flip_first_byte(fd: int, data: memoryview, offset: int) -> None:
+        if offset == 0:
+            data = memoryview(bytes([data[0] ^ 0xFF]) + bytes(data[1:]))
+        real(fd, data, offset)
+
+    monkeypatch.setattr(local, "_pwrite_all", flip_first_byte)
+    async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
+        with pytest.raises(IntegrityError, match="differ from the source"):
+            await m.prefetch(str(src))
+        assert not any((tmp_path / "cache" / "objects").iterdir())
+        assert m.metrics.integrity_failures._value.get() >= 2  # both verify_attempts
+    monkeypatch.setattr(local, "_pwrite_all", real)
+    async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
+        rec = await m.prefetch(str(src))
+        published = tmp_path / "cache" / "objects" / rec.key / "w.bin"
+        assert published.read_bytes() == src.read_bytes()
+
+
+async def test_a_rewrite_that_restores_the_mtime_is_a_new_version(tmp_path: Path) -> None:
+    """Resolve does not hash: the identity has the inode and ctime, which any write changes."""
+    src = tmp_path / "w.bin"
+    src.write_bytes(os.urandom(50_000))
+    st = src.stat()
+    async with manager_for(tmp_path / "cache") as m:
+        first = await m.prefetch(str(src))
+        assert (await m.prefetch(str(src))).key == first.key  # unchanged: the same version
+        src.write_bytes(os.urandom(50_000))
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+        second = await m.prefetch(str(src))
+        assert second.key != first.key
+        published = tmp_path / "cache" / "objects" / second.key / "w.bin"
+        assert published.read_bytes() == src.read_bytes()
+
+
+async def test_a_resumed_copy_hashes_the_chunks_staged_before(tmp_path: Path) -> None:
+    """A fill stopped midway resumes: chunks already staged are not copied again, but their
+    source bytes are still hashed, so the whole file is checked before publish."""
+    src = tmp_path / "w.bin"
+    data = os.urandom(400_000)
+    src.write_bytes(data)
+    async with manager_for(tmp_path / "cache", chunk=64 * 1024, bandwidth_limit=400_000) as m:
+        task = asyncio.create_task(m.prefetch(str(src)))
+        key = (await m.resolve(str(src))).key()
+        staged = tmp_path / "cache" / "staging" / key / ".warmfleet-progress.json"
+        while not staged.exists():
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
+        rec = await m.prefetch(str(src))
+        assert rec.key == key
+        assert m.metrics.integrity_failures._value.get() == 0  # passed on the first attempt
+        marker = m.store.read_marker(key)
+        assert marker["digests"]["w.bin"]["sha256"] == hashlib.sha256(data).hexdigest()

@@ -95,6 +95,12 @@ def test_prefix_routing_on_real_vllm() -> None:
     out = json.loads(OUT.read_text())
     assert out["failures"] == []
     assert rc == 0
+    assert out["weights_from_cache"] is True  # issue 24: the engines loaded the node cache only
+    fill = out["cache_fill"]
+    assert not fill["origin_reachable_at_engine_start"]
+    assert fill["engine_model_roots"] == [fill["model_dir"]] * len(out["engine"]["instances"])
+    assert fill["bytes"] > 0
+    assert fill["gbps"] > 0
     rnd = out["strategies"]["random"]["default"]
     for mode in ("approximate", "exact"):
         pa = out["strategies"]["prefix_affinity"][mode]

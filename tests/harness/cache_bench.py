@@ -3,7 +3,8 @@
 * HTTP: a throttled local origin (the local fleet's, ``warmfleet.local.origin_proc``, in a
   separate process); achieved prefetch rate / throttle rate.
 * Local path and S3 (moto server, separate process): GB/s next to baselines measured in the same
-  run (``cp`` for the local path, a plain boto3 ``download_file`` for S3).
+  run (``cp`` and ``cp`` + fsync for the local path, medians of rounds side by side; a plain
+  boto3 ``download_file`` for S3).
 * Faults: kill -9 mid-download (N times in a row), truncated bodies, 503s, a flipped byte at
   the origin, a full tmpfs, an object changed during and between downloads. Every cache root is
   audited afterwards; ``corrupt_or_partial_published`` counts what should never exist.
@@ -33,52 +34,12 @@ from typing import Annotated, Any
 
 import typer
 
+from harness.bench_support import GB, MB, manager_for, write_pseudo_random
 from harness.faults import run_fault_matrix
+from harness.local_bench import bench_local
 from harness.registry import stop_process
-from warmfleet.agent.manager import CacheManager
-from warmfleet.agent.sourceset import SourceSet
-from warmfleet.agent.store import Store
 from warmfleet.bench.live_procs import free_port
-from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, SourcesSpec
-
-MB = 10**6
-GB = 10**9
-
-
-def spec_for(root: Path, budget: int, **download: Any) -> NodeCacheSpec:
-    sources = download.pop("sources", SourcesSpec())
-    dl = {"chunk": 8 << 20, "concurrency": 8, **download}
-    return NodeCacheSpec(
-        root=str(root),
-        capacity=CapacitySpec(budget=budget, high_watermark_frac=1.0, low_watermark_frac=1.0),
-        download=DownloadSpec(**dl),
-        sources=sources,
-    )
-
-
-@contextlib.asynccontextmanager
-async def manager_for(root: Path, budget: int = 100 * GB, **download: Any) -> Any:
-    spec = spec_for(root, budget, **download)
-    async with SourceSet(spec.sources, spec.download) as sources:
-        yield CacheManager(Store(root), spec, sources)
-
-
-def write_pseudo_random(path: Path, size: int) -> None:
-    """Incompressible-looking data without paying urandom for every byte."""
-    block = os.urandom(16 << 20)
-    with path.open("wb") as fh:
-        left = size
-        while left > 0:
-            n = min(len(block), left)
-            fh.write(block[:n])
-            left -= n
-            block = block[1:] + block[:1]
-
-
-def warm(path: Path) -> None:
-    with path.open("rb") as fh:
-        while fh.read(16 << 20):
-            pass
+from warmfleet.cache.config import SourcesSpec
 
 
 @contextlib.contextmanager
@@ -173,49 +134,6 @@ async def bench_http(work: Path, size: int, throttle_bps: float, reps: int = 3) 
         "best_fraction": fractions[-1],
         "runs": runs,
         "note": "end to end (resolve + download + verify + publish); median of runs",
-    }
-
-
-# ----- local path vs cp -----------------------------------------------------------------------
-async def bench_local(work: Path, size: int) -> dict[str, Any]:
-    src_dir = work / "local-src"
-    src_dir.mkdir()
-    src = src_dir / "model.safetensors"
-    write_pseudo_random(src, size)
-    warm(src)
-    dst = work / "cp-copy.bin"
-    t0 = time.perf_counter()
-    subprocess.run(["cp", str(src), str(dst)], check=True)
-    cp_s = time.perf_counter() - t0
-    subprocess.run(["sync", str(dst)], check=True)  # do not bill cp's dirty pages to us
-    dst.unlink()
-    warm(src)
-    t0 = time.perf_counter()  # cp + fsync: as durable as a published artifact
-    subprocess.run(["cp", str(src), str(dst)], check=True)
-    subprocess.run(["sync", str(dst)], check=True)
-    cp_sync_s = time.perf_counter() - t0
-    dst.unlink()
-    warm(src)
-    async with manager_for(work / "local-cache") as m:
-        t0 = time.perf_counter()
-        manifest = await m.resolve(str(src_dir))
-        resolve_s = time.perf_counter() - t0
-        await m.ensure(manifest, "local")
-        total_s = time.perf_counter() - t0
-    shutil.rmtree(work / "local-cache", ignore_errors=True)
-    shutil.rmtree(src_dir)
-    return {
-        "size_bytes": size,
-        "prefetch_s": round(total_s, 3),
-        "resolve_sha256_s": round(resolve_s, 3),
-        "download_verify_publish_s": round(total_s - resolve_s, 3),
-        "gbps": round(size / total_s / GB, 3),
-        "gbps_excluding_resolve": round(size / (total_s - resolve_s) / GB, 3),
-        "baseline_cp_s": round(cp_s, 3),
-        "baseline_cp_gbps": round(size / cp_s / GB, 3),
-        "baseline_cp_fsync_s": round(cp_sync_s, 3),
-        "baseline_cp_fsync_gbps": round(size / cp_sync_s / GB, 3),
-        "note": "cp alone leaves dirty pages in RAM; the cache fsyncs before it publishes",
     }
 
 
@@ -368,6 +286,7 @@ async def run(params: BenchParams) -> dict[str, Any]:
         result["local_gbps"] = local["gbps"]
         result["local_baseline_cp_gbps"] = local["baseline_cp_gbps"]
         result["local_baseline_cp_fsync_gbps"] = local["baseline_cp_fsync_gbps"]
+        result["local_ratio_to_cp_fsync"] = local["ratio_to_cp_fsync"]
         result["local"] = local
         print("s3 ...", flush=True)
         s3 = await bench_s3(work, params.s3_size)

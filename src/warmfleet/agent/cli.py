@@ -153,8 +153,7 @@ def prefetch(  # noqa: PLR0917 (typer maps parameters to options)
             manager.prefetch(uri, revision=revision, name=name, holder=ref, pin=pin)
         )
         if not as_json:
-            parsed = parse_uri(uri)
-            await show_progress(manager, task, name or parsed.default_name(), parsed.kind)
+            await show_progress(manager, task, parse_uri(uri).kind)
         rec = await task
         return rec.to_json()
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from warmfleet.agent.hashed_copy import HashedCopier
 from warmfleet.agent.inline_hash import InlineHasher
 from warmfleet.agent.sources.base import (
     DiskFullError,
@@ -182,9 +183,12 @@ class Downloader:
             while not queue.empty():
                 chunk = queue.get_nowait()
                 await self._fetch_chunk(source, entries[chunk.path], chunk, files)
-                state.mark(chunk)
-                dirty.set()
-                hasher.poke()
+                chunk_done(chunk)
+
+        def chunk_done(chunk: Chunk) -> None:
+            state.mark(chunk)
+            dirty.set()
+            hasher.poke()  # unused with a copier: its copy is compared with the source's bytes
 
         async def flusher() -> None:
             while not finished.is_set():
@@ -194,19 +198,46 @@ class Downloader:
                     dirty.clear()
                     await asyncio.to_thread(self._flush, staging, state.to_json(), files)
 
+        copier = self._copier(source, files, state, chunk_done)
         try:
             async with asyncio.TaskGroup() as tg:
                 flush_task = tg.create_task(flusher())
-                hash_task = tg.create_task(hasher.run())
-                workers = [tg.create_task(worker()) for _ in range(self._spec.concurrency)]
-                await asyncio.gather(*workers)
+                if copier is not None:  # one read of the source, hashed and compared
+                    jobs = [tg.create_task(copier.copy_file(e)) for e in manifest.files]
+                    await asyncio.gather(*jobs)
+                    self.digests = copier.digests
+                else:
+                    hash_task = tg.create_task(hasher.run())
+                    jobs = [tg.create_task(worker()) for _ in range(self._spec.concurrency)]
+                    await asyncio.gather(*jobs)
+                    self.digests = await hasher.finish(hash_task)
                 finished.set()
                 await flush_task  # never cancelled mid-write: it exits on `finished`
-                self.digests = await hasher.finish(hash_task)
         except* Exception as group:  # the first failure, not a group (an OSError too)
             await self._flush_quietly(staging, state, files)
             raise group.exceptions[0] from None
         await asyncio.to_thread(self._flush, staging, state.to_json(), files)
+
+    def _copier(
+        self,
+        source: Source,
+        files: StagedFiles,
+        state: ResumeState,
+        chunk_done: Callable[[Chunk], None],
+    ) -> HashedCopier | None:
+        copy_hashed = getattr(source, "copy_hashed", None)
+        if copy_hashed is None:
+            return None
+        return HashedCopier(
+            copy_hashed,
+            files,
+            state,
+            concurrency=self._spec.concurrency,
+            limiter=self._limiter,
+            on_bytes=self._on_bytes,
+            on_chunk=chunk_done,
+            on_os_error=_raise_os,
+        )
 
     async def _flush_quietly(self, staging: Path, state: ResumeState, files: StagedFiles) -> None:
         """Keep what was fetched for a later resume; a full disk may refuse even that."""
@@ -233,7 +264,7 @@ class Downloader:
         while True:
             attempt += 1
             try:
-                await self._stream_chunk(source, entry, chunk, files)
+                await self._receive(source, entry, chunk, files)
                 return
             except TransientSourceError as err:
                 if attempt >= self._backoff.max_attempts:  # same class: TooSlowError stays one
@@ -250,27 +281,6 @@ class Downloader:
         if err.retry_after_s is not None:
             delay_s = max(delay_s, min(err.retry_after_s, MAX_RETRY_AFTER_S))
         return delay_s
-
-    async def _stream_chunk(
-        self, source: Source, entry: FileEntry, chunk: Chunk, files: StagedFiles
-    ) -> int:
-        copy_range = getattr(source, "copy_range", None)
-        if copy_range is None:
-            return await self._receive(source, entry, chunk, files)
-        # local file system: in-kernel copy
-        if self._limiter is not None:
-            await asyncio.sleep(self._limiter.reserve(chunk.length))
-
-        def copy(fd: int) -> int:
-            copied: int = copy_range(entry, chunk.start, chunk.end, fd)
-            return copied
-
-        try:
-            n = await asyncio.to_thread(files.run, entry.path, copy, write=True)
-        except OSError as err:
-            _raise_os(err, "copying into the staged artifact")
-        self._on_bytes(n)
-        return n
 
     async def _receive(
         self, source: Source, entry: FileEntry, chunk: Chunk, files: StagedFiles

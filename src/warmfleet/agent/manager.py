@@ -287,11 +287,11 @@ class CacheManager:
                 on_bytes=progress.on_bytes,
                 on_retry=progress.on_retry,
             )
-            if fill is None:
-                await downloader.download(source, manifest, staging)
-            inline = await fill(source, manifest, staging) if fill else downloader.digests
-            self._set_state(key, ArtifactState.VERIFYING)
-            try:
+            try:  # a local copy compares as it goes: its IntegrityError comes from download
+                if fill is None:
+                    await downloader.download(source, manifest, staging)
+                inline = await fill(source, manifest, staging) if fill else downloader.digests
+                self._set_state(key, ArtifactState.VERIFYING)
                 staged = self.store.staging_dir(key)
                 digests = await verify_staged(staged, manifest, inline)
             except IntegrityError:

@@ -1,6 +1,5 @@
-"""``warmfleet cache prefetch``'s progress (stdout), the same for every source: a local path shows
-the sha256 of its files being computed (its resolve step, long for a large model), then, as an
-HTTP or S3 download does, the bytes copied with rate and ETA, and the verification.
+"""``warmfleet cache prefetch``'s progress (stdout), the same for every source: the bytes copied
+(a local path, hashed as it is copied) or downloaded, with rate and ETA, and the verification.
 
 On a terminal: rich bars. Piped: plain lines, a start and an end line per step and at most one
 per 10 % in between (``warmfleet.core.progress.ProgressThrottle``).
@@ -25,7 +24,6 @@ from rich.progress import (
 )
 
 from warmfleet.agent.manager import CacheManager
-from warmfleet.agent.sources.local import LocalSource
 from warmfleet.cache.manifest import SourceKind
 from warmfleet.cache.state import ArtifactState
 from warmfleet.core.progress import (
@@ -41,7 +39,7 @@ _ENDED = frozenset({ArtifactState.READY, ArtifactState.FAILED})
 
 @dataclass
 class Step:
-    """One row of the display: the hashing of a local source, or one artifact's download."""
+    """One row of the display: one artifact's download (a local copy: ``copying``)."""
 
     key: str
     label: str
@@ -51,16 +49,8 @@ class Step:
     ended: bool = False
 
 
-def _steps(manager: CacheManager, label: str, kind: SourceKind) -> list[Step]:
+def _steps(manager: CacheManager, kind: SourceKind) -> list[Step]:
     out = []
-    if kind == SourceKind.LOCAL:
-        source = manager.sources.get(SourceKind.LOCAL)
-        if isinstance(source, LocalSource):
-            done, total = source.hashing()
-            if total:
-                ended = done >= total
-                state = "" if ended else "sha256"
-                out.append(Step("hashing", f"hashing {label}", done, total, state, ended))
     for st in manager.live():
         local_copy = kind == SourceKind.LOCAL and st.state == ArtifactState.DOWNLOADING
         state = "copying" if local_copy else st.state.value
@@ -110,9 +100,7 @@ class _Lines:
             self.say(f"{text}, {step.state}")
 
 
-async def show_progress(
-    manager: CacheManager, task: asyncio.Task[Any], label: str, kind: SourceKind
-) -> None:
+async def show_progress(manager: CacheManager, task: asyncio.Task[Any], kind: SourceKind) -> None:
     """Show ``task``'s steps until it ends (a bar per step on a terminal, else plain lines)."""
     console = Console()
     if not console.is_terminal:
@@ -123,7 +111,7 @@ async def show_progress(
         bars.start()
     try:
         while True:
-            for step in _steps(manager, label, kind):
+            for step in _steps(manager, kind):
                 view.show(step)
             if task.done():
                 return

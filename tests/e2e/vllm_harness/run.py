@@ -1,4 +1,5 @@
-"""The e2e run: two pinned vLLM instances, warmfleet gateways, two workloads, engine numbers.
+"""The e2e run: two pinned vLLM instances loading their weights from a node cache the agent
+filled from an origin (``cache_fill``), warmfleet gateways, two workloads, engine numbers.
 
 ``PYTHONPATH=tests/e2e python -m vllm_harness --venv .venv-vllm --model-dir .cache/tiny-llama``
 from the repository root (``make e2e-vllm`` builds both first). Writes
@@ -15,6 +16,7 @@ import itertools
 import json
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from vllm_harness.cache_fill import engines_model_roots, fill_node_cache, weights_from_cache
 from vllm_harness.doctor import calibrate_run, capture_path, doctor_failures
 from vllm_harness.engines import (
     KV_CACHE_BLOCKS,
@@ -231,6 +234,8 @@ class E2E:
 
 
 async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
+    fill = await fill_node_cache(args.model_dir, args.node_dir, procs)
+    args.model_dir = fill.model_dir  # engines and gateways read the node cache only
     e2e = E2E(args)
     t0 = time.monotonic()
     engines_endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -240,6 +245,7 @@ async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
     try:
         started = await start_engines(procs, args.venv, args.model_dir, engines_endpoint)
         e2e.engines = [spec for spec, _child in started]
+        fill.figures["engine_model_roots"] = await engines_model_roots([e.url for e in e2e.engines])
         e2e.timings_s["engines_ready"] = round(time.monotonic() - t0, 1)
         print(f"e2e-vllm: engines ready in {e2e.timings_s['engines_ready']} s", flush=True)
         timeout = aiohttp.ClientTimeout(total=300.0, connect=10.0)
@@ -282,6 +288,8 @@ async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
         await asyncio.gather(relay_task, return_exceptions=True)
     e2e.timings_s["total_after_build"] = round(time.monotonic() - t0, 1)
     out["timings_s"] = e2e.timings_s
+    out["weights_from_cache"] = weights_from_cache(fill, fill.figures["engine_model_roots"])
+    out["cache_fill"] = fill.figures
     out["engine"] = {
         "block_size": BLOCK_SIZE,
         "kv_cache_blocks": KV_CACHE_BLOCKS,
@@ -328,6 +336,8 @@ def check(out: dict[str, Any]) -> list[str]:
                 f"{label} (replica sync): hit rate {synced} < {SYNCED_SHARE} x one gateway's {one}"
             )
     failures += doctor_failures(out.get("doctor", {}))
+    if not out["weights_from_cache"]:
+        failures.append(f"the engines did not load the node cache only: {out['cache_fill']}")
     return failures + _replay_failures(pa["exact"].get("kv_events", []), out["engine"])
 
 
@@ -363,11 +373,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     procs = ProcessSet(args.log_dir)
     (args.log_dir / PID_FILE).unlink(missing_ok=True)
     start = time.monotonic()
-    try:
-        with terminate_on_sigterm():
-            out = asyncio.run(run(args, procs))
-    finally:
-        procs.stop_all()
+    with tempfile.TemporaryDirectory(prefix="wf-e2e-node-") as node:  # the node cache
+        args.node_dir = Path(node)
+        try:
+            with terminate_on_sigterm():
+                out = asyncio.run(run(args, procs))
+        finally:
+            procs.stop_all()  # before the cache the engines read goes
     out["timings_s"]["total_with_shutdown"] = round(time.monotonic() - start, 1)
     failures = check(out)
     out["failures"] = failures
@@ -395,6 +407,12 @@ def render_summary(out: dict[str, Any]) -> str:
     lines.append(
         f"conformance: predicted {conf['predicted_cached_tokens']} cached tokens, engine "
         f"{conf['engine_cached_tokens']} ({'ok' if conf['ok'] else 'FAIL'})"
+    )
+    fill = out["cache_fill"]
+    lines.append(
+        f"weights from the node cache: {out['weights_from_cache']} ({fill['bytes']} bytes filled "
+        f"in {fill['seconds']} s; origin reachable at engine start: "
+        f"{fill['origin_reachable_at_engine_start']})"
     )
     lines.append(f"timings (s): {out['timings_s']}")
     return "\n".join(lines)

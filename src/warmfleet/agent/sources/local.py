@@ -1,4 +1,11 @@
-"""Local / shared file system source (the FSx for Lustre or NFS case): sha256 per file.
+"""Local / shared file system source (the FSx for Lustre or NFS case).
+
+Resolving only stats the files: a file's identity is its size, mtime, permission bits and a
+local validator (inode and ctime, which every write, rename or ``touch`` changes), so an
+unchanged tree resolves in milliseconds and a changed file is a new cache version. The copy
+(``copy_hashed``) reads the source once: each block is hashed (sha256, recorded in the published
+marker), written, and read back from the staged file and compared byte for byte; the source must
+still be the resolved version after each chunk (docs/caching.md, "Local sources").
 
 Symbolic links are followed only while they resolve inside the source tree (or inside one of
 ``sources.local_symlink_roots``); a link out of it is refused, so a source tree cannot make the
@@ -9,48 +16,36 @@ store never publishes a file wider than its source)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import stat
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from warmfleet.agent.digests import hash_into
 from warmfleet.agent.sources.base import READ_BLOCK_BYTES, SourceChangedError, SourceError
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
 from warmfleet.cache.uri import ParsedUri
-from warmfleet.core.errors import NotFoundError
+from warmfleet.core.errors import IntegrityError, NotFoundError
+
+COPY_BLOCK_BYTES = 4 << 20  # one read, hash and write of ``copy_hashed``
 
 
-def sha256_file(path: Path, on_hashed: Callable[[int], None] | None = None) -> str:
-    digest = hashlib.sha256()
-    hash_into(path, [digest], on_hashed)
-    return digest.hexdigest()
-
-
-def _stat_identity(st: os.stat_result) -> str:
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+def local_validator(st: os.stat_result) -> str:
+    """The version of a local file beyond size and mtime (the manifest's ``etag``): inode and
+    ctime, the same on every node that mounts one shared file system (no device number)."""
+    return f"local:{st.st_ino}:{st.st_ctime_ns}"
 
 
 class LocalSource:
-    """Resolving hashes every file (sha256); ``hashing`` tells how far the files being resolved
-    now are, for a progress display (a large model takes a while)."""
+    """Resolving stats every file; ``copy_hashed`` copies and hashes in one read."""
 
     kind = SourceKind.LOCAL
 
-    def __init__(self, hash_concurrency: int = 2, symlink_roots: tuple[str, ...] = ()) -> None:
-        self._hash_sem = asyncio.Semaphore(hash_concurrency)
+    def __init__(self, symlink_roots: tuple[str, ...] = ()) -> None:
         self._symlink_roots = tuple(os.path.realpath(r) for r in symlink_roots)
-        # per file being resolved: [bytes hashed, size]; each item written by one thread only
-        self._hashing: dict[str, list[int]] = {}
-        self._hashed_bytes = 0  # of the resolves that ended
-
-    def hashing(self) -> tuple[int, int]:
-        """(bytes hashed, bytes to hash) by this source's resolves so far, those under way
-        included; (0, 0) before any."""
-        items = list(self._hashing.values())
-        done = self._hashed_bytes + sum(item[0] for item in items)
-        return done, self._hashed_bytes + sum(item[1] for item in items)
+        self._local = threading.local()  # per worker thread: reused copy buffers
 
     async def resolve(self, parsed: ParsedUri, revision: str | None) -> Manifest:  # noqa: ARG002
         root = Path(parsed.location)
@@ -63,37 +58,8 @@ class LocalSource:
             files = sorted(await asyncio.to_thread(_walk_files, root, inside))
             if not files:
                 raise SourceError(f"local source directory is empty: {root}")
-        for _, path in files:
-            self._hashing[str(path)] = [0, path.stat().st_size]
-        try:
-            entries = await asyncio.gather(*(self._entry(rel, p) for rel, p in files))
-        finally:
-            for _, path in files:
-                self._hashing.pop(str(path), None)
-        self._hashed_bytes += sum(entry.size_bytes for entry in entries)
+        entries = await asyncio.to_thread(lambda: [_entry(rel, p) for rel, p in files])
         return Manifest(SourceKind.LOCAL, parsed.uri, tuple(entries), revision=None)
-
-    async def _entry(self, rel: str, path: Path) -> FileEntry:
-        real = Path(os.path.realpath(path))
-        progress = self._hashing.get(str(path), [0, 0])
-
-        def hashed(done_bytes: int) -> None:
-            progress[0] = done_bytes
-
-        async with self._hash_sem:
-            before = real.stat()
-            digest = await asyncio.to_thread(sha256_file, real, hashed)
-            after = real.stat()
-        if _stat_identity(before) != _stat_identity(after):
-            raise SourceChangedError(f"{path} changed while it was being hashed")
-        return FileEntry(
-            path=rel,
-            size_bytes=after.st_size,
-            locator=str(real),
-            sha256=digest,
-            last_modified=str(after.st_mtime_ns),
-            mode=stat.S_IMODE(after.st_mode),
-        )
 
     def supports_ranges(self, manifest: Manifest) -> bool:  # noqa: ARG002
         return True
@@ -113,21 +79,47 @@ class LocalSource:
         finally:
             os.close(fd)
 
-    def copy_range(self, entry: FileEntry, start: int, end: int, dst_fd: int) -> int:
-        """In-kernel copy of ``[start, end)`` to the same offsets of ``dst_fd`` (no user-space
-        buffers; what ``cp`` does). Runs in a worker thread."""
+    def copy_hashed(
+        self, entry: FileEntry, start: int, end: int, dst_fd: int, hasher: Any, *, write: bool
+    ) -> int:
+        """Read ``[start, end)`` of the source once, feed it to ``hasher``, write it at the same
+        offsets of ``dst_fd`` (``write=False``: a range staged by an earlier attempt, left as it
+        is) and read the staged bytes back: they must equal what was read, else IntegrityError.
+        The source must be the resolved version before and after. Runs in a worker thread; a
+        helper thread hashes block ``i`` while this one writes and compares it and reads block
+        ``i + 1`` (two source buffers, alternating), so one file keeps two cores busy."""
         fd = _open_source(entry)
+        bufs = self._buffers()
+        pending: Future[None] | None = None
         try:
             _check_unchanged(fd, entry)
-            pos = start
-            while pos < end:
-                n = os.copy_file_range(fd, dst_fd, end - pos, pos, pos)
-                if n <= 0:
-                    raise SourceChangedError(f"{entry.locator} shrank while copying")
-                pos += n
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="warmfleet-hash") as pool:
+                pos, i = start, 0
+                while pos < end:
+                    buf = bufs[i % 2]
+                    n = os.preadv(fd, [memoryview(buf)[: min(len(buf), end - pos)]], pos)
+                    if n <= 0:
+                        raise SourceChangedError(f"{entry.locator} shrank while copying")
+                    if pending is not None:
+                        pending.result()  # in order; the other buffer is free again
+                    pending = pool.submit(hasher.update, memoryview(buf)[:n])
+                    _write_and_compare(entry, dst_fd, buf, bufs[2], n=n, pos=pos, write=write)
+                    pos, i = pos + n, i + 1
+                if pending is not None:
+                    pending.result()
+            _check_unchanged(fd, entry)
             return pos - start
         finally:
             os.close(fd)
+
+    def _buffers(self) -> tuple[bytearray, bytearray, bytearray]:
+        """This thread's reused copy buffers: two for the source (alternating), the read-back."""
+        bufs: tuple[bytearray, bytearray, bytearray] | None = getattr(self._local, "bufs", None)
+        if bufs is None:
+            size = COPY_BLOCK_BYTES
+            bufs = (bytearray(size), bytearray(size), bytearray(size))
+            self._local.bufs = bufs
+        return bufs
 
     async def aclose(self) -> None:
         return None
@@ -192,8 +184,50 @@ def _raise_walk_error(err: OSError) -> None:
     raise SourceError(f"cannot list local source: {err}") from err
 
 
+def _entry(rel: str, path: Path) -> FileEntry:
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return FileEntry(
+        path=rel,
+        size_bytes=st.st_size,
+        locator=real,
+        etag=local_validator(st),
+        last_modified=str(st.st_mtime_ns),
+        mode=stat.S_IMODE(st.st_mode),
+    )
+
+
+def _write_and_compare(
+    entry: FileEntry, dst_fd: int, buf: bytearray, back: bytearray, *, n: int, pos: int, write: bool
+) -> None:
+    if write:
+        _pwrite_all(dst_fd, memoryview(buf)[:n], pos)
+    if os.preadv(dst_fd, [memoryview(back)[:n]], pos) != n or not _same(buf, back, n):
+        raise IntegrityError(
+            f"{entry.path}: the staged bytes at {pos}-{pos + n} differ from the source's"
+        )
+
+
+def _same(a: bytearray, b: bytearray, n: int) -> bool:
+    """The first ``n`` bytes are equal (bytearray equality is a memcmp; a memoryview's is
+    compared item by item, ~100 times slower)."""
+    return a == b if n == len(a) == len(b) else a[:n] == b[:n]
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data = data[n:]
+        offset += n
+
+
 def _check_unchanged(fd: int, entry: FileEntry) -> None:
-    """The open file still has the size and mtime it had when the manifest was resolved."""
+    """The open file is still the version resolved: size, mtime and validator (a write,
+    even one that restores the mtime, changes the ctime)."""
     st = os.fstat(fd)
-    if st.st_size != entry.size_bytes or str(st.st_mtime_ns) != entry.last_modified:
+    if (
+        st.st_size != entry.size_bytes
+        or str(st.st_mtime_ns) != entry.last_modified
+        or (entry.etag is not None and local_validator(st) != entry.etag)
+    ):
         raise SourceChangedError(f"{entry.locator} changed since it was resolved")
