@@ -63,6 +63,8 @@ class FlowGate:
         self._choose = choose
         self.predictor = predictor
         self._cap = config.max_in_flight_per_instance
+        limit_ms = config.max_pending_prefill_ms
+        self._pending_limit_s = None if limit_ms is None else limit_ms / 1000.0
         self._band_floors = [b.min_priority for b in config.bands]
         order = sorted(range(len(config.bands)), key=lambda i: -config.bands[i].min_priority)
         self._bands = [config.bands[i] for i in order]
@@ -72,11 +74,13 @@ class FlowGate:
         self._running: dict[int, _Running] = {}
         self._in_flight: dict[InstanceId, int] = {}
         self._pending_prefill_s: dict[InstanceId, float] = {}
+        self._busy_since_s: dict[InstanceId, float] = {}  # pending prefill since (> 0)
         self._tenants: dict[str, _TenantState] = {}
         self.service_s = 1.0  # smoothed dispatch-to-finish time of a request
         self.shed_count: dict[tuple[str, str, Reason], int] = {}  # (band, tenant, reason)
         self.served_tokens: dict[tuple[str, str], int] = {}  # (band, tenant) -> tokens
         self.last_wait_s = 0.0
+        self._last_target: InstanceId | None = None  # what the last placement waits for
 
     # ------------------------------------------------------------------ public
 
@@ -98,6 +102,7 @@ class FlowGate:
     def submit(self, request: FlowRequest, fleet: FleetSnapshot) -> Outcome | None:
         """Dispatch ``request`` now, shed it, or queue it (``None``)."""
         band = self.band_of(request.priority)
+        self._last_target = None
         if self.queues.ahead_of(band) == 0 and fleet.instances:
             placed = self._try_place(request, fleet)
             if isinstance(placed, Dispatch):
@@ -114,12 +119,15 @@ class FlowGate:
         if not fleet.instances or self.queues.queued == 0:
             return None
         for head in self.queues.heads():
+            self._last_target = None
             placed = self._try_place(head.request, fleet)
             if placed is _BLOCKED:
                 return None
             if isinstance(placed, Dispatch):
                 self.queues.remove(head)
                 return placed
+            if head.target != self._last_target:
+                self.queues.retarget(head, self._last_target)
         return None
 
     def next_deadline_s(self) -> float | None:
@@ -131,7 +139,7 @@ class FlowGate:
         if run is None or run.first_token:
             return
         run.first_token = True
-        self._pending_prefill_s[run.instance_id] -= run.prefill_s
+        self._unpend(run.instance_id, run.prefill_s)
         self.predictor.observe(run.predicted_ttft_s, now_s - run.dispatched_s)
 
     def on_finished(self, request_id: int, now_s: float) -> None:
@@ -139,7 +147,7 @@ class FlowGate:
         if run is None:
             return
         if not run.first_token:
-            self._pending_prefill_s[run.instance_id] -= run.prefill_s
+            self._unpend(run.instance_id, run.prefill_s)
         self._in_flight[run.instance_id] -= 1
         tenant = self._tenants.get(run.request.tenant)
         if tenant is not None:
@@ -169,37 +177,71 @@ class FlowGate:
             return None
         decision = self._choose(request.key, fleet)
         target = decision.instance_id
-        if self._in_flight.get(target, 0) < self._cap:
+        if self._has_room(target, self._prefill_s(request.key, decision)):
             reason = Reason.QUEUED if waited else decision.reason
             return self._dispatch(request, replace(decision, reason=reason), fleet.now_s)
-        free = tuple(
-            s for s in fleet.instances if self._in_flight.get(s.instance_id, 0) < self._cap
-        )
+        cold_s = self.predictor.prefill_s(request.key.prompt_tokens, 0)  # fits even uncached
+        free = tuple(s for s in fleet.instances if self._has_room(s.instance_id, cold_s))
         if not free:
-            return _BLOCKED
+            if not any(self._has_room(s.instance_id, 0.0) for s in fleet.instances):
+                return _BLOCKED  # nothing at all can start now
+            return None
         if self.config.spill == "never":
             return None
         alt = self._choose(request.key, FleetSnapshot(free, fleet.now_s))
-        wait_s = self.expected_wait_s(target)
-        if self._ttft_s(request.key, alt) <= wait_s + self._ttft_s(request.key, decision):
+        if not self._has_room(alt.instance_id, self._prefill_s(request.key, alt)):
+            return None
+        if self.config.spill == "always":
+            reason = Reason.SPILL_AFTER_WAIT if waited else alt.reason
+            return self._dispatch(request, replace(alt, reason=reason, spilled=True), fleet.now_s)
+        wait_s = self.expected_wait_s(target, fleet.now_s)
+        # spilling recomputes the prefix the target holds: the request waits for that work and
+        # the instance's other requests wait behind it, so the extra prefill counts twice
+        extra_s = self._prefill_s(request.key, alt) - self._prefill_s(request.key, decision)
+        spill_s = self._ttft_s(request.key, alt) + max(extra_s, 0.0) * self.predictor.factor
+        # once the target has room, its pending prefill has run: waiting = wait + own TTFT
+        if spill_s <= wait_s + self._ttft_s(request.key, decision, queued=False):
             reason = Reason.SPILL_AFTER_WAIT if waited else alt.reason
             spilled = replace(alt, reason=reason, spilled=True)
             return self._dispatch(request, spilled, fleet.now_s)
+        self._last_target = target
         return None
 
-    def expected_wait_s(self, instance_id: InstanceId) -> float:
-        """Until one of the instance's requests finishes (its cap's share of a service time)."""
+    def _unpend(self, instance_id: InstanceId, prefill_s: float) -> None:
+        left_s = self._pending_prefill_s[instance_id] - prefill_s
+        self._pending_prefill_s[instance_id] = left_s if left_s > 1e-9 else 0.0
+
+    def _has_room(self, instance_id: InstanceId, own_prefill_s: float) -> bool:
+        """Below the request cap and, with ``maxPendingPrefillMs``, the instance's predicted
+        prefill still to run (this request's included) within it (an idle one always fits)."""
+        if self._in_flight.get(instance_id, 0) >= self._cap:
+            return False
+        limit_s = self._pending_limit_s
+        if limit_s is None:
+            return True
+        pending_s = self._pending_prefill_s.get(instance_id, 0.0)
+        return pending_s <= 1e-9 or pending_s + own_prefill_s <= limit_s
+
+    def expected_wait_s(self, instance_id: InstanceId, now_s: float) -> float:
+        """Until the instance has room: one of its requests finishes (its cap's share of a
+        service time), and the prefill already sent to it has run (what is left of it since
+        the instance started on it)."""
         over = self._in_flight.get(instance_id, 0) - self._cap + 1
-        return self.service_s * max(over, 0) / self._cap
+        over += self.queues.waiting_for.get(instance_id, 0)  # queued for it already
+        slot_s = self.service_s * max(over, 0) / self._cap
+        pending_s = max(self._pending_prefill_s.get(instance_id, 0.0), 0.0) * self.predictor.factor
+        busy_s = now_s - self._busy_since_s.get(instance_id, now_s)
+        return max(slot_s, pending_s - busy_s, 0.0)
 
     def _prefill_s(self, key: RoutingKey, decision: Decision) -> float:
         prompt, cached = key_tokens(key, decision.predicted_cached_blocks)
         return self.predictor.prefill_s(prompt, cached)
 
-    def _ttft_s(self, key: RoutingKey, decision: Decision) -> float:
+    def _ttft_s(self, key: RoutingKey, decision: Decision, *, queued: bool = True) -> float:
+        """Predicted TTFT on the decision's instance (``queued``: behind its pending prefill)."""
         iid = decision.instance_id
         decoding = self._in_flight.get(iid, 0)
-        queued_s = max(self._pending_prefill_s.get(iid, 0.0), 0.0)
+        queued_s = self._pending_prefill_s.get(iid, 0.0) if queued else 0.0
         return self.predictor.predict_s(self._prefill_s(key, decision), queued_s, decoding)
 
     def _dispatch(self, request: FlowRequest, decision: Decision, now_s: float) -> Dispatch:
@@ -208,7 +250,10 @@ class FlowGate:
         predicted = self._ttft_s(request.key, decision)
         self._running[request.request_id] = _Running(request, iid, now_s, prefill_s, predicted)
         self._in_flight[iid] = self._in_flight.get(iid, 0) + 1
-        self._pending_prefill_s[iid] = self._pending_prefill_s.get(iid, 0.0) + prefill_s
+        pending_s = self._pending_prefill_s.get(iid, 0.0)
+        if pending_s <= 1e-9:
+            self._busy_since_s[iid] = now_s
+        self._pending_prefill_s[iid] = pending_s + prefill_s
         prompt, cached = key_tokens(request.key, decision.predicted_cached_blocks)
         tokens = (
             prompt - cached
@@ -250,11 +295,23 @@ class FlowGate:
                 return self._shed(request, Reason.SHED, 429, now_s, wait_s)
             self.queues.remove(victim)
             self.queues.push(
-                Queued(request, band, latest_s, deadline_s is None or hold_s <= deadline_s)
+                Queued(
+                    request,
+                    band,
+                    latest_s,
+                    deadline_s is None or hold_s <= deadline_s,
+                    self._last_target,
+                )
             )
             return self._shed(victim.request, Reason.SHED, 429, now_s, wait_s)
         self.queues.push(
-            Queued(request, band, latest_s, deadline_s is None or hold_s <= deadline_s)
+            Queued(
+                request,
+                band,
+                latest_s,
+                deadline_s is None or hold_s <= deadline_s,
+                self._last_target,
+            )
         )
         return None
 

@@ -33,6 +33,7 @@ class Queued:
     band: int
     latest_start_s: float
     deadline_is_hold: bool  # the limit is the hold (no replica) / longest wait, not a deadline
+    target: str | None = None  # the busy instance it last chose to wait for
     active: bool = True
 
 
@@ -51,6 +52,7 @@ class FlowQueues:
         self.max_per_flow = max_per_flow
         self.queued = 0
         self.counters: dict[str, float] = {}
+        self.waiting_for: dict[str, int] = {}  # instance -> queued requests waiting for it
         self._deadlines: list[tuple[float, int, Queued]] = []
         self._seq = itertools.count()
 
@@ -91,6 +93,18 @@ class FlowQueues:
         band.queued += 1
         self.queued += 1
         heapq.heappush(self._deadlines, (entry.latest_start_s, next(self._seq), entry))
+        self.retarget(entry, entry.target, new=True)
+
+    def retarget(self, entry: Queued, target: str | None, *, new: bool = False) -> None:
+        """``entry`` now waits for ``target`` (None: for no instance in particular)."""
+        waiting = self.waiting_for
+        if entry.target is not None and not new:
+            waiting[entry.target] -= 1
+            if not waiting[entry.target]:
+                del waiting[entry.target]
+        entry.target = target
+        if target is not None:
+            waiting[target] = waiting.get(target, 0) + 1
 
     def remove(self, entry: Queued) -> None:
         """Take ``entry`` out (dispatched or shed); lazily dropped from the deadline heap."""
@@ -106,6 +120,7 @@ class FlowQueues:
         band.queued -= 1
         self.queued -= 1
         entry.active = False
+        self.retarget(entry, None)
 
     def _lift(self, band: _Band, tenant: str) -> None:
         """A newly backlogged tenant starts no lower than the band's smallest backlogged

@@ -6,6 +6,8 @@ no flow control: requests are routed (and spilled) as they arrive, as without th
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from warmfleet.core.config import StrictModel
@@ -45,12 +47,17 @@ class FlowControlConfig(StrictModel):
 
     ``maxInFlightPerInstance``: an instance holding this many dispatched requests is at its cap
     (further requests wait in the gateway's queue or spill by predicted cost).
+    ``maxPendingPrefillMs``: an instance is also full while the predicted prefill of the
+    requests sent to it and not yet started (first token), the next one's included, would pass
+    this (None: no such bound); it keeps engine steps short for the requests that follow.
     ``maxQueuedRequests`` / ``maxQueuedPerFlow``: the queue's bounds (memory is bounded by
     them). ``maxWaitMs``: the longest any request waits, deadline or not (also the hold while
     no replica is ready). ``spill``: ``cost`` decides wait-vs-spill by predicted TTFT,
-    ``never`` always waits for the strategy's choice."""
+    ``never`` always waits for the strategy's choice, ``always`` spills at once to the
+    strategy's choice among the instances with room (AWS's concurrency-threshold behaviour)."""
 
     max_in_flight_per_instance: int = Field(default=16, ge=1, le=4096)
+    max_pending_prefill_ms: float | None = Field(default=None, gt=0.0)
     max_queued_requests: int = Field(default=1024, ge=1, le=1_000_000)
     max_queued_per_flow: int = Field(default=256, ge=1, le=1_000_000)
     max_wait_ms: float = Field(default=30_000.0, gt=0.0)
@@ -58,7 +65,7 @@ class FlowControlConfig(StrictModel):
     bands: tuple[BandConfig, ...] = Field(default_factory=_default_bands, min_length=1)
     tenants: dict[str, TenantLimits] = Field(default_factory=dict)
     default_tenant: TenantLimits = Field(default_factory=TenantLimits)
-    spill: str = Field(default="cost", pattern=r"^(cost|never)$")
+    spill: Literal["cost", "never", "always"] = "cost"
     output_token_weight: float = Field(default=2.0, ge=0.0, le=100.0)
 
     @model_validator(mode="after")
