@@ -282,3 +282,53 @@ def test_config_rejects_duplicate_bands_and_unknown_keys() -> None:
     )
     assert cfg.max_in_flight_per_instance == 3
     assert cfg.tenants["t"].weight == 2
+
+
+def test_pending_prefill_budget_holds_a_second_long_prompt_but_not_a_short_one() -> None:
+    gate = _gate(_config(max_in_flight_per_instance=8, max_pending_prefill_ms=150, spill="never"))
+    fleet = _fleet(1, 0.0)
+    long_key = _key(3000)  # ~0.13 s of prefill on this engine
+    assert isinstance(gate.submit(FlowRequest(0, long_key, "a", 0, 0.0), fleet), Dispatch)
+    assert gate.submit(FlowRequest(1, long_key, "a", 0, 0.0), fleet) is None  # would pass 150 ms
+    short = gate.submit(FlowRequest(2, _key(64), "b", 0, 0.0), fleet)
+    assert short is None
+    out = gate.next_outcome(fleet)  # the short one fits beside the pending long prefill
+    assert isinstance(out, Dispatch)
+    assert out.request.request_id == 2
+    gate.on_first_token(0, 0.2)
+    gate.on_first_token(2, 0.2)
+    out = gate.next_outcome(_fleet(1, 0.2))
+    assert isinstance(out, Dispatch)
+    assert out.request.request_id == 1
+
+
+def test_spill_always_goes_elsewhere_at_once_when_the_choice_is_full() -> None:
+    gate = _gate(_config(max_in_flight_per_instance=1, spill="always"))
+    fleet = _fleet(2, 0.0)
+    assert isinstance(gate.submit(FlowRequest(0, _key(), "a", 0, 0.0), fleet), Dispatch)
+    gate.service_s = 1e-6  # waiting would be cheap; "always" spills anyway
+    out = gate.submit(FlowRequest(1, _key(2048, blocks=100), "a", 0, 0.0), fleet)
+    assert isinstance(out, Dispatch)
+    assert out.decision.instance_id == "i1"
+    assert out.decision.spilled
+
+
+def test_expected_wait_counts_requests_already_waiting_for_the_instance() -> None:
+    """Requests that chose to wait for i0 (by cost) make the next one's expected wait longer."""
+    gate = _gate(_config(max_in_flight_per_instance=1, max_queued_requests=10))
+    fleet = _fleet(2, 0.0)
+    assert isinstance(gate.submit(FlowRequest(0, _key(), "a", 0, 0.0), fleet), Dispatch)
+    gate.service_s = 10.0
+    alone_s = gate.expected_wait_s("i0", 0.0)  # one service time / cap
+    gate.service_s = 1e-3  # waiting for the warm i0 is cheaper than a cold prefill on i1
+    for rid, tenant in ((1, "a"), (2, "b"), (3, "c")):  # three flows: three heads
+        request = FlowRequest(rid, _key(2048, blocks=100), tenant, 0, 0.0)
+        assert gate.submit(request, fleet) is None
+        assert gate.next_outcome(fleet) is None
+    assert gate.queues.waiting_for == {"i0": 3}
+    gate.service_s = 10.0
+    assert gate.expected_wait_s("i0", 0.0) == pytest.approx(4 * alone_s)
+    gate.service_s = 1e-3
+    gate.on_finished(0, 1.0)
+    assert isinstance(gate.next_outcome(_fleet(2, 1.0)), Dispatch)
+    assert gate.queues.waiting_for == {"i0": 2}
