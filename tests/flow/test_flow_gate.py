@@ -7,10 +7,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from warmfleet.core.errors import BadRequestError
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceState, Reason, RoutingKey
 from warmfleet.engine.presets import get_preset
 from warmfleet.flow.gate import FlowGate
-from warmfleet.flow.model import Dispatch, FlowRequest, Shed, TtftPredictor, retry_after_s
+from warmfleet.flow.model import (
+    Dispatch,
+    FlowRequest,
+    Shed,
+    TtftPredictor,
+    parse_deadline_ms,
+    parse_priority,
+    retry_after_s,
+)
 from warmfleet.routing.flow_config import BandConfig, FlowControlConfig, TenantLimits
 
 SPEC = get_preset("llama-3.1-70b-p5")
@@ -332,3 +341,22 @@ def test_expected_wait_counts_requests_already_waiting_for_the_instance() -> Non
     gate.on_finished(0, 1.0)
     assert isinstance(gate.next_outcome(_fleet(2, 1.0)), Dispatch)
     assert gate.queues.waiting_for == {"i0": 2}
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("3", 3), (" -2 ", -2), (7, 7), ("-1000", -1000)])
+def test_priority_parses_integers_in_range(raw: str | int, expected: int) -> None:
+    assert parse_priority(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["high", "1.5", "", "1001", True, 5000])
+def test_priority_rejects_anything_else_naming_the_param(raw: str | int) -> None:
+    with pytest.raises(BadRequestError, match="x-warmfleet-priority") as info:
+        parse_priority(raw)
+    assert info.value.param == "x-warmfleet-priority"
+
+
+def test_deadline_header_parses_and_rejects() -> None:
+    assert parse_deadline_ms(" 250 ") == 250.0
+    for raw in ("0", "-5", "nan", "inf", "soon", "3600001"):
+        with pytest.raises(BadRequestError, match="x-warmfleet-deadline-ms"):
+            parse_deadline_ms(raw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from warmfleet.core.errors import BadRequestError
 from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.engine.spec import EngineSpec
 
@@ -11,12 +12,41 @@ NO_TENANT = ""  # the flow of requests that carry no tenant key
 # Retry-After of a shed request: the expected wait, kept within these bounds (seconds)
 MIN_RETRY_AFTER_S = 1
 MAX_RETRY_AFTER_S = 60
+PRIORITY_RANGE = (-1000, 1000)  # a request's priority; negative = sheddable
+MAX_DEADLINE_MS = 3_600_000.0  # an hour: a longer deadline is none at all in practice
+
+
+def parse_priority(value: str | int, param: str = "x-warmfleet-priority") -> int:
+    """A request's priority from a header or body field: an integer within ``PRIORITY_RANGE``;
+    anything else is a ``BadRequestError`` naming ``param`` (a 400 at the edge)."""
+    if isinstance(value, bool):
+        raise BadRequestError(f"{param} must be an integer", param=param)
+    try:
+        priority = int(value) if isinstance(value, int) else int(value.strip(), 10)
+    except ValueError as err:
+        raise BadRequestError(f"{param} must be an integer", param=param) from err
+    low, high = PRIORITY_RANGE
+    if not low <= priority <= high:
+        raise BadRequestError(f"{param} must be within {low}..{high}", param=param)
+    return priority
+
+
+def parse_deadline_ms(value: str, param: str = "x-warmfleet-deadline-ms") -> float:
+    """A deadline in milliseconds after arrival (``x-warmfleet-deadline-ms``): a positive,
+    finite number up to an hour; anything else is a ``BadRequestError`` naming ``param``."""
+    try:
+        deadline_ms = float(value.strip())
+    except ValueError as err:
+        raise BadRequestError(f"{param} must be a number of milliseconds", param=param) from err
+    if not 0.0 < deadline_ms <= MAX_DEADLINE_MS:  # also rejects nan and inf
+        raise BadRequestError(f"{param} must be within (0, {MAX_DEADLINE_MS:.0f}] ms", param=param)
+    return deadline_ms
 
 
 @dataclass(frozen=True, slots=True)
 class FlowRequest:
     """One request as flow control sees it. ``request_id`` is the caller's handle (unique
-    among the requests in flight); ``priority`` is validated by the caller (``parse_priority``);
+    among the requests in flight); ``priority`` comes validated (``parse_priority``);
     ``deadline_s``: the absolute time by which its first token is due (None: none)."""
 
     request_id: int
