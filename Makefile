@@ -34,6 +34,7 @@ help:
 	  'make bench-fleet    scale-out what-if + embedded-fleet acceptance -> bench-results/fleet.json' \
 	  'make bench-replicas hit rate, gateway replicas x sync delay (sim) -> bench-results/replicas.json' \
 	  'make bench-doctor   doctor calibration, live vs replay -> bench-results/doctor.json' \
+	  'make bench-flow     flow control: noisy neighbour, priorities, wait-vs-spill (sim) -> bench-results/flow.json' \
 	  'make bench-peers    ours beside sglang-router and vllm-router, one run (~10 min)' \
 	  'make peers-venvs    the peer routers, each in its own venv' \
 	  'make bench-cache    model/image cache throughput, fault matrix -> bench-results/cache.json' \
@@ -71,6 +72,10 @@ bench-routing: $(STAMP)
 
 # Simulator: prefix_affinity's hit rate on the shared Mooncake trace (../shared/traces) for 1-16
 # gateway replicas x sync delays 0-100 ms and no sync (docs/replicas.md).
+.PHONY: bench-flow
+bench-flow: $(STAMP)
+	$(BIN)/python -m warmfleet.bench.flow_bench --out bench-results/flow.json
+
 bench-replicas: $(STAMP)
 	$(BIN)/warmfleet sim --scenario mooncake --strategies prefix_affinity \
 		--gateway-replicas 1,2,4,8,16 --sync-delay-ms 0,1,10,100,none \

@@ -107,6 +107,7 @@ RUNS: dict[str, Here | ByTest | Target] = {
     "make bench-replicas": Target("--gateway-replicas 1,2,4,8,16"),
     "make bench-cache": Target("harness.cache_bench"),
     "make bench-fleet": Target("harness.fleet_acceptance"),
+    "make bench-flow": Target("warmfleet.bench.flow_bench"),
     '.venv/bin/pytest -m "not slow"': Target("pytest"),  # `make unit` without the slow tests
     "kubectl apply -f deploy/crds/": ByTest(
         f"{_K8S_API}::test_crds_established",

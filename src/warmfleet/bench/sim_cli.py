@@ -13,6 +13,7 @@ import typer
 from warmfleet.bench.progress import PhasedProgress, activity_for
 from warmfleet.bench.replicas_report import replicas_tables
 from warmfleet.bench.report import comparison_table, write_json, write_plots
+from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError, WarmfleetError
 from warmfleet.display import (
     FormatOpt,
@@ -22,8 +23,9 @@ from warmfleet.display import (
     emit,
     output_console,
 )
-from warmfleet.edge import TRACES_DIR_ENV, read_text_file, resolve_traces_dir
+from warmfleet.edge import TRACES_DIR_ENV, load_yaml_file, read_text_file, resolve_traces_dir
 from warmfleet.routing.config import STRATEGY_NAMES
+from warmfleet.routing.flow_config import FlowControlConfig
 from warmfleet.sim.replica_sweep import ReplicaSweep, run_replica_sweep
 from warmfleet.sim.runner import Comparison, run_comparison
 from warmfleet.sim.scenario import (
@@ -247,6 +249,10 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
             "--sessions", help="keys carry each request's session id (as x-warmfleet-session)"
         ),
     ] = False,
+    flow: Annotated[
+        Path | None,
+        typer.Option(help="flow-control YAML (routing.flow, docs/flow-control.md) in front"),
+    ] = None,
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,
 ) -> None:
@@ -254,6 +260,8 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
     --gateway-replicas/--sync-delay-ms, the hit rate per (replicas, delay) instead."""
     if concurrency is not None and rate is not None:
         raise typer.BadParameter("give at most one of --concurrency and --rate")
+    if flow is not None and gateway_replicas != "1":
+        raise typer.BadParameter("--flow runs with one gateway replica")
     counts, delays = _replica_counts(gateway_replicas), _sync_delays(sync_delay_ms)
     sweep = counts != [1] or delays != [0.0]
     if sweep and fmt == OutputFormat.tsv:
@@ -262,6 +270,10 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         raise typer.BadParameter("--report (plots) is for one gateway; use --json with replicas")
     try:
         names = _strategies(strategies)
+        flow_config = None
+        if flow is not None:
+            doc = load_yaml_file(flow)
+            flow_config = parse_document(FlowControlConfig, doc, str(flow))
         spec, trace_data = _spec_and_trace(
             scenario, trace, traces_dir, (instances, preset, seed, requests), sessions
         )
@@ -276,7 +288,7 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
             else:
                 comparison = run_comparison(
                     spec, names, trace=trace_data, rate_rps=rate, concurrency=concurrency,
-                    progress=progress, on_workload=_workload_line(fmt),
+                    progress=progress, on_workload=_workload_line(fmt), flow=flow_config,
                 )  # fmt: skip
             progress.close()
         if sweep:

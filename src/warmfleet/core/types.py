@@ -23,6 +23,12 @@ class Reason(StrEnum):
     ROUND_ROBIN = "round_robin"
     HASH = "hash"  # consistent-hash owner of the prefix (prefix_hash strategy)
     SESSION = "session"  # the instance the request's session was last routed to (prefix_affinity)
+    # flow control (warmfleet.flow): the request waited in the gateway's queue, then ...
+    QUEUED = "queued"  # ... went to the strategy's choice once it had room
+    SPILL_AFTER_WAIT = "spill_after_wait"  # ... went elsewhere: predicted cheaper than waiting
+    # ... or was answered without being served (429/503 + Retry-After)
+    SHED = "shed"  # overload: the queue was full (lowest priority first) or a tenant's limit
+    DEADLINE = "deadline"  # it could not start before its deadline (or the longest wait)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from warmfleet.core.config import StrictModel
+from warmfleet.routing.flow_config import FlowControlConfig
 from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH, KeySpec
 
 
@@ -102,6 +103,7 @@ STRATEGY_NAMES: tuple[str, ...] = (
 class RoutingConfig(StrictModel):
     strategy: StrategyConfig = Field(default_factory=RandomConfig)
     key: KeySpec = Field(default_factory=KeySpec)
+    flow: FlowControlConfig | None = None  # flow control (docs/flow-control.md); None = off
 
     @model_validator(mode="after")
     def _prefix_lengths_agree(self) -> RoutingConfig:

@@ -5,15 +5,19 @@ steps, prefix cache), or a calibrated stand-in such as ``sim.servers.SlotServer`
 about fleet sizing rather than caches. ``FleetController`` is called every ``period_s`` of
 virtual time before ``until_s`` with a ``FleetView`` and returns the instances to start (an
 autoscaler and its placement); each becomes routable ``ready_in_s`` after its start.
+``fleet_snapshot`` and ``record_reuse`` read the kernel's servers at a decision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from warmfleet.core.types import FleetSnapshot, InstanceId, InstanceState
 from warmfleet.engine.events import EngineEvent, EngineRequest, EngineStats
+from warmfleet.routing.replicas import ReplicaView
+from warmfleet.sim.records import RequestRecord
 
 
 class Server(Protocol):
@@ -70,3 +74,47 @@ class FleetController(Protocol):
     def tick(self, fleet: FleetView) -> Sequence[Join]:
         """The instances to start now (possibly none)."""
         ...
+
+
+def fleet_snapshot(
+    active: Sequence[InstanceId],
+    servers: Mapping[InstanceId, Server],
+    view: ReplicaView,
+    now_s: float,
+) -> FleetSnapshot:
+    """The ``active`` instances as ``view``'s replica sees them (its in-flight counts, the
+    servers' stats)."""
+    states = []
+    requests, tokens = view.in_flight_requests, view.in_flight_tokens
+    for instance_id in active:
+        stats = servers[instance_id].stats()
+        states.append(
+            InstanceState(
+                instance_id,
+                in_flight_requests=requests.get(instance_id, 0),
+                in_flight_tokens=tokens.get(instance_id, 0),
+                waiting_requests=stats.waiting,
+                kv_usage_frac=stats.kv_usage_frac,
+                kv_capacity_blocks=stats.capacity_blocks,
+            )
+        )
+    return FleetSnapshot(tuple(states), now_s)
+
+
+def record_reuse(
+    record: RequestRecord,
+    block_hashes: tuple[int, ...],
+    chosen: InstanceId,
+    *,
+    active: Sequence[InstanceId],
+    servers: Mapping[InstanceId, Server],
+    block_tokens: int,
+) -> None:
+    """The best instance's and the chosen one's actual cached prefix, at decision time."""
+    best = 0
+    for instance_id in active:
+        cached = servers[instance_id].cached_prefix_blocks(block_hashes)
+        best = max(best, cached)
+        if instance_id == chosen:
+            record.captured_tokens = min(cached * block_tokens, record.prompt_tokens)
+    record.available_tokens = min(best * block_tokens, record.prompt_tokens)

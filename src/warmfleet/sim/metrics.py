@@ -96,9 +96,19 @@ class RunMetrics:
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (t_s, hit rate)
     tenants: dict[str, dict[str, object]] = field(default_factory=dict)  # sim.tenants
     cached_tokens: list[int] = field(default_factory=list)  # per request, in request order
+    shed: int = 0  # of ``rejected``: answered by flow control without being served
+    shed_by_reason: dict[str, int] = field(default_factory=dict)  # ``shed`` / ``deadline``
 
     def as_report(self) -> dict[str, object]:
         shares = list(self.share_pct.values()) or [0.0]
+        requests = {
+            "submitted": self.submitted,
+            "completed": self.completed,
+            "rejected": self.rejected,
+        }
+        if self.shed:
+            requests["shed"] = self.shed
+            requests.update({f"shed_{k}": v for k, v in self.shed_by_reason.items()})
         report: dict[str, object] = {
             "ttft_ms": percentiles_ms(self.ttft_s),
             "e2e_ms": percentiles_ms(self.e2e_s),
@@ -110,11 +120,7 @@ class RunMetrics:
             "spills": self.spills,
             "moved_fraction": list(self.moved_fraction),
             "decisions_by_reason": dict(self.decisions_by_reason),
-            "requests": {
-                "submitted": self.submitted,
-                "completed": self.completed,
-                "rejected": self.rejected,
-            },
+            "requests": requests,
         }
         if self.tenants:
             report["tenants"] = self.tenants
@@ -183,4 +189,6 @@ def compute_metrics(
         decisions_by_reason=dict(sorted(Counter(r.reason for r in routed).items())),
         timeline=_timeline(done, timeline_buckets),
         cached_tokens=[r.cached_tokens if r.done and not r.rejected else 0 for r in records],
+        shed=sum(1 for r in records if r.shed_status),
+        shed_by_reason=dict(sorted(Counter(r.reason for r in records if r.shed_status).items())),
     )

@@ -52,7 +52,10 @@ class RequestRecord:
     first_token_s: float = -1.0
     cached_tokens: int = 0  # engine-delivered cached prefix
     finish_s: float = -1.0
-    rejected: bool = False
+    rejected: bool = False  # refused by the engine, or shed by flow control
+    shed_status: int = 0  # flow control answered it without serving it (429/503); 0 = no
+    queued_s: float = 0.0  # time it waited in flow control's queue
+    predicted_ttft_s: float = -1.0  # flow control's engine-side TTFT prediction at dispatch
 
     @property
     def done(self) -> bool:

@@ -11,13 +11,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from warmfleet.core.errors import ConfigError
 from warmfleet.core.hashing import hash_str
 from warmfleet.core.progress import NoProgress, RunProgress
 from warmfleet.core.types import RoutingKey
 from warmfleet.engine.spec import EngineSpec
+from warmfleet.flow.gate import FlowGate
+from warmfleet.flow.model import TtftPredictor
 from warmfleet.routing.base import Strategy
 from warmfleet.routing.config import PrefixHashConfig, StrategyConfig
 from warmfleet.routing.factory import build_strategy, strategy_config
+from warmfleet.routing.flow_config import FlowControlConfig
 from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH, key_from_blocks
 from warmfleet.routing.movement import moved_fraction
 from warmfleet.sim.gateways import Gateways, GatewaySync
@@ -164,10 +168,12 @@ def run_strategy(
     progress: RunProgress | None = None,
     config: StrategyConfig | None = None,
     label: str | None = None,
+    flow: FlowControlConfig | None = None,
 ) -> StrategyRun:
     """One strategy's run; ``gateways``: several gateway replicas in sync (default: one);
     ``config``: other parameters than the strategy's defaults; ``label`` names the run (default:
-    ``name``); ``progress`` gets a phase named after the run and one unit per finished request."""
+    ``name``); ``flow``: flow control in front of the strategy (one gateway only);
+    ``progress`` gets a phase named after the run and one unit per finished request."""
     progress = progress or NoProgress()
     label = label or name
     progress.phase(label, len(prepared.requests))
@@ -189,8 +195,13 @@ def run_strategy(
             lambda r: build_strategy(config, replica_rng(scenario.seed, name, r)),
             random.Random(hash_str("gateway-replicas", scenario.seed)),
         )
+    gate = None
+    if flow is not None:
+        if isinstance(routing, Gateways):
+            raise ConfigError("flow control: the simulator runs it with one gateway replica")
+        gate = FlowGate(flow, routing.choose, TtftPredictor(spec))
     simulator = Simulator(
-        sim_config, routing, prepared.requests, keys, on_finished=progress.advance
+        sim_config, routing, prepared.requests, keys, on_finished=progress.advance, flow=gate
     )
     result = simulator.run()
     wall_s = time.perf_counter() - started
@@ -215,10 +226,12 @@ def run_comparison(
     check_invariants: bool = False,
     progress: RunProgress | None = None,
     on_workload: Callable[[BuiltWorkload], None] | None = None,
+    flow: FlowControlConfig | None = None,
 ) -> Comparison:
     """Every strategy on the same workload. ``progress`` (a display, from the shell) gets a
     phase hashing the workload's blocks, then one per strategy, one unit per request;
-    ``on_workload`` is called with the workload as soon as it is built."""
+    ``on_workload`` is called with the workload as soon as it is built; ``flow``: flow control
+    in front of every strategy."""
     comparison, prepared = prepare_comparison(
         scenario, trace=trace, rate_rps=rate_rps, concurrency=concurrency, progress=progress,
         on_workload=on_workload,
@@ -233,6 +246,7 @@ def run_comparison(
                 prepared,
                 check_invariants=check_invariants,
                 progress=progress,
+                flow=flow,
             )
         )
     return comparison

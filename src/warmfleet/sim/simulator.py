@@ -18,6 +18,11 @@ every ``period_s`` from time 0, and each instance it starts joins the routable s
 time. A request that arrives while no instance is ready waits (in arrival order) for the first
 one; its time to first token counts the wait.
 
+With flow control (``flow``: a ``FlowGate`` over the run's one strategy, ``sim.flowing``) every
+arrival goes through the gate: it is routed at once, waits in the gate's queue (also while no
+instance is ready) or is shed; the gate is drained when a request finishes, an instance becomes
+ready or a queued request's deadline check is due.
+
 Turns of one session are sent in order: a turn is held back until the previous turn of its session
 finished (open loop: at ``max(arrival, previous end)``). In closed loop, ``concurrency`` clients
 each run one session at a time and start the next session when theirs is done.
@@ -30,12 +35,21 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from warmfleet.core.types import FleetSnapshot, InstanceId, InstanceState, RoutingKey
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
+from warmfleet.flow.gate import FlowGate
 from warmfleet.routing.base import Strategy
 from warmfleet.routing.replicas import ReplicaView
-from warmfleet.sim.fleet import FleetController, FleetView, Join, Server
+from warmfleet.sim.fleet import (
+    FleetController,
+    FleetView,
+    Join,
+    Server,
+    fleet_snapshot,
+    record_reuse,
+)
+from warmfleet.sim.flowing import SimFlow
 from warmfleet.sim.gateways import Gateways
 from warmfleet.sim.records import (
     JoinRecord,
@@ -59,7 +73,7 @@ __all__ = [
     "continuation_blocks",
 ]
 
-_ARRIVAL, _SUBMIT, _SCALE, _TICK, _READY, _SYNC = 0, 1, 2, 3, 4, 5
+_ARRIVAL, _SUBMIT, _SCALE, _TICK, _READY, _SYNC, _FLOW = 0, 1, 2, 3, 4, 5, 6
 
 
 class Simulator:
@@ -81,9 +95,12 @@ class Simulator:
         servers: Callable[[], Server] | None = None,
         controller: FleetController | None = None,
         on_finished: Callable[[], None] | None = None,
+        flow: FlowGate | None = None,
     ) -> None:
         if len(requests) != len(keys):
             raise ValueError("one routing key per request")
+        if flow is not None and isinstance(strategy, Gateways) and len(strategy.views) != 1:
+            raise ValueError("flow control runs with one gateway replica")
         if config.instances < 1 and controller is None:
             raise ValueError("no instance and no fleet controller to start one")
         self._config = config
@@ -115,6 +132,7 @@ class Simulator:
         self._created_ids: list[InstanceId] = []
         self._output_hashes: list[tuple[int, ...]] = []
         self._fleet_version = 0  # bumped whenever an engine is created or deleted
+        self._flow = None if flow is None else SimFlow(flow, requests, keys, self._records)
 
     # ------------------------------------------------------------------ setup
 
@@ -208,6 +226,8 @@ class Simulator:
             self._tick()
         elif kind == _SYNC:
             self._gateways.deliver()
+        elif kind == _FLOW:
+            self._drain_flow(timer=True)
         else:
             self._ready(instance_id)
 
@@ -220,56 +240,54 @@ class Simulator:
 
     def _snapshot(self, view: ReplicaView) -> FleetSnapshot:
         """The fleet as ``view``'s replica sees it (its in-flight counts, the engines' stats)."""
-        states = []
-        requests, tokens = view.in_flight_requests, view.in_flight_tokens
-        for instance_id in self._active:
-            stats = self._engines[instance_id].stats()
-            states.append(
-                InstanceState(
-                    instance_id,
-                    in_flight_requests=requests.get(instance_id, 0),
-                    in_flight_tokens=tokens.get(instance_id, 0),
-                    waiting_requests=stats.waiting,
-                    kv_usage_frac=stats.kv_usage_frac,
-                    kv_capacity_blocks=stats.capacity_blocks,
-                )
-            )
-        return FleetSnapshot(tuple(states), self._now_s)
+        return fleet_snapshot(self._active, self._engines, view, self._now_s)
 
     def _arrive(self, index: int) -> None:
         self._records[index].arrival_s = self._now_s
-        if self._active:
+        if self._flow is not None:
+            self._drain_flow(admit=index)
+        elif self._active:
             self._route(index)
         else:
             self._waiting.append(index)
 
-    def _route(self, index: int) -> None:
+    def _drain_flow(self, *, admit: int | None = None, timer: bool = False) -> None:
+        """Flow control: submit ``admit`` (an arrival), then act on every outcome due now."""
+        if self._flow is not None:
+            view = self._gateways.pick()
+            due_s = self._flow.drain(
+                lambda: self._snapshot(view), self._route, self._unserved, admit, timer=timer
+            )
+            if due_s is not None:
+                self._push(due_s, _FLOW, 0)
+
+    def _unserved(self, index: int) -> None:
+        """Flow control shed request ``index`` (its record says so): its session goes on."""
+        self._release_next(index)
+        if self._on_finished is not None:
+            self._on_finished()
+
+    def _route(self, index: int, decided: Decision | None = None) -> None:
         key = self._keys[index]
         record = self._records[index]
         view = self._gateways.pick()
-        decision = view.strategy.choose(key, self._snapshot(view))
+        decision = decided or view.strategy.choose(key, self._snapshot(view))
         self._sync_at(self._gateways.routed(view, index, key, decision, self._now_s))
         chosen = decision.instance_id
         if key.block_hashes:  # else nothing can be cached: both stay 0
-            self._record_reuse(record, key.block_hashes, chosen)
+            record_reuse(
+                record,
+                key.block_hashes,
+                chosen,
+                active=self._active,
+                servers=self._engines,
+                block_tokens=self._block_tokens,
+            )
         record.instance_id = chosen
         record.reason = str(decision.reason)
         record.spilled = decision.spilled
         self._in_flight_requests[chosen] += 1
         self._push(self._now_s + self._config.router_overhead_s, _SUBMIT, index, chosen)
-
-    def _record_reuse(
-        self, record: RequestRecord, block_hashes: tuple[int, ...], chosen: InstanceId
-    ) -> None:
-        """The best instance's and the chosen one's actual cached prefix, at decision time."""
-        bt = self._block_tokens
-        best = 0
-        for instance_id in self._active:
-            cached = self._engines[instance_id].cached_prefix_blocks(block_hashes)
-            best = max(best, cached)
-            if instance_id == chosen:
-                record.captured_tokens = min(cached * bt, record.prompt_tokens)
-        record.available_tokens = min(best * bt, record.prompt_tokens)
 
     def _submit(self, index: int, instance_id: InstanceId) -> None:
         key = self._keys[index]
@@ -288,6 +306,8 @@ class Simulator:
         if event.kind == EngineEventKind.FIRST_TOKEN:
             record.first_token_s = event.time_s
             record.cached_tokens = event.cached_tokens
+            if self._flow is not None:
+                self._flow.gate.on_first_token(event.request_id, event.time_s)
             return
         if event.kind == EngineEventKind.TOKEN:
             return
@@ -301,6 +321,9 @@ class Simulator:
         if instance_id not in self._active and self._in_flight_requests[instance_id] == 0:
             del self._engines[instance_id]  # drained
             self._fleet_version += 1
+        if self._flow is not None:
+            self._flow.gate.on_finished(event.request_id, event.time_s)
+            self._drain_flow()
 
     def _sync_at(self, at_s: float | None) -> None:
         if at_s is not None:
@@ -344,7 +367,9 @@ class Simulator:
             self._now_s,
             replicas=len(self._active) + self._starting,
             ready=len(self._active),
-            in_flight_requests=sum(self._in_flight_requests.values()) + len(self._waiting),
+            in_flight_requests=sum(self._in_flight_requests.values())
+            + len(self._waiting)
+            + (self._flow.gate.demand() if self._flow is not None else 0),
         )
         for join in controller.tick(view):
             self._start(join)
@@ -366,5 +391,6 @@ class Simulator:
         before = tuple(self._active)
         self._activate(instance_id)
         self._changed(before)
+        self._drain_flow()
         while self._waiting:
             self._route(self._waiting.popleft())

@@ -31,8 +31,8 @@ class WorkloadRequest:
     ``arrival_s`` is the open-loop arrival time (ignored in closed loop). Requests of one
     ``session_id`` are turns of one conversation: in closed loop a turn is sent only after the
     previous turn of the same session finished. ``tenant`` seeds the block hash chain (no
-    reuse across tenants, as in the gateway); ``priority`` is carried from a trace (reported,
-    not yet acted on by the simulated engines).
+    reuse across tenants, as in the gateway); ``priority`` and ``deadline_ms`` (after arrival)
+    are carried from a trace, acted on by flow control when the run has it (``warmfleet.flow``).
     """
 
     request_id: int
@@ -42,6 +42,7 @@ class WorkloadRequest:
     session_id: int | None = None
     tenant: str | None = None
     priority: int | None = None
+    deadline_ms: float | None = None
 
     @property
     def prompt_tokens(self) -> int:

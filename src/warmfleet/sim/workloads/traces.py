@@ -76,6 +76,7 @@ class RequestLabels:
     tenant: str | None = None
     session_id: int | None = None
     priority: int | None = None
+    deadline_ms: float | None = None
 
 
 def _mooncake_row(source: str, line_no: int, line: str) -> MooncakeRow:
@@ -148,6 +149,7 @@ def mooncake_requests(
                 session_id=label.session_id,
                 tenant=label.tenant,
                 priority=label.priority,
+                deadline_ms=label.deadline_ms,
             )
         )
     return tuple(sorted(out, key=lambda r: (r.arrival_s, r.request_id)))
@@ -160,8 +162,9 @@ def parse_trace_text(trace: Trace) -> TraceFile:
 
 def trace_file_requests(parsed: TraceFile, seed: int) -> tuple[WorkloadRequest, ...]:
     """The requests of a warmfleet trace, through the Mooncake conversion: ``hash_ids`` blocks
-    of the header's ``block_tokens``, timestamps as arrivals (no bucket spreading), ``tenant``
-    and ``priority`` carried, each (tenant, session) one session (its turns sent in order)."""
+    of the header's ``block_tokens``, timestamps as arrivals (no bucket spreading), ``tenant``,
+    ``priority`` and ``deadline_ms`` carried, each (tenant, session) one session (its turns
+    sent in order)."""
     rows: list[MooncakeRow] = []
     labels: list[RequestLabels] = []
     sessions: dict[tuple[str | None, str], int] = {}
@@ -171,7 +174,7 @@ def trace_file_requests(parsed: TraceFile, seed: int) -> tuple[WorkloadRequest, 
         if record.session is not None:
             key = (record.tenant, record.session)
             session = sessions.setdefault(key, len(sessions))
-        labels.append(RequestLabels(record.tenant, session, record.priority))
+        labels.append(RequestLabels(record.tenant, session, record.priority, record.deadline_ms))
     return mooncake_requests(rows, seed, False, parsed.header.block_tokens, labels)
 
 
