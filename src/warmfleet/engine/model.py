@@ -201,6 +201,12 @@ class EngineModel:
     def cached_prefix_blocks(self, block_hashes: tuple[int, ...] | list[int]) -> int:
         return self._pool.cached_prefix(block_hashes)
 
+    def reset_prefix_cache(self) -> bool:
+        """Discard the KV cache (sleep mode); False while requests wait or run."""
+        if self._seqs or self._waiting or self._running:
+            return False
+        return self._pool.reset()
+
     def check_invariants(self) -> None:
         self._pool.check_invariants()
         shared = {h for s in self._running for h in s.held}
