@@ -167,11 +167,8 @@ class ModelCacheConfig(WireModel):
 
 class AutoscalingSpec(WireModel):
     """HPA-like scaling on in-flight requests per replica (from the gateway's metrics).
-
-    ``minReplicas: 0`` is scale to zero: the variant goes to zero replicas once it has had no
-    request in flight or held at the gateway for ``scaleToZeroAfterS``; a request held for it at
-    the gateway (no ready replica) brings it back to at least one, at once (no stabilisation or
-    cooldown: someone is waiting)."""
+    ``minReplicas: 0``: to zero after ``scaleToZeroAfterS`` with nothing in flight or held at the
+    gateway; a request held there brings it back at once (``control.autoscaler``)."""
 
     enabled: bool = False
     min_replicas: int = Field(default=1, ge=0)
@@ -194,14 +191,10 @@ class AutoscalingSpec(WireModel):
 
 
 class StandbySpec(WireModel):
-    """Warm standby of a variant at zero replicas.
-
-    The weights cache (``modelCacheConfig.weightsCache``, required) keeps the model on its nodes
-    whatever the replica count, so a replica started from zero loads from a warm node. With
-    ``engine: asleep`` the last replica is not stopped at zero but put to sleep (vLLM's
-    ``/sleep?level=sleepLevel``) on its node; the first request after idle wakes it
-    (``/wake_up``) and pays only the wake: level 1 copies the weights back from host memory,
-    level 2 reads them again from the node's disk."""
+    """Warm standby of a variant at zero replicas: with ``engine: asleep`` (needs the weights
+    cache, which keeps the model on its nodes) the last replica is put to sleep (vLLM's
+    ``/sleep?level=sleepLevel``) rather than stopped, and the first request after idle pays only
+    its ``/wake_up`` (level 1: weights from host memory; level 2: from the node's disk)."""
 
     engine: Literal["none", "asleep"] = "none"
     sleep_level: Literal[1, 2] = 1

@@ -88,8 +88,7 @@ class VariantRuntime:
         self.instances: dict[str, InstanceRuntime] = {}
         self.healthy: tuple[InstanceRuntime, ...] = ()
         self.routable: tuple[InstanceRuntime, ...] = ()
-        # Called when ``routable`` stops being empty (the zero-ready hold releases its waiters).
-        self.on_routable: Callable[[VariantRuntime], None] | None = None
+        self.on_routable: Callable[[VariantRuntime], None] | None = None  # was empty: gateway.hold
         self._requests: dict[tuple[str, str, str], FastValue] = {}
         self.m_decision = metrics.decision.labels(endpoint, self.name)
         self.m_overhead = metrics.overhead.labels(endpoint, self.name)

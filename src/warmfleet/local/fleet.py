@@ -42,6 +42,7 @@ from warmfleet.local.replicas import (
     Replica,
     drained,
     start_replica,
+    start_timed_out,
     write_instance_files,
 )
 from warmfleet.local.state import (
@@ -256,7 +257,7 @@ class EmbeddedFleet:
                 wait_s = self.backoff.exited(replica.deployment, time.time())
                 rc = replica.child.proc.returncode
                 self.event("replica_exited", replica=replica.name, rc=rc, backoff_s=wait_s)
-            elif self._start_timed_out(replica):  # replaced below, stopped by _reap
+            elif start_timed_out(replica, self.spec.engine.start_timeout_s):  # replaced below
                 self._drain(replica)
                 info["state"] = "startTimedOut"
                 self.event("replica_start_timeout", replica=replica.name, node=replica.node)
@@ -267,13 +268,6 @@ class EmbeddedFleet:
                 if r.deployment == name and r.draining_since_s is None and not r.parked
             )
             self.world.deployments[name] = replace(dep, pods=pods)
-
-    def _start_timed_out(self, replica: Replica) -> bool:
-        """Not ready ``engine.startTimeoutS`` after its start (e.g. a stalled weights load): a
-        stuck replica would otherwise hold its slot and block a rollover for ever."""
-        if replica.draining_since_s is not None or replica.ready:
-            return False
-        return time.time() - replica.child.started_wall_s > self.spec.engine.start_timeout_s
 
     def _autoscale(self, now: float) -> None:
         text = self._metrics_text
@@ -321,8 +315,7 @@ class EmbeddedFleet:
                 self._drain(replica)
 
     async def _sync_deployment(self, name: str, desired: int) -> None:
-        """Drain (or park as a warm standby) the extra replicas; wake a sleeping standby, then
-        place new replicas, for the missing ones."""
+        """Drain (or park as a standby) extra replicas; wake a standby before placing new ones."""
         assert self._session is not None
         mine = [
             r for r in self.replicas.values() if r.deployment == name and r.draining_since_s is None

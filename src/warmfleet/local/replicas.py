@@ -144,6 +144,15 @@ def write_instances(path: Path, instances: list[dict[str, str]]) -> bool:
     return True
 
 
+def start_timed_out(replica: Replica, timeout_s: float) -> bool:
+    """Not ready ``engine.startTimeoutS`` after its start (e.g. a stalled weights load), and
+    stopped by the fleet's reaper once drained: a stuck replica would otherwise hold its slot
+    and block a rollover for ever."""
+    if replica.draining_since_s is not None or replica.ready:
+        return False
+    return time.time() - replica.child.started_wall_s > timeout_s
+
+
 def drained(replica: Replica, in_flight: Mapping[str, float], grace_s: float) -> bool:
     """Out of the discovery file for ``grace_s`` and no request in flight at the gateway."""
     if replica.draining_since_s is None:
