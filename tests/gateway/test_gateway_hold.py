@@ -14,7 +14,7 @@ from gateway_support import MODEL, backends_running, gateway_config, gateway_run
 
 from support.waiting import wait_until
 from warmfleet.gateway.config import GatewayConfig
-from warmfleet.gateway.hold import HoldConfig
+from warmfleet.gateway.hold_config import HoldConfig
 from warmfleet.gateway.server import StartedApp
 
 KEY = ("main", "v1")

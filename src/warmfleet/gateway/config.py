@@ -17,7 +17,7 @@ from warmfleet.core.config import StrictModel, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.edge import load_yaml_file
 from warmfleet.gateway.capture_config import CaptureConfig
-from warmfleet.gateway.hold import HoldConfig
+from warmfleet.gateway.hold_config import HoldConfig
 from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeWatchSpec
 from warmfleet.gateway.kv_config import KvEventsConfig
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig

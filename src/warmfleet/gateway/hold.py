@@ -20,25 +20,16 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from pydantic import Field
 
-from warmfleet.core.config import StrictModel
 from warmfleet.core.errors import NoInstanceAvailableError
 from warmfleet.gateway.errors import error_response
+from warmfleet.gateway.hold_config import HoldConfig
 from warmfleet.gateway.http.messages import Response
 from warmfleet.routing.hold import HoldOutcome, Waiter, ZeroReadyHold
 
 if TYPE_CHECKING:
     from warmfleet.gateway.variant import VariantRuntime
     from warmfleet.gateway.world import GatewayState
-
-
-class HoldConfig(StrictModel):
-    """``spec.hold``: hold requests for a variant with no ready instance (scale from zero)."""
-
-    max_held_per_variant: int = Field(default=64, ge=1)
-    timeout_s: float = Field(default=60.0, gt=0)
-    retry_after_s: int = Field(default=5, ge=0, description="the Retry-After of a shed request")
 
 
 class GatewayHold:
