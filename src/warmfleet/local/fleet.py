@@ -316,7 +316,6 @@ class EmbeddedFleet:
 
     async def _sync_deployment(self, name: str, desired: int) -> None:
         """Drain (or park as a standby) extra replicas; wake a standby before placing new ones."""
-        assert self._session is not None
         mine = [
             r for r in self.replicas.values() if r.deployment == name and r.draining_since_s is None
         ]
@@ -325,7 +324,7 @@ class EmbeddedFleet:
         parked = [r for r in mine if r.standby in (standby_.PARKING, standby_.ASLEEP)]
         spec = standby_.standby_spec(self.world, name)
         for extra in sorted(active, key=lambda r: (r.ready, r.name))[: max(serving - desired, 0)]:
-            if extra.ready and standby_.wants_standby(spec, desired, len(parked)):
+            if extra.ready and standby_.wants_standby(spec, desired, len(parked)) and self._session:
                 parked.append(extra)
                 self.standbys.park(self._session, extra, spec.sleep_level, self.spec.drain_grace_s)
             else:
@@ -333,7 +332,8 @@ class EmbeddedFleet:
         missing = desired - serving
         for sleeping in [r for r in parked if r.standby == standby_.ASLEEP][: max(missing, 0)]:
             missing -= 1
-            self.standbys.wake(self._session, sleeping)
+            if self._session is not None:  # started (always, but for the unit tests)
+                self.standbys.wake(self._session, sleeping)
         if missing > 0 and self.backoff.wait_s(name, time.time()) <= 0:
             await self._place(name, missing)
 
