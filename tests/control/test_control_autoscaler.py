@@ -75,8 +75,7 @@ def test_always_within_bounds_and_steps(current: int, loads: list[float]) -> Non
         replicas, state = rec.replicas, rec.state
 
 
-def test_min_replicas_zero_is_rejected_like_hpa() -> None:
-    """At zero replicas no engine reports in-flight load, so an autoscaled variant scaled to
-    zero would never come back: minReplicas must be at least 1 (as in a Kubernetes HPA)."""
+def test_negative_min_replicas_is_rejected() -> None:
+    """``minReplicas: 0`` is scale to zero (test_control_scale_to_zero); below is an error."""
     with pytest.raises(ValidationError, match="minReplicas"):
-        AutoscalingSpec.model_validate({"enabled": True, "minReplicas": 0, "maxReplicas": 3})
+        AutoscalingSpec.model_validate({"enabled": True, "minReplicas": -1, "maxReplicas": 3})

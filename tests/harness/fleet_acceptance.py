@@ -32,6 +32,7 @@ from typing import Annotated, Any
 
 import typer
 
+from harness.scale_from_zero import run_scale_from_zero
 from harness.steady_load import SteadyLoad
 from warmfleet.api.names import weights_label
 from warmfleet.api.resources import EndpointPhase, InferenceEndpointSpec
@@ -384,8 +385,14 @@ def acceptance_command(
         async with asyncio.timeout(max_s):
             return await run_acceptance(workdir, size, throttle)
 
+    async def scale_from_zero(workdir: Path) -> dict[str, Any]:
+        async with asyncio.timeout(400.0):
+            return await run_scale_from_zero(workdir, size, throttle)
+
     with tempfile.TemporaryDirectory(prefix="warmfleet-fleet-", dir="/var/tmp") as tmp:
         figures = asyncio.run(bounded(Path(tmp)))
+    with tempfile.TemporaryDirectory(prefix="warmfleet-sfz-", dir="/var/tmp") as tmp:
+        figures["scale_from_zero"] = asyncio.run(scale_from_zero(Path(tmp)))  # issue 24 item 3
     figures["embedded_params"] = {
         "model_bytes": size,
         "origin_throttle_bps": throttle,

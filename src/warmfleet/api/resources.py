@@ -166,10 +166,13 @@ class ModelCacheConfig(WireModel):
 
 
 class AutoscalingSpec(WireModel):
-    """HPA-like scaling on in-flight requests per replica (from the gateway's metrics)."""
+    """HPA-like scaling on in-flight requests per replica (from the gateway's metrics).
+    ``minReplicas: 0``: to zero after ``scaleToZeroAfterS`` with nothing in flight or held at the
+    gateway; a request held there brings it back at once (``control.autoscaler``)."""
 
     enabled: bool = False
-    min_replicas: int = Field(default=1, ge=1)  # as HPA: at 0 no replica reports load
+    min_replicas: int = Field(default=1, ge=0)
+    scale_to_zero_after_s: float = Field(default=300.0, gt=0.0)
     max_replicas: int = Field(default=1, ge=1)
     target_in_flight_per_replica: float = Field(default=16.0, gt=0.0)
     tolerance: float = Field(default=0.1, ge=0.0, lt=1.0)
@@ -187,11 +190,22 @@ class AutoscalingSpec(WireModel):
         return self
 
 
+class StandbySpec(WireModel):
+    """Warm standby of a variant at zero replicas: with ``engine: asleep`` (needs the weights
+    cache, which keeps the model on its nodes) the last replica is put to sleep (vLLM's
+    ``/sleep?level=sleepLevel``) rather than stopped, and the first request after idle pays only
+    its ``/wake_up`` (level 1: weights from host memory; level 2: from the node's disk)."""
+
+    engine: Literal["none", "asleep"] = "none"
+    sleep_level: Literal[1, 2] = 1
+
+
 class ProductionVariant(WireModel):
     name: str
     replicas: int = Field(default=1, ge=0)
     traffic_weight: float = Field(default=1.0, ge=0.0)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    standby: StandbySpec = Field(default_factory=StandbySpec)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
 
     @field_validator("name")
@@ -221,6 +235,17 @@ class InferenceEndpointSpec(WireModel):
         if len(set(names)) != len(names):
             raise ValueError(f"variant names must be unique, got {names}")
         return value
+
+    @model_validator(mode="after")
+    def _standby_needs_cache(self) -> InferenceEndpointSpec:
+        cached = self.model_cache_config.weights_cache.enabled
+        for i, variant in enumerate(self.variants):
+            if variant.standby.engine == "asleep" and not cached:
+                raise ValueError(
+                    f"variants.{i}.standby.engine asleep needs "
+                    "modelCacheConfig.weightsCache.enabled (the standby's weights stay cached)"
+                )
+        return self
 
 
 class ParentReference(WireModel):

@@ -13,6 +13,13 @@ One decision (``recommend``) per sync period, as the Kubernetes HPA does:
    within ``scale_down_cooldown_s`` of the previous scaling of either direction;
 5. clamp to [minReplicas, maxReplicas].
 
+Scale to zero (``minReplicas: 0``, as Knative and KEDA do it): the floor stays 1 until the
+variant has been idle (nothing in flight, nothing held at the gateway) for ``scaleToZeroAfterS``;
+then it goes to 0 at once. At 0, any demand (requests held at the gateway for the variant, which
+the gateway counts in the same load signal) is an activation: ``ceil(demand / target)``
+replicas (at least 1, at most the step limit) without stabilisation or cooldown, since a client
+is waiting.
+
 The metric is the gateway's in-flight request count for the variant (requests admitted and not
 finished), summed over its replicas; it counts queued work, so it keeps growing while replicas
 are still starting, which is what makes scale-out pick up the load that is waiting.
@@ -31,6 +38,7 @@ class AutoscalerState:
     history: tuple[tuple[float, int], ...] = ()  # (time_s, raw recommendation)
     last_scale_up_s: float | None = None
     last_scale_down_s: float | None = None
+    idle_since_s: float | None = None  # since when nothing was in flight or held
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,28 @@ def _within(history: tuple[tuple[float, int], ...], now_s: float, window_s: floa
     return [r for t, r in history if now_s - t <= window_s]
 
 
+def _idle_since(state: AutoscalerState, in_flight_total: float, now_s: float) -> float | None:
+    if in_flight_total > 0:
+        return None
+    return now_s if state.idle_since_s is None else state.idle_since_s
+
+
+def _zero_scaling(
+    spec: AutoscalingSpec, current: int, raw: int, idle_since_s: float | None, now_s: float
+) -> tuple[int, str] | None:
+    """The scale-to-zero decisions (``minReplicas: 0``), which bypass the HPA rules."""
+    if spec.min_replicas > 0:
+        return None
+    if current == 0:
+        if raw == 0:
+            return 0, "scaled to zero"
+        step = max(spec.scale_up_max_step, 1)
+        return max(1, min(raw, step, spec.max_replicas)), "activation"
+    if idle_since_s is not None and now_s - idle_since_s >= spec.scale_to_zero_after_s:
+        return 0, "idle"
+    return None
+
+
 def recommend(
     spec: AutoscalingSpec,
     current: int,
@@ -63,6 +93,17 @@ def recommend(
 ) -> Recommendation:
     state = state or AutoscalerState()
     raw = max(0, _raw(spec, current, in_flight_total))
+    idle_since_s = _idle_since(state, in_flight_total, now_s)
+    zero = _zero_scaling(spec, current, raw, idle_since_s, now_s)
+    if zero is not None:
+        target, reason = zero
+        new_state = AutoscalerState(
+            history=((now_s, raw),),
+            last_scale_up_s=now_s if target > current else state.last_scale_up_s,
+            last_scale_down_s=now_s if target < current else state.last_scale_down_s,
+            idle_since_s=idle_since_s,
+        )
+        return Recommendation(replicas=target, raw=raw, reason=reason, state=new_state)
     keep_s = max(spec.scale_up_stabilization_s, spec.scale_down_stabilization_s)
     history = (*((t, r) for t, r in state.history if now_s - t <= keep_s), (now_s, raw))
     target, reason = current, "steady"
@@ -82,12 +123,14 @@ def recommend(
         )
         if last is not None and now_s - last < spec.scale_down_cooldown_s:
             target, reason = current, "scale-down cooldown"
-    clamped = max(spec.min_replicas, min(spec.max_replicas, target))
+    floor = max(spec.min_replicas, 1)  # below 1 only by ``_zero_scaling``
+    clamped = max(floor, min(spec.max_replicas, target))
     if clamped != target:
         target, reason = clamped, "bounds"
     new_state = AutoscalerState(
         history=history,
         last_scale_up_s=now_s if target > current else state.last_scale_up_s,
         last_scale_down_s=now_s if target < current else state.last_scale_down_s,
+        idle_since_s=idle_since_s,
     )
     return Recommendation(replicas=target, raw=raw, reason=reason, state=new_state)

@@ -12,6 +12,10 @@ from warmfleet.control.autoscaler import AutoscalerState, recommend
 from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment
 
 IN_FLIGHT_METRIC = "warmfleet_gateway_in_flight_requests"
+# Requests the gateway holds for a variant with no ready replica (``routing.hold``): the demand
+# that brings a variant scaled to zero back; counted with the in-flight ones.
+HELD_METRIC = "warmfleet_gateway_held_requests"
+_LOAD_METRICS = frozenset((IN_FLIGHT_METRIC, HELD_METRIC))
 _SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)"
 )
@@ -21,8 +25,9 @@ VariantKey = tuple[str, str]  # (endpoint, variant)
 
 
 def in_flight_by_variant(texts: Iterable[str]) -> dict[VariantKey, float]:
-    """Sum ``warmfleet_gateway_in_flight_requests`` over instances and over every gateway's
-    Prometheus text exposition.
+    """Sum ``warmfleet_gateway_in_flight_requests`` over instances, plus
+    ``warmfleet_gateway_held_requests`` (requests waiting for a first ready replica), over every
+    gateway's Prometheus text exposition.
 
     A variant with a NaN, infinite or negative sample is left out (its total is unknown: the
     autoscaler then keeps its count, as for a variant without a sample)."""
@@ -31,7 +36,7 @@ def in_flight_by_variant(texts: Iterable[str]) -> dict[VariantKey, float]:
     for text in texts:
         for line in text.splitlines():
             match = _SAMPLE.match(line)
-            if match is None or match["name"] != IN_FLIGHT_METRIC:
+            if match is None or match["name"] not in _LOAD_METRICS:
                 continue
             labels = dict(_LABEL.findall(match["labels"] or ""))
             key = (labels.get("endpoint", ""), labels.get("variant", ""))

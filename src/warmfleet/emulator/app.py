@@ -4,7 +4,8 @@ Routes: ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses``
 (``responses_api``), ``/v1/embeddings`` (``embeddings``), ``/invocations`` (SageMaker style),
 ``/tokenize``, ``/detokenize``, ``/v1/chat/completions/render``, ``/v1/completions/render``;
 ``GET /v1/models``, ``/health``, ``/ping``, ``/version``, ``/server_info``, ``/model_info``,
-``/metrics``.
+``/metrics``; vLLM's sleep mode: ``POST /sleep``, ``POST /wake_up``, ``GET /is_sleeping``
+(``sleep``: while asleep the generation routes answer 503).
 The app is served with ``handler_cancellation=True``: a client that disconnects cancels its
 handler, whose ``finally`` cancels its engine requests (one per choice, ``generation``).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -34,6 +35,7 @@ from warmfleet.emulator.protocol import (
     tokenize_ids,
 )
 from warmfleet.emulator.responses_api import ResponsesCall, responses_call, serve_responses
+from warmfleet.emulator.sleep import SleepRoutes, SleepState, sleeping_response
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,16 @@ class Runtime:
     driver: EngineDriver
     metrics: InstanceMetrics
     created_s: int
+    sleep_state: SleepState = field(default_factory=SleepState)
+
+    def reset_kv_cache(self) -> bool:
+        return self.driver.reset_prefix_cache()
+
+    def requests_in_flight(self) -> int:
+        return self.driver.in_flight
+
+    def wake_wall_s(self, level: int) -> float:
+        return self.ctx.spec.wake_s(level) / self.driver.speedup
 
 
 def _error(message: str, status: int, param: str | None = None) -> web.Response:
@@ -109,6 +121,8 @@ class Handlers:
         rt = self.rt
         arrival_s = rt.driver.now_wall_s()
         await self._hang_if_asked()
+        if rt.sleep_state.refuses_generation:
+            return sleeping_response()
         action = rt.host.on_completion_request()
         if action.die:
             rt.metrics.faults.labels("die").inc()
@@ -193,6 +207,8 @@ class Handlers:
     async def embeddings(self, request: web.Request) -> web.Response:
         """``/v1/embeddings``: deterministic vectors of the inputs' token ids (``embeddings``)."""
         await self._hang_if_asked()
+        if self.rt.sleep_state.refuses_generation:
+            return sleeping_response()
         try:
             answer = embeddings_answer(await _read_json(request), self.rt.ctx)
         except BadRequestError as err:
@@ -284,8 +300,12 @@ class Handlers:
 
 def create_app(rt: Runtime) -> web.Application:
     handlers = Handlers(rt)
+    sleep = SleepRoutes(rt)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     r = app.router
+    r.add_post("/sleep", sleep.sleep)
+    r.add_post("/wake_up", sleep.wake_up)
+    r.add_get("/is_sleeping", sleep.is_sleeping)
     r.add_post("/v1/chat/completions", handlers.chat)
     r.add_post("/v1/completions", handlers.completions)
     r.add_post("/v1/responses", handlers.responses)

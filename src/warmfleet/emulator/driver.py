@@ -237,6 +237,14 @@ class EngineDriver:
     def in_flight(self) -> int:
         return len(self._streams)
 
+    def reset_prefix_cache(self) -> bool:
+        """Discard the KV cache (``/sleep``); False while requests are in flight."""
+        if self._streams or not self._model.reset_prefix_cache():
+            return False
+        if self._sink is not None:
+            self._sink.flush()  # the removals reach KV-event subscribers now
+        return True
+
     # ------------------------------------------------------------------ the task
 
     async def run(self) -> None:

@@ -112,6 +112,19 @@ class BlockPool:
         self._free_plain += anonymous_blocks
         self.referenced_blocks -= unreferenced + anonymous_blocks
 
+    def reset(self) -> bool:
+        """Forget every cached block (vLLM's prefix-cache reset, done by ``/sleep``); refused
+        (False, nothing changes) while a request holds a block, as vLLM refuses it."""
+        if self.referenced_blocks:
+            return False
+        dropped = list(self._evictable)
+        self._evictable.clear()
+        self._refcount.clear()
+        self._free_plain = self.capacity_blocks
+        if dropped and self._listener is not None:
+            self._listener.blocks_removed(dropped)
+        return True
+
     def check_invariants(self) -> None:
         """Raise AssertionError if the accounting is inconsistent (tests)."""
         assert self._free_plain >= 0

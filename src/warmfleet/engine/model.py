@@ -4,23 +4,21 @@ The simulator drives it in virtual time, the live emulator in wall-clock time: `
 ``cancel`` at ``now_s``, ``next_event_s`` says when the engine's state next changes, and
 ``advance(until_s)`` returns every event that happened up to ``until_s``.
 
-Scheduling follows vLLM's V1 scheduler: every step has a token budget
-(``max_num_batched_tokens``); running requests are served first (one token per decoding request,
-a chunk for a request still in prefill), then waiting requests are admitted first come first
-served while fewer than ``max_num_seqs`` run and KV blocks are available (chunked prefill).
-A request reserves at admission every block it will need (prompt + output), so there is no
-preemption; its cached prefix (leading full blocks already in the cache) is not recomputed, but at
-least one prompt token always is. Full prompt blocks are registered in the cache when their
-prefill chunk is scheduled, as vLLM V1's ``allocate_slots`` does, so a request admitted in the
-same step (or the next one, while the chunk still runs) reuses them;
-``cache_when_scheduled=False`` registers them only when the chunk completes (SGLang inserts a
-chunk into its radix tree after it ran).
+Scheduling follows vLLM's V1 scheduler: every step has a token budget (``max_num_batched_tokens``);
+running requests are served first (one token per decoding request, a chunk for a request still in
+prefill), then waiting requests are admitted first come first served while fewer than
+``max_num_seqs`` run and KV blocks are available (chunked prefill). A request reserves at admission
+every block it will need (prompt + output), so there is no preemption; its cached prefix (leading
+full blocks already in the cache) is not recomputed, but at least one prompt token always is. Full
+prompt blocks are registered in the cache when their prefill chunk is scheduled, as vLLM V1's
+``allocate_slots`` does, so a request admitted in the same step (or the next one, while the chunk
+still runs) reuses them; ``cache_when_scheduled=False`` registers them only when the chunk completes
+(SGLang inserts a chunk into its radix tree after it ran).
 
-Decode-only stretches (nothing in prefill, nothing admissible) are fast-forwarded: the engine
-plans one "macro step" of ``k`` decode steps up to the next finish, with the exact closed-form sum
-of the per-step times (the KV read grows by one token per sequence per step). A ``submit`` in the
-middle shortens the macro step to the next step boundary, so timing equals stepping one token at
-a time.
+Decode-only stretches (nothing in prefill, nothing admissible) are fast-forwarded: the engine plans
+one "macro step" of ``k`` decode steps up to the next finish, with the exact closed-form sum of the
+per-step times (the KV read grows by one token per sequence per step). A ``submit`` in the middle
+shortens the macro step to the next step boundary, so timing equals stepping one token at a time.
 """
 
 from __future__ import annotations
@@ -200,6 +198,9 @@ class EngineModel:
 
     def cached_prefix_blocks(self, block_hashes: tuple[int, ...] | list[int]) -> int:
         return self._pool.cached_prefix(block_hashes)
+
+    def reset_prefix_cache(self) -> bool:  # sleep mode: False while requests wait or run
+        return not self._seqs and self._pool.reset()
 
     def check_invariants(self) -> None:
         self._pool.check_invariants()

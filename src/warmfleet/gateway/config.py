@@ -17,6 +17,7 @@ from warmfleet.core.config import StrictModel, parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.edge import load_yaml_file
 from warmfleet.gateway.capture_config import CaptureConfig
+from warmfleet.gateway.hold_config import HoldConfig
 from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeWatchSpec
 from warmfleet.gateway.kv_config import KvEventsConfig
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
@@ -191,6 +192,7 @@ class GatewaySpec(StrictModel):
     access_log: bool = False  # a line per request on logger warmfleet.gateway.access (INFO)
     replica_sync: ReplicaSyncConfig | None = None  # off unless given (docs/replicas.md)
     capture: CaptureConfig | None = None  # traffic capture, off unless given (docs/gateway.md)
+    hold: HoldConfig | None = None  # zero-ready hold, off unless given (gateway/hold.py)
 
     @model_validator(mode="after")
     def _endpoints_consistent(self) -> GatewaySpec:

@@ -27,6 +27,7 @@ from warmfleet.gateway.errors import (
     sse_error_event,
     status_and_type,
 )
+from warmfleet.gateway.hold import GatewayHold
 from warmfleet.gateway.http.messages import Request, Response
 from warmfleet.gateway.http.upstream import (
     Origin,
@@ -56,6 +57,7 @@ class Proxy:
         self.state = state
         self.pool = pool
         self.capture: Capture | None = None  # spec.capture: a line per answered request
+        self.hold: GatewayHold | None = None  # spec.hold: wait for a first ready instance
 
     async def forward(
         self,
@@ -76,6 +78,10 @@ class Proxy:
 
         ``router`` is the one that built ``key``: a strategy switch meanwhile applies to the
         next request, never to half of this one."""
+        if not variant.routable and self.hold is not None and self.hold.active():
+            shed = await self.hold.wait(variant)  # scale from zero: until one is ready
+            if shed is not None:
+                return shed
         # A prompt that failed recently on an instance does not go there first (affinity).
         excluded = variant.avoided(prompt_id(key)) if variant.avoidance.entries else None
         avoided = len(excluded) if excluded else 0

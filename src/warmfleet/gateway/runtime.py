@@ -35,6 +35,7 @@ from warmfleet.gateway.discovery.inference_endpoints import (
 )
 from warmfleet.gateway.discovery.kubernetes import KubeDiscovery
 from warmfleet.gateway.health import HealthMonitor
+from warmfleet.gateway.hold import GatewayHold
 from warmfleet.gateway.http.upstream_pool import UpstreamPool
 from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.metrics import GatewayMetrics
@@ -77,6 +78,7 @@ class Gateway:
         if kv_events is not None:
             kv_events.feed.register_metrics(self.metrics.registry)
         self.discovery = FileDiscovery(self.state)
+        self.hold = GatewayHold(self.state, self.metrics.registry, clock)  # spec.hold
         self.kube_discovery = KubeDiscovery(self.state)
         # The document as given (file, reload); what is applied adds the endpoints derived
         # from InferenceEndpoints (``spec.inference_endpoints``), the latest set of which is kept.
@@ -133,6 +135,7 @@ class Gateway:
         self._sessions = [control]
         self.body_worker.start()
         self._proxy = Proxy(self.state, self._pool)
+        self._proxy.hold = self.hold
         self.capture.on_switch = self._capture_switched
         self.capture.apply(self.state.spec.capture)
         self._health = HealthMonitor(self.state, control)

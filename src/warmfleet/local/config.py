@@ -53,6 +53,9 @@ class GatewayPorts(WireModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     poll_interval_s: float = Field(default=0.2, gt=0)
+    # the gateway's zero-ready hold (scale from zero): requests wait this long for a replica
+    hold_timeout_s: float = Field(default=120.0, gt=0)
+    max_held_per_variant: int = Field(default=64, ge=1)
 
 
 class PeersConfig(WireModel):

@@ -32,6 +32,7 @@ from warmfleet.control.reconciler import plan
 from warmfleet.control.world import World
 from warmfleet.gateway.server import StartedApp
 from warmfleet.local import infra
+from warmfleet.local import standby as standby_
 from warmfleet.local.backoff import CrashBackoff
 from warmfleet.local.config import EndpointEntry, LocalFleet, origin_path
 from warmfleet.local.events import FleetWatcher, action_event
@@ -41,6 +42,7 @@ from warmfleet.local.replicas import (
     Replica,
     drained,
     start_replica,
+    start_timed_out,
     write_instance_files,
 )
 from warmfleet.local.state import (
@@ -86,6 +88,9 @@ class EmbeddedFleet:
         self.passes = 0
         self.last_pass_s = 0.0
         self._stopping: dict[str, asyncio.Task[None]] = {}
+        self.standbys = standby_.Standbys(
+            self.event, self._drain, self._write_gateway_files, lambda r: self.in_flight.get(r, 0.0)
+        )
         self._counter = 0
         self._session: aiohttp.ClientSession | None = None
 
@@ -130,6 +135,7 @@ class EmbeddedFleet:
         children = [r.child for r in self.replicas.values()] + list(self.agents.values())
         if self.origin is not None:
             children.append(self.origin)
+        await self.standbys.stop()
         await stop_all(children)
         await self.tracker.stop()
         await asyncio.gather(*self._stopping.values(), return_exceptions=True)
@@ -175,14 +181,17 @@ class EmbeddedFleet:
         self._record(actions)
         await self._push_assignments()
         await self._sync_replicas()
-        endpoints, replicas = self.world.endpoints.values(), self.replicas.values()
-        for endpoint, variant, ids in write_instance_files(self.workdir, endpoints, replicas):
-            self.event("gateway_switched", endpoint=endpoint, variant=variant, instances=ids)
+        self._write_gateway_files()
         await self._reap()
         self.passes += 1
         self.last_pass_s = time.monotonic() - started
         write_state(self.workdir, snapshot(self, running=True))
         return actions
+
+    def _write_gateway_files(self) -> None:
+        endpoints, replicas = self.world.endpoints.values(), self.replicas.values()
+        for endpoint, variant, ids in write_instance_files(self.workdir, endpoints, replicas):
+            self.event("gateway_switched", endpoint=endpoint, variant=variant, instances=ids)
 
     async def _observe_agents(self) -> None:
         for name, child in list(self.agents.items()):
@@ -252,7 +261,7 @@ class EmbeddedFleet:
                 wait_s = self.backoff.exited(replica.deployment, time.time())
                 rc = replica.child.proc.returncode
                 self.event("replica_exited", replica=replica.name, rc=rc, backoff_s=wait_s)
-            elif self._start_timed_out(replica):  # replaced below, stopped by _reap
+            elif start_timed_out(replica, self.spec.engine.start_timeout_s):  # replaced below
                 self._drain(replica)
                 info["state"] = "startTimedOut"
                 self.event("replica_start_timeout", replica=replica.name, node=replica.node)
@@ -260,16 +269,9 @@ class EmbeddedFleet:
             pods = tuple(
                 r.observed(self.t0_wall_s)
                 for r in self.replicas.values()
-                if r.deployment == name and r.draining_since_s is None
+                if r.deployment == name and r.draining_since_s is None and not r.parked
             )
             self.world.deployments[name] = replace(dep, pods=pods)
-
-    def _start_timed_out(self, replica: Replica) -> bool:
-        """Not ready ``engine.startTimeoutS`` after its start (e.g. a stalled weights load): a
-        stuck replica would otherwise hold its slot and block a rollover for ever."""
-        if replica.draining_since_s is not None or replica.ready:
-            return False
-        return time.time() - replica.child.started_wall_s > self.spec.engine.start_timeout_s
 
     def _autoscale(self, now: float) -> None:
         text = self._metrics_text
@@ -313,22 +315,34 @@ class EmbeddedFleet:
 
     async def _sync_replicas(self) -> None:
         for name in sorted(self.world.deployments):
-            dep = self.world.deployments[name]
-            mine = [
-                r
-                for r in self.replicas.values()
-                if r.deployment == name and r.draining_since_s is None
-            ]
-            for extra in sorted(mine, key=lambda r: (r.ready, r.name))[
-                : max(len(mine) - dep.replicas, 0)
-            ]:
-                self._drain(extra)
-            if len(mine) < dep.replicas and self.backoff.wait_s(name, time.time()) <= 0:
-                await self._place(name, dep.replicas - len(mine))
+            await self._sync_deployment(name, self.world.deployments[name].replicas)
         self.backoff.retain(self.world.deployments)
         for replica in self.replicas.values():
             if replica.deployment not in self.world.deployments:
                 self._drain(replica)
+
+    async def _sync_deployment(self, name: str, desired: int) -> None:
+        """Drain (or park as a standby) extra replicas; wake a standby before placing new ones."""
+        mine = [
+            r for r in self.replicas.values() if r.deployment == name and r.draining_since_s is None
+        ]
+        active = [r for r in mine if r.standby is None]
+        serving = len(active) + sum(1 for r in mine if r.standby == standby_.WAKING)
+        parked = [r for r in mine if r.standby in (standby_.PARKING, standby_.ASLEEP)]
+        spec = standby_.standby_spec(self.world, name)
+        for extra in sorted(active, key=lambda r: (r.ready, r.name))[: max(serving - desired, 0)]:
+            if extra.ready and standby_.wants_standby(spec, desired, len(parked)) and self._session:
+                parked.append(extra)
+                self.standbys.park(self._session, extra, spec.sleep_level, self.spec.drain_grace_s)
+            else:
+                self._drain(extra)
+        missing = desired - serving
+        for sleeping in [r for r in parked if r.standby == standby_.ASLEEP][: max(missing, 0)]:
+            missing -= 1
+            if self._session is not None:  # started (always, but for the unit tests)
+                self.standbys.wake(self._session, sleeping)
+        if missing > 0 and self.backoff.wait_s(name, time.time()) <= 0:
+            await self._place(name, missing)
 
     async def _place(self, deployment: str, count: int) -> None:
         plan_ = self.world.plans[deployment].plan

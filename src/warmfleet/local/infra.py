@@ -126,6 +126,10 @@ def gateway_document(spec: LocalFleetSpec, workdir: Path) -> dict[str, Any]:
         "spec": {
             "listen": {"host": spec.gateway.host, "port": spec.gateway.port},
             "health": {"intervalS": 1.0, "timeoutS": 0.5},
+            "hold": {
+                "timeoutS": spec.gateway.hold_timeout_s,
+                "maxHeldPerVariant": spec.gateway.max_held_per_variant,
+            },
             "endpoints": endpoints,
         },
     }

@@ -28,6 +28,12 @@ class Replica:
     child: Child
     draining_since_s: float | None = None  # wall clock
     failed: bool = False
+    standby: str | None = None  # warm standby (``standby``): parking, asleep or waking
+
+    @property
+    def parked(self) -> bool:
+        """A warm standby (going to sleep, asleep, waking): not serving, not a pod."""
+        return self.standby is not None
 
     @property
     def url(self) -> str | None:
@@ -70,6 +76,8 @@ class Replica:
         state = "draining" if self.draining_since_s is not None else "starting"
         if self.ready and self.draining_since_s is None:
             state = "ready"
+        if self.standby is not None:
+            state = self.standby
         if self.failed or not self.child.alive:
             state = "exited"
         return {
@@ -136,6 +144,15 @@ def write_instances(path: Path, instances: list[dict[str, str]]) -> bool:
     return True
 
 
+def start_timed_out(replica: Replica, timeout_s: float) -> bool:
+    """Not ready ``engine.startTimeoutS`` after its start (e.g. a stalled weights load), and
+    stopped by the fleet's reaper once drained: a stuck replica would otherwise hold its slot
+    and block a rollover for ever."""
+    if replica.draining_since_s is not None or replica.ready:
+        return False
+    return time.time() - replica.child.started_wall_s > timeout_s
+
+
 def drained(replica: Replica, in_flight: Mapping[str, float], grace_s: float) -> bool:
     """Out of the discovery file for ``grace_s`` and no request in flight at the gateway."""
     if replica.draining_since_s is None:
@@ -149,10 +166,11 @@ def drained(replica: Replica, in_flight: Mapping[str, float], grace_s: float) ->
 def write_instance_files(
     workdir: Path, endpoints: Iterable[DesiredEndpoint], replicas: Iterable[Replica]
 ) -> list[tuple[str, str, list[str]]]:
-    """Each variant's instance file for the gateway: its ready replicas that are not draining.
+    """Each variant's instance file for the gateway: its ready replicas that are not draining
+    nor parked as a warm standby.
     Returns the (endpoint, variant, replica names) whose file changed."""
     ready = sorted(
-        (r for r in replicas if r.draining_since_s is None and r.ready and r.url),
+        (r for r in replicas if r.draining_since_s is None and not r.parked and r.ready and r.url),
         key=lambda r: r.name,
     )
     changed = []
