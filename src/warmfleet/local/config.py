@@ -131,6 +131,11 @@ def origin_path(uri: str, revision: str) -> str:
     return origin_file(uri[len(ORIGIN_SCHEME) :], revision)
 
 
+def origin_url_of(origin_url: str, uri: str, revision: str) -> str:
+    """The URL the origin at ``origin_url`` serves ``origin://m`` at ``revision`` from."""
+    return f"{origin_url}/files/{origin_path(uri, revision)}"
+
+
 def parse_fleet(data: object, source: str = "fleet.yaml") -> LocalFleet:
     return parse_document(LocalFleet, data, source)
 

@@ -1,12 +1,10 @@
 """``EmbeddedFleet``: the reconciler loop of the one-machine backend.
 
-Each pass: observe (node agents' ``/v1/fleet/caches``, engine processes, the gateway's in-flight
-gauge), autoscale, ``plan(desired, observed)``, apply the actions to the state store
-(``control.world.World``, whose ``apply`` is the reference semantics of every action), then do
-what they ask for real: push each node's cache assignment to its agent, start engine processes
-on ``choose_nodes`` placements (warm nodes first; a cold node loads from the origin), drain and
-stop removed replicas, rewrite the gateway's instance files, and write ``state.json`` for
-``warmfleet status``.
+Each pass: observe (agents' ``/v1/fleet/caches``, engine processes, the gateway's gauges),
+autoscale, ``plan(desired, observed)``, apply the actions to ``control.world.World`` (the reference
+semantics of every action), then do them for real: push cache assignments to the agents, start
+engines on ``choose_nodes`` placements (warm nodes first, else from the origin), drain, park or
+stop replicas, rewrite the gateway's instance files, write ``state.json`` (``warmfleet status``).
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ from warmfleet.gateway.server import StartedApp
 from warmfleet.local import infra
 from warmfleet.local import standby as standby_
 from warmfleet.local.backoff import CrashBackoff
-from warmfleet.local.config import EndpointEntry, LocalFleet, origin_path
+from warmfleet.local.config import EndpointEntry, LocalFleet, origin_url_of
 from warmfleet.local.events import FleetWatcher, action_event
 from warmfleet.local.procs import Child, stop_all
 from warmfleet.local.replicas import (
@@ -303,15 +301,11 @@ class EmbeddedFleet:
             if url is None:
                 continue
             body: dict[str, Any] = {
-                "caches": [{"cache": c.cache, "uri": self._origin_url(c)} for c in caches]
+                "caches": [{"cache": c.cache, "uri": self._origin_url(c.source)} for c in caches]
             }
             body.update(self.tracker.assignment_extra(node, url))
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 await infra.put_assignments(self._session, url, body, self.agent_token)
-
-    def _origin_url(self, assignment: NodeCacheAssignment) -> str:
-        source = assignment.source
-        return f"{self.origin_url}/files/{origin_path(source.uri, source.revision)}"
 
     async def _sync_replicas(self) -> None:
         for name in sorted(self.world.deployments):
@@ -360,7 +354,7 @@ class EmbeddedFleet:
         for placement in placements:
             path = self.cache_paths.get((placement.node, plan_.model_cache or ""))
             prepared = placement.prepared and path is not None and plan_.model_cache is not None
-            source = path if prepared and path else self._source_url(plan_)
+            source = path if prepared and path else self._origin_url(plan_.model_source)
             self._counter += 1
             name = f"{deployment}-{self._counter}"
             args = EngineArgs(self.spec.engine.preset, self.spec.engine.speedup, plan_.endpoint)
@@ -380,9 +374,8 @@ class EmbeddedFleet:
             trim_history(self.history, {*self.replicas, *self._stopping}, MAX_HISTORY)
             self.event("replica_started", replica=name, node=placement.node, prepared=prepared)
 
-    def _source_url(self, plan_: Any) -> str:
-        source = plan_.model_source
-        return f"{self.origin_url}/files/{origin_path(source.uri, source.revision)}"
+    def _origin_url(self, source: Any) -> str:
+        return origin_url_of(self.origin_url, source.uri, source.revision)
 
     def _drain(self, replica: Replica) -> None:
         if replica.draining_since_s is None:
