@@ -9,7 +9,7 @@ from pathlib import Path
 MARKER = ".warmfleet-complete.json"
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
         while block := fh.read(4 << 20):
@@ -31,5 +31,5 @@ def published_corrupt_or_partial(root: Path, genuine_sha256: Iterable[str]) -> i
             continue
         for path in art.rglob("*"):
             if path.is_file() and not path.name.startswith(".warmfleet"):
-                bad += _sha256(path) not in genuine
+                bad += sha256_of(path) not in genuine
     return bad

@@ -32,6 +32,7 @@ from typing import Annotated, Any
 
 import typer
 
+from harness.results import merge_into
 from harness.scale_from_zero import run_scale_from_zero
 from harness.steady_load import SteadyLoad
 from warmfleet.api.names import weights_label
@@ -347,18 +348,6 @@ def _spare_node(fleet: EmbeddedFleet) -> str:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
-
-
-def merge_into(path: Path, figures: dict[str, Any]) -> None:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        doc = {}
-    if not isinstance(doc, dict):
-        doc = {}
-    doc.update(figures)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
 SUMMARY_KEYS = (

@@ -16,7 +16,6 @@ into the file. ``tests/operator/test_p2p_fleet.py`` runs a small one.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import signal
@@ -28,8 +27,10 @@ from typing import Annotated, Any
 import aiohttp
 import typer
 
+from harness.audit import sha256_of as _sha256
 from harness.bad_peers import BadPeer, advertise
-from harness.fleet_acceptance import ENDPOINT, _spec, endpoint_spec, merge_into, wait_for
+from harness.fleet_acceptance import ENDPOINT, _spec, endpoint_spec, wait_for
+from harness.results import merge_into
 from warmfleet.api.names import weights_label
 from warmfleet.local.config import LocalFleet, origin_file, parse_fleet
 from warmfleet.local.fleet import EmbeddedFleet
@@ -86,14 +87,6 @@ async def _json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
         resp.raise_for_status()
         doc = await resp.json()
     return doc if isinstance(doc, dict) else {}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(4 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def bad_published(fleet: EmbeddedFleet, want_sha256: str, size_bytes: int) -> int:

@@ -32,6 +32,7 @@ from typing import Annotated, Any
 import aiohttp
 import typer
 
+from harness.results import merge_into
 from warmfleet.local.config import LocalFleet, parse_fleet
 from warmfleet.local.fleet import EmbeddedFleet
 
@@ -205,18 +206,6 @@ async def run_scale_from_zero(
     }
 
 
-def merge_into(path: Path, figures: dict[str, Any]) -> None:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        doc = {}
-    if not isinstance(doc, dict):
-        doc = {}
-    doc["scale_from_zero"] = figures
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-
-
 def command(
     out: Annotated[Path, typer.Option(help="JSON file the figures are merged into")] = Path(
         "bench-results/fleet.json"
@@ -233,7 +222,7 @@ def command(
 
     with tempfile.TemporaryDirectory(prefix="warmfleet-sfz-", dir="/var/tmp") as tmp:
         figures = asyncio.run(bounded(Path(tmp)))
-    merge_into(out, figures)
+    merge_into(out, {"scale_from_zero": figures})
     summary = {k: figures[k] for k in ("first_token_s", "failed_requests")}
     print(json.dumps(summary))
 

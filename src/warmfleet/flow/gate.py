@@ -289,30 +289,17 @@ class FlowGate:
             if deadline_s is None
             else min(hold_s, deadline_s - self._min_ttft_s(request.key))
         )
+        queued = Queued(
+            request, band, latest_s, deadline_s is None or hold_s <= deadline_s, self._last_target
+        )
         if self.queues.full_for(band, request.tenant):
             victim = self.queues.victim_for(band, request.tenant)
             if victim is None:
                 return self._shed(request, Reason.SHED, 429, now_s, wait_s)
             self.queues.remove(victim)
-            self.queues.push(
-                Queued(
-                    request,
-                    band,
-                    latest_s,
-                    deadline_s is None or hold_s <= deadline_s,
-                    self._last_target,
-                )
-            )
+            self.queues.push(queued)
             return self._shed(victim.request, Reason.SHED, 429, now_s, wait_s)
-        self.queues.push(
-            Queued(
-                request,
-                band,
-                latest_s,
-                deadline_s is None or hold_s <= deadline_s,
-                self._last_target,
-            )
-        )
+        self.queues.push(queued)
         return None
 
     def _expected_queue_wait_s(self, band: int, fleet: FleetSnapshot) -> float:
