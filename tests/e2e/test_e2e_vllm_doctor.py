@@ -91,8 +91,13 @@ def test_doctor_failures_name_a_large_error_a_short_capture_and_a_missing_run() 
             "capture_lines": 10, "requests_sent": 10}  # fmt: skip
     assert doctor_failures({"random": good, "prefix_affinity": good}) == []
     far = {**good, "hit_rate_abs_error": MAX_HIT_RATE_ABS_ERROR + 0.01, "capture_lines": 9}
-    failures = doctor_failures({"random": far})
+    failures = doctor_failures({"prefix_affinity": far})
     assert len(failures) == 3
-    assert "error" in failures[0]
-    assert "9 capture lines for 10 requests" in failures[1]
-    assert failures[2] == "doctor.prefix_affinity: no calibration recorded"
+    assert failures[0] == "doctor.random: no calibration recorded"
+    assert failures[1].startswith("doctor.prefix_affinity: replay hit rate")
+    assert "error" in failures[1]
+    assert "9 capture lines for 10 requests" in failures[2]
+    # random's error is reported, not asserted (its replay draws its own placements)
+    assert doctor_failures({"random": far, "prefix_affinity": good}) == [
+        "doctor.random: 9 capture lines for 10 requests"
+    ]

