@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_harness.doctor import ASSERTED_ERROR, MAX_HIT_RATE_ABS_ERROR
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-vllm"
@@ -122,5 +123,6 @@ def test_prefix_routing_on_real_vllm() -> None:
         assert synced["replica_sync"]["propagation_delay_ms"], synced
     for name in ("random", "prefix_affinity"):  # doctor's replay of each capture (issue 26)
         doctor = out["doctor"][name]
-        assert doctor["hit_rate_abs_error"] <= 0.05, (name, doctor)
+        if name in ASSERTED_ERROR:  # random's is reported only (vllm_harness/doctor.py)
+            assert doctor["hit_rate_abs_error"] <= MAX_HIT_RATE_ABS_ERROR, (name, doctor)
         assert doctor["capture_lines"] == doctor["requests_sent"], (name, doctor)
