@@ -309,29 +309,36 @@ def _sizing(
     if target.metric == "hit_rate" and target.value > ideal:
         reason = f"above the trace's ideal reuse ({ideal:.3f}): no fleet reaches it"
         return [{"kind": "target", "reached_now": False, "reason": reason, **_goal(target)}]
-    tried: list[dict[str, object]] = []
-    for factor in SCALE_FACTORS:
+
+    def instances(factor: float) -> tuple[int, StrategyRun]:
         count = math.ceil(scenario.instances * factor)
         bigger = scenario.model_copy(update={"instances": count})
         label = f"{best.run.name} x{count} instances"
-        result = run(best.name, best.config, label, bigger, spec)
-        tried.append({"instances": count, **_figures(result)})
-        if target.reached(result):
-            break
-    out.append({"kind": "instances", **_goal(target), "reached": target.reached(result),
-                "instances": count, "sweep": tried})  # fmt: skip
-    tried = []
-    for factor in SCALE_FACTORS:
+        return count, run(best.name, best.config, label, bigger, spec)
+
+    def kv_per_instance(factor: float) -> tuple[int, StrategyRun]:
         kv_tokens = math.ceil(spec.kv_capacity_tokens * factor)
         engine = spec.model_copy(update={"kv_capacity_tokens": kv_tokens})
         label = f"{best.run.name} kv x{factor:g}"
-        result = run(best.name, best.config, label, scenario, engine)
-        tried.append({"kv_capacity_tokens": kv_tokens, **_figures(result)})
+        return kv_tokens, run(best.name, best.config, label, scenario, engine)
+
+    out.append(_sweep(target, "instances", "instances", instances))
+    out.append(_sweep(target, "kv_per_instance", "kv_capacity_tokens", kv_per_instance))
+    return out
+
+
+def _sweep(
+    target: Target, kind: str, knob: str, step: Callable[[float], tuple[int, StrategyRun]]
+) -> dict[str, object]:
+    """``step`` at each of ``SCALE_FACTORS`` until the target is reached (or they run out)."""
+    tried: list[dict[str, object]] = []
+    for factor in SCALE_FACTORS:
+        value, result = step(factor)
+        tried.append({knob: value, **_figures(result)})
         if target.reached(result):
             break
-    out.append({"kind": "kv_per_instance", **_goal(target), "reached": target.reached(result),
-                "kv_capacity_tokens": kv_tokens, "sweep": tried})  # fmt: skip
-    return out
+    return {"kind": kind, **_goal(target), "reached": target.reached(result), knob: value,
+            "sweep": tried}  # fmt: skip
 
 
 def _goal(target: Target) -> dict[str, object]:
