@@ -28,11 +28,18 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
-from harness.results import merge_into
+from harness.results import (
+    DEFAULT_OUT,
+    MaxSOpt,
+    OutOpt,
+    SizeOpt,
+    ThrottleOpt,
+    merge_into,
+)
 from harness.scale_from_zero import run_scale_from_zero
 from harness.steady_load import SteadyLoad
 from warmfleet.api.names import weights_label
@@ -361,12 +368,10 @@ SUMMARY_KEYS = (
 
 
 def acceptance_command(
-    out: Annotated[Path, typer.Option(help="JSON file the figures are merged into")] = Path(
-        "bench-results/fleet.json"
-    ),
-    size: Annotated[int, typer.Option(help="model bytes")] = 200_000_000,
-    throttle: Annotated[int, typer.Option(help="origin bytes/s")] = 100_000_000,
-    max_s: Annotated[float, typer.Option(help="bound of the whole run")] = 280.0,
+    out: OutOpt = DEFAULT_OUT,
+    size: SizeOpt = 200_000_000,
+    throttle: ThrottleOpt = 100_000_000,
+    max_s: MaxSOpt = 280.0,
 ) -> None:
     """Acceptance 1 and 2 on the embedded backend; prints the summary line."""
 

@@ -30,7 +30,14 @@ import typer
 from harness.audit import sha256_of as _sha256
 from harness.bad_peers import BadPeer, advertise
 from harness.fleet_acceptance import ENDPOINT, _spec, endpoint_spec, wait_for
-from harness.results import merge_into
+from harness.results import (
+    DEFAULT_OUT,
+    MaxSOpt,
+    OutOpt,
+    SizeOpt,
+    ThrottleOpt,
+    merge_into,
+)
 from warmfleet.api.names import weights_label
 from warmfleet.local.config import LocalFleet, origin_file, parse_fleet
 from warmfleet.local.fleet import EmbeddedFleet
@@ -240,14 +247,12 @@ async def run_all(
 
 
 def p2p_command(
-    out: Annotated[Path, typer.Option(help="JSON file the figures are merged into")] = Path(
-        "bench-results/fleet.json"
-    ),
+    out: OutOpt = DEFAULT_OUT,
     nodes: Annotated[int, typer.Option(help="node agents")] = 6,
-    size: Annotated[int, typer.Option(help="model bytes")] = 300_000_000,
-    throttle: Annotated[int, typer.Option(help="origin bytes/s")] = 100_000_000,
+    size: SizeOpt = 300_000_000,
+    throttle: ThrottleOpt = 100_000_000,
     piece: Annotated[int, typer.Option(help="piece bytes")] = 4 << 20,
-    max_s: Annotated[float, typer.Option(help="bound of the whole run")] = 400.0,
+    max_s: MaxSOpt = 400.0,
 ) -> None:
     """Peer distribution vs origin-only on the embedded fleet; prints the summary line."""
 

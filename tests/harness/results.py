@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
+
+# The harness commands' shared options (each command keeps its own defaults)
+OutOpt = Annotated[Path, typer.Option(help="JSON file the figures are merged into")]
+SizeOpt = Annotated[int, typer.Option(help="model bytes")]
+ThrottleOpt = Annotated[int, typer.Option(help="origin bytes/s")]
+MaxSOpt = Annotated[float, typer.Option(help="bound of the whole run")]
+DEFAULT_OUT = Path("bench-results/fleet.json")
 
 
 def merge_into(path: Path, figures: dict[str, Any]) -> None:

@@ -27,12 +27,19 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import aiohttp
 import typer
 
-from harness.results import merge_into
+from harness.results import (
+    DEFAULT_OUT,
+    MaxSOpt,
+    OutOpt,
+    SizeOpt,
+    ThrottleOpt,
+    merge_into,
+)
 from warmfleet.local.config import LocalFleet, parse_fleet
 from warmfleet.local.fleet import EmbeddedFleet
 
@@ -207,12 +214,10 @@ async def run_scale_from_zero(
 
 
 def command(
-    out: Annotated[Path, typer.Option(help="JSON file the figures are merged into")] = Path(
-        "bench-results/fleet.json"
-    ),
-    size: Annotated[int, typer.Option(help="model bytes")] = 200_000_000,
-    throttle: Annotated[int, typer.Option(help="origin bytes/s")] = 100_000_000,
-    max_s: Annotated[float, typer.Option(help="bound of the whole run")] = 400.0,
+    out: OutOpt = DEFAULT_OUT,
+    size: SizeOpt = 200_000_000,
+    throttle: ThrottleOpt = 100_000_000,
+    max_s: MaxSOpt = 400.0,
 ) -> None:
     """Scale from zero alone; prints its summary line."""
 
