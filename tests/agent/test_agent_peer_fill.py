@@ -11,6 +11,7 @@ import hashlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import pytest
@@ -20,8 +21,9 @@ from cache_support import manager_for
 from harness.bad_peers import BadPeer, advertise
 from harness.origin import Blob, Origin
 from warmfleet.agent.manager import CacheManager
-from warmfleet.agent.peer_fill import _FileHash
+from warmfleet.agent.peer_fill import PeerConfig, PeerFill, _FileHash, _Run
 from warmfleet.agent.peer_node import Peers
+from warmfleet.agent.sources.base import Source
 from warmfleet.agent.staged_files import StagedFiles
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
 from warmfleet.cache.pieces import plan_pieces
@@ -130,3 +132,37 @@ def test_file_hash_front_to_back_with_pieces_out_of_order(tmp_path: Path) -> Non
         fh.advance(piece, chunk, files)
     files.close()
     assert fh.digests() == {"sha256": hashlib.sha256(data).hexdigest()}
+
+
+class _Tracker:
+    """``PeerFill.ask`` stand-in: no answer for the first ``silent`` calls, then one origin
+    assignment of piece 1."""
+
+    def __init__(self, silent: int, retry_s: float) -> None:
+        self.calls = 0
+        self.silent = silent
+        self.config = PeerConfig("http://t", "n", "http://n", TOKEN, tracker_retry_s=retry_s)
+
+    async def ask(self, *_args: object) -> dict[str, object] | None:
+        self.calls += 1
+        if self.calls <= self.silent:
+            return None
+        return {"assignments": [{"piece": 1, "peer": ""}]}
+
+
+async def test_an_unanswered_plan_goes_alone_then_asks_the_tracker_again(tmp_path: Path) -> None:
+    entry = FileEntry("f.bin", 9000, "/x")
+    manifest = Manifest(SourceKind.HTTP, "http://o/f", (entry,))
+    pieces = plan_pieces(manifest, 3000)
+    files = StagedFiles(tmp_path, 4)
+    for retry_s, asks in ((0.0, 2), (3600.0, 1)):
+        tracker = _Tracker(silent=1, retry_s=retry_s)
+        run = _Run(cast("PeerFill", tracker), cast("Source", None), manifest, pieces, files,
+                   lambda _n: None)  # fmt: skip
+        alone = await run._plan("k", 2)
+        assert [j.piece.index for j in alone] == [0, 1]  # origin only, in order
+        assert all(j.peer == "" for j in alone)
+        again = await run._plan("k", 2)
+        assert tracker.calls == asks  # asked again once the retry time passed, not before
+        want = [1] if asks == 2 else [0, 1]  # the tracker's plan, or still alone
+        assert [j.piece.index for j in again] == want

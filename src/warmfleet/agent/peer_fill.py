@@ -11,7 +11,8 @@ is hashed on arrival and its hash reported, which builds the piece table. Every 
 served to other peers at once (``PeerHoldings``). The manager then verifies the whole files
 against the manifest and publishes atomically exactly as after an ordinary download.
 
-Without an answer from the tracker the fill goes on alone, from the origin (never stuck).
+Without an answer from the tracker the fill goes on alone, from the origin (never stuck), and
+asks the tracker again ``tracker_retry_s`` later (one slow answer does not end peer use).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio
 import logging
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,7 @@ class PeerConfig:
     stall_s: float = DEFAULT_STALL_S
     idle_wait_s: float = 0.05
     plan_timeout_s: float = 2.0
+    tracker_retry_s: float = 5.0  # after an unanswered plan: origin only for this long
 
 
 @dataclass
@@ -277,7 +280,7 @@ class _Run:
         self.have: set[int] = set()
         self.tasks: dict[asyncio.Task[bytes], _Job] = {}
         self.hashes = {e.path: _FileHash(e) for e in manifest.files}
-        self.alone = False  # the tracker did not answer: origin only
+        self.alone_until_s = 0.0  # monotonic; before it (the tracker did not answer): origin only
 
     async def run(self, key: str) -> None:
         cfg = self.fill.config
@@ -303,9 +306,10 @@ class _Run:
 
     async def _plan(self, key: str, want: int) -> list[_Job]:
         doc = None
-        if not self.alone:
+        if time.monotonic() >= self.alone_until_s:
             doc = await self.fill.ask(key, len(self.pieces), self.session_id, self.report, want)
-            self.alone = doc is None
+            if doc is None:
+                self.alone_until_s = time.monotonic() + self.fill.config.tracker_retry_s
         if doc is None:  # alone: the next missing pieces from the origin
             busy = {j.piece.index for j in self.tasks.values()}
             todo = [p for p in self.pieces if p.index not in self.have and p.index not in busy]
