@@ -134,7 +134,7 @@ clean:
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.warmfleet-vllm-stamp
 TINY_MODEL := .cache/tiny-llama
-TINY_STAMP := $(TINY_MODEL)/.warmfleet-stamp
+TINY_STAMP := $(TINY_MODEL)/.build-stamp
 
 .PHONY: vllm-venv vllm-model e2e-vllm
 
@@ -149,7 +149,7 @@ $(TINY_STAMP): scripts/vllm/build_tiny_model.py | $(VLLM_STAMP)
 vllm-model: $(TINY_STAMP)
 
 e2e-vllm: $(DEV_STAMP) $(VLLM_STAMP) $(TINY_STAMP)
-	WARMFLEET_E2E_VLLM=1 $(BIN)/pytest -q -s -p no:cacheprovider -m e2e tests/e2e/test_e2e_vllm.py
+	WARMFLEET_E2E_VLLM=1 $(BIN)/pytest -q -s -p no:cacheprovider -m e2e tests/e2e/test_e2e_vllm.py tests/e2e/test_e2e_vllm_up.py
 
 # ---- real Kubernetes v1.20.2 e2e: etcd + kube-apiserver + controller-manager + scheduler ---------
 # The binaries are built once per machine from Debian bookworm's `kubernetes` source package

@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(".cache/tiny-llama"))
     args = parser.parse_args()
     out: Path = args.out
-    stamp = out / ".warmfleet-stamp"
+    stamp = out / ".build-stamp"  # not .warmfleet*: the agent refuses those names (its own)
     digest = hashlib.sha256(json.dumps(PARAMS, sort_keys=True).encode()).hexdigest()
     if stamp.is_file() and stamp.read_text().strip() == digest:
         print(f"build_tiny_model: {out} up to date")
@@ -159,7 +159,7 @@ def main() -> None:
     build_tokenizer(tmp)
     tok_s = time.monotonic() - start_s
     n_params = build_model(tmp)
-    (tmp / ".warmfleet-stamp").write_text(digest + "\n")
+    (tmp / ".build-stamp").write_text(digest + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     total_s = time.monotonic() - start_s

@@ -1,16 +1,21 @@
-"""``kind: LocalFleet`` (``warmfleet up fleet.yaml``): nodes, a synthetic model origin, the engine,
-the gateway and the InferenceEndpoints, in one versioned document.
+"""``kind: LocalFleet`` (``warmfleet up fleet.yaml``): nodes, a model origin, the engine, the
+gateway and the InferenceEndpoints, in one versioned document.
 
-Model sources use ``origin://<model>`` with a ``revision`` listed under ``origin.models``; the
-backend serves every listed revision as a generated file from its local HTTP origin.
+Model sources use ``origin://<model>`` with a ``revision`` listed under ``origin.models``. A
+``synthetic`` model (the default ``type``) is a generated file per revision that the local HTTP
+origin serves (throttled); a ``directory`` model is a model directory on this machine (e.g. the
+tiny Llama ``make vllm-model`` builds), which the agents fill their caches from and a cold
+replica loads directly. ``engine.type`` is ``emulator`` (default: ``warmfleet emulate``, any
+model) or ``vllm`` (a real vLLM server per replica from ``engine.python``'s environment, which
+needs ``directory`` models).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from warmfleet.api.resources import InferenceEndpointSpec, WireModel
 from warmfleet.cache.config import Size
@@ -27,26 +32,103 @@ class NodeConfig(WireModel):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
+MODEL_NAME_PATTERN = r"^[a-z0-9][-a-z0-9_.]*$"
+
+
 class SyntheticModel(WireModel):
-    name: str = Field(pattern=r"^[a-z0-9][-a-z0-9_.]*$", max_length=64)
+    type: Literal["synthetic"] = "synthetic"
+    name: str = Field(pattern=MODEL_NAME_PATTERN, max_length=64)
     size: Size = Field(gt=0, description="bytes of each revision's weights file")
     revisions: tuple[str, ...] = Field(min_length=1)
+
+
+class DirectoryModel(WireModel):
+    """A model directory on this machine (config, tokenizer, safetensors): the agents fill their
+    caches from it (``origin.throttle`` does not apply) and a cold replica loads it directly."""
+
+    type: Literal["directory"]
+    name: str = Field(pattern=MODEL_NAME_PATTERN, max_length=64)
+    path: str = Field(min_length=1, description="the model directory (relative to the cwd)")
+    revisions: tuple[str, ...] = Field(default=("local",), min_length=1, max_length=1)
+
+    @field_validator("path")
+    @classmethod
+    def _is_model_dir(cls, value: str) -> str:
+        path = Path(value).resolve()
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{value} is not a model directory (no config.json in {path})")
+        return str(path)
+
+
+def _tag_or(default: str) -> Any:
+    """A discriminator on ``type`` that takes ``default`` when ``type`` is absent."""
+
+    def tag(value: Any) -> str:
+        if isinstance(value, dict):
+            return str(value.get("type", default))
+        return str(getattr(value, "type", default))
+
+    return Discriminator(tag)
+
+
+Model = Annotated[
+    Annotated[SyntheticModel, Tag("synthetic")] | Annotated[DirectoryModel, Tag("directory")],
+    _tag_or("synthetic"),
+]
 
 
 class OriginConfig(WireModel):
     throttle: Size | None = Field(
         default=100_000_000, description="origin bytes/s over all connections; null = unlimited"
     )
-    models: tuple[SyntheticModel, ...] = Field(min_length=1)
+    models: tuple[Model, ...] = Field(min_length=1)
 
 
-class EngineConfig(WireModel):
-    preset: str = "tiny-cpu"
-    speedup: float = Field(default=20.0, gt=0)
+class _EngineCommon(WireModel):
     replicas_per_node: int = Field(default=2, ge=1)
     start_timeout_s: float = Field(default=120.0, gt=0)
     crash_backoff_s: float = Field(default=10.0, ge=0)
     crash_backoff_max_s: float = Field(default=300.0, ge=0)
+
+
+class EmulatorEngine(_EngineCommon):
+    """``warmfleet emulate``: reads every weights byte, then serves the preset's timings."""
+
+    type: Literal["emulator"] = "emulator"
+    preset: str = "tiny-cpu"
+    speedup: float = Field(default=20.0, gt=0)
+
+
+class VllmEngine(_EngineCommon):
+    """A real vLLM OpenAI server per replica (``vllm.entrypoints.openai.api_server``), started
+    with ``--model`` at the node cache's published directory (warm node) or the model directory
+    (cold node), on 127.0.0.1, with prefix caching on (docs/real-vllm.md)."""
+
+    type: Literal["vllm"]
+    python: str = Field(
+        default=".venv-vllm/bin/python", description="the interpreter vLLM is installed in"
+    )
+    replicas_per_node: int = Field(default=1, ge=1)
+    start_timeout_s: float = Field(default=600.0, gt=0)
+    max_model_len: int = Field(default=4096, gt=0)
+    dtype: str = Field(default="float32", pattern=r"^[a-z0-9_]+$")
+    kv_cache_blocks: int | None = Field(default=None, gt=0, description="--num-gpu-blocks-override")
+    kv_cache_space_gib: int = Field(default=1, ge=1, description="VLLM_CPU_KVCACHE_SPACE")
+    extra_args: tuple[str, ...] = ()
+
+    @field_validator("python")
+    @classmethod
+    def _python_exists(cls, value: str) -> str:
+        path = Path(value).absolute()
+        if not path.is_file():
+            raise ValueError(f"{path} does not exist (make vllm-venv builds .venv-vllm)")
+        return str(path)
+
+
+EngineConfig = Annotated[
+    Annotated[EmulatorEngine, Tag("emulator")] | Annotated[VllmEngine, Tag("vllm")],
+    _tag_or("emulator"),
+]
 
 
 class GatewayPorts(WireModel):
@@ -79,7 +161,7 @@ class LocalFleetSpec(WireModel):
     workdir: str = ".warmfleet/fleet"
     nodes: tuple[NodeConfig, ...] = Field(min_length=1)
     origin: OriginConfig
-    engine: EngineConfig = Field(default_factory=EngineConfig)
+    engine: EngineConfig = Field(default_factory=EmulatorEngine)
     gateway: GatewayPorts = Field(default_factory=GatewayPorts)
     reconcile_interval_s: float = Field(default=0.5, gt=0)
     agent_restart_delay_s: float = Field(default=2.0, ge=0)
@@ -107,9 +189,20 @@ class LocalFleetSpec(WireModel):
                     f"endpoints.{i}.spec.modelSource: {source.uri}@{source.revision} is not "
                     "listed under origin.models"
                 )
+            if self.engine.type == "vllm" and model.type != "directory":
+                raise ValueError(
+                    f"endpoints.{i}.spec.modelSource: engine.type vllm loads real weights, but "
+                    f"{source.uri} is a synthetic model (give it type: directory and a path)"
+                )
+            for j, variant in enumerate(entry.spec.variants):
+                if self.engine.type == "vllm" and variant.standby.engine == "asleep":
+                    raise ValueError(
+                        f"endpoints.{i}.spec.variants.{j}.standby.engine: asleep needs the "
+                        "emulator (vLLM's sleep mode needs a GPU); use none"
+                    )
         return self
 
-    def model(self, name: str) -> SyntheticModel | None:
+    def model(self, name: str) -> SyntheticModel | DirectoryModel | None:
         return next((m for m in self.origin.models if m.name == name), None)
 
 
@@ -134,6 +227,15 @@ def origin_path(uri: str, revision: str) -> str:
 def origin_url_of(origin_url: str, uri: str, revision: str) -> str:
     """The URL the origin at ``origin_url`` serves ``origin://m`` at ``revision`` from."""
     return f"{origin_url}/files/{origin_path(uri, revision)}"
+
+
+def model_location(spec: LocalFleetSpec, origin_url: str, uri: str, revision: str) -> str:
+    """Where ``origin://m`` at ``revision`` comes from: a ``directory`` model's path, else the
+    URL the origin at ``origin_url`` serves the synthetic file from."""
+    model = spec.model(uri[len(ORIGIN_SCHEME) :]) if uri.startswith(ORIGIN_SCHEME) else None
+    if isinstance(model, DirectoryModel):
+        return model.path
+    return origin_url_of(origin_url, uri, revision)
 
 
 def parse_fleet(data: object, source: str = "fleet.yaml") -> LocalFleet:

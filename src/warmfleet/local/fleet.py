@@ -32,11 +32,10 @@ from warmfleet.gateway.server import StartedApp
 from warmfleet.local import infra
 from warmfleet.local import standby as standby_
 from warmfleet.local.backoff import CrashBackoff
-from warmfleet.local.config import EndpointEntry, LocalFleet, origin_url_of
+from warmfleet.local.config import EndpointEntry, LocalFleet, model_location
 from warmfleet.local.events import FleetWatcher, action_event
 from warmfleet.local.procs import Child, stop_all
 from warmfleet.local.replicas import (
-    EngineArgs,
     Replica,
     drained,
     start_replica,
@@ -357,8 +356,8 @@ class EmbeddedFleet:
             source = path if prepared and path else self._origin_url(plan_.model_source)
             self._counter += 1
             name = f"{deployment}-{self._counter}"
-            args = EngineArgs(self.spec.engine.preset, self.spec.engine.speedup, plan_.endpoint)
-            child = await start_replica(name, source, args, self.workdir)
+            engine, model = self.spec.engine, plan_.endpoint
+            child = await start_replica(name, source, engine, model, self.workdir)
             replica = Replica(
                 name,
                 deployment,
@@ -375,7 +374,7 @@ class EmbeddedFleet:
             self.event("replica_started", replica=name, node=placement.node, prepared=prepared)
 
     def _origin_url(self, source: Any) -> str:
-        return origin_url_of(self.origin_url, source.uri, source.revision)
+        return model_location(self.spec, self.origin_url, source.uri, source.revision)
 
     def _drain(self, replica: Replica) -> None:
         if replica.draining_since_s is None:

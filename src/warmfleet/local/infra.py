@@ -12,7 +12,7 @@ from warmfleet.control.observed import NodeCacheReport, NodeCacheState
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.server import StartedApp, start_app
-from warmfleet.local.config import LocalFleetSpec, origin_file
+from warmfleet.local.config import LocalFleetSpec, SyntheticModel, origin_file
 from warmfleet.local.origin_proc import generate_model
 from warmfleet.local.procs import (
     AGENT_TOKEN_ENV,
@@ -30,7 +30,10 @@ _STATES = {s.value: s for s in NodeCacheState}
 
 async def start_origin(spec: LocalFleetSpec, workdir: Path) -> tuple[Child, str]:
     models = workdir / "origin"
+    models.mkdir(parents=True, exist_ok=True)  # empty when every model is a directory model
     for model in spec.origin.models:
+        if not isinstance(model, SyntheticModel):
+            continue  # a directory model is read where it is
         for revision in model.revisions:
             seed = f"{model.name}@{revision}"
             generate_model(models / origin_file(model.name, revision), model.size, seed)

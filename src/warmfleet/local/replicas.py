@@ -1,6 +1,7 @@
-"""Engine replicas of the embedded fleet: one ``warmfleet emulate`` process per replica that
-reads its weights (node cache when the node was warm, else the origin) before it is ready; the
-gateway's instance files list the ready replicas; a removed replica is drained, then stopped."""
+"""Engine replicas of the embedded fleet: one engine process per replica (``warmfleet emulate``,
+or a real vLLM server under ``local.engine_proc``) that loads its weights (node cache when the
+node was warm, else the origin) before it is ready; the gateway's instance files list the ready
+replicas; a removed replica is drained, then stopped."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from warmfleet.control.observed import DesiredEndpoint, ObservedReplica
-from warmfleet.local.procs import Child, emulate_argv, start_child
+from warmfleet.local.config import EmulatorEngine, EngineConfig, VllmEngine
+from warmfleet.local.procs import Child, emulate_argv, module_argv, start_child
 
 
 @dataclass
@@ -97,32 +99,82 @@ class Replica:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class EngineArgs:
-    preset: str
-    speedup: float
-    model: str
+ENGINE_MODULE = "warmfleet.local.engine_proc"
 
 
-async def start_replica(name: str, load_source: str, args: EngineArgs, workdir: Path) -> Child:
-    """Start one engine that reads its weights from ``load_source`` before it is ready."""
-    ready_file = workdir / "run" / f"{name}.json"
-    ready_file.parent.mkdir(parents=True, exist_ok=True)
-    argv = emulate_argv(
+def emulator_argv(engine: EmulatorEngine, model: str, load_source: str, ready: Path) -> list[str]:
+    """``warmfleet emulate``: one instance that reads ``load_source`` before it is ready."""
+    return emulate_argv(
         "--instances",
         "1",
         "--preset",
-        args.preset,
+        engine.preset,
         "--speedup",
-        str(args.speedup),
+        str(engine.speedup),
         "--model",
-        args.model,
+        model,
         "--ports-file",
-        str(ready_file),
+        str(ready),
         "--load-weights-from",
         load_source,
     )
-    return await start_child(name, argv, ready_file, workdir / "logs")
+
+
+def vllm_argv(engine: VllmEngine, model: str, model_dir: str) -> list[str]:
+    """The vLLM server of one replica (``{port}``: the supervisor's free port)."""
+    argv = [
+        engine.python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--dtype",
+        engine.dtype,
+        "--max-model-len",
+        str(engine.max_model_len),
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+    ]
+    if engine.kv_cache_blocks is not None:
+        argv += ["--num-gpu-blocks-override", str(engine.kv_cache_blocks)]
+    return [*argv, *engine.extra_args]
+
+
+def vllm_env(engine: VllmEngine) -> dict[str, str]:
+    """This process's environment, offline, with the engine's CPU KV cache space."""
+    return {
+        **os.environ,
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_CPU_KVCACHE_SPACE": str(engine.kv_cache_space_gib),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+async def start_replica(
+    name: str, load_source: str, engine: EngineConfig, model: str, workdir: Path
+) -> Child:
+    """Start one engine that loads its weights from ``load_source`` (the node cache directory or
+    the origin) before it is ready; ``model`` is the name it serves."""
+    ready_file = workdir / "run" / f"{name}.json"
+    ready_file.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(engine, EmulatorEngine):
+        argv = emulator_argv(engine, model, load_source, ready_file)
+        return await start_child(name, argv, ready_file, workdir / "logs")
+    supervisor = module_argv(
+        ENGINE_MODULE, "--ready-file", str(ready_file), "--model-dir", load_source, "--"
+    )
+    argv = [*supervisor, *vllm_argv(engine, model, load_source)]
+    return await start_child(name, argv, ready_file, workdir / "logs", vllm_env(engine))
 
 
 def instance_file(workdir: Path, endpoint: str, variant: str) -> Path:
