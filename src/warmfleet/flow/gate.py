@@ -7,7 +7,8 @@ Whenever something may have changed (a request finished, an instance became read
 ``next_deadline_s`` came) the caller drains ``next_outcome`` until it returns ``None``. It
 reports each dispatched request's first token (``on_first_token``: calibrates the TTFT
 predictor) and its end (``on_finished``). Every submitted request comes back exactly once, as a
-``Dispatch`` or a ``Shed``.
+``Dispatch`` or a ``Shed``, unless the caller withdraws it while it waits (``cancel``: its
+client left).
 
 Wait or spill: a request whose strategy choice is at its cap while another instance has room
 goes where the predicted time to its first token is smaller: the expected wait for the chosen
@@ -80,6 +81,7 @@ class FlowGate:
         self.shed_count: dict[tuple[str, str, Reason], int] = {}  # (band, tenant, reason)
         self.served_tokens: dict[tuple[str, str], int] = {}  # (band, tenant) -> tokens
         self.last_wait_s = 0.0
+        self.cancelled = 0  # queued requests withdrawn by the caller (``cancel``)
         self._last_target: InstanceId | None = None  # what the last placement waits for
 
     # ------------------------------------------------------------------ public
@@ -133,6 +135,16 @@ class FlowGate:
     def next_deadline_s(self) -> float | None:
         """When ``next_outcome`` must next be called even if nothing else happens."""
         return self.queues.next_deadline_s()
+
+    def cancel(self, request_id: int) -> bool:
+        """Withdraw a queued request (its client left): it leaves the queue and never comes
+        back as an outcome. False if it is not queued (dispatched or shed already)."""
+        entry = self.queues.entries.get(request_id)
+        if entry is None:
+            return False
+        self.queues.remove(entry)
+        self.cancelled += 1
+        return True
 
     def on_first_token(self, request_id: int, now_s: float) -> None:
         run = self._running.get(request_id)
