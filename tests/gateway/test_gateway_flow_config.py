@@ -1,5 +1,5 @@
-"""Flow control (issue 23) runs in the simulator so far: a gateway document that asks for it is
-rejected at load with the field named, never accepted and silently ignored."""
+"""``routing.flow`` in a gateway document: accepted (the gateway drives the flow gate), and an
+unknown ``enginePreset`` or key rejected at load with the field named."""
 
 from __future__ import annotations
 
@@ -13,20 +13,29 @@ from typer.testing import CliRunner
 from warmfleet.gateway import cli as gateway_cli
 
 
-def test_serve_check_rejects_routing_flow_naming_the_field(tmp_path: Path) -> None:
+def test_serve_check_accepts_routing_flow_and_names_a_bad_field(tmp_path: Path) -> None:
     app = typer.Typer()
     gateway_cli.register(app)
     doc = gateway_doc([], strategy={"type": "prefix_affinity"})
     variant = doc["spec"]["endpoints"][0]["variants"][0]
     variant["instances"] = [{"id": "a", "url": "http://127.0.0.1:9"}]
     path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
-    assert CliRunner().invoke(app, ["--config", str(path), "--check"]).exit_code == 0
 
-    variant["routing"]["flow"] = {"maxInFlightPerInstance": 8}
-    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
-    result = CliRunner().invoke(app, ["--config", str(path), "--check"])
-    assert result.exit_code == 2
-    assert "endpoints.0.variants.0.routing" in result.output
-    assert "flow" in result.output
-    assert "warmfleet sim --flow" in result.output
+    def check() -> tuple[int, str]:
+        path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+        result = CliRunner().invoke(app, ["--config", str(path), "--check"])
+        return result.exit_code, result.output
+
+    variant["routing"]["flow"] = {"maxInFlightPerInstance": 8, "enginePreset": "tiny-cpu"}
+    assert check()[0] == 0
+
+    variant["routing"]["flow"]["enginePreset"] = "gpt-9"
+    code, output = check()
+    assert code == 2
+    assert "spec.endpoints.0.variants.0.routing.flow.enginePreset" in output
+    assert "tiny-cpu" in output  # the choices are named
+
+    variant["routing"]["flow"] = {"maxInFlightPerInstanse": 8}
+    code, output = check()
+    assert code == 2
+    assert "maxInFlightPerInstanse" in output

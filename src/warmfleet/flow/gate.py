@@ -170,6 +170,10 @@ class FlowGate:
         """Requests waiting for a start (the figure an autoscaler reads)."""
         return self.queues.queued
 
+    def running(self) -> int:
+        """Dispatched requests not finished yet."""
+        return len(self._running)
+
     def queue_depths(self) -> dict[tuple[str, str], int]:
         """Queued requests per (band name, tenant label)."""
         out: dict[tuple[str, str], int] = {}
