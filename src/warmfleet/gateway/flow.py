@@ -265,13 +265,14 @@ class GatewayFlow:
         assert config is not None
         flow = self.flow_of(variant, config)
         gate = flow.gate
-        now_s = self.clock()
+        fleet = variant.snapshot()
+        now_s = fleet.now_s
         rid = next(self._ids)
         priority = who.priority if who.priority is not None else gate.default_priority(who.tenant)
         deadline_s = None if who.deadline_ms is None else now_s + who.deadline_ms / 1000.0
         request = FlowRequest(rid, key, who.tenant, priority, now_s, deadline_s, who.session)
         try:
-            outcome = gate.submit(request, variant.snapshot())
+            outcome = gate.submit(request, fleet)
         except Exception as err:  # a strategy bug must not become an HTML 500 or a crash
             log.exception("routing failed in %s/%s", variant.endpoint, variant.name)
             return error_response(InternalError(f"routing failed: {type(err).__name__}"))
