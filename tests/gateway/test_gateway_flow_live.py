@@ -192,7 +192,9 @@ async def test_a_bursting_tenant_does_not_starve_or_shed_the_victim() -> None:
     assert _sample(text, waited, **labels, tenant="victim", outcome="dispatched") == 3
     assert _sample(text, "warmfleet_gateway_flow_ttft_seconds_count", kind="observed") == 8
     assert _sample(text, "warmfleet_gateway_flow_served_prompt_tokens_total", tenant="victim") > 0
-    assert flow.gate.running() == 0 and flow.gate.demand() == 0 and not flow.parked
+    assert flow.gate.running() == 0
+    assert flow.gate.demand() == 0
+    assert not flow.parked
 
 
 async def test_a_deadline_that_cannot_be_met_gets_429_at_once() -> None:
@@ -213,8 +215,10 @@ async def test_a_deadline_that_cannot_be_met_gets_429_at_once() -> None:
         text = await _metrics(client, gw)
         assert (await blocker).status == 200
     assert (late.status, late.reason) == (429, "deadline")
-    assert late.retry_after is not None and int(late.retry_after) >= 1
-    assert late.error is not None and "deadline" in late.error["message"]
+    assert late.retry_after is not None
+    assert int(late.retry_after) >= 1
+    assert late.error is not None
+    assert "deadline" in late.error["message"]
     labels = {"tenant": "victim", "outcome": "shed"}
     assert _sample(text, "warmfleet_gateway_flow_wait_seconds_count", **labels) == 1
     assert _sample(text, "warmfleet_gateway_flow_wait_seconds_sum", **labels) == 0.0
@@ -227,10 +231,14 @@ async def test_bad_priority_or_deadline_is_a_400_naming_the_header() -> None:
         _gateway(_variant(FLOW, instances=[{"id": "emu-0", "url": fleet.urls[0]}])) as gw,
         aiohttp.ClientSession() as client,
     ):
-        for header, value in (("x-warmfleet-priority", "urgent"), ("x-warmfleet-deadline-ms", "-5")):
+        for header, value in (
+            ("x-warmfleet-priority", "urgent"),
+            ("x-warmfleet-deadline-ms", "-5"),
+        ):
             answer = await _send(client, gw, "victim", _body("x"), {header: value})
             assert answer.status == 400
-            assert answer.error is not None and answer.error["param"] == header
+            assert answer.error is not None
+            assert answer.error["param"] == header
         ok = await _send(client, gw, "victim", _body("x"), {"x-warmfleet-priority": "-3"})
         assert ok.status == 200
 
@@ -269,7 +277,8 @@ async def test_zero_ready_replicas_hold_the_request_until_one_is_ready(tmp_path:
         answer = await _send(c, gw, "victim", _body("still nobody"))
     assert (answer.status, answer.reason) == (503, "deadline")
     assert answer.retry_after is not None
-    assert answer.error is not None and answer.error["type"] == "service_unavailable_error"
+    assert answer.error is not None
+    assert answer.error["type"] == "service_unavailable_error"
 
 
 async def test_a_client_leaving_while_queued_leaves_the_queue() -> None:
