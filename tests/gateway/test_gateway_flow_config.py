@@ -3,6 +3,7 @@ unknown ``enginePreset`` or key rejected at load with the field named."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import typer
@@ -11,6 +12,8 @@ from gateway_support import gateway_doc
 from typer.testing import CliRunner
 
 from warmfleet.gateway import cli as gateway_cli
+from warmfleet.gateway.cli import check_config
+from warmfleet.gateway.config import load_gateway_config
 
 
 def test_serve_check_accepts_routing_flow_and_names_a_bad_field(tmp_path: Path) -> None:
@@ -39,3 +42,19 @@ def test_serve_check_accepts_routing_flow_and_names_a_bad_field(tmp_path: Path) 
     code, output = check()
     assert code == 2
     assert "maxInFlightPerInstanse" in output
+
+
+def test_the_worked_example_of_docs_flow_control_loads(tmp_path: Path) -> None:
+    """The live example in docs/flow-control.md is a gateway document ``serve --check`` takes,
+    with the bands and tenants it describes."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "flow-control.md").read_text()
+    blocks = re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M)
+    (doc,) = [yaml.safe_load(b) for b in blocks if "kind: Gateway" in b]
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    check_config(path)
+    flow = load_gateway_config(path).spec.endpoints[0].variants[0].routing.flow
+    assert flow is not None
+    assert [b.name for b in flow.bands] == ["interactive", "sheddable"]
+    assert flow.tenants["batch"].default_priority == -1
+    assert flow.engine_preset == "llama-3.1-8b-h100"
