@@ -306,3 +306,32 @@ async def test_a_client_leaving_while_queued_leaves_the_queue() -> None:
     assert _sample(text, "warmfleet_gateway_requests_total", instance_id="emu-0") == 2
     variant = gw.gateway.state.endpoints["main"].variants["v1"]
     assert variant.instances["emu-0"].in_flight_requests == 0
+
+
+async def test_a_reload_keeps_the_old_gates_queued_requests() -> None:
+    """A new ``flow`` config builds a new gate for the next requests; the request queued in
+    the old one is still dispatched there once the instance has room, none is lost."""
+    async with (
+        _fleet(speedup=1.0) as fleet,
+        _gateway(_variant(FLOW, instances=[{"id": "emu-0", "url": fleet.urls[0]}])) as gw,
+        aiohttp.ClientSession() as client,
+    ):
+        await wait_until(lambda: bool(gw.gateway.state.endpoints["main"].variants["v1"].routable))
+        blocker = asyncio.create_task(_send(client, gw, "bully", _body("long", max_tokens=40)))
+        await wait_until(lambda: _running(gw) == 1)
+        queued = asyncio.create_task(_send(client, gw, "victim", _body("waiting")))
+        await wait_until(lambda: _queued(gw) == 1)
+        old = _flow(gw)
+        variant = _variant(
+            {**FLOW, "maxQueuedPerFlow": 5}, instances=[{"id": "emu-0", "url": fleet.urls[0]}]
+        )
+        gw.gateway.apply(parse_gateway_config(_doc(variant)), "test")
+        after = await _send(client, gw, "victim", _body("after the reload"))
+        answers = [await blocker, await queued]
+        assert _flow(gw) is not old
+    assert after.status == 200  # the new gate knew nothing of the old one's in-flight request
+    assert [a.status for a in answers] == [200, 200]
+    assert answers[1].reason == "queued"
+    assert old.gate.demand() == 0
+    assert old.gate.running() == 0
+    assert not old.parked

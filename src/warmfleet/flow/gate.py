@@ -105,7 +105,8 @@ class FlowGate:
         """Dispatch ``request`` now, shed it, or queue it (``None``)."""
         band = self.band_of(request.priority)
         self._last_target = None
-        if self.queues.ahead_of(band) == 0 and fleet.instances:
+        queues = self.queues
+        if (queues.queued == 0 or queues.ahead_of(band) == 0) and fleet.instances:
             placed = self._try_place(request, fleet)
             if isinstance(placed, Dispatch):
                 return placed
@@ -193,9 +194,11 @@ class FlowGate:
             return None
         decision = self._choose(request.key, fleet)
         target = decision.instance_id
-        if self._has_room(target, self._prefill_s(request.key, decision)):
-            reason = Reason.QUEUED if waited else decision.reason
-            return self._dispatch(request, replace(decision, reason=reason), fleet.now_s)
+        own_s = self._prefill_s(request.key, decision)
+        if self._has_room(target, own_s):
+            if waited:
+                decision = replace(decision, reason=Reason.QUEUED)
+            return self._dispatch(request, decision, fleet.now_s, own_s)
         cold_s = self.predictor.prefill_s(request.key.prompt_tokens, 0)  # fits even uncached
         free = tuple(s for s in fleet.instances if self._has_room(s.instance_id, cold_s))
         if not free:
@@ -253,32 +256,39 @@ class FlowGate:
         prompt, cached = key_tokens(key, decision.predicted_cached_blocks)
         return self.predictor.prefill_s(prompt, cached)
 
-    def _ttft_s(self, key: RoutingKey, decision: Decision, *, queued: bool = True) -> float:
-        """Predicted TTFT on the decision's instance (``queued``: behind its pending prefill)."""
+    def _ttft_s(
+        self, key: RoutingKey, decision: Decision, *, queued: bool = True, own_s: float = -1.0
+    ) -> float:
+        """Predicted TTFT on the decision's instance (``queued``: behind its pending prefill;
+        ``own_s``: the request's own prefill there when already known)."""
         iid = decision.instance_id
         decoding = self._in_flight.get(iid, 0)
         queued_s = self._pending_prefill_s.get(iid, 0.0) if queued else 0.0
-        return self.predictor.predict_s(self._prefill_s(key, decision), queued_s, decoding)
+        if own_s < 0.0:
+            own_s = self._prefill_s(key, decision)
+        return self.predictor.predict_s(own_s, queued_s, decoding)
 
-    def _dispatch(self, request: FlowRequest, decision: Decision, now_s: float) -> Dispatch:
+    def _dispatch(
+        self, request: FlowRequest, decision: Decision, now_s: float, prefill_s: float = -1.0
+    ) -> Dispatch:
         iid = decision.instance_id
-        prefill_s = self._prefill_s(request.key, decision)
-        predicted = self._ttft_s(request.key, decision)
+        key = request.key
+        prompt, cached = key_tokens(key, decision.predicted_cached_blocks)
+        if prefill_s < 0.0:
+            prefill_s = self.predictor.prefill_s(prompt, cached)
+        predicted = self._ttft_s(key, decision, own_s=prefill_s)
         self._running[request.request_id] = _Running(request, iid, now_s, prefill_s, predicted)
         self._in_flight[iid] = self._in_flight.get(iid, 0) + 1
         pending_s = self._pending_prefill_s.get(iid, 0.0)
         if pending_s <= 1e-9:
             self._busy_since_s[iid] = now_s
         self._pending_prefill_s[iid] = pending_s + prefill_s
-        prompt, cached = key_tokens(request.key, decision.predicted_cached_blocks)
-        tokens = (
-            prompt - cached
-        ) + self.config.output_token_weight * request.key.output_tokens_hint
+        tokens = (prompt - cached) + self.config.output_token_weight * key.output_tokens_hint
         limits = self._limits(request.tenant)
         if _limited(limits):
             tenant = self._tenant(request.tenant)
             tenant.running += 1
-            tenant.bucket_tokens -= prompt + request.key.output_tokens_hint
+            tenant.bucket_tokens -= prompt + key.output_tokens_hint
         self.queues.charge(request.tenant, tokens / limits.weight)
         flow = (self._bands[self.band_of(request.priority)].name, self.tenant_label(request.tenant))
         self.served_tokens[flow] = self.served_tokens.get(flow, 0) + prompt

@@ -44,7 +44,7 @@ from warmfleet.gateway.errors import InternalError, OverloadedError, error_respo
 from warmfleet.gateway.flow_metrics import FlowCollector
 from warmfleet.gateway.http.messages import Response
 from warmfleet.gateway.instance import InstanceRuntime
-from warmfleet.gateway.metrics import GatewayMetrics
+from warmfleet.gateway.metrics import FastHistogramChild, GatewayMetrics
 from warmfleet.gateway.variant import RouterLike, VariantRuntime
 from warmfleet.gateway.world import GatewayState
 from warmfleet.routing.flow_config import FlowControlConfig
@@ -130,6 +130,21 @@ class VariantFlow:
         self._draining = False
         self._again = False
         self._first: set[int] = set()  # dispatched, first token not seen yet
+        metrics = owner.metrics
+        self._waits: dict[tuple[int, str, str], FastHistogramChild] = {}  # bands x tenants x 2
+        self._ttft_predicted = metrics.flow_ttft.labels(variant.endpoint, variant.name, "predicted")
+        self._ttft_observed = metrics.flow_ttft.labels(variant.endpoint, variant.name, "observed")
+
+    def _observe_wait(self, request: FlowRequest, waited_s: float, how: str) -> None:
+        gate = self.gate
+        slot = (gate.band_of(request.priority), gate.tenant_label(request.tenant), how)
+        child = self._waits.get(slot)
+        if child is None:
+            variant = self.variant
+            band = gate.band_name(slot[0])
+            labels = (variant.endpoint, variant.name, band, slot[1], how)
+            child = self._waits[slot] = self.owner.metrics.flow_wait.labels(*labels)
+        child.observe(waited_s)
 
     def _choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
         return self.variant.router.choose(key, fleet)  # the router in force
@@ -142,7 +157,7 @@ class VariantFlow:
         ticket = Ticket(self, dispatch, inst, note, self.owner.clock())
         inst.add_load(1, ticket.cost)
         self._first.add(ticket.rid)
-        self.owner.observe_wait(self, dispatch.request, dispatch.waited_s, "dispatched")
+        self._observe_wait(dispatch.request, dispatch.waited_s, "dispatched")
         return ticket
 
     async def wait(self, rid: int, router: RouterLike) -> Ticket | Shed:
@@ -180,6 +195,8 @@ class VariantFlow:
         if self._draining:
             self._again = True
             return
+        if not self.gate.demand():
+            return  # nothing queued: nothing to dispatch or shed
         self._draining = True
         try:
             self._again = True
@@ -198,7 +215,8 @@ class VariantFlow:
         self._first.discard(ticket.rid)
         now_s = self.owner.clock()
         self.gate.on_first_token(ticket.rid, now_s)
-        self.owner.observe_ttft(self, ticket.predicted_s, now_s - ticket.dispatched_s)
+        self._ttft_predicted.observe(ticket.predicted_s)
+        self._ttft_observed.observe(now_s - ticket.dispatched_s)
 
     def finished(self, ticket: Ticket) -> None:
         self._first.discard(ticket.rid)
@@ -221,7 +239,7 @@ class VariantFlow:
             err = OverloadedError(f"{where} is overloaded (its queue is full); {after}")
         reason = str(shed.reason)
         variant.request_counter("none", reason, str(shed.status)).inc()
-        self.owner.observe_wait(self, shed.request, shed.waited_s, "shed")
+        self._observe_wait(shed.request, shed.waited_s, "shed")
         headers = {"Retry-After": str(shed.retry_after_s)}
         return error_response(err, reason=reason, extra_headers=headers)
 
@@ -245,15 +263,17 @@ class GatewayFlow:
         self.cancelled_count: dict[tuple[str, str], int] = {}
         self._ids = itertools.count()
         self._wake = asyncio.Event()
+        self._on_routable = self._routable  # one bound method (compared on every request)
         metrics.registry.register(FlowCollector(self))
 
     def flow_of(self, variant: VariantRuntime, config: FlowControlConfig) -> VariantFlow:
         flow = self.flows.get(variant)
-        if flow is None or flow.config != config:
+        if flow is None or (flow.config is not config and flow.config != config):
             if flow is not None:
                 self.retired.append(flow)
             flow = self.flows[variant] = VariantFlow(self, variant, config)
-        variant.on_routable = self._routable
+        if variant.on_routable is not self._on_routable:
+            variant.on_routable = self._on_routable
         return flow
 
     async def admit(
@@ -329,23 +349,6 @@ class GatewayFlow:
             self._prune()
             for flow in self.all():
                 flow.drain()
-
-    # ---- metrics --------------------------------------------------------------------------
-
-    def _labels(self, flow: VariantFlow, request: FlowRequest) -> tuple[str, ...]:
-        gate = flow.gate
-        band = gate.band_name(gate.band_of(request.priority))
-        return (flow.variant.endpoint, flow.variant.name, band, gate.tenant_label(request.tenant))
-
-    def observe_wait(
-        self, flow: VariantFlow, request: FlowRequest, waited_s: float, how: str
-    ) -> None:
-        self.metrics.flow_wait.labels(*self._labels(flow, request), how).observe(waited_s)
-
-    def observe_ttft(self, flow: VariantFlow, predicted_s: float, observed_s: float) -> None:
-        labels = (flow.variant.endpoint, flow.variant.name)
-        self.metrics.flow_ttft.labels(*labels, "predicted").observe(predicted_s)
-        self.metrics.flow_ttft.labels(*labels, "observed").observe(observed_s)
 
     def cancelled(self, flow: VariantFlow) -> None:
         key = (flow.variant.endpoint, flow.variant.name)
