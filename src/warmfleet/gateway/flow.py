@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
 from warmfleet.core.errors import NoInstanceAvailableError, WarmfleetError
@@ -264,7 +264,7 @@ class GatewayFlow:
         self._ids = itertools.count()
         self._wake = asyncio.Event()
         self._on_routable = self._routable  # one bound method (compared on every request)
-        metrics.registry.register(FlowCollector(self))
+        metrics.registry.register(FlowCollector(self._gates, lambda: self.cancelled_count))
 
     def flow_of(self, variant: VariantRuntime, config: FlowControlConfig) -> VariantFlow:
         flow = self.flows.get(variant)
@@ -316,6 +316,11 @@ class GatewayFlow:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def _gates(self) -> Iterator[tuple[tuple[str, str], FlowGate, bool]]:
+        for flow in self.all():
+            current = self.flows.get(flow.variant) is flow
+            yield (flow.variant.endpoint, flow.variant.name), flow.gate, current
 
     def all(self) -> list[VariantFlow]:
         return [*self.flows.values(), *self.retired]

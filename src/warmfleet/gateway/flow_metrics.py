@@ -7,21 +7,24 @@ counter reset)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-if TYPE_CHECKING:
-    from warmfleet.gateway.flow import GatewayFlow
+from warmfleet.flow.gate import FlowGate
+
+VariantKey = tuple[str, str]  # (endpoint, variant)
+# Every gate with its variant and whether it is the variant's current one (else retired)
+Gates = Callable[[], Iterable[tuple[VariantKey, FlowGate, bool]]]
 
 
 class FlowCollector:
     """Queue depth, sheds, served tokens and cancellations, read from the gates at scrape time
     (every flow: configured tenants by name, every other tenant as ``other``)."""
 
-    def __init__(self, owner: GatewayFlow) -> None:
-        self.owner = owner
+    def __init__(self, gates: Gates, cancelled: Callable[[], Mapping[VariantKey, int]]) -> None:
+        self.gates = gates
+        self.cancelled = cancelled
 
     def collect(self) -> Iterator[Metric]:
         flow_labels = ("endpoint", "variant", "band", "tenant")
@@ -48,9 +51,7 @@ class FlowCollector:
         depths: dict[tuple[str, ...], float] = {}
         sheds: dict[tuple[str, ...], float] = {}
         served: dict[tuple[str, ...], float] = {}
-        for flow in self.owner.all():
-            gate, variant = flow.gate, flow.variant
-            where = (variant.endpoint, variant.name)
+        for where, gate, current in self.gates():
             for band in range(len(gate.config.bands)):
                 for tenant in (*gate.config.tenants, "other"):
                     depths.setdefault((*where, gate.band_name(band), tenant), 0.0)
@@ -62,7 +63,7 @@ class FlowCollector:
             for (band_name, tenant), n in gate.served_tokens.items():
                 flow_key = (*where, band_name, tenant)
                 served[flow_key] = served.get(flow_key, 0.0) + n
-            if flow in self.owner.flows.values():
+            if current:
                 factor.add_metric(list(where), gate.predictor.factor)
         for family, values in ((depth, depths), (shed, sheds), (tokens, served)):
             for labels, value in sorted(values.items()):
@@ -72,7 +73,7 @@ class FlowCollector:
             "Queued requests whose client left before they started",
             labels=("endpoint", "variant"),
         )
-        for where, n in sorted(self.owner.cancelled_count.items()):
+        for where, n in sorted(self.cancelled().items()):
             cancelled.add_metric(list(where), n)
         yield from (depth, shed, tokens, factor, cancelled)
 
