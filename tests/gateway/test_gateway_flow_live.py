@@ -19,9 +19,10 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from gateway_support import gateway_running
+from gateway_support import FakeRouter, backends_running, gateway_running
 
 from support.waiting import wait_until
+from warmfleet.core.types import Decision, RoutingKey
 from warmfleet.emulator.config import build_spec
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.gateway.config import parse_gateway_config
@@ -335,3 +336,27 @@ async def test_a_reload_keeps_the_old_gates_queued_requests() -> None:
     assert old.gate.demand() == 0
     assert old.gate.running() == 0
     assert not old.parked
+
+
+class _BrokenRouter(FakeRouter):
+    """Fails in ``on_routed``, after the gate has dispatched the request."""
+
+    def on_routed(self, key: RoutingKey, decision: Decision) -> None:
+        raise RuntimeError("strategy bug")
+
+
+async def test_a_strategy_bug_is_a_500_envelope_and_frees_the_gate() -> None:
+    async with backends_running("a") as (a,):
+        variant = _variant(FLOW, instances=[{"id": "a", "url": a.url}])
+        variant["models"] = [MODEL]
+        async with (
+            gateway_running(parse_gateway_config(_doc(variant)), _BrokenRouter) as gw,
+            aiohttp.ClientSession() as client,
+        ):
+            answer = await _send(client, gw, "victim", _body("x"))
+            flow = _flow(gw)
+    assert answer.status == 500
+    assert answer.error is not None
+    assert "routing failed" in answer.error["message"]
+    assert flow.gate.running() == 0
+    assert flow.gate.demand() == 0

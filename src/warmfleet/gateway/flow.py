@@ -153,7 +153,11 @@ class VariantFlow:
         variant = self.variant
         decision = dispatch.decision
         inst = variant.instances[decision.instance_id]  # in the snapshot just taken
-        note = variant.routed(router, dispatch.request.key, decision)
+        try:
+            note = variant.routed(router, dispatch.request.key, decision)
+        except Exception:
+            self.gate.on_finished(dispatch.request.request_id, self.owner.clock())
+            raise
         ticket = Ticket(self, dispatch, inst, note, self.owner.clock())
         inst.add_load(1, ticket.cost)
         self._first.add(ticket.rid)
@@ -186,9 +190,13 @@ class VariantFlow:
             if isinstance(outcome, Dispatch):
                 self.gate.on_finished(rid, self.owner.clock())
             return
-        future.set_result(
-            self.commit(outcome, router) if isinstance(outcome, Dispatch) else outcome
-        )
+        if not isinstance(outcome, Dispatch):
+            future.set_result(outcome)
+            return
+        try:
+            future.set_result(self.commit(outcome, router))
+        except Exception as err:  # the strategy's on_routed failed: its waiter answers 500
+            future.set_exception(err)
 
     def drain(self) -> None:
         """Take the gate's outcomes until none is due (re-entrant calls are folded in)."""
@@ -300,12 +308,16 @@ class GatewayFlow:
             flow.deliver(outcome)  # a queued request gave way to this one: shed
             outcome = None
         result: Ticket | Shed
-        if outcome is None:
-            result = await flow.wait(rid, router)
-        elif isinstance(outcome, Dispatch):
-            result = flow.commit(outcome, router)
-        else:
-            result = outcome
+        try:
+            if outcome is None:
+                result = await flow.wait(rid, router)
+            elif isinstance(outcome, Dispatch):
+                result = flow.commit(outcome, router)
+            else:
+                result = outcome
+        except Exception as err:  # a strategy bug must not become an HTML 500 or a crash
+            log.exception("routing failed in %s/%s", variant.endpoint, variant.name)
+            return error_response(InternalError(f"routing failed: {type(err).__name__}"))
         return result if isinstance(result, Ticket) else flow.shed_response(result)
 
     def _routable(self, variant: VariantRuntime) -> None:
