@@ -22,6 +22,7 @@ import yaml
 from gateway_support import FakeRouter, backends_running, gateway_running
 
 from support.waiting import wait_until
+from warmfleet.api.trace_format import parse_trace
 from warmfleet.core.types import Decision, RoutingKey
 from warmfleet.emulator.config import build_spec
 from warmfleet.emulator.fleet import EmulatedFleet
@@ -360,3 +361,28 @@ async def test_a_strategy_bug_is_a_500_envelope_and_frees_the_gate() -> None:
     assert "routing failed" in answer.error["message"]
     assert flow.gate.running() == 0
     assert flow.gate.demand() == 0
+
+
+async def test_the_capture_records_what_flow_control_acted_on(tmp_path: Path) -> None:
+    """With ``spec.capture`` on, a flow-controlled request's line carries its priority, its
+    own deadline and the gate's TTFT prediction (a trace the simulator replays with them)."""
+    capture = tmp_path / "capture.jsonl"
+    async with _fleet() as fleet:
+        variant = _variant(FLOW, instances=[{"id": "emu-0", "url": fleet.urls[0]}])
+        doc = _doc(variant)
+        doc["spec"]["capture"] = {"path": str(capture)}
+        async with (
+            gateway_running(parse_gateway_config(doc)) as gw,
+            aiohttp.ClientSession() as client,
+        ):
+            await wait_until(
+                lambda: bool(gw.gateway.state.endpoints["main"].variants["v1"].routable)
+            )
+            headers = {"x-warmfleet-priority": "-2", "x-warmfleet-deadline-ms": "60000"}
+            answer = await _send(client, gw, "victim", _body("captured"), headers)
+            assert answer.status == 200
+    (record,) = parse_trace(capture.read_text().splitlines(), str(capture)).records
+    assert record.priority == -2
+    assert record.deadline_ms == 60000.0
+    assert record.predicted_ttft_ms is not None
+    assert record.predicted_ttft_ms > 0.0

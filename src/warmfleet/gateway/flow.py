@@ -81,7 +81,18 @@ class Ticket:
     """A dispatched request: committed (the strategy learnt it, the instance's load counts it,
     ``note`` goes to the peers), handed to the proxy, which releases the load and the note."""
 
-    __slots__ = ("cost", "decision", "dispatched_s", "flow", "inst", "note", "predicted_s", "rid")
+    __slots__ = (
+        "cost",
+        "deadline_ms",
+        "decision",
+        "dispatched_s",
+        "flow",
+        "inst",
+        "note",
+        "predicted_s",
+        "priority",
+        "rid",
+    )
 
     def __init__(
         self,
@@ -100,6 +111,10 @@ class Ticket:
         self.cost = key.prompt_tokens + key.output_tokens_hint
         self.dispatched_s = dispatched_s
         self.predicted_s = dispatch.predicted_ttft_s
+        request = dispatch.request  # the priority and own deadline it went by (the capture's)
+        self.priority = request.priority
+        deadline_s = request.deadline_s
+        self.deadline_ms = None if deadline_s is None else (deadline_s - request.arrival_s) * 1e3
 
     def first_token(self) -> None:
         """The answer's first streamed bytes reached the client (calibrates the predictor)."""
