@@ -75,6 +75,19 @@ def test_held_requests_count_as_load() -> None:
     assert in_flight_by_variant([text]) == {("e", "v"): 5.0, ("e", "w"): 0.0}
 
 
+def test_flow_queued_requests_count_as_load_over_bands_and_tenants() -> None:
+    text = (
+        'warmfleet_gateway_in_flight_requests{endpoint="e",variant="v",instance_id="a"} 1\n'
+        'warmfleet_gateway_flow_queued_requests{endpoint="e",variant="v",band="high",'
+        'tenant="acme"} 2\n'
+        'warmfleet_gateway_flow_queued_requests{endpoint="e",variant="v",band="low",'
+        'tenant="other"} 4\n'
+        'warmfleet_gateway_flow_queued_requests{endpoint="e",variant="z",band="low",'
+        'tenant="other"} 1\n'
+    )
+    assert in_flight_by_variant([text]) == {("e", "v"): 7.0, ("e", "z"): 1.0}
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(0, 8),

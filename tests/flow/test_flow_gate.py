@@ -72,7 +72,7 @@ def _drain(gate: FlowGate, fleet: FleetSnapshot) -> list[Dispatch | Shed]:
 
 events = st.lists(
     st.tuples(
-        st.sampled_from(["submit", "finish", "tick"]),
+        st.sampled_from(["submit", "finish", "tick", "cancel"]),
         st.sampled_from(["a", "b", "c"]),
         st.integers(min_value=-3, max_value=3),
         st.one_of(st.none(), st.floats(min_value=0.01, max_value=20.0)),
@@ -91,6 +91,7 @@ def test_every_request_is_answered_exactly_once_and_queues_stay_bounded(
     now_s = 0.0
     answered: dict[int, int] = {}
     running: list[int] = []
+    cancelled: set[int] = set()
     submitted = 0
 
     def record(outcome: Dispatch | Shed | None) -> None:
@@ -117,6 +118,11 @@ def test_every_request_is_answered_exactly_once_and_queues_stay_bounded(
             rid = running.pop(0)
             gate.on_first_token(rid, now_s)
             gate.on_finished(rid, now_s)
+        elif action == "cancel" and gate.queues.entries:  # a queued request's client left
+            rid = min(gate.queues.entries)
+            assert gate.cancel(rid)
+            assert not gate.cancel(rid)
+            cancelled.add(rid)
         for outcome in _drain(gate, fleet):
             record(outcome)
         assert gate.demand() <= config.max_queued_requests
@@ -133,8 +139,29 @@ def test_every_request_is_answered_exactly_once_and_queues_stay_bounded(
         if gate.demand() == 0:
             break
         assert step < 9_999
-    assert sorted(answered) == list(range(submitted))
+    assert sorted([*answered, *cancelled]) == list(range(submitted))
     assert set(answered.values()) <= {1}
+    assert gate.cancelled == len(cancelled)
+
+
+def test_cancel_takes_a_queued_request_out_and_nothing_else() -> None:
+    gate = _gate(_config(max_in_flight_per_instance=1))
+    fleet = _fleet(1, 0.0)
+    assert isinstance(gate.submit(FlowRequest(0, _key(), "a", 0, 0.0), fleet), Dispatch)
+    assert gate.submit(FlowRequest(1, _key(), "a", 0, 0.0, deadline_s=50.0), fleet) is None
+    assert gate.submit(FlowRequest(2, _key(), "b", 0, 0.0), fleet) is None
+    assert not gate.cancel(0)  # dispatched: its end comes through on_finished
+    assert gate.cancel(1)
+    assert gate.demand() == 1
+    assert gate.queue_depths() == {("low", "other"): 1}
+    assert not gate.cancel(1)
+    gate.on_finished(0, 1.0)
+    out = gate.next_outcome(_fleet(1, 1.0))
+    assert isinstance(out, Dispatch)
+    assert out.request.request_id == 2
+    assert gate.next_outcome(_fleet(1, 60.0)) is None  # 1's deadline is gone with it
+    assert gate.next_deadline_s() is None
+    assert gate.cancelled == 1
 
 
 def test_high_band_is_dispatched_before_low_band() -> None:

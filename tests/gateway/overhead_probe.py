@@ -1,7 +1,7 @@
 """Indicative overhead probe (not a test; not a benchmark of record).
 
     .venv/bin/python tests/gateway/overhead_probe.py [--strategy prefix_affinity] [--requests N]
-        [--rounds R] [--gateway-src LABEL=PATH ...]
+        [--rounds R] [--gateway-src LABEL=PATH ...] [--flow]
 
 Starts 4 fake OpenAI backends in one subprocess and the gateway (`warmfleet serve`) in another,
 then from this process (aiohttp + uvloop, keep-alive) measures direct (client round-robins over
@@ -12,7 +12,9 @@ p50/p99 latency at c=1 and c=32 with ~8,000-character chat prompts, streamed TTF
 the gateway process's CPU time per proxied request (utime+stime from /proc).
 ``--gateway-src old=/tmp/old/src`` adds a gateway that imports warmfleet from another source
 tree (e.g. a snapshot before a change), measured in the same run against the same backends, so
-before/after ratios share the machine's noise; ``--rounds`` repeats every target (medians
+before/after ratios share the machine's noise; ``--flow`` adds ``gateway+flow``, the same
+gateway with ``routing.flow`` on and a cap no request reaches (flow control's cost without
+overload); ``--rounds`` repeats every target (medians
 kept, gateway order rotated each round). Everything shares one small machine, so treat the
 numbers as indicative only; `warmfleet bench` / `make bench-peers` are the measurements of
 record.
@@ -118,7 +120,11 @@ def _start_backends() -> tuple[subprocess.Popen[str], list[str]]:
 
 
 def _start_gateway(
-    urls: list[str], strategy: str, tmp: Path, src: str | None = None
+    urls: list[str],
+    strategy: str,
+    tmp: Path,
+    src: str | None = None,
+    flow: dict[str, Any] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
     """``warmfleet serve`` in front of ``urls``; ``src``: import warmfleet from that source tree
     (a snapshot of another version, to compare two builds side by side in one run)."""
@@ -142,7 +148,9 @@ def _start_gateway(
             ],
         },
     }
-    path = tmp / f"gateway-{abs(hash(src))}.yaml"
+    if flow is not None:
+        doc["spec"]["endpoints"][0]["variants"][0]["routing"]["flow"] = flow
+    path = tmp / f"gateway-{abs(hash((src, flow is None)))}.yaml"
     path.write_text(yaml.safe_dump(doc))
     exe = Path(sys.executable).parent / "warmfleet"
     env = dict(os.environ)
@@ -232,6 +240,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 gateway, gw_url = _start_gateway(urls, args.strategy, Path(tmp), src)
                 procs.append(gateway)
                 targets[name] = (gateway, [gw_url])
+            if args.flow:
+                flow = {"maxInFlightPerInstance": 4096, "enginePreset": "tiny-cpu"}
+                gateway, gw_url = _start_gateway(urls, args.strategy, Path(tmp), None, flow)
+                procs.append(gateway)
+                targets["gateway+flow"] = (gateway, [gw_url])
             report: dict[str, Any] = {"strategy": args.strategy, "rounds": args.rounds}
             for label, conc, n, stream in (
                 ("c1", 1, args.requests, False),
@@ -281,5 +294,6 @@ if __name__ == "__main__":
         metavar="LABEL=PATH",
         help="also measure a gateway importing warmfleet from PATH (e.g. a snapshot of src/)",
     )
+    parser.add_argument("--flow", action="store_true", help="also measure gateway+flow")
     result = uvloop.run(main(parser.parse_args()))
     print(json.dumps(result, indent=2))

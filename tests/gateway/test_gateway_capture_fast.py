@@ -49,6 +49,8 @@ def _item(**changes: Any) -> Captured:
         {"key": RoutingKey((1 << 64, 3), 16, 32, 32, 7)},  # past 64 bits: the standard library's
         {"model": "x" * 513, "instance": "i" * 257},  # too long for the format: left out
         {"t_end_s": 2e13},  # a float past where the formats part
+        {"priority": -3, "deadline_ms": 1500.25, "predicted_ttft_s": 0.0123456},  # flow control
+        {"priority": 0, "deadline_ms": 1e-9, "predicted_ttft_s": 0.0},  # a deadline under 1 µs
     ],
 )
 def test_the_line_bytes_are_record_line_of_the_record(changes: dict[str, Any]) -> None:
@@ -84,6 +86,7 @@ def _offer(capture: Capture, count: int) -> None:
         call = SimpleNamespace(
             model="m", variant=variant, key=item.key, decision=item.decision, t_start=float(i),
             inst=SimpleNamespace(instance_id="inst-0"), request=SimpleNamespace(headers={}),
+            ticket=None,
         )  # fmt: skip
         relay = SimpleNamespace(last=b"{}", tail=b"", t_first=i + 0.01)
         capture.offer(cast("Attempt", call), cast("Relay", relay), 200)

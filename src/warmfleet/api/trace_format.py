@@ -6,7 +6,7 @@ A record is one request: ``timestamp`` (ms since the trace's start), ``input_len
 an equal id means an equal prefix chain up to that block). Optional fields say who sent it
 (``tenant``, ``session``, ``priority``, ``deadline_ms``, ``model``, ``variant``) and, for captured
 traffic, what happened live (``instance``, ``reason``, ``predicted_cached_tokens``,
-``engine_cached_tokens``, ``ttft_ms``, ``e2e_ms``, ``status``).
+``engine_cached_tokens``, ``ttft_ms``, ``e2e_ms``, ``status``, ``predicted_ttft_ms``).
 
 An optional first line ``{"warmfleet_trace": 1, "block_tokens": ..., "fleet": {...}}`` carries
 the block size and the fleet as captured; without it Mooncake's 512-token blocks are assumed.
@@ -73,6 +73,7 @@ class TraceRecord(_Model):
     ttft_ms: float | None = Field(default=None, ge=0)
     e2e_ms: float | None = Field(default=None, ge=0)
     status: int | None = Field(default=None, ge=100, le=599)
+    predicted_ttft_ms: float | None = Field(default=None, ge=0)  # flow control's prediction
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from warmfleet.bench.peers_report import (
 )
 from warmfleet.bench.peers_routers import (
     CAPTURED_PREFIX_AFFINITY,
+    FLOWED_PREFIX_AFFINITY,
     PASSTHROUGH,
     PROTOCOL_PASSTHROUGH,
     REFERENCE_PROXIES,
@@ -89,9 +90,12 @@ QUALITY_POINTS = (
     LoadPoint("quality_c16", 16, True, 480, 60.0, 0),
     LoadPoint("quality_c1", 1, True, 32, 30.0, 0),
 )
-# Variants of prefix_affinity whose targets are on the request path only (replica sync, capture):
-# measured on the overhead points, not on the quality ones (same routing, same hit rate).
-OVERHEAD_ONLY = frozenset({SYNCED_PREFIX_AFFINITY, CAPTURED_PREFIX_AFFINITY})
+# Variants of prefix_affinity whose targets are on the request path only (replica sync, capture,
+# flow control without overload): measured on the overhead points, not on the quality ones
+# (same routing, same hit rate).
+OVERHEAD_ONLY = frozenset(
+    {SYNCED_PREFIX_AFFINITY, CAPTURED_PREFIX_AFFINITY, FLOWED_PREFIX_AFFINITY}
+)
 ROUTERS = (
     RouterSpec("direct", "client_round_robin"),
     RouterSpec(PASSTHROUGH, "round_robin"),
@@ -99,6 +103,7 @@ ROUTERS = (
     RouterSpec("warmfleet", "prefix_affinity"),
     RouterSpec("warmfleet", SYNCED_PREFIX_AFFINITY),
     RouterSpec("warmfleet", CAPTURED_PREFIX_AFFINITY),
+    RouterSpec("warmfleet", FLOWED_PREFIX_AFFINITY),
     RouterSpec("warmfleet", "random"),
     RouterSpec("sglang-router", "cache_aware"),
     RouterSpec("sglang-router", "round_robin"),

@@ -14,6 +14,8 @@ OURS = ("warmfleet", "prefix_affinity")
 OURS_SYNC = ("warmfleet", "prefix_affinity+sync")
 # prefix_affinity with traffic capture on (peers_routers)
 OURS_CAPTURE = ("warmfleet", "prefix_affinity+capture")
+# prefix_affinity with flow control on and no overload (peers_routers)
+OURS_FLOW = ("warmfleet", "prefix_affinity+flow")
 VLLM_RR = ("vllm-router", "round_robin")
 NOISY_FRAC = 0.15  # a row is noisy when unrelated processes used > 15 % of the machine's CPU
 
@@ -223,6 +225,9 @@ CHECKS: tuple[tuple[str, Ref, float | tuple[Ref, float], str], ...] = (
      (*OURS_SYNC, "c64_8k", "throughput_vs_direct", None), 0.6, "ge"),
     ("26. capture: router CPU ms/request at c=32 <= prefix_affinity + 0.03",
      (*OURS_CAPTURE, "c32_8k", "router_cpu_ms_per_request", None),
+     ((*OURS, "c32_8k", "router_cpu_ms_per_request", None), 0.03), "le+"),
+    ("23. flow: router CPU ms/request at c=32 <= prefix_affinity + 0.03",
+     (*OURS_FLOW, "c32_8k", "router_cpu_ms_per_request", None),
      ((*OURS, "c32_8k", "router_cpu_ms_per_request", None), 0.03), "le+"),
 )  # fmt: skip
 

@@ -53,6 +53,10 @@ SYNCED_PREFIX_AFFINITY = "prefix_affinity+sync"
 # prefix_affinity with traffic capture on (issue 26: its CPU cost per request), the capture
 # file next to the gateway's document in the log directory
 CAPTURED_PREFIX_AFFINITY = "prefix_affinity+capture"
+# prefix_affinity with flow control on and no overload (issue 23: its CPU cost per request):
+# a cap no point of the bench reaches, so every request goes through the gate and none waits
+FLOWED_PREFIX_AFFINITY = "prefix_affinity+flow"
+NO_OVERLOAD_FLOW = {"maxInFlightPerInstance": 4096, "enginePreset": "tiny-cpu"}
 DEAD_HF_ENDPOINT = "http://127.0.0.1:1"
 PEER_ENV = {"HF_ENDPOINT": DEAD_HF_ENDPOINT, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
 
@@ -144,6 +148,10 @@ async def start_router(
         }
         routing = routing_for("prefix_affinity")
         gateway = await start_gateway(procs, fleet, routing, name=name, extra_spec=capture)
+        return RunningRouter(spec, gateway.url, gateway.child)
+    if spec.router == "warmfleet" and spec.policy == FLOWED_PREFIX_AFFINITY:
+        routing = {**routing_for("prefix_affinity"), "flow": dict(NO_OVERLOAD_FLOW)}
+        gateway = await start_gateway(procs, fleet, routing, name=name)
         return RunningRouter(spec, gateway.url, gateway.child)
     if spec.router == "warmfleet":
         gateway = await start_gateway(procs, fleet, routing_for(spec.policy), name=name)

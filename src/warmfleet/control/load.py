@@ -15,7 +15,10 @@ IN_FLIGHT_METRIC = "warmfleet_gateway_in_flight_requests"
 # Requests the gateway holds for a variant with no ready replica (``routing.hold``): the demand
 # that brings a variant scaled to zero back; counted with the in-flight ones.
 HELD_METRIC = "warmfleet_gateway_held_requests"
-_LOAD_METRICS = frozenset((IN_FLIGHT_METRIC, HELD_METRIC))
+# Requests waiting in a variant's flow-control queue (``routing.flow``: overload, or no ready
+# replica), one sample per (band, tenant): demand too.
+FLOW_QUEUED_METRIC = "warmfleet_gateway_flow_queued_requests"
+_LOAD_METRICS = frozenset((IN_FLIGHT_METRIC, HELD_METRIC, FLOW_QUEUED_METRIC))
 _SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)"
 )
@@ -26,8 +29,9 @@ VariantKey = tuple[str, str]  # (endpoint, variant)
 
 def in_flight_by_variant(texts: Iterable[str]) -> dict[VariantKey, float]:
     """Sum ``warmfleet_gateway_in_flight_requests`` over instances, plus
-    ``warmfleet_gateway_held_requests`` (requests waiting for a first ready replica), over every
-    gateway's Prometheus text exposition.
+    ``warmfleet_gateway_held_requests`` (requests waiting for a first ready replica) and
+    ``warmfleet_gateway_flow_queued_requests`` (waiting in flow control's queue, over bands and
+    tenants), over every gateway's Prometheus text exposition.
 
     A variant with a NaN, infinite or negative sample is left out (its total is unknown: the
     autoscaler then keeps its count, as for a variant without a sample)."""

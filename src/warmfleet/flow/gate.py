@@ -7,7 +7,8 @@ Whenever something may have changed (a request finished, an instance became read
 ``next_deadline_s`` came) the caller drains ``next_outcome`` until it returns ``None``. It
 reports each dispatched request's first token (``on_first_token``: calibrates the TTFT
 predictor) and its end (``on_finished``). Every submitted request comes back exactly once, as a
-``Dispatch`` or a ``Shed``.
+``Dispatch`` or a ``Shed``, unless the caller withdraws it while it waits (``cancel``: its
+client left).
 
 Wait or spill: a request whose strategy choice is at its cap while another instance has room
 goes where the predicted time to its first token is smaller: the expected wait for the chosen
@@ -80,6 +81,7 @@ class FlowGate:
         self.shed_count: dict[tuple[str, str, Reason], int] = {}  # (band, tenant, reason)
         self.served_tokens: dict[tuple[str, str], int] = {}  # (band, tenant) -> tokens
         self.last_wait_s = 0.0
+        self.cancelled = 0  # queued requests withdrawn by the caller (``cancel``)
         self._last_target: InstanceId | None = None  # what the last placement waits for
 
     # ------------------------------------------------------------------ public
@@ -103,7 +105,8 @@ class FlowGate:
         """Dispatch ``request`` now, shed it, or queue it (``None``)."""
         band = self.band_of(request.priority)
         self._last_target = None
-        if self.queues.ahead_of(band) == 0 and fleet.instances:
+        queues = self.queues
+        if (queues.queued == 0 or queues.ahead_of(band) == 0) and fleet.instances:
             placed = self._try_place(request, fleet)
             if isinstance(placed, Dispatch):
                 return placed
@@ -134,6 +137,16 @@ class FlowGate:
         """When ``next_outcome`` must next be called even if nothing else happens."""
         return self.queues.next_deadline_s()
 
+    def cancel(self, request_id: int) -> bool:
+        """Withdraw a queued request (its client left): it leaves the queue and never comes
+        back as an outcome. False if it is not queued (dispatched or shed already)."""
+        entry = self.queues.entries.get(request_id)
+        if entry is None:
+            return False
+        self.queues.remove(entry)
+        self.cancelled += 1
+        return True
+
     def on_first_token(self, request_id: int, now_s: float) -> None:
         run = self._running.get(request_id)
         if run is None or run.first_token:
@@ -158,6 +171,10 @@ class FlowGate:
         """Requests waiting for a start (the figure an autoscaler reads)."""
         return self.queues.queued
 
+    def running(self) -> int:
+        """Dispatched requests not finished yet."""
+        return len(self._running)
+
     def queue_depths(self) -> dict[tuple[str, str], int]:
         """Queued requests per (band name, tenant label)."""
         out: dict[tuple[str, str], int] = {}
@@ -177,9 +194,11 @@ class FlowGate:
             return None
         decision = self._choose(request.key, fleet)
         target = decision.instance_id
-        if self._has_room(target, self._prefill_s(request.key, decision)):
-            reason = Reason.QUEUED if waited else decision.reason
-            return self._dispatch(request, replace(decision, reason=reason), fleet.now_s)
+        own_s = self._prefill_s(request.key, decision)
+        if self._has_room(target, own_s):
+            if waited:
+                decision = replace(decision, reason=Reason.QUEUED)
+            return self._dispatch(request, decision, fleet.now_s, own_s)
         cold_s = self.predictor.prefill_s(request.key.prompt_tokens, 0)  # fits even uncached
         free = tuple(s for s in fleet.instances if self._has_room(s.instance_id, cold_s))
         if not free:
@@ -237,32 +256,39 @@ class FlowGate:
         prompt, cached = key_tokens(key, decision.predicted_cached_blocks)
         return self.predictor.prefill_s(prompt, cached)
 
-    def _ttft_s(self, key: RoutingKey, decision: Decision, *, queued: bool = True) -> float:
-        """Predicted TTFT on the decision's instance (``queued``: behind its pending prefill)."""
+    def _ttft_s(
+        self, key: RoutingKey, decision: Decision, *, queued: bool = True, own_s: float = -1.0
+    ) -> float:
+        """Predicted TTFT on the decision's instance (``queued``: behind its pending prefill;
+        ``own_s``: the request's own prefill there when already known)."""
         iid = decision.instance_id
         decoding = self._in_flight.get(iid, 0)
         queued_s = self._pending_prefill_s.get(iid, 0.0) if queued else 0.0
-        return self.predictor.predict_s(self._prefill_s(key, decision), queued_s, decoding)
+        if own_s < 0.0:
+            own_s = self._prefill_s(key, decision)
+        return self.predictor.predict_s(own_s, queued_s, decoding)
 
-    def _dispatch(self, request: FlowRequest, decision: Decision, now_s: float) -> Dispatch:
+    def _dispatch(
+        self, request: FlowRequest, decision: Decision, now_s: float, prefill_s: float = -1.0
+    ) -> Dispatch:
         iid = decision.instance_id
-        prefill_s = self._prefill_s(request.key, decision)
-        predicted = self._ttft_s(request.key, decision)
+        key = request.key
+        prompt, cached = key_tokens(key, decision.predicted_cached_blocks)
+        if prefill_s < 0.0:
+            prefill_s = self.predictor.prefill_s(prompt, cached)
+        predicted = self._ttft_s(key, decision, own_s=prefill_s)
         self._running[request.request_id] = _Running(request, iid, now_s, prefill_s, predicted)
         self._in_flight[iid] = self._in_flight.get(iid, 0) + 1
         pending_s = self._pending_prefill_s.get(iid, 0.0)
         if pending_s <= 1e-9:
             self._busy_since_s[iid] = now_s
         self._pending_prefill_s[iid] = pending_s + prefill_s
-        prompt, cached = key_tokens(request.key, decision.predicted_cached_blocks)
-        tokens = (
-            prompt - cached
-        ) + self.config.output_token_weight * request.key.output_tokens_hint
+        tokens = (prompt - cached) + self.config.output_token_weight * key.output_tokens_hint
         limits = self._limits(request.tenant)
         if _limited(limits):
             tenant = self._tenant(request.tenant)
             tenant.running += 1
-            tenant.bucket_tokens -= prompt + request.key.output_tokens_hint
+            tenant.bucket_tokens -= prompt + key.output_tokens_hint
         self.queues.charge(request.tenant, tokens / limits.weight)
         flow = (self._bands[self.band_of(request.priority)].name, self.tenant_label(request.tenant))
         self.served_tokens[flow] = self.served_tokens.get(flow, 0) + prompt

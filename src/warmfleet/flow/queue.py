@@ -53,6 +53,7 @@ class FlowQueues:
         self.queued = 0
         self.counters: dict[str, float] = {}
         self.waiting_for: dict[str, int] = {}  # instance -> queued requests waiting for it
+        self.entries: dict[int, Queued] = {}  # request id -> its entry, while queued
         self._deadlines: list[tuple[float, int, Queued]] = []
         self._seq = itertools.count()
 
@@ -92,6 +93,7 @@ class FlowQueues:
         flow.append(entry)
         band.queued += 1
         self.queued += 1
+        self.entries[entry.request.request_id] = entry
         heapq.heappush(self._deadlines, (entry.latest_start_s, next(self._seq), entry))
         self.retarget(entry, entry.target, new=True)
 
@@ -119,6 +121,7 @@ class FlowQueues:
             del band.flows[tenant]
         band.queued -= 1
         self.queued -= 1
+        self.entries.pop(entry.request.request_id, None)
         entry.active = False
         self.retarget(entry, None)
 

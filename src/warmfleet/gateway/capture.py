@@ -99,6 +99,7 @@ class Capture:
             at = tail.rfind(b'"usage"')
         variant = call.variant
         key_spec = variant.routing_config.key
+        ticket = call.ticket  # flow control's, if the variant runs it
         queue.append(
             Captured(
                 call.t_start,
@@ -113,6 +114,11 @@ class Capture:
                 tail[at : at + USAGE_BYTES] if at >= 0 else None,
                 call.request.headers.get(key_spec.tenant_header.lower()),
                 call.model,
+                *(
+                    ()
+                    if ticket is None
+                    else (ticket.priority, ticket.deadline_ms, ticket.predicted_s)
+                ),
             )
         )
         if self._idle:

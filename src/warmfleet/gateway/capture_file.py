@@ -53,6 +53,10 @@ class Captured(NamedTuple):
     usage: bytes | None
     tenant: str | None  # raw: hashed on the writer, never written
     model: str | None
+    # flow control's (routing.flow): the priority and deadline it acted on, its TTFT prediction
+    priority: int | None = None
+    deadline_ms: float | None = None
+    predicted_ttft_s: float | None = None
 
 
 class WriteResult(NamedTuple):
@@ -87,6 +91,14 @@ def _ms(start_s: float, end_s: float) -> float:
     return round(max(0.0, (end_s - start_s) * 1000.0), 3)
 
 
+def _positive_ms(value_ms: float | None) -> float | None:
+    """A deadline as the format takes it: to the microsecond, left out below one."""
+    if value_ms is None:
+        return None
+    rounded = round(value_ms, 3)
+    return rounded if rounded > 0.0 else None
+
+
 class RecordMaker:
     """Turns ``Captured`` into trace records (keeps the tenant seeds of the salts it saw)."""
 
@@ -107,6 +119,7 @@ class RecordMaker:
         prompt, completion, cached = usage_of(item.usage)
         session = key.session  # salted under the chain seed (routing.sessions)
         status = item.status
+        predicted = item.predicted_ttft_s
         return {
             "timestamp": _ms(t0_s, item.t_start_s),
             "input_length": key.prompt_tokens if prompt is None else prompt,
@@ -114,6 +127,8 @@ class RecordMaker:
             "hash_ids": key.block_hashes,
             "tenant": self.tenant_hash(item.tenant, item.salt) if item.tenant else None,
             "session": f"{session:016x}" if session is not None else None,
+            "priority": item.priority,
+            "deadline_ms": _positive_ms(item.deadline_ms),
             "model": item.model,
             "variant": item.variant,
             "instance": item.instance,
@@ -123,6 +138,7 @@ class RecordMaker:
             "ttft_ms": _ms(item.t_start_s, item.t_first_s) if item.t_first_s else None,
             "e2e_ms": _ms(item.t_start_s, item.t_end_s),
             "status": status if 100 <= status <= 599 else None,
+            "predicted_ttft_ms": None if predicted is None else round(predicted * 1000.0, 3),
         }
 
     def line(self, item: Captured, t0_s: float) -> str:

@@ -42,6 +42,10 @@ class UpstreamTimeoutError(WarmfleetError):
     """The instance did not answer in time (HTTP 504)."""
 
 
+class OverloadedError(WarmfleetError):
+    """Flow control shed the request: overload, or a deadline it cannot meet (HTTP 429)."""
+
+
 # (status, OpenAI error type), most specific class first.
 _MAPPING: tuple[tuple[type[WarmfleetError], int, str], ...] = (
     (RequestTooLargeError, 413, "invalid_request_error"),
@@ -51,6 +55,7 @@ _MAPPING: tuple[tuple[type[WarmfleetError], int, str], ...] = (
     (UnauthorizedError, 401, "authentication_error"),
     (ConflictError, 409, "conflict_error"),
     (NoInstanceAvailableError, 503, "service_unavailable_error"),
+    (OverloadedError, 429, "rate_limit_error"),
     (UpstreamTimeoutError, 504, "upstream_timeout_error"),
     (UpstreamError, 502, "upstream_error"),
 )

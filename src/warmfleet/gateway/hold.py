@@ -2,8 +2,8 @@
 
 ``spec.hold`` (off unless given): a request for a variant with no routable instance waits, up to
 ``maxHeldPerVariant`` per variant and ``timeoutS`` each, for one to become routable (the variant
-calls ``on_routable`` when its routable set stops being empty), then is routed as usual; else it
-is answered 503 in the OpenAI error envelope with ``Retry-After: retryAfterS`` (reason
+calls ``on_routable`` when its routable set changes and is not empty), then is routed as usual;
+else it is answered 503 in the OpenAI error envelope with ``Retry-After: retryAfterS`` (reason
 ``hold_timeout`` or ``hold_full``). The check on the request path is one attribute read
 (``variant.routable`` empty), so a variant with instances never pays for the hold.
 
@@ -58,7 +58,8 @@ class GatewayHold:
         if waiter is None:
             held = config.max_held_per_variant
             return _shed(variant, config, "hold_full", f"{held} requests are held already")
-        variant.on_routable = self._routable
+        if variant.on_routable is None:  # gateway.flow's hook calls ``release`` too
+            variant.on_routable = self.release
         future = asyncio.get_running_loop().create_future()
         self._futures[waiter] = future
         try:
@@ -74,7 +75,8 @@ class GatewayHold:
         finally:
             self._futures.pop(waiter, None)
 
-    def _routable(self, variant: VariantRuntime) -> None:
+    def release(self, variant: VariantRuntime) -> None:
+        """``variant`` has a routable instance: its held requests go on."""
         for waiter in self.queue.release((variant.endpoint, variant.name)):
             future = self._futures.get(waiter)
             if future is not None and not future.done():

@@ -17,6 +17,11 @@ Names (all prefixed ``warmfleet_gateway_``; the engine instance is ``instance_id
   ``predicted_cached_blocks_total{endpoint,variant}``
 - ``retries_total{endpoint,variant}``, ``ejections_total{endpoint,variant,instance_id,cause}``,
   ``readmissions_total{endpoint,variant,instance_id}``, ``config_reloads_total{source,result}``.
+- Flow control (``gateway.flow``): ``flow_wait_seconds{endpoint,variant,band,tenant,outcome}``
+  (arrival to dispatch or shed; ``outcome`` dispatched|shed), ``flow_ttft_seconds{endpoint,
+  variant,kind}`` (``kind`` predicted|observed, both for each streamed request flow control
+  dispatched: the predictor's error); the queue depth, shed, served-token, cancellation and
+  calibration series come from ``gateway.flow``'s collector.
 - Passive outlier detection: ``attempt_failures_total{endpoint,variant,instance_id,cause}``,
   ``ejections_overflow_total{endpoint,variant,instance_id}`` (refused by
   ``max_ejection_percent``), ``instance_ejected`` and ``instance_on_probation`` (gauges).
@@ -296,6 +301,20 @@ class GatewayMetrics:
         )
         self.readmissions = Counter(
             f"{_PREFIX}_readmissions", "Instances readmitted", instance, registry=reg
+        )
+        self.flow_wait = FastHistogram(
+            f"{_PREFIX}_flow_wait_seconds",
+            "Time a request waited in the flow-control queue (to its dispatch or shed)",
+            (*variant, "band", "tenant", "outcome"),
+            buckets=_TTFT_BUCKETS,
+            registry=reg,
+        )
+        self.flow_ttft = FastHistogram(
+            f"{_PREFIX}_flow_ttft_seconds",
+            "Engine-side TTFT of flow-controlled streamed requests: predicted and observed",
+            (*variant, "kind"),
+            buckets=_TTFT_BUCKETS,
+            registry=reg,
         )
         self.reloads = Counter(
             f"{_PREFIX}_config_reloads", "Configuration changes", ("source", "result"), registry=reg

@@ -27,6 +27,7 @@ from warmfleet.gateway.errors import (
     sse_error_event,
     status_and_type,
 )
+from warmfleet.gateway.flow import FlowIdentity, GatewayFlow, Ticket
 from warmfleet.gateway.hold import GatewayHold
 from warmfleet.gateway.http.messages import Request, Response
 from warmfleet.gateway.http.upstream import (
@@ -58,6 +59,7 @@ class Proxy:
         self.pool = pool
         self.capture: Capture | None = None  # spec.capture: a line per answered request
         self.hold: GatewayHold | None = None  # spec.hold: wait for a first ready instance
+        self.flow: GatewayFlow | None = None  # routing.flow: the variants' flow gates
 
     async def forward(
         self,
@@ -70,44 +72,88 @@ class Proxy:
         t_start: float,
         method: str = "POST",
         model: str | None = None,
+        flow: FlowIdentity | None = None,
     ) -> Response | None:
         """Route ``request.body`` to an instance of ``variant`` at ``path`` and relay its answer
         (``None`` once the relay has answered the client; an error response otherwise).
         ``method``: ``GET`` sends no body (vLLM's ``/version``). ``model``: the body's, for
-        the capture.
+        the capture. ``flow``: the request's flow identity; with the variant's ``routing.flow``
+        the request goes through its flow gate first (``gateway.flow``), which may queue it,
+        route it, or answer it 429/503.
 
         ``router`` is the one that built ``key``: a strategy switch meanwhile applies to the
         next request, never to half of this one."""
-        if not variant.routable and self.hold is not None and self.hold.active():
+        ticket: Ticket | None = None
+        if flow is not None and self.flow is not None and variant.routing_config.flow is not None:
+            admitted = await self.flow.admit(variant, router, key, flow)
+            if isinstance(admitted, Response):
+                return admitted
+            ticket = admitted
+        elif not variant.routable and self.hold is not None and self.hold.active():
             shed = await self.hold.wait(variant)  # scale from zero: until one is ready
             if shed is not None:
                 return shed
+        try:
+            return await self._route(
+                request,
+                variant,
+                router=router,
+                key=key,
+                path=path,
+                t_start=t_start,
+                method=method,
+                model=model,
+                ticket=ticket,
+            )
+        finally:
+            if ticket is not None:
+                ticket.done()
+
+    async def _route(
+        self,
+        request: Request,
+        variant: VariantRuntime,
+        *,
+        router: RouterLike,
+        key: RoutingKey,
+        path: str,
+        t_start: float,
+        method: str,
+        model: str | None,
+        ticket: Ticket | None,
+    ) -> Response | None:
+        """The attempts (a retry goes to another instance); the first one of a flow-controlled
+        request goes where its gate dispatched it (committed there)."""
         # A prompt that failed recently on an instance does not go there first (affinity).
         excluded = variant.avoided(prompt_id(key)) if variant.avoidance.entries else None
         avoided = len(excluded) if excluded else 0
         failure: WarmfleetError | None = None
         cost = key.prompt_tokens + key.output_tokens_hint
         for attempt in range(self.state.limits.max_attempts):
-            fleet = variant.snapshot(excluded)
-            if not fleet.instances:
-                break
-            if attempt:
-                variant.m_retries.inc()
-            t_decide = perf_counter()
-            try:
-                decision = router.choose(key, fleet)
-                variant.m_decision.observe(perf_counter() - t_decide)
-                inst = variant.instances[decision.instance_id]
-                note = variant.routed(router, key, decision)  # with replica sync: to the peers
-            except Exception as err:  # a strategy bug must not become an HTML 500 or a crash
-                log.exception("routing failed in %s/%s", variant.endpoint, variant.name)
-                failure = InternalError(f"routing failed: {type(err).__name__}")
-                break
+            if attempt == 0 and ticket is not None:
+                decision, inst, note = ticket.decision, ticket.inst, ticket.note
+            else:
+                fleet = variant.snapshot(excluded)
+                if not fleet.instances:
+                    break
+                if attempt:
+                    variant.m_retries.inc()
+                t_decide = perf_counter()
+                try:
+                    decision = router.choose(key, fleet)
+                    variant.m_decision.observe(perf_counter() - t_decide)
+                    inst = variant.instances[decision.instance_id]
+                    note = variant.routed(router, key, decision)  # with replica sync: to peers
+                except Exception as err:  # a strategy bug must not become an HTML 500 or a crash
+                    log.exception("routing failed in %s/%s", variant.endpoint, variant.name)
+                    failure = InternalError(f"routing failed: {type(err).__name__}")
+                    break
+                inst.add_load(1, cost)
             _count_decision(variant, decision)
             call = Attempt(
                 request, variant, inst, decision, t_start, key=key, index=attempt, model=model
             )
-            inst.add_load(1, cost)
+            call.ticket = ticket
             try:
                 if inst.outlier.standing is PROBATION:
                     variant.begin_trial(inst, call)  # its one request until it has answered

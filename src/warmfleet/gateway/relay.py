@@ -12,6 +12,7 @@ from typing import NoReturn
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.core.types import Decision, RoutingKey
 from warmfleet.gateway.errors import UpstreamError, UpstreamTimeoutError
+from warmfleet.gateway.flow import Ticket
 from warmfleet.gateway.http.messages import (
     INSTANCE_HEADER,
     REASON_HEADER,
@@ -72,7 +73,17 @@ class Retry(Exception):
 class Attempt:
     """One try of one request on one instance."""
 
-    __slots__ = ("decision", "index", "inst", "key", "model", "request", "t_start", "variant")
+    __slots__ = (
+        "decision",
+        "index",
+        "inst",
+        "key",
+        "model",
+        "request",
+        "t_start",
+        "ticket",
+        "variant",
+    )
 
     def __init__(
         self,
@@ -94,6 +105,7 @@ class Attempt:
         self.t_start = t_start
         self.index = index  # 0: the first attempt
         self.model = model  # the body's model, when the caller knows it (the capture's)
+        self.ticket: Ticket | None = None  # flow control's, told of the first streamed bytes
 
     def count(self, status: str) -> None:
         self.variant.request_counter(self.inst.instance_id, self.decision.reason, status).inc()
@@ -204,6 +216,8 @@ class Relay:
         call = self.call
         self.t_first = now = perf_counter()
         call.variant.m_ttft["true"].observe(now - call.t_start)
+        if call.ticket is not None:
+            call.ticket.first_token()
         conn = self.conn
         conn.start_stream(
             self.status, self.content_type, self.headers, first, end=end, length=self.length

@@ -34,6 +34,7 @@ from warmfleet.gateway.discovery.inference_endpoints import (
     derive_endpoints,
 )
 from warmfleet.gateway.discovery.kubernetes import KubeDiscovery
+from warmfleet.gateway.flow import GatewayFlow
 from warmfleet.gateway.health import HealthMonitor
 from warmfleet.gateway.hold import GatewayHold
 from warmfleet.gateway.http.upstream_pool import UpstreamPool
@@ -79,6 +80,8 @@ class Gateway:
             kv_events.feed.register_metrics(self.metrics.registry)
         self.discovery = FileDiscovery(self.state)
         self.hold = GatewayHold(self.state, self.metrics.registry, clock)  # spec.hold
+        # routing.flow: the variants' flow gates (a variant's drain also releases its hold)
+        self.flow = GatewayFlow(self.state, self.metrics, clock, self.hold.release)
         self.kube_discovery = KubeDiscovery(self.state)
         # The document as given (file, reload); what is applied adds the endpoints derived
         # from InferenceEndpoints (``spec.inference_endpoints``), the latest set of which is kept.
@@ -136,6 +139,7 @@ class Gateway:
         self.body_worker.start()
         self._proxy = Proxy(self.state, self._pool)
         self._proxy.hold = self.hold
+        self._proxy.flow = self.flow
         self.capture.on_switch = self._capture_switched
         self.capture.apply(self.state.spec.capture)
         self._health = HealthMonitor(self.state, control)
@@ -147,6 +151,7 @@ class Gateway:
             asyncio.create_task(self.kube_discovery.run(), name="warmfleet-gateway-k8s-discovery"),
             asyncio.create_task(self._follow_inference_endpoints(), name="warmfleet-gateway-ie"),
             asyncio.create_task(self._sweep_idle(), name="warmfleet-gateway-pool-sweep"),
+            asyncio.create_task(self.flow.run(), name="warmfleet-gateway-flow-timer"),
         ]
         if self.replica_sync is not None:
             self.replica_sync.attach(self.state)

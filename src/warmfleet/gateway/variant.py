@@ -88,7 +88,7 @@ class VariantRuntime:
         self.instances: dict[str, InstanceRuntime] = {}
         self.healthy: tuple[InstanceRuntime, ...] = ()
         self.routable: tuple[InstanceRuntime, ...] = ()
-        self.on_routable: Callable[[VariantRuntime], None] | None = None  # was empty: gateway.hold
+        self.on_routable: Callable[[VariantRuntime], None] | None = None  # hold, flow
         self._requests: dict[tuple[str, str, str], FastValue] = {}
         self.m_decision = metrics.decision.labels(endpoint, self.name)
         self.m_overhead = metrics.overhead.labels(endpoint, self.name)
@@ -191,9 +191,9 @@ class VariantRuntime:
         restarts with an empty cache)."""
         instances = self.instances.values()
         healthy = tuple(i for i in instances if i.takes_traffic)
-        had_routable = bool(self.routable)
+        before = self.routable
         self.routable = tuple(i for i in healthy if i.outlier.routable)
-        if self.routable and not had_routable and self.on_routable is not None:
+        if self.routable and self.routable != before and self.on_routable is not None:
             self.on_routable(self)
         changed = healthy != self.healthy
         self.healthy = healthy

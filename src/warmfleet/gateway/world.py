@@ -12,6 +12,7 @@ from itertools import accumulate
 from typing import Any
 
 from warmfleet.core.errors import ConfigError, NotFoundError
+from warmfleet.engine.presets import preset_names
 from warmfleet.gateway.config import GatewayConfig, GatewaySpec
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.server_config import HealthConfig, LimitsConfig
@@ -216,6 +217,11 @@ def build_router_or_raise(factory: RouterFactory, routing: RoutingConfig, where:
 def check_routers(config: GatewayConfig, factory: RouterFactory) -> None:
     for i, endpoint in enumerate(config.spec.endpoints):
         for j, variant in enumerate(endpoint.variants):
-            build_router_or_raise(
-                factory, variant.routing, f"spec.endpoints.{i}.variants.{j}.routing"
-            )
+            where = f"spec.endpoints.{i}.variants.{j}.routing"
+            build_router_or_raise(factory, variant.routing, where)
+            flow = variant.routing.flow
+            if flow is not None and flow.engine_preset not in preset_names():
+                raise ConfigError(
+                    f"{where}.flow.enginePreset: {flow.engine_preset!r} is not one of "
+                    f"{', '.join(preset_names())}"
+                )

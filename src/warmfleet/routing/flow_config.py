@@ -54,7 +54,10 @@ class FlowControlConfig(StrictModel):
     them). ``maxWaitMs``: the longest any request waits, deadline or not (also the hold while
     no replica is ready). ``spill``: ``cost`` decides wait-vs-spill by predicted TTFT,
     ``never`` always waits for the strategy's choice, ``always`` spills at once to the
-    strategy's choice among the instances with room (AWS's concurrency-threshold behaviour)."""
+    strategy's choice among the instances with room (AWS's concurrency-threshold behaviour).
+    ``enginePreset``: the engine model (``warmfleet.engine.presets``) the gateway's TTFT
+    predictor starts from before its online calibration (the simulator uses its scenario's
+    engine instead)."""
 
     max_in_flight_per_instance: int = Field(default=16, ge=1, le=4096)
     max_pending_prefill_ms: float | None = Field(default=None, gt=0.0)
@@ -67,6 +70,7 @@ class FlowControlConfig(StrictModel):
     default_tenant: TenantLimits = Field(default_factory=TenantLimits)
     spill: Literal["cost", "never", "always"] = "cost"
     output_token_weight: float = Field(default=2.0, ge=0.0, le=100.0)
+    engine_preset: str = Field(default="llama-3.1-8b-h100", min_length=1, max_length=64)
 
     @model_validator(mode="after")
     def _bands_distinct(self) -> FlowControlConfig:

@@ -30,11 +30,6 @@ class Router:
     def __init__(
         self, config: RoutingConfig, rng: random.Random, tokenizer: Tokenizer | None = None
     ) -> None:
-        if config.flow is not None:  # rejected at load (the gateway builds a router to check)
-            raise ValueError(
-                "flow: flow control runs in the simulator only so far (warmfleet sim --flow);"
-                " the live gateway does not act on it yet"
-            )
         self.config = config
         self.strategy: Strategy = build_strategy(config.strategy, rng)
         self.keys: KeyBuilder = key_builder(

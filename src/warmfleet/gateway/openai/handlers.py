@@ -12,6 +12,7 @@ from urllib.parse import parse_qs
 from warmfleet.core.errors import BadRequestError, NotFoundError, WarmfleetError
 from warmfleet.core.types import RoutingKey
 from warmfleet.gateway.errors import error_response, status_and_type
+from warmfleet.gateway.flow import FlowIdentity, flow_identity
 from warmfleet.gateway.http.messages import Request, Response
 from warmfleet.gateway.http.routes import Routes
 from warmfleet.gateway.metrics import CONTENT_TYPE
@@ -68,10 +69,25 @@ def _parse_offloaded(raw: bytes, limits: LimitsConfig, kind: BodyKind) -> tuple[
 
 def _key_offloaded(
     router: RouterLike, parse: Parse, holder: list[Any], names: tuple[str | None, str, str | None]
-) -> RoutingKey:
+) -> tuple[RoutingKey, str | None, str | None]:
     """On the body worker: the key of the body in ``holder``, parsed into its request there
-    (both are freed there); ``names``: the tenant, the tenant header's name, the session."""
-    return router.key(parse(holder.pop(), *names))
+    (both are freed there), with the request's tenant and session (flow control's);
+    ``names``: the tenant header's value and name, the session header's value."""
+    parsed = parse(holder.pop(), *names)
+    return router.key(parsed), parsed.tenant, parsed.session
+
+
+def _flow(variant: VariantRuntime, request: Request, parsed: KeyRequest) -> FlowIdentity | None:
+    """The request's flow identity when its variant runs flow control (else None: no cost)."""
+    return _flow_of(variant, request, parsed.tenant, parsed.session)
+
+
+def _flow_of(
+    variant: VariantRuntime, request: Request, tenant: str | None, session: str | None
+) -> FlowIdentity | None:
+    if variant.routing_config.flow is None:
+        return None
+    return flow_identity(request.headers, tenant, session)
 
 
 def _utility_model(raw: bytes, limits: LimitsConfig, kind: BodyKind, yielding: bool) -> str | None:
@@ -145,13 +161,22 @@ class Handlers:
             variant, tenant, session = self._pick(request, endpoint, model, len(raw))
             router = variant.router
             tenant_header = variant.routing_config.key.tenant_header
-            key = router.key(parse(body, tenant, tenant_header, session))
+            parsed = parse(body, tenant, tenant_header, session)
+            key = router.key(parsed)
+            flow = _flow(variant, request, parsed)
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
             return self._not_understood(err)
         return await self.gw.proxy.forward(
-            request, variant, router=router, key=key, path=path, t_start=t_start, model=model
+            request,
+            variant,
+            router=router,
+            key=key,
+            path=path,
+            t_start=t_start,
+            model=model,
+            flow=flow,
         )
 
     async def _openai_offloaded(
@@ -169,7 +194,8 @@ class Handlers:
             router = variant.router
             tenant_header = variant.routing_config.key.tenant_header
             names = (tenant, tenant_header, session)
-            key = await worker.run(_key_offloaded, router, parse, holder, names)
+            key, tenant, session = await worker.run(_key_offloaded, router, parse, holder, names)
+            flow = _flow_of(variant, request, tenant, session)
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
@@ -178,7 +204,14 @@ class Handlers:
             if holder:  # not keyed (rejected, cancelled): free the body on the worker too
                 worker.discard(holder)
         return await self.gw.proxy.forward(
-            request, variant, router=router, key=key, path=path, t_start=t_start, model=model
+            request,
+            variant,
+            router=router,
+            key=key,
+            path=path,
+            t_start=t_start,
+            model=model,
+            flow=flow,
         )
 
     async def invocations(self, request: Request) -> Response | None:
@@ -199,6 +232,7 @@ class Handlers:
                 key = await self.gw.body_worker.run(router.key, native)
             else:
                 key = router.key(native)
+            flow = _flow(variant, request, native)
         except WarmfleetError as err:
             return self.reject(err)
         except _DEFENSIVE as err:
@@ -206,7 +240,14 @@ class Handlers:
             return self.reject(BadRequestError(f"request not understood: {type(err).__name__}"))
         path = variant.config.invocations_path
         return await self.gw.proxy.forward(
-            request, variant, router=router, key=key, path=path, t_start=t_start, model=model
+            request,
+            variant,
+            router=router,
+            key=key,
+            path=path,
+            t_start=t_start,
+            model=model,
+            flow=flow,
         )
 
     async def tokenize(self, request: Request) -> Response | None:
