@@ -23,6 +23,11 @@ arrival goes through the gate: it is routed at once, waits in the gate's queue (
 instance is ready) or is shed; the gate is drained when a request finishes, an instance becomes
 ready or a queued request's deadline check is due.
 
+With ``placements`` (one instance id or ``None`` per request: ``sim.placements``, the doctor's
+replay of a capture's placements) a request whose placement is a routable instance goes there
+(reason ``replayed``) and the strategy only learns it (``on_routed``); the others are the
+strategy's to choose. Not combined with flow control.
+
 Turns of one session are sent in order: a turn is held back until the previous turn of its session
 finished (open loop: at ``max(arrival, previous end)``). In closed loop, ``concurrency`` clients
 each run one session at a time and start the next session when theirs is done.
@@ -35,7 +40,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, Reason, RoutingKey
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
 from warmfleet.flow.gate import FlowGate
@@ -96,9 +101,14 @@ class Simulator:
         controller: FleetController | None = None,
         on_finished: Callable[[], None] | None = None,
         flow: FlowGate | None = None,
+        placements: Sequence[InstanceId | None] | None = None,
     ) -> None:
         if len(requests) != len(keys):
             raise ValueError("one routing key per request")
+        if placements is not None and len(placements) != len(requests):
+            raise ValueError("one placement (or None) per request")
+        if placements is not None and flow is not None:
+            raise ValueError("placements are replayed without flow control")
         if flow is not None and isinstance(strategy, Gateways) and len(strategy.views) != 1:
             raise ValueError("flow control runs with one gateway replica")
         if config.instances < 1 and controller is None:
@@ -133,6 +143,7 @@ class Simulator:
         self._output_hashes: list[tuple[int, ...]] = []
         self._fleet_version = 0  # bumped whenever an engine is created or deleted
         self._flow = None if flow is None else SimFlow(flow, requests, keys, self._records)
+        self._placements = placements
 
     # ------------------------------------------------------------------ setup
 
@@ -271,7 +282,7 @@ class Simulator:
         key = self._keys[index]
         record = self._records[index]
         view = self._gateways.pick()
-        decision = decided or view.strategy.choose(key, self._snapshot(view))
+        decision = decided or self._placed(index) or view.strategy.choose(key, self._snapshot(view))
         self._sync_at(self._gateways.routed(view, index, key, decision, self._now_s))
         chosen = decision.instance_id
         if key.block_hashes:  # else nothing can be cached: both stay 0
@@ -288,6 +299,15 @@ class Simulator:
         record.spilled = decision.spilled
         self._in_flight_requests[chosen] += 1
         self._push(self._now_s + self._config.router_overhead_s, _SUBMIT, index, chosen)
+
+    def _placed(self, index: int) -> Decision | None:
+        """The request's replayed placement, when it has one and that instance is routable."""
+        if self._placements is None:
+            return None
+        instance_id = self._placements[index]
+        if instance_id is None or instance_id not in self._active:
+            return None
+        return Decision(instance_id, Reason.REPLAYED)
 
     def _submit(self, index: int, instance_id: InstanceId) -> None:
         key = self._keys[index]
