@@ -66,7 +66,7 @@ def test_placements_follow_the_requests_order_and_none_without_instances() -> No
     parsed = TraceFile(TraceHeader(block_tokens=BT), records, True)
     requests = trace_file_requests(parsed, seed=0)  # sorted by arrival: y, x, none
     assert [r.request_id for r in requests] == [1, 0, 2]
-    assert captured_placements(records, requests, 2, {}) == ("i0", "i1", None)
+    assert captured_placements(records, requests, 2, {}) == {0: "i0", 1: "i1"}
     bare = tuple(record(t, None) for t in (0, 1))
     assert captured_placements(bare, trace_file_requests(
         TraceFile(TraceHeader(block_tokens=BT), bare, True), 0), 2, {}) is None  # fmt: skip

@@ -10,7 +10,7 @@ differ from the defaults, ``len(KNOB_VALUES[best])`` for the knob, and at most
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -140,16 +140,10 @@ class DoctorResult:
         if replayed is None:
             return None
         run, how = replayed
-        fresh = self.run(self.captured or "")
         placed = run.metrics.decisions_by_reason.get(str(Reason.REPLAYED), 0)
-        return {
-            "strategy": self.captured,
-            "replay": how,
-            **_figures(run),
-            "placed_requests": placed,
-            "requests": len(self.comparison.workload.requests),
-            "fresh_draw": _figures(fresh),
-        }
+        return {"strategy": self.captured, "replay": how, **_figures(run),
+                "placed_requests": placed, "requests": len(self.comparison.workload.requests),
+                "fresh_draw": _figures(self.run(self.captured or ""))}  # fmt: skip
 
     def _scale_out(self) -> dict[str, object]:
         windows = self.churn.windows()
@@ -226,7 +220,7 @@ def run_doctor(
         scen: ScenarioSpec = scenario,
         engine: EngineSpec = spec,
         *,
-        placements: Sequence[InstanceId | None] | None = None,
+        placements: Mapping[int, InstanceId] | None = None,
     ) -> StrategyRun:
         return run_strategy(
             name, scen, engine, workload, prepared, progress=progress, config=config,

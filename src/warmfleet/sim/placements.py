@@ -49,12 +49,16 @@ def captured_placements(
     requests: Sequence[WorkloadRequest],
     instances: int,
     joins: Mapping[str, float],
-) -> tuple[InstanceId | None, ...] | None:
-    """Each request's placement, in the order of ``requests`` (built from ``records``:
-    ``request_id`` is the record's index); ``None`` when no record names an instance."""
+) -> dict[int, InstanceId] | None:
+    """Each placed request's simulator instance, by its index in ``requests`` (built from
+    ``records``: ``request_id`` is the record's index); None when no record names an instance
+    (then nothing is replayed by placement)."""
     names = instance_names(records, instances, joins)
     if not names:
         return None
-    return tuple(
-        names.get(records[req.request_id].instance or "") for req in requests
-    )  # fmt: skip
+    out: dict[int, InstanceId] = {}
+    for index, req in enumerate(requests):
+        placed = names.get(records[req.request_id].instance or "")
+        if placed is not None:
+            out[index] = placed
+    return out

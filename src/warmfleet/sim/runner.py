@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warmfleet.core.errors import ConfigError
@@ -169,13 +169,13 @@ def run_strategy(
     config: StrategyConfig | None = None,
     label: str | None = None,
     flow: FlowControlConfig | None = None,
-    placements: Sequence[InstanceId | None] | None = None,
+    placements: Mapping[int, InstanceId] | None = None,
 ) -> StrategyRun:
     """One strategy's run; ``gateways``: several gateway replicas in sync (default: one);
     ``config``: other parameters than the strategy's defaults; ``label`` names the run (default:
     ``name``); ``flow``: flow control in front of the strategy (one gateway only);
-    ``placements``: each request's replayed instance (``sim.placements``; ``None``: the
-    strategy chooses), in the order of ``prepared.requests``;
+    ``placements``: replayed instances by request index in ``prepared.requests``
+    (``sim.placements``; a request without one is the strategy's to choose);
     ``progress`` gets a phase named after the run and one unit per finished request."""
     progress = progress or NoProgress()
     label = label or name
