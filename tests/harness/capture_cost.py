@@ -2,10 +2,11 @@
 one process, capture on beside capture off over the same calls (issue 26).
 
 Each answered request of ``make bench-peers``' c32_8k point, as the proxy hands it to the
-capture: an 8,000-character prompt keyed in ``text`` mode (62 salted block hashes), a
-``prefix_hit`` decision, a non-streamed answer whose body ends with its ``usage``. Three figures,
-each the median over ``--rounds`` rounds of ``--requests`` calls, off and on interleaved, in CPU
-time of the whole process (``time.process_time``: every thread):
+capture: an 8,000-character prompt keyed in ``text`` mode (62 salted block hashes, the first 46
+one of 8 groups' shared prefix), a ``prefix_hit`` decision, a non-streamed answer whose body ends
+with its ``usage``. Three figures, each the median over ``--rounds`` rounds of ``--requests``
+calls (every round's figure is kept too: the machine's load moves them), off and on interleaved,
+in CPU time of the whole process (``time.process_time``: every thread):
 
 * ``request_path_us``: ``Capture.offer`` per call (what the request waits for), minus the same
   loop without it;
@@ -46,6 +47,8 @@ from warmfleet.gateway.capture_file import Captured
 from warmfleet.gateway.relay import Attempt, Relay
 
 PROMPT_CHARS = 8000  # make bench-peers' prompts
+GROUPS = 8  # prefix groups
+TICK_S = 0.01  # the serving loop's requests come in bursts this far apart
 BLOCK_CHARS = 128  # text mode's default block size
 HEADER = '{"warmfleet_trace":1,"block_tokens":128,"fleet":{"instances":4}}'
 USAGE = (
@@ -59,6 +62,8 @@ def _requests(count: int, seed: int = 0) -> list[tuple[Attempt, Relay]]:
     doubles carrying what ``Capture.offer`` reads)."""
     rng = random.Random(seed)
     blocks = PROMPT_CHARS // BLOCK_CHARS
+    shared = blocks * 3 // 4  # 8 groups' shared prefixes, 75 % of each prompt (bench-peers')
+    prefixes = [tuple(rng.getrandbits(64) for _ in range(shared)) for _ in range(GROUPS)]
     key_spec = SimpleNamespace(salt="deployment-salt", tenant_header="X-Tenant")
     variant = SimpleNamespace(name="default", routing_config=SimpleNamespace(key=key_spec))
     body = b'{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,' + (
@@ -67,7 +72,8 @@ def _requests(count: int, seed: int = 0) -> list[tuple[Attempt, Relay]]:
     )
     out = []
     for i in range(count):
-        hashes = tuple(rng.getrandbits(64) for _ in range(blocks))
+        unique = tuple(rng.getrandbits(64) for _ in range(blocks - shared))
+        hashes = prefixes[rng.randrange(GROUPS)] + unique  # chained: equal prefix, equal ids
         key = RoutingKey(hashes, BLOCK_CHARS, PROMPT_CHARS, PROMPT_CHARS // 4, rng.getrandbits(64),
                          output_tokens_hint=64)  # fmt: skip
         decision = Decision(f"emu-{i % 4}", Reason.PREFIX_HIT, predicted_cached_blocks=blocks // 2)
@@ -123,15 +129,15 @@ def writer_round(items: list[Captured], directory: Path, batch: int) -> float:
 
 
 async def _serve(reqs: list[tuple[Attempt, Relay]], capture: Capture | None, rate: float) -> None:
-    """Offer ``reqs`` at ``rate`` per second (a burst every millisecond), then let the writer
+    """Offer ``reqs`` at ``rate`` per second (a burst every ``TICK_S``), then let the writer
     write everything out."""
     task = asyncio.create_task(capture.run()) if capture is not None else None
-    per_tick = max(1, round(rate / 1000.0))
+    per_tick = max(1, round(rate * TICK_S))
     for start in range(0, len(reqs), per_tick):
         for call, relay in reqs[start : start + per_tick]:
             if capture is not None:
                 capture.offer(call, relay, 200)
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(TICK_S)
     if capture is not None and task is not None:
         capture.close()
         await task
