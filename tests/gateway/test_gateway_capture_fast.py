@@ -23,7 +23,14 @@ from warmfleet.api.trace_format import record_line
 from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.gateway.capture import Capture, CaptureMetrics
 from warmfleet.gateway.capture_config import CaptureConfig
-from warmfleet.gateway.capture_file import Captured, CaptureFile, RecordMaker, WriteResult, _ms
+from warmfleet.gateway.capture_file import (
+    Captured,
+    CaptureFile,
+    RecordMaker,
+    WriteResult,
+    _ms,
+    usage_of,
+)
 from warmfleet.gateway.relay import Attempt, Relay
 
 U64_MAX = (1 << 64) - 1
@@ -148,3 +155,53 @@ async def test_closing_writes_what_was_gathering_at_once(
 
 def _registry() -> CollectorRegistry:
     return CollectorRegistry()
+
+
+def _usage_by_the_standard_library(snippet: bytes) -> tuple[int | None, int | None, int | None]:
+    """``usage_of`` as it was: ``json`` reads the value after the first colon."""
+    colon = snippet.find(b":")
+    try:
+        value, _end = json.JSONDecoder().raw_decode(snippet[colon + 1 :].decode().lstrip())
+    except (ValueError, UnicodeDecodeError):
+        return None, None, None
+    if not isinstance(value, dict):
+        return None, None, None
+
+    def count(v: object) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    details = value.get("prompt_tokens_details")
+    cached = count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return count(value.get("prompt_tokens")), count(value.get("completion_tokens")), cached
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text('{}[]",:\\ab'),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text('{}"ab'), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["prompt_tokens", "completion_tokens", "prompt_tokens_details", "x{"]),
+        _JSON_VALUES | st.fixed_dictionaries({"cached_tokens": st.integers(0, 10**6)}),
+        max_size=4,
+    ),
+    st.sampled_from([b"}", b"}\n\ndata: [DONE]\n\n", b',"x":{"y":1}}', b"", b"{", b"}}}"]),
+    st.sampled_from([b'"usage":', b'"usage": ', b'"usage":\n']),
+)
+def test_usage_of_reads_what_the_standard_library_reads(
+    usage: dict[str, Any], after: bytes, head: bytes
+) -> None:
+    """orjson's fast read (where the braces balance) gives ``raw_decode``'s answer, braces in
+    strings, past-64-bit numbers and trailing data included."""
+    snippet = head + json.dumps(usage).encode() + after
+    assert usage_of(snippet) == _usage_by_the_standard_library(snippet)
+    for cut in (len(snippet) // 2, len(snippet) - 1):  # a snippet cut at USAGE_BYTES
+        assert usage_of(snippet[:cut]) == _usage_by_the_standard_library(snippet[:cut])
+    for other in (b'"usage":null}', b'"usage":[1,2]}', b'"usage":"{}"}', b'"usage":\xff{}'):
+        assert usage_of(other) == _usage_by_the_standard_library(other)

@@ -52,6 +52,16 @@ def test_the_row_has_the_issues_fields_and_its_error_math() -> None:
     assert below["ttft_p50_ratio"] == pytest.approx(0.8)
 
 
+def test_the_row_sets_the_placements_replay_beside_the_fresh_draw() -> None:
+    replay = ReplayFigures("random", 10, 0.48, 100.0, "placements", 10, (0.30, 90.0))
+    row = calibration_row(live(0.5, 100.0), replay)
+    assert (row["replay"], row["replay_placed_requests"]) == ("placements", 10)
+    assert row["hit_rate_abs_error"] == pytest.approx(0.02)  # the placements' (asserted)
+    assert row["replay_hit_rate_fresh_draw"] == pytest.approx(0.30)
+    assert row["hit_rate_abs_error_fresh_draw"] == pytest.approx(0.20)  # reported
+    assert row["replay_ttft_p50_ms_fresh_draw"] == pytest.approx(90.0)
+
+
 def test_row_failures_name_each_missed_target() -> None:
     good = calibration_row(live(0.5, 100.0), ReplayFigures("random", 10, 0.52, 110.0))
     assert row_failures("random", good) == []

@@ -50,8 +50,19 @@ def test_doctor_on_a_capture(tmp_path: Path) -> None:
     assert set(fall) == WATERFALL
     assert all(isinstance(fall[step], float) for step in WATERFALL)  # captured, with engines
     assert fall["ideal"] >= fall["fleet_ceiling"]
-    assert fall["best_replay"] >= fall["captured_replay"]
+    assert fall["best_replay"] >= fall["captured_replay"]  # here; by placements not always
     assert fall["captured_replay"] > fall["delivered"]  # the generator reports half the hits
+    captured = doc["captured"]  # the capture names instances: its placements replayed
+    assert captured["strategy"] == "prefix_hash (captured)"
+    assert captured["replay"] == "placements"
+    assert captured["hit_rate"] == pytest.approx(fall["captured_replay"])
+    # i0/i1 from the start, i2 joining at 120 s (added just before its first request)
+    assert captured["placed_requests"] == captured["requests"] == 300
+    fresh = doc["strategies"]["prefix_hash (captured)"]["hit_rate"]
+    assert captured["fresh_draw"]["hit_rate"] == fresh
+    assert "replayed by the captured placements (300 of 300" in (
+        tmp_path / "r" / "doctor.md"
+    ).read_text(encoding="utf-8")
     loss = doc["largest_loss"]
     assert isinstance(loss, dict)
     drops = {
@@ -92,6 +103,7 @@ def test_doctor_without_header_or_engine_figures(tmp_path: Path) -> None:
     fall = doc["waterfall"]
     assert isinstance(fall, dict)
     assert fall["captured_replay"] is None
+    assert doc["captured"] is None
     assert fall["delivered"] is None
     assert fall["ideal"] >= fall["fleet_ceiling"] > 0
     fleet = doc["fleet"]

@@ -102,6 +102,21 @@ def _recommendation(rec: Mapping[str, Any]) -> str:
     )
 
 
+def _captured_line(captured: Mapping[str, Any]) -> str:
+    """How the waterfall's captured step replayed (by the captured placements or not)."""
+    fresh = pct(captured["fresh_draw"]["hit_rate"])
+    if captured["replay"] == "placements":
+        return (
+            f"captured strategy {captured['strategy']}: replayed by the captured placements "
+            f"({captured['placed_requests']} of {captured['requests']} requests placed as live): "
+            f"hit rate {pct(captured['hit_rate'])}; a fresh draw of its choices: {fresh}"
+        )
+    return (
+        f"captured strategy {captured['strategy']}: replayed by a fresh draw of its choices "
+        f"(the trace names no instance): hit rate {fresh}"
+    )
+
+
 def doctor_lines(doc: Mapping[str, Any]) -> list[str]:
     """The findings under the tables: the largest loss, churn, the recommendations."""
     loss = doc["largest_loss"]
@@ -111,6 +126,9 @@ def doctor_lines(doc: Mapping[str, Any]) -> list[str]:
         else f"largest loss: {pct(loss['loss'])} from {loss['from']} to {loss['to']}; "
         f"closes it: {loss['closes']}"
     ]
+    captured = doc.get("captured")
+    if captured is not None:
+        lines.append(_captured_line(captured))
     scale_out, unprepared = doc["scale_out"], doc["unprepared"]
     if scale_out["reason"] is not None:
         lines.append(f"hit rate during scale-out windows: n/a ({scale_out['reason']})")

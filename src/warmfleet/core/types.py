@@ -23,6 +23,7 @@ class Reason(StrEnum):
     ROUND_ROBIN = "round_robin"
     HASH = "hash"  # consistent-hash owner of the prefix (prefix_hash strategy)
     SESSION = "session"  # the instance the request's session was last routed to (prefix_affinity)
+    REPLAYED = "replayed"  # simulator only: the instance a captured request went to live
     # flow control (warmfleet.flow): the request waited in the gateway's queue, then ...
     QUEUED = "queued"  # ... went to the strategy's choice once it had room
     SPILL_AFTER_WAIT = "spill_after_wait"  # ... went elsewhere: predicted cheaper than waiting

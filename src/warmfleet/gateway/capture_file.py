@@ -32,6 +32,7 @@ _MAX_SEEDS = 64
 _MAX_ID_TEXTS = 1 << 16  # block ids whose decimal text is kept (shared prefixes repeat them)
 # TraceRecord's bounds on the names a line carries: a longer one is left out of its line
 _MAX_NAME = {"model": 512, "variant": 256, "instance": 256, "reason": 64}
+_MAX_MODEL, _MAX_VARIANT, _MAX_INSTANCE, _MAX_REASON = _MAX_NAME.values()
 _COMPACT = (",", ":")
 _FAST_FLOAT_LIMIT = 1e15  # ms: below it orjson and ``repr`` write a rounded float alike
 _DECODER = json.JSONDecoder()  # one for every usage snippet (building one costs ~1 us)
@@ -68,14 +69,28 @@ class WriteResult(NamedTuple):
 
 def usage_of(snippet: bytes | None) -> tuple[int | None, int | None, int | None]:
     """(prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens) of an OpenAI
-    ``usage`` object starting at ``snippet`` (each ``None`` when absent or not a count)."""
+    ``usage`` object starting at ``snippet`` (each ``None`` when absent or not a count).
+
+    orjson reads the object when its end is where its braces balance (JSON objects are prefix
+    free: a slice that parses is the object the standard library's ``raw_decode`` reads there);
+    anything else (a brace inside a string, ``null``, past-64-bit numbers, bad UTF-8) goes to
+    ``raw_decode``."""
     if not snippet:
         return None, None, None
     colon = snippet.find(b":")
-    try:
-        value, _end = _DECODER.raw_decode(snippet[colon + 1 :].decode().lstrip())
-    except (ValueError, UnicodeDecodeError):
-        return None, None, None
+    value: object = None
+    rest = snippet[colon + 1 :].lstrip()
+    end = _object_end(rest) if rest[:1] == b"{" else -1
+    if end > 0:
+        try:
+            value = orjson.loads(rest[:end])
+        except orjson.JSONDecodeError:
+            value = None
+    if value is None:
+        try:
+            value, _end = _DECODER.raw_decode(rest.decode())
+        except (ValueError, UnicodeDecodeError):
+            return None, None, None
     if not isinstance(value, dict):
         return None, None, None
     details = value.get("prompt_tokens_details")
@@ -83,12 +98,29 @@ def usage_of(snippet: bytes | None) -> tuple[int | None, int | None, int | None]
     return _count(value.get("prompt_tokens")), _count(value.get("completion_tokens")), cached
 
 
+def _object_end(data: bytes) -> int:
+    """Where the object at ``data``'s start ends if its braces balance (strings not read:
+    the caller parses the slice), else -1."""
+    depth = at = 0
+    while True:
+        close = data.find(b"}", at)
+        if close < 0:
+            return -1
+        depth += data.count(b"{", at, close) - 1
+        at = close + 1
+        if depth <= 0:
+            return at if depth == 0 else -1
+
+
 def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _ms(start_s: float, end_s: float) -> float:
-    return round(max(0.0, (end_s - start_s) * 1000.0), 3)
+    """Milliseconds from ``start_s`` to ``end_s`` (0 if negative), to the microsecond: the
+    nearest float to a whole number of microseconds / 1000 (``round(x, 3)`` formats the
+    number as text to round it: ~6x slower)."""
+    return max(0, round((end_s - start_s) * 1e6)) / 1000.0
 
 
 def _positive_ms(value_ms: float | None) -> float | None:
@@ -149,32 +181,56 @@ class RecordMaker:
 
     def line_bytes(self, item: Captured, t0_s: float) -> bytes:
         """``line`` as UTF-8 with its newline. orjson writes it (~4x faster than the standard
-        library's two ``json.dumps``) when its text is the standard library's: every string
-        ASCII (orjson leaves other characters unescaped) and every number within what both
-        write alike (64-bit integers; the ``_ms`` floats, rounded to the microsecond, far below
-        1e16 where the float formats part); otherwise the standard library writes it."""
-        fields = self.record(item, t0_s)
-        model, variant, instance = fields["model"], fields["variant"], fields["instance"]
-        if (
+        library's two ``json.dumps``), from the fields set (``record``'s order), when its text is
+        the standard library's: every string ASCII (orjson leaves other characters unescaped)
+        and every number within what both write alike (64-bit integers; the ``_ms`` floats,
+        rounded to the microsecond, far below 1e16 where the float formats part); otherwise the
+        standard library writes it."""
+        key, model, variant, instance = item.key, item.model, item.variant, item.instance
+        t_start_s, t_first_s = item.t_start_s, item.t_first_s
+        timestamp, e2e_ms = _ms(t0_s, t_start_s), _ms(t_start_s, item.t_end_s)
+        ttft_ms = _ms(t_start_s, t_first_s) if t_first_s else 0.0
+        if not (
             (model is None or model.isascii())
             and variant.isascii()
             and instance.isascii()
-            and fields["timestamp"] < _FAST_FLOAT_LIMIT
-            and fields["e2e_ms"] < _FAST_FLOAT_LIMIT
-            and (fields["ttft_ms"] or 0.0) < _FAST_FLOAT_LIMIT
+            and timestamp < _FAST_FLOAT_LIMIT
+            and e2e_ms < _FAST_FLOAT_LIMIT
+            and ttft_ms < _FAST_FLOAT_LIMIT
         ):
-            for name, limit in _MAX_NAME.items():
-                value = fields[name]
-                if value is not None and len(value) > limit:
-                    fields[name] = None
-            try:
-                return orjson.dumps(
-                    {k: v for k, v in fields.items() if v is not None},
-                    option=orjson.OPT_APPEND_NEWLINE,
-                )
-            except orjson.JSONEncodeError:  # an integer past 64 bits: the standard library's
-                pass
-        return (self._slow_line(item, t0_s) + "\n").encode()
+            return (self._slow_line(item, t0_s) + "\n").encode()
+        prompt, completion, cached = usage_of(item.usage)
+        fields: dict[str, Any] = {
+            "timestamp": timestamp,
+            "input_length": key.prompt_tokens if prompt is None else prompt,
+            "output_length": key.output_tokens_hint if completion is None else completion,
+            "hash_ids": key.block_hashes,
+        }
+        if item.tenant:
+            fields["tenant"] = self.tenant_hash(item.tenant, item.salt)
+        if key.session is not None:
+            fields["session"] = f"{key.session:016x}"
+        if model is not None and len(model) <= _MAX_MODEL:
+            fields["model"] = model
+        if len(variant) <= _MAX_VARIANT:
+            fields["variant"] = variant
+        if len(instance) <= _MAX_INSTANCE:
+            fields["instance"] = instance
+        fields["reason"] = reason = str(item.decision.reason)
+        if len(reason) > _MAX_REASON:
+            del fields["reason"]
+        fields["predicted_cached_tokens"] = item.decision.predicted_cached_blocks * key.block_size
+        if cached is not None:
+            fields["engine_cached_tokens"] = cached
+        if t_first_s:
+            fields["ttft_ms"] = ttft_ms
+        fields["e2e_ms"] = e2e_ms
+        if 100 <= item.status <= 599:
+            fields["status"] = item.status
+        try:
+            return orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE)
+        except orjson.JSONEncodeError:  # an integer past 64 bits: the standard library's
+            return (self._slow_line(item, t0_s) + "\n").encode()
 
     def _slow_line(self, item: Captured, t0_s: float) -> str:
         """``line`` by the standard library (the ids of a shared prefix converted once)."""

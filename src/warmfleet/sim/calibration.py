@@ -6,8 +6,11 @@ records' timestamps as arrivals, the captured strategy with its parameters) on a
 shape: the instance count, the engine preset, the KV capacity per instance and the block size of
 the live engines, with the preset's time coefficients divided by ``speedup`` (an emulator run
 ``speedup`` times faster than its preset: the replay's times are then wall-clock, like the
-capture's). ``calibration_row`` sets the replay's figures beside the live ones and computes the
-errors; ``row_failures`` names the targets a row misses.
+capture's). When the capture names each request's instance, the figures are those of the
+captured placements replayed (``sim.placements``): the engine model against what happened, not
+a second draw of the strategy's choices; the fresh draw's are reported beside them.
+``calibration_row`` sets the replay's figures beside the live ones and computes the errors;
+``row_failures`` names the targets a row misses.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from warmfleet.core.errors import ConfigError
+from warmfleet.core.types import Reason
 from warmfleet.engine.presets import get_preset
 from warmfleet.sim.doctor_run import run_doctor
 from warmfleet.sim.metrics import percentile
+from warmfleet.sim.runner import StrategyRun
 from warmfleet.sim.scenario import EngineOverrides
 from warmfleet.sim.trace_fleet import trace_scenario
 from warmfleet.sim.workloads.traces import Trace, parse_trace_text
@@ -47,10 +52,18 @@ class ReplayFleet:
 
 @dataclass(frozen=True, slots=True)
 class ReplayFigures:
+    """The captured strategy's replay, as the waterfall's ``captured_replay`` step has it:
+    ``replay`` ``placements`` (the capture names instances: each request went where it went
+    live, ``placed_requests`` of them) or ``fresh_draw`` (the strategy chose again);
+    ``fresh_draw``: the fresh draw's (hit rate, TTFT P50 ms) beside the placements'."""
+
     strategy: str  # the run replayed (the captured strategy)
     requests: int
     hit_rate: float
     ttft_p50_ms: float
+    replay: str = "fresh_draw"
+    placed_requests: int = 0
+    fresh_draw: tuple[float, float] | None = None
 
 
 def engine_overrides(fleet: ReplayFleet) -> EngineOverrides:
@@ -76,13 +89,21 @@ def replay_capture(text: str, source: str, fleet: ReplayFleet) -> ReplayFigures:
     result = run_doctor(scenario, trace, parsed)
     if result.captured is None:
         raise ConfigError(f"{source}: the capture's header names no strategy (fleet.strategy)")
-    run = result.run(result.captured)
+    fresh = result.run(result.captured)
+    run = result.placed or fresh
     return ReplayFigures(
         strategy=result.captured,
         requests=len(parsed.records),
         hit_rate=run.metrics.hit_rate,
-        ttft_p50_ms=percentile(run.metrics.ttft_s, 50) * 1000.0,
+        ttft_p50_ms=_p50_ms(run),
+        replay="fresh_draw" if result.placed is None else "placements",
+        placed_requests=run.metrics.decisions_by_reason.get(str(Reason.REPLAYED), 0),
+        fresh_draw=(fresh.metrics.hit_rate, _p50_ms(fresh)),
     )
+
+
+def _p50_ms(run: StrategyRun) -> float:
+    return percentile(run.metrics.ttft_s, 50) * 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +132,17 @@ def capture_ttft_p50_ms(text: str, source: str) -> float:
 def calibration_row(live: LiveFigures, replay: ReplayFigures) -> dict[str, float | int | str]:
     """One strategy's row of ``bench-results/doctor.json``."""
     ratio = replay.ttft_p50_ms / live.ttft_p50_ms if live.ttft_p50_ms > 0 else float("inf")
+    fresh_hit, fresh_ttft_ms = replay.fresh_draw or (float("nan"), float("nan"))
     return {
         "replayed_as": replay.strategy,
+        "replay": replay.replay,
+        "replay_placed_requests": replay.placed_requests,
         "live_hit_rate": live.hit_rate,
         "replay_hit_rate": replay.hit_rate,
         "hit_rate_abs_error": abs(replay.hit_rate - live.hit_rate),
+        "replay_hit_rate_fresh_draw": fresh_hit,
+        "hit_rate_abs_error_fresh_draw": abs(fresh_hit - live.hit_rate),
+        "replay_ttft_p50_ms_fresh_draw": fresh_ttft_ms,
         "live_ttft_p50_ms": live.ttft_p50_ms,
         "live_client_ttft_p50_ms": (
             live.client_ttft_p50_ms if live.client_ttft_p50_ms is not None else float("nan")

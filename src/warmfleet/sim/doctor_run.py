@@ -10,18 +10,20 @@ differ from the defaults, ``len(KNOB_VALUES[best])`` for the knob, and at most
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from warmfleet.api.trace_format import TraceFile
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.progress import NoProgress, RunProgress
+from warmfleet.core.types import InstanceId, Reason
 from warmfleet.engine.spec import EngineSpec
 from warmfleet.routing.config import STRATEGY_NAMES, StrategyConfig
 from warmfleet.routing.factory import strategy_config
 from warmfleet.sim import doctor
 from warmfleet.sim.metrics import percentile
+from warmfleet.sim.placements import captured_placements
 from warmfleet.sim.runner import (
     Comparison,
     Prepared,
@@ -43,6 +45,7 @@ KNOB_VALUES: dict[str, tuple[str, tuple[float, ...]]] = {
 }
 SCALE_FACTORS = (1.5, 2.0, 3.0, 4.0)  # instances / KV per instance tried for a target
 TargetMetric = Literal["hit_rate", "p95_ttft_ms"]
+JOIN_LEAD_S = 0.001  # a joined instance is added this long before its first request
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +98,17 @@ class DoctorResult:
     sizing: list[dict[str, object]] = field(default_factory=list)
     target: Target | None = None
 
+    placed: StrategyRun | None = None  # the captured strategy replaying the placements
+
     def run(self, name: str) -> StrategyRun:
-        return next(r for r in self.comparison.runs if r.name == name)
+        return comparison_run(self.comparison, name)
+
+    def captured_replay(self) -> tuple[StrategyRun, str] | None:
+        """The waterfall's ``captured_replay`` run and how it replayed (``placements`` or
+        ``fresh_draw``); None without a captured strategy."""
+        if self.placed is not None:
+            return self.placed, "placements"
+        return None if self.captured is None else (self.run(self.captured), "fresh_draw")
 
     def report(self) -> dict[str, object]:
         loss = doctor.largest_loss(self.waterfall)
@@ -113,12 +125,25 @@ class DoctorResult:
             },
             "waterfall": dict(self.waterfall),
             "largest_loss": loss.as_report() if loss is not None else None,
+            "captured": self._captured_report(),
             "best_strategy": self.best,
             "strategies": {r.name: _figures(r) for r in c.runs},
             "scale_out": self._scale_out(),
             "unprepared": self._unprepared(),
             "recommendations": self._recommendations(),
         }
+
+    def _captured_report(self) -> dict[str, object] | None:
+        """How the captured strategy replayed: by the captured placements (the waterfall's
+        step when the capture names instances) and by a fresh draw of its own choices."""
+        replayed = self.captured_replay()
+        if replayed is None:
+            return None
+        run, how = replayed
+        placed = run.metrics.decisions_by_reason.get(str(Reason.REPLAYED), 0)
+        return {"strategy": self.captured, "replay": how, **_figures(run),
+                "placed_requests": placed, "requests": len(self.comparison.workload.requests),
+                "fresh_draw": _figures(self.run(self.captured or ""))}  # fmt: skip
 
     def _scale_out(self) -> dict[str, object]:
         windows = self.churn.windows()
@@ -164,8 +189,12 @@ def _hit_rate_of(run: StrategyRun, indices: Sequence[int], comparison: Compariso
 
 
 def replay_scenario(scenario: ScenarioSpec, churn: doctor.Churn) -> ScenarioSpec:
-    """The scenario with the capture's scale-outs replayed: an instance added at each join."""
-    adds = tuple(ScaleEventConfig(at_s=at_s, action="add") for at_s in sorted(churn.joins.values()))
+    """The scenario with the capture's scale-outs replayed: an instance added at each join,
+    ``JOIN_LEAD_S`` before the first request it served (live, it was routable by then)."""
+    adds = tuple(
+        ScaleEventConfig(at_s=max(0.0, at_s - JOIN_LEAD_S), action="add")
+        for at_s in sorted(churn.joins.values())
+    )
     return scenario.model_copy(update={"scale_events": adds}) if adds else scenario
 
 
@@ -190,28 +219,33 @@ def run_doctor(
         label: str | None = None,
         scen: ScenarioSpec = scenario,
         engine: EngineSpec = spec,
+        *,
+        placements: Mapping[int, InstanceId] | None = None,
     ) -> StrategyRun:
         return run_strategy(
-            name, scen, engine, workload, prepared, progress=progress, config=config, label=label
-        )
+            name, scen, engine, workload, prepared, progress=progress, config=config,
+            label=label, placements=placements,
+        )  # fmt: skip
 
     configs = {name: (name, strategy_config(name)) for name in STRATEGY_NAMES}
     comparison.runs.extend(run(name) for name in STRATEGY_NAMES)
-    captured = captured_strategy(parsed.header)
-    captured_name = _captured_run(comparison, captured, run)
+    captured, captured_name, placed = _captured_runs(comparison, parsed, churn, run)
     if captured is not None and captured_name is not None:
         configs[captured_name] = captured
     ideal, ceiling = doctor.reuse_bounds(prepared, spec.capacity_blocks * scenario.instances)
     best = max(comparison.runs, key=lambda r: (r.metrics.hit_rate, -p95_ms(r)))
     chosen = Chosen(best, *configs[best.name])
+    fresh = None if captured_name is None else comparison_run(comparison, captured_name)
+    replayed = placed or fresh
     waterfall: dict[str, float | None] = {
         "ideal": ideal,
         "fleet_ceiling": ceiling,
         "best_replay": best.metrics.hit_rate,
-        "captured_replay": None if captured_name is None else _hit(comparison, captured_name),
+        "captured_replay": None if replayed is None else replayed.metrics.hit_rate,
         "delivered": doctor.delivered(parsed.records),
     }
     result = DoctorResult(comparison, parsed, churn, waterfall, captured_name, best.name)
+    result.placed = placed
     result.knob = sweep_knob(chosen, run)
     if target is not None:
         result.target = target
@@ -234,8 +268,8 @@ def _prepared(
     return Comparison(scenario, spec, workload, ratio), prepared
 
 
-def _hit(comparison: Comparison, name: str) -> float:
-    return next(r.metrics.hit_rate for r in comparison.runs if r.name == name)
+def comparison_run(comparison: Comparison, name: str) -> StrategyRun:
+    return next(r for r in comparison.runs if r.name == name)
 
 
 RunFn = Callable[..., StrategyRun]
@@ -254,6 +288,22 @@ def _captured_run(
     label = f"{name} (captured)"
     comparison.runs.append(run(name, config, label))
     return label
+
+
+def _captured_runs(
+    comparison: Comparison, parsed: TraceFile, churn: doctor.Churn, run: RunFn
+) -> tuple[tuple[str, StrategyConfig] | None, str | None, StrategyRun | None]:
+    """The captured strategy (name and configuration), the name of its run (a fresh draw of
+    its choices), and, when the capture names instances, its run replaying the captured
+    placements (``sim.placements``)."""
+    captured = captured_strategy(parsed.header)
+    name = _captured_run(comparison, captured, run)
+    placements = captured_placements(
+        parsed.records, comparison.workload.requests, comparison.scenario.instances, churn.joins
+    )
+    if captured is None or placements is None:
+        return captured, name, None
+    return captured, name, run(*captured, f"{name} (placements)", placements=placements)
 
 
 @dataclass(frozen=True, slots=True)

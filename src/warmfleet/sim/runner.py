@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.hashing import hash_str
 from warmfleet.core.progress import NoProgress, RunProgress
-from warmfleet.core.types import RoutingKey
+from warmfleet.core.types import InstanceId, RoutingKey
 from warmfleet.engine.spec import EngineSpec
 from warmfleet.flow.gate import FlowGate
 from warmfleet.flow.model import TtftPredictor
@@ -169,10 +169,13 @@ def run_strategy(
     config: StrategyConfig | None = None,
     label: str | None = None,
     flow: FlowControlConfig | None = None,
+    placements: Mapping[int, InstanceId] | None = None,
 ) -> StrategyRun:
     """One strategy's run; ``gateways``: several gateway replicas in sync (default: one);
     ``config``: other parameters than the strategy's defaults; ``label`` names the run (default:
     ``name``); ``flow``: flow control in front of the strategy (one gateway only);
+    ``placements``: replayed instances by request index in ``prepared.requests``
+    (``sim.placements``; a request without one is the strategy's to choose);
     ``progress`` gets a phase named after the run and one unit per finished request."""
     progress = progress or NoProgress()
     label = label or name
@@ -201,8 +204,9 @@ def run_strategy(
             raise ConfigError("flow control: the simulator runs it with one gateway replica")
         gate = FlowGate(flow, routing.choose, TtftPredictor(spec))
     simulator = Simulator(
-        sim_config, routing, prepared.requests, keys, on_finished=progress.advance, flow=gate
-    )
+        sim_config, routing, prepared.requests, keys, on_finished=progress.advance, flow=gate,
+        placements=placements,
+    )  # fmt: skip
     result = simulator.run()
     wall_s = time.perf_counter() - started
     fleet_blocks = spec.capacity_blocks * scenario.instances

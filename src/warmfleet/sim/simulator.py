@@ -1,27 +1,25 @@
 """Discrete-event, virtual-time fleet simulator (pure, deterministic for a given seed).
 
 N instances sit behind ONE ``Strategy`` object (the same classes the gateway runs, built by
-``routing.factory``), or behind several gateway replicas, each with its own strategy object,
-that exchange notes with a propagation delay (``sim.gateways``). A request arrives, the strategy
-chooses an instance from a ``FleetSnapshot`` (in-flight requests and tokens as its replica
-sees them, queue length, KV usage and capacity read from the instances), the request reaches
-the instance ``router_overhead_s`` later, and the instance reports its first token and its
-end. An instance is an ``EngineModel`` unless the caller gives another ``Server`` factory
-(``sim.fleet``).
+``routing.factory``), or behind several gateway replicas, each with its own strategy object, that
+exchange notes with a propagation delay (``sim.gateways``). A request arrives, the strategy chooses
+an instance from a ``FleetSnapshot`` (in-flight requests and tokens as its replica sees them, queue
+length, KV usage and capacity read from the instances), the request reaches the instance
+``router_overhead_s`` later, and the instance reports its first token and its end. With
+``placements`` (request index -> instance id: ``sim.placements``) a request goes to its placement
+while that is routable (reason ``replayed``; the strategy learns it by ``on_routed``).
 
-Scale events add an instance (empty cache) or remove one. A removed instance **drains**: the
-router stops sending to it at once (``on_instances_changed``), the requests already on it run to
-completion, and then it is gone. No request is rerouted or lost.
+Scale events add an instance (empty cache) or remove one. A removed instance **drains**: the router
+stops sending to it at once (``on_instances_changed``), the requests already on it run to
+completion, and then it is gone. No request is rerouted or lost. A ``FleetController`` (an
+autoscaler) may start instances while the run goes: it is called every ``period_s`` from time 0, and
+each instance it starts joins the routable set at its ready time. A request that arrives while no
+instance is ready waits (in arrival order) for the first one; its TTFT counts the wait.
 
-A ``FleetController`` (an autoscaler) may start instances while the run goes: it is called
-every ``period_s`` from time 0, and each instance it starts joins the routable set at its ready
-time. A request that arrives while no instance is ready waits (in arrival order) for the first
-one; its time to first token counts the wait.
-
-With flow control (``flow``: a ``FlowGate`` over the run's one strategy, ``sim.flowing``) every
-arrival goes through the gate: it is routed at once, waits in the gate's queue (also while no
-instance is ready) or is shed; the gate is drained when a request finishes, an instance becomes
-ready or a queued request's deadline check is due.
+With flow control (``flow``: a ``FlowGate`` over the run's one strategy, ``sim.flowing``; not with
+``placements``) every arrival goes through the gate: it is routed at once, waits in the gate's queue
+(also while no instance is ready) or is shed; the gate is drained when a request finishes, an
+instance becomes ready or a queued request's deadline check is due.
 
 Turns of one session are sent in order: a turn is held back until the previous turn of its session
 finished (open loop: at ``max(arrival, previous end)``). In closed loop, ``concurrency`` clients
@@ -33,9 +31,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, Reason, RoutingKey
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
 from warmfleet.flow.gate import FlowGate
@@ -96,9 +94,12 @@ class Simulator:
         controller: FleetController | None = None,
         on_finished: Callable[[], None] | None = None,
         flow: FlowGate | None = None,
+        placements: Mapping[int, InstanceId] | None = None,
     ) -> None:
         if len(requests) != len(keys):
             raise ValueError("one routing key per request")
+        if placements and flow is not None:
+            raise ValueError("placements are replayed without flow control")
         if flow is not None and isinstance(strategy, Gateways) and len(strategy.views) != 1:
             raise ValueError("flow control runs with one gateway replica")
         if config.instances < 1 and controller is None:
@@ -115,8 +116,7 @@ class Simulator:
         self._active: list[InstanceId] = []
         self._starting = 0  # started by the controller, not ready yet
         self._waiting: deque[int] = deque()  # arrived while no instance was ready
-        # the fleet's true in-flight requests (drains, the controller's view); what each
-        # strategy sees is its gateway replica's view (``sim.gateways``)
+        # true in-flight requests (drains, the controller); strategies see their replica's
         self._in_flight_requests: dict[InstanceId, int] = {}
         self._heap: list[tuple[float, int, int, int, InstanceId]] = []
         self._counter = itertools.count()
@@ -133,6 +133,7 @@ class Simulator:
         self._output_hashes: list[tuple[int, ...]] = []
         self._fleet_version = 0  # bumped whenever an engine is created or deleted
         self._flow = None if flow is None else SimFlow(flow, requests, keys, self._records)
+        self._placed = placements or {}
 
     # ------------------------------------------------------------------ setup
 
@@ -271,6 +272,9 @@ class Simulator:
         key = self._keys[index]
         record = self._records[index]
         view = self._gateways.pick()
+        placed = self._placed.get(index)  # a replayed placement, taken while routable
+        if decided is None and placed is not None and placed in self._active:
+            decided = Decision(placed, Reason.REPLAYED)
         decision = decided or view.strategy.choose(key, self._snapshot(view))
         self._sync_at(self._gateways.routed(view, index, key, decision, self._now_s))
         chosen = decision.instance_id
