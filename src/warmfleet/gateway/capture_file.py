@@ -190,6 +190,9 @@ class RecordMaker:
         t_start_s, t_first_s = item.t_start_s, item.t_first_s
         timestamp, e2e_ms = _ms(t0_s, t_start_s), _ms(t_start_s, item.t_end_s)
         ttft_ms = _ms(t_start_s, t_first_s) if t_first_s else 0.0
+        deadline_ms = _positive_ms(item.deadline_ms)
+        predicted = item.predicted_ttft_s
+        predicted_ms = None if predicted is None else round(predicted * 1000.0, 3)
         if not (
             (model is None or model.isascii())
             and variant.isascii()
@@ -197,6 +200,8 @@ class RecordMaker:
             and timestamp < _FAST_FLOAT_LIMIT
             and e2e_ms < _FAST_FLOAT_LIMIT
             and ttft_ms < _FAST_FLOAT_LIMIT
+            and (deadline_ms is None or deadline_ms < _FAST_FLOAT_LIMIT)
+            and (predicted_ms is None or abs(predicted_ms) < _FAST_FLOAT_LIMIT)
         ):
             return (self._slow_line(item, t0_s) + "\n").encode()
         prompt, completion, cached = usage_of(item.usage)
@@ -210,6 +215,10 @@ class RecordMaker:
             fields["tenant"] = self.tenant_hash(item.tenant, item.salt)
         if key.session is not None:
             fields["session"] = f"{key.session:016x}"
+        if item.priority is not None:
+            fields["priority"] = item.priority
+        if deadline_ms is not None:
+            fields["deadline_ms"] = deadline_ms
         if model is not None and len(model) <= _MAX_MODEL:
             fields["model"] = model
         if len(variant) <= _MAX_VARIANT:
@@ -227,6 +236,8 @@ class RecordMaker:
         fields["e2e_ms"] = e2e_ms
         if 100 <= item.status <= 599:
             fields["status"] = item.status
+        if predicted_ms is not None:
+            fields["predicted_ttft_ms"] = predicted_ms
         try:
             return orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE)
         except orjson.JSONEncodeError:  # an integer past 64 bits: the standard library's
