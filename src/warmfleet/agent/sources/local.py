@@ -26,7 +26,7 @@ from warmfleet.agent.sources.base import READ_BLOCK_BYTES, SourceChangedError, S
 from warmfleet.agent.sources.local_copy import RangeCopier
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
 from warmfleet.cache.uri import ParsedUri
-from warmfleet.core.errors import NotFoundError
+from warmfleet.core.errors import IntegrityError, NotFoundError
 
 
 def local_validator(st: os.stat_result) -> str:
@@ -87,7 +87,11 @@ class LocalSource:
         fd = _open_source(entry)
         try:
             _check_unchanged(fd, entry)
-            digest = self._copier.copy_range(entry, fd, dst_fd, start, end, write=write)
+            try:
+                digest = self._copier.copy_range(entry, fd, dst_fd, start, end, write=write)
+            except IntegrityError:
+                _check_unchanged(fd, entry)  # a source written meanwhile: SourceChangedError
+                raise
             _check_unchanged(fd, entry)
             return digest
         finally:
