@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
+import mmap
 import os
 from pathlib import Path
 
@@ -13,6 +15,13 @@ from cache_support import manager_for
 
 from warmfleet.agent.sources.base import SourceChangedError, SourceError
 from warmfleet.cache.config import SourcesSpec
+
+
+def _piece_tree(data: bytes, piece_bytes: int) -> str:
+    """sha256 over the pieces' sha256 digests, with the piece size (docs/cache.md)."""
+    pieces = [data[i : i + piece_bytes] for i in range(0, len(data), piece_bytes)]
+    root = hashlib.sha256(b"".join(hashlib.sha256(p).digest() for p in pieces))
+    return f"{piece_bytes}:{root.hexdigest()}"
 
 
 async def test_local_dir_copy_in_chunks_is_verified(tmp_path: Path) -> None:
@@ -26,9 +35,9 @@ async def test_local_dir_copy_in_chunks_is_verified(tmp_path: Path) -> None:
         marker = m.store.read_marker(rec.key)
         assert {f["path"]: f["sha256"] for f in marker["manifest"]["files"]} == dict.fromkeys(
             files
-        )  # resolve only stats; the sha256 is computed while copying and recorded
-        assert {rel: d["sha256"] for rel, d in marker["digests"].items()} == {
-            rel: hashlib.sha256(d).hexdigest() for rel, d in files.items()
+        )  # resolve only stats; the piece tree is computed while copying and recorded
+        assert {rel: d["sha256_tree"] for rel, d in marker["digests"].items()} == {
+            rel: _piece_tree(d, 64 * 1024) for rel, d in files.items()
         }
         for rel, data in files.items():
             assert (tmp_path / "cache" / "objects" / rec.key / rel).read_bytes() == data
@@ -134,31 +143,57 @@ async def test_a_changed_mode_is_a_new_version(tmp_path: Path) -> None:
         assert (await m.resolve(str(src))).key() != before
 
 
+def _no_mapping(*_: object, **__: object) -> None:
+    raise OSError(19, "No such device")  # what mmap says on a file system without it
+
+
+def _cross_device(*_: object) -> int:
+    raise OSError(18, "Invalid cross-device link")  # copy_file_range across file systems
+
+
+@pytest.mark.parametrize(("mapped", "kernel_copy"), [(True, True), (False, True), (True, False)])
 async def test_a_fault_in_the_write_path_is_caught_before_publish(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: bool, kernel_copy: bool
 ) -> None:
-    """Each block written is read back and compared with the source bytes it was written
-    from: a byte changed on the way is an IntegrityError (after the retry), nothing is
-    published; without the fault the same fill publishes."""
-    from warmfleet.agent.sources import local  # noqa: PLC0415
+    """The staged bytes of each block written are hashed and shown equal to the source bytes
+    read: a byte changed on the way (by the kernel's copy, or by ``pwrite`` where the kernel
+    refuses ``copy_file_range``) is an IntegrityError (after the retry), nothing is
+    published; without the fault the same fill publishes. Also where the staged file cannot
+    be mapped (its bytes are read back instead)."""
+    from warmfleet.agent.sources import local_copy  # noqa: PLC0415
     from warmfleet.core.errors import IntegrityError  # noqa: PLC0415
 
+    if not mapped:
+        monkeypatch.setattr(mmap, "mmap", _no_mapping)
+    if not kernel_copy:
+        monkeypatch.setattr(os, "copy_file_range", _cross_device)
     src = tmp_path / "w.bin"
     src.write_bytes(os.urandom(300_000))
-    real = local._pwrite_all
+    real_kernel, real_pwrite = local_copy.copy_range_in_kernel, local_copy.pwrite_all
 
-    def flip_first_byte(fd: int, data: memoryview, offset: int) -> None:
+    def flip_first_byte(dst_fd: int) -> None:
+        first = os.pread(dst_fd, 1, 0)
+        os.pwrite(dst_fd, bytes([first[0] ^ 0xFF]), 0)
+
+    def bad_kernel(src_fd: int, dst_fd: int, pos: int, n: int) -> None:
+        real_kernel(src_fd, dst_fd, pos, n)
+        if pos == 0:
+            flip_first_byte(dst_fd)
+
+    def bad_pwrite(fd: int, data: memoryview, offset: int) -> None:
+        real_pwrite(fd, data, offset)
         if offset == 0:
-            data = memoryview(bytes([data[0] ^ 0xFF]) + bytes(data[1:]))
-        real(fd, data, offset)
+            flip_first_byte(fd)
 
-    monkeypatch.setattr(local, "_pwrite_all", flip_first_byte)
+    monkeypatch.setattr(local_copy, "copy_range_in_kernel", bad_kernel)
+    monkeypatch.setattr(local_copy, "pwrite_all", bad_pwrite)
     async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
         with pytest.raises(IntegrityError, match="differ from the source"):
             await m.prefetch(str(src))
         assert not any((tmp_path / "cache" / "objects").iterdir())
         assert m.metrics.integrity_failures._value.get() >= 2  # both verify_attempts
-    monkeypatch.setattr(local, "_pwrite_all", real)
+    monkeypatch.setattr(local_copy, "copy_range_in_kernel", real_kernel)
+    monkeypatch.setattr(local_copy, "pwrite_all", real_pwrite)
     async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
         rec = await m.prefetch(str(src))
         published = tmp_path / "cache" / "objects" / rec.key / "w.bin"
@@ -201,4 +236,57 @@ async def test_a_resumed_copy_hashes_the_chunks_staged_before(tmp_path: Path) ->
         assert rec.key == key
         assert m.metrics.integrity_failures._value.get() == 0  # passed on the first attempt
         marker = m.store.read_marker(key)
-        assert marker["digests"]["w.bin"]["sha256"] == hashlib.sha256(data).hexdigest()
+        assert marker["digests"]["w.bin"]["sha256_tree"] == _piece_tree(data, 64 * 1024)
+
+
+async def _stop_midway(tmp_path: Path, src: Path) -> str:
+    """A throttled fill cancelled once some chunks are recorded as staged; the key."""
+    async with manager_for(tmp_path / "cache", chunk=64 * 1024, bandwidth_limit=400_000) as m:
+        task = asyncio.create_task(m.prefetch(str(src)))
+        key = (await m.resolve(str(src))).key()
+        staged = tmp_path / "cache" / "staging" / key / ".warmfleet-progress.json"
+        while not staged.exists():
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return key
+
+
+async def test_a_staged_chunk_changed_between_attempts_is_caught(tmp_path: Path) -> None:
+    """A chunk an earlier attempt staged is not written again but still compared with the
+    source: a byte flipped in it meanwhile fails that attempt, the retry starts over and
+    publishes the source's bytes."""
+    src = tmp_path / "w.bin"
+    data = os.urandom(400_000)
+    src.write_bytes(data)
+    key = await _stop_midway(tmp_path, src)
+    staging = tmp_path / "cache" / "staging" / key
+    progress = json.loads((staging / ".warmfleet-progress.json").read_text())
+    first_done = min(progress["done"]["w.bin"]) * 64 * 1024
+    with (staging / "w.bin").open("r+b") as fh:
+        fh.seek(first_done + 7)
+        fh.write(bytes([data[first_done + 7] ^ 0x01]))
+    async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
+        rec = await m.prefetch(str(src))
+        assert m.metrics.integrity_failures._value.get() == 1
+    assert (tmp_path / "cache" / "objects" / rec.key / "w.bin").read_bytes() == data
+
+
+async def test_full_verify_rehashes_the_piece_tree(tmp_path: Path) -> None:
+    """``verify --full`` recomputes a local artifact's piece tree: a flipped byte fails it."""
+    src = tmp_path / "w.bin"
+    src.write_bytes(os.urandom(300_000))
+    async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
+        rec = await m.prefetch(str(src))
+        assert [r.ok for r in await m.verify(full=True)] == [True]
+        published = tmp_path / "cache" / "objects" / rec.key / "w.bin"
+        published.chmod(0o644)
+        with published.open("r+b") as fh:
+            fh.seek(200_000)
+            byte = fh.read(1)
+            fh.seek(200_000)
+            fh.write(bytes([byte[0] ^ 0x80]))
+        (res,) = await m.verify(full=True)
+        assert not res.ok
+        assert "sha256_tree" in res.reason

@@ -198,13 +198,12 @@ class Downloader:
                     dirty.clear()
                     await asyncio.to_thread(self._flush, staging, state.to_json(), files)
 
-        copier = self._copier(source, files, state, chunk_done)
+        copier = self._copier(source, manifest, files, state, chunk_done)
         try:
             async with asyncio.TaskGroup() as tg:
                 flush_task = tg.create_task(flusher())
                 if copier is not None:  # one read of the source, hashed and compared
-                    jobs = [tg.create_task(copier.copy_file(e)) for e in manifest.files]
-                    await asyncio.gather(*jobs)
+                    await copier.copy_all(list(manifest.files))
                     self.digests = copier.digests
                 else:
                     hash_task = tg.create_task(hasher.run())
@@ -221,13 +220,14 @@ class Downloader:
     def _copier(
         self,
         source: Source,
+        manifest: Manifest,
         files: StagedFiles,
         state: ResumeState,
         chunk_done: Callable[[Chunk], None],
     ) -> HashedCopier | None:
         copy_hashed = getattr(source, "copy_hashed", None)
-        if copy_hashed is None:
-            return None
+        if copy_hashed is None or any(e.has_digest() for e in manifest.files):
+            return None  # a digest the manifest gives is checked by hashing whole files
         return HashedCopier(
             copy_hashed,
             files,

@@ -3,9 +3,10 @@
 Resolving only stats the files: a file's identity is its size, mtime, permission bits and a
 local validator (inode and ctime, which every write, rename or ``touch`` changes), so an
 unchanged tree resolves in milliseconds and a changed file is a new cache version. The copy
-(``copy_hashed``) reads the source once: each block is hashed (sha256, recorded in the published
-marker), written, and read back from the staged file and compared byte for byte; the source must
-still be the resolved version after each chunk (docs/caching.md, "Local sources").
+(``copy_hashed``, one chunk at a time, chunks of a file in parallel) reads the source once: each
+block is written, the staged bytes are hashed (sha256 per chunk, recorded in the published marker
+as the file's piece tree) and shown equal to the source's (``local_copy``); the source must still
+be the resolved version after each chunk (docs/cache.md, "Local sources").
 
 Symbolic links are followed only while they resolve inside the source tree (or inside one of
 ``sources.local_symlink_roots``); a link out of it is refused, so a source tree cannot make the
@@ -18,18 +19,14 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from warmfleet.agent.sources.base import READ_BLOCK_BYTES, SourceChangedError, SourceError
+from warmfleet.agent.sources.local_copy import RangeCopier
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
 from warmfleet.cache.uri import ParsedUri
 from warmfleet.core.errors import IntegrityError, NotFoundError
-
-COPY_BLOCK_BYTES = 4 << 20  # one read, hash and write of ``copy_hashed``
 
 
 def local_validator(st: os.stat_result) -> str:
@@ -45,7 +42,7 @@ class LocalSource:
 
     def __init__(self, symlink_roots: tuple[str, ...] = ()) -> None:
         self._symlink_roots = tuple(os.path.realpath(r) for r in symlink_roots)
-        self._local = threading.local()  # per worker thread: reused copy buffers
+        self._copier = RangeCopier()  # per worker thread: reused copy buffers
 
     async def resolve(self, parsed: ParsedUri, revision: str | None) -> Manifest:  # noqa: ARG002
         root = Path(parsed.location)
@@ -80,46 +77,25 @@ class LocalSource:
             os.close(fd)
 
     def copy_hashed(
-        self, entry: FileEntry, start: int, end: int, dst_fd: int, hasher: Any, *, write: bool
-    ) -> int:
-        """Read ``[start, end)`` of the source once, feed it to ``hasher``, write it at the same
-        offsets of ``dst_fd`` (``write=False``: a range staged by an earlier attempt, left as it
-        is) and read the staged bytes back: they must equal what was read, else IntegrityError.
-        The source must be the resolved version before and after. Runs in a worker thread; a
-        helper thread hashes block ``i`` while this one writes and compares it and reads block
-        ``i + 1`` (two source buffers, alternating), so one file keeps two cores busy."""
+        self, entry: FileEntry, start: int, end: int, dst_fd: int, *, write: bool
+    ) -> bytes:
+        """Copy ``[start, end)`` of the source to the same offsets of ``dst_fd`` (``write=False``:
+        a range staged by an earlier attempt, left as it is), reading the source once; the
+        staged bytes must equal the source's, else IntegrityError (``local_copy``). Returns the
+        sha256 digest of the range. The source must be the resolved version before and after.
+        Runs in a worker thread; ranges of one file are copied in parallel."""
         fd = _open_source(entry)
-        bufs = self._buffers()
-        pending: Future[None] | None = None
         try:
             _check_unchanged(fd, entry)
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="warmfleet-hash") as pool:
-                pos, i = start, 0
-                while pos < end:
-                    buf = bufs[i % 2]
-                    n = os.preadv(fd, [memoryview(buf)[: min(len(buf), end - pos)]], pos)
-                    if n <= 0:
-                        raise SourceChangedError(f"{entry.locator} shrank while copying")
-                    if pending is not None:
-                        pending.result()  # in order; the other buffer is free again
-                    pending = pool.submit(hasher.update, memoryview(buf)[:n])
-                    _write_and_compare(entry, dst_fd, buf, bufs[2], n=n, pos=pos, write=write)
-                    pos, i = pos + n, i + 1
-                if pending is not None:
-                    pending.result()
+            try:
+                digest = self._copier.copy_range(entry, fd, dst_fd, start, end, write=write)
+            except IntegrityError:
+                _check_unchanged(fd, entry)  # a source written meanwhile: SourceChangedError
+                raise
             _check_unchanged(fd, entry)
-            return pos - start
+            return digest
         finally:
             os.close(fd)
-
-    def _buffers(self) -> tuple[bytearray, bytearray, bytearray]:
-        """This thread's reused copy buffers: two for the source (alternating), the read-back."""
-        bufs: tuple[bytearray, bytearray, bytearray] | None = getattr(self._local, "bufs", None)
-        if bufs is None:
-            size = COPY_BLOCK_BYTES
-            bufs = (bytearray(size), bytearray(size), bytearray(size))
-            self._local.bufs = bufs
-        return bufs
 
     async def aclose(self) -> None:
         return None
@@ -195,30 +171,6 @@ def _entry(rel: str, path: Path) -> FileEntry:
         last_modified=str(st.st_mtime_ns),
         mode=stat.S_IMODE(st.st_mode),
     )
-
-
-def _write_and_compare(
-    entry: FileEntry, dst_fd: int, buf: bytearray, back: bytearray, *, n: int, pos: int, write: bool
-) -> None:
-    if write:
-        _pwrite_all(dst_fd, memoryview(buf)[:n], pos)
-    if os.preadv(dst_fd, [memoryview(back)[:n]], pos) != n or not _same(buf, back, n):
-        raise IntegrityError(
-            f"{entry.path}: the staged bytes at {pos}-{pos + n} differ from the source's"
-        )
-
-
-def _same(a: bytearray, b: bytearray, n: int) -> bool:
-    """The first ``n`` bytes are equal (bytearray equality is a memcmp; a memoryview's is
-    compared item by item, ~100 times slower)."""
-    return a == b if n == len(a) == len(b) else a[:n] == b[:n]
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data = data[n:]
-        offset += n
 
 
 def _check_unchanged(fd: int, entry: FileEntry) -> None:
