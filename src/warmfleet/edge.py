@@ -4,12 +4,14 @@ The pure packages (core, api, routing, engine, sim, cache, control) parse text a
 documents; they never open a file nor guess where one lives. The CLI commands and the shells
 read configuration documents with ``read_text_file``/``load_yaml_file`` and hand the text or the
 parsed YAML in, and find the traces of trace-driven scenarios with ``resolve_traces_dir``.
+The shells that start servers on loopback pick their port with ``free_port``.
 Below every shell and CLI (import-linter layers); imports only ``warmfleet.core``.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,13 @@ from warmfleet.core.errors import ConfigError
 
 TRACES_DIR_ENV = "WARMFLEET_TRACES_DIR"
 DEFAULT_TRACES_DIR = Path("../shared/traces")  # relative to the current directory
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind to port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def read_text_file(path: Path) -> str:

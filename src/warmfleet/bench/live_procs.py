@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import TypeVar
 import aiohttp
 
 from warmfleet.core.errors import WarmfleetError
+from warmfleet.edge import free_port as free_port  # noqa: PLC0414 (re-exported for the harnesses)
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -43,13 +43,6 @@ class ChildExited(ProcessError):
 _PORT_TAKEN_SIGNS = ("address already in use", "eaddrinuse", "os error 98")
 START_ATTEMPTS = 3
 _T = TypeVar("_T")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind to port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def command_argv(module: str, function: str, *args: str) -> list[str]:

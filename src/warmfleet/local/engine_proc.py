@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,14 +27,10 @@ from typing import Annotated
 
 import typer
 
+from warmfleet.edge import free_port
+
 POLL_S = 0.5
 HEALTH_TIMEOUT_S = 2.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def directory_bytes(path: Path) -> int:
