@@ -222,15 +222,7 @@ async def test_a_resumed_copy_hashes_the_chunks_staged_before(tmp_path: Path) ->
     src = tmp_path / "w.bin"
     data = os.urandom(400_000)
     src.write_bytes(data)
-    async with manager_for(tmp_path / "cache", chunk=64 * 1024, bandwidth_limit=400_000) as m:
-        task = asyncio.create_task(m.prefetch(str(src)))
-        key = (await m.resolve(str(src))).key()
-        staged = tmp_path / "cache" / "staging" / key / ".warmfleet-progress.json"
-        while not staged.exists():
-            await asyncio.sleep(0.02)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    key = await _stop_midway(tmp_path, src)
     async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
         rec = await m.prefetch(str(src))
         assert rec.key == key
