@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from cache_support import manager_for
 
+from warmfleet.agent.hashed_copy import local_copy_workers
 from warmfleet.agent.sources.base import SourceChangedError, SourceError
 from warmfleet.cache.config import SourcesSpec
 
@@ -282,3 +283,10 @@ async def test_full_verify_rehashes_the_piece_tree(tmp_path: Path) -> None:
         (res,) = await m.verify(full=True)
         assert not res.ok
         assert "sha256_tree" in res.reason
+
+
+def test_a_local_copy_runs_at_most_one_worker_per_core() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert local_copy_workers(cores + 6) == cores
+    assert local_copy_workers(1) == 1
+    assert local_copy_workers(0) == 1
