@@ -1,12 +1,13 @@
 """Copy while hashing, for a source that can (``copy_hashed``: the local file system).
 
 Every chunk of every file is a job; ``download.concurrency`` workers (at most one per core)
-take them in order, so the chunks of one large file are copied on every core at once (and small
-files alongside). A job reads its source range once, writes it, and hashes the staged bytes, which it shows equal to
-the source's (``sources.local_copy``). A chunk staged by an earlier attempt is checked and
-hashed but not written again. A file's digest is its piece tree over the chunks
-(``digests.TREE``, the chunk size as the piece size): the verified digest the published marker
-records, no second hash pass over the staged copy (docs/cache.md, "Local sources").
+take them in order, so the chunks of one large file are copied on every core at once (and
+small files alongside). A job reads its source range once, writes it, and hashes the staged
+bytes, which it shows equal to the source's (``sources.local_copy``). A chunk staged by an
+earlier attempt is checked and hashed but not written again. A file's digest is its piece tree
+over the chunks (``digests.TREE``, the chunk size as the piece size): the verified digest the
+published marker records, no second hash pass over the staged copy (docs/cache.md, "Local
+sources").
 """
 
 from __future__ import annotations
