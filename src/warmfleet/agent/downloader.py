@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from warmfleet.agent.hashed_copy import HashedCopier, local_copy_workers
+from warmfleet.agent.hashed_copy import HashedCopier
 from warmfleet.agent.inline_hash import InlineHasher
 from warmfleet.agent.sources.base import (
     DiskFullError,
@@ -232,7 +232,7 @@ class Downloader:
             copy_hashed,
             files,
             state,
-            concurrency=local_copy_workers(self._spec.concurrency),
+            concurrency=self._spec.concurrency,
             limiter=self._limiter,
             on_bytes=self._on_bytes,
             on_chunk=chunk_done,

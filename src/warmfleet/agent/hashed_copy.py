@@ -1,19 +1,17 @@
 """Copy while hashing, for a source that can (``copy_hashed``: the local file system).
 
-Every chunk of every file is a job; ``download.concurrency`` workers (at most one per core)
-take them in order, so the chunks of one large file are copied on every core at once (and
-small files alongside). A job reads its source range once, writes it, and hashes the staged
-bytes, which it shows equal to the source's (``sources.local_copy``). A chunk staged by an
-earlier attempt is checked and hashed but not written again. A file's digest is its piece tree
-over the chunks (``digests.TREE``, the chunk size as the piece size): the verified digest the
-published marker records, no second hash pass over the staged copy (docs/cache.md, "Local
-sources").
+Every chunk of every file is a job; ``download.concurrency`` workers take them in order, so
+the chunks of one large file are copied and hashed on every core at once, with several
+writes in flight (and small files alongside). A job reads its source range once, hashes it
+and writes it (``sources.local_copy``). A chunk staged by an earlier attempt is read back,
+compared and hashed but not written again. A file's digest is its piece tree over the chunks
+(``digests.TREE``, the chunk size as the piece size): the verified digest the published marker
+records, no second hash pass over the staged copy (docs/cache.md, "Local sources").
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 from typing import NoReturn, Protocol
 
@@ -21,14 +19,6 @@ from warmfleet.agent.digests import TREE, tree_value
 from warmfleet.agent.staged_files import StagedFiles
 from warmfleet.cache.manifest import FileEntry
 from warmfleet.cache.transfer import Chunk, ResumeState, TokenBucket, plan_chunks
-
-
-def local_copy_workers(concurrency: int) -> int:
-    """Workers for a local copy: ``download.concurrency``, at most one per usable core. A local
-    chunk's job is CPU work (an in-kernel copy and two hash passes), not a wait on a network:
-    more jobs than cores only trade the cores (measured on 2 cores: 1.6 core-s per GB with 2
-    workers, 1.9 with 8; docs/benchmarks.md, *Local fill*)."""
-    return max(1, min(concurrency, len(os.sched_getaffinity(0))))
 
 
 class CopyHashed(Protocol):

@@ -4,9 +4,10 @@ Resolving only stats the files: a file's identity is its size, mtime, permission
 local validator (inode and ctime, which every write, rename or ``touch`` changes), so an
 unchanged tree resolves in milliseconds and a changed file is a new cache version. The copy
 (``copy_hashed``, one chunk at a time, chunks of a file in parallel) reads the source once: each
-block is written, the staged bytes are hashed (sha256 per chunk, recorded in the published marker
-as the file's piece tree) and shown equal to the source's (``local_copy``); the source must still
-be the resolved version after each chunk (docs/cache.md, "Local sources").
+block is hashed (sha256 per chunk, recorded in the published marker as the file's piece tree) and
+written from the buffer that was hashed (``local_copy``: ``O_DIRECT`` where it can, else a copy
+read back and compared); the source must still be the resolved version after each chunk
+(docs/cache.md, "Local sources").
 
 Symbolic links are followed only while they resolve inside the source tree (or inside one of
 ``sources.local_symlink_roots``); a link out of it is refused, so a source tree cannot make the
