@@ -200,12 +200,15 @@ async def test_a_fault_in_a_copy_is_caught_before_publish(
         assert published.read_bytes() == src.read_bytes()
 
 
+@pytest.mark.parametrize("chunk_bytes", [64 * 1024, 10_000])
 async def test_a_direct_fill_writes_the_bytes_it_hashed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_bytes: int
 ) -> None:
-    """Where the file system takes O_DIRECT, the aligned blocks go to the device from the
-    buffer that was hashed and only a file's short last block goes through the page cache:
-    the published bytes and the piece tree are the source's."""
+    """Where the file system takes O_DIRECT and the chunks start on block boundaries, the
+    aligned blocks go to the device from the buffer that was hashed and only a file's short
+    last block goes through the page cache; chunks that do not (10,000 bytes) are copied
+    through the page cache for the whole file. Either way the published bytes and the piece
+    tree are the source's."""
     from warmfleet.agent.sources import local_copy  # noqa: PLC0415
 
     probe = tmp_path / "probe"
@@ -224,18 +227,19 @@ async def test_a_direct_fill_writes_the_bytes_it_hashed(
         real_pwrite(fd, data, offset)
 
     monkeypatch.setattr(local_copy, "pwrite_all", pwrite)
-    monkeypatch.setattr(local_copy, "copy_range_in_kernel", _cross_device)  # must not be used
+    monkeypatch.setattr(os, "copy_file_range", _cross_device)  # every copy is a pwrite here
     data = os.urandom(300_000)  # 73 whole blocks and a short one
     (tmp_path / "w.bin").write_bytes(data)
-    async with manager_for(tmp_path / "cache", chunk=64 * 1024) as m:
+    async with manager_for(tmp_path / "cache", chunk=chunk_bytes) as m:
         rec = await m.prefetch(str(tmp_path / "w.bin"))
         marker = m.store.read_marker(rec.key)
-    assert marker["digests"]["w.bin"]["sha256_tree"] == _piece_tree(data, 64 * 1024)
+    assert marker["digests"]["w.bin"]["sha256_tree"] == _piece_tree(data, chunk_bytes)
     assert (tmp_path / "cache" / "objects" / rec.key / "w.bin").read_bytes() == data
-    assert sorted(written) == [(off, 64 * 1024) for off in range(0, 262_144, 64 * 1024)] + [
-        (262_144, 36_864),
-        (299_008, 992),
-    ]
+    chunks = [(off, min(chunk_bytes, 300_000 - off)) for off in range(0, 300_000, chunk_bytes)]
+    if chunk_bytes % 4096:
+        assert sorted(written) == chunks
+    else:  # the last chunk's whole blocks directly, its short last block apart
+        assert sorted(written) == [*chunks[:-1], (262_144, 36_864), (299_008, 992)]
 
 
 async def test_a_rewrite_that_restores_the_mtime_is_a_new_version(tmp_path: Path) -> None:

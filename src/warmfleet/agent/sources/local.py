@@ -78,18 +78,21 @@ class LocalSource:
             os.close(fd)
 
     def copy_hashed(
-        self, entry: FileEntry, start: int, end: int, dst_fd: int, *, write: bool
+        self, entry: FileEntry, start: int, end: int, dst_fd: int, *, write: bool, direct: bool
     ) -> bytes:
         """Copy ``[start, end)`` of the source to the same offsets of ``dst_fd`` (``write=False``:
-        a range staged by an earlier attempt, left as it is), reading the source once; the
-        staged bytes must equal the source's, else IntegrityError (``local_copy``). Returns the
+        a range staged by an earlier attempt, left as it is), reading the source once; bytes
+        read back must equal the source's, else IntegrityError (``local_copy``; ``direct``:
+        ``O_DIRECT`` may be used, which every range of the file must agree on). Returns the
         sha256 digest of the range. The source must be the resolved version before and after.
         Runs in a worker thread; ranges of one file are copied in parallel."""
         fd = _open_source(entry)
         try:
             _check_unchanged(fd, entry)
             try:
-                digest = self._copier.copy_range(entry, fd, dst_fd, start, end, write=write)
+                digest = self._copier.copy_range(
+                    entry, fd, dst_fd, start, end, write=write, direct=direct
+                )
             except IntegrityError:
                 _check_unchanged(fd, entry)  # a source written meanwhile: SourceChangedError
                 raise

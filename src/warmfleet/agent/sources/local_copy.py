@@ -10,7 +10,9 @@ the sha256 is of the bytes handed to the device, and no page-cache page is alloc
 copy. On the VMs measured, a page-cache page allocated for a write costs a host fault, so
 ``cp`` + fsync and a buffered copy both pay for every page (docs/benchmarks.md, *Local fill*).
 The unaligned rest of a step (a file's short last block) goes through the ordinary descriptor,
-which the kernel keeps coherent with the direct one.
+which the kernel keeps coherent with the direct one. A file is written directly only when its
+chunks start on block boundaries (``direct_ranges``): otherwise page-cache reads of some of its
+ranges could run beside direct writes of others.
 
 Where ``O_DIRECT`` is refused (tmpfs, some network file systems), a step is staged by
 ``copy_file_range`` from the source (an in-kernel copy), else by ``pwrite`` of the buffer; the
@@ -57,6 +59,13 @@ def open_direct(fd: int) -> int | None:
         raise
 
 
+def direct_ranges(chunk_bytes: int) -> bool:
+    """Whether the ranges of files cut in ``chunk_bytes`` chunks may be written directly: every
+    chunk then starts on a block boundary, so only a file's short last block goes through the
+    page cache (and nothing is read through it while the fill runs)."""
+    return chunk_bytes % BLOCK_BYTES == 0
+
+
 class RangeCopier:
     """Thread-safe: each worker thread has its own reused buffers."""
 
@@ -72,14 +81,25 @@ class RangeCopier:
         return bufs
 
     def copy_range(
-        self, entry: FileEntry, src_fd: int, dst_fd: int, start: int, end: int, *, write: bool
+        self,
+        entry: FileEntry,
+        src_fd: int,
+        dst_fd: int,
+        start: int,
+        end: int,
+        *,
+        write: bool,
+        direct: bool,
     ) -> bytes:
         """Copy (``write``) or only check ``[start, end)``; the sha256 digest of the staged
         bytes (raw, 32 bytes). SourceChangedError if the source ends early, IntegrityError if
-        the staged bytes differ from the source's."""
+        the staged bytes differ from the source's. ``direct``: ``O_DIRECT`` may be used; the
+        caller gives it for every range of a file or for none (``direct_ranges``), since a
+        page-cache read of one range (with its read-ahead) beside a direct write of another
+        could cache bytes the write then replaces."""
         buf, back = self._buffers()
         sha = hashlib.sha256()
-        direct_fd = open_direct(dst_fd)
+        direct_fd = open_direct(dst_fd) if direct else None
         try:
             pos = start
             while pos < end:
