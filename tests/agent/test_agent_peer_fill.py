@@ -20,8 +20,9 @@ from cache_support import manager_for
 
 from harness.bad_peers import BadPeer, advertise
 from harness.origin import Blob, Origin
+from warmfleet.agent.front_hash import FrontHash
 from warmfleet.agent.manager import CacheManager
-from warmfleet.agent.peer_fill import PeerConfig, PeerFill, _FileHash, _Run
+from warmfleet.agent.peer_fill import PeerConfig, PeerFill, _Run
 from warmfleet.agent.peer_node import Peers
 from warmfleet.agent.sources.base import Source
 from warmfleet.agent.staged_files import StagedFiles
@@ -124,7 +125,7 @@ def test_file_hash_front_to_back_with_pieces_out_of_order(tmp_path: Path) -> Non
     pieces = plan_pieces(Manifest(SourceKind.HTTP, "http://o/f", (entry,)), 3000)
     files = StagedFiles(tmp_path, 4)
     files.create("f.bin", len(data), mode=0o600, preallocate=False)
-    fh = _FileHash(entry)
+    fh = FrontHash(entry)
     for piece in (pieces[2], pieces[0], pieces[3], pieces[1]):
         chunk = data[piece.start : piece.end]
         files.run("f.bin", functools.partial(_write, chunk=chunk, at=piece.start), write=True)

@@ -29,8 +29,9 @@ from typing import Any
 
 import aiohttp
 
-from warmfleet.agent.digests import new_hashers
+from warmfleet.agent.front_hash import FrontHash
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
+from warmfleet.agent.peer_wire import PeerWireError, RangeGet, get_into
 from warmfleet.agent.sources.base import Source, SourceError, TransientSourceError
 from warmfleet.agent.staged_files import StagedFiles, staging_mode
 from warmfleet.cache.manifest import FileEntry, Manifest
@@ -84,37 +85,19 @@ class _Job:
 Digests = dict[str, dict[str, str]]
 
 
-def _reader(start: int, end: int) -> Callable[[int], bytes]:
-    return lambda fd: os.pread(fd, end - start, start)
+class _Buffers:
+    """Piece buffers a fill reuses (one per piece being received from a peer): the bytes land
+    in memory already touched, not in a fresh allocation per piece."""
 
+    def __init__(self, size_bytes: int) -> None:
+        self._size_bytes = size_bytes
+        self._free: list[memoryview] = []
 
-class _FileHash:
-    """A file's digests, fed front to back: a piece at the cursor from memory, pieces that
-    landed ahead of it read back once the gap is filled."""
+    def take(self) -> memoryview:
+        return self._free.pop() if self._free else memoryview(bytearray(self._size_bytes))
 
-    def __init__(self, entry: FileEntry) -> None:
-        self.hashers: dict[str, Any] = new_hashers(entry)
-        self.offset = 0
-        self.size_bytes = entry.size_bytes
-        self.ahead: dict[int, int] = {}  # start -> end of written pieces past the cursor
-
-    def feed(self, data: bytes) -> None:
-        for h in self.hashers.values():
-            h.update(data)
-        self.offset += len(data)
-
-    def advance(self, piece: Piece, data: bytes, files: StagedFiles) -> None:
-        if piece.start != self.offset:
-            self.ahead[piece.start] = piece.end
-            return
-        self.feed(data)
-        while (end := self.ahead.pop(self.offset, None)) is not None:
-            self.feed(files.run(piece.path, _reader(self.offset, end), write=False))
-
-    def digests(self) -> dict[str, str] | None:
-        if self.offset != self.size_bytes:
-            return None
-        return {name: h.hexdigest() for name, h in self.hashers.items()}
+    def give(self, buf: memoryview) -> None:
+        self._free.append(buf)
 
 
 class PeerFailedError(CacheError):
@@ -125,7 +108,7 @@ class PeerFailedError(CacheError):
         self.rejected = rejected
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
@@ -205,29 +188,19 @@ class PeerFill:
             return None
         return doc if isinstance(doc, dict) else None
 
-    async def fetch_peer(self, key: str, job: _Job) -> bytes:
+    async def fetch_peer(self, key: str, job: _Job, buf: memoryview) -> memoryview:
+        """The piece's bytes from ``job.peer``, received into ``buf`` (not yet checked)."""
         piece = job.piece
-        url = f"{job.url}/v1/peer/{key}/{piece.path}"
-        headers = {
-            "Authorization": f"Bearer {self.config.token}",
-            "Range": f"bytes={piece.start}-{piece.end - 1}",
-        }
-        timeout = aiohttp.ClientTimeout(
-            total=self.config.piece_timeout_s, sock_read=self.config.stall_s
-        )
+        view = buf[: piece.size_bytes]
+        route = f"/v1/peer/{key}/{piece.path}"
+        get = RangeGet(job.url, route, piece.start, piece.end, self.config.token)
         try:
-            async with self._session.get(url, headers=headers, timeout=timeout) as resp:
-                if resp.status != 206:
-                    raise PeerFailedError(f"{job.peer}: HTTP {resp.status}", rejected=False)
-                if resp.content_length != piece.size_bytes:
-                    raise PeerFailedError(f"{job.peer}: {resp.content_length} bytes announced, "
-                                          f"not {piece.size_bytes}", rejected=True)  # fmt: skip
-                data = await resp.content.readexactly(piece.size_bytes)
-        except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError) as err:
-            raise PeerFailedError(f"{job.peer}: {err!r}", rejected=False) from err
-        if await asyncio.to_thread(piece_digest, data) != job.digest:
-            raise PeerFailedError(f"{job.peer}: piece {piece.index} fails its hash", rejected=True)
-        return data
+            await get_into(
+                get, view, stall_s=self.config.stall_s, timeout_s=self.config.piece_timeout_s
+            )
+        except PeerWireError as err:
+            raise PeerFailedError(f"{job.peer}: {err}", rejected=err.rejected) from err
+        return view
 
     async def fetch_origin(self, source: Source, entry: FileEntry, piece: Piece) -> bytes:
         for attempt in range(1, ORIGIN_ATTEMPTS + 1):
@@ -278,8 +251,9 @@ class _Run:
         self.session_id = secrets.token_hex(8)
         self.report = _Report()
         self.have: set[int] = set()
-        self.tasks: dict[asyncio.Task[bytes], _Job] = {}
-        self.hashes = {e.path: _FileHash(e) for e in manifest.files}
+        self.tasks: dict[asyncio.Task[str | None], _Job] = {}
+        self.hashes = {e.path: FrontHash(e) for e in manifest.files}
+        self.buffers = _Buffers(max((p.size_bytes for p in pieces), default=0))
         self.alone_until_s = 0.0  # monotonic; before it (the tracker did not answer): origin only
 
     async def run(self, key: str) -> None:
@@ -297,7 +271,7 @@ class _Run:
                     self.tasks, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
                 )
                 for task in done:
-                    await self._finish(key, task, self.tasks.pop(task))
+                    self._finish(key, task, self.tasks.pop(task))
             await self.fill.ask(key, len(self.pieces), self.session_id, self.report, 0)
         finally:
             for task in self.tasks:
@@ -330,32 +304,50 @@ class _Run:
             if job.peer and job.digest is None:  # never write a peer piece unchecked
                 self.report.released.append(job.piece.index)
                 continue
-            if job.peer:
-                coro = self.fill.fetch_peer(key, job)
-            else:
-                coro = self.fill.fetch_origin(self.source, self.entries[job.piece.path], job.piece)
-            self.tasks[asyncio.create_task(coro)] = job
+            self.tasks[asyncio.create_task(self._piece(key, job))] = job
 
-    async def _finish(self, key: str, task: asyncio.Task[bytes], job: _Job) -> None:
+    async def _piece(self, key: str, job: _Job) -> str | None:
+        """Fetch, check and write one piece; its sha256 when it came from the origin."""
+        piece = job.piece
+        if not job.peer:
+            entry = self.entries[piece.path]
+            data = await self.fill.fetch_origin(self.source, entry, piece)
+            return await asyncio.to_thread(self._land, piece, data, None)
+        buf = self.buffers.take()
+        try:
+            view = await self.fill.fetch_peer(key, job, buf)
+            if await asyncio.to_thread(self._land, piece, view, job.digest) is None:
+                raise PeerFailedError(f"{job.peer}: piece {piece.index} fails its hash",
+                                      rejected=True)  # fmt: skip
+        finally:
+            self.buffers.give(buf)
+        return None
+
+    def _land(self, piece: Piece, data: bytes | memoryview, expected: str | None) -> str | None:
+        """(Worker thread.) Hash ``data``; unless ``expected`` is given and differs, write it
+        into staging and feed the file's digests. Returns the hash, None if it was refused."""
+        digest = piece_digest(data)
+        if expected is not None and digest != expected:
+            return None
+        self.files.run(piece.path, lambda fd: _pwrite_all(fd, data, piece.start), write=True)
+        self.hashes[piece.path].advance(piece, data, self.files)
+        return digest
+
+    def _finish(self, key: str, task: asyncio.Task[str | None], job: _Job) -> None:
         piece = job.piece
         try:
-            data = task.result()
+            digest = task.result()
         except PeerFailedError as err:
             self.report.failed.add(job.peer)
             self.report.released.append(piece.index)
             self.fill.dropped(err)
             return
-        digest = None if job.peer else await asyncio.to_thread(piece_digest, data)
-        await asyncio.to_thread(
-            self.files.run, piece.path, lambda fd: _pwrite_all(fd, data, piece.start), write=True
-        )
-        await asyncio.to_thread(self.hashes[piece.path].advance, piece, data, self.files)
         self.have.add(piece.index)
         self.report.have.append(piece.index)
         if digest is not None:
             self.report.hashes[piece.index] = digest
-        self.fill.written(key, piece, len(data), from_origin=not job.peer)
-        self.on_bytes(len(data))
+        self.fill.written(key, piece, piece.size_bytes, from_origin=not job.peer)
+        self.on_bytes(piece.size_bytes)
 
     def digests(self) -> Digests:
         out = {path: h.digests() for path, h in self.hashes.items()}
