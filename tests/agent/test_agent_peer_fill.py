@@ -6,10 +6,10 @@ the piece route needs the fleet's token and serves only verified pieces."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -20,6 +20,7 @@ from cache_support import manager_for
 
 from harness.bad_peers import BadPeer, advertise
 from harness.origin import Blob, Origin
+from warmfleet.agent.direct_io import BLOCK_BYTES, DirectFile, aligned_buffer
 from warmfleet.agent.front_hash import FrontHash
 from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.peer_fill import PeerConfig, PeerFill, _Run
@@ -115,24 +116,24 @@ async def _route_checks(url: str, key: str) -> None:
             assert resp.status == 404
 
 
-def _write(fd: int, *, chunk: bytes, at: int) -> int:
-    return os.pwrite(fd, chunk, at)
-
-
-def test_file_hash_front_to_back_with_pieces_out_of_order(tmp_path: Path) -> None:
-    data = os.urandom(10_000)
+@pytest.mark.parametrize("piece_bytes", [3000, 8192])
+def test_file_hash_front_to_back_with_pieces_out_of_order(tmp_path: Path, piece_bytes: int) -> None:
+    """Pieces written through ``DirectFile`` (8 KiB: the aligned part with ``O_DIRECT``, the
+    short tail buffered; 3000 B: unaligned, all buffered) and read back by it for the hash."""
+    data = os.urandom(3 * piece_bytes + 1000)
     entry = FileEntry("f.bin", len(data), "/x")
-    pieces = plan_pieces(Manifest(SourceKind.HTTP, "http://o/f", (entry,)), 3000)
-    files = StagedFiles(tmp_path, 4)
-    files.create("f.bin", len(data), mode=0o600, preallocate=False)
+    pieces = plan_pieces(Manifest(SourceKind.HTTP, "http://o/f", (entry,)), piece_bytes)
+    (tmp_path / "f.bin").write_bytes(bytes(len(data)))
+    buf = aligned_buffer(piece_bytes + 2 * BLOCK_BYTES)
     fh = FrontHash(entry)
-    for piece in (pieces[2], pieces[0], pieces[3], pieces[1]):
-        chunk = data[piece.start : piece.end]
-        files.run("f.bin", functools.partial(_write, chunk=chunk, at=piece.start), write=True)
-        assert fh.digests() is None or piece is pieces[1]
-        fh.advance(piece, chunk, files)
-    files.close()
+    with DirectFile(tmp_path / "f.bin", writable=True) as out:
+        for piece in (pieces[2], pieces[0], pieces[3], pieces[1]):
+            buf[: piece.size_bytes] = data[piece.start : piece.end]
+            out.write(buf[: piece.size_bytes], piece.start)
+            assert fh.digests() is None or piece is pieces[1]
+            fh.advance(piece, buf[: piece.size_bytes], partial(out.read_into, buf))
     assert fh.digests() == {"sha256": hashlib.sha256(data).hexdigest()}
+    assert (tmp_path / "f.bin").read_bytes() == data
 
 
 class _Tracker:

@@ -1,35 +1,21 @@
 """A staged file's digests computed front to back while its pieces land in any order.
 
 A piece that lands at the cursor is hashed from memory (the buffer it was received into); a
-piece that lands ahead of it is hashed once the gap before it is filled, from the page cache
-through a read-only mapping (no copy into Python). So the digests a manifest gives are known
-when the last piece lands, and the manager's verification only compares them.
+piece that lands ahead of it is hashed once the gap before it is filled, read back by the
+caller's ``read_back`` (the peer fill reads it from disk with ``O_DIRECT`` into the buffer the
+piece came in). So the digests a manifest gives are known when the last piece lands, and the
+manager's verification only compares them.
 """
 
 from __future__ import annotations
 
-import mmap
 import threading
-from functools import partial
+from collections.abc import Callable
 from typing import Any
 
 from warmfleet.agent.digests import new_hashers
-from warmfleet.agent.staged_files import StagedFiles
 from warmfleet.cache.manifest import FileEntry
 from warmfleet.cache.pieces import Piece
-
-
-def _hash_back(hashers: list[Any], start: int, end: int, fd: int) -> None:
-    """Feed bytes ``[start, end)`` of a staged file to ``hashers`` through a read-only mapping
-    of its pages (already in the page cache: just written), without copying them out."""
-    base = start - start % mmap.ALLOCATIONGRANULARITY
-    with mmap.mmap(fd, end - base, prot=mmap.PROT_READ, offset=base) as mapped:
-        view = memoryview(mapped)
-        try:
-            for h in hashers:
-                h.update(view[start - base :])
-        finally:
-            view.release()
 
 
 class FrontHash:
@@ -49,16 +35,21 @@ class FrontHash:
             h.update(data)
         self.offset += len(data)
 
-    def advance(self, piece: Piece, data: bytes | memoryview, files: StagedFiles) -> None:
+    def advance(
+        self,
+        piece: Piece,
+        data: bytes | memoryview,
+        read_back: Callable[[int, int], bytes | memoryview],
+    ) -> None:
+        """``piece`` (written) with its bytes ``data``; ``read_back(start, end)`` returns
+        written bytes of the file (called after ``data`` is fed: it may reuse its buffer)."""
         with self._lock:
             if piece.start != self.offset:
                 self.ahead[piece.start] = piece.end
                 return
             self.feed(data)
             while (end := self.ahead.pop(self.offset, None)) is not None:
-                hashers = list(self.hashers.values())
-                files.run(piece.path, partial(_hash_back, hashers, self.offset, end), write=False)
-                self.offset = end
+                self.feed(read_back(self.offset, end))
 
     def digests(self) -> dict[str, str] | None:
         with self._lock:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from warmfleet.agent.direct_io import BLOCK_BYTES, DirectFile, aligned_buffer
 from warmfleet.agent.front_hash import FrontHash
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
 from warmfleet.agent.peer_wire import PeerWireError, RangeGet, get_into
@@ -94,7 +94,10 @@ class _Buffers:
         self._free: list[memoryview] = []
 
     def take(self) -> memoryview:
-        return self._free.pop() if self._free else memoryview(bytearray(self._size_bytes))
+        """A buffer for a piece, with room to read it back aligned (``DirectFile.read_into``)."""
+        if self._free:
+            return self._free.pop()
+        return aligned_buffer(self._size_bytes + 2 * BLOCK_BYTES)
 
     def give(self, buf: memoryview) -> None:
         self._free.append(buf)
@@ -108,11 +111,8 @@ class PeerFailedError(CacheError):
         self.rejected = rejected
 
 
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
+def _nothing(_fd: int) -> None:
+    """Marks a staged file written (``StagedFiles.sync`` fsyncs it) without touching it."""
 
 
 class PeerFill:
@@ -202,19 +202,26 @@ class PeerFill:
             raise PeerFailedError(f"{job.peer}: {err}", rejected=err.rejected) from err
         return view
 
-    async def fetch_origin(self, source: Source, entry: FileEntry, piece: Piece) -> bytes:
+    async def fetch_origin(
+        self, source: Source, entry: FileEntry, piece: Piece, buf: memoryview
+    ) -> memoryview:
+        """The piece's bytes from the origin, copied into ``buf`` as they arrive."""
         for attempt in range(1, ORIGIN_ATTEMPTS + 1):
+            got = 0
             try:
-                blocks = [b async for b in source.open_range(entry, piece.start, piece.end)]
+                async for block in source.open_range(entry, piece.start, piece.end):
+                    if got + len(block) > piece.size_bytes:
+                        raise TransientSourceError(f"{entry.path}: long piece from the origin")
+                    buf[got : got + len(block)] = block
+                    got += len(block)
             except TransientSourceError:
                 if attempt == ORIGIN_ATTEMPTS:
                     raise
                 await asyncio.sleep(0.5 * attempt)
                 continue
-            data = b"".join(blocks)
-            if len(data) != piece.size_bytes:
+            if got != piece.size_bytes:
                 raise TransientSourceError(f"{entry.path}: short piece from the origin")
-            return data
+            return buf[:got]
         raise SourceError("unreachable")  # the loop returns or raises
 
     def written(self, key: str, piece: Piece, size_bytes: int, *, from_origin: bool) -> None:
@@ -254,6 +261,7 @@ class _Run:
         self.tasks: dict[asyncio.Task[str | None], _Job] = {}
         self.hashes = {e.path: FrontHash(e) for e in manifest.files}
         self.buffers = _Buffers(max((p.size_bytes for p in pieces), default=0))
+        self.staging = files.staging
         self.alone_until_s = 0.0  # monotonic; before it (the tracker did not answer): origin only
 
     async def run(self, key: str) -> None:
@@ -309,28 +317,35 @@ class _Run:
     async def _piece(self, key: str, job: _Job) -> str | None:
         """Fetch, check and write one piece; its sha256 when it came from the origin."""
         piece = job.piece
-        if not job.peer:
-            entry = self.entries[piece.path]
-            data = await self.fill.fetch_origin(self.source, entry, piece)
-            return await asyncio.to_thread(self._land, piece, data, None)
         buf = self.buffers.take()
         try:
-            view = await self.fill.fetch_peer(key, job, buf)
-            if await asyncio.to_thread(self._land, piece, view, job.digest) is None:
+            if not job.peer:
+                entry = self.entries[piece.path]
+                data = await self.fill.fetch_origin(self.source, entry, piece, buf)
+                return await asyncio.to_thread(self._land, piece, data, buf, None)
+            data = await self.fill.fetch_peer(key, job, buf)
+            if await asyncio.to_thread(self._land, piece, data, buf, job.digest) is None:
                 raise PeerFailedError(f"{job.peer}: piece {piece.index} fails its hash",
                                       rejected=True)  # fmt: skip
         finally:
             self.buffers.give(buf)
         return None
 
-    def _land(self, piece: Piece, data: bytes | memoryview, expected: str | None) -> str | None:
-        """(Worker thread.) Hash ``data``; unless ``expected`` is given and differs, write it
-        into staging and feed the file's digests. Returns the hash, None if it was refused."""
+    def _land(
+        self, piece: Piece, data: memoryview, buf: memoryview, expected: str | None
+    ) -> str | None:
+        """(Worker thread.) Hash ``data`` (in ``buf``); unless ``expected`` is given and
+        differs, write it into staging (``O_DIRECT`` where possible: ``direct_io``) and feed
+        the file's digests. Returns the hash, None if it was refused (nothing written)."""
         digest = piece_digest(data)
         if expected is not None and digest != expected:
             return None
-        self.files.run(piece.path, lambda fd: _pwrite_all(fd, data, piece.start), write=True)
-        self.hashes[piece.path].advance(piece, data, self.files)
+        with DirectFile(self.staging / piece.path, writable=True) as out:
+            out.write(data, piece.start)
+            self.files.run(piece.path, _nothing, write=True)  # fsynced with the others
+            self.hashes[piece.path].advance(
+                piece, data, lambda start, end: out.read_into(buf, start, end)
+            )
         return digest
 
     def _finish(self, key: str, task: asyncio.Task[str | None], job: _Job) -> None:
