@@ -58,7 +58,10 @@ def _join(peers: Peers, host: TrackerHost, node: str, url: str) -> None:
 
 
 async def test_second_node_fills_from_the_first_and_rejects_a_flipping_peer(
-    origin: tuple[Origin, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    origin: tuple[Origin, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     org, base = origin
     data = os.urandom(3 * PIECE + 1000)
@@ -94,6 +97,8 @@ async def test_second_node_fills_from_the_first_and_rejects_a_flipping_peer(
             assert published.read_bytes() == data
             assert peers_a.figures["bytesServed"] >= len(data)
             await _route_checks(url_a, rec_a.key)
+            served_errors = [r for r in caplog.records if r.name.startswith("aiohttp")]
+            assert not served_errors  # every piece served without an error logged
     finally:
         await bad.stop()
         await host.stop()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from prometheus_client import CollectorRegistry, Counter
 
 from warmfleet.agent.store import Store
@@ -113,6 +114,17 @@ def _safe_rel(path: str) -> str:
     return path
 
 
+class _PieceResponse(web.FileResponse):
+    """A ``FileResponse`` prepared (sent) by the handler, inside its upload slot: aiohttp
+    prepares a returned response again, and ``FileResponse.prepare`` is not idempotent (it
+    raised after every piece: a traceback logged per piece served)."""
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        if self.prepared:
+            return None
+        return await super().prepare(request)
+
+
 class PeerServer:
     def __init__(
         self,
@@ -169,7 +181,7 @@ class PeerServer:
             delay_s = self._bucket.reserve(end - start)
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
-            resp = web.FileResponse(path)
+            resp = _PieceResponse(path)
             try:
                 await resp.prepare(request)
             except ConnectionResetError:  # the peer went away
