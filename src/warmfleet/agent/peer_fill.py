@@ -50,7 +50,7 @@ class PeerConfig:
     self_url: str
     token: str
     piece_bytes: int = DEFAULT_PIECE_BYTES
-    concurrency: int = 6
+    concurrency: int = 10
     piece_timeout_s: float = 60.0
     stall_s: float = DEFAULT_STALL_S
     idle_wait_s: float = 0.05
