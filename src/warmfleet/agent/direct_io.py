@@ -13,6 +13,11 @@ part of a range that way and the rest (a file's short last block, an unaligned p
 ordinary descriptor, which the kernel keeps coherent with the direct one. Where ``O_DIRECT``
 cannot be opened (tmpfs, some network file systems) everything goes through the ordinary one.
 Buffers come from ``aligned_buffer`` (anonymous mappings are page-aligned).
+
+Mixing the two on one file is safe only when no block is written both ways: a buffered write
+leaves a dirty cache page that a direct write of the same block could race with. So a caller
+whose writers may share a block (pieces not a whole number of blocks) passes ``direct=False``;
+with whole-block pieces the only buffered write is a file's short last block.
 """
 
 from __future__ import annotations
@@ -45,11 +50,11 @@ class DirectFile:
     """One file opened twice: ``O_DIRECT`` (when possible) and buffered. Not thread-safe to
     close while in use; reads and writes from several threads are fine (``pread``/``pwrite``)."""
 
-    def __init__(self, path: Path, *, writable: bool) -> None:
+    def __init__(self, path: Path, *, writable: bool, direct: bool = True) -> None:
         flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
         self._fd = os.open(path, flags)
         self._direct: int | None = None
-        if _O_DIRECT:
+        if _O_DIRECT and direct:
             try:
                 self._direct = os.open(path, flags | _O_DIRECT)
             except OSError as err:

@@ -262,6 +262,7 @@ class _Run:
         self.hashes = {e.path: FrontHash(e) for e in manifest.files}
         self.buffers = _Buffers(max((p.size_bytes for p in pieces), default=0))
         self.staging = files.staging
+        self.direct = fill.config.piece_bytes % BLOCK_BYTES == 0  # no block shared by 2 pieces
         self.alone_until_s = 0.0  # monotonic; before it (the tracker did not answer): origin only
 
     async def run(self, key: str) -> None:
@@ -340,7 +341,7 @@ class _Run:
         digest = piece_digest(data)
         if expected is not None and digest != expected:
             return None
-        with DirectFile(self.staging / piece.path, writable=True) as out:
+        with DirectFile(self.staging / piece.path, writable=True, direct=self.direct) as out:
             out.write(data, piece.start)
             self.files.run(piece.path, _nothing, write=True)  # fsynced with the others
             self.hashes[piece.path].advance(
