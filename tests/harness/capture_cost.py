@@ -79,6 +79,7 @@ def _requests(count: int, seed: int = 0) -> list[tuple[Attempt, Relay]]:
         decision = Decision(f"emu-{i % 4}", Reason.PREFIX_HIT, predicted_cached_blocks=blocks // 2)
         call = SimpleNamespace(
             model="tiny", variant=variant, key=key, decision=decision, t_start=time.perf_counter(),
+            ticket=None,
             inst=SimpleNamespace(instance_id=decision.instance_id),
             request=SimpleNamespace(headers={"content-type": "application/json", "host": "h"}),
         )  # fmt: skip

@@ -1,10 +1,10 @@
 """Copy while hashing, for a source that can (``copy_hashed``: the local file system).
 
-Every chunk of every file is a job; ``download.concurrency`` workers take them in order, so the
-chunks of one large file are copied on every core at once (and small files alongside). A job
-reads its source range once, writes it, and hashes the staged bytes, which it shows equal to
-the source's (``sources.local_copy``). A chunk staged by an earlier attempt is checked and
-hashed but not written again. A file's digest is its piece tree over the chunks
+Every chunk of every file is a job; ``download.concurrency`` workers take them in order, so
+the chunks of one large file are copied and hashed on every core at once, with several
+writes in flight (and small files alongside). A job reads its source range once, hashes it
+and writes it (``sources.local_copy``). A chunk staged by an earlier attempt is read back,
+compared and hashed but not written again. A file's digest is its piece tree over the chunks
 (``digests.TREE``, the chunk size as the piece size): the verified digest the published marker
 records, no second hash pass over the staged copy (docs/cache.md, "Local sources").
 """
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import NoReturn, Protocol
 
 from warmfleet.agent.digests import TREE, tree_value
+from warmfleet.agent.sources.local_copy import direct_ranges
 from warmfleet.agent.staged_files import StagedFiles
 from warmfleet.cache.manifest import FileEntry
 from warmfleet.cache.transfer import Chunk, ResumeState, TokenBucket, plan_chunks
@@ -23,7 +24,7 @@ from warmfleet.cache.transfer import Chunk, ResumeState, TokenBucket, plan_chunk
 
 class CopyHashed(Protocol):
     def __call__(
-        self, entry: FileEntry, start: int, end: int, dst_fd: int, *, write: bool
+        self, entry: FileEntry, start: int, end: int, dst_fd: int, *, write: bool, direct: bool
     ) -> bytes: ...
 
 
@@ -51,6 +52,7 @@ class HashedCopier:
         self._on_chunk = on_chunk
         self._on_os_error = on_os_error
         self.digests: dict[str, dict[str, str]] = {}
+        self._direct = direct_ranges(state.chunk_bytes)
 
     async def copy_all(self, entries: list[FileEntry]) -> None:
         """Copy every file; ``digests`` then holds each one's piece tree."""
@@ -86,7 +88,9 @@ class HashedCopier:
 
     def _run(self, entry: FileEntry, chunk: Chunk, write: bool) -> bytes:
         def copy(fd: int) -> bytes:
-            return self._copy_hashed(entry, chunk.start, chunk.end, fd, write=write)
+            return self._copy_hashed(
+                entry, chunk.start, chunk.end, fd, write=write, direct=self._direct
+            )
 
         try:
             return self._files.run(entry.path, copy, write=write)

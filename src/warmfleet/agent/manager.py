@@ -219,8 +219,6 @@ class CacheManager:
         except WarmfleetError as err:
             if not isinstance(err, TransientSourceError):
                 self.store.discard_staging(key)  # resumable faults keep their staging data
-            if isinstance(err, IntegrityError):
-                self.metrics.integrity_failures.inc()
             self._set_state(key, ArtifactState.FAILED, f"{type(err).__name__}: {err}")
             self.metrics.downloads.labels(kind, "failed").inc()
             raise

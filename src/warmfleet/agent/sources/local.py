@@ -4,9 +4,10 @@ Resolving only stats the files: a file's identity is its size, mtime, permission
 local validator (inode and ctime, which every write, rename or ``touch`` changes), so an
 unchanged tree resolves in milliseconds and a changed file is a new cache version. The copy
 (``copy_hashed``, one chunk at a time, chunks of a file in parallel) reads the source once: each
-block is written, the staged bytes are hashed (sha256 per chunk, recorded in the published marker
-as the file's piece tree) and shown equal to the source's (``local_copy``); the source must still
-be the resolved version after each chunk (docs/cache.md, "Local sources").
+block is hashed (sha256 per chunk, recorded in the published marker as the file's piece tree) and
+written from the buffer that was hashed (``local_copy``: ``O_DIRECT`` where it can, else a copy
+read back and compared); the source must still be the resolved version after each chunk
+(docs/cache.md, "Local sources").
 
 Symbolic links are followed only while they resolve inside the source tree (or inside one of
 ``sources.local_symlink_roots``); a link out of it is refused, so a source tree cannot make the
@@ -77,18 +78,21 @@ class LocalSource:
             os.close(fd)
 
     def copy_hashed(
-        self, entry: FileEntry, start: int, end: int, dst_fd: int, *, write: bool
+        self, entry: FileEntry, start: int, end: int, dst_fd: int, *, write: bool, direct: bool
     ) -> bytes:
         """Copy ``[start, end)`` of the source to the same offsets of ``dst_fd`` (``write=False``:
-        a range staged by an earlier attempt, left as it is), reading the source once; the
-        staged bytes must equal the source's, else IntegrityError (``local_copy``). Returns the
+        a range staged by an earlier attempt, left as it is), reading the source once; bytes
+        read back must equal the source's, else IntegrityError (``local_copy``; ``direct``:
+        ``O_DIRECT`` may be used, which every range of the file must agree on). Returns the
         sha256 digest of the range. The source must be the resolved version before and after.
         Runs in a worker thread; ranges of one file are copied in parallel."""
         fd = _open_source(entry)
         try:
             _check_unchanged(fd, entry)
             try:
-                digest = self._copier.copy_range(entry, fd, dst_fd, start, end, write=write)
+                digest = self._copier.copy_range(
+                    entry, fd, dst_fd, start, end, write=write, direct=direct
+                )
             except IntegrityError:
                 _check_unchanged(fd, entry)  # a source written meanwhile: SourceChangedError
                 raise
