@@ -131,7 +131,7 @@ def test_file_hash_front_to_back_with_pieces_out_of_order(tmp_path: Path, piece_
     (tmp_path / "f.bin").write_bytes(bytes(len(data)))
     buf = aligned_buffer(piece_bytes + 2 * BLOCK_BYTES)
     fh = FrontHash(entry)
-    with DirectFile(tmp_path / "f.bin", writable=True) as out:
+    with DirectFile(tmp_path / "f.bin") as out:
         for piece in (pieces[2], pieces[0], pieces[3], pieces[1]):
             buf[: piece.size_bytes] = data[piece.start : piece.end]
             out.write(buf[: piece.size_bytes], piece.start)

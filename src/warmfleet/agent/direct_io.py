@@ -1,5 +1,8 @@
 """Piece I/O that bypasses the page cache (``O_DIRECT``) where the file system allows it.
 
+The one home of the agent's ``O_DIRECT`` helpers: the local fill (``sources/local_copy``) and
+the peer fill (``peer_fill``) both stage through them.
+
 A peer fill writes every byte of a model version once and serves most of them to other nodes.
 Through the page cache each byte is copied into a newly allocated cache page, and a page the
 kernel has not touched for a while is expensive to touch again (on the VMs the benchmarks run
@@ -28,8 +31,34 @@ import mmap
 import os
 from pathlib import Path
 
-BLOCK_BYTES = 4096
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
+BLOCK_BYTES = 4096  # O_DIRECT's alignment of offsets, lengths and memory (every common device)
+
+
+def open_direct(fd: int) -> int | None:
+    """A second descriptor of ``fd``'s file opened with ``O_DIRECT``, or None where the file
+    system (or platform) has none."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC | flag)
+    except OSError as err:
+        if err.errno in (errno.EINVAL, errno.ENOENT, errno.EOPNOTSUPP):
+            return None
+        raise
+
+
+def direct_ranges(chunk_bytes: int) -> bool:
+    """Whether the ranges of files cut in ``chunk_bytes`` chunks (or pieces) may be written
+    directly: every one then starts on a block boundary, so only a file's short last block goes
+    through the page cache, and no block is written both ways."""
+    return chunk_bytes % BLOCK_BYTES == 0
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
 
 
 def aligned_buffer(size_bytes: int) -> memoryview:
@@ -47,20 +76,17 @@ def _align_up(n: int) -> int:
 
 
 class DirectFile:
-    """One file opened twice: ``O_DIRECT`` (when possible) and buffered. Not thread-safe to
-    close while in use; reads and writes from several threads are fine (``pread``/``pwrite``)."""
+    """One file opened twice for reading and writing: with ``O_DIRECT`` (``open_direct``; not
+    when ``direct`` is false) and buffered. Reads and writes from several threads are fine
+    (``pread``/``pwrite``); close it when none is under way."""
 
-    def __init__(self, path: Path, *, writable: bool, direct: bool = True) -> None:
-        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
-        self._fd = os.open(path, flags)
-        self._direct: int | None = None
-        if _O_DIRECT and direct:
-            try:
-                self._direct = os.open(path, flags | _O_DIRECT)
-            except OSError as err:
-                if err.errno != errno.EINVAL:  # EINVAL: this file system has no O_DIRECT
-                    os.close(self._fd)
-                    raise
+    def __init__(self, path: Path, *, direct: bool = True) -> None:
+        self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            self._direct = open_direct(self._fd) if direct else None
+        except OSError:
+            os.close(self._fd)
+            raise
 
     @property
     def direct(self) -> bool:
@@ -83,9 +109,9 @@ class DirectFile:
         cut = 0
         if self._direct is not None and offset % BLOCK_BYTES == 0 and _is_aligned(data):
             cut = _align_down(len(data))
-            _write_all(self._direct, data[:cut], offset)
+            pwrite_all(self._direct, data[:cut], offset)
         if cut < len(data):
-            _write_all(self._fd, data[cut:], offset + cut)
+            pwrite_all(self._fd, data[cut:], offset + cut)
 
     def read_into(self, buf: memoryview, start: int, end: int) -> memoryview:
         """Bytes ``[start, end)`` (which must exist) read into ``buf`` (an ``aligned_buffer``
@@ -105,12 +131,6 @@ def _is_aligned(data: memoryview) -> bool:
         return False
     address = ctypes.addressof(ctypes.c_char.from_buffer(data))
     return address % BLOCK_BYTES == 0
-
-
-def _write_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
 
 
 def _read_all(fd: int, buf: memoryview, offset: int, *, direct: bool = False) -> int:

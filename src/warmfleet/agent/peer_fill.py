@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from warmfleet.agent.direct_io import BLOCK_BYTES, DirectFile, aligned_buffer
+from warmfleet.agent.direct_io import BLOCK_BYTES, DirectFile, aligned_buffer, direct_ranges
 from warmfleet.agent.front_hash import FrontHash
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
 from warmfleet.agent.peer_wire import PeerWireError, RangeGet, get_into
@@ -262,7 +262,7 @@ class _Run:
         self.hashes = {e.path: FrontHash(e) for e in manifest.files}
         self.buffers = _Buffers(max((p.size_bytes for p in pieces), default=0))
         self.staging = files.staging
-        self.direct = fill.config.piece_bytes % BLOCK_BYTES == 0  # no block shared by 2 pieces
+        self.direct = direct_ranges(fill.config.piece_bytes)
         self.alone_until_s = 0.0  # monotonic; before it (the tracker did not answer): origin only
 
     async def run(self, key: str) -> None:
@@ -341,7 +341,7 @@ class _Run:
         digest = piece_digest(data)
         if expected is not None and digest != expected:
             return None
-        with DirectFile(self.staging / piece.path, writable=True, direct=self.direct) as out:
+        with DirectFile(self.staging / piece.path, direct=self.direct) as out:
             out.write(data, piece.start)
             self.files.run(piece.path, _nothing, write=True)  # fsynced with the others
             self.hashes[piece.path].advance(
