@@ -5,9 +5,9 @@ page-aligned buffer; the range's sha256 is taken over those bytes, and each step
 the staged file at the same offset.
 
 Where the file system takes it, the staged file is written through a second descriptor opened
-with ``O_DIRECT`` (``direct_io.open_direct``): the device copies the very buffer that was hashed (DMA), so
-the sha256 is of the bytes handed to the device, and no page-cache page is allocated for the
-copy. On the VMs measured, a page-cache page allocated for a write costs a host fault, so
+with ``O_DIRECT`` (``direct_io.open_direct``): the device copies the very buffer that was hashed
+(DMA), so the sha256 is of the bytes handed to the device, and no page-cache page is allocated
+for the copy. On the VMs measured, a page-cache page allocated for a write costs a host fault, so
 ``cp`` + fsync and a buffered copy both pay for every page (docs/benchmarks.md, *Local fill*).
 The unaligned rest of a step (a file's short last block) goes through the ordinary descriptor,
 which the kernel keeps coherent with the direct one. A file is written directly only when its
