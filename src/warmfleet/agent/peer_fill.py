@@ -11,6 +11,12 @@ is hashed on arrival and its hash reported, which builds the piece table. Every 
 served to other peers at once (``PeerHoldings``). The manager then verifies the whole files
 against the manifest and publishes atomically exactly as after an ordinary download.
 
+A piece's bytes land in a page-aligned buffer the fill reuses (received into it by
+``peer_wire``, or copied into it from the origin's chunks); one worker thread then hashes them
+(BLAKE3, the piece table's hash), writes them with ``O_DIRECT`` (``direct_io``) and feeds them to
+the file's digests (``front_hash``), so a received byte is copied once by the CPU (from the
+socket) and hashed twice (its piece, its file).
+
 Without an answer from the tracker the fill goes on alone, from the origin (never stuck), and
 asks the tracker again ``tracker_retry_s`` later (one slow answer does not end peer use).
 """
