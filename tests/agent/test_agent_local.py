@@ -159,6 +159,7 @@ async def test_a_fault_in_a_copy_is_caught_before_publish(
     kernel's copy, or by ``pwrite`` where the kernel refuses ``copy_file_range``) is an
     IntegrityError (after the retry), nothing is published; without the fault the same fill
     publishes."""
+    from warmfleet.agent import direct_io  # noqa: PLC0415
     from warmfleet.agent.sources import local_copy  # noqa: PLC0415
     from warmfleet.core.errors import IntegrityError  # noqa: PLC0415
 
@@ -167,7 +168,7 @@ async def test_a_fault_in_a_copy_is_caught_before_publish(
         monkeypatch.setattr(os, "copy_file_range", _cross_device)
     src = tmp_path / "w.bin"
     src.write_bytes(os.urandom(300_000))
-    real_kernel, real_pwrite = local_copy.copy_range_in_kernel, local_copy.pwrite_all
+    real_kernel, real_pwrite = local_copy.copy_range_in_kernel, direct_io.pwrite_all
 
     def flip_first_byte(dst_fd: int) -> None:  # through a buffered descriptor of the file
         with open(f"/proc/self/fd/{dst_fd}", "r+b") as fh:
@@ -209,18 +210,19 @@ async def test_a_direct_fill_writes_the_bytes_it_hashed(
     last block goes through the page cache; chunks that do not (10,000 bytes) are copied
     through the page cache for the whole file. Either way the published bytes and the piece
     tree are the source's."""
+    from warmfleet.agent import direct_io  # noqa: PLC0415
     from warmfleet.agent.sources import local_copy  # noqa: PLC0415
 
     probe = tmp_path / "probe"
     probe.write_bytes(b"")
     fd = os.open(probe, os.O_RDWR)
-    direct = local_copy.open_direct(fd)
+    direct = direct_io.open_direct(fd)
     os.close(fd)
     if direct is None:
         pytest.skip("this file system has no O_DIRECT")
     os.close(direct)
     written: list[tuple[int, int]] = []
-    real_pwrite = local_copy.pwrite_all
+    real_pwrite = direct_io.pwrite_all
 
     def pwrite(fd: int, data: memoryview, offset: int) -> None:
         written.append((offset, len(data)))

@@ -6,10 +6,10 @@ the piece route needs the fleet's token and serves only verified pieces."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -20,8 +20,10 @@ from cache_support import manager_for
 
 from harness.bad_peers import BadPeer, advertise
 from harness.origin import Blob, Origin
+from warmfleet.agent.direct_io import BLOCK_BYTES, DirectFile, aligned_buffer
+from warmfleet.agent.front_hash import FrontHash
 from warmfleet.agent.manager import CacheManager
-from warmfleet.agent.peer_fill import PeerConfig, PeerFill, _FileHash, _Run
+from warmfleet.agent.peer_fill import PeerConfig, PeerFill, _Run
 from warmfleet.agent.peer_node import Peers
 from warmfleet.agent.sources.base import Source
 from warmfleet.agent.staged_files import StagedFiles
@@ -56,7 +58,10 @@ def _join(peers: Peers, host: TrackerHost, node: str, url: str) -> None:
 
 
 async def test_second_node_fills_from_the_first_and_rejects_a_flipping_peer(
-    origin: tuple[Origin, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    origin: tuple[Origin, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     org, base = origin
     data = os.urandom(3 * PIECE + 1000)
@@ -92,6 +97,8 @@ async def test_second_node_fills_from_the_first_and_rejects_a_flipping_peer(
             assert published.read_bytes() == data
             assert peers_a.figures["bytesServed"] >= len(data)
             await _route_checks(url_a, rec_a.key)
+            served_errors = [r for r in caplog.records if r.name.startswith("aiohttp")]
+            assert not served_errors  # every piece served without an error logged
     finally:
         await bad.stop()
         await host.stop()
@@ -114,24 +121,24 @@ async def _route_checks(url: str, key: str) -> None:
             assert resp.status == 404
 
 
-def _write(fd: int, *, chunk: bytes, at: int) -> int:
-    return os.pwrite(fd, chunk, at)
-
-
-def test_file_hash_front_to_back_with_pieces_out_of_order(tmp_path: Path) -> None:
-    data = os.urandom(10_000)
+@pytest.mark.parametrize("piece_bytes", [3000, 8192])
+def test_file_hash_front_to_back_with_pieces_out_of_order(tmp_path: Path, piece_bytes: int) -> None:
+    """Pieces written through ``DirectFile`` (8 KiB: the aligned part with ``O_DIRECT``, the
+    short tail buffered; 3000 B: unaligned, all buffered) and read back by it for the hash."""
+    data = os.urandom(3 * piece_bytes + 1000)
     entry = FileEntry("f.bin", len(data), "/x")
-    pieces = plan_pieces(Manifest(SourceKind.HTTP, "http://o/f", (entry,)), 3000)
-    files = StagedFiles(tmp_path, 4)
-    files.create("f.bin", len(data), mode=0o600, preallocate=False)
-    fh = _FileHash(entry)
-    for piece in (pieces[2], pieces[0], pieces[3], pieces[1]):
-        chunk = data[piece.start : piece.end]
-        files.run("f.bin", functools.partial(_write, chunk=chunk, at=piece.start), write=True)
-        assert fh.digests() is None or piece is pieces[1]
-        fh.advance(piece, chunk, files)
-    files.close()
+    pieces = plan_pieces(Manifest(SourceKind.HTTP, "http://o/f", (entry,)), piece_bytes)
+    (tmp_path / "f.bin").write_bytes(bytes(len(data)))
+    buf = aligned_buffer(piece_bytes + 2 * BLOCK_BYTES)
+    fh = FrontHash(entry)
+    with DirectFile(tmp_path / "f.bin") as out:
+        for piece in (pieces[2], pieces[0], pieces[3], pieces[1]):
+            buf[: piece.size_bytes] = data[piece.start : piece.end]
+            out.write(buf[: piece.size_bytes], piece.start)
+            assert fh.digests() is None or piece is pieces[1]
+            fh.advance(piece, buf[: piece.size_bytes], partial(out.read_into, buf))
     assert fh.digests() == {"sha256": hashlib.sha256(data).hexdigest()}
+    assert (tmp_path / "f.bin").read_bytes() == data
 
 
 class _Tracker:

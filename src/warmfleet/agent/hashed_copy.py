@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import NoReturn, Protocol
 
 from warmfleet.agent.digests import TREE, tree_value
-from warmfleet.agent.sources.local_copy import direct_ranges
+from warmfleet.agent.direct_io import direct_ranges
 from warmfleet.agent.staged_files import StagedFiles
 from warmfleet.cache.manifest import FileEntry
 from warmfleet.cache.transfer import Chunk, ResumeState, TokenBucket, plan_chunks

@@ -11,6 +11,12 @@ is hashed on arrival and its hash reported, which builds the piece table. Every 
 served to other peers at once (``PeerHoldings``). The manager then verifies the whole files
 against the manifest and publishes atomically exactly as after an ordinary download.
 
+A piece's bytes land in a page-aligned buffer the fill reuses (received into it by
+``peer_wire``, or copied into it from the origin's chunks); one worker thread then hashes them
+(BLAKE3, the piece table's hash), writes them with ``O_DIRECT`` (``direct_io``) and feeds them to
+the file's digests (``front_hash``), so a received byte is copied once by the CPU (from the
+socket) and hashed twice (its piece, its file).
+
 Without an answer from the tracker the fill goes on alone, from the origin (never stuck), and
 asks the tracker again ``tracker_retry_s`` later (one slow answer does not end peer use).
 """
@@ -19,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -29,8 +34,10 @@ from typing import Any
 
 import aiohttp
 
-from warmfleet.agent.digests import new_hashers
+from warmfleet.agent.direct_io import BLOCK_BYTES, DirectFile, aligned_buffer, direct_ranges
+from warmfleet.agent.front_hash import FrontHash
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
+from warmfleet.agent.peer_wire import PeerWireError, RangeGet, get_into
 from warmfleet.agent.sources.base import Source, SourceError, TransientSourceError
 from warmfleet.agent.staged_files import StagedFiles, staging_mode
 from warmfleet.cache.manifest import FileEntry, Manifest
@@ -49,7 +56,7 @@ class PeerConfig:
     self_url: str
     token: str
     piece_bytes: int = DEFAULT_PIECE_BYTES
-    concurrency: int = 6
+    concurrency: int = 10
     piece_timeout_s: float = 60.0
     stall_s: float = DEFAULT_STALL_S
     idle_wait_s: float = 0.05
@@ -84,37 +91,22 @@ class _Job:
 Digests = dict[str, dict[str, str]]
 
 
-def _reader(start: int, end: int) -> Callable[[int], bytes]:
-    return lambda fd: os.pread(fd, end - start, start)
+class _Buffers:
+    """Piece buffers a fill reuses (one per piece being received from a peer): the bytes land
+    in memory already touched, not in a fresh allocation per piece."""
 
+    def __init__(self, size_bytes: int) -> None:
+        self._size_bytes = size_bytes
+        self._free: list[memoryview] = []
 
-class _FileHash:
-    """A file's digests, fed front to back: a piece at the cursor from memory, pieces that
-    landed ahead of it read back once the gap is filled."""
+    def take(self) -> memoryview:
+        """A buffer for a piece, with room to read it back aligned (``DirectFile.read_into``)."""
+        if self._free:
+            return self._free.pop()
+        return aligned_buffer(self._size_bytes + 2 * BLOCK_BYTES)
 
-    def __init__(self, entry: FileEntry) -> None:
-        self.hashers: dict[str, Any] = new_hashers(entry)
-        self.offset = 0
-        self.size_bytes = entry.size_bytes
-        self.ahead: dict[int, int] = {}  # start -> end of written pieces past the cursor
-
-    def feed(self, data: bytes) -> None:
-        for h in self.hashers.values():
-            h.update(data)
-        self.offset += len(data)
-
-    def advance(self, piece: Piece, data: bytes, files: StagedFiles) -> None:
-        if piece.start != self.offset:
-            self.ahead[piece.start] = piece.end
-            return
-        self.feed(data)
-        while (end := self.ahead.pop(self.offset, None)) is not None:
-            self.feed(files.run(piece.path, _reader(self.offset, end), write=False))
-
-    def digests(self) -> dict[str, str] | None:
-        if self.offset != self.size_bytes:
-            return None
-        return {name: h.hexdigest() for name, h in self.hashers.items()}
+    def give(self, buf: memoryview) -> None:
+        self._free.append(buf)
 
 
 class PeerFailedError(CacheError):
@@ -125,11 +117,8 @@ class PeerFailedError(CacheError):
         self.rejected = rejected
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
+def _nothing(_fd: int) -> None:
+    """Marks a staged file written (``StagedFiles.sync`` fsyncs it) without touching it."""
 
 
 class PeerFill:
@@ -205,43 +194,40 @@ class PeerFill:
             return None
         return doc if isinstance(doc, dict) else None
 
-    async def fetch_peer(self, key: str, job: _Job) -> bytes:
+    async def fetch_peer(self, key: str, job: _Job, buf: memoryview) -> memoryview:
+        """The piece's bytes from ``job.peer``, received into ``buf`` (not yet checked)."""
         piece = job.piece
-        url = f"{job.url}/v1/peer/{key}/{piece.path}"
-        headers = {
-            "Authorization": f"Bearer {self.config.token}",
-            "Range": f"bytes={piece.start}-{piece.end - 1}",
-        }
-        timeout = aiohttp.ClientTimeout(
-            total=self.config.piece_timeout_s, sock_read=self.config.stall_s
-        )
+        view = buf[: piece.size_bytes]
+        route = f"/v1/peer/{key}/{piece.path}"
+        get = RangeGet(job.url, route, piece.start, piece.end, self.config.token)
         try:
-            async with self._session.get(url, headers=headers, timeout=timeout) as resp:
-                if resp.status != 206:
-                    raise PeerFailedError(f"{job.peer}: HTTP {resp.status}", rejected=False)
-                if resp.content_length != piece.size_bytes:
-                    raise PeerFailedError(f"{job.peer}: {resp.content_length} bytes announced, "
-                                          f"not {piece.size_bytes}", rejected=True)  # fmt: skip
-                data = await resp.content.readexactly(piece.size_bytes)
-        except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError) as err:
-            raise PeerFailedError(f"{job.peer}: {err!r}", rejected=False) from err
-        if await asyncio.to_thread(piece_digest, data) != job.digest:
-            raise PeerFailedError(f"{job.peer}: piece {piece.index} fails its hash", rejected=True)
-        return data
+            await get_into(
+                get, view, stall_s=self.config.stall_s, timeout_s=self.config.piece_timeout_s
+            )
+        except PeerWireError as err:
+            raise PeerFailedError(f"{job.peer}: {err}", rejected=err.rejected) from err
+        return view
 
-    async def fetch_origin(self, source: Source, entry: FileEntry, piece: Piece) -> bytes:
+    async def fetch_origin(
+        self, source: Source, entry: FileEntry, piece: Piece, buf: memoryview
+    ) -> memoryview:
+        """The piece's bytes from the origin, copied into ``buf`` as they arrive."""
         for attempt in range(1, ORIGIN_ATTEMPTS + 1):
+            got = 0
             try:
-                blocks = [b async for b in source.open_range(entry, piece.start, piece.end)]
+                async for block in source.open_range(entry, piece.start, piece.end):
+                    if got + len(block) > piece.size_bytes:
+                        raise TransientSourceError(f"{entry.path}: long piece from the origin")
+                    buf[got : got + len(block)] = block
+                    got += len(block)
             except TransientSourceError:
                 if attempt == ORIGIN_ATTEMPTS:
                     raise
                 await asyncio.sleep(0.5 * attempt)
                 continue
-            data = b"".join(blocks)
-            if len(data) != piece.size_bytes:
+            if got != piece.size_bytes:
                 raise TransientSourceError(f"{entry.path}: short piece from the origin")
-            return data
+            return buf[:got]
         raise SourceError("unreachable")  # the loop returns or raises
 
     def written(self, key: str, piece: Piece, size_bytes: int, *, from_origin: bool) -> None:
@@ -278,8 +264,11 @@ class _Run:
         self.session_id = secrets.token_hex(8)
         self.report = _Report()
         self.have: set[int] = set()
-        self.tasks: dict[asyncio.Task[bytes], _Job] = {}
-        self.hashes = {e.path: _FileHash(e) for e in manifest.files}
+        self.tasks: dict[asyncio.Task[str | None], _Job] = {}
+        self.hashes = {e.path: FrontHash(e) for e in manifest.files}
+        self.buffers = _Buffers(max((p.size_bytes for p in pieces), default=0))
+        self.staging = files.staging
+        self.direct = direct_ranges(fill.config.piece_bytes)
         self.alone_until_s = 0.0  # monotonic; before it (the tracker did not answer): origin only
 
     async def run(self, key: str) -> None:
@@ -297,7 +286,7 @@ class _Run:
                     self.tasks, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
                 )
                 for task in done:
-                    await self._finish(key, task, self.tasks.pop(task))
+                    self._finish(key, task, self.tasks.pop(task))
             await self.fill.ask(key, len(self.pieces), self.session_id, self.report, 0)
         finally:
             for task in self.tasks:
@@ -330,32 +319,57 @@ class _Run:
             if job.peer and job.digest is None:  # never write a peer piece unchecked
                 self.report.released.append(job.piece.index)
                 continue
-            if job.peer:
-                coro = self.fill.fetch_peer(key, job)
-            else:
-                coro = self.fill.fetch_origin(self.source, self.entries[job.piece.path], job.piece)
-            self.tasks[asyncio.create_task(coro)] = job
+            self.tasks[asyncio.create_task(self._piece(key, job))] = job
 
-    async def _finish(self, key: str, task: asyncio.Task[bytes], job: _Job) -> None:
+    async def _piece(self, key: str, job: _Job) -> str | None:
+        """Fetch, check and write one piece; its sha256 when it came from the origin."""
+        piece = job.piece
+        buf = self.buffers.take()
+        try:
+            if not job.peer:
+                entry = self.entries[piece.path]
+                data = await self.fill.fetch_origin(self.source, entry, piece, buf)
+                return await asyncio.to_thread(self._land, piece, data, buf, None)
+            data = await self.fill.fetch_peer(key, job, buf)
+            if await asyncio.to_thread(self._land, piece, data, buf, job.digest) is None:
+                raise PeerFailedError(f"{job.peer}: piece {piece.index} fails its hash",
+                                      rejected=True)  # fmt: skip
+        finally:
+            self.buffers.give(buf)
+        return None
+
+    def _land(
+        self, piece: Piece, data: memoryview, buf: memoryview, expected: str | None
+    ) -> str | None:
+        """(Worker thread.) Hash ``data`` (in ``buf``); unless ``expected`` is given and
+        differs, write it into staging (``O_DIRECT`` where possible: ``direct_io``) and feed
+        the file's digests. Returns the hash, None if it was refused (nothing written)."""
+        digest = piece_digest(data)
+        if expected is not None and digest != expected:
+            return None
+        with DirectFile(self.staging / piece.path, direct=self.direct) as out:
+            out.write(data, piece.start)
+            self.files.run(piece.path, _nothing, write=True)  # fsynced with the others
+            self.hashes[piece.path].advance(
+                piece, data, lambda start, end: out.read_into(buf, start, end)
+            )
+        return digest
+
+    def _finish(self, key: str, task: asyncio.Task[str | None], job: _Job) -> None:
         piece = job.piece
         try:
-            data = task.result()
+            digest = task.result()
         except PeerFailedError as err:
             self.report.failed.add(job.peer)
             self.report.released.append(piece.index)
             self.fill.dropped(err)
             return
-        digest = None if job.peer else await asyncio.to_thread(piece_digest, data)
-        await asyncio.to_thread(
-            self.files.run, piece.path, lambda fd: _pwrite_all(fd, data, piece.start), write=True
-        )
-        await asyncio.to_thread(self.hashes[piece.path].advance, piece, data, self.files)
         self.have.add(piece.index)
         self.report.have.append(piece.index)
         if digest is not None:
             self.report.hashes[piece.index] = digest
-        self.fill.written(key, piece, len(data), from_origin=not job.peer)
-        self.on_bytes(len(data))
+        self.fill.written(key, piece, piece.size_bytes, from_origin=not job.peer)
+        self.on_bytes(piece.size_bytes)
 
     def digests(self) -> Digests:
         out = {path: h.digests() for path, h in self.hashes.items()}

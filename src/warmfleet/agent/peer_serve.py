@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
@@ -113,6 +115,17 @@ def _safe_rel(path: str) -> str:
     return path
 
 
+def _open_for_serving(path: Path) -> BinaryIO:
+    """Open ``path`` with read-ahead off (``POSIX_FADV_RANDOM``): during a fill the pieces
+    around a held one may still be written with ``O_DIRECT`` (``direct_io``), and read-ahead
+    would cache their old (unwritten) bytes; so only the range sent is read into the page cache,
+    and it is never written again."""
+    fh = path.open("rb", buffering=0)
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+    return fh
+
+
 class PeerServer:
     def __init__(
         self,
@@ -169,10 +182,32 @@ class PeerServer:
             delay_s = self._bucket.reserve(end - start)
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
-            resp = web.FileResponse(path)
             try:
-                await resp.prepare(request)
-            except ConnectionResetError:  # the peer went away
-                return resp
+                fh = await asyncio.to_thread(_open_for_serving, path)
+            except OSError as err:  # published meanwhile, or gone
+                raise web.HTTPNotFound() from err
+            with fh:
+                resp = web.StreamResponse(status=206, headers={
+                    "Content-Range": f"bytes {start}-{end - 1}/{size_bytes}",
+                    "Content-Type": "application/octet-stream",
+                })  # fmt: skip
+                resp.content_length = end - start
+                try:
+                    await _send(request, resp, fh, start, end)
+                except ConnectionResetError:  # the peer went away
+                    return resp
             self._counters.serve(end - start)
             return resp
+
+
+async def _send(
+    request: web.Request, resp: web.StreamResponse, fh: BinaryIO, start: int, end: int
+) -> None:
+    """The head, then bytes ``[start, end)`` of ``fh`` by ``sendfile`` (copied through Python
+    only where the transport cannot: ``loop.sendfile``'s fallback)."""
+    await resp.prepare(request)  # a StreamResponse sends its head at once
+    transport = request.transport
+    if transport is None:
+        raise ConnectionResetError("the peer went away")
+    await asyncio.get_running_loop().sendfile(transport, fh, start, end - start)
+    await resp.write_eof()

@@ -58,6 +58,10 @@ class StagedFiles:
         self._shut = False  # closed: a thread still using a descriptor closes it when done
 
     @property
+    def staging(self) -> Path:
+        return self._staging
+
+    @property
     def open_count(self) -> int:
         return len(self._open)
 

@@ -2,14 +2,20 @@
 
 A file of an artifact is cut into pieces of ``piece_bytes`` (the last one shorter; a file no
 larger than one piece is one piece), numbered across the manifest's files in path order. A
-piece's sha256 is checked against the version's piece table before its bytes are written; the
-whole-file digests of the manifest stay the gate of publication.
+piece's BLAKE3 digest is checked against the version's piece table before its bytes are written
+or served; the whole-file digests of the manifest stay the gate of publication.
+
+BLAKE3, not sha256, for the piece table: it is as collision-resistant for this use (a peer
+cannot make another piece match a recorded digest), and ~3.5x faster on one core here (4.9
+against 1.34 GB/s with SHA-NI), which matters because a peer fill hashes every byte twice: the
+piece on arrival, the whole file against the manifest's digest (sha256, given by the origin).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
+
+import blake3
 
 from warmfleet.cache.manifest import Manifest
 
@@ -43,5 +49,5 @@ def plan_pieces(manifest: Manifest, piece_bytes: int = DEFAULT_PIECE_BYTES) -> t
 
 
 def piece_digest(data: bytes | memoryview) -> str:
-    """The sha256 hex digest a piece table records for a piece's bytes."""
-    return hashlib.sha256(data).hexdigest()
+    """The BLAKE3 hex digest (256 bits) a piece table records for a piece's bytes."""
+    return blake3.blake3(data).hexdigest()

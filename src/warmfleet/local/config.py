@@ -147,7 +147,7 @@ class PeersConfig(WireModel):
     origin_fetches: int = Field(default=1, ge=1, description="origin copies per piece (k)")
     piece_bytes: Size = Field(default=16 * 2**20, gt=0)
     serve_bps: Size = Field(default=500_000_000, gt=0, description="upload bytes/s per node")
-    max_uploads_per_peer: int = Field(default=4, ge=1)
+    max_uploads_per_peer: int = Field(default=6, ge=1)
     origin_streams: int = Field(default=12, ge=1, description="origin fetches at once, fleet-wide")
     stall_s: float = Field(default=2.0, gt=0, description="a peer silent this long is dropped")
 

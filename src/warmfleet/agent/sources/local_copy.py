@@ -5,9 +5,9 @@ page-aligned buffer; the range's sha256 is taken over those bytes, and each step
 the staged file at the same offset.
 
 Where the file system takes it, the staged file is written through a second descriptor opened
-with ``O_DIRECT`` (``open_direct``): the device copies the very buffer that was hashed (DMA), so
-the sha256 is of the bytes handed to the device, and no page-cache page is allocated for the
-copy. On the VMs measured, a page-cache page allocated for a write costs a host fault, so
+with ``O_DIRECT`` (``direct_io.open_direct``): the device copies the very buffer that was hashed
+(DMA), so the sha256 is of the bytes handed to the device, and no page-cache page is allocated
+for the copy. On the VMs measured, a page-cache page allocated for a write costs a host fault, so
 ``cp`` + fsync and a buffered copy both pay for every page (docs/benchmarks.md, *Local fill*).
 The unaligned rest of a step (a file's short last block) goes through the ordinary descriptor,
 which the kernel keeps coherent with the direct one. A file is written directly only when its
@@ -36,34 +36,13 @@ import threading
 
 import xxhash
 
+from warmfleet.agent.direct_io import BLOCK_BYTES, open_direct, pwrite_all
 from warmfleet.agent.sources.base import SourceChangedError
 from warmfleet.cache.manifest import FileEntry
 from warmfleet.core.errors import IntegrityError
 
 STEP_BYTES = 4 << 20
-BLOCK_BYTES = 4096  # O_DIRECT's alignment of offsets, lengths and memory (every common device)
 NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
-
-
-def open_direct(fd: int) -> int | None:
-    """A second descriptor of ``fd``'s file opened with ``O_DIRECT``, or None where the file
-    system (or platform) has none."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return None
-    try:
-        return os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC | flag)
-    except OSError as err:
-        if err.errno in (errno.EINVAL, errno.ENOENT, errno.EOPNOTSUPP):
-            return None
-        raise
-
-
-def direct_ranges(chunk_bytes: int) -> bool:
-    """Whether the ranges of files cut in ``chunk_bytes`` chunks may be written directly: every
-    chunk then starts on a block boundary, so only a file's short last block goes through the
-    page cache (and nothing is read through it while the fill runs)."""
-    return chunk_bytes % BLOCK_BYTES == 0
 
 
 class RangeCopier:
@@ -192,10 +171,3 @@ def copy_range_in_kernel(src_fd: int, dst_fd: int, pos: int, n: int) -> None:
         if done <= 0:
             raise SourceChangedError("the source shrank while copying")
         pos += done
-
-
-def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data = data[n:]
-        offset += n
