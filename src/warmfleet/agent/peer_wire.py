@@ -20,10 +20,14 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
+from warmfleet.core.errors import CacheError
+
 MAX_HEAD_BYTES = 64 << 10
 
 
-class PeerWireError(Exception):
+class PeerWireError(CacheError):
+    """A peer's range could not be fetched (``rejected``: it answered, wrongly)."""
+
     def __init__(self, message: str, *, rejected: bool) -> None:
         super().__init__(message)
         self.rejected = rejected
