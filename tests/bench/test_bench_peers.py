@@ -434,14 +434,19 @@ async def test_the_capturing_router_writes_a_line_per_request(tmp_path: Path) ->
 
 
 async def _wait_peer_learnt(peer_url: str, peer: Child) -> None:
-    metric = "warmfleet_gateway_replica_sync_notes_received_total"
+    """The peer heard a note: published to it, or replayed from a log (its subscription can
+    join after the note went out)."""
+    metrics = (
+        "warmfleet_gateway_replica_sync_notes_received_total",
+        "warmfleet_gateway_replica_sync_catch_up_notes_total",
+    )
     async with aiohttp.ClientSession() as session:
         for _ in range(100):
             async with session.get(peer_url + "/metrics") as resp:
                 text = await resp.text()
             received = [
                 float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                if line.startswith(metric)
+                if line.startswith(metrics)
             ]  # fmt: skip
             if sum(received) >= 1:
                 return

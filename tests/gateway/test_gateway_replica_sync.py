@@ -139,8 +139,19 @@ async def test_bad_frames_are_counted_and_dropped_and_lost_batches_seen() -> Non
     assert sync.metrics.dropped.labels("bad_frame")._value.get() == 5
     sync.receive(good)  # no view for main/v1 here: received, applied nowhere, no crash
     assert sync.metrics.received._value.get() == 1
+    assert not sync._resync.is_set()  # its first batch: nothing before it to miss
     sync.receive(batch_frames("peer#1", 0.0, 4, encode_batch([])))  # batches 2 and 3 lost
     assert sync.metrics.missed._value.get() == 2
+    assert sync._resync.is_set()
+
+
+async def test_a_subscription_that_joined_late_replays_the_peers_logs() -> None:
+    """A PUB socket drops what it sends before a subscriber's connection is up: a replica
+    whose first batch from a peer is not that peer's first asks the peers for their logs."""
+    sync = ReplicaSync(ReplicaSyncConfig(replica_id="r"), CollectorRegistry())
+    sync.receive(batch_frames("peer#1", 0.0, 3, encode_batch([])))  # a heartbeat, batch 3
+    assert sync._resync.is_set()
+    assert sync.metrics.missed._value.get() == 0  # not known to be lost: only not seen
 
 
 _FRAMES = st.one_of(

@@ -13,7 +13,9 @@ once every peer answered or ``catch_up_timeout_s`` passed. A peer silent for
 ``peer_timeout_s`` is taken for gone: its open requests stop counting
 (``ReplicaView.forget_origin``); heard again, every peer's log is replayed (notes are
 idempotent), so a healed partition catches up too; so are they when a peer's batch numbers skip
-(notes lost on a dropped connection).
+(notes lost on a dropped connection), or when the first batch heard from a peer is not its
+first (the subscription joined after the catch-up: a PUB socket drops what it sends before a
+subscriber's connection is up).
 """
 
 from __future__ import annotations
@@ -263,7 +265,9 @@ class ReplicaSync:
         self._hear(batch.origin)
         last = self._last_batch.get(batch.origin)
         self._last_batch[batch.origin] = batch.number
-        if last is not None and batch.number > last + 1:  # notes lost (a dropped connection)
+        if last is None and batch.number > 1:  # the first heard, not the peer's first batch
+            self._resync.set()  # a subscription joined late (after the catch-up): replay logs
+        elif last is not None and batch.number > last + 1:  # notes lost (a dropped connection)
             self.metrics.missed.inc(batch.number - last - 1)
             self._resync.set()
         if self.apply(batch.notes):
