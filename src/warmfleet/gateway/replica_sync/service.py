@@ -13,9 +13,7 @@ once every peer answered or ``catch_up_timeout_s`` passed. A peer silent for
 ``peer_timeout_s`` is taken for gone: its open requests stop counting
 (``ReplicaView.forget_origin``); heard again, every peer's log is replayed (notes are
 idempotent), so a healed partition catches up too; so are they when a peer's batch numbers skip
-(notes lost on a dropped connection), or when the first batch heard from a peer is not its
-first (the subscription joined after the catch-up: a PUB socket drops what it sends before a
-subscriber's connection is up).
+(notes lost on a dropped connection) or the first one heard is not its first (a late join).
 """
 
 from __future__ import annotations
@@ -265,8 +263,8 @@ class ReplicaSync:
         self._hear(batch.origin)
         last = self._last_batch.get(batch.origin)
         self._last_batch[batch.origin] = batch.number
-        if last is None and batch.number > 1:  # the first heard, not the peer's first batch
-            self._resync.set()  # a subscription joined late (after the catch-up): replay logs
+        if last is None and batch.number > 1:  # joined after the catch-up: PUB dropped some
+            self._resync.set()
         elif last is not None and batch.number > last + 1:  # notes lost (a dropped connection)
             self.metrics.missed.inc(batch.number - last - 1)
             self._resync.set()
