@@ -79,6 +79,7 @@ class RangeCopier:
         buf, back = self._buffers()
         sha = hashlib.sha256()
         direct_fd = open_direct(dst_fd) if direct else None
+        staged = _Staged(dst_fd, direct_fd)
         try:
             pos = start
             while pos < end:
@@ -87,7 +88,6 @@ class RangeCopier:
                     raise SourceChangedError(f"{entry.locator} shrank while copying")
                 block = buf[:n]
                 sha.update(block)
-                staged = _Staged(dst_fd, direct_fd)
                 direct_n = self._write(src_fd, staged, block, pos) if write else 0
                 if not staged.holds(block[direct_n:], pos + direct_n, back):  # the rest
                     raise IntegrityError(
