@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from replica_sync_support import ADMIN_TOKEN, endpoint, stub_doc, sync_ports
 
+from support.waiting import wait_until
 from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.types import Decision, Reason, RoutingKey
@@ -192,6 +193,10 @@ async def test_peers_see_each_others_in_flight_load() -> None:
     async with backends_running("b0", "b1") as backends, _pair(backends, "round_robin") as (a, b):
         for backend in backends:
             backend.gate = asyncio.Event()
+        # B's subscription to A works (a heartbeat heard): every note below arrives as a batch,
+        # none only through a catch-up replay
+        origin_a = _sync_of(a).origin
+        await wait_until(lambda: origin_a in _sync_of(b)._last_batch, timeout_s=5.0)
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
         async with aiohttp.ClientSession() as session:
 
@@ -226,7 +231,6 @@ async def test_peers_see_each_others_in_flight_load() -> None:
             session.get(b.url + "/admin/v1/replica-sync", headers=ADMIN) as resp,
         ):
             state = await resp.json()
-        origin_a = _sync_of(a).origin
         assert state["enabled"] is True
         assert state["peers"] == [_sync_of(a).endpoint]
         assert state["peers_heard"] == [origin_a]

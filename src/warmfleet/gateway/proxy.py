@@ -154,6 +154,7 @@ class Proxy:
                 request, variant, inst, decision, t_start, key=key, index=attempt, model=model
             )
             call.ticket = ticket
+            call.note = note
             try:
                 if inst.outlier.standing is PROBATION:
                     variant.begin_trial(inst, call)  # its one request until it has answered
@@ -164,8 +165,7 @@ class Proxy:
                 excluded.add(inst.instance_id)
             finally:
                 inst.add_load(-1, -cost)
-                if note is not None:
-                    variant.finished(note)
+                call.release_note()  # if the answer's end did not already
                 if inst.outlier.trial is call:
                     variant.end_trial(inst, call)  # no verdict (the client left)
         return _unavailable(variant, failure, len(excluded) - avoided if excluded else 0)

@@ -24,6 +24,7 @@ from warmfleet.gateway.http.upstream import FRAMING_HEADERS, Exchange
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.outlier import FailureCause
 from warmfleet.gateway.variant import VariantRuntime
+from warmfleet.routing.replica_notes import RoutedNote
 
 _MAX_HELD_EVENT_BYTES = 1 << 20
 # On a retried request's answer (or its final error): how many instances were tried.
@@ -79,6 +80,7 @@ class Attempt:
         "inst",
         "key",
         "model",
+        "note",
         "request",
         "t_start",
         "ticket",
@@ -106,6 +108,15 @@ class Attempt:
         self.index = index  # 0: the first attempt
         self.model = model  # the body's model, when the caller knows it (the capture's)
         self.ticket: Ticket | None = None  # flow control's, told of the first streamed bytes
+        self.note: RoutedNote | None = None  # with replica sync: this routing's note
+
+    def release_note(self) -> None:
+        """The request ended at the instance: its replica-sync note is finished (once). Called
+        as the upstream's answer completes, before its last bytes reach the client, so that the
+        peers hear of the end before the client can send its next request to one of them."""
+        note, self.note = self.note, None
+        if note is not None:
+            self.variant.finished(note)
 
     def count(self, status: str) -> None:
         self.variant.request_counter(self.inst.instance_id, self.decision.reason, status).inc()
@@ -191,6 +202,7 @@ class Relay:
 
     def end(self, ex: Exchange) -> None:
         call = self.call
+        call.release_note()
         if self.buffered:
             self.started = True
             self.t_first = now = perf_counter()

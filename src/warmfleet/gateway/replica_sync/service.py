@@ -1,11 +1,11 @@
 """``ReplicaSync``: one gateway replica's side of replica sync (``spec.replicaSync``), owned by
 the ``Gateway``'s lifespan (``open`` at start, ``run`` a task, ``close`` at stop).
 
-Each variant gets a ``routing.replicas.ReplicaView`` (the same object the simulator's replicas
-use) over the variant's router of the moment; the proxy records each routing and each end in
-it (``VariantRuntime.routed``/``finished``) and the notes come here (``send``). They leave in
-batches, every ``batch_interval_ms`` or at ``max_batch_notes``; the peers' batches are applied
-on the event loop (strategies are not thread-safe) to the view of the note's variant.
+Each variant gets a ``routing.replicas.ReplicaView`` (the simulator's replicas' object) over
+the variant's router of the moment; the proxy records each routing and end in it and the notes
+come here (``send``). A note leaves at once when no batch left in the last
+``batch_interval_ms``, else with the next batch (at that interval or at ``max_batch_notes``);
+the peers' batches are applied on the event loop to the view of the note's variant.
 
 A starting replica subscribes to its peers, then asks each for its log (the batches it sent or
 learnt from, up to ``log_bytes``, plus its own open requests) and reports ready (``caught_up``)
@@ -24,17 +24,17 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import zmq
 from prometheus_client import CollectorRegistry
 
 from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
 from warmfleet.core.errors import ConfigError
-from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.metrics import SyncMetrics
 from warmfleet.gateway.replica_sync.peers import PeerWatch
+from warmfleet.gateway.replica_sync.router import CurrentRouter, kept
 from warmfleet.gateway.replica_sync.transport import (
     LOG_REQUEST,
     PayloadLog,
@@ -44,7 +44,6 @@ from warmfleet.gateway.replica_sync.transport import (
     parse_batch,
     parse_log,
 )
-from warmfleet.gateway.variant import VariantRuntime
 from warmfleet.gateway.world import GatewayState
 from warmfleet.routing.replica_notes import RoutedNote, SyncNote
 from warmfleet.routing.replicas import ReplicaView
@@ -52,38 +51,6 @@ from warmfleet.routing.replicas import ReplicaView
 log = logging.getLogger(__name__)
 _MAX_OWN_OPEN = 1 << 16
 _PRUNE_TIMEOUTS = 100  # a peer silent this many peer timeouts is no longer listed
-
-
-async def _kept(name: str, step: Callable[[], Awaitable[None]]) -> None:
-    """Run ``step`` to its end; a bug in it is logged and it starts again a second later
-    (one failing part must not take the others, and the replica's sync, down)."""
-    while True:
-        try:
-            await step()
-            return
-        except Exception:
-            log.exception("replica sync: %s failed; restarting it in 1 s", name)
-            await asyncio.sleep(1.0)
-
-
-class CurrentRouter:
-    """A ``ReplicaView``'s strategy in the live gateway: the variant's router of the moment (a
-    reload or the admin API may replace it; what it learnt is adopted by the new one)."""
-
-    name = "gateway-router"
-    reads_block_hashes = True
-
-    def __init__(self, variant: VariantRuntime) -> None:
-        self.variant = variant
-
-    def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
-        return self.variant.router.choose(key, fleet)
-
-    def on_routed(self, key: RoutingKey, decision: Decision) -> None:
-        self.variant.router.on_routed(key, decision)
-
-    def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
-        self.variant.router.on_instances_changed(instance_ids)
 
 
 class ReplicaSync:
@@ -113,6 +80,7 @@ class ReplicaSync:
         self._pending: list[SyncNote] = []
         self._oldest_s = 0.0
         self._last_sent_s = -1e18
+        self._interval_s = config.batch_interval_ms / 1000.0
         self._batches = 0  # numbered from 1
         self._last_batch: dict[str, int] = {}  # origin -> number of its last batch heard
         self._wake = asyncio.Event()
@@ -159,7 +127,7 @@ class ReplicaSync:
                     ("catch-up", self._catch_up_at_start),
                     ("resync", self._resync_on_return),
                 ):
-                    tasks.create_task(_kept(name, step), name=f"warmfleet-sync-{name}")
+                    tasks.create_task(kept(name, step), name=f"warmfleet-sync-{name}")
         finally:
             if self._pending:
                 self.flush()  # a graceful stop sends its last ends
@@ -183,23 +151,28 @@ class ReplicaSync:
             "peers_gone": sorted(self._gone),
             "open_requests": {k: dict(v.open_requests()) for k, v in self.views.items()},
             "last_heard_s_ago": {o: round(now - t, 3) for o, t in self._heard.items()},
+            "last_batch_heard": dict(self._last_batch),  # over the sync socket, not catch-up
         }
 
     # ------------------------------------------------------------------ sending
 
     def send(self, note: SyncNote) -> None:
-        """A note of this replica (hot path): queued for the next batch."""
-        if not self._pending:
-            self._oldest_s = self._wall()
-            self._wake.set()
-        self._pending.append(note)
+        """A note of this replica (hot path): sent at once or queued (the module's doc)."""
         if isinstance(note, RoutedNote):
             self._own_open[(note.variant, note.seq)] = note
             if len(self._own_open) > _MAX_OWN_OPEN:
                 del self._own_open[next(iter(self._own_open))]
         else:
             self._own_open.pop((note.variant, note.seq), None)
-        if len(self._pending) >= self.config.max_batch_notes:
+        pending = self._pending
+        pending.append(note)
+        if len(pending) == 1:
+            self._oldest_s = self._wall()
+            if self._clock() - self._last_sent_s >= self._interval_s:
+                self.flush()
+                return
+            self._wake.set()
+        if len(pending) >= self.config.max_batch_notes:
             self.flush()
 
     def flush(self) -> None:
@@ -224,11 +197,12 @@ class ReplicaSync:
         self.metrics.sent.inc(len(notes))
 
     async def _flusher(self) -> None:
-        interval_s = self.config.batch_interval_ms / 1000.0
+        """Sends the queued notes ``batch_interval_ms`` after the last batch left."""
         while True:
             await self._wake.wait()
-            if interval_s > 0:
-                await asyncio.sleep(interval_s)
+            wait_s = self._last_sent_s + self._interval_s - self._clock()
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
             self._wake.clear()
             if self._pending:
                 self.flush()

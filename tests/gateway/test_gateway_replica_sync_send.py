@@ -1,0 +1,92 @@
+"""When a replica's notes leave: a note of a quiet replica at once, later ones batched until
+``batch_interval_ms`` after the last batch; a request's end before the client has its last
+bytes (so a client's next request, to any replica, never finds the previous one still in
+flight there for want of a batch)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+from gateway_support import MODEL, backends_running, gateway_running
+from prometheus_client import CollectorRegistry
+from replica_sync_support import endpoint, stub_doc, sync_ports
+
+from support.waiting import wait_until
+from warmfleet.gateway.config import parse_gateway_config
+from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
+from warmfleet.gateway.replica_sync.service import ReplicaSync
+from warmfleet.gateway.server import StartedApp
+from warmfleet.routing.replica_notes import FinishedNote
+
+
+def _sync_config(port: int, peers: list[int]) -> dict[str, Any]:
+    return {
+        "replica_id": f"r{port}",
+        "listen": {"port": port},
+        "peers": {"type": "static", "endpoints": [endpoint(p) for p in peers]},
+        "batch_interval_ms": 2.0,
+    }
+
+
+def _batches(sync: ReplicaSync) -> float:
+    return float(sync.metrics.batches._value.get())
+
+
+async def test_a_quiet_replica_sends_at_once_and_a_busy_one_batches() -> None:
+    (port,) = sync_ports(1)
+    now_s = [100.0]
+    config = ReplicaSyncConfig.model_validate(_sync_config(port, []))
+    sync = ReplicaSync(config, CollectorRegistry(), clock=lambda: now_s[0])
+    sync.open()
+    try:
+        sync.send(FinishedNote(sync.origin, "e/v", 1, "i0", 5))
+        assert (sync._pending, _batches(sync)) == ([], 1.0)  # quiet: no batching delay
+        now_s[0] += 0.001
+        sync.send(FinishedNote(sync.origin, "e/v", 2, "i0", 5))
+        sync.send(FinishedNote(sync.origin, "e/v", 3, "i0", 5))
+        assert (len(sync._pending), _batches(sync)) == (2, 1.0)  # within 2 ms of the last
+        flusher = asyncio.create_task(sync._flusher())  # waits out the rest of the 2 ms
+        await wait_until(lambda: not sync._pending, timeout_s=5.0)
+        assert _batches(sync) == 2.0  # the two queued notes left as one batch
+        now_s[0] += 0.010
+        sync.send(FinishedNote(sync.origin, "e/v", 4, "i0", 5))
+        assert (sync._pending, _batches(sync)) == ([], 3.0)  # quiet again
+        flusher.cancel()
+    finally:
+        sync.close()
+
+
+def _open_notes(app: StartedApp) -> dict[str, dict[str, int]]:
+    sync = app.gateway.replica_sync
+    assert sync is not None
+    return {k: dict(v.open_requests()) for k, v in sync.views.items()}
+
+
+async def test_a_requests_end_leaves_before_the_client_has_its_last_bytes() -> None:
+    port_a, port_b = sync_ports(2)
+    async with backends_running("b0") as backends:
+        backends[0].gate = asyncio.Event()
+        doc_a = stub_doc(backends, _sync_config(port_a, [port_b]), "prefix_affinity")
+        doc_b = stub_doc(backends, _sync_config(port_b, [port_a]), "prefix_affinity")
+        async with (
+            gateway_running(parse_gateway_config(doc_a)) as a,
+            gateway_running(parse_gateway_config(doc_b)) as b,
+            aiohttp.ClientSession() as session,
+        ):
+            sync_a = a.gateway.replica_sync
+            assert sync_a is not None
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            async with session.post(a.url + "/v1/chat/completions", json=body) as resp:
+                await asyncio.sleep(0.05)  # the routed note left long before the end
+                assert sync_a._own_open
+                backends[0].gate.set()
+                await resp.read()
+                # the client has the whole answer: the end is already on the wire
+                assert not sync_a._own_open
+                assert not sync_a._pending
+            origin_a = sync_a.origin
+            await wait_until(
+                lambda: all(not v.get(origin_a) for v in _open_notes(b).values()), timeout_s=5.0
+            )
