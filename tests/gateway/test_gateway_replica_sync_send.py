@@ -1,7 +1,7 @@
-"""When a replica's notes leave: a note of a quiet replica at once, later ones batched until
-``batch_interval_ms`` after the last batch; a request's end before the client has its last
-bytes (so a client's next request, to any replica, never finds the previous one still in
-flight there for want of a batch)."""
+"""When a replica's notes leave: at the loop's next turn for a quiet replica or for the end of
+its last open request, else batched until ``batch_interval_ms`` after the last batch; a
+request's end before the client has its last bytes (so a client's next request, to any
+replica, never finds the previous one still in flight there for want of a batch)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry
 from replica_sync_support import endpoint, stub_doc, sync_ports
 
 from support.waiting import wait_until
+from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.service import ReplicaSync
 from warmfleet.gateway.server import StartedApp
-from warmfleet.routing.replica_notes import FinishedNote
+from warmfleet.routing.replica_notes import RoutedNote, finished_note, routed_note
 
 
 def _sync_config(port: int, peers: list[int]) -> dict[str, Any]:
@@ -26,7 +27,7 @@ def _sync_config(port: int, peers: list[int]) -> dict[str, Any]:
         "replica_id": f"r{port}",
         "listen": {"port": port},
         "peers": {"type": "static", "endpoints": [endpoint(p) for p in peers]},
-        "batch_interval_ms": 2.0,
+        "batch_interval_ms": 10.0,
     }
 
 
@@ -34,27 +35,43 @@ def _batches(sync: ReplicaSync) -> float:
     return float(sync.metrics.batches._value.get())
 
 
-async def test_a_quiet_replica_sends_at_once_and_a_busy_one_batches() -> None:
+def _routed(sync: ReplicaSync, seq: int) -> RoutedNote:
+    key = RoutingKey((seq,), 16, 16, 16, seq)
+    return routed_note(sync.origin, "e/v", seq, key, Decision("i0", Reason.NO_MATCH))
+
+
+async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -> None:
     (port,) = sync_ports(1)
     now_s = [100.0]
     config = ReplicaSyncConfig.model_validate(_sync_config(port, []))
     sync = ReplicaSync(config, CollectorRegistry(), clock=lambda: now_s[0])
     sync.open()
+    sync._loop = asyncio.get_running_loop()  # as ``run`` sets it
+    flusher = asyncio.create_task(sync._flusher())
     try:
-        sync.send(FinishedNote(sync.origin, "e/v", 1, "i0", 5))
+        first = _routed(sync, 1)
+        sync.send(first)
+        assert (len(sync._pending), _batches(sync)) == (1, 0.0)  # not inside the caller
+        await asyncio.sleep(0)
         assert (sync._pending, _batches(sync)) == ([], 1.0)  # quiet: no batching delay
         now_s[0] += 0.001
-        sync.send(FinishedNote(sync.origin, "e/v", 2, "i0", 5))
-        sync.send(FinishedNote(sync.origin, "e/v", 3, "i0", 5))
-        assert (len(sync._pending), _batches(sync)) == (2, 1.0)  # within 2 ms of the last
-        flusher = asyncio.create_task(sync._flusher())  # waits out the rest of the 2 ms
+        sync.send(_routed(sync, 2))
+        sync.send(_routed(sync, 3))
+        sync.send(finished_note(first))  # two requests still open: no hurry
+        await asyncio.sleep(0.001)
+        assert (len(sync._pending), _batches(sync)) == (3, 1.0)  # within 10 ms of the last
+        now_s[0] += 0.010  # the flusher's sleep ends by the real clock, its wait by this one
         await wait_until(lambda: not sync._pending, timeout_s=5.0)
-        assert _batches(sync) == 2.0  # the two queued notes left as one batch
-        now_s[0] += 0.010
-        sync.send(FinishedNote(sync.origin, "e/v", 4, "i0", 5))
-        assert (sync._pending, _batches(sync)) == ([], 3.0)  # quiet again
-        flusher.cancel()
+        assert _batches(sync) == 2.0  # the three queued notes left as one batch
+        now_s[0] += 0.001
+        sync.send(finished_note(_routed(sync, 2)))
+        await asyncio.sleep(0)
+        assert (len(sync._pending), _batches(sync)) == (1, 2.0)  # request 3 is still open
+        sync.send(finished_note(_routed(sync, 3)))  # the last open request ended
+        await asyncio.sleep(0)
+        assert (sync._pending, _batches(sync)) == ([], 3.0)  # within 10 ms, yet at once
     finally:
+        flusher.cancel()
         sync.close()
 
 

@@ -3,9 +3,10 @@ the ``Gateway``'s lifespan (``open`` at start, ``run`` a task, ``close`` at stop
 
 Each variant gets a ``routing.replicas.ReplicaView`` (the simulator's replicas' object) over
 the variant's router of the moment; the proxy records each routing and end in it and the notes
-come here (``send``). A note leaves at once when no batch left in the last
-``batch_interval_ms``, else with the next batch (at that interval or at ``max_batch_notes``);
-the peers' batches are applied on the event loop to the view of the note's variant.
+come here (``send``). A note leaves at the loop's next turn when no batch left in the last
+``batch_interval_ms`` or when it ends the replica's last open request, else with the next
+batch (at that interval or at ``max_batch_notes``); the peers' batches are applied on the
+event loop to the view of the note's variant.
 
 A starting replica subscribes to its peers, then asks each for its log (the batches it sent or
 learnt from, up to ``log_bytes``, plus its own open requests) and reports ready (``caught_up``)
@@ -81,6 +82,8 @@ class ReplicaSync:
         self._oldest_s = 0.0
         self._last_sent_s = -1e18
         self._interval_s = config.batch_interval_ms / 1000.0
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by ``run``
+        self._flush_scheduled = False
         self._batches = 0  # numbered from 1
         self._last_batch: dict[str, int] = {}  # origin -> number of its last batch heard
         self._wake = asyncio.Event()
@@ -116,6 +119,7 @@ class ReplicaSync:
                 view.on_instances_changed([i.instance_id for i in variant.healthy])
 
     async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
         try:
             async with asyncio.TaskGroup() as tasks:
                 for name, step in (
@@ -129,6 +133,7 @@ class ReplicaSync:
                 ):
                     tasks.create_task(kept(name, step), name=f"warmfleet-sync-{name}")
         finally:
+            self._loop = None
             if self._pending:
                 self.flush()  # a graceful stop sends its last ends
             self.close()
@@ -157,22 +162,43 @@ class ReplicaSync:
     # ------------------------------------------------------------------ sending
 
     def send(self, note: SyncNote) -> None:
-        """A note of this replica (hot path): sent at once or queued (the module's doc)."""
+        """A note of this replica (hot path): queued, to leave now or with the next batch (the
+        module's doc)."""
+        own = self._own_open
         if isinstance(note, RoutedNote):
-            self._own_open[(note.variant, note.seq)] = note
-            if len(self._own_open) > _MAX_OWN_OPEN:
-                del self._own_open[next(iter(self._own_open))]
+            own[(note.variant, note.seq)] = note
+            if len(own) > _MAX_OWN_OPEN:
+                del own[next(iter(own))]
+            now = False
         else:
-            self._own_open.pop((note.variant, note.seq), None)
+            own.pop((note.variant, note.seq), None)
+            now = not own  # the replica's last open request ended: its peers hear at once
         pending = self._pending
         pending.append(note)
         if len(pending) == 1:
             self._oldest_s = self._wall()
-            if self._clock() - self._last_sent_s >= self._interval_s:
-                self.flush()
-                return
-            self._wake.set()
-        if len(pending) >= self.config.max_batch_notes:
+            now = now or self._clock() - self._last_sent_s >= self._interval_s
+            if not now:
+                self._wake.set()
+        if now:
+            self._flush_soon()
+        elif len(pending) >= self.config.max_batch_notes:
+            self.flush()
+
+    def _flush_soon(self) -> None:
+        """Flush at the loop's next turn: after the callback that queued the note has written
+        its answer (a send is not on the client's critical path), and once for every note
+        queued meanwhile."""
+        loop = self._loop
+        if loop is None:
+            self.flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_scheduled = False
+        if self._pending:
             self.flush()
 
     def flush(self) -> None:
