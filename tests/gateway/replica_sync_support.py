@@ -51,6 +51,19 @@ def endpoint(port: int) -> str:
     return f"tcp://127.0.0.1:{port}"
 
 
+def sync_section(name: str, port: int, peers: list[int], **extra: Any) -> dict[str, Any]:
+    """``spec.replicaSync`` of replica ``name`` on ``port`` with static ``peers`` (ports), short
+    heartbeats and peer timeout (``extra`` overrides or adds fields)."""
+    return {
+        "replica_id": name,
+        "listen": {"port": port},
+        "peers": {"type": "static", "endpoints": [endpoint(p) for p in peers]},
+        "heartbeat_interval_s": 0.1,
+        "peer_timeout_s": 0.5,
+        **extra,
+    }
+
+
 def replica_doc(
     urls: Sequence[str],
     replica_id: str,

@@ -16,7 +16,7 @@ from gateway_support import MODEL, FakeBackend, backends_running, gateway_runnin
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
-from replica_sync_support import ADMIN_TOKEN, endpoint, stub_doc, sync_ports
+from replica_sync_support import ADMIN_TOKEN, stub_doc, sync_ports, sync_section
 
 from support.waiting import wait_until
 from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
@@ -39,18 +39,6 @@ from warmfleet.gateway.variant import VariantRuntime
 from warmfleet.routing.parse import parse_chat
 from warmfleet.routing.replica_notes import routed_note
 
-
-def _sync(name: str, port: int, peers: list[int], **extra: Any) -> dict[str, Any]:
-    return {
-        "replica_id": name,
-        "listen": {"port": port},
-        "peers": {"type": "static", "endpoints": [endpoint(p) for p in peers]},
-        "heartbeat_interval_s": 0.1,
-        "peer_timeout_s": 0.5,
-        **extra,
-    }
-
-
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
@@ -69,8 +57,8 @@ async def _pair(
     backends: list[FakeBackend], strategy: str = "prefix_affinity"
 ) -> AsyncIterator[tuple[StartedApp, StartedApp]]:
     a, b = sync_ports(2)
-    doc_a = stub_doc(backends, _sync("a", a, [b]), strategy)
-    doc_b = stub_doc(backends, _sync("b", b, [a]), strategy)
+    doc_a = stub_doc(backends, sync_section("a", a, [b]), strategy)
+    doc_b = stub_doc(backends, sync_section("b", b, [a]), strategy)
     async with (
         gateway_running(parse_gateway_config(doc_a)) as gw_a,
         gateway_running(parse_gateway_config(doc_b)) as gw_b,
@@ -245,8 +233,8 @@ async def test_a_replica_learns_its_peers_routings_and_catches_up_before_ready()
     messages = [{"role": "system", "content": "a long shared context " * 40}]
     body = {"model": MODEL, "messages": messages, "stream": False}
     async with backends_running("b0", "b1", "b2", "b3") as backends:
-        doc_a = stub_doc(backends, _sync("a", port_a, [port_b]), "prefix_affinity")
-        doc_b = stub_doc(backends, _sync("b", port_b, [port_a]), "prefix_affinity")
+        doc_a = stub_doc(backends, sync_section("a", port_a, [port_b]), "prefix_affinity")
+        doc_b = stub_doc(backends, sync_section("b", port_b, [port_a]), "prefix_affinity")
         async with gateway_running(parse_gateway_config(doc_a)) as a, aiohttp.ClientSession() as s:
             async with s.post(a.url + "/v1/chat/completions", json=body) as resp:
                 assert resp.status == 200
@@ -294,7 +282,7 @@ async def test_ready_after_catch_up_timeout_when_no_peer_answers() -> None:
     (port,) = sync_ports(1)
     (dead,) = sync_ports(1)
     async with backends_running("b0") as backends:
-        sync = _sync("lonely", port, [dead], catch_up_timeout_s=0.6)
+        sync = sync_section("lonely", port, [dead], catch_up_timeout_s=0.6)
         async with (
             gateway_running(parse_gateway_config(stub_doc(backends, sync, "random"))) as gw,
             aiohttp.ClientSession() as session,
@@ -327,7 +315,7 @@ async def _wait_ready(session: aiohttp.ClientSession, url: str, timeout_s: float
 async def test_a_busy_sync_port_fails_the_start_naming_the_field() -> None:
     (port,) = sync_ports(1)
     async with backends_running("b0") as backends:
-        doc = stub_doc(backends, _sync("one", port, []), "random")
+        doc = stub_doc(backends, sync_section("one", port, []), "random")
         async with gateway_running(parse_gateway_config(doc)):
             with pytest.raises(ConfigError, match=r"spec\.replicaSync\.listen"):
                 async with gateway_running(parse_gateway_config(doc)):

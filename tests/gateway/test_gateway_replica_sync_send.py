@@ -6,12 +6,11 @@ replica, never finds the previous one still in flight there for want of a batch)
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import aiohttp
 from gateway_support import MODEL, backends_running, gateway_running
 from prometheus_client import CollectorRegistry
-from replica_sync_support import endpoint, stub_doc, sync_ports
+from replica_sync_support import stub_doc, sync_ports, sync_section
 
 from support.waiting import wait_until
 from warmfleet.core.types import Decision, Reason, RoutingKey
@@ -20,15 +19,6 @@ from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.service import ReplicaSync
 from warmfleet.gateway.server import StartedApp
 from warmfleet.routing.replica_notes import RoutedNote, finished_note, routed_note
-
-
-def _sync_config(port: int, peers: list[int]) -> dict[str, Any]:
-    return {
-        "replica_id": f"r{port}",
-        "listen": {"port": port},
-        "peers": {"type": "static", "endpoints": [endpoint(p) for p in peers]},
-        "batch_interval_ms": 10.0,
-    }
 
 
 def _batches(sync: ReplicaSync) -> float:
@@ -43,7 +33,7 @@ def _routed(sync: ReplicaSync, seq: int) -> RoutedNote:
 async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -> None:
     (port,) = sync_ports(1)
     now_s = [100.0]
-    config = ReplicaSyncConfig.model_validate(_sync_config(port, []))
+    config = ReplicaSyncConfig.model_validate(sync_section("r", port, [], batch_interval_ms=10.0))
     sync = ReplicaSync(config, CollectorRegistry(), clock=lambda: now_s[0])
     sync.open()
     sync._loop = asyncio.get_running_loop()  # as ``run`` sets it
@@ -85,8 +75,8 @@ async def test_a_requests_end_leaves_before_the_client_has_its_last_bytes() -> N
     port_a, port_b = sync_ports(2)
     async with backends_running("b0") as backends:
         backends[0].gate = asyncio.Event()
-        doc_a = stub_doc(backends, _sync_config(port_a, [port_b]), "prefix_affinity")
-        doc_b = stub_doc(backends, _sync_config(port_b, [port_a]), "prefix_affinity")
+        doc_a = stub_doc(backends, sync_section("a", port_a, [port_b]), "prefix_affinity")
+        doc_b = stub_doc(backends, sync_section("b", port_b, [port_a]), "prefix_affinity")
         async with (
             gateway_running(parse_gateway_config(doc_a)) as a,
             gateway_running(parse_gateway_config(doc_b)) as b,

@@ -37,7 +37,7 @@ import aiohttp
 from warmfleet.agent.direct_io import BLOCK_BYTES, DirectFile, aligned_buffer, direct_ranges
 from warmfleet.agent.front_hash import FrontHash
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
-from warmfleet.agent.peer_wire import PeerWireError, RangeGet, get_into
+from warmfleet.agent.peer_wire import PeerFailedError, RangeGet, get_into
 from warmfleet.agent.sources.base import Source, SourceError, TransientSourceError
 from warmfleet.agent.staged_files import StagedFiles, staging_mode
 from warmfleet.cache.manifest import FileEntry, Manifest
@@ -107,14 +107,6 @@ class _Buffers:
 
     def give(self, buf: memoryview) -> None:
         self._free.append(buf)
-
-
-class PeerFailedError(CacheError):
-    """A peer refused, stalled, sent too little or a piece whose hash is wrong."""
-
-    def __init__(self, message: str, *, rejected: bool) -> None:
-        super().__init__(message)
-        self.rejected = rejected
 
 
 def _nothing(_fd: int) -> None:
@@ -204,7 +196,7 @@ class PeerFill:
             await get_into(
                 get, view, stall_s=self.config.stall_s, timeout_s=self.config.piece_timeout_s
             )
-        except PeerWireError as err:
+        except PeerFailedError as err:  # named by the peer's id, not only its URL
             raise PeerFailedError(f"{job.peer}: {err}", rejected=err.rejected) from err
         return view
 

@@ -7,7 +7,7 @@ object per chunk and no join (aiohttp's ``readexactly`` made one ``bytes`` per r
 and copied them again into the piece). The request is the one ``PeerServer`` answers
 (``Authorization: Bearer``, one ``Range``), on a connection of its own (``Connection: close``).
 
-Failures raise ``PeerWireError``: ``rejected`` when the peer answered but with the wrong length
+Failures raise ``PeerFailedError``: ``rejected`` when the peer answered but with the wrong length
 or range (a bad peer), not when it refused, stalled (no byte for ``stall_s``), went away or sent
 a short body. Plain ``http://`` only: the agents' status API port serves no TLS (a peer URL of
 another scheme fails like an unreachable peer).
@@ -25,8 +25,9 @@ from warmfleet.core.errors import CacheError
 MAX_HEAD_BYTES = 64 << 10
 
 
-class PeerWireError(CacheError):
-    """A peer's range could not be fetched (``rejected``: it answered, wrongly)."""
+class PeerFailedError(CacheError):
+    """A peer refused, stalled, went away, or answered wrongly (``rejected``: a bad peer, whose
+    answer or piece was wrong; the peer fill raises it too for a piece that fails its hash)."""
 
     def __init__(self, message: str, *, rejected: bool) -> None:
         super().__init__(message)
@@ -53,7 +54,7 @@ async def get_into(get: RangeGet, buf: memoryview, *, stall_s: float, timeout_s:
     """Receive the body of ``get`` (exactly ``end - start`` bytes) into ``buf[:end - start]``."""
     parts = urlsplit(get.base_url)
     if parts.scheme != "http" or not parts.hostname:
-        raise PeerWireError(f"{get.base_url}: not a plain http:// peer", rejected=False)
+        raise PeerFailedError(f"{get.base_url}: not a plain http:// peer", rejected=False)
     host, port = parts.hostname, parts.port or 80
     loop = asyncio.get_running_loop()
     try:
@@ -67,10 +68,10 @@ async def get_into(get: RangeGet, buf: memoryview, *, stall_s: float, timeout_s:
                     await loop.sock_sendall(sock, get.request(f"{host}:{port}"))
                     await _receive(loop, sock, get, buf, stall, stall_s)
     except TimeoutError as err:
-        raise PeerWireError(f"{get.base_url}: no byte for {stall_s} s or over {timeout_s} s",
-                            rejected=False) from err  # fmt: skip
+        message = f"{get.base_url}: no byte for {stall_s} s or over {timeout_s} s"
+        raise PeerFailedError(message, rejected=False) from err
     except OSError as err:
-        raise PeerWireError(f"{get.base_url}: {err!r}", rejected=False) from err
+        raise PeerFailedError(f"{get.base_url}: {err!r}", rejected=False) from err
 
 
 async def _receive(  # noqa: PLR0917
@@ -85,15 +86,15 @@ async def _receive(  # noqa: PLR0917
     head, body = await _head(loop, sock, stall, stall_s)
     _check_head(get, head)
     if len(body) > size_bytes:
-        raise PeerWireError(f"{get.base_url}: more than {size_bytes} bytes", rejected=True)
+        raise PeerFailedError(f"{get.base_url}: more than {size_bytes} bytes", rejected=True)
     buf[: len(body)] = body
     got = len(body)
     while got < size_bytes:
         stall.reschedule(loop.time() + stall_s)
         n = await loop.sock_recv_into(sock, buf[got:size_bytes])
         if n == 0:
-            raise PeerWireError(f"{get.base_url}: body ended at {got} of {size_bytes} bytes",
-                                rejected=False)  # fmt: skip
+            message = f"{get.base_url}: body ended at {got} of {size_bytes} bytes"
+            raise PeerFailedError(message, rejected=False)
         got += n
 
 
@@ -104,11 +105,11 @@ async def _head(
     data = b""
     while (end := data.find(b"\r\n\r\n")) < 0:
         if len(data) > MAX_HEAD_BYTES:
-            raise PeerWireError("response head too long", rejected=True)
+            raise PeerFailedError("response head too long", rejected=True)
         stall.reschedule(loop.time() + stall_s)
         more = await loop.sock_recv(sock, 16 << 10)
         if not more:
-            raise PeerWireError("connection closed before the response head", rejected=False)
+            raise PeerFailedError("connection closed before the response head", rejected=False)
         data += more
     return data[:end], data[end + 4 :]
 
@@ -117,21 +118,24 @@ def _check_head(get: RangeGet, head: bytes) -> None:
     lines = head.decode("latin-1").split("\r\n")
     status = lines[0].split(" ", 2)
     if len(status) < 2 or not status[0].startswith("HTTP/1."):
-        raise PeerWireError(f"{get.base_url}: not an HTTP/1.x answer", rejected=True)
+        raise PeerFailedError(f"{get.base_url}: not an HTTP/1.x answer", rejected=True)
     if status[1] != "206":
-        raise PeerWireError(f"{get.base_url}: HTTP {status[1]}", rejected=False)
+        raise PeerFailedError(f"{get.base_url}: HTTP {status[1]}", rejected=False)
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
     size_bytes = get.end - get.start
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        raise PeerWireError(f"{get.base_url}: chunked body, not {size_bytes} bytes", rejected=True)
+        raise PeerFailedError(
+            f"{get.base_url}: chunked body, not {size_bytes} bytes", rejected=True
+        )
     if headers.get("content-length") != str(size_bytes):
-        raise PeerWireError(f"{get.base_url}: {headers.get('content-length')} bytes announced, "
-                            f"not {size_bytes}", rejected=True)  # fmt: skip
+        announced = headers.get("content-length")
+        message = f"{get.base_url}: {announced} bytes announced, not {size_bytes}"
+        raise PeerFailedError(message, rejected=True)
     content_range = headers.get("content-range")
     if content_range is not None and not content_range.startswith(
         f"bytes {get.start}-{get.end - 1}/"
     ):
-        raise PeerWireError(f"{get.base_url}: sent {content_range!r}", rejected=True)
+        raise PeerFailedError(f"{get.base_url}: sent {content_range!r}", rejected=True)

@@ -312,9 +312,11 @@ class CaptureFile:
         the file's buffer as it is made (no batch-sized join: a fresh buffer of that size is
         page-faulted in on every batch, which cost as much as formatting the lines)."""
         rotations = written = lines = 0
+        out = self._file
         for item in items:
-            if self._file is None:
-                rotations += self._open(head)
+            if out is None:
+                rotations += self._rotate_earlier_capture()
+                out = self._open_fresh(head)
                 written += len(head)
                 self._t0_s = item.t_start_s
             line = self._line(item)
@@ -323,33 +325,31 @@ class CaptureFile:
             if self._size + len(line) > self.max_bytes and self._size > len(head):
                 self._rotate()
                 rotations += 1
-                self._open_fresh(head)
+                out = self._open_fresh(head)
                 written += len(head)
                 self._t0_s = item.t_start_s
                 line = self._line(item) or b""
-            assert self._file is not None
-            self._file.write(line)
+            out.write(line)
             self._size += len(line)
             written += len(line)
             lines += 1
-        if self._file is not None:
-            self._file.flush()
+        if out is not None:
+            out.flush()
         return WriteResult(lines, written, rotations, len(items) - lines)
 
-    def _open(self, head: bytes) -> int:
-        """Open the capture (rotating an earlier capture's file away); 1 if rotated."""
-        rotated = 0
+    def _rotate_earlier_capture(self) -> int:
+        """An earlier capture's file is rotated away as this one opens; 1 if there was one."""
         if self.path.exists() and self.path.stat().st_size > 0:
             self._rotate()
-            rotated = 1
-        self._open_fresh(head)
-        return rotated
+            return 1
+        return 0
 
-    def _open_fresh(self, head: bytes) -> None:
+    def _open_fresh(self, head: bytes) -> IO[bytes]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("wb", buffering=_BUFFER_BYTES)
-        self._file.write(head)
+        self._file = out = self.path.open("wb", buffering=_BUFFER_BYTES)
+        out.write(head)
         self._size = len(head)
+        return out
 
     def _rotate(self) -> None:
         if self._file is not None:
