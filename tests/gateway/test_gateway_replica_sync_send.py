@@ -1,5 +1,5 @@
-"""When a replica's notes leave: at the loop's next turn for a quiet replica or for the end of
-its last open request, else batched until ``batch_interval_ms`` after the last batch; a
+"""When a replica's notes leave: at the loop's next turn for a quiet replica, for the end of
+its last open request or for an end whose routing has not left yet, else batched until ``batch_interval_ms`` after the last batch; a
 request's end before the client has its last bytes (so a client's next request, to any
 replica, never finds the previous one still in flight there for want of a batch)."""
 
@@ -62,6 +62,38 @@ async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -
         assert (sync._pending, _batches(sync)) == ([], 3.0)  # within 10 ms, yet at once
     finally:
         flusher.cancel()
+        sync.close()
+
+
+async def test_an_end_whose_routing_is_still_queued_takes_the_batch_along_at_once() -> None:
+    (port,) = sync_ports(1)
+    now_s = [100.0]
+    config = ReplicaSyncConfig.model_validate(sync_section("r", port, [], batch_interval_ms=10.0))
+    sync = ReplicaSync(config, CollectorRegistry(), clock=lambda: now_s[0])
+    sync.open()
+    sync._loop = asyncio.get_running_loop()
+    try:
+        sync.send(_routed(sync, 1))
+        await asyncio.sleep(0)
+        assert _batches(sync) == 1.0
+        now_s[0] += 0.001  # busy: the next notes wait for the batch
+        second, third = _routed(sync, 2), _routed(sync, 3)
+        sync.send(second)
+        sync.send(third)
+        await asyncio.sleep(0)
+        assert (len(sync._pending), _batches(sync)) == (2, 1.0)
+        # a short request ends before its routing left: its client may send its next turn to
+        # a peer at once, so the routing (with everything queued) leaves now
+        sync.send(finished_note(second))
+        assert len(sync._pending) == 3  # not inside the caller
+        await asyncio.sleep(0)
+        assert (sync._pending, _batches(sync)) == ([], 2.0)
+        now_s[0] += 0.001
+        sync.send(_routed(sync, 4))  # request 1, 3 and 4 are open; 3's routing has left
+        sync.send(finished_note(third))
+        await asyncio.sleep(0)
+        assert (len(sync._pending), _batches(sync)) == (2, 2.0)
+    finally:
         sync.close()
 
 

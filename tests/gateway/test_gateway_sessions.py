@@ -75,7 +75,7 @@ async def test_a_sessions_turns_reach_random_replicas_and_land_on_one_instance()
                 landed.setdefault(name, []).append(
                     (resp.headers[INSTANCE], resp.headers[REASON], replica)
                 )
-            await asyncio.sleep(0.03)  # the note reaches the peers (batched every 2 ms)
+            await asyncio.sleep(0.03)  # the note reaches the peers (batched every 5 ms)
         for name, turns in landed.items():
             assert len({instance for instance, _, _ in turns}) == 1, (name, turns)
             assert all(reason == "session" for _, reason, _ in turns[1:]), (name, turns)

@@ -86,7 +86,7 @@ class ReplicaSyncConfig(StrictModel):
     replica_id: Annotated[str, Field(pattern=_REPLICA_ID)] | None = None
     listen: SyncListen = Field(default_factory=SyncListen)
     peers: Peers = Field(default_factory=StaticPeers)
-    batch_interval_ms: float = Field(default=2.0, ge=0, le=1000)
+    batch_interval_ms: float = Field(default=5.0, ge=0, le=1000)
     max_batch_notes: int = Field(default=256, ge=1, le=65_536)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     peer_timeout_s: float = Field(default=5.0, gt=0)

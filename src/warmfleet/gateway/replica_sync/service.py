@@ -3,10 +3,8 @@ the ``Gateway``'s lifespan (``open`` at start, ``run`` a task, ``close`` at stop
 
 Each variant gets a ``routing.replicas.ReplicaView`` (the simulator's replicas' object) over
 the variant's router of the moment; the proxy records each routing and end in it and the notes
-come here (``send``). A note leaves at the loop's next turn when no batch left in the last
-``batch_interval_ms`` or when it ends the replica's last open request, else with the next
-batch (at that interval or at ``max_batch_notes``); the peers' batches are applied on the
-event loop to the view of the note's variant.
+come here (``send``: when they leave, docs/replicas.md "Batching"); the peers' batches are
+applied on the event loop to the view of the note's variant.
 
 A starting replica subscribes to its peers, then asks each for its log (the batches it sent or
 learnt from, up to ``log_bytes``, plus its own open requests) and reports ready (``caught_up``)
@@ -90,6 +88,7 @@ class ReplicaSync:
         self._resync = asyncio.Event()
         self._log = PayloadLog(config.log_bytes)
         self._own_open: dict[tuple[str, int], RoutedNote] = {}
+        self._unsent_routed: set[tuple[str, int]] = set()  # routed notes in ``_pending``
         self._heard: dict[str, float] = {}  # origin -> when last heard (clock)
         self._gone: set[str] = set()
 
@@ -162,17 +161,21 @@ class ReplicaSync:
     # ------------------------------------------------------------------ sending
 
     def send(self, note: SyncNote) -> None:
-        """A note of this replica (hot path): queued, to leave now or with the next batch (the
-        module's doc)."""
-        own = self._own_open
+        """A note of this replica (hot path), queued. It leaves at the loop's next turn when no
+        batch left in the last ``batch_interval_ms``, when it ends the replica's last open
+        request, or when it ends a request whose routing is still queued (its client may send
+        the next turn to a peer now); else with the next batch (``_flusher``, or at once at
+        ``max_batch_notes``)."""
+        own, key = self._own_open, (note.variant, note.seq)
         if isinstance(note, RoutedNote):
-            own[(note.variant, note.seq)] = note
+            own[key] = note
             if len(own) > _MAX_OWN_OPEN:
                 del own[next(iter(own))]
+            self._unsent_routed.add(key)
             now = False
         else:
-            own.pop((note.variant, note.seq), None)
-            now = not own  # the replica's last open request ended: its peers hear at once
+            own.pop(key, None)
+            now = not own or key in self._unsent_routed
         pending = self._pending
         pending.append(note)
         if len(pending) == 1:
@@ -186,9 +189,8 @@ class ReplicaSync:
             self.flush()
 
     def _flush_soon(self) -> None:
-        """Flush at the loop's next turn: after the callback that queued the note has written
-        its answer (a send is not on the client's critical path), and once for every note
-        queued meanwhile."""
+        """Flush at the loop's next turn: after the callback that queued the note wrote its
+        answer (not on the client's critical path), once for every note queued meanwhile."""
         loop = self._loop
         if loop is None:
             self.flush()
@@ -203,6 +205,7 @@ class ReplicaSync:
 
     def flush(self) -> None:
         notes, self._pending = self._pending, []
+        self._unsent_routed.clear()
         sockets = self._sockets
         if sockets is None:
             return
@@ -278,8 +281,7 @@ class ReplicaSync:
         for note in notes:
             if note.origin not in heard and note.origin != self.origin:
                 heard[note.origin] = now_s  # known through a peer: forgotten if never heard
-            view = self.views.get(note.variant)
-            if view is None:
+            if (view := self.views.get(note.variant)) is None:
                 continue
             try:
                 changed += view.apply(note)
@@ -381,13 +383,11 @@ class ReplicaSync:
         self.metrics.catch_up_s.set(self.catch_up_s)
         if answered < len(peers) or self.peers.current is None:
             self.metrics.catch_up_timeouts.inc()
+            timeout_s = self.config.catch_up_timeout_s
             log.warning(
                 "replica sync: %d of %d peers answered within catch_up_timeout_s (%.1f s); "
-                "ready with a partial view",
-                answered,
-                len(peers),
-                self.config.catch_up_timeout_s,
-            )
+                "ready with a partial view", answered, len(peers), timeout_s,
+            )  # fmt: skip
         self.caught_up = True
         self.metrics.caught_up.set(1)
 
