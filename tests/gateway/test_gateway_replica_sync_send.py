@@ -1,7 +1,8 @@
 """When a replica's notes leave: at the loop's next turn for a quiet replica, for the end of
-its last open request or for an end whose routing has not left yet, else batched until ``batch_interval_ms`` after the last batch; a
-request's end before the client has its last bytes (so a client's next request, to any
-replica, never finds the previous one still in flight there for want of a batch)."""
+its last open request or for an end whose routing has not left yet, else batched until
+``batch_interval_ms`` after the last batch; a request's end before the client has its last
+bytes (so a client's next request, to any replica, never finds the previous one still in
+flight there for want of a batch)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,19 @@ def _routed(sync: ReplicaSync, seq: int) -> RoutedNote:
     return routed_note(sync.origin, "e/v", seq, key, Decision("i0", Reason.NO_MATCH))
 
 
-async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -> None:
+def _opened(now_s: list[float]) -> ReplicaSync:
+    """A replica with no peers, 10 ms batches, its clock ``now_s[0]``, on this event loop."""
     (port,) = sync_ports(1)
-    now_s = [100.0]
     config = ReplicaSyncConfig.model_validate(sync_section("r", port, [], batch_interval_ms=10.0))
     sync = ReplicaSync(config, CollectorRegistry(), clock=lambda: now_s[0])
     sync.open()
     sync._loop = asyncio.get_running_loop()  # as ``run`` sets it
+    return sync
+
+
+async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -> None:
+    now_s = [100.0]
+    sync = _opened(now_s)
     flusher = asyncio.create_task(sync._flusher())
     try:
         first = _routed(sync, 1)
@@ -66,12 +73,8 @@ async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -
 
 
 async def test_an_end_whose_routing_is_still_queued_takes_the_batch_along_at_once() -> None:
-    (port,) = sync_ports(1)
     now_s = [100.0]
-    config = ReplicaSyncConfig.model_validate(sync_section("r", port, [], batch_interval_ms=10.0))
-    sync = ReplicaSync(config, CollectorRegistry(), clock=lambda: now_s[0])
-    sync.open()
-    sync._loop = asyncio.get_running_loop()
+    sync = _opened(now_s)
     try:
         sync.send(_routed(sync, 1))
         await asyncio.sleep(0)

@@ -19,14 +19,18 @@ import platform
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from warmfleet.api.replica_sync import decode_batch, encode_batch
 from warmfleet.core.types import FleetSnapshot, InstanceState, RoutingKey
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
 from warmfleet.routing.parse import parse_chat
+from warmfleet.routing.replica_notes import SyncNote
+from warmfleet.routing.replicas import ReplicaView
 from warmfleet.routing.router import Router
 
 INSTANCES = 64
@@ -114,6 +118,60 @@ def measure(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
     }
 
 
+def _cpu_us_each(step: Callable[[], object], count: int) -> float:
+    start = time.thread_time_ns()
+    step()
+    return (time.thread_time_ns() - start) / 1000.0 / count
+
+
+def _router(fleet: FleetSnapshot, seed: int) -> Router:
+    router = Router(RoutingConfig(strategy=PrefixAffinityConfig()), random.Random(seed))
+    router.on_instances_changed(fleet.ids())
+    return router
+
+
+def measure_sync(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
+    """Replica sync's CPU a request on top of a decision (the module's doc), each part timed over
+    all ``repeats`` requests at once, on fresh routers (the peer learns what the sender learnt)."""
+    rng = random.Random(seed)
+    fleet = _fleet(rng, 2 * INDEXED_BLOCKS // INSTANCES)
+    question_chars = max(512, prompt_chars // 16)
+    documents = [_text(rng, prompt_chars - question_chars) for _ in range(GROUPS)]
+    plain, synced, peer = (_router(fleet, seed) for _ in range(3))
+    keys = [
+        plain.key(parse_chat({"model": "m", "messages": [{"role": "user", "content": text}]}))
+        for text in (documents[i % GROUPS] + _text(rng, question_chars) for i in range(repeats))
+    ]
+    sender = ReplicaView("bench-a", "e/v", synced.strategy)
+    receiver = ReplicaView("bench-b", "e/v", peer.strategy)
+    for view in (sender, receiver):
+        view.on_instances_changed(fleet.ids())
+    notes: list[SyncNote] = []
+
+    def route_plain() -> None:
+        for key in keys:
+            plain.on_routed(key, plain.choose(key, fleet))
+
+    def route_through_view() -> None:
+        for key in keys:
+            routed = sender.routed(key, synced.choose(key, fleet))
+            notes.extend((routed, sender.finished(routed)))
+
+    gc.collect()
+    gc.freeze()
+    view_us = _cpu_us_each(route_through_view, repeats) - _cpu_us_each(route_plain, repeats)
+    payloads: list[bytes] = []
+    batched = (notes[i : i + 8] for i in range(0, len(notes), 8))
+    encode_us = _cpu_us_each(lambda: payloads.extend(map(encode_batch, batched)), repeats)
+    batches: list[tuple[SyncNote, ...]] = []
+    decode_us = _cpu_us_each(lambda: batches.extend(map(decode_batch, payloads)), repeats)
+    apply_us = _cpu_us_each(lambda: [receiver.apply(n) for b in batches for n in b], repeats)
+    gc.unfreeze()
+    indexed = [r.strategy.index.total_blocks for r in (synced, peer)]  # type: ignore[attr-defined]
+    return {"view": view_us, "encode": encode_us, "decode": decode_us, "apply": apply_us,
+            "sender_indexed_blocks": indexed[0], "peer_indexed_blocks": indexed[1]}  # fmt: skip
+
+
 def routing_bench_command(
     out: Annotated[Path, typer.Option(help="JSON results")] = Path("bench-results/routing.json"),
     repeats_8k: Annotated[int, typer.Option(help="decisions measured at 8k chars")] = 2000,
@@ -123,6 +181,7 @@ def routing_bench_command(
     """Routing-overhead benchmark: one full prefix_affinity decision on a large index."""
     small = measure(8_000, repeats_8k, seed)
     large = measure(128_000, repeats_128k, seed)
+    sync = measure_sync(8_000, repeats_8k, seed)
     result: dict[str, Any] = {
         "decision_us_median": {
             "chars_8k": round(small["median"], 1),
@@ -139,6 +198,9 @@ def routing_bench_command(
         "decision_cpu_us_p90": {
             "chars_8k": round(small["cpu_p90"], 1),
             "chars_128k": round(large["cpu_p90"], 1),
+        },
+        "replica_sync_cpu_us": {
+            "chars_8k": {k: round(v, 1) for k, v in sync.items() if not k.endswith("_blocks")}
         },
         "targets_us": {"chars_8k": 100, "chars_128k": 1000},
         "context": {
@@ -160,7 +222,9 @@ def routing_bench_command(
     out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(
         f"routing decision median: 8k chars {result['decision_us_median']['chars_8k']} us, "
-        f"128k chars {result['decision_us_median']['chars_128k']} us "
+        f"128k chars {result['decision_us_median']['chars_128k']} us; replica sync at 8k: "
+        + " + ".join(f"{k} {v}" for k, v in result["replica_sync_cpu_us"]["chars_8k"].items())
+        + " us CPU a request "
         f"(load average {result['context']['load_average_1m']}) -> {out}"
     )
 
