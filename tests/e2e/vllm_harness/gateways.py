@@ -206,3 +206,37 @@ def _exact_ids(replica: Replica) -> set[str]:
     if replica.feed is None:
         return set()
     return {iid for iid, mode in replica.feed.modes().items() if mode == "exact"}
+
+
+class LoopLag:
+    """How late this process's event loop runs a timer (``interval_s`` sleeps, overshoot
+    recorded) while a case runs: the gateways and the client share that loop, so a note's
+    propagation delay includes any stall of it."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+        self.lags_s: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.interval_s
+            await asyncio.sleep(self.interval_s)
+            self.lags_s.append(max(0.0, loop.time() - due))
+
+    def __enter__(self) -> LoopLag:
+        self._task = asyncio.get_running_loop().create_task(self._watch(), name="e2e-loop-lag")
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def summary_ms(self) -> dict[str, float]:
+        lags = sorted(lag * 1000.0 for lag in self.lags_s)
+        if not lags:
+            return {}
+        p99 = lags[min(len(lags) - 1, int(0.99 * (len(lags) - 1)))]
+        return {"p50": round(lags[len(lags) // 2], 2), "p99": round(p99, 2),
+                "max": round(lags[-1], 2), "samples": len(lags)}  # fmt: skip

@@ -37,6 +37,7 @@ from vllm_harness.engines import (
 )
 from vllm_harness.gateways import (
     BLOCK_SIZE,
+    LoopLag,
     Replica,
     replica_sync_sections,
     start_replica,
@@ -213,10 +214,12 @@ class E2E:
             sync_s = await sync_exact(started, self.engines, session) if exact else 0.0
             catch_up_s = await wait_caught_up(started) if synced else 0.0
             rng = random.Random(f"replicas/{self.args.seed}") if random_replica else None
-            parts = {
-                w.name: await run_workload(session, [r.url for r in started], self.engines, w, rng)
-                for w in self.workloads
-            }
+            with LoopLag() as lag:
+                urls = [r.url for r in started]
+                parts = {
+                    w.name: await run_workload(session, urls, self.engines, w, rng)
+                    for w in self.workloads
+                }
             result = summarize(parts, self.ideal)
             result["replicas"] = replicas
             if exact:
@@ -226,6 +229,7 @@ class E2E:
                 result["replica_sync"] = {
                     "catch_up_s": round(catch_up_s, 2),
                     "propagation_delay_ms": sync_delays_ms(started),
+                    "loop_lag_ms": lag.summary_ms(),  # the shared event loop's stalls
                 }
             return result
         finally:
