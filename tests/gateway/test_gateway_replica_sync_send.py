@@ -100,6 +100,32 @@ async def test_an_end_whose_routing_is_still_queued_takes_the_batch_along_at_onc
         sync.close()
 
 
+async def test_a_batch_sent_at_once_moves_the_next_batch_on() -> None:
+    now_s = [100.0]
+    sync = _opened(now_s)
+    flusher = asyncio.create_task(sync._flusher())
+    try:
+        sync.send(_routed(sync, 1))
+        await asyncio.sleep(0)
+        now_s[0] += 0.001
+        second = _routed(sync, 2)
+        sync.send(second)  # the flusher sleeps until 10 ms after batch 1
+        await asyncio.sleep(0)
+        sync.send(finished_note(second))  # a short request: its routing leaves at once
+        await asyncio.sleep(0)
+        assert _batches(sync) == 2.0
+        sync.send(_routed(sync, 3))
+        await asyncio.sleep(0.015)  # the flusher's first sleep is over (by the real clock)
+        # but by this clock batch 2 left 0 ms ago: the next waits for 10 ms after it
+        assert (len(sync._pending), _batches(sync)) == (1, 2.0)
+        now_s[0] += 0.010
+        await wait_until(lambda: not sync._pending, timeout_s=5.0)
+        assert _batches(sync) == 3.0
+    finally:
+        flusher.cancel()
+        sync.close()
+
+
 def _open_notes(app: StartedApp) -> dict[str, dict[str, int]]:
     sync = app.gateway.replica_sync
     assert sync is not None

@@ -229,8 +229,8 @@ class ReplicaSync:
         """Sends the queued notes ``batch_interval_ms`` after the last batch left."""
         while True:
             await self._wake.wait()
-            wait_s = self._last_sent_s + self._interval_s - self._clock()
-            if wait_s > 0:
+            # a batch that left meanwhile (an end sent at once) moves the next one on
+            while (wait_s := self._last_sent_s + self._interval_s - self._clock()) > 0:
                 await asyncio.sleep(wait_s)
             self._wake.clear()
             if self._pending:
