@@ -211,15 +211,17 @@ class E2E:
                         capture_path=None if capture is None else str(capture),
                     )
                 )
-            sync_s = await sync_exact(started, self.engines, session) if exact else 0.0
-            catch_up_s = await wait_caught_up(started) if synced else 0.0
-            rng = random.Random(f"replicas/{self.args.seed}") if random_replica else None
-            with LoopLag() as lag:
+            with LoopLag() as lag:  # over the window whose propagation delays are reported
+                sync_s = await sync_exact(started, self.engines, session) if exact else 0.0
+                catch_up_s = await wait_caught_up(started) if synced else 0.0
+                rng = random.Random(f"replicas/{self.args.seed}") if random_replica else None
                 urls = [r.url for r in started]
                 parts = {
                     w.name: await run_workload(session, urls, self.engines, w, rng)
                     for w in self.workloads
                 }
+                await asyncio.sleep(0.05)  # the last ends reach the peers
+                delays_ms = sync_delays_ms(started)
             result = summarize(parts, self.ideal)
             result["replicas"] = replicas
             if exact:
@@ -228,7 +230,7 @@ class E2E:
             if synced:
                 result["replica_sync"] = {
                     "catch_up_s": round(catch_up_s, 2),
-                    "propagation_delay_ms": sync_delays_ms(started),
+                    "propagation_delay_ms": delays_ms,
                     "loop_lag_ms": lag.summary_ms(),  # the shared event loop's stalls
                 }
             return result
