@@ -115,8 +115,11 @@ async def test_fleet_and_gateway_start_again_when_their_port_was_taken(
 @pytest.mark.slow
 def test_sigint_stops_every_child(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
+    # SIGINT as at a terminal: a shell without job control (CI's) starts its background jobs
+    # with SIGINT ignored, and an ignored SIGINT stays ignored across exec.
     code = (
-        "import asyncio, sys\nfrom pathlib import Path\n"
+        "import asyncio, signal, sys\nfrom pathlib import Path\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from warmfleet.bench.live_demo import DemoConfig, run_live_demo\n"
         "config = DemoConfig(instances=2, groups=4, prefix_words=200, requests=4000,\n"
         "                    concurrency=2, max_run_s=120.0)\n"

@@ -266,15 +266,6 @@ class _Run:
     results: list[RequestResult | None] = field(default_factory=list)
     done_events: dict[int, asyncio.Event] = field(default_factory=dict)
     sent_count: int = 0
-    owner: asyncio.Task[Any] | None = None  # the task running the load
-
-    def check_cancelled(self) -> None:
-        """Raise ``CancelledError`` if this task or the run's owner has a cancellation pending
-        that something below swallowed (a library turning it into a caught error): a Ctrl-C
-        stops the run at the next request instead of after the last one."""
-        for task in (asyncio.current_task(), self.owner):
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError
 
     def url_for(self, index: int) -> tuple[str, str | None]:
         urls = self.spec.urls
@@ -285,7 +276,6 @@ class _Run:
         return urls[slot], names[slot]  # direct mode: the client picked the instance
 
     async def execute(self, index: int) -> None:
-        self.check_cancelled()
         prepared = self.prepared[index]
         if prepared.after is not None:
             event = self.done_events.get(prepared.after)
@@ -370,12 +360,10 @@ async def run_load(
         run.done_events = {p.after: asyncio.Event() for p in prepared if p.after is not None}
         run.started = time.perf_counter()
         run.deadline = run.started + spec.max_duration_s
-        run.owner = asyncio.current_task()
         if spec.concurrency is not None:
             await _closed_loop(run, spec.concurrency)
         else:
             await _open_loop(run)
-        run.check_cancelled()
         wall_s = time.perf_counter() - run.started
     results = [r for r in run.results if r is not None]
     not_sent = len(prepared) - len(results)
