@@ -39,7 +39,7 @@ from test_gateway_chat_template_options import write_model
 
 from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.core.jsonio import FAST_PARSE_MAX_VALUES, loads_body, loads_body_yielding
-from warmfleet.core.types import RoutingKey
+from warmfleet.core.types import Decision, FleetSnapshot, RoutingKey
 from warmfleet.gateway import tokenizer as tokenizer_module
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.openai.body import SWITCH_INTERVAL_S
@@ -188,14 +188,32 @@ class ThreadRecorder:
         self.threads: list[str] = []
 
     def __call__(self, config: RoutingConfig, rng: random.Random) -> RouterLike:
-        recorder = self
+        return _Recording(Router(config, rng), self.threads)
 
-        class Recording(Router):
-            def key(self, request: KeyRequest) -> RoutingKey:
-                recorder.threads.append(threading.current_thread().name)
-                return super().key(request)
 
-        return Recording(config, rng)
+class _Recording:
+    """A ``Router`` that records the thread each key is built on (a wrapper, not a subclass: the
+    router may be compiled, docs/compiled.md)."""
+
+    def __init__(self, router: Router, threads: list[str]) -> None:
+        self.router = router
+        self.threads = threads
+
+    def key(self, request: KeyRequest) -> RoutingKey:
+        self.threads.append(threading.current_thread().name)
+        return self.router.key(request)
+
+    def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
+        return self.router.choose(key, fleet)
+
+    def on_routed(self, key: RoutingKey, decision: Decision) -> None:
+        self.router.on_routed(key, decision)
+
+    def on_instances_changed(self, instance_ids: Sequence[str]) -> None:
+        self.router.on_instances_changed(instance_ids)
+
+    def adopt(self, previous: object) -> None:
+        self.router.adopt(previous.router if isinstance(previous, _Recording) else previous)
 
 
 async def test_big_bodies_are_keyed_on_the_worker_thread_small_ones_on_the_loop() -> None:

@@ -10,12 +10,12 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warmfleet.core.types import FleetSnapshot, InstanceState, RoutingKey
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceState, RoutingKey
 from warmfleet.routing.config import PrefixAffinityConfig
 from warmfleet.routing.index import ApproxPrefixIndex
 from warmfleet.routing.ledger import WorkLedger
 from warmfleet.routing.ring import RendezvousHash
-from warmfleet.routing.strategies.prefix_affinity import PrefixAffinityStrategy, _Columns
+from warmfleet.routing.strategies.prefix_affinity import PrefixAffinityStrategy
 
 BLOCK = 16
 IDS = [f"pod-{i}" for i in range(5)]
@@ -26,16 +26,27 @@ def _key(blocks: tuple[int, ...], output: int) -> RoutingKey:
     return RoutingKey(blocks, BLOCK, units, units, blocks[0] if blocks else units, output)
 
 
-class _Uncached(PrefixAffinityStrategy):
-    """Re-reads every snapshot and recomputes every load at every decision."""
+class _Uncached:
+    """A ``PrefixAffinityStrategy`` that re-reads every snapshot and recomputes every load at
+    every decision (a wrapper, not a subclass: the strategy may be compiled, docs/compiled.md)."""
 
     def __init__(self, config: PrefixAffinityConfig) -> None:
-        super().__init__(config)
-        self.ledger = WorkLedger(incremental=False)
+        self.strategy = PrefixAffinityStrategy(config)
+        self.strategy.ledger = WorkLedger(incremental=False)
 
-    def _columns(self, instances: tuple[InstanceState, ...]) -> _Columns:
-        self._snap = None
-        return super()._columns(instances)
+    def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:
+        self.strategy._snap = None
+        return self.strategy.choose(key, fleet)
+
+    def in_flight_work(self, fleet: FleetSnapshot, requests_only_work: int) -> list[int]:
+        self.strategy._snap = None
+        return self.strategy.in_flight_work(fleet, requests_only_work)
+
+    def on_routed(self, key: RoutingKey, decision: Decision) -> None:
+        self.strategy.on_routed(key, decision)
+
+    def on_instances_changed(self, instance_ids: list[str]) -> None:
+        self.strategy.on_instances_changed(instance_ids)
 
 
 def _copy(fleet: FleetSnapshot) -> FleetSnapshot:

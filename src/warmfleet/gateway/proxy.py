@@ -195,16 +195,16 @@ class Proxy:
                 up.abort()  # the client left; the instance sees the disconnect
             call.count("client_disconnect")
             raise
-        except UpstreamTimeout as err:
+        except UpstreamTimeout as timeout:
             if relay.started:
-                self._mid_stream_failure(call, relay, err)
+                self._mid_stream_failure(call, relay, timeout)
                 return None
-            call.failed(FailureCause.TIMEOUT, "did not answer in time", err)
-        except UpstreamClosedError as err:
+            call.failed(FailureCause.TIMEOUT, "did not answer in time", timeout)
+        except UpstreamClosedError as closed:
             if relay.started:
-                self._mid_stream_failure(call, relay, err)
+                self._mid_stream_failure(call, relay, closed)
                 return None
-            call.failed(FailureCause.DISCONNECT, "failed", err)
+            call.failed(FailureCause.DISCONNECT, "failed", closed)
         finally:
             conn.on_pause = None
         # The instance is done: its load is released now, not when the client has read the

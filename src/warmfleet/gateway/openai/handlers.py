@@ -166,8 +166,8 @@ class Handlers:
             flow = _flow(variant, request, parsed)
         except WarmfleetError as err:
             return self.reject(err)
-        except _DEFENSIVE as err:
-            return self._not_understood(err)
+        except _DEFENSIVE as bug:
+            return self._not_understood(bug)
         return await self.gw.proxy.forward(
             request,
             variant,
@@ -198,8 +198,8 @@ class Handlers:
             flow = _flow_of(variant, request, tenant, session)
         except WarmfleetError as err:
             return self.reject(err)
-        except _DEFENSIVE as err:
-            return self._not_understood(err)
+        except _DEFENSIVE as bug:
+            return self._not_understood(bug)
         finally:
             if holder:  # not keyed (rejected, cancelled): free the body on the worker too
                 worker.discard(holder)
@@ -235,9 +235,9 @@ class Handlers:
             flow = _flow(variant, request, native)
         except WarmfleetError as err:
             return self.reject(err)
-        except _DEFENSIVE as err:
-            log.warning("routing key failed on an invocation: %r", err)
-            return self.reject(BadRequestError(f"request not understood: {type(err).__name__}"))
+        except _DEFENSIVE as bug:
+            log.warning("routing key failed on an invocation: %r", bug)
+            return self.reject(BadRequestError(f"request not understood: {type(bug).__name__}"))
         path = variant.config.invocations_path
         return await self.gw.proxy.forward(
             request,

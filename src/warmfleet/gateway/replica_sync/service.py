@@ -361,8 +361,8 @@ class ReplicaSync:
             self.metrics.dropped.labels("catch_up_bad_frame").inc()
             log.warning("replica sync: bad catch-up answer from %s: %s", endpoint, err)
             return False
-        except (TimeoutError, zmq.ZMQError) as err:
-            log.warning("replica sync: no catch-up answer from %s: %r", endpoint, err)
+        except (TimeoutError, zmq.ZMQError) as silent:
+            log.warning("replica sync: no catch-up answer from %s: %r", endpoint, silent)
             return False
         self.metrics.catch_up_notes.inc(sum(len(notes) for _, notes in payloads))
         if origin != self.origin:

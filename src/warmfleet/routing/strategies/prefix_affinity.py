@@ -239,7 +239,7 @@ class PrefixAffinityStrategy:
         hashes = key.block_hashes
         private = 0 < best < len(hashes) and self.is_private(hashes[best - 1])
         if private and best < strong_blocks:
-            strong_blocks = best
+            strong_blocks = float(best)
         loads = view.loads
         cap_load = view.cap_load
         # The cheapest eligible holder of a strong match.
