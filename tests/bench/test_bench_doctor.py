@@ -24,7 +24,7 @@ from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.gateway.config import GatewayConfig
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.key_modes import key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat
 from warmfleet.sim.workloads.base import render_prompt_text
 

@@ -57,7 +57,7 @@ from warmfleet.gateway.config import (
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.local.config import load_fleet
 from warmfleet.routing.config import STRATEGY_NAMES, PrefixHashConfig, StrategyConfig
-from warmfleet.routing.keys import KeyMode
+from warmfleet.routing.key_spec import KeyMode
 from warmfleet.sim.scenario import parse_scenario
 
 README_TEXT = README.read_text(encoding="utf-8")

@@ -15,7 +15,7 @@ from support.servers import app_serving
 from warmfleet.bench.conformance import predicted_cached, run_conformance
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.key_modes import key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat
 
 ENGINE_BS = 16

@@ -32,7 +32,7 @@ from warmfleet.gateway.kv_events import (
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
 from warmfleet.routing.index import ExactPrefixIndex
 from warmfleet.routing.key_modes import key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 
 BS = 4
 SEED = 12345

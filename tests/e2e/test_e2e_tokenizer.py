@@ -12,7 +12,7 @@ from e2e_tokenizer_helpers import write_model
 from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.gateway.tokenizer import HfChatTokenizer, normalize_message
 from warmfleet.routing.key_modes import key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from warmfleet.emulator.tokenizer import (
     render_chat,
 )
 from warmfleet.routing.key_modes import key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat
 
 _text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=80)

@@ -25,7 +25,7 @@ from warmfleet.emulator.protocol import chat_prompt_ids
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.key_modes import KeyBuilder, key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat
 
 BS = 4

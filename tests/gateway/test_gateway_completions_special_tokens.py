@@ -15,7 +15,7 @@ from warmfleet.emulator.protocol import completion_prompt_ids
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.key_modes import KeyBuilder, key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_completions
 
 PROMPT = "<|im_start|>user\nwhere is the cache?<|im_end|>\n<|im_start|>assistant\n"

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from warmfleet.gateway.metrics import FastCounter, FastGauge, FastHistogram
 from warmfleet.routing.chains import SpanMemo, chain_buffer
 from warmfleet.routing.key_modes import key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat
 
 _BUCKETS = (0.00005, 0.0001, 0.0005, 0.001, 0.01, 1.0)

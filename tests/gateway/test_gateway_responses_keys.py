@@ -13,7 +13,7 @@ from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.gateway.openai.body import parse_request_body
 from warmfleet.gateway.server_config import LimitsConfig
 from warmfleet.routing.key_modes import key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import (
     parse_chat,
     parse_completions,

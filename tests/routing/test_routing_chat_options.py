@@ -25,7 +25,7 @@ from warmfleet.routing.chat_options import (
 )
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import strategy_config
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat
 from warmfleet.routing.router import Router
 

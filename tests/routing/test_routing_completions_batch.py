@@ -17,7 +17,7 @@ from test_routing_keys import FakeTokenizer
 
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import strategy_config
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_completions
 from warmfleet.routing.router import Router
 

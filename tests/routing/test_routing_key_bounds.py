@@ -17,7 +17,7 @@ from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.routing.canonical import render_chat_text
 from warmfleet.routing.config import RoutingConfig
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat, parse_completions
 from warmfleet.routing.router import Router
 

@@ -19,7 +19,8 @@ from warmfleet.core.hashing import chain_blocks, chain_seed
 from warmfleet.routing.chat_options import ChatTemplateOptions
 from warmfleet.routing.config import PrefixHashConfig, RoutingConfig
 from warmfleet.routing.factory import strategy_config
-from warmfleet.routing.keys import KeySpec, key_from_blocks
+from warmfleet.routing.key_spec import KeySpec
+from warmfleet.routing.keys import key_from_blocks
 from warmfleet.routing.parse import parse_chat, parse_completions, parse_native
 from warmfleet.routing.router import Router
 

@@ -14,7 +14,7 @@ import pytest
 from warmfleet.core.errors import BadRequestError
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import strategy_config
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat, parse_completions
 from warmfleet.routing.router import Router
 

@@ -15,7 +15,8 @@ from warmfleet.core.errors import BadRequestError
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceState, Reason, RoutingKey
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import build_strategy, strategy_config
-from warmfleet.routing.keys import KeySpec, key_from_blocks
+from warmfleet.routing.key_spec import KeySpec
+from warmfleet.routing.keys import key_from_blocks
 from warmfleet.routing.parse import parse_chat, parse_completions, parse_native, parse_responses
 from warmfleet.routing.replicas import ReplicaView
 from warmfleet.routing.router import Router

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from support.engines import engine_spec
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
 from warmfleet.routing.factory import build_strategy, strategy_config
-from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH
+from warmfleet.routing.key_spec import DEFAULT_PREFIX_LENGTH
 from warmfleet.sim.gateways import Gateways, GatewaySync
 from warmfleet.sim.runner import (
     StrategyRun,

@@ -22,7 +22,7 @@ from support.engines import engine_spec
 from warmfleet.bench import sim_cli
 from warmfleet.core.types import RoutingKey
 from warmfleet.routing.factory import build_strategy, strategy_config
-from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH
+from warmfleet.routing.key_spec import DEFAULT_PREFIX_LENGTH
 from warmfleet.sim.gateways import GatewaySync
 from warmfleet.sim.metrics import compute_metrics
 from warmfleet.sim.runner import prepare, routing_keys

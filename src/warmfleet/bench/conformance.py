@@ -35,7 +35,7 @@ import typer
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.key_modes import key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat
 
 _BLOCK_SIZE_RE = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)

@@ -18,7 +18,7 @@ from warmfleet.flow.model import TtftPredictor
 from warmfleet.routing.config import StrategyConfig
 from warmfleet.routing.factory import build_strategy
 from warmfleet.routing.flow_config import FlowControlConfig
-from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH
+from warmfleet.routing.key_spec import DEFAULT_PREFIX_LENGTH
 from warmfleet.sim.metrics import percentile
 from warmfleet.sim.records import RequestRecord, SimConfig
 from warmfleet.sim.runner import prepare, routing_keys, strategy_rng

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from warmfleet.core.config import StrictModel
 from warmfleet.routing.flow_config import FlowControlConfig
-from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH, KeySpec
+from warmfleet.routing.key_spec import DEFAULT_PREFIX_LENGTH, KeySpec
 
 
 class RandomConfig(StrictModel):

@@ -20,10 +20,10 @@ from warmfleet.core.errors import ConfigError
 from warmfleet.core.types import RoutingKey
 from warmfleet.routing.canonical import render_chat_text
 from warmfleet.routing.chat_options import chat_template_options
+from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.keys import (
     CHARS_PER_TOKEN,
     KeyHasher,
-    KeySpec,
     Tokenizer,
     estimated_tokens,
     with_session,
@@ -105,13 +105,15 @@ class RenderedTextKeys(KeyBuilder):
 class TextKeys(RenderedTextKeys):
     """``text``: texts counted (and blocked) in characters."""
 
-    text_key = KeyHasher.from_chars
+    def text_key(self, text: str, seed: int, hint: int) -> RoutingKey:
+        return self.from_chars(text, seed, hint)
 
 
 class BytesKeys(RenderedTextKeys):
     """``bytes``: texts as UTF-8 bytes; a native invocation's raw body as it is (AWS parity)."""
 
-    text_key = KeyHasher.from_utf8
+    def text_key(self, text: str, seed: int, hint: int) -> RoutingKey:
+        return self.from_utf8(text, seed, hint)
 
     def native(self, request: NativeRequest) -> RoutingKey:
         raw = bytes(request.raw)

@@ -1,7 +1,7 @@
 """Routing keys: how a parsed request (``routing.request``) becomes a ``RoutingKey`` of salted
-chained block hashes. This module holds the settings (``KeySpec``), the ``Tokenizer`` protocol and
-``KeyHasher``, the hashing every key mode shares; ``routing.key_modes`` holds one key builder per
-mode (see docs/routing.md):
+chained block hashes. This module holds the ``Tokenizer`` protocol and ``KeyHasher``, the hashing
+every key mode shares (the settings, ``KeySpec``, are in ``routing.key_spec``);
+``routing.key_modes`` holds one key builder per mode (see docs/routing.md):
 
 - ``text``: the canonical text of a chat (``routing.canonical``: role, name, text parts, image
   URLs, tool calls with re-serialized JSON arguments, tools), independent of JSON whitespace
@@ -18,22 +18,18 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import xxhash
-from pydantic import Field, JsonValue, field_validator
 
-from warmfleet.core.config import StrictModel
 from warmfleet.core.hashing import chain_blocks, chain_seed
 from warmfleet.core.types import RoutingKey
 from warmfleet.routing.chains import SpanMemo
-from warmfleet.routing.chat_options import RESERVED_TEMPLATE_KWARGS, ChatTemplateOptions
-from warmfleet.routing.parse import DEFAULT_TENANT_HEADER, bad_request
-from warmfleet.routing.sessions import DEFAULT_SESSION_HEADERS, session_hash
+from warmfleet.routing.chat_options import ChatTemplateOptions
+from warmfleet.routing.key_spec import DEFAULT_PREFIX_LENGTH, KeySpec
+from warmfleet.routing.parse import bad_request
+from warmfleet.routing.sessions import session_hash
 
-KeyMode = Literal["text", "bytes", "tokens"]
-DEFAULT_BLOCK_SIZE: dict[str, int] = {"text": 128, "bytes": 128, "tokens": 16}
-DEFAULT_PREFIX_LENGTH = 4096
 CHARS_PER_TOKEN = 4
 _PREFIX_SALT = 0x5F5F
 _SEED_CACHE_ENTRIES = 4096
@@ -60,55 +56,6 @@ class Tokenizer(Protocol):
         tools: Sequence[Mapping[str, Any]] | None = None,
         options: ChatTemplateOptions | None = None,
     ) -> list[int]: ...
-
-
-class KeySpec(StrictModel):
-    """How routing keys are built.
-
-    ``prefix_length`` (units) bounds ``RoutingKey.prefix_hash``; ``None`` means "the strategy's
-    prefix_length, else 4096". ``max_units`` caps how much of a prompt is hashed into blocks,
-    and ``max_blocks`` how many block hashes a key carries: a strategy's ``choose`` and
-    ``on_routed`` cost 0.5-2.5 µs per block on the gateway's event loop (more while its body
-    worker competes for the GIL); 2,048 blocks are 262k characters in ``text`` mode, 32k
-    tokens in ``tokens`` mode (16-token blocks). Longer prompts are routed on that prefix.
-    ``default_chat_template_kwargs`` (``tokens`` mode): the engines' own
-    ``--default-chat-template-kwargs``, under each request's ``chat_template_kwargs``.
-    ``exclude_tools_when_tool_choice_none`` (``tokens`` mode): the engines run with vLLM's flag
-    of that name, so a request with ``tool_choice: "none"`` renders without its tools.
-    ``session_headers``: the request headers that name its session, first present wins
-    (``routing.sessions``; empty: only the body's ``prompt_cache_key`` does).
-    """
-
-    mode: KeyMode = "text"
-    block_size: int | None = Field(default=None, gt=0)
-    prefix_length: int | None = Field(default=None, gt=0)
-    max_units: int = Field(default=1 << 22, gt=0)
-    max_blocks: int = Field(default=2048, gt=0)
-    salt: str = "warmfleet"
-    tenant_header: str = DEFAULT_TENANT_HEADER
-    default_chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
-    exclude_tools_when_tool_choice_none: bool = False
-    session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
-
-    @field_validator("session_headers")
-    @classmethod
-    def _header_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name):
-                raise ValueError(f"{name!r} is not a header name (letters, digits, '-', '_')")
-        return tuple(name.lower() for name in value)
-
-    @field_validator("default_chat_template_kwargs")
-    @classmethod
-    def _no_renderer_arguments(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
-        taken = sorted(RESERVED_TEMPLATE_KWARGS & value.keys())
-        if taken:
-            raise ValueError(f"{taken[0]!r} cannot be set here (the renderer sets it)")
-        return value
-
-    @property
-    def effective_block_size(self) -> int:
-        return self.block_size if self.block_size is not None else DEFAULT_BLOCK_SIZE[self.mode]
 
 
 # --------------------------------------------------------------------------------------------

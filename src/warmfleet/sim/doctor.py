@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from warmfleet.api.trace_format import TraceRecord
-from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH
+from warmfleet.routing.key_spec import DEFAULT_PREFIX_LENGTH
 from warmfleet.sim.metrics import ideal_hit_tokens, lru_hit_tokens
 from warmfleet.sim.records import continuation_blocks, plan_sessions
 from warmfleet.sim.runner import Prepared, routing_keys

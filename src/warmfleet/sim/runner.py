@@ -22,7 +22,8 @@ from warmfleet.routing.base import Strategy
 from warmfleet.routing.config import PrefixHashConfig, StrategyConfig
 from warmfleet.routing.factory import build_strategy, strategy_config
 from warmfleet.routing.flow_config import FlowControlConfig
-from warmfleet.routing.keys import DEFAULT_PREFIX_LENGTH, key_from_blocks
+from warmfleet.routing.key_spec import DEFAULT_PREFIX_LENGTH
+from warmfleet.routing.keys import key_from_blocks
 from warmfleet.routing.movement import moved_fraction
 from warmfleet.sim.gateways import Gateways, GatewaySync
 from warmfleet.sim.metrics import RunMetrics, compute_metrics

@@ -52,7 +52,7 @@ from warmfleet.bench.live_procs import ProcessSet, free_port, terminate_on_sigte
 from warmfleet.gateway.kv_events import KvEventRelay
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.key_modes import key_builder
-from warmfleet.routing.keys import KeySpec
+from warmfleet.routing.key_spec import KeySpec
 
 CASES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("random", "default", {"type": "random"}),
