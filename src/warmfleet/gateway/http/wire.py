@@ -53,9 +53,7 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
         self.limits = server.limits
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
-        # the running loop, kept once known (``loop``): asyncio.get_running_loop() makes a
-        # getpid() system call each time on Python 3.11, and the request path needs it twice
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # kept once known (on_message_complete)
         self.closed = False
         self.writable: asyncio.Future[None] | None = None
         self.on_pause: Callable[[bool], None] | None = None  # a relay's back-pressure hook
@@ -81,12 +79,6 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
         self._failure: tuple[int, str] | None = None  # rejected behind requests in progress
         self._stalled_since = 0.0  # when the client stopped taking our bytes
         self._close_by = 0.0  # closed: dropped at this time if the client has not gone yet
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        return loop
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -161,7 +153,7 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self.writable is None or self.writable.done():
-            self.writable = self.loop().create_future()
+            self.writable = asyncio.get_running_loop().create_future()
             self._stalled_since = monotonic()
         if self.on_pause is not None:
             self.on_pause(True)
@@ -266,8 +258,7 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
         self._reading = False
         if self._counted:
             self._uncount()
-        url = self._url.decode("latin-1")
-        path, _, query = url.partition("?")
+        path, _, query = self._url.decode("latin-1").partition("?")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         method = self.parser.get_method().decode("latin-1")
         request = Request(
@@ -280,8 +271,9 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
             keep_alive=self.parser.should_keep_alive(),
             http10=self.parser.get_http_version() == "1.0",
         )
-        if self._task is None:
-            self._task = self.loop().create_task(self._serve(request))
+        if self._task is None:  # the loop kept: get_running_loop() is a getpid() call on 3.11
+            loop = self._loop = self._loop or asyncio.get_running_loop()
+            self._task = loop.create_task(self._serve(request))
         else:
             self._pending.append(request)
             if self.transport is not None:
