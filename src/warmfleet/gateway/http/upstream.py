@@ -129,7 +129,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.addr = addr
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # as ServerConnection keeps it
+        self._loop: asyncio.AbstractEventLoop | None = None  # kept once known (start)
         self.exchange: Exchange | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -261,9 +261,8 @@ class UpstreamConnection(asyncio.Protocol):
         if self._paused:  # the last answer's client fell behind as it ended
             self._paused = False
             self.transport.resume_reading()
-        loop = self._loop
-        if loop is None:  # kept: asyncio.get_running_loop() is a getpid() call (wire.py)
-            loop = self._loop = asyncio.get_running_loop()
+        # the loop kept: get_running_loop() is a getpid() call on 3.11 (as in ServerConnection)
+        loop = self._loop = self._loop or asyncio.get_running_loop()
         ex = Exchange(loop)
         ex.sink = sink
         self.exchange = ex
