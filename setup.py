@@ -29,6 +29,7 @@ COMPILED = [
     "src/warmfleet/routing/request.py",
     "src/warmfleet/routing/router.py",
     "src/warmfleet/routing/sessions.py",
+    "src/warmfleet/routing/strategies/affinity_view.py",
     "src/warmfleet/routing/strategies/prefix_affinity.py",
     "src/warmfleet/gateway/http/answers.py",
     "src/warmfleet/gateway/http/messages.py",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from warmfleet.core.types import Decision, InstanceId, RoutingKey
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)  # __init__: see core.types
 class RoutedNote:
     """``origin`` routed request ``seq`` of ``variant`` (key ``key``) by ``decision``; it adds
     ``tokens`` in-flight tokens to ``decision.instance_id`` until its ``FinishedNote``."""
@@ -34,12 +34,22 @@ class RoutedNote:
     decision: Decision
     tokens: int
 
+    def __init__(  # noqa: PLR0917 (the fields in order, as a dataclass takes them)
+        self, origin: str, variant: str, seq: int, key: RoutingKey, decision: Decision, tokens: int
+    ) -> None:
+        object.__setattr__(self, "origin", origin)
+        object.__setattr__(self, "variant", variant)
+        object.__setattr__(self, "seq", seq)
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "decision", decision)
+        object.__setattr__(self, "tokens", tokens)
+
     @property
     def instance_id(self) -> InstanceId:
         return self.decision.instance_id
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class FinishedNote:
     """Request ``seq`` that ``origin`` routed to ``instance_id`` ended (done, failed or
     cancelled): its ``tokens`` in-flight tokens are released."""
@@ -49,6 +59,15 @@ class FinishedNote:
     seq: int
     instance_id: InstanceId
     tokens: int
+
+    def __init__(
+        self, origin: str, variant: str, seq: int, instance_id: InstanceId, tokens: int
+    ) -> None:
+        object.__setattr__(self, "origin", origin)
+        object.__setattr__(self, "variant", variant)
+        object.__setattr__(self, "seq", seq)
+        object.__setattr__(self, "instance_id", instance_id)
+        object.__setattr__(self, "tokens", tokens)
 
 
 SyncNote = RoutedNote | FinishedNote

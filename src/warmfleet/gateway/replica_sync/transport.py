@@ -41,12 +41,20 @@ MAX_ORIGIN_BYTES = 512
 RECEIVE_BURST = 256  # batches read at most in a row before the event loop runs other work
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)  # __init__: see core.types
 class Batch:
     origin: str
     oldest_queued_s: float  # wall clock
     number: int  # from 1, one by one, per origin
     notes: tuple[SyncNote, ...]
+
+    def __init__(
+        self, origin: str, oldest_queued_s: float, number: int, notes: tuple[SyncNote, ...]
+    ) -> None:
+        object.__setattr__(self, "origin", origin)
+        object.__setattr__(self, "oldest_queued_s", oldest_queued_s)
+        object.__setattr__(self, "number", number)
+        object.__setattr__(self, "notes", notes)
 
 
 def batch_frames(origin: str, oldest_queued_s: float, number: int, payload: bytes) -> list[bytes]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from operator import attrgetter, is_
 
 from warmfleet.core.types import (
@@ -48,6 +47,7 @@ from warmfleet.routing.index import ApproxPrefixIndex, ExactPrefixIndex
 from warmfleet.routing.ledger import WorkLedger
 from warmfleet.routing.ring import RendezvousHash
 from warmfleet.routing.sessions import SessionHomes
+from warmfleet.routing.strategies.affinity_view import Columns, View
 
 _FANOUT_ENTRIES = 1 << 17
 _instance_id = attrgetter("instance_id")
@@ -84,7 +84,7 @@ class PrefixAffinityStrategy:
         # The last snapshot's instances and the columns read from them (frozen objects: the
         # same objects carry the same values, so an unchanged snapshot is not re-read).
         self._snap_instances: tuple[InstanceState, ...] = ()
-        self._snap: _Columns | None = None
+        self._snap: Columns | None = None
         # Branch points: block hash -> distinct continuations seen after it (bounded LRU).
         self._fanout: OrderedDict[int, int] = OrderedDict()
         # Ends of routed prompts (last block of a key, bounded LRU): a later request that
@@ -139,7 +139,7 @@ class PrefixAffinityStrategy:
             self.ledger.loads(fleet.instances, cols.tokens, requests_only_work, cols.counts)
         )
 
-    def _columns(self, instances: tuple[InstanceState, ...]) -> _Columns:
+    def _columns(self, instances: tuple[InstanceState, ...]) -> Columns:
         """Ids, positions, in-flight tokens and counts of a snapshot's instances, re-read only
         when the instances are not the very objects of the previous snapshot."""
         snap = self._snap
@@ -154,7 +154,7 @@ class PrefixAffinityStrategy:
             return snap
         ids = tuple(map(_instance_id, instances))
         pos = self._fleet_ids(ids, tuple(map(_capacity, instances)))
-        snap = self._snap = _Columns(
+        snap = self._snap = Columns(
             ids, pos, tuple(map(_tokens, instances)), tuple(map(_requests, instances))
         )
         self._snap_instances = instances
@@ -263,7 +263,7 @@ class PrefixAffinityStrategy:
             return self._replicate(key, view, holder, holder_cost)
         return self._place_new(key, view)
 
-    def _session_home(self, session: int, prompt_tokens: int, view: _View) -> Decision | None:
+    def _session_home(self, session: int, prompt_tokens: int, view: View) -> Decision | None:
         """The session's last instance, if it is in the fleet, within the load bound, and no
         other instance holds a strong match (``min_match_fraction``) longer than its own."""
         home = self.sessions.get(session)
@@ -286,7 +286,7 @@ class PrefixAffinityStrategy:
             and self._fanout.get(block_hash, 0) < self.config.shared_prefix_fanout
         )
 
-    def _view(self, key: RoutingKey, fleet: FleetSnapshot) -> _View:
+    def _view(self, key: RoutingKey, fleet: FleetSnapshot) -> View:
         work = key.prompt_tokens + key.output_tokens_hint
         cols = self._columns(fleet.instances)
         ids, pos = cols.ids, cols.pos
@@ -298,7 +298,7 @@ class PrefixAffinityStrategy:
         tokens_per_block = _tokens_per_block(key)
         # the least this request adds anywhere: its uncached part at the best holder + output
         least_work = max(0.0, key.prompt_tokens - best * tokens_per_block) + key.output_tokens_hint
-        return _View(
+        return View(
             ids=ids,
             loads=loads,
             pos=pos,
@@ -313,7 +313,7 @@ class PrefixAffinityStrategy:
         )
 
     def _replicate(
-        self, key: RoutingKey, view: _View, holder: InstanceId, holder_cost: float
+        self, key: RoutingKey, view: View, holder: InstanceId, holder_cost: float
     ) -> Decision:
         """Hot prefix: the next instance in the prefix's hash order that beats staying put."""
         cfg = self.config
@@ -335,7 +335,7 @@ class PrefixAffinityStrategy:
             chosen, Reason.REPLICATE, matches.get(chosen, 0), view.best_blocks, spilled=True
         )
 
-    def _place_new(self, key: RoutingKey, view: _View) -> Decision:
+    def _place_new(self, key: RoutingKey, view: View) -> Decision:
         """New prefix group: hash of its first novel block, among the least-loaded instances."""
         cfg = self.config
         hashes = key.block_hashes
@@ -371,27 +371,3 @@ def _tokens_per_block(key: RoutingKey) -> float:
     if key.units and key.prompt_tokens:
         return key.prompt_tokens * key.block_size / key.units
     return 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Columns:
-    """What the strategy reads from one snapshot's instances, in snapshot order."""
-
-    ids: tuple[InstanceId, ...]
-    pos: dict[InstanceId, int]
-    tokens: tuple[int, ...]
-    counts: tuple[int, ...]
-
-
-@dataclass(slots=True)
-class _View:
-    """One decision's view of the fleet."""
-
-    ids: tuple[InstanceId, ...]
-    loads: list[int]
-    pos: dict[InstanceId, int]
-    matches: dict[InstanceId, int]
-    best_blocks: int
-    work: int
-    cap_load: float
-    tokens_per_block: float

@@ -1,0 +1,58 @@
+"""What ``prefix_affinity`` reads per snapshot (``Columns``) and per decision (``View``).
+
+Plain slots classes with their own ``__init__``: one of each may be built for every request,
+and compiled they build in ~20 ns (a dataclass's generated ``__init__`` stays interpreted,
+docs/compiled.md). Neither is modified after it is built.
+"""
+
+from __future__ import annotations
+
+from warmfleet.core.types import InstanceId
+
+
+class Columns:
+    """What the strategy reads from one snapshot's instances, in snapshot order."""
+
+    __slots__ = ("counts", "ids", "pos", "tokens")
+
+    def __init__(
+        self,
+        ids: tuple[InstanceId, ...],
+        pos: dict[InstanceId, int],
+        tokens: tuple[int, ...],
+        counts: tuple[int, ...],
+    ) -> None:
+        self.ids = ids
+        self.pos = pos
+        self.tokens = tokens
+        self.counts = counts
+
+
+class View:
+    """One decision's view of the fleet: per instance (in ``ids`` order) its load, and the
+    blocks it is predicted to hold (``matches``, only instances holding some)."""
+
+    __slots__ = (
+        "best_blocks", "cap_load", "ids", "loads", "matches", "pos", "tokens_per_block", "work",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        ids: tuple[InstanceId, ...],
+        loads: list[int],
+        pos: dict[InstanceId, int],
+        matches: dict[InstanceId, int],
+        best_blocks: int,
+        work: int,
+        cap_load: float,
+        tokens_per_block: float,
+    ) -> None:
+        self.ids = ids
+        self.loads = loads
+        self.pos = pos
+        self.matches = matches
+        self.best_blocks = best_blocks
+        self.work = work
+        self.cap_load = cap_load
+        self.tokens_per_block = tokens_per_block
