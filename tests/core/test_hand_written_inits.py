@@ -24,7 +24,7 @@ SAMPLES: dict[type[Any], tuple[Any, ...]] = {
     Decision: ("a", Reason.PREFIX_HIT, 2, 2, True),
     RoutedNote: ("o", "e/v", 3, KEY, DECISION, 12),
     FinishedNote: ("o", "e/v", 3, "a", 12),
-    Batch: ("o", 1.0, 2, ()),
+    Batch: ("o", 1.0, 2, b"", ()),
 }
 
 

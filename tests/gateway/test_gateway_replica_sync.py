@@ -27,10 +27,11 @@ from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.peers import parse_peer_list, peers_from_slices
 from warmfleet.gateway.replica_sync.service import ReplicaSync
 from warmfleet.gateway.replica_sync.transport import (
+    HEADER,
     LOG_REQUEST,
     TOPIC,
     PayloadLog,
-    batch_frames,
+    batch_message,
     parse_batch,
     parse_log,
 )
@@ -116,20 +117,23 @@ async def test_bad_frames_are_counted_and_dropped_and_lost_batches_seen() -> Non
     sync = ReplicaSync(ReplicaSyncConfig(replica_id="r"), CollectorRegistry())
     key = RoutingKey((1, 2), 16, 2, 32, 7)
     note = routed_note("peer#1", "main/v1", 1, key, Decision("i", Reason.PREFIX_HIT))
-    good = batch_frames("peer#1", 0.0, 1, encode_batch([note]))
-    for frames in (
-        [b"junk"],
-        [good[0], good[1], b"short", good[3]],
-        [good[0], b"", good[2], good[3]],
-        [good[0], good[1], good[2], b"\xc1not msgpack"],
-        [good[0], b"\xff\xfe", good[2], good[3]],
+    payload = encode_batch([note])
+    good = batch_message("peer#1", 0.0, 1, payload)
+    assert parse_batch(good).payload == payload
+    for message in (
+        b"junk",
+        good[: HEADER.size + 3],  # the origin cut short
+        b"wf-snyc" + good[len(TOPIC) :],  # another topic
+        batch_message("", 0.0, 1, payload),
+        batch_message("peer#1", 0.0, 1, b"\xc1not msgpack"),
+        good[: HEADER.size - 2] + b"\x02\x00\xff\xfe" + payload,  # an origin not UTF-8
     ):
-        sync.receive(frames)
-    assert sync.metrics.dropped.labels("bad_frame")._value.get() == 5
+        sync.receive(message)
+    assert sync.metrics.dropped.labels("bad_frame")._value.get() == 6
     sync.receive(good)  # no view for main/v1 here: received, applied nowhere, no crash
     assert sync.metrics.received._value.get() == 1
     assert not sync._resync.is_set()  # its first batch: nothing before it to miss
-    sync.receive(batch_frames("peer#1", 0.0, 4, encode_batch([])))  # batches 2 and 3 lost
+    sync.receive(batch_message("peer#1", 0.0, 4, encode_batch([])))  # batches 2 and 3 lost
     assert sync.metrics.missed._value.get() == 2
     assert sync._resync.is_set()
 
@@ -138,28 +142,37 @@ async def test_a_subscription_that_joined_late_replays_the_peers_logs() -> None:
     """A PUB socket drops what it sends before a subscriber's connection is up: a replica
     whose first batch from a peer is not that peer's first asks the peers for their logs."""
     sync = ReplicaSync(ReplicaSyncConfig(replica_id="r"), CollectorRegistry())
-    sync.receive(batch_frames("peer#1", 0.0, 3, encode_batch([])))  # a heartbeat, batch 3
+    sync.receive(batch_message("peer#1", 0.0, 3, encode_batch([])))  # a heartbeat, batch 3
     assert sync._resync.is_set()
     assert sync.metrics.missed._value.get() == 0  # not known to be lost: only not seen
 
 
 _FRAMES = st.one_of(
     st.lists(st.binary(max_size=40), max_size=6),
-    st.tuples(  # shaped like a batch or a log answer, with arbitrary contents
-        st.sampled_from([TOPIC, LOG_REQUEST]),
-        st.binary(max_size=8),
-        st.binary(min_size=16, max_size=16),
-        st.binary(max_size=60),
+    st.tuples(  # shaped like a log answer, with arbitrary contents
+        st.just(LOG_REQUEST), st.binary(max_size=8), st.binary(max_size=60)
     ).map(list),
+)
+_MESSAGES = st.one_of(
+    st.binary(max_size=80),
+    st.tuples(  # shaped like a batch (topic, stamp, number, origin length), arbitrary after
+        st.just(TOPIC),
+        st.binary(min_size=16, max_size=16),
+        st.integers(0, 70),
+        st.binary(max_size=80),
+    ).map(lambda t: t[0] + t[1] + t[2].to_bytes(2, "little") + t[3]),
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(_FRAMES)
-def test_any_message_is_a_batch_or_a_replica_sync_error(frames: list[bytes]) -> None:
-    for parse in (parse_batch, parse_log):
-        with suppress(ReplicaSyncError):
-            parse(frames)
+@given(_MESSAGES, _FRAMES)
+def test_any_message_is_a_batch_or_a_replica_sync_error(
+    message: bytes, frames: list[bytes]
+) -> None:
+    with suppress(ReplicaSyncError):
+        parse_batch(message)
+    with suppress(ReplicaSyncError):
+        parse_log(frames)
 
 
 def test_the_catch_up_log_is_bounded_in_bytes() -> None:

@@ -44,7 +44,6 @@ def _opened(now_s: list[float]) -> ReplicaSync:
 async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -> None:
     now_s = [100.0]
     sync = _opened(now_s)
-    flusher = asyncio.create_task(sync._flusher())
     try:
         first = _routed(sync, 1)
         sync.send(first)
@@ -57,7 +56,7 @@ async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -
         sync.send(finished_note(first))  # two requests still open: no hurry
         await asyncio.sleep(0.001)
         assert (len(sync._pending), _batches(sync)) == (3, 1.0)  # within 10 ms of the last
-        now_s[0] += 0.010  # the flusher's sleep ends by the real clock, its wait by this one
+        now_s[0] += 0.010  # the timer fires by the loop's clock, its wait is up by this one
         await wait_until(lambda: not sync._pending, timeout_s=5.0)
         assert _batches(sync) == 2.0  # the three queued notes left as one batch
         now_s[0] += 0.001
@@ -67,8 +66,8 @@ async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -
         sync.send(finished_note(_routed(sync, 3)))  # the last open request ended
         await asyncio.sleep(0)
         assert (sync._pending, _batches(sync)) == ([], 3.0)  # within 10 ms, yet at once
+        assert sync._timer is None  # no wake-up left for an idle loop
     finally:
-        flusher.cancel()
         sync.close()
 
 
@@ -103,27 +102,42 @@ async def test_an_end_whose_routing_is_still_queued_takes_the_batch_along_at_onc
 async def test_a_batch_sent_at_once_moves_the_next_batch_on() -> None:
     now_s = [100.0]
     sync = _opened(now_s)
-    flusher = asyncio.create_task(sync._flusher())
     try:
         sync.send(_routed(sync, 1))
         await asyncio.sleep(0)
         now_s[0] += 0.001
         second = _routed(sync, 2)
-        sync.send(second)  # the flusher sleeps until 10 ms after batch 1
+        sync.send(second)  # a timer for 10 ms after batch 1
         await asyncio.sleep(0)
         sync.send(finished_note(second))  # a short request: its routing leaves at once
         await asyncio.sleep(0)
         assert _batches(sync) == 2.0
         sync.send(_routed(sync, 3))
-        await asyncio.sleep(0.015)  # the flusher's first sleep is over (by the real clock)
+        await asyncio.sleep(0.015)  # its timer fired (by the loop's clock)
         # but by this clock batch 2 left 0 ms ago: the next waits for 10 ms after it
         assert (len(sync._pending), _batches(sync)) == (1, 2.0)
         now_s[0] += 0.010
         await wait_until(lambda: not sync._pending, timeout_s=5.0)
         assert _batches(sync) == 3.0
     finally:
-        flusher.cancel()
         sync.close()
+
+
+async def test_notes_queued_before_the_loop_ran_leave_once_it_runs() -> None:
+    now_s = [100.0]
+    sync = _opened(now_s)
+    sync._loop = None  # before ``run``: no timer can be armed
+    sync.send(_routed(sync, 1))  # quiet: sent inside the caller, there is no loop turn to wait
+    now_s[0] += 0.001
+    sync.send(_routed(sync, 2))
+    assert (len(sync._pending), _batches(sync), sync._timer) == (1, 1.0, None)
+    task = asyncio.create_task(sync.run())
+    try:
+        await wait_until(lambda: not sync._pending, timeout_s=5.0)
+        assert _batches(sync) == 2.0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def _open_notes(app: StartedApp) -> dict[str, dict[str, int]]:

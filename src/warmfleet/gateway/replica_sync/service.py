@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 import zmq
 from prometheus_client import CollectorRegistry
@@ -35,10 +35,9 @@ from warmfleet.gateway.replica_sync.metrics import SyncMetrics
 from warmfleet.gateway.replica_sync.peers import PeerWatch
 from warmfleet.gateway.replica_sync.router import CurrentRouter, kept
 from warmfleet.gateway.replica_sync.transport import (
-    LOG_REQUEST,
     PayloadLog,
     Sockets,
-    batch_frames,
+    batch_message,
     log_frames,
     parse_batch,
     parse_log,
@@ -63,8 +62,7 @@ class ReplicaSync:
     ) -> None:
         self.config = config
         self.replica_id = config.resolved_replica_id()
-        # the notes' origin: this process's run of the replica (a restarted replica numbers its
-        # notes from 1 again, and must not look like its previous run to the peers)
+        # the notes' origin: this run of the replica (a restarted one numbers from 1 again)
         self.origin = f"{self.replica_id}#{os.urandom(4).hex()}"
         self.endpoint = config.listen.endpoint
         self.metrics = SyncMetrics(registry)
@@ -82,9 +80,9 @@ class ReplicaSync:
         self._interval_s = config.batch_interval_ms / 1000.0
         self._loop: asyncio.AbstractEventLoop | None = None  # set by ``run``
         self._flush_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None  # the next batch's, while notes wait
         self._batches = 0  # numbered from 1
         self._last_batch: dict[str, int] = {}  # origin -> number of its last batch heard
-        self._wake = asyncio.Event()
         self._resync = asyncio.Event()
         self._log = PayloadLog(config.log_bytes)
         self._own_open: dict[tuple[str, int], RoutedNote] = {}
@@ -119,11 +117,12 @@ class ReplicaSync:
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self._pending:  # queued before the loop ran: no timer was armed for them
+            self._flush_soon()
         try:
             async with asyncio.TaskGroup() as tasks:
                 for name, step in (
                     ("peers", self.peers.run),
-                    ("flush", self._flusher),
                     ("receive", self._receiver),
                     ("answer", self._answer_catch_up),
                     ("tick", self._ticker),
@@ -133,7 +132,7 @@ class ReplicaSync:
                     tasks.create_task(kept(name, step), name=f"warmfleet-sync-{name}")
         finally:
             self._loop = None
-            if self._pending:
+            if self._pending:  # (a timer is armed only while notes wait: this cancels it)
                 self.flush()  # a graceful stop sends its last ends
             self.close()
 
@@ -164,7 +163,7 @@ class ReplicaSync:
         """A note of this replica (hot path), queued. It leaves at the loop's next turn when no
         batch left in the last ``batch_interval_ms``, when it ends the replica's last open
         request, or when it ends a request whose routing is still queued (its client may send
-        the next turn to a peer now); else with the next batch (``_flusher``, or at once at
+        the next turn to a peer now); else with the next batch (``_flush_due``, or at once at
         ``max_batch_notes``)."""
         own, key = self._own_open, (note.variant, note.seq)
         if isinstance(note, RoutedNote):
@@ -181,8 +180,8 @@ class ReplicaSync:
         if len(pending) == 1:
             self._oldest_s = self._wall()
             now = now or self._clock() - self._last_sent_s >= self._interval_s
-            if not now:
-                self._wake.set()
+            if not now and self._timer is None and self._loop is not None:
+                self._timer = self._loop.call_later(self._wait_s(), self._flush_due)
         if now:
             self._flush_soon()
         elif len(pending) >= self.config.max_batch_notes:
@@ -191,12 +190,11 @@ class ReplicaSync:
     def _flush_soon(self) -> None:
         """Flush at the loop's next turn: after the callback that queued the note wrote its
         answer (not on the client's critical path), once for every note queued meanwhile."""
-        loop = self._loop
-        if loop is None:
+        if self._loop is None:
             self.flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            loop.call_soon(self._flush_now)
+            self._loop.call_soon(self._flush_now)
 
     def _flush_now(self) -> None:
         self._flush_scheduled = False
@@ -206,6 +204,9 @@ class ReplicaSync:
     def flush(self) -> None:
         notes, self._pending = self._pending, []
         self._unsent_routed.clear()
+        if self._timer is not None:  # nothing waits for it now (a timer wakes an idle loop)
+            self._timer.cancel()
+            self._timer = None
         sockets = self._sockets
         if sockets is None:
             return
@@ -219,22 +220,24 @@ class ReplicaSync:
         self._batches += 1
         if notes:
             self._log.add(payload)
-        if not sockets.send(batch_frames(self.origin, self._oldest_s, self._batches, payload)):
+        if not sockets.send(batch_message(self.origin, self._oldest_s, self._batches, payload)):
             self.metrics.dropped.labels("send_full").inc()
             return
         self.metrics.batches.inc()
         self.metrics.sent.inc(len(notes))
 
-    async def _flusher(self) -> None:
-        """Sends the queued notes ``batch_interval_ms`` after the last batch left."""
-        while True:
-            await self._wake.wait()
-            # a batch that left meanwhile (an end sent at once) moves the next one on
-            while (wait_s := self._last_sent_s + self._interval_s - self._clock()) > 0:
-                await asyncio.sleep(wait_s)
-            self._wake.clear()
-            if self._pending:
-                self.flush()
+    def _wait_s(self) -> float:
+        return max(0.0, self._last_sent_s + self._interval_s - self._clock())
+
+    def _flush_due(self) -> None:
+        """A loop timer, no task: queued notes leave ``batch_interval_ms`` after the last batch."""
+        self._timer = None
+        if not self._pending or self._loop is None:
+            return
+        if (wait_s := self._wait_s()) > 0:  # a batch left meanwhile: the timer moves on
+            self._timer = self._loop.call_later(wait_s, self._flush_due)
+        else:
+            self.flush()
 
     # ------------------------------------------------------------------ receiving
 
@@ -248,10 +251,10 @@ class ReplicaSync:
         if (sockets := self._sockets) is not None:
             await sockets.serve_sub(self.receive)
 
-    def receive(self, frames: Sequence[bytes]) -> None:
+    def receive(self, message: bytes) -> None:
         """One message from a peer's PUB socket; a bad one is counted and dropped."""
         try:
-            batch = parse_batch(frames)
+            batch = parse_batch(message)
         except ReplicaSyncError as err:
             self.metrics.dropped.labels("bad_frame").inc()
             log.debug("replica sync: dropping a message: %s", err)
@@ -272,7 +275,7 @@ class ReplicaSync:
             self.metrics.missed.inc(batch.number - last - 1)
             self._resync.set()
         if self.apply(batch.notes):
-            self._log.add(frames[3])
+            self._log.add(batch.payload)
 
     def apply(self, notes: Iterable[SyncNote]) -> int:
         """Apply peers' notes to the views of their variants; the number that changed one."""
@@ -325,20 +328,17 @@ class ReplicaSync:
     # ------------------------------------------------------------------ catch-up
 
     async def _answer_catch_up(self) -> None:
-        while (sockets := self._sockets) is not None:
-            frames = await sockets.router.recv_multipart()
-            if len(frames) != 2 or frames[1] != LOG_REQUEST:
-                self.metrics.dropped.labels("bad_frame").inc()
-                continue
-            try:
-                answer = log_frames(self.origin, list(self._own_open.values()), self._log)
-            except ReplicaSyncError as err:
-                log.error("replica sync: log not encoded: %s", err)
-                continue
-            try:  # a ROUTER drops what it cannot deliver: this never waits in practice
-                await asyncio.wait_for(sockets.router.send_multipart([frames[0], *answer]), 5.0)
-            except TimeoutError:
-                log.warning("replica sync: a catch-up answer was not sent in 5 s")
+        if (sockets := self._sockets) is not None:
+            await sockets.serve_log_requests(
+                self._log_answer, self.metrics.dropped.labels("bad_frame").inc
+            )
+
+    def _log_answer(self) -> list[bytes] | None:
+        try:
+            return log_frames(self.origin, list(self._own_open.values()), self._log)
+        except ReplicaSyncError as err:
+            log.error("replica sync: log not encoded: %s", err)
+            return None
 
     async def catch_up(self, endpoints: Iterable[str], timeout_s: float) -> int:
         """Replay the logs of the peers at ``endpoints``; how many answered in time."""

@@ -1,11 +1,13 @@
 """The replicas' ZeroMQ wire: note batches over PUB/SUB, catch-up over ROUTER/DEALER.
 
 - **Batches.** Each replica binds one PUB socket (``spec.replicaSync.listen``) and every peer's
-  SUB socket connects to it. A batch is one message of four frames: ``TOPIC``, the origin
-  replica's id, ``STAMP`` (the wall-clock time, in seconds, at which the batch's oldest note was
-  queued: the receiver's now minus it is the note's observed propagation delay, batching
-  included; then the batch's number, from 1 for each origin: a receiver that sees one skipped
-  knows it lost notes) and the payload of ``api.replica_sync.encode_batch``. A batch with no
+  SUB socket connects to it. A batch is one single-frame message: ``HEADER`` (``TOPIC``, the
+  wall-clock time, in seconds, at which the batch's oldest note was queued: the receiver's now
+  minus it is the note's observed propagation delay, batching included; the batch's number,
+  from 1 for each origin: a receiver that sees one skipped knows it lost notes; the length of
+  the origin replica's id), the id (UTF-8) and the payload of
+  ``api.replica_sync.encode_batch``. One frame, not four: each frame is a send and a receive of
+  its own in pyzmq and libzmq (docs/benchmarks.md, "One-frame batches"). A batch with no
   notes is a heartbeat.
 - **Catch-up.** Each replica binds a ROUTER on the next port. A DEALER sends ``[LOG_REQUEST]``;
   the answer is ``[LOG_REQUEST, origin, payload, ...]``: the replica's open requests
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -35,10 +38,12 @@ from warmfleet.routing.replica_notes import SyncNote
 
 TOPIC = b"wf-sync"
 LOG_REQUEST = b"wf-sync-log"
-STAMP = struct.Struct("<dQ")  # oldest note queued (wall clock, s), batch number
+# topic, oldest note queued (wall clock, s), batch number, origin length in bytes
+HEADER = struct.Struct(f"<{len(TOPIC)}sdQH")
 CATCH_UP_NOTES_PER_FRAME = 1024
 MAX_ORIGIN_BYTES = 512
 RECEIVE_BURST = 256  # batches read at most in a row before the event loop runs other work
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, init=False)  # __init__: see core.types
@@ -46,19 +51,27 @@ class Batch:
     origin: str
     oldest_queued_s: float  # wall clock
     number: int  # from 1, one by one, per origin
+    payload: bytes  # as encoded (kept for newcomers, ``PayloadLog``)
     notes: tuple[SyncNote, ...]
 
     def __init__(
-        self, origin: str, oldest_queued_s: float, number: int, notes: tuple[SyncNote, ...]
+        self,
+        origin: str,
+        oldest_queued_s: float,
+        number: int,
+        payload: bytes,
+        notes: tuple[SyncNote, ...],
     ) -> None:
         object.__setattr__(self, "origin", origin)
         object.__setattr__(self, "oldest_queued_s", oldest_queued_s)
         object.__setattr__(self, "number", number)
+        object.__setattr__(self, "payload", payload)
         object.__setattr__(self, "notes", notes)
 
 
-def batch_frames(origin: str, oldest_queued_s: float, number: int, payload: bytes) -> list[bytes]:
-    return [TOPIC, origin.encode(), STAMP.pack(oldest_queued_s, number), payload]
+def batch_message(origin: str, oldest_queued_s: float, number: int, payload: bytes) -> bytes:
+    raw = origin.encode()
+    return HEADER.pack(TOPIC, oldest_queued_s, number, len(raw)) + raw + payload
 
 
 def _origin(raw: bytes) -> str:
@@ -70,12 +83,18 @@ def _origin(raw: bytes) -> str:
         raise ReplicaSyncError(f"origin: not UTF-8: {err}") from err
 
 
-def parse_batch(frames: Sequence[bytes]) -> Batch:
+def parse_batch(message: bytes) -> Batch:
     """A received batch message."""
-    if len(frames) != 4 or frames[0] != TOPIC or len(frames[2]) != STAMP.size:
-        raise ReplicaSyncError("batch: expected 4 frames [topic, origin, stamp, payload]")
-    stamp, number = STAMP.unpack(frames[2])
-    return Batch(_origin(frames[1]), stamp, number, decode_batch(frames[3]))
+    if len(message) < HEADER.size:
+        raise ReplicaSyncError(f"batch: {len(message)} bytes, shorter than its header")
+    topic, stamp, number, origin_bytes = HEADER.unpack_from(message)
+    end = HEADER.size + origin_bytes
+    if topic != TOPIC or len(message) < end:
+        raise ReplicaSyncError(
+            "batch: expected [topic, stamp, number, origin length] origin payload"
+        )
+    payload = message[end:]
+    return Batch(_origin(message[HEADER.size : end]), stamp, number, payload, decode_batch(payload))
 
 
 class PayloadLog:
@@ -142,10 +161,10 @@ class Sockets:
             raise
         self.connected: set[str] = set()
 
-    def send(self, frames: list[bytes]) -> bool:
+    def send(self, message: bytes) -> bool:
         """False if the message was dropped (every peer's queue full)."""
         try:
-            self.pub.send_multipart(frames, flags=zmq.NOBLOCK)
+            self.pub.send(message, flags=zmq.NOBLOCK)
         except zmq.Again:
             return False
         return True
@@ -153,25 +172,23 @@ class Sockets:
     @property
     def sub_fd(self) -> int:
         """The SUB socket's descriptor: readable when its state may have changed (ZeroMQ's
-        edge-triggered signal: ``sub_pending`` reads and re-arms it)."""
+        edge-triggered signal: reading ``zmq.EVENTS`` re-arms it)."""
         return int(self.sub.getsockopt(zmq.FD))
 
-    def receive_ready(self, limit: int = RECEIVE_BURST) -> list[list[bytes]]:
-        """The batch messages already received (at most ``limit``), without waiting."""
-        out: list[list[bytes]] = []
-        recv = self.sub.recv_multipart
-        try:
-            while len(out) < limit:
-                out.append(recv(zmq.NOBLOCK))
-        except zmq.Again:
-            pass
+    def receive_ready(self, limit: int = RECEIVE_BURST) -> list[bytes]:
+        """The batch messages already received (at most ``limit``), without waiting. Fewer
+        than ``limit``: none is left, and ``sub_fd`` is re-armed. (It asks ZeroMQ's state
+        before each read instead of reading until ``zmq.Again``: an exception a wake-up.)"""
+        out: list[bytes] = []
+        sub = self.sub
+        while len(out) < limit and int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            try:
+                out.append(sub.recv(zmq.NOBLOCK))
+            except zmq.Again:  # not expected once POLLIN is set; read again on the next wake
+                break
         return out
 
-    def sub_pending(self) -> bool:
-        """A message waits on the SUB socket (reading this re-arms ``sub_fd``)."""
-        return bool(int(self.sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
-
-    async def serve_sub(self, on_batch: Callable[[list[bytes]], None]) -> None:
+    async def serve_sub(self, on_batch: Callable[[bytes], None]) -> None:
         """``on_batch`` for every message received, until the sockets close: woken by the SUB
         socket's descriptor, it reads every message waiting (``RECEIVE_BURST`` at a time, the
         event loop running other work in between), then sleeps again."""
@@ -181,15 +198,32 @@ class Sockets:
         loop.add_reader(fd, readable.set)
         try:
             while not self._closed:
-                for frames in self.receive_ready():
-                    on_batch(frames)
-                if self.sub_pending():  # more waiting: read on after other work
+                ready = self.receive_ready()
+                for message in ready:
+                    on_batch(message)
+                if len(ready) == RECEIVE_BURST:  # maybe more waiting: read on after other work
                     await asyncio.sleep(0)
                     continue
                 readable.clear()
                 await readable.wait()
         finally:
             loop.remove_reader(fd)
+
+    async def serve_log_requests(
+        self, answer: Callable[[], list[bytes] | None], on_bad: Callable[[], None]
+    ) -> None:
+        """Answer each catch-up request on the ROUTER with ``answer()`` (nothing if it gives
+        ``None``; ``on_bad()`` for a message that is no request), until the sockets close."""
+        router = self.router
+        while not self._closed:
+            frames = await router.recv_multipart()
+            if len(frames) != 2 or frames[1] != LOG_REQUEST:
+                on_bad()
+            elif (frames_out := answer()) is not None:
+                try:  # a ROUTER drops what it cannot deliver: this never waits in practice
+                    await asyncio.wait_for(router.send_multipart([frames[0], *frames_out]), 5.0)
+                except TimeoutError:
+                    log.warning("replica sync: a catch-up answer was not sent in 5 s")
 
     def set_peers(self, endpoints: Iterable[str]) -> None:
         wanted = set(endpoints)
