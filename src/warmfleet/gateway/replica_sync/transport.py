@@ -43,6 +43,8 @@ HEADER = struct.Struct(f"<{len(TOPIC)}sdQH")
 CATCH_UP_NOTES_PER_FRAME = 1024
 MAX_ORIGIN_BYTES = 512
 RECEIVE_BURST = 256  # batches read at most in a row before the event loop runs other work
+# plain ints: pyzmq's constants are Python ``IntFlag``s (``int & zmq.POLLIN`` ~490 ns, ~10 ns so)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 log = logging.getLogger(__name__)
 
 
@@ -181,7 +183,7 @@ class Sockets:
         before each read instead of reading until ``zmq.Again``: an exception a wake-up.)"""
         out: list[bytes] = []
         sub = self.sub
-        while len(out) < limit and int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while len(out) < limit and int(sub.getsockopt(_EVENTS)) & _POLLIN:
             try:
                 out.append(sub.recv(zmq.NOBLOCK))
             except zmq.Again:  # not expected once POLLIN is set; read again on the next wake
