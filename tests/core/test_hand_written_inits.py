@@ -35,7 +35,7 @@ def test_init_takes_the_fields_in_order(cls: type[Any]) -> None:
     built = cls(*values)
     assert [getattr(built, name) for name in names] == list(values)
     assert built == cls(**dict(zip(names, values, strict=True)))
-    assert hash(built) == hash(cls(*values)) or cls is Batch  # a Batch holds a tuple: hashable too
+    assert hash(built) == hash(cls(*values))
     changed = dataclasses.replace(built, **{names[0]: values[0]})
     assert changed == built
     with pytest.raises(dataclasses.FrozenInstanceError):

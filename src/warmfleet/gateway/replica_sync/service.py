@@ -180,8 +180,8 @@ class ReplicaSync:
         if len(pending) == 1:
             self._oldest_s = self._wall()
             now = now or self._clock() - self._last_sent_s >= self._interval_s
-            if not now and self._timer is None and self._loop is not None:
-                self._timer = self._loop.call_later(self._wait_s(), self._flush_due)
+            if not now and self._timer is None:
+                self._flush_due()  # arms the timer (the interval is not up)
         if now:
             self._flush_soon()
         elif len(pending) >= self.config.max_batch_notes:
