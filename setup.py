@@ -41,6 +41,7 @@ COMPILED = [
     "src/warmfleet/gateway/openai/handlers.py",
     "src/warmfleet/gateway/proxy.py",
     "src/warmfleet/gateway/relay.py",
+    "src/warmfleet/gateway/replica_sync/inbound.py",
     "src/warmfleet/gateway/replica_sync/router.py",
     "src/warmfleet/gateway/replica_sync/service.py",
     "src/warmfleet/gateway/replica_sync/transport.py",

@@ -78,6 +78,8 @@ def test_config_defaults_and_errors_name_the_field() -> None:
         ({"peers": {"type": "kubernetes"}}, "peers.kubernetes.service"),
         ({"listen": {"port": 65535}}, "listen.port"),
         ({"heartbeat_interval_s": 1.0, "peer_timeout_s": 1.5}, "peerTimeoutS"),
+        ({"heartbeat_interval_s": 0.1, "apply_delay_ms": 600, "peer_timeout_s": 0.7}, "applyDelay"),
+        ({"apply_delay_ms": -1}, "applyDelayMs"),
         ({"batch_interval_ms": -1}, "batchIntervalMs"),
         ({"replica_id": "a b"}, "replicaId"),
         ({"leader": "a"}, "spec.replicaSync.leader"),

@@ -1,12 +1,15 @@
 """The replicas' receiving side read without a future per message: every batch a peer
-published is read, in order, in bursts of at most ``RECEIVE_BURST``, and the service applies
-batches that arrive while it sleeps on the SUB socket's descriptor."""
+published is read, in order, in bursts of at most ``RECEIVE_BURST``; the service applies
+batches that arrive while it sleeps on the SUB socket's descriptor, at once or
+``apply_delay_ms`` later, and a decision's ``drain`` reads what waits before that."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import pytest
+import uvloop
 from prometheus_client import CollectorRegistry
 from replica_sync_support import endpoint, sync_ports
 
@@ -61,30 +64,94 @@ def test_every_batch_is_read_in_order_in_bounded_bursts() -> None:
         receiver.close()
 
 
-async def test_the_service_applies_what_arrives_while_it_sleeps() -> None:
-    port_a, port_b = sync_ports(2)
-    sender = Sockets(endpoint(port_a))
-    peers = {"type": "static", "endpoints": []}
+def _service(port: int, peer_port: int, apply_delay_ms: float) -> ReplicaSync:
+    """Replica ``b`` listening on ``port``, subscribed to ``peer_port`` (no catch-up)."""
+    peers = {"type": "static", "endpoints": [endpoint(peer_port)]}
     config = ReplicaSyncConfig.model_validate(
-        {"replica_id": "b", "listen": {"port": port_b}, "peers": peers}
+        {
+            "replica_id": "b",
+            "listen": {"port": port},
+            "peers": peers,
+            "apply_delay_ms": apply_delay_ms,
+            "catch_up_timeout_s": 0,
+        }
     )
     sync = ReplicaSync(config, CollectorRegistry())
     sync.open()
-    sockets = sync._sockets
-    assert sockets is not None
-    sockets.set_peers([endpoint(port_a)])
-    task = asyncio.create_task(sync._receiver())
+    return sync
+
+
+async def _joined(sender: Sockets, sync: ReplicaSync) -> None:
+    """Publish batch 0 until the service read one (a SUB drops what precedes its join)."""
+    while "peer#1" not in sync._last_batch:
+        sender.send(_message(0))
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("apply_delay_ms", [0.0, 40.0])
+async def test_the_service_applies_what_arrives_while_it_sleeps(apply_delay_ms: float) -> None:
+    await _applies_what_arrives(apply_delay_ms)
+
+
+@pytest.mark.parametrize("apply_delay_ms", [0.0, 40.0])
+def test_the_service_applies_what_arrives_under_uvloop(apply_delay_ms: float) -> None:
+    """The gateway's own loop (its ``remove_reader`` returns None, not the bool typeshed
+    promises: compiled code that used the result failed there)."""
+    uvloop.run(_applies_what_arrives(apply_delay_ms))
+
+
+async def _applies_what_arrives(apply_delay_ms: float) -> None:
+    port_a, port_b = sync_ports(2)
+    sender = Sockets(endpoint(port_a))
+    sync = _service(port_b, port_a, apply_delay_ms)
+    task = asyncio.create_task(sync.run())
     try:
+        await asyncio.wait_for(_joined(sender, sync), 10)
         for number in range(1, 400):
             sender.send(_message(number))
             if number % 50 == 0:
                 await asyncio.sleep(0.01)  # the receiver sleeps between bursts
-        await wait_until(lambda: "peer#1" in sync._last_batch)
-        start = sync._last_batch["peer#1"]
+        await wait_until(lambda: sync._last_batch["peer#1"] == 399)
         for number in range(400, 410):
             sender.send(_message(number))
         await wait_until(lambda: sync._last_batch["peer#1"] == 409)
-        assert start < 409
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        sync.close()
+        sender.close()
+
+
+async def test_a_decision_reads_what_waits_before_the_delay_is_up() -> None:
+    """With a long ``apply_delay_ms``, nothing is read on arrival; ``drain`` (a variant's
+    snapshot, before each decision) reads every batch that arrived, and the timer does too."""
+    port_a, port_b = sync_ports(2)
+    sender = Sockets(endpoint(port_a))
+    sync = _service(port_b, port_a, 1000.0)
+    inbound = sync._inbound
+    assert inbound is not None
+    task = asyncio.create_task(sync.run())
+    try:
+        while "peer#1" not in sync._last_batch:  # joined: each drain reads what came
+            sender.send(_message(0))
+            await asyncio.sleep(0.02)
+            inbound.drain()
+        inbound.drain()
+        last = sync._last_batch["peer#1"]
+        for number in range(last + 1, last + 21):
+            sender.send(_message(number))
+        await wait_until(lambda: inbound.waiting)  # signalled, not read
+        await asyncio.sleep(0.05)  # every batch has arrived by now (loopback)
+        assert sync._last_batch["peer#1"] == last
+        inbound.drain()
+        assert (sync._last_batch["peer#1"], inbound.waiting) == (last + 20, False)
+        sender.send(_message(last + 21))  # read by the timer, a second later
+        await wait_until(lambda: inbound.waiting)
+        start_s = time.monotonic()
+        await wait_until(lambda: sync._last_batch["peer#1"] == last + 21, timeout_s=5.0)
+        assert time.monotonic() - start_s > 0.5
+        # its delay is observed to its arrival (the signal), not to the read a second later
+        assert sync.recent_delays_s[-1] < 0.5, list(sync.recent_delays_s)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -50,9 +50,7 @@ class RouterLike(Protocol):
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None: ...
 
-    def adopt(self, previous: object) -> None:
-        """Replace ``previous``: keep what it learnt if it means the same on this router."""
-        ...
+    def adopt(self, previous: object) -> None: ...  # keep what ``previous`` learnt if it fits
 
 
 RouterFactory = Callable[[RoutingConfig, random.Random], RouterLike]
@@ -98,9 +96,10 @@ class VariantRuntime:
         self.m_retries = metrics.retries.labels(endpoint, self.name)
         self.config = config
         self.routing_config = config.routing
-        # replica sync (set by gateway/replica_sync): the view kept with peers, the notes' way out
+        # replica sync (set by gateway/replica_sync): the peers' view, the notes' ways out and in
         self.replica: ReplicaView | None = None
         self.sync_out: Callable[[SyncNote], None] = lambda _note: None
+        self.sync_in: Callable[[], None] = lambda: None
         self.router = self._new_router(config.routing)
         self.set_instances(config.static_instances())
 
@@ -337,6 +336,7 @@ class VariantRuntime:
         replica = self.replica
         if replica is None:
             return FleetSnapshot(tuple([i.state for i in routable]), now)
+        self.sync_in()
         # the fleet's in-flight load as this replica knows it: its own plus its peers'
         requests, tokens = replica.in_flight_requests, replica.in_flight_tokens
         states = [

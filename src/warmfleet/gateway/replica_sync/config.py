@@ -78,7 +78,10 @@ class ReplicaSyncConfig(StrictModel):
     (default ``$POD_NAME``, else the host name); ``batch_interval_ms``: the longest a note
     waits before it is sent (a batch also goes out at ``max_batch_notes``);
     ``heartbeat_interval_s``: an empty batch when nothing was sent for that long;
-    ``peer_timeout_s``: a peer silent that long has its open requests forgotten;
+    ``apply_delay_ms``: the longest a peer's batch waits on the socket before it is read
+    and applied when this replica routes nothing (a routing decision reads every batch waiting
+    first; 0: each batch at once); ``peer_timeout_s``: a peer silent that long has its open
+    requests forgotten;
     ``catch_up_timeout_s``: the longest a starting replica waits for its peers' logs before it
     reports ready anyway; ``log_bytes``: the encoded batches each replica keeps for newcomers
     (8 bytes a prompt block; 32 MiB hold some 4 million blocks)."""
@@ -88,6 +91,7 @@ class ReplicaSyncConfig(StrictModel):
     peers: Peers = Field(default_factory=StaticPeers)
     batch_interval_ms: float = Field(default=5.0, ge=0, le=1000)
     max_batch_notes: int = Field(default=256, ge=1, le=65_536)
+    apply_delay_ms: float = Field(default=50.0, ge=0, le=1000)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     peer_timeout_s: float = Field(default=5.0, gt=0)
     catch_up_timeout_s: float = Field(default=10.0, ge=0)
@@ -95,10 +99,10 @@ class ReplicaSyncConfig(StrictModel):
 
     @model_validator(mode="after")
     def _timeout_outlasts_heartbeats(self) -> ReplicaSyncConfig:
-        if self.peer_timeout_s <= 2 * self.heartbeat_interval_s:
+        if self.peer_timeout_s <= 2 * self.heartbeat_interval_s + self.apply_delay_ms / 1000:
             raise ValueError(
-                "peerTimeoutS: must be more than twice heartbeatIntervalS (a live peer "
-                "would be taken for gone)"
+                "peerTimeoutS: must be more than twice heartbeatIntervalS plus applyDelayMs "
+                "(a live peer would be taken for gone)"
             )
         return self
 

@@ -7,13 +7,17 @@
   are replayed), ``peers`` (endpoints subscribed to), ``peers_connected`` (origins heard
   within ``peer_timeout_s``), ``origins_forgotten_total`` (peers gone silent: their open requests
   forgotten);
-- ``propagation_delay_seconds`` (histogram: a note queued on its replica to received here,
-  batching included; the oldest note of each batch, so the staleness bound ``D`` observed);
+- ``propagation_delay_seconds`` (histogram: a note queued on its replica to arrived here,
+  batching included; the oldest note of the first batch read after each signal of the socket,
+  which arrived with the signal: so the staleness bound ``D`` observed, without the wait of
+  an idle replica's deferred read, docs/replicas.md "Applying");
 - ``caught_up`` (1 once this replica caught up or gave up waiting), ``catch_up_seconds`` (the
   last catch-up's duration), ``catch_up_timeouts_total``, ``catch_up_notes_total``.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -45,10 +49,11 @@ class SyncMetrics:
         )
         self.delay = Histogram(
             f"{_P}_propagation_delay_seconds",
-            "A batch's oldest note: queued on its replica to received here",
+            "A batch's oldest note: queued on its replica to arrived here",
             buckets=_DELAY_BUCKETS,
             registry=registry,
         )
+        self.recent_delays_s: deque[float] = deque(maxlen=4096)  # the last ones, for reports
         self.caught_up = Gauge(
             f"{_P}_caught_up", "1 once caught up (or given up)", registry=registry
         )
@@ -63,3 +68,8 @@ class SyncMetrics:
         self.catch_up_notes = Counter(
             f"{_P}_catch_up_notes", "Notes received in catch-up answers", registry=registry
         )
+
+    def observe_delay(self, delay_s: float) -> None:
+        delay_s = max(0.0, delay_s)  # (wall clocks: another host's may be ahead)
+        self.delay.observe(delay_s)
+        self.recent_delays_s.append(delay_s)

@@ -4,7 +4,7 @@ the ``Gateway``'s lifespan (``open`` at start, ``run`` a task, ``close`` at stop
 Each variant gets a ``routing.replicas.ReplicaView`` (the simulator's replicas' object) over
 the variant's router of the moment; the proxy records each routing and end in it and the notes
 come here (``send``: when they leave, docs/replicas.md "Batching"); the peers' batches are
-applied on the event loop to the view of the note's variant.
+read and applied to the view of the note's variant by ``Inbound`` (when: its docstring).
 
 A starting replica subscribes to its peers, then asks each for its log (the batches it sent or
 learnt from, up to ``log_bytes``, plus its own open requests) and reports ready (``caught_up``)
@@ -22,7 +22,6 @@ import contextlib
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 
 import zmq
@@ -31,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
+from warmfleet.gateway.replica_sync.inbound import Inbound
 from warmfleet.gateway.replica_sync.metrics import SyncMetrics
 from warmfleet.gateway.replica_sync.peers import PeerWatch
 from warmfleet.gateway.replica_sync.router import CurrentRouter, kept
@@ -69,11 +69,12 @@ class ReplicaSync:
         self.views: dict[str, ReplicaView] = {}  # by "endpoint/variant"; kept across reloads
         self.caught_up = False
         self.catch_up_s: float | None = None
-        self.recent_delays_s: deque[float] = deque(maxlen=4096)  # observed, for reports
+        self.recent_delays_s = self.metrics.recent_delays_s  # observed, for reports
         self.peers = PeerWatch(config.peers, self.endpoint, self.replica_id, self._set_peers)
         self._clock = clock
         self._wall = wall
         self._sockets: Sockets | None = None
+        self._inbound: Inbound | None = None  # set by ``open``
         self._pending: list[SyncNote] = []
         self._oldest_s = 0.0
         self._last_sent_s = -1e18
@@ -100,6 +101,8 @@ class ReplicaSync:
             raise ConfigError(
                 f"spec.replicaSync.listen: cannot bind {self.endpoint} and the next port: {err}"
             ) from err
+        delay_s = self.config.apply_delay_ms / 1000
+        self._inbound = Inbound(self._sockets, self.receive, delay_s, self._wall)
 
     def attach(self, state: GatewayState) -> None:
         """Give every variant of ``state`` its view (after each applied config)."""
@@ -113,17 +116,20 @@ class ReplicaSync:
             if variant.replica is not view:
                 variant.replica = view
                 variant.sync_out = self.send
+                if self._inbound is not None:  # peers' batches read before each decision
+                    variant.sync_in = self._inbound.drain
                 view.on_instances_changed([i.instance_id for i in variant.healthy])
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self._pending:  # queued before the loop ran: no timer was armed for them
             self._flush_soon()
+        if self._inbound is not None:
+            self._inbound.start(self._loop)
         try:
             async with asyncio.TaskGroup() as tasks:
                 for name, step in (
                     ("peers", self.peers.run),
-                    ("receive", self._receiver),
                     ("answer", self._answer_catch_up),
                     ("tick", self._ticker),
                     ("catch-up", self._catch_up_at_start),
@@ -139,7 +145,8 @@ class ReplicaSync:
     def close(self) -> None:
         """Close the sockets (idempotent): nothing more is sent or received."""
         sockets, self._sockets = self._sockets, None
-        if sockets is not None:
+        if sockets is not None and self._inbound is not None:  # (``open`` sets both)
+            self._inbound.stop()  # before the sockets close: nothing more is read
             sockets.close()
 
     def describe(self) -> dict[str, object]:
@@ -226,15 +233,13 @@ class ReplicaSync:
         self.metrics.batches.inc()
         self.metrics.sent.inc(len(notes))
 
-    def _wait_s(self) -> float:
-        return max(0.0, self._last_sent_s + self._interval_s - self._clock())
-
     def _flush_due(self) -> None:
         """A loop timer, no task: queued notes leave ``batch_interval_ms`` after the last batch."""
         self._timer = None
         if not self._pending or self._loop is None:
             return
-        if (wait_s := self._wait_s()) > 0:  # a batch left meanwhile: the timer moves on
+        wait_s = self._last_sent_s + self._interval_s - self._clock()
+        if wait_s > 0:  # a batch left meanwhile: the timer moves on
             self._timer = self._loop.call_later(wait_s, self._flush_due)
         else:
             self.flush()
@@ -247,12 +252,8 @@ class ReplicaSync:
         self.metrics.peers.set(len(endpoints))
         log.info("replica %s: %d sync peers", self.replica_id, len(endpoints))
 
-    async def _receiver(self) -> None:
-        if (sockets := self._sockets) is not None:
-            await sockets.serve_sub(self.receive)
-
-    def receive(self, message: bytes) -> None:
-        """One message from a peer's PUB socket; a bad one is counted and dropped."""
+    def receive(self, message: bytes, arrived_s: float | None = None) -> None:
+        """A peer's batch, its delay observed if ``arrived_s`` is known; a bad one is dropped."""
         try:
             batch = parse_batch(message)
         except ReplicaSyncError as err:
@@ -262,9 +263,8 @@ class ReplicaSync:
         if batch.origin == self.origin:
             return
         if batch.notes:
-            delay_s = max(0.0, self._wall() - batch.oldest_queued_s)
-            self.metrics.delay.observe(delay_s)
-            self.recent_delays_s.append(delay_s)
+            if arrived_s is not None:
+                self.metrics.observe_delay(arrived_s - batch.oldest_queued_s)
             self.metrics.received.inc(len(batch.notes))
         self._hear(batch.origin)
         last = self._last_batch.get(batch.origin)
@@ -329,9 +329,8 @@ class ReplicaSync:
 
     async def _answer_catch_up(self) -> None:
         if (sockets := self._sockets) is not None:
-            await sockets.serve_log_requests(
-                self._log_answer, self.metrics.dropped.labels("bad_frame").inc
-            )
+            bad = self.metrics.dropped.labels("bad_frame").inc
+            await sockets.serve_log_requests(self._log_answer, bad)
 
     def _log_answer(self) -> list[bytes] | None:
         try:

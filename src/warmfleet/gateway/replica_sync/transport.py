@@ -2,13 +2,13 @@
 
 - **Batches.** Each replica binds one PUB socket (``spec.replicaSync.listen``) and every peer's
   SUB socket connects to it. A batch is one single-frame message: ``HEADER`` (``TOPIC``, the
-  wall-clock time, in seconds, at which the batch's oldest note was queued: the receiver's now
-  minus it is the note's observed propagation delay, batching included; the batch's number,
-  from 1 for each origin: a receiver that sees one skipped knows it lost notes; the length of
-  the origin replica's id), the id (UTF-8) and the payload of
-  ``api.replica_sync.encode_batch``. One frame, not four: each frame is a send and a receive of
-  its own in pyzmq and libzmq (docs/benchmarks.md, "One-frame batches"). A batch with no
-  notes is a heartbeat.
+  wall-clock time, in seconds, at which the batch's oldest note was queued: its arrival minus
+  it is the note's observed propagation delay, batching included; the batch's number, from 1
+  for each origin: a receiver that sees one skipped knows it lost notes; the length of the
+  origin replica's id), the id (UTF-8) and the payload of ``api.replica_sync.encode_batch``.
+  One frame, not four: each frame is a send and a receive of its own in pyzmq and libzmq
+  (docs/benchmarks.md, "Compiled value-type constructors and one-frame batches"). A batch with
+  no notes is a heartbeat. When the SUB socket is read: ``inbound.Inbound``.
 - **Catch-up.** Each replica binds a ROUTER on the next port. A DEALER sends ``[LOG_REQUEST]``;
   the answer is ``[LOG_REQUEST, origin, payload, ...]``: the replica's open requests
   (``CATCH_UP_NOTES_PER_FRAME`` a frame), then the batches it keeps for newcomers
@@ -189,27 +189,6 @@ class Sockets:
             except zmq.Again:  # not expected once POLLIN is set; read again on the next wake
                 break
         return out
-
-    async def serve_sub(self, on_batch: Callable[[bytes], None]) -> None:
-        """``on_batch`` for every message received, until the sockets close: woken by the SUB
-        socket's descriptor, it reads every message waiting (``RECEIVE_BURST`` at a time, the
-        event loop running other work in between), then sleeps again."""
-        loop = asyncio.get_running_loop()
-        readable = asyncio.Event()
-        fd = self.sub_fd
-        loop.add_reader(fd, readable.set)
-        try:
-            while not self._closed:
-                ready = self.receive_ready()
-                for message in ready:
-                    on_batch(message)
-                if len(ready) == RECEIVE_BURST:  # maybe more waiting: read on after other work
-                    await asyncio.sleep(0)
-                    continue
-                readable.clear()
-                await readable.wait()
-        finally:
-            loop.remove_reader(fd)
 
     async def serve_log_requests(
         self, answer: Callable[[], list[bytes] | None], on_bad: Callable[[], None]
