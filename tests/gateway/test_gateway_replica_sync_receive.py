@@ -16,6 +16,7 @@ from replica_sync_support import endpoint, sync_ports
 from support.waiting import wait_until
 from warmfleet.api.replica_sync import encode_batch
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
+from warmfleet.gateway.replica_sync.inbound import Inbound
 from warmfleet.gateway.replica_sync.service import ReplicaSync
 from warmfleet.gateway.replica_sync.transport import Sockets, batch_message, parse_batch
 from warmfleet.routing.replica_notes import FinishedNote
@@ -157,3 +158,38 @@ async def test_a_decision_reads_what_waits_before_the_delay_is_up() -> None:
         await asyncio.gather(task, return_exceptions=True)
         sync.close()
         sender.close()
+
+
+async def test_a_batch_that_raises_does_not_stop_the_reading(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug in applying one batch is logged; the batches after it, in the same read and
+    later, are still read (the reader is watched again)."""
+    port_a, port_b = sync_ports(2)
+    sender, receiver = Sockets(endpoint(port_a)), Sockets(endpoint(port_b))
+    read: list[int] = []
+
+    def on_message(message: bytes, _arrived_s: float | None) -> None:
+        number = parse_batch(message).number
+        read.append(number)
+        if number == 3:
+            raise RuntimeError("a bug")
+
+    inbound = Inbound(receiver, on_message, 0.0, time.time)
+    inbound.start(asyncio.get_running_loop())
+    try:
+        receiver.set_peers([endpoint(port_a)])
+        while not read:  # a SUB drops what precedes its join
+            sender.send(_message(0))
+            await asyncio.sleep(0.02)
+        for number in range(1, 6):
+            sender.send(_message(number))
+        await wait_until(lambda: read[-1] == 5)
+        sender.send(_message(6))
+        await wait_until(lambda: read[-1] == 6)
+        assert [n for n in read if n] == [1, 2, 3, 4, 5, 6]
+        assert "a peer's batch was not applied" in caplog.text
+    finally:
+        inbound.stop()
+        sender.close()
+        receiver.close()

@@ -12,9 +12,12 @@ each batch with cold caches. A delay of 0 reads each batch as soon as it arrives
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 from warmfleet.gateway.replica_sync.transport import RECEIVE_BURST, Sockets
+
+log = logging.getLogger(__name__)
 
 
 class Inbound:
@@ -93,7 +96,10 @@ class Inbound:
         while True:
             ready = receive()
             for message in ready:
-                on_message(message, self._signalled_s)
+                try:
+                    on_message(message, self._signalled_s)
+                except Exception:  # a bug: never a reason to stop hearing the peers
+                    log.exception("replica sync: a peer's batch was not applied")
                 self._signalled_s = None
             if len(ready) < RECEIVE_BURST:  # empty, and the signal is re-armed
                 break
