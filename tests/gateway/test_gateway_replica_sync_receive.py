@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 import uvloop
@@ -82,11 +83,15 @@ def _service(port: int, peer_port: int, apply_delay_ms: float) -> ReplicaSync:
     return sync
 
 
-async def _joined(sender: Sockets, sync: ReplicaSync) -> None:
-    """Publish batch 0 until the service read one (a SUB drops what precedes its join)."""
+async def _joined(
+    sender: Sockets, sync: ReplicaSync, read: Callable[[], None] = lambda: None
+) -> None:
+    """Publish batch 0 until the service read one (a SUB drops what precedes its join);
+    ``read`` after each try."""
     while "peer#1" not in sync._last_batch:
         sender.send(_message(0))
         await asyncio.sleep(0.02)
+        read()
 
 
 @pytest.mark.parametrize("apply_delay_ms", [0.0, 40.0])
@@ -133,10 +138,7 @@ async def test_a_decision_reads_what_waits_before_the_delay_is_up() -> None:
     assert inbound is not None
     task = asyncio.create_task(sync.run())
     try:
-        while "peer#1" not in sync._last_batch:  # joined: each drain reads what came
-            sender.send(_message(0))
-            await asyncio.sleep(0.02)
-            inbound.drain()
+        await asyncio.wait_for(_joined(sender, sync, inbound.drain), 10)  # a drain reads
         inbound.drain()
         last = sync._last_batch["peer#1"]
         for number in range(last + 1, last + 21):
