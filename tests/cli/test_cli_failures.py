@@ -24,6 +24,7 @@ from cli_support import (
 )
 
 from support.fleets import pid_alive, small_fleet
+from support.tokenizers import write_model
 
 pytestmark = pytest.mark.e2e
 
@@ -36,6 +37,23 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
     assert stderr.startswith("warmfleet serve: ")
     assert "address already in use" in stderr
     assert str(port) in stderr
+
+
+def test_serve_with_a_busy_kv_event_port_is_one_line(tmp_path: Path) -> None:
+    with busy_port() as port:
+        config = gateway_file(tmp_path / "gateway.yaml", ["http://127.0.0.1:9"])
+        doc = yaml.safe_load(config.read_text())
+        doc["spec"]["tokenizerPath"] = str(write_model(tmp_path))
+        doc["spec"]["kvEvents"] = {"endpoint": f"tcp://127.0.0.1:{port}"}
+        variant = doc["spec"]["endpoints"][0]["variants"][0]
+        variant["models"] = ["m"]
+        variant["routing"]["key"] = {"mode": "tokens", "blockSize": 16}
+        config.write_text(yaml.safe_dump(doc))
+        stderr = assert_short_failure(run_cli("serve", "--config", str(config)), 2)
+    assert stderr.count("\n") == 1
+    assert stderr.startswith("warmfleet serve: ")
+    assert f"spec.kvEvents.endpoint: cannot bind tcp://127.0.0.1:{port}" in stderr
+    assert "Address already in use" in stderr
 
 
 @pytest.mark.parametrize("command", ["serve", "emulate"])

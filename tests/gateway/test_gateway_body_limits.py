@@ -35,8 +35,8 @@ from gateway_support import (
     gateway_file,
     gateway_running,
 )
-from test_gateway_chat_template_options import write_model
 
+from support.tokenizers import write_model
 from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.core.jsonio import FAST_PARSE_MAX_VALUES, loads_body, loads_body_yielding
 from warmfleet.core.types import Decision, FleetSnapshot, RoutingKey
@@ -456,8 +456,13 @@ def probe_health(url: str, duration_s: float) -> list[float]:
 
 @contextmanager
 def backend_process() -> Iterator[str]:
+    tests_dir = str(Path(__file__).parent.parent)  # ``support``, as pytest's ``pythonpath``
+    path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
-        [sys.executable, __file__, "backend"], stdout=subprocess.PIPE, text=True
+        [sys.executable, __file__, "backend"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
     )
     try:
         assert proc.stdout is not None

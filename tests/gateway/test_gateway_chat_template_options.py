@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
+from support.tokenizers import TEMPLATE, write_model
 from warmfleet.core.errors import BadRequestError
 from warmfleet.core.types import RoutingKey
 from warmfleet.emulator.protocol import chat_prompt_ids
@@ -29,39 +29,9 @@ from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat
 
 BS = 4
-# Qwen3-like: enable_thinking=false writes an empty think block after the generation prompt.
-TEMPLATE = (
-    "{{ bos_token }}"
-    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}"
-    "{% if documents %}<docs>{% for d in documents %}[{{ d.title }}|{{ d.text }}]{% endfor %}"
-    "</docs>{% endif %}"
-    "{% if reasoning_effort %}<effort>{{ reasoning_effort }}</effort>{% endif %}"
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
-    "{% endif %}{% endif %}"
-)
-SPECIALS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 USER = [{"role": "user", "content": "where is the cache?"}]
 HEAD = "<s><|im_start|>user\nwhere is the cache?<|im_end|>\n"
 GEN = "<|im_start|>assistant\n"
-
-
-def write_model(directory: Path, template: str = TEMPLATE) -> Path:
-    """A lossless byte-level tokenizer (one id per byte, no merges) with a BOS post-processor."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIALS)
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
-    )
-    tok.save(str(directory / "tokenizer.json"))
-    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": template}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return directory
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_gateway_chat_template_options import BS, write_model
+from test_gateway_chat_template_options import BS
 
+from support.tokenizers import write_model
 from warmfleet.core.errors import BadRequestError
 from warmfleet.emulator.protocol import completion_prompt_ids
 from warmfleet.emulator.tokenizer import EmulatorTokenizer

@@ -4,6 +4,7 @@ fleet that publishes vLLM-style KV events (no vLLM needed)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import struct
 import time
 from collections.abc import AsyncIterator
@@ -24,7 +25,7 @@ from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import load_gateway_config, parse_gateway_config
-from warmfleet.gateway.kv_events import EventBatch, encode_batch
+from warmfleet.gateway.kv_events import EventBatch, KvEventRelay, encode_batch
 from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.server import StartedApp, start_app
 
@@ -320,6 +321,53 @@ async def test_lifespan_owns_the_subscriber(tmp_path: Path) -> None:
         await started.stop()
         assert service.subscriber is None
         assert service.describe()["running"] is False
+
+
+def _gateway_tasks() -> list[str]:
+    return [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("warmfleet-")]
+
+
+async def test_a_busy_event_port_fails_the_start_naming_the_field_and_stops_the_rest() -> None:
+    """The KV-event socket binds last in the runtime's start, after its tasks and its HTTP
+    session exist: a busy port must stop them all, not leak them."""
+    ctx = zmq.Context()
+    holder = ctx.socket(zmq.PUB)
+    port = holder.bind_to_random_port("tcp://127.0.0.1")
+    endpoint = f"tcp://127.0.0.1:{port}"
+    config = parse_gateway_config(document(INSTANCES, kv_events={"endpoint": endpoint}), "test")
+    try:
+        app = create_app(config, tokenizer=EmulatorTokenizer())
+        with pytest.raises(ConfigError, match=r"spec\.kvEvents\.endpoint: cannot bind"):
+            await start_app(app)
+        await asyncio.sleep(0)  # cancelled tasks finish
+        assert _gateway_tasks() == []
+        open_sessions = [
+            o for o in gc.get_objects() if isinstance(o, aiohttp.ClientSession) and not o.closed
+        ]
+        assert open_sessions == []
+        assert app.gateway.kv_events is not None
+        assert app.gateway.kv_events.subscriber is None
+    finally:
+        holder.close(linger=0)
+        ctx.term()
+    started = await start_app(create_app(config, tokenizer=EmulatorTokenizer()))  # port free
+    await started.stop()
+
+
+def test_a_relay_that_cannot_bind_closes_what_it_bound() -> None:
+    ctx = zmq.Context()
+    holder = ctx.socket(zmq.PUB)
+    try:
+        busy = holder.bind_to_random_port("tcp://127.0.0.1")
+        engines = f"tcp://127.0.0.1:{free_port()}"
+        with pytest.raises(zmq.ZMQError):
+            KvEventRelay(engines, f"tcp://127.0.0.1:{busy}")
+        again = ctx.socket(zmq.SUB)
+        again.bind(engines)  # the relay's first socket let go of its port
+        again.close(linger=0)
+    finally:
+        holder.close(linger=0)
+        ctx.term()
 
 
 def test_example_vllm_config_loads() -> None:

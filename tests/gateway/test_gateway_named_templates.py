@@ -9,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_gateway_chat_template_options import USER, write_model
+from test_gateway_chat_template_options import USER
 
+from support.tokenizers import write_model
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 

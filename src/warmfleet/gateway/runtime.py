@@ -126,6 +126,15 @@ class Gateway:
         return self._models
 
     async def start(self) -> None:
+        """Open the sockets, start the tasks. A failure part way (a busy port) stops what had
+        started before it raises: no task, thread, socket or session is left behind."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         if self.replica_sync is not None:
             self.replica_sync.open()  # first: a busy port fails the start before any task runs
         limits = self.state.limits

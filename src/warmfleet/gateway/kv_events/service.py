@@ -1,6 +1,7 @@
 """A gateway's KV-event service, built from ``spec.kv_events``: the feed, its ZMQ subscriber and
 the task that runs it. The gateway lifespan calls ``start`` (binds or connects the SUB socket,
-starts the task) and ``stop`` (cancels the task, closes the socket)."""
+starts the task; a busy port is a ``ConfigError`` naming the field) and ``stop`` (cancels the
+task, closes the socket)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import zmq
+
+from warmfleet.core.errors import ConfigError
 from warmfleet.core.types import InstanceId
 from warmfleet.gateway.kv_config import KvEventsConfig, KvReplayConfig
 from warmfleet.gateway.kv_events.transport import KvEventSubscriber, ReplaySource
@@ -54,13 +58,19 @@ class KvEventService:
         if replay is not None:
             endpoint = partial(_replay_endpoint, replay, instance_url)
             source = ReplaySource(endpoint, replay.timeout_s)
-        self.subscriber = KvEventSubscriber(
-            self.feed,
-            self.config.endpoint,
-            bind=self.config.bind,
-            topic_prefix=self.config.topic_prefix,
-            replay=source,
-        )
+        try:
+            self.subscriber = KvEventSubscriber(
+                self.feed,
+                self.config.endpoint,
+                bind=self.config.bind,
+                topic_prefix=self.config.topic_prefix,
+                replay=source,
+            )
+        except zmq.ZMQError as err:
+            how = "bind" if self.config.bind else "connect to"
+            raise ConfigError(
+                f"spec.kvEvents.endpoint: cannot {how} {self.config.endpoint}: {err}"
+            ) from err
         self._task = asyncio.create_task(self.subscriber.run(), name="warmfleet-gateway-kv-events")
 
     async def stop(self) -> None:

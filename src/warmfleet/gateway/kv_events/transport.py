@@ -73,10 +73,14 @@ class KvEventSubscriber:
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SUBSCRIBE, topic_prefix.encode())
-        if bind:
-            self._sock.bind(endpoint)
-        else:
-            self._sock.connect(endpoint)
+        try:
+            if bind:
+                self._sock.bind(endpoint)
+            else:
+                self._sock.connect(endpoint)
+        except zmq.ZMQError:  # a busy port, a bad address: nothing stays open
+            self.close()
+            raise
 
     def handle(self, frames: Sequence[bytes]) -> None:
         try:
@@ -178,10 +182,14 @@ class KvEventRelay:
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._sub.bind(engines_endpoint)
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind(replicas_endpoint)
+        try:
+            self._sub.bind(engines_endpoint)
+            self._pub.bind(replicas_endpoint)
+        except zmq.ZMQError:  # a busy port: neither socket stays open
+            self.close()
+            raise
         self.frames = 0
 
     async def run(self) -> None:
