@@ -89,6 +89,28 @@ def test_emulate_on_a_busy_port_is_one_line() -> None:
     assert "address already in use" in stderr
 
 
+def test_emulate_on_a_busy_kv_event_replay_port_is_one_line(tmp_path: Path) -> None:
+    with busy_port() as replay_port:
+        # a free HTTP port below the busy one (the replay port is the HTTP port + the offset)
+        base = next(p for p in (closed_port() for _ in range(200)) if p < replay_port)
+        events = {
+            "endpoint": f"tcp://127.0.0.1:{closed_port()}",
+            "replayPortOffset": replay_port - base,
+        }
+        doc = {
+            "apiVersion": "warmfleet.dev/v1alpha1",
+            "kind": "Emulator",
+            "spec": {"kvEvents": events},
+        }
+        config = tmp_path / "emulator.yaml"
+        config.write_text(yaml.safe_dump(doc))
+        done = run_cli("emulate", "--config", str(config), "-n", "1", "--base-port", str(base))
+    stderr = assert_short_failure(done, 2)
+    assert stderr.count("\n") == 1
+    assert f"spec.kvEvents.replayPortOffset: cannot bind tcp://127.0.0.1:{replay_port}" in stderr
+    assert "Address already in use" in stderr
+
+
 def test_up_on_a_busy_gateway_port_is_one_line_and_stops_its_children(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     with busy_port() as port:

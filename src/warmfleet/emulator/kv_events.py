@@ -38,6 +38,7 @@ from warmfleet.api.kv_events import (
     seq_bytes,
     stored_event,
 )
+from warmfleet.core.errors import ConfigError
 from warmfleet.emulator.config import KvEventsSpec
 
 log = logging.getLogger(__name__)
@@ -80,16 +81,26 @@ class KvEventPublisher:
         if self.spec.replay_port_offset is not None:
             router = self._context.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
+            address = f"tcp://{host}:{port + self.spec.replay_port_offset}"
             try:
-                router.bind(f"tcp://{host}:{port + self.spec.replay_port_offset}")
-            except zmq.ZMQError:
+                router.bind(address)
+            except zmq.ZMQError as err:
                 router.close(linger=0)
-                raise
+                raise ConfigError(
+                    f"spec.kvEvents.replayPortOffset: cannot bind {address} "
+                    f"(port {port} + {self.spec.replay_port_offset}): {err.strerror}"
+                ) from err
             self._router = router
         socket = self._context.socket(zmq.PUB)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 100_000)
-        socket.connect(self.spec.endpoint)
+        try:
+            socket.connect(self.spec.endpoint)
+        except zmq.ZMQError as err:  # an endpoint ZeroMQ cannot parse
+            socket.close(linger=0)
+            raise ConfigError(
+                f"spec.kvEvents.endpoint: cannot connect to {self.spec.endpoint}: {err.strerror}"
+            ) from err
         self._socket = socket
         self._events.append(CLEARED_EVENT)
         self.flush()
