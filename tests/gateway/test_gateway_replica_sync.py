@@ -228,7 +228,7 @@ async def test_peers_see_each_others_in_flight_load() -> None:
                 await asyncio.sleep(0.01)
         sync_b = b.gateway.replica_sync
         assert sync_b is not None
-        assert sync_b.recent_delays_s
+        assert sync_b.metrics.recent_delays_s
         async with (
             aiohttp.ClientSession() as session,
             session.get(b.url + "/admin/v1/replica-sync", headers=ADMIN) as resp,

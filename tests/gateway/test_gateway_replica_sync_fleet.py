@@ -81,7 +81,9 @@ async def test_synced_replicas_keep_one_gateways_hit_rate(tmp_path: Path) -> Non
                     await reps.wait_ready(i, session, 10.0)
                 rates[label] = await _hit_rate(fleet, session, reps, seed=1)
                 if synced:
-                    delays_s += [d for i in range(count) for d in reps.sync_of(i).recent_delays_s]
+                    delays_s += [
+                        d for i in range(count) for d in reps.sync_of(i).metrics.recent_delays_s
+                    ]
     p50_ms = statistics.median(delays_s) * 1000
     p99_ms = sorted(delays_s)[int(0.99 * (len(delays_s) - 1))] * 1000
     print(f"\nhit rates {rates}; propagation delay p50 {p50_ms:.1f} ms p99 {p99_ms:.1f} ms")

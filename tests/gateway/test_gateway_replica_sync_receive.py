@@ -154,7 +154,7 @@ async def test_a_decision_reads_what_waits_before_the_delay_is_up() -> None:
         await wait_until(lambda: sync._last_batch["peer#1"] == last + 21, timeout_s=5.0)
         assert time.monotonic() - start_s > 0.5
         # its delay is observed to its arrival (the signal), not to the read a second later
-        assert sync.recent_delays_s[-1] < 0.5, list(sync.recent_delays_s)
+        assert sync.metrics.recent_delays_s[-1] < 0.5, list(sync.metrics.recent_delays_s)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -191,7 +191,7 @@ def sync_delays_ms(replicas: Sequence[Replica]) -> dict[str, float]:
         d * 1000.0
         for r in replicas
         if r.gateway.replica_sync is not None
-        for d in r.gateway.replica_sync.recent_delays_s
+        for d in r.gateway.replica_sync.metrics.recent_delays_s
     )
     if not delays:
         return {}

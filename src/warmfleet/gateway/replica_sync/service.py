@@ -69,7 +69,6 @@ class ReplicaSync:
         self.views: dict[str, ReplicaView] = {}  # by "endpoint/variant"; kept across reloads
         self.caught_up = False
         self.catch_up_s: float | None = None
-        self.recent_delays_s = self.metrics.recent_delays_s  # observed, for reports
         self.peers = PeerWatch(config.peers, self.endpoint, self.replica_id, self._set_peers)
         self._clock = clock
         self._wall = wall
