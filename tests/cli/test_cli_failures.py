@@ -54,6 +54,7 @@ def test_serve_with_a_busy_kv_event_port_is_one_line(tmp_path: Path) -> None:
     assert stderr.startswith("warmfleet serve: ")
     assert f"spec.kvEvents.endpoint: cannot bind tcp://127.0.0.1:{port}" in stderr
     assert "Address already in use" in stderr
+    assert stderr.count(str(port)) == 1  # not again in pyzmq's "(addr=...)"
 
 
 @pytest.mark.parametrize("command", ["serve", "emulate"])
@@ -109,6 +110,7 @@ def test_emulate_on_a_busy_kv_event_replay_port_is_one_line(tmp_path: Path) -> N
     assert stderr.count("\n") == 1
     assert f"spec.kvEvents.replayPortOffset: cannot bind tcp://127.0.0.1:{replay_port}" in stderr
     assert "Address already in use" in stderr
+    assert stderr.count(f"tcp://127.0.0.1:{replay_port}") == 1
 
 
 def test_up_on_a_busy_gateway_port_is_one_line_and_stops_its_children(tmp_path: Path) -> None:

@@ -88,7 +88,8 @@ class KvEventPublisher:
                 router.close(linger=0)
                 raise ConfigError(
                     f"spec.kvEvents.replayPortOffset: cannot bind {address} "
-                    f"(port {port} + {self.spec.replay_port_offset}): {err.strerror}"
+                    f"(port {port} + {self.spec.replay_port_offset}): "
+                    f"{zmq.strerror(err.errno) if err.errno else err}"
                 ) from err
             self._router = router
         socket = self._context.socket(zmq.PUB)

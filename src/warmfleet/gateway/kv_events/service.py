@@ -69,7 +69,8 @@ class KvEventService:
         except zmq.ZMQError as err:
             how = "bind" if self.config.bind else "connect to"
             raise ConfigError(
-                f"spec.kvEvents.endpoint: cannot {how} {self.config.endpoint}: {err}"
+                f"spec.kvEvents.endpoint: cannot {how} {self.config.endpoint}: "
+                f"{zmq.strerror(err.errno) if err.errno else err}"
             ) from err
         self._task = asyncio.create_task(self.subscriber.run(), name="warmfleet-gateway-kv-events")
 

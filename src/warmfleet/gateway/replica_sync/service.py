@@ -98,7 +98,8 @@ class ReplicaSync:
             self._sockets = Sockets(self.endpoint)
         except zmq.ZMQError as err:
             raise ConfigError(
-                f"spec.replicaSync.listen: cannot bind {self.endpoint} and the next port: {err}"
+                f"spec.replicaSync.listen: cannot bind {self.endpoint} and the next port: "
+                f"{zmq.strerror(err.errno) if err.errno else err}"
             ) from err
         delay_s = self.config.apply_delay_ms / 1000
         self._inbound = Inbound(self._sockets, self.receive, delay_s, self._wall)
