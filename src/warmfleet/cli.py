@@ -30,6 +30,11 @@ class LoudGroup(TyperGroup):
     def invoke(self, ctx: Any) -> Any:  # click's Context (typer >= 0.2x ships its own click)
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as err:  # Ctrl-C: one line, and the shell's 128 + SIGINT
+            if ctx.meta.get(DEBUG_META_KEY):
+                raise
+            typer.echo(f"{_failed_command(err, ctx)}: interrupted", err=True)
+            raise typer.Exit(130) from None
         except Exception as err:
             line = expected_failure(err)
             if line is None or ctx.meta.get(DEBUG_META_KEY):

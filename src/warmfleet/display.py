@@ -43,6 +43,15 @@ class OutputFormat(StrEnum):
     json = "json"
 
 
+class LogLevel(StrEnum):
+    """The commands' ``--log-level`` (a ``logging`` level name: ``level=log_level.upper()``)."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 FormatOpt = Annotated[
     OutputFormat,
     typer.Option(

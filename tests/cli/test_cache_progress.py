@@ -116,8 +116,13 @@ def test_cache_agent_logs_what_it_fetches_and_serves(tmp_path: Path) -> None:
             proc.stderr.close()
 
 
-def test_cache_agent_rejects_an_unknown_log_level(tmp_path: Path) -> None:
-    node = tmp_path / "node.yaml"
-    done = run_cli("cache", "agent", "--config", str(node), "--log-level", "loud")
-    assert done.returncode == 2  # a usage error, as click reports them
-    assert "Invalid value for --log-level: choose from debug, info, warning, error" in done.stderr
+@pytest.mark.parametrize(
+    "command", [["cache", "agent", "--config", "node.yaml"], ["serve", "-c", "g.yaml"], ["emulate"]]
+)
+def test_an_unknown_log_level_is_a_usage_error(tmp_path: Path, command: list[str]) -> None:
+    done = run_cli(*command, "--log-level", "loud", cwd=tmp_path)
+    assert done.returncode == 2  # a usage error, as click reports them, before any work
+    said = " ".join(done.stderr.replace("│", " ").split())  # the usage box wraps lines
+    assert "Invalid value for '--log-level'" in said
+    assert "'loud' is not one of 'debug', 'info', 'warning', 'error'" in said
+    assert "Traceback" not in done.stderr

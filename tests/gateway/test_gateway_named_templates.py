@@ -77,3 +77,13 @@ def test_chat_template_jinja_replaces_only_the_default_of_a_named_list(tmp_path:
     tok = HfChatTokenizer.from_dir(tmp_path)
     assert tok.render_chat(USER) == "plain: where is the cache?"
     assert tok.render_chat(USER, tools=TOOLS).startswith("<tools>1</tools>")
+
+
+@pytest.mark.parametrize("name", ["chat_template.jinja", "additional_chat_templates/x.jinja"])
+def test_a_template_file_that_is_not_utf8_is_refused_at_load(tmp_path: Path, name: str) -> None:
+    write_model(tmp_path)
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(b"\xff\xfe{{ messages }}")
+    with pytest.raises(ConfigError, match=f"{path.name}: cannot read"):
+        HfChatTokenizer.from_dir(tmp_path)

@@ -24,12 +24,13 @@ from warmfleet.cache.config import (
     parse_size,
 )
 from warmfleet.cache.uri import parse_uri
-from warmfleet.core.errors import CacheError, ConfigError, NotFoundError, WarmfleetError
+from warmfleet.core.errors import CacheError, NotFoundError, WarmfleetError
 from warmfleet.core.failures import EXPECTED_EXIT, one_line
 from warmfleet.display import (
     Column,
     FormatOpt,
     Grid,
+    LogLevel,
     OutputFormat,
     WideOpt,
     emit,
@@ -37,6 +38,7 @@ from warmfleet.display import (
     short_ids,
     size,
 )
+from warmfleet.edge import read_text_file
 
 if TYPE_CHECKING:
     from warmfleet.agent.manager import CacheManager
@@ -74,11 +76,7 @@ def build_spec(
     """From node.yaml if given, else defaults: budget = file system size, reserve = 5 % of it
     (at most 10 GiB); ``budget``/``reserve`` given on the command line win."""
     if config is not None:
-        try:
-            text = config.read_text()
-        except OSError as err:
-            raise ConfigError(f"{config}: {err}") from err
-        spec = load_node_config(text, str(config)).spec
+        spec = load_node_config(read_text_file(config), str(config)).spec
         if dest is not None:
             spec = spec.model_copy(update={"root": str(dest)})
         return spec
@@ -105,7 +103,9 @@ def _run(fn: Callable[[], Awaitable[T]]) -> T:
     try:
         return asyncio.run(fn())  # type: ignore[arg-type]
     except WarmfleetError as err:
-        Console(stderr=True).print(f"[red]error:[/red] {err}")
+        # one line, never wrapped, and the message is not read as rich markup (a path or URL
+        # with "[...]" in it is printed as it is)
+        typer.echo(f"error: {one_line(str(err))}", err=True)
         raise typer.Exit(1) from None
 
 
@@ -146,6 +146,10 @@ def prefetch(  # noqa: PLR0917 (typer maps parameters to options)
         bandwidth_limit=bandwidth_limit,
     )
 
+    if "://" not in uri and Path(uri).exists():
+        uri = str(Path(uri).resolve())  # a relative path (parse_uri takes absolute ones)
+    kind = parse_uri(uri).kind  # a bad URI: one line (warmfleet.cli), before any task starts
+
     async def go(manager: CacheManager) -> dict[str, Any]:
         from warmfleet.agent.prefetch_progress import show_progress  # noqa: PLC0415
 
@@ -153,7 +157,7 @@ def prefetch(  # noqa: PLR0917 (typer maps parameters to options)
             manager.prefetch(uri, revision=revision, name=name, holder=ref, pin=pin)
         )
         if not as_json:
-            await show_progress(manager, task, parse_uri(uri).kind)
+            await show_progress(manager, task, kind)
         rec = await task
         return rec.to_json()
 
@@ -310,27 +314,23 @@ def gc(
     )
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
 @cache_app.command()
 def agent(
     config: Annotated[Path, typer.Option("--config", help="node.yaml")],
     log_level: Annotated[
-        str,
+        LogLevel,
         typer.Option(
             "--log-level",
-            help="debug, info (what it fetches and serves), warning or error; on stderr",
+            case_sensitive=False,
+            help="info: what it fetches and serves; on stderr",
         ),
-    ] = "info",
+    ] = LogLevel.info,
 ) -> None:
     """Run the node agent until SIGTERM / SIGINT, logging what it fetches and serves."""
-    if log_level.lower() not in LOG_LEVELS:
-        raise typer.BadParameter(f"choose from {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    cfg: NodeCacheConfig = load_node_config(config.read_text(), str(config))  # OSError: one line
+    cfg: NodeCacheConfig = load_node_config(read_text_file(config), str(config))
 
     async def go() -> None:
         from warmfleet.agent.node_agent import NodeAgent  # noqa: PLC0415

@@ -70,31 +70,46 @@ class EngineClient:
                 if resp.status != 200:
                     raise ConformanceError(f"{method} {path}: HTTP {resp.status}: {text[:300]}")
                 return json.loads(text)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-            raise ConformanceError(f"{method} {path}: {err!r}") from err
+        except TimeoutError as err:
+            raise ConformanceError(f"{method} {path}: no answer in time") from err
+        except (aiohttp.ClientError, ValueError) as err:
+            raise ConformanceError(f"{method} {path}: {type(err).__name__}: {err}") from err
+
+    async def _field(self, method: str, path: str, key: str, body: object | None = None) -> Any:
+        """``key`` of the JSON object the call answers; not a vLLM answer: ConformanceError."""
+        data = await self._json(method, path, body)
+        if not isinstance(data, dict) or key not in data:
+            raise ConformanceError(
+                f"{method} {path}: not a vLLM answer (no {key!r}): {str(data)[:200]}"
+            )
+        return data[key]
 
     async def model(self) -> tuple[str, str]:
         """(served model name, its ``root``: the local path vLLM loaded)."""
-        data = await self._json("GET", "/v1/models")
-        first = data["data"][0]
+        models = await self._field("GET", "/v1/models", "data")
+        first = models[0] if isinstance(models, list) and models else None
+        if not isinstance(first, dict) or "id" not in first:
+            raise ConformanceError(f"GET /v1/models: no model listed: {str(models)[:200]}")
         return str(first["id"]), str(first.get("root") or first["id"])
 
     async def block_size(self) -> int | None:
         try:
             async with self.session.get(self.base_url + "/metrics") as resp:
                 text = await resp.text()
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise ConformanceError(f"GET /metrics: {err!r}") from err
+        except TimeoutError as err:
+            raise ConformanceError("GET /metrics: no answer in time") from err
+        except aiohttp.ClientError as err:
+            raise ConformanceError(f"GET /metrics: {type(err).__name__}: {err}") from err
         match = _BLOCK_SIZE_RE.search(text)
         return int(match.group(1)) if match else None
 
     async def tokenize_chat(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
         body = {"model": model, "messages": messages, "add_generation_prompt": True}
-        return [int(t) for t in (await self._json("POST", "/tokenize", body))["tokens"]]
+        return [int(t) for t in await self._field("POST", "/tokenize", "tokens", body)]
 
     async def tokenize_text(self, model: str, text: str) -> list[int]:
         body = {"model": model, "prompt": text, "add_special_tokens": False}
-        return [int(t) for t in (await self._json("POST", "/tokenize", body))["tokens"]]
+        return [int(t) for t in await self._field("POST", "/tokenize", "tokens", body)]
 
     async def chat(self, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """(usage, latency in ms) of a non-streamed chat completion."""

@@ -16,6 +16,7 @@ from warmfleet.bench.doctor_report import doctor_lines, doctor_tables, write_doc
 from warmfleet.bench.progress import PhasedProgress, activity_for
 from warmfleet.bench.report import write_json
 from warmfleet.core.errors import WarmfleetError
+from warmfleet.core.failures import one_line
 from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console, emit
 from warmfleet.edge import read_text_file
 from warmfleet.sim.doctor import churn_of
@@ -65,7 +66,7 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
     try:
         result = _diagnose(trace, instances, preset, target, fmt)
     except WarmfleetError as err:
-        typer.echo(f"error: {err}", err=True)  # one line, never wrapped
+        typer.echo(f"error: {one_line(str(err))}", err=True)  # one line, never wrapped
         raise typer.Exit(2) from err
     document = result.report()
     console = chatter_console(fmt)

@@ -15,6 +15,7 @@ from warmfleet.bench.replicas_report import replicas_tables
 from warmfleet.bench.report import comparison_table, write_json, write_plots
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError, WarmfleetError
+from warmfleet.core.failures import one_line
 from warmfleet.display import (
     FormatOpt,
     OutputFormat,
@@ -295,7 +296,7 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
             _emit_sweep(swept, json_out, fmt)
             return
     except WarmfleetError as err:
-        typer.echo(f"error: {err}", err=True)  # one line (per problem), never wrapped
+        typer.echo(f"error: {one_line(str(err))}", err=True)  # one line, never wrapped
         raise typer.Exit(2) from err
     _emit(comparison, json_out, report, fmt, wide)
 

@@ -16,6 +16,7 @@ import typer
 
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.failures import DEBUG_META_KEY, EXPECTED_EXIT, expected_failure, one_line
+from warmfleet.display import LogLevel
 from warmfleet.emulator.config import (
     EmulatorSpec,
     build_spec,
@@ -129,7 +130,7 @@ def emulate_command(  # noqa: PLR0917
     ),
     config: Path | None = typer.Option(None, "--config", "-c", help="kind: Emulator document."),  # noqa: B008
     ports_file: Path | None = typer.Option(None, help="Write the ready JSON here too."),  # noqa: B008
-    log_level: str = typer.Option("warning", help="debug, info, warning or error."),
+    log_level: LogLevel = typer.Option(LogLevel.warning, case_sensitive=False),  # noqa: B008
     load_weights_from: str | None = typer.Option(
         None, help="Read every byte of this directory or http(s) URL before becoming ready."
     ),

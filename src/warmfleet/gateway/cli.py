@@ -14,12 +14,13 @@ import typer
 
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.failures import DEBUG_META_KEY, EXPECTED_EXIT, expected_failure
+from warmfleet.display import LogLevel
 
 
 def serve_command(
     ctx: typer.Context,
     config: Path = typer.Option(..., "--config", "-c", help="Gateway document (kind: Gateway)."),  # noqa: B008
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_level: LogLevel = typer.Option(LogLevel.info, case_sensitive=False),  # noqa: B008
     check: bool = typer.Option(
         False, "--check", help="Validate the document and build every router, then exit."
     ),

@@ -161,15 +161,22 @@ def _template_sources(directory: Path, config: Mapping[str, Any]) -> dict[str, s
                 sources[str(item.get("name"))] = item["template"]
     jinja_file = directory / "chat_template.jinja"
     if jinja_file.is_file():
-        sources["default"] = jinja_file.read_text(encoding="utf-8")
+        sources["default"] = _read_template(jinja_file)
     for extra in sorted((directory / "additional_chat_templates").glob("*.jinja")):
-        sources[extra.stem] = extra.read_text(encoding="utf-8")
+        sources[extra.stem] = _read_template(extra)
     if "default" not in sources:
         raise ConfigError(
             f"{directory}: no default chat template (chat_template.jinja or "
             "tokenizer_config.json chat_template)"
         )
     return sources
+
+
+def _read_template(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read: {err}") from err
 
 
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})  # vLLM reads these as text

@@ -42,7 +42,7 @@ def kubeconfig_context(spec: KubeApiSpec) -> KubeContext | None:
             return cached[1]
         data = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
         context = kube_context(data, str(path), path.parent, spec.context)
-    except OSError as err:
+    except (OSError, UnicodeDecodeError) as err:
         raise KubeAccessError(f"kubeconfig {path}: cannot read: {err}") from err
     except ConfigError as err:
         raise KubeAccessError(str(err)) from err

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.core.failures import one_line
 from warmfleet.core.kubeapi import KubeApiSpec
 from warmfleet.edge import load_yaml_file
 
@@ -36,15 +37,19 @@ def whatif(
         data = load_yaml_file(params) if params else {}
         p = parse_document(WhatIfParams, data or {}, str(params or "defaults"))
     except ConfigError as err:
-        typer.echo(f"invalid what-if parameters:\n{err}", err=True)
+        typer.echo(
+            f"warmfleet fleet whatif: invalid what-if parameters: {one_line(str(err))}", err=True
+        )
         raise typer.Exit(2) from err
-    report = run_whatif(p)
     existing: dict[str, object] = {}
-    if out.exists():
+    if out.exists():  # checked before the run (seconds of work)
         try:
-            existing = json.loads(out.read_text())
-        except json.JSONDecodeError as err:
+            existing = json.loads(out.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ConfigError(f"{out}: not JSON: {err}") from err
+        if not isinstance(existing, dict):
+            raise ConfigError(f"{out}: not a JSON object (whatif adds its report to it)")
+    report = run_whatif(p)
     existing["whatif"] = report
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")
@@ -84,7 +89,7 @@ def render(
     differ = [
         out / rel
         for rel, content in rendered_files().items()
-        if (out / rel).exists() and (out / rel).read_text() != content
+        if (out / rel).exists() and (out / rel).read_bytes() != content.encode()
     ]
     if differ and not force:
         typer.echo(

@@ -250,6 +250,8 @@ def build_workload(
     A trace-driven scenario replays ``trace`` (the edge read ``trace_path``'s file), or without
     one its synthetic equivalent (``workloads.equivalents``; ``source`` says so)."""
     requests, trace_block_tokens = _raw_requests(scenario, spec, trace)
+    if trace is not None and not requests:  # else every table is zeros and the exit status 0
+        raise ConfigError(f"trace: {trace.source}: no requests (an empty trace)")
     arrival = scenario.arrival or default_arrival(scenario)
     rng = random.Random(scenario.seed + 1)
     if rate_rps is not None and isinstance(arrival, TraceArrival):
