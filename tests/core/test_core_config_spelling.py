@@ -12,7 +12,13 @@ import pytest
 import yaml
 
 from warmfleet.cache.config import load_node_config
-from warmfleet.core.config import StrictModel, new_spellings, old_spellings, parse_document
+from warmfleet.core.config import (
+    StrictModel,
+    load_yaml_text,
+    new_spellings,
+    old_spellings,
+    parse_document,
+)
 from warmfleet.core.errors import ConfigError
 from warmfleet.emulator.config import EmulatorSpec, parse_emulator_document
 from warmfleet.gateway.config import GatewayConfig, parse_gateway_config
@@ -179,3 +185,19 @@ def test_old_spellings_follow_lists_and_unions() -> None:
         found
     )
     assert ("spec.endpoints.0.variants.0.routing.strategy.prefix_length", "prefixLength") in found
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+def test_a_setting_that_is_not_a_finite_number_is_refused_naming_it(value: str) -> None:
+    doc = yaml.safe_load(
+        "apiVersion: warmfleet.dev/v1alpha1\nkind: Gateway\nspec:\n"
+        f"  health: {{intervalS: {value}}}\n"
+        "  endpoints: [{name: main, variants: [{name: v, instances: [{id: a, url: 'http://h'}]}]}]\n"
+    )
+    with pytest.raises(ConfigError, match=r"spec\.health\.intervalS: .*finite"):
+        parse_gateway_config(doc)
+
+
+def test_yaml_nested_too_deeply_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_yaml_text("a: " + "[" * 5000 + "]" * 5000, "deep.yaml")

@@ -113,6 +113,13 @@ async def test_admin_api_auth_validation_and_reads() -> None:
                 assert (await r.json())["error"]["param"] == "bogus"
             async with client.put(gw.url + VARIANT + "/routing", data=b"{", headers=AUTH) as r:
                 assert r.status == 400
+            infinite = b'{"strategy": {"type": "llmd_approx", "prefixWeight": Infinity}}'
+            async with client.put(gw.url + VARIANT + "/routing", data=infinite, headers=AUTH) as r:
+                assert r.status == 400  # a weight that is not finite breaks the scores
+                assert (await r.json())["error"]["param"] == "strategy.llmd_approx.prefixWeight"
+            async with client.put(gw.url + VARIANT + "/routing", json=[], headers=AUTH) as r:
+                assert r.status == 400
+                assert (await r.json())["error"]["param"] is None  # no field to name
             async with client.get(gw.url + VARIANT + "/routing", headers=AUTH) as r:
                 assert (await r.json())["strategy"]["type"] == "round_robin"  # old one stays
 

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from test_routing_keys import FakeTokenizer
 
 from warmfleet.core.config import parse_document
-from warmfleet.core.errors import ConfigError
+from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.routing.canonical import render_chat_text
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.key_spec import KeySpec
-from warmfleet.routing.parse import parse_chat, parse_completions
+from warmfleet.routing.parse import output_hint, parse_chat, parse_completions
 from warmfleet.routing.router import Router
 
 
@@ -84,3 +84,16 @@ def test_keys_built_from_several_threads_equal_the_sequential_ones() -> None:
     with ThreadPoolExecutor(4) as pool:
         keys = list(pool.map(lambda b: shared.key(parse_chat(b)), bodies))
     assert keys == expected
+
+
+@pytest.mark.parametrize("field", ["n", "max_tokens", "max_completion_tokens"])
+def test_a_count_past_64_bits_is_a_bad_request_naming_it(field: str) -> None:
+    """A JSON integer of hundreds of digits (orjson leaves it to the standard library) would
+    overflow the strategies' float arithmetic: it is refused as the engines refuse it."""
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    body[field] = 10**400
+    with pytest.raises(BadRequestError) as raised:
+        output_hint(body)
+    assert raised.value.param == field
+    body[field] = (1 << 63) - 1
+    assert output_hint({**body, "max_tokens": 5} if field == "n" else body) > 0

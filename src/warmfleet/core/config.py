@@ -28,10 +28,16 @@ OLD_SPELLING_UNTIL = "v0.3"
 
 class StrictModel(BaseModel):
     """Every configuration model forbids unknown fields, is immutable and reads camelCase keys
-    (``populate_by_name``: the Python field names too, as code and the old documents use)."""
+    (``populate_by_name``: the Python field names too, as code and the old documents use).
+    ``allow_inf_nan=False``: a float setting is finite (YAML ``.inf`` and JSON ``Infinity`` pass a
+    ``ge``/``gt`` bound, then break the strategies, timers and health probes that use them)."""
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        allow_inf_nan=False,
     )
 
 
@@ -149,3 +155,5 @@ def load_yaml_text(text: str, source: str = "config") -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{source}: not valid YAML: {err}") from err
+    except RecursionError as err:  # PyYAML's parser and composer recurse per nesting level
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from err

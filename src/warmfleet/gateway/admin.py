@@ -58,7 +58,8 @@ def validate(model: type[M], data: Any, source: str) -> M:
         return model.model_validate(data)
     except ValidationError as err:
         errors = err.errors()
-        param = error_path(errors[0], new_spellings(model)) if errors else None
+        # a body of the wrong type altogether has an empty path: no field to name
+        param = (error_path(errors[0], new_spellings(model)) or None) if errors else None
         raise BadRequestError(format_validation_error(err, source, model), param=param) from err
 
 

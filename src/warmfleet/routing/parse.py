@@ -28,6 +28,9 @@ from warmfleet.routing.responses_input import responses_messages
 MAX_TENANT_CHARS = 64
 DEFAULT_TENANT_HEADER = "x-prefix-aware-id"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# The largest token count or ``n`` accepted (a signed 64-bit integer, as the engines hold them):
+# a larger one (a JSON integer of hundreds of digits) overflows the strategies' float arithmetic.
+MAX_COUNT = (1 << 63) - 1
 _MASK64 = (1 << 64) - 1
 # Content-part types vLLM reads as plain text (``vllm.renderers.chat_utils.TEXT_PART_TYPES``).
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
@@ -219,7 +222,7 @@ def _max_tokens(body: Mapping[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
         raise bad_request(f"'{name}' must be a non-negative integer", name)
     return value
 
@@ -229,9 +232,9 @@ def _choices(body: Mapping[str, Any]) -> int:
     n = body.get("n")
     if n is None:
         return 1
-    if type(n) is int and n >= 1:
+    if type(n) is int and 1 <= n <= MAX_COUNT:
         return n
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT:
         raise bad_request("'n' must be a positive integer", "n")
     return n
 
@@ -244,7 +247,7 @@ def output_hint(body: Mapping[str, Any]) -> int:
     if limit is None:
         name = "max_tokens"
         limit = body.get(name)
-    if limit is not None and (type(limit) is not int or limit < 0):
+    if limit is not None and (type(limit) is not int or not 0 <= limit <= MAX_COUNT):
         limit = _max_tokens(body, name)  # raises, unless an int subclass
     return (limit or 0) * _choices(body)
 
