@@ -39,6 +39,16 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
     assert str(port) in stderr
 
 
+def test_serve_on_a_host_that_does_not_resolve_names_the_setting(tmp_path: Path) -> None:
+    config = gateway_file(tmp_path / "gateway.yaml", ["http://127.0.0.1:9"])
+    doc = yaml.safe_load(config.read_text())
+    doc["spec"]["listen"]["host"] = "no-such-host.invalid"  # RFC 6761: never resolves
+    config.write_text(yaml.safe_dump(doc))
+    stderr = assert_short_failure(run_cli("serve", "--config", str(config)), 2)
+    assert stderr.count("\n") == 1
+    assert "spec.listen.host: cannot resolve 'no-such-host.invalid'" in stderr
+
+
 def test_serve_with_a_busy_kv_event_port_is_one_line(tmp_path: Path) -> None:
     with busy_port() as port:
         config = gateway_file(tmp_path / "gateway.yaml", ["http://127.0.0.1:9"])

@@ -46,6 +46,16 @@ def test_cache_errors_are_printed_as_they_are(tmp_path: Path) -> None:
         assert stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("text", ["{", "[1]", '{"artifacts": [{"key": 1}]}', '{"artifacts": 3}'])
+def test_a_cache_index_of_another_shape_is_one_line(tmp_path: Path, text: str) -> None:
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "index.json").write_text(text)
+    stderr = assert_short_failure(run_cli("cache", "ls", "--dest", str(root)), 1)
+    assert "index.json" in stderr
+    assert stderr.count("\n") == 1
+
+
 def _empty_traces(tmp_path: Path) -> list[Path]:
     empty, blank = tmp_path / "empty.jsonl", tmp_path / "blank.jsonl"
     empty.write_text("")

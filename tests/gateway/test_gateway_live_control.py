@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 from gateway_support import (
     MODEL,
@@ -23,6 +24,7 @@ from gateway_support import (
 from support.waiting import wait_until
 from warmfleet.core.config import parse_document
 from warmfleet.gateway.config import load_gateway_config
+from warmfleet.gateway.discovery import files
 
 TOKEN = "s3cret-admin-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -186,7 +188,9 @@ async def test_reload_from_file_applies_valid_and_rejects_invalid(tmp_path: Path
             )
 
 
-async def test_file_discovery_follows_the_file(tmp_path: Path) -> None:
+async def test_file_discovery_follows_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with backends_running("a", "b") as backends, aiohttp.ClientSession() as client:
         a, b = backends
         listing = tmp_path / "instances.yaml"
@@ -212,6 +216,24 @@ async def test_file_discovery_follows_the_file(tmp_path: Path) -> None:
             await wait_until(lambda: disc.errors > errors)
             async with client.post(gw.url + "/v1/chat/completions", json=chat(0, False)) as r:
                 assert r.headers["x-warmfleet-instance"] == "b"  # old set kept
+            errors = disc.errors
+            listing.write_text("instances: " + "[" * 5000 + "]" * 5000)  # past the parser
+            await wait_until(lambda: disc.errors > errors)
+            loads = disc.loads
+            _write(listing, [{"id": "a", "url": a.url}])  # still followed
+            await wait_until(lambda: disc.loads > loads)
+
+            def bug(*_args: object) -> None:
+                raise RuntimeError("a bug in a scan")
+
+            errors = disc.errors
+            with monkeypatch.context() as patch:
+                patch.setattr(files, "parse_instance_list", bug)
+                _write(listing, [{"id": "b", "url": b.url}])
+                await wait_until(lambda: disc.errors > errors)  # logged, the task lives on
+            loads = disc.loads
+            _write(listing, [{"id": "b", "url": b.url}, {"id": "a", "url": a.url}])
+            await wait_until(lambda: disc.loads > loads)
             admin_free = gw.gateway.state.default_endpoint().variant("v1")
             assert admin_free.discovery is not None
 

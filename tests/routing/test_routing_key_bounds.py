@@ -59,6 +59,13 @@ def test_max_blocks_is_validated_naming_the_field() -> None:
         parse_document(RoutingConfig, doc, "routing")
 
 
+@pytest.mark.parametrize("name", ["", "x\r\ny", "x y", "tenant:"])
+def test_a_tenant_header_that_no_request_can_carry_is_refused(name: str) -> None:
+    doc = {"strategy": {"type": "random"}, "key": {"tenantHeader": name}}
+    with pytest.raises(ConfigError, match=r"key\.tenantHeader: .*not a header name"):
+        parse_document(RoutingConfig, doc, "routing")
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=40) | st.dictionaries(st.text(max_size=4), inner),

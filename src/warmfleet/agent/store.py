@@ -93,7 +93,12 @@ class Store:
             return CacheIndex()
         except (OSError, ValueError) as err:
             raise CacheError(f"cache index {self.root / 'index.json'} unreadable: {err}") from err
-        return CacheIndex.from_json(data)
+        try:
+            return CacheIndex.from_json(data)
+        except (AttributeError, KeyError, TypeError, ValueError) as err:  # JSON of another shape
+            raise CacheError(
+                f"cache index {self.root / 'index.json'} is not an index: {err!r}"
+            ) from err
 
     # ----- per-key download lock ----------------------------------------------------------
     @contextlib.contextmanager

@@ -6,10 +6,12 @@ import asyncio
 import gc
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.app import GatewayApp, create_app
 from warmfleet.gateway.config import load_gateway_config
 from warmfleet.gateway.http.memory import HeapTrimmer, PeriodicTrim
@@ -53,6 +55,9 @@ async def start_app(app: GatewayApp, host: str = "127.0.0.1", port: int = 0) -> 
     await app.gateway.start()
     try:
         bound_port = await app.server.start(host, port)
+    except socket.gaierror as err:  # its message names neither the host nor the setting
+        await app.gateway.stop()
+        raise ConfigError(f"spec.listen.host: cannot resolve {host!r}: {err.strerror}") from err
     except BaseException:
         await app.gateway.stop()
         raise

@@ -19,6 +19,11 @@ DEFAULT_BLOCK_SIZE: dict[str, int] = {"text": 128, "bytes": 128, "tokens": 16}
 DEFAULT_PREFIX_LENGTH = 4096
 
 
+def _check_header_name(name: str) -> None:
+    if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name):
+        raise ValueError(f"{name!r} is not a header name (letters, digits, '-', '_')")
+
+
 class KeySpec(StrictModel):
     """How routing keys are built.
 
@@ -51,9 +56,14 @@ class KeySpec(StrictModel):
     @classmethod
     def _header_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for name in value:
-            if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name):
-                raise ValueError(f"{name!r} is not a header name (letters, digits, '-', '_')")
+            _check_header_name(name)
         return tuple(name.lower() for name in value)
+
+    @field_validator("tenant_header")
+    @classmethod
+    def _tenant_header_name(cls, value: str) -> str:
+        _check_header_name(value)  # "" or "x\r\ny" would never match: tenants silently off
+        return value
 
     @field_validator("default_chat_template_kwargs")
     @classmethod

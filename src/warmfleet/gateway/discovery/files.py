@@ -38,7 +38,11 @@ class FileDiscovery:
 
     async def run(self) -> None:
         while True:
-            self.scan()
+            try:
+                self.scan()
+            except Exception:  # a bug: logged, and the next change of a file is still read
+                self.errors += 1
+                log.exception("file discovery: a scan failed; the old instances stay")
             await asyncio.sleep(self.tick_s())
 
     def scan(self) -> None:
