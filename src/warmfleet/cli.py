@@ -11,18 +11,18 @@ from importlib.metadata import version
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
 
 from warmfleet.agent.cli import cache_app
 from warmfleet.bench import conformance, doctor_cli, loadgen_cli, sim_cli
 from warmfleet.core.failures import DEBUG_META_KEY, EXPECTED_EXIT, expected_failure
+from warmfleet.display import CommandGroup
 from warmfleet.emulator import cli as emulator_cli
 from warmfleet.gateway import cli as gateway_cli
 from warmfleet.local import cli as local_cli
 from warmfleet.operator import cli as fleet_cli
 
 
-class LoudGroup(TyperGroup):
+class LoudGroup(CommandGroup):
     """The root group: an expected failure of any command (a port in use, a missing file, a bad
     config, an unreachable URL, a refused permission) is one line on stderr and exit 2, unless
     ``--debug`` was given; any other exception is a bug and keeps its traceback."""

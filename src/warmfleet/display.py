@@ -29,6 +29,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from warmfleet.core.progress import format_bytes
 
@@ -41,6 +42,17 @@ class OutputFormat(StrEnum):
     table = "table"
     tsv = "tsv"
     json = "json"
+
+
+class CommandGroup(TyperGroup):
+    """A command group whose list of commands shows each one's first paragraph as one line of
+    text, rewrapped to the terminal (typer's rich mode keeps a docstring's line breaks there)."""
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:  # click's Context and Command
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and command.short_help is None and command.help:
+            command.short_help = " ".join(command.help.split("\n\n")[0].split())
+        return command
 
 
 class LogLevel(StrEnum):

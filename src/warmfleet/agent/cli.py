@@ -28,6 +28,7 @@ from warmfleet.core.errors import CacheError, NotFoundError, WarmfleetError
 from warmfleet.core.failures import EXPECTED_EXIT, one_line
 from warmfleet.display import (
     Column,
+    CommandGroup,
     FormatOpt,
     Grid,
     LogLevel,
@@ -44,7 +45,9 @@ if TYPE_CHECKING:
     from warmfleet.agent.manager import CacheManager
     from warmfleet.cache.index import CacheIndex
 
-cache_app = typer.Typer(no_args_is_help=True, help="Node-local model and image cache.")
+cache_app = typer.Typer(
+    cls=CommandGroup, no_args_is_help=True, help="Node-local model and image cache."
+)
 T = TypeVar("T")
 
 DestOpt = Annotated[

@@ -17,10 +17,13 @@ from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.failures import one_line
 from warmfleet.core.kubeapi import KubeApiSpec
+from warmfleet.display import CommandGroup
 from warmfleet.edge import load_yaml_file
 
 fleet_app = typer.Typer(
-    no_args_is_help=True, help="Fleet controller: what-if, manifests, operator."
+    cls=CommandGroup,
+    no_args_is_help=True,
+    help="Fleet controller: what-if, manifests, operator.",
 )
 
 
