@@ -31,7 +31,6 @@ def test_sim_help_lists_every_built_in_scenario() -> None:
         assert name in text, name
 
 
-
 def _descriptions(args: list[str]) -> list[list[str]]:
     """The description column of ``warmfleet ARGS --help``'s command list: each command's lines."""
     done = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "100"}, terminal_width=100)
