@@ -144,6 +144,10 @@ def test_conformance_against_a_server_that_is_not_vllm_is_one_line(answer: objec
     assert "/v1/models" in stderr
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_with_the_shells_status(tmp_path: Path) -> None:
     scenario = Path(__file__).parents[2] / "examples" / "scenarios" / "gsp-large.yaml"
     proc = subprocess.Popen(
@@ -152,6 +156,10 @@ def test_ctrl_c_is_one_line_with_the_shells_status(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell's background job (CI started with nohup &) has SIGINT ignored, and a child
+        # inherits that: Python then never raises KeyboardInterrupt. A terminal's Ctrl-C is
+        # the default action.
+        preexec_fn=_default_sigint,
     )
     try:
         assert proc.stdout is not None
