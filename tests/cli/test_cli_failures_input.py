@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -144,22 +145,24 @@ def test_conformance_against_a_server_that_is_not_vllm_is_one_line(answer: objec
     assert "/v1/models" in stderr
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# A shell's background job (CI started with ``nohup ... &``) has SIGINT ignored, and children
+# inherit that: Python then never raises KeyboardInterrupt. A terminal's Ctrl-C meets the
+# default action, which this restores before it runs the command.
+WITH_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
 
 
 def test_ctrl_c_is_one_line_with_the_shells_status(tmp_path: Path) -> None:
     scenario = Path(__file__).parents[2] / "examples" / "scenarios" / "gsp-large.yaml"
     proc = subprocess.Popen(
-        [WARMFLEET, "sim", "--scenario", str(scenario), "--json", str(tmp_path / "o.json")],
+        [sys.executable, "-c", WITH_DEFAULT_SIGINT, WARMFLEET, "sim", "--scenario", str(scenario)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # A shell's background job (CI started with nohup &) has SIGINT ignored, and a child
-        # inherits that: Python then never raises KeyboardInterrupt. A terminal's Ctrl-C is
-        # the default action.
-        preexec_fn=_default_sigint,
+        cwd=tmp_path,
     )
     try:
         assert proc.stdout is not None
