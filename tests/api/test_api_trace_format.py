@@ -76,6 +76,14 @@ def test_a_header_carries_the_block_size_and_the_fleet() -> None:
         ),
         (['{"warmfleet_trace": 2}'], "t:1: warmfleet_trace"),
         (['{"warmfleet_trace": 1, "fleet": {"gpus": 8}}'], "t:1: fleet.gpus"),
+        (['{"timestamp": Infinity, "input_length": 1, "output_length": 1}'], "t:1: timestamp"),
+        (['{"timestamp": 0, "input_length": 1e20, "output_length": 1}'], "t:1: input_length"),
+        (
+            ['{"timestamp": 0, "input_length": 1, "output_length": 1, "deadline_ms": NaN}'],
+            "t:1: deadline_ms",
+        ),
+        (['{"warmfleet_trace": 1, "fleet": {"instances": 100000000}}'], "t:1: fleet.instances"),
+        (['{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"], "t:1: not a record: JSON nested"),
     ],
 )
 def test_errors_name_the_line_and_the_field(lines: list[str], named: str) -> None:

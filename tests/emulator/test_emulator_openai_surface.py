@@ -98,6 +98,26 @@ async def test_response_errors(url: str, session: aiohttp.ClientSession) -> None
     assert status == 404
 
 
+@pytest.mark.parametrize(
+    ("field", "raw"),
+    [
+        ("tool_choice", '{"a": ' * 1000 + "1" + "}" * 1000),  # a 500 after the generation ran
+        ("top_p", "NaN"),  # echoed as a bare NaN: not JSON
+        ("metadata", '{"a": Infinity}'),
+        ("metadata", '{"a": 1}'),
+        ("parallel_tool_calls", '"yes"'),
+    ],
+)
+async def test_echoed_response_fields_are_checked(
+    url: str, session: aiohttp.ClientSession, field: str, raw: str
+) -> None:
+    data = f'{{"model": "{MODEL}", "input": "x", "max_output_tokens": 2, "{field}": {raw}}}'
+    headers = {"Content-Type": "application/json"}
+    async with session.post(url + "/v1/responses", data=data, headers=headers) as resp:
+        body = await resp.json()
+    assert (resp.status, body["error"]["param"]) == (400, field)
+
+
 async def test_embeddings_are_deterministic_in_both_encodings(url: str) -> None:
     async with _client(url) as client:
         packed = await client.embeddings.create(model=MODEL, input=["a b c", "d"])

@@ -8,10 +8,18 @@ from typing import Any
 import aiohttp
 import pytest
 from emulator_support import MODEL, fast_spec, post_json, sse_events, words
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from warmfleet.emulator import sampling
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.emulator.sampling import StopParams, find_stop
-from warmfleet.emulator.tokenizer import EmulatorTokenizer, output_piece, output_text
+from warmfleet.emulator.tokenizer import (
+    OUTPUT_WORDS,
+    EmulatorTokenizer,
+    output_piece,
+    output_text,
+)
 
 
 @pytest.fixture
@@ -194,3 +202,52 @@ async def test_disabled_logprobs_and_echo_are_accepted(
     plain = {"logprobs": None, "echo": False, "stop": None}
     status, _ = await post_json(session, url, _completion(2, **plain), "/v1/completions")
     assert status == 200
+
+
+def _first_stop_by_full_text(
+    strings: tuple[str, ...], seed: int, output_tokens: int, min_tokens: int
+) -> int | None:
+    """The oracle: the output tokens through the first stop string that ends after token
+    ``min_tokens``, found by generating every token (what ``find_stop`` may cut short)."""
+    text, ends = "", []
+    for k in range(output_tokens):
+        text += output_piece(seed, k)
+        ends.append(len(text))
+    for k in range(min_tokens, output_tokens):
+        start = ends[k - 1] if k else 0
+        if any(text.find(s, max(0, start - len(s) + 1), ends[k]) != -1 for s in strings):
+            return k + 1
+    return None
+
+
+@given(
+    seed=st.integers(0, 1 << 20),
+    stops=st.lists(st.text("abcdefghijklmnopqrstuvwxyz ", min_size=1, max_size=9), max_size=3),
+    output_tokens=st.integers(1, 700),
+    min_tokens=st.integers(0, 300),
+)
+@settings(max_examples=300, deadline=None)
+def test_the_bounded_stop_scan_finds_what_the_full_text_holds(
+    seed: int, stops: list[str], output_tokens: int, min_tokens: int
+) -> None:
+    strings = (*stops, output_piece(seed, 1 + seed % 200).strip())
+    hit = find_stop(StopParams(strings), seed, output_tokens, min_tokens)
+    expected = _first_stop_by_full_text(strings, seed, output_tokens, min_tokens)
+    assert (hit.output_tokens if hit else None) == expected
+
+
+def test_a_stop_that_never_comes_is_not_looked_for_in_every_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The output repeats every ``len(OUTPUT_WORDS)`` tokens, so the scan ends after a period
+    past ``min_tokens`` and the longest stop; scanning every one of n x max_tokens tokens once
+    froze the event loop (16,384 x 16,000: minutes)."""
+    pieces = [0]
+
+    def counted(seed: int, index: int) -> str:
+        pieces[0] += 1
+        return output_piece(seed, index)
+
+    monkeypatch.setattr(sampling, "output_piece", counted)
+    assert find_stop(StopParams(("zzzzz",)), 7, 16_000, 100) is None
+    assert pieces[0] <= 100 + 2 * len(OUTPUT_WORDS) + len("zzzzz") + 1

@@ -127,3 +127,23 @@ def test_sleep_state_levels_and_tags() -> None:
     with pytest.raises(SleepError):
         SleepState.parse_level("0")
     assert SleepState.parse_tags([]) == {"weights", "kv_cache"}
+
+
+async def test_a_sleep_whose_client_gives_up_leaves_the_instance_serving(
+    session: aiohttp.ClientSession,
+) -> None:
+    """A /sleep cancelled while it waits for running requests rolls back to awake (it left
+    every later request refused with 503, /wake_up included)."""
+    body = chat_body("s", "u", max_tokens=400)  # ~0.4 s
+    async with EmulatedFleet(fast_spec()) as fleet:
+        url = fleet.urls[0]
+        running = asyncio.create_task(post_json(session, url, body))
+        await asyncio.sleep(0.05)
+        with pytest.raises(TimeoutError):
+            async with session.post(url + "/sleep", timeout=aiohttp.ClientTimeout(total=0.1)):
+                pass
+        assert (await running)[0] == 200
+        await asyncio.sleep(0.05)  # the handler sees the disconnect
+        assert not await _sleeping(session, url)
+        status, _ = await post_json(session, url, chat_body("s", "u"))
+        assert status == 200

@@ -224,3 +224,19 @@ def test_doctor_on_the_mooncake_trace() -> None:
     fall = doc["waterfall"]
     assert isinstance(fall, dict)
     assert fall["ideal"] >= fall["fleet_ceiling"] >= fall["best_replay"] > 0
+
+
+def test_requests_the_replayed_engines_reject_are_reported(tmp_path: Path) -> None:
+    """They were left out of the replays' figures silently (a replay then read above ideal)."""
+    trace = tmp_path / "long.jsonl"
+    rows = [
+        {"timestamp": t * 100, "input_length": n, "output_length": 4, "hash_ids": [t % 3, t]}
+        for t, n in enumerate([600] * 20 + [40_000])
+    ]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = [str(trace), "--instances", "2", "--preset", "tiny-cpu"]
+    code, output, doc = _doctor(args)
+    assert code == 0, output
+    assert {s["rejected"] for s in doc["strategies"].values()} == {1}
+    table = CliRunner().invoke(app, ["doctor", *args])
+    assert "warning: 1 of 21 requests cannot fit the replayed engines" in table.output

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -121,3 +122,37 @@ def test_neither_scenario_nor_trace_is_an_error() -> None:
     result = CliRunner().invoke(app, ["sim", "--strategies", "random"])
     assert result.exit_code == 2
     assert "--scenario" in result.output
+
+
+@pytest.mark.parametrize(
+    ("row", "named"),
+    [
+        ('{"timestamp": Infinity, "input_length": 1, "output_length": 1, "hash_ids": [0]}', ""),
+        ('{"timestamp": -5, "input_length": 1, "output_length": 1, "hash_ids": [0]}', "timestamp"),
+        ('{"timestamp": 0, "input_length": 1e20, "output_length": 1, "hash_ids": [0]}',
+         "input_length"),
+        ("[" * 100_000 + "]" * 100_000, ""),
+    ],
+)  # fmt: skip
+def test_a_mooncake_row_out_of_range_is_one_line_naming_the_line(
+    tmp_path: Path, row: str, named: str
+) -> None:
+    """A negative time ran silently; Infinity, 1e20 tokens and deep nesting were a traceback
+    or a hang."""
+    path = _write(tmp_path / "m.jsonl", [MOONCAKE[0], row])
+    args = ["sim", "--scenario", "mooncake", "--trace", str(path), "--strategies", "random"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1
+    assert f"{path}:2: " in lines[0]
+    assert named in lines[0]
+
+
+def test_requests_the_engine_rejects_are_said_not_left_out_silently(tmp_path: Path) -> None:
+    long = '{"timestamp": 10, "input_length": 40000, "output_length": 5, "hash_ids": [9]}'
+    path = _write(tmp_path / "long.jsonl", [*MOONCAKE, long])
+    args = ["sim", "--scenario", "mooncake", "--trace", str(path), "--strategies", "random"]
+    result = CliRunner().invoke(app, [*args, "--preset", "tiny-cpu"])
+    assert result.exit_code == 0, result.output
+    assert "random: 1 of 4 requests rejected" in " ".join(result.output.split())

@@ -31,10 +31,14 @@ from warmfleet.core.errors import ConfigError
 
 TRACE_VERSION = 1
 MOONCAKE_BLOCK_TOKENS = 512  # the block size of a trace without a header
+# Upper bounds of a record's token counts and of a header's sizes: far above any real model's
+# context or fleet, low enough that a replay cannot hang hashing 10**20 tokens in blocks.
+MAX_TOKENS = 1 << 27
+MAX_INSTANCES = 10_000
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TraceFleet(_Model):
@@ -42,7 +46,7 @@ class TraceFleet(_Model):
     start, ``kv_capacity_tokens`` per instance when known, the ``strategy`` document of the
     variant (its ``type`` and parameters), the engine ``preset`` when it was one."""
 
-    instances: int | None = Field(default=None, ge=1)
+    instances: int | None = Field(default=None, ge=1, le=MAX_INSTANCES)
     kv_capacity_tokens: int | None = Field(default=None, ge=1)
     strategy: dict[str, Any] | None = None
     preset: str | None = Field(default=None, min_length=1)
@@ -50,14 +54,14 @@ class TraceFleet(_Model):
 
 class TraceHeader(_Model):
     warmfleet_trace: int = Field(default=TRACE_VERSION, ge=1, le=TRACE_VERSION)
-    block_tokens: int = Field(default=MOONCAKE_BLOCK_TOKENS, ge=1)
+    block_tokens: int = Field(default=MOONCAKE_BLOCK_TOKENS, ge=1, le=MAX_TOKENS)
     fleet: TraceFleet = TraceFleet()
 
 
 class TraceRecord(_Model):
     timestamp: float = Field(ge=0)
-    input_length: int = Field(ge=0)
-    output_length: int = Field(ge=0)
+    input_length: int = Field(ge=0, le=MAX_TOKENS)
+    output_length: int = Field(ge=0, le=MAX_TOKENS)
     hash_ids: tuple[int, ...] = ()
     tenant: str | None = Field(default=None, max_length=256)
     session: str | None = Field(default=None, max_length=256)
@@ -96,6 +100,8 @@ def _load_json(source: str, line_no: int, line: str) -> Any:
         return json.loads(line)
     except json.JSONDecodeError as err:
         raise ConfigError(f"{source}:{line_no}: not JSON: {err.msg}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{source}:{line_no}: not a record: JSON nested too deeply") from err
 
 
 def parse_trace(lines: Iterable[str], source: str = "trace") -> TraceFile:

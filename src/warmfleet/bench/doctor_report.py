@@ -126,6 +126,13 @@ def doctor_lines(doc: Mapping[str, Any]) -> list[str]:
         else f"largest loss: {pct(loss['loss'])} from {loss['from']} to {loss['to']}; "
         f"closes it: {loss['closes']}"
     ]
+    rejected = max((s.get("rejected", 0) for s in doc["strategies"].values()), default=0)
+    if rejected:
+        lines.append(
+            f"warning: {rejected} of {doc['requests']} requests cannot fit the replayed engines "
+            "(prompt + output over max_model_len or the KV capacity): the replays' figures "
+            "leave them out, the waterfall's bounds do not"
+        )
     captured = doc.get("captured")
     if captured is not None:
         lines.append(_captured_line(captured))

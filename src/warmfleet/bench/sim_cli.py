@@ -151,6 +151,13 @@ def _emit(
     for run in comparison.runs:
         if not (run.conserved and run.time_monotonic):
             console.print(f"[red]{run.name}: conservation or time-order check failed[/red]")
+        m = run.metrics
+        if m.rejected - m.shed:  # the engine could not hold them: left out of every figure
+            console.print(
+                f"[yellow]{run.name}: {m.rejected - m.shed} of {m.submitted} requests rejected "
+                f"(prompt + output over max_model_len {comparison.engine.max_model_len} or the "
+                f"KV capacity); the figures cover the {m.completed} completed[/yellow]"
+            )
     if json_out is not None:
         write_json(report, json_out)
         console.print(f"wrote {json_out}")

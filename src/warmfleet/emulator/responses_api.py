@@ -16,6 +16,7 @@ responses: ``previous_response_id`` is a 400.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -137,7 +138,56 @@ def responses_call(body: object, ctx: ParseContext) -> ResponsesCall:
         raise BadRequestError(str(err), param="max_output_tokens") from err
     job = replace(job, response_id="resp_" + job.response_id.removeprefix("chatcmpl-"))
     echoed = {name: body.get(name, default) for name, default in _ECHOED.items()}
+    _check_echoed(echoed)
     return ResponsesCall(job, echoed, int(time.time()))
+
+
+def _check_echoed(echoed: Mapping[str, Any]) -> None:
+    """The echoed fields the chat did not check, with the types of vLLM's ResponsesRequest:
+    an unchecked value could be NaN (not JSON in the answer) or nested too deeply to serialise
+    (a 500 once the generation ran)."""
+    metadata = echoed["metadata"]
+    if metadata is not None and (
+        not isinstance(metadata, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise BadRequestError("'metadata' must be an object of strings", param="metadata")
+    top_p = echoed["top_p"]
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1
+    ):
+        raise BadRequestError("'top_p' must be a number in (0, 1]", param="top_p")
+    parallel = echoed["parallel_tool_calls"]
+    if parallel is not None and not isinstance(parallel, bool):
+        raise BadRequestError(
+            "'parallel_tool_calls' must be a boolean", param="parallel_tool_calls"
+        )
+    choice = echoed["tool_choice"]
+    if choice is not None and not isinstance(choice, str | Mapping):
+        raise BadRequestError("'tool_choice' must be a string or an object", param="tool_choice")
+    if not _shallow_finite(choice, _MAX_ECHO_DEPTH):
+        raise BadRequestError(
+            f"'tool_choice' must be finite and nested at most {_MAX_ECHO_DEPTH} levels",
+            param="tool_choice",
+        )
+
+
+_MAX_ECHO_DEPTH = 32  # OpenAI's tool_choice objects have 3 levels at most
+
+
+def _shallow_finite(value: object, depth: int) -> bool:
+    """No NaN/Infinity and at most ``depth`` levels of nesting (iteratively: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, Mapping | list):
+            if level > depth:
+                return False
+            children = item.values() if isinstance(item, Mapping) else item
+            stack.extend((child, level + 1) for child in children)
+    return True
 
 
 class _Events:

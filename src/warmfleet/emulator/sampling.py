@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from warmfleet.core.errors import BadRequestError
-from warmfleet.emulator.tokenizer import output_piece, output_token_id
+from warmfleet.emulator.tokenizer import OUTPUT_WORDS, output_piece, output_token_id
 
 _MAX_TOKEN_ID = (1 << 63) - 1
 MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
@@ -79,8 +79,13 @@ def find_stop(
     """The first stop within the first ``output_tokens`` output tokens, if any."""
     if not params.strings and not params.token_ids:
         return None
+    # The output repeats every len(OUTPUT_WORDS) tokens after the first (an odd word stride),
+    # so a stop not found within one period past min_tokens plus the longest stop string
+    # (every piece has a character) is never found: bound the scan, not n * max_tokens.
+    longest = max(map(len, params.strings), default=0)
+    scan = min(output_tokens, min_tokens + 2 * len(OUTPUT_WORDS) + longest + 1)
     text = ""
-    for k in range(output_tokens):
+    for k in range(scan):
         start = len(text)
         text += output_piece(text_seed, k)
         if k < min_tokens:

@@ -129,6 +129,9 @@ class SleepRoutes:
                     state.entering = False
                     msg = f"requests still running after {SLEEP_DRAIN_TIMEOUT_S:.0f} s"
                     return web.json_response(error_body(msg, 500), status=500)
+                except asyncio.CancelledError:
+                    state.entering = False  # the client gave up: stay awake, serve again
+                    raise
             state.sleep(level)
         return web.Response(status=200)
 

@@ -83,6 +83,7 @@ def _figures(run: StrategyRun) -> dict[str, object]:
     return {
         "hit_rate": run.metrics.hit_rate,
         "ttft_ms": {f"p{p}": percentile(ttft_s, p) * 1000.0 for p in (50, 95, 99)},
+        "rejected": run.metrics.rejected - run.metrics.shed,  # not in the figures above
     }
 
 

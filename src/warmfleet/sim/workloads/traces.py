@@ -86,9 +86,22 @@ def _mooncake_row(source: str, line_no: int, line: str) -> MooncakeRow:
         if not isinstance(row, dict):
             raise TypeError("a line must be a JSON object")
         ids = [int(h) for h in row["hash_ids"]]
-        return int(row["timestamp"]), ids, int(row["input_length"]), int(row["output_length"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        out = int(row["timestamp"]), ids, int(row["input_length"]), int(row["output_length"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as err:
         raise ConfigError(f"trace: {source}:{line_no}: not a Mooncake trace row: {err}") from err
+    except RecursionError as err:
+        raise ConfigError(f"trace: {source}:{line_no}: not a Mooncake trace row: nested") from err
+    timestamp, _, input_tokens, output_tokens = out
+    most = trace_format.MAX_TOKENS
+    limits = (
+        ("timestamp", timestamp, None),
+        ("input_length", input_tokens, most),
+        ("output_length", output_tokens, most),
+    )
+    for name, value, top in limits:
+        if value < 0 or (top is not None and value > top):
+            raise ConfigError(f"trace: {source}:{line_no}: {name}: {value} is out of range")
+    return out
 
 
 def _mooncake_segments(
