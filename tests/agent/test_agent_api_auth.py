@@ -15,7 +15,7 @@ from aiohttp import web
 from cache_support import agent_config, spec_for, wait_for
 
 from harness.origin import Blob, Origin
-from warmfleet.agent.api_auth import ApiAuth, is_loopback, read_agent_token
+from warmfleet.agent.api_auth import ApiAuth, bearer_matches, is_loopback, read_agent_token
 from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.node_agent import NodeAgent
 from warmfleet.agent.sourceset import SourceSet
@@ -143,3 +143,32 @@ def test_token_and_listener_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         read_agent_token(StatusSpec(token_file=str(tmp_path / "empty")))
     monkeypatch.setenv("MY_AGENT_TOKEN", " t1 ")
     assert read_agent_token(StatusSpec(token_env="MY_AGENT_TOKEN")) == "t1"
+
+
+@pytest.mark.parametrize("header", ["Bearer \udcff", f"Bearer {TOKEN}\udce9", "\udcff"])
+def test_a_header_that_is_not_utf8_is_a_wrong_token(header: str) -> None:
+    """aiohttp hands non-UTF-8 header bytes over as lone surrogates: ``.encode()`` raised (a
+    500, on the status API and on the peer route alike)."""
+    assert not bearer_matches(header, TOKEN)
+    assert bearer_matches(f"Bearer {TOKEN}", TOKEN)
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "JSON"),
+        (b'{"uri": "/x", "pin": "false"}', "'pin'"),  # bool("false") pinned it for ever
+        (b'{"uri": "/x", "holder": 5}', "'holder'"),
+        (b'{"uri": 1}', "'uri'"),
+        (b"[]", "'uri'"),
+    ],
+)
+async def test_a_prefetch_body_of_the_wrong_shape_is_a_400(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: bytes, named: str
+) -> None:
+    monkeypatch.delenv("WARMFLEET_AGENT_TOKEN", raising=False)
+    async with _agent(tmp_path) as api, aiohttp.ClientSession() as http:
+        headers = {"Content-Type": "application/json"}
+        async with http.post(f"{api}/v1/prefetch", data=body, headers=headers) as resp:
+            assert resp.status == 400
+            assert named in (await resp.json())["error"]

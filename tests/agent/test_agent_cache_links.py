@@ -55,3 +55,16 @@ def test_names_that_are_not_views(tmp_path: Path) -> None:
     links.unlink("objects")  # never touches the store's own directories
     assert (tmp_path / "objects").is_dir()
     assert links.views() == []
+
+
+def test_a_directory_that_is_not_a_view_is_never_deleted(tmp_path: Path) -> None:
+    """A root shared with other data: a directory with a cache-like name holding real files is
+    not the agent's (``sync`` removed every directory it did not want, ``rmtree`` and all)."""
+    links = CacheLinks(Store(tmp_path))
+    datasets = tmp_path / "datasets"
+    datasets.mkdir()
+    (datasets / "train.parquet").write_bytes(b"rows")
+    links.sync({})
+    links.unlink("datasets")
+    assert (datasets / "train.parquet").read_bytes() == b"rows"
+    assert links.views() == []

@@ -326,3 +326,17 @@ async def test_full_verify_rehashes_the_piece_tree(tmp_path: Path) -> None:
         (res,) = await m.verify(full=True)
         assert not res.ok
         assert "sha256_tree" in res.reason
+
+
+async def test_a_file_replaced_by_a_fifo_fails_the_copy_and_does_not_hang(tmp_path: Path) -> None:
+    """Opening a FIFO for reading waits for a writer: the copy blocked for ever, and so did the
+    agent's stop."""
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(1000))
+    async with manager_for(tmp_path / "cache") as m:
+        manifest = await m.resolve(str(src))
+        (src / "w.bin").unlink()
+        os.mkfifo(src / "w.bin")
+        with pytest.raises(SourceChangedError, match="no longer a regular file"):
+            await asyncio.wait_for(m.ensure(manifest, "m"), 30)

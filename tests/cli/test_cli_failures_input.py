@@ -29,6 +29,19 @@ def test_cache_prefetch_of_a_bad_uri_is_one_line(tmp_path: Path, uri: str) -> No
     assert stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--chunk", "0"), ("--chunk", "abc"), ("--concurrency", "0"), ("--bandwidth-limit", "-1")],
+)
+def test_cache_prefetch_download_options_are_usage_errors(
+    tmp_path: Path, option: str, value: str
+) -> None:
+    done = run_cli("cache", "prefetch", "/x", "--dest", str(tmp_path / "c"), option, value)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert option in done.stderr
+
+
 def test_cache_prefetch_takes_a_relative_path(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()

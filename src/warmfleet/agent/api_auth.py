@@ -55,6 +55,15 @@ def read_agent_token(spec: StatusSpec) -> str | None:
     return token
 
 
+def bearer_matches(header: str, token: str) -> bool:
+    """``Authorization: Bearer <token>``, compared in constant time. A header with bytes that
+    are not UTF-8 (aiohttp hands them over as lone surrogates) is a wrong token, not a 500."""
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode("utf-8", "surrogatepass"), token.encode()
+    )
+
+
 @dataclass(frozen=True)
 class ApiAuth:
     token: str | None
@@ -82,10 +91,7 @@ class ApiAuth:
                 },
                 status=403,
             )
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-            given.strip().encode(), self.token.encode()
-        ):
+        if bearer_matches(request.headers.get("Authorization", ""), self.token):
             return None
         return web.json_response(
             {"error": "a valid 'Authorization: Bearer <token>' is required"},

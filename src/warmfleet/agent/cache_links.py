@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 from warmfleet.agent.store import MARKER as COMPLETE_MARKER
 from warmfleet.agent.store import Store
@@ -26,6 +27,20 @@ _RESERVED = frozenset({"objects", "staging", "locks", "index.json", "agent.json"
 
 def valid_cache_name(name: str) -> bool:
     return bool(_NAME.match(name)) and name not in _RESERVED and ".." not in name
+
+
+def _is_view(path: Path) -> bool:
+    """A directory this agent made: nothing in it but links and its marker (also one a crash
+    left half-built). Anything else under the root is not the agent's to delete."""
+    if not path.is_dir() or path.is_symlink():
+        return False
+    try:
+        return all(
+            e.is_symlink() or e.name in (READY_MARKER, READY_MARKER + ".tmp")
+            for e in path.iterdir()
+        )
+    except OSError:
+        return False
 
 
 class CacheLinks:
@@ -61,7 +76,7 @@ class CacheLinks:
 
     def unlink(self, cache: str) -> None:
         view = self.root / cache
-        if not valid_cache_name(cache) or not view.is_dir() or view.is_symlink():
+        if not valid_cache_name(cache) or not _is_view(view):
             return
         (view / READY_MARKER).unlink(missing_ok=True)
         shutil.rmtree(view)  # links only: rmtree removes a link, never what it points to
@@ -69,9 +84,7 @@ class CacheLinks:
     def views(self) -> list[str]:
         """Every view directory under the root (complete or left half-built by a crash)."""
         return sorted(
-            p.name
-            for p in self.root.iterdir()
-            if valid_cache_name(p.name) and p.is_dir() and not p.is_symlink()
+            p.name for p in self.root.iterdir() if valid_cache_name(p.name) and _is_view(p)
         )
 
     def sync(self, usable: dict[str, str]) -> None:

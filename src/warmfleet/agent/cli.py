@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from warmfleet.cache.config import (
@@ -91,7 +92,12 @@ def build_spec(
         budget=_size_option(budget, "--budget") if budget else total,
         reserve=_size_option(reserve, "--reserve") if reserve else min(total // 20, 10 * 2**30),
     )
-    dl = DownloadSpec(**{k: v for k, v in download.items() if v is not None})
+    try:
+        dl = DownloadSpec(**{k: v for k, v in download.items() if v is not None})
+    except ValidationError as err:  # e.g. --chunk 0 / abc, --concurrency 0: a usage error
+        first = err.errors()[0]
+        flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else None
+        raise typer.BadParameter(first["msg"], param_hint=flag) from None
     return NodeCacheSpec(root=str(root), capacity=capacity, download=dl)
 
 

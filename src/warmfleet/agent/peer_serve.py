@@ -13,7 +13,6 @@ engine: one token bucket (``serve_bps``) over all uploads and at most ``max_uplo
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
 import posixpath
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import BinaryIO
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
+from warmfleet.agent.api_auth import bearer_matches
 from warmfleet.agent.store import Store
 from warmfleet.cache.transfer import TokenBucket
 from warmfleet.core.clock import MonotonicClock
@@ -110,7 +110,13 @@ def _parse_range(header: str) -> tuple[int, int]:
 
 def _safe_rel(path: str) -> str:
     norm = posixpath.normpath(path)
-    if norm != path or path.startswith(("/", "..")) or "/../" in path or ".warmfleet" in path:
+    if (
+        norm != path
+        or path.startswith(("/", ".."))
+        or "/../" in path
+        or ".warmfleet" in path
+        or "\x00" in path  # os.stat would raise ValueError: a 500
+    ):
         raise web.HTTPNotFound()
     return path
 
@@ -150,12 +156,8 @@ class PeerServer:
         app.router.add_get(PIECE_ROUTE, self._piece)
 
     def _authorised(self, request: web.Request) -> bool:
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        return (
-            self._token is not None
-            and scheme.lower() == "bearer"
-            and hmac.compare_digest(given.strip().encode(), self._token.encode())
-        )
+        header = request.headers.get("Authorization", "")
+        return self._token is not None and bearer_matches(header, self._token)
 
     def _locate(self, key: str, rel: str, start: int, end: int) -> Path:
         if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
@@ -192,6 +194,10 @@ class PeerServer:
                     "Content-Type": "application/octet-stream",
                 })  # fmt: skip
                 resp.content_length = end - start
+                if request.method == "HEAD":  # the head only: no body may follow it
+                    await resp.prepare(request)
+                    await resp.write_eof()
+                    return resp
                 try:
                     await _send(request, resp, fh, start, end)
                 except ConnectionResetError:  # the peer went away

@@ -22,6 +22,7 @@ from warmfleet.agent.api_auth import ApiAuth
 from warmfleet.agent.manager import CacheManager
 from warmfleet.cache.capacity import occupied_bytes
 from warmfleet.core.errors import BadRequestError, NotFoundError, WarmfleetError
+from warmfleet.core.jsonio import loads_body
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
 MANAGER_KEY = web.AppKey("manager", CacheManager)
@@ -113,17 +114,22 @@ async def _artifact(request: web.Request) -> web.Response:
 
 async def _prefetch(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
-    try:
-        body = await request.json()
-        uri = str(body["uri"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise BadRequestError("body must be JSON with at least 'uri'") from err
+    body = loads_body(await request.read())  # BadRequestError (400), never RecursionError
+    if not isinstance(body, dict) or not isinstance(body.get("uri"), str) or not body["uri"]:
+        raise BadRequestError("body must be a JSON object with at least 'uri' (a string)")
+    uri = body["uri"]
+    for field in ("revision", "name", "holder"):
+        if not isinstance(body.get(field), str | None):
+            raise BadRequestError(f"'{field}' must be a string")
+    pin = body.get("pin", False)
+    if not isinstance(pin, bool):
+        raise BadRequestError("'pin' must be true or false")
     coro = manager.prefetch(
         uri,
         revision=body.get("revision"),
         name=body.get("name"),
         holder=body.get("holder"),
-        pin=bool(body.get("pin", False)),
+        pin=pin,
     )
     request.app[SPAWN_KEY](coro)
     return web.json_response({"accepted": uri}, status=202)

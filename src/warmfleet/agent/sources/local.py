@@ -106,11 +106,19 @@ class LocalSource:
 
 
 def _open_source(entry: FileEntry) -> int:
-    """The resolved file itself: a link put in its place after resolve is refused."""
+    """The resolved file itself: a link put in its place after resolve is refused, and so is
+    anything but a regular file (``O_NONBLOCK``: opening a FIFO put in its place must not
+    block the worker thread for ever waiting for a writer)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return os.open(entry.locator, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(entry.locator, flags)
     except OSError as err:
         raise SourceChangedError(f"{entry.locator} cannot be opened any more: {err}") from err
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SourceChangedError(f"{entry.locator} is no longer a regular file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _inside(real: str, trees: tuple[str, ...]) -> bool:
