@@ -13,6 +13,7 @@ engine: one token bucket (``serve_bps``) over all uploads and at most ``max_uplo
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import posixpath
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from warmfleet.cache.transfer import TokenBucket
 from warmfleet.core.clock import MonotonicClock
 
 PIECE_ROUTE = "/v1/peer/{key}/{path:.+}"
+log = logging.getLogger(__name__)
 
 
 class PeerCounters:
@@ -94,6 +96,10 @@ class PeerHoldings:
 class ServeLimits:
     serve_bps: float = 500e6
     max_uploads: int = 8
+    # A piece its peer does not take at ``min_send_bps`` (after ``send_grace_s``) is abandoned
+    # and its connection closed: a stalled peer must not hold an upload slot for ever.
+    min_send_bps: float = 1e6
+    send_grace_s: float = 10.0
 
 
 def _parse_range(header: str) -> tuple[int, int]:
@@ -147,6 +153,7 @@ class PeerServer:
         self._token = token
         self._bucket = TokenBucket(MonotonicClock(), limits.serve_bps)
         self._slots = asyncio.Semaphore(limits.max_uploads)
+        self._limits = limits
 
     def set_rate(self, serve_bps: float) -> None:
         if serve_bps != self._bucket.rate_bps:
@@ -198,9 +205,16 @@ class PeerServer:
                     await resp.prepare(request)
                     await resp.write_eof()
                     return resp
+                limits = self._limits
+                timeout_s = limits.send_grace_s + (end - start) / limits.min_send_bps
                 try:
-                    await _send(request, resp, fh, start, end)
+                    await asyncio.wait_for(_send(request, resp, fh, start, end), timeout_s)
                 except ConnectionResetError:  # the peer went away
+                    return resp
+                except TimeoutError:  # the peer stopped reading: free the slot
+                    log.warning("peer piece %s/%s not taken in %.0f s: closed", key, rel, timeout_s)
+                    if request.transport is not None:
+                        request.transport.abort()
                     return resp
             self._counters.serve(end - start)
             return resp
