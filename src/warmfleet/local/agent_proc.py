@@ -31,7 +31,8 @@ from warmfleet.agent.sourceset import SourceSet
 from warmfleet.agent.status_api import build_app
 from warmfleet.agent.store import Store
 from warmfleet.cache.config import CapacitySpec, DownloadSpec, NodeCacheSpec, StatusSpec
-from warmfleet.core.errors import WarmfleetError
+from warmfleet.core.errors import BadRequestError, WarmfleetError
+from warmfleet.core.jsonio import loads_body
 from warmfleet.local.procs import AGENT_TOKEN_ENV, serve_announced
 
 log = logging.getLogger("warmfleet.embedded.agent")
@@ -40,9 +41,18 @@ TICK_S = 0.25
 
 def _routes(app: web.Application, node: FleetNode, peers: Peers) -> None:
     async def put_assignments(request: web.Request) -> web.Response:
-        body = await request.json()
-        node.assigned = {str(c["cache"]): Assignment(str(c["uri"])) for c in body.get("caches", [])}
-        peers.configure(body.get("peers"))
+        body = loads_body(await request.read())  # bad JSON: a BadRequestError (400)
+        try:
+            caches = body.get("caches", []) if isinstance(body, dict) else None
+            if not isinstance(caches, list):
+                raise TypeError("'caches' must be a list")
+            assigned = {str(c["cache"]): Assignment(str(c["uri"])) for c in caches}
+            peers.configure(body.get("peers"))
+        except (KeyError, TypeError, ValueError) as err:  # nothing assigned: a 400, not a 500
+            raise BadRequestError(
+                f"assignments: not {{caches: [{{cache, uri}}]}}: {err!r}"
+            ) from err
+        node.assigned = assigned
         return web.json_response({"assigned": sorted(node.assigned)})
 
     async def get_caches(_request: web.Request) -> web.Response:
