@@ -120,6 +120,14 @@ async def _route_checks(url: str, key: str) -> None:
         async with http.get(f"{url}/v1/peer/{key}/../x", headers={**auth,
                             "Range": "bytes=0-9"}) as resp:  # fmt: skip
             assert resp.status == 404
+        for odd in ("bytes=\u0660-\u0661", "bytes=+0-9", "bytes=0_0-9", "bytes=0-9,20-29"):
+            async with http.get(piece, headers={**auth, "Range": odd}) as resp:
+                assert resp.status == 416, odd  # one range, in ASCII digits
+        async with http.get(piece, headers=auth) as resp:
+            assert resp.status == 400  # no Range at all
+        async with http.get(piece, headers={**auth, "Range": "bytes=0-99999999"}) as resp:
+            assert resp.status == 416
+            assert resp.headers["Content-Range"].startswith("bytes */")
         nul = yarl.URL(f"{url}/v1/peer/{key}/w%00.bin", encoded=True)
         async with http.get(nul, headers={**auth, "Range": "bytes=0-9"}) as resp:
             assert resp.status == 404  # os.stat refused the NUL: a 500

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import posixpath
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -102,14 +103,19 @@ class ServeLimits:
     send_grace_s: float = 10.0
 
 
+_RANGE = re.compile(r"bytes=([0-9]{1,19})-([0-9]{1,19})", re.ASCII)
+
+
 def _parse_range(header: str) -> tuple[int, int]:
-    unit, _, spec = header.partition("=")
-    first, _, last = spec.strip().partition("-")
-    try:
-        start, end = int(first), int(last) + 1
-    except ValueError as err:
-        raise web.HTTPRequestRangeNotSatisfiable() from err
-    if unit.strip() != "bytes" or start < 0 or end <= start:
+    """``[start, end)`` of a single ``bytes=a-b`` range in ASCII digits (``int`` alone took
+    other scripts' digits, ``+`` and ``_``)."""
+    if not header:
+        raise web.HTTPBadRequest(text="a single 'Range: bytes=first-last' is required")
+    match = _RANGE.fullmatch(header.strip())
+    if match is None:
+        raise web.HTTPRequestRangeNotSatisfiable()
+    start, end = int(match[1]), int(match[2]) + 1
+    if end <= start:
         raise web.HTTPRequestRangeNotSatisfiable()
     return start, end
 
@@ -185,8 +191,10 @@ class PeerServer:
             size_bytes = path.stat().st_size
         except OSError as err:  # published meanwhile, or gone
             raise web.HTTPNotFound() from err
-        if size_bytes < end:
-            raise web.HTTPRequestRangeNotSatisfiable()
+        if size_bytes < end:  # RFC 9110: a 416 says the representation's length
+            raise web.HTTPRequestRangeNotSatisfiable(
+                headers={"Content-Range": f"bytes */{size_bytes}"}
+            )
         async with self._slots:  # sent here (zero-copy ``sendfile``), within the bound
             delay_s = self._bucket.reserve(end - start)
             if delay_s > 0:
