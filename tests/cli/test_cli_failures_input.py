@@ -42,6 +42,24 @@ def test_cache_prefetch_download_options_are_usage_errors(
     assert option in done.stderr
 
 
+def test_cache_prefetch_options_win_over_its_config(tmp_path: Path) -> None:
+    """They were ignored silently when ``--config`` was given."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("hello\n")
+    node = tmp_path / "node.yaml"
+    node.write_text(
+        "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\n"
+        f"spec:\n  root: {tmp_path / 'root'}\n  capacity: {{budget: 1GiB, reserve: 0}}\n"
+    )
+    base = ["cache", "prefetch", str(tmp_path / "src"), "--config", str(node)]
+    stderr = assert_short_failure(run_cli(*base, "--budget", "1B"), 1)
+    assert "budget 1," in stderr
+    chunk = run_cli(*base, "--chunk", "0")
+    assert chunk.returncode == 2
+    assert "--chunk" in chunk.stderr
+    assert run_cli(*base).returncode == 0
+
+
 def test_cache_prefetch_takes_a_relative_path(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()

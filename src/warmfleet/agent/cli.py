@@ -78,27 +78,35 @@ def build_spec(
     **download: Any,
 ) -> NodeCacheSpec:
     """From node.yaml if given, else defaults: budget = file system size, reserve = 5 % of it
-    (at most 10 GiB); ``budget``/``reserve`` given on the command line win."""
+    (at most 10 GiB). What the command line gives (``--dest``, ``--budget``, ``--reserve``, the
+    download options) wins over either."""
     if config is not None:
         spec = load_node_config(read_text_file(config), str(config)).spec
-        if dest is not None:
-            spec = spec.model_copy(update={"root": str(dest)})
-        return spec
-    root = dest or default_root()
-    root.mkdir(parents=True, exist_ok=True)
-    st = os.statvfs(root)
-    total = st.f_blocks * st.f_frsize
-    capacity = CapacitySpec(
-        budget=_size_option(budget, "--budget") if budget else total,
-        reserve=_size_option(reserve, "--reserve") if reserve else min(total // 20, 10 * 2**30),
-    )
+        root = dest if dest is not None else Path(spec.root)
+        capacity: dict[str, Any] = spec.capacity.model_dump()
+        dl: dict[str, Any] = spec.download.model_dump()
+    else:
+        spec = None
+        root = dest or default_root()
+        root.mkdir(parents=True, exist_ok=True)
+        st = os.statvfs(root)
+        total = st.f_blocks * st.f_frsize
+        capacity = {"budget": total, "reserve": min(total // 20, 10 * 2**30)}
+        dl = {}
+    if budget:
+        capacity["budget"] = _size_option(budget, "--budget")
+    if reserve:
+        capacity["reserve"] = _size_option(reserve, "--reserve")
+    dl.update({k: v for k, v in download.items() if v is not None})
     try:
-        dl = DownloadSpec(**{k: v for k, v in download.items() if v is not None})
+        parts = {"capacity": CapacitySpec(**capacity), "download": DownloadSpec(**dl)}
     except ValidationError as err:  # e.g. --chunk 0 / abc, --concurrency 0: a usage error
         first = err.errors()[0]
         flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else None
         raise typer.BadParameter(first["msg"], param_hint=flag) from None
-    return NodeCacheSpec(root=str(root), capacity=capacity, download=dl)
+    if spec is not None:
+        return spec.model_copy(update={"root": str(root), **parts})
+    return NodeCacheSpec(root=str(root), **parts)
 
 
 def _size_option(value: str, flag: str) -> int:
