@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -12,6 +13,7 @@ from typing import cast
 
 import aiohttp
 import pytest
+from aiohttp import web
 from bench_support import FakeEngine
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -510,3 +512,55 @@ def test_reasoning_and_tool_call_deltas_are_tokens() -> None:
     ):
         assert _has_content({"choices": [{"index": 0, "delta": delta}]}), delta
     assert _has_content({"choices": [{"index": 0, "text": "Hi"}]})  # completions
+
+
+_CHUNK = {"choices": [{"index": 0, "delta": {"content": "x"}}], "error": None}
+_ANSWERS: dict[str, tuple[str, bytes]] = {
+    "error_envelope": ("application/json", b'{"error": {"message": "boom"}}'),
+    "no_choices": ("application/json", b'{"choices": []}'),
+    "not_an_object": ("application/json", b"[1]"),
+    "no_done": ("text/event-stream", b"data: " + json.dumps(_CHUNK).encode() + b"\n\n"),
+    "null_error": (
+        "text/event-stream",
+        b"data: " + json.dumps(_CHUNK).encode() + b"\n\ndata: [DONE]\n\n",
+    ),
+}
+
+
+@contextlib.asynccontextmanager
+async def _answering(answer: str) -> AsyncIterator[str]:
+    """A server whose every completion is ``_ANSWERS[answer]``, with status 200."""
+    content_type, body = _ANSWERS[answer]
+
+    async def reply(_request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type=content_type)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", reply)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("answer", "stream", "error"),
+    [
+        ("error_envelope", False, "bad_response"),
+        ("no_choices", False, "no_tokens"),
+        ("not_an_object", False, "bad_response"),
+        ("no_done", True, "stream_broken"),
+        ("null_error", True, None),  # "error": null in a chunk is no error
+    ],
+)
+async def test_a_200_that_is_no_completion_is_an_error(
+    answer: str, stream: bool, error: str | None
+) -> None:
+    """Each was counted as completed (and the run exited 0)."""
+    async with _answering(answer) as url:
+        load = await run_load(small_gsp(2), LoadSpec(urls=(url,), stream=stream))
+    assert [r.error for r in load.results] == [error, error]

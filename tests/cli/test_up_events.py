@@ -76,3 +76,68 @@ def test_up_logs_the_cache_fill_and_the_replica_ready(tmp_path: Path) -> None:
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
+
+
+def _up(path: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [WARMFLEET, "up", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> int:
+    proc.send_signal(sig)
+    try:
+        return proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.mark.slow
+def test_a_second_up_in_the_same_workdir_is_refused_and_touches_nothing(tmp_path: Path) -> None:
+    """Two fleets in one workdir shared node roots, ready files and state.json."""
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(small_fleet(tmp_path / "w")))
+    first = _up(path)
+    try:
+        _read_until(first, ["warmfleet up: gateway "], 90.0)
+        run = tmp_path / "w" / "run"
+        deadline = time.monotonic() + 60
+        while not all((run / f).exists() for f in ("origin.json", "agent-n1.json")):
+            assert time.monotonic() < deadline, sorted(p.name for p in run.iterdir())
+            time.sleep(0.1)
+        files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+        second = subprocess.run(
+            [WARMFLEET, "up", str(path)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert second.returncode == 2, second.stderr
+        assert "another `warmfleet up` is running in" in second.stderr
+        assert second.stderr.count("\n") == 1
+        for name, data in files.items():  # the first fleet's files (it may add more)
+            assert (run / name).read_bytes() == data, name
+        assert first.poll() is None
+    finally:
+        assert _stop(first) == 0
+
+
+@pytest.mark.slow
+def test_a_signal_while_the_origin_writes_a_model_stops_up_at_once(tmp_path: Path) -> None:
+    """The model was written on the event loop: the signal waited for it, then for the whole
+    fleet to start."""
+    doc = small_fleet(tmp_path / "w")
+    doc["spec"]["origin"]["models"][0]["size"] = 4 << 30
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    proc = _up(path)
+    partial = tmp_path / "w" / "origin"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(partial.glob("*.tmp")):
+        time.sleep(0.05)
+    assert _stop(proc, signal.SIGTERM) == 0
+    written = sum(p.stat().st_size for p in partial.glob("*.tmp"))
+    assert written < 4 << 30
+    assert not (tmp_path / "w" / "run" / "origin.json").exists()  # nothing started after

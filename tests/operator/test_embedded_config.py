@@ -68,6 +68,30 @@ def test_duplicate_nodes_and_unknown_fields_are_rejected() -> None:
         parse_fleet(doc)
 
 
+@pytest.mark.parametrize("name", ["../../escaped", "Upper", "a" * 31, "-x"])
+def test_an_endpoint_name_that_names_files_is_a_dns_label(name: str) -> None:
+    """``../../escaped`` wrote its instance file outside the workdir."""
+    doc = _doc()
+    doc["spec"]["endpoints"][0]["name"] = name  # type: ignore[index]
+    with pytest.raises(ConfigError, match=r"spec\.endpoints\.0\.name"):
+        parse_fleet(doc)
+
+
+def test_duplicate_endpoints_models_and_odd_revisions_are_rejected_at_load() -> None:
+    doc = _doc()
+    doc["spec"]["endpoints"] *= 2  # type: ignore[index]
+    with pytest.raises(ConfigError, match="endpoint names must be unique"):
+        parse_fleet(doc)
+    doc = _doc()
+    doc["spec"]["origin"]["models"] *= 2  # type: ignore[index]
+    with pytest.raises(ConfigError, match="model names must be unique"):
+        parse_fleet(doc)
+    doc = _doc(revision="../x")
+    doc["spec"]["origin"]["models"][0]["revisions"] = ["../x"]  # type: ignore[index]
+    with pytest.raises(ConfigError, match=r"revisions\.0"):
+        parse_fleet(doc)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.floats(0.1, 100.0)), max_size=12))
 def test_start_times_split_warm_and_cold(starts: list[tuple[bool, float]]) -> None:

@@ -7,6 +7,7 @@ from typing import cast
 import pytest
 
 from warmfleet.api.resources import AutoscalingSpec
+from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.sim.whatif import WhatIfParams, calibrate, run_scenario, run_whatif
 
@@ -83,3 +84,11 @@ def test_routing_is_the_factory_strategy_on_the_simulator_kernel() -> None:
     assert lor.report() != rr.report()
     with pytest.raises(ConfigError, match="unknown strategy"):
         run_scenario(small, "weights", model, routing="nope")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("burstDurationS", 1e9), ("burstStartS", 1e9), ("nodesTotal", 10**6)]
+)
+def test_a_what_if_that_would_run_without_end_is_refused(field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=field):
+        parse_document(WhatIfParams, {field: value}, "params")

@@ -145,7 +145,12 @@ def _is_zero(value: IntOrPercent) -> bool:
 
 class WeightsCacheConfig(WireModel):
     enabled: bool = False
-    host_path: str = Field(default="/opt/warmfleet/cache", min_length=1, max_length=255)
+    host_path: str = Field(
+        default="/opt/warmfleet/cache",
+        min_length=1,
+        max_length=255,
+        json_schema_extra={"pattern": "^/"},  # the CRD rejects what _absolute rejects
+    )
     gate: GatePolicy = Field(default_factory=GatePolicy)
 
     @field_validator("host_path")
@@ -201,7 +206,10 @@ class StandbySpec(WireModel):
 
 
 class ProductionVariant(WireModel):
-    name: str
+    # _name's check, also in the CRD schema (the API server refuses what the operator would skip)
+    name: str = Field(
+        json_schema_extra={"pattern": _DNS_LABEL.pattern, "maxLength": MAX_VARIANT_NAME}
+    )
     replicas: int = Field(default=1, ge=0)
     traffic_weight: float = Field(default=1.0, ge=0.0)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)

@@ -181,12 +181,14 @@ async def _read_stream(resp: aiohttp.ClientResponse, result: RequestResult, sent
     last = sent
     chunks = 0
     usage_seen = False
+    done = False
     async for raw in resp.content:
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue
         data = line[5:].strip()
         if data == b"[DONE]":
+            done = True
             break
         now = time.perf_counter()
         try:
@@ -196,7 +198,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, result: RequestResult, sent
             return
         if not isinstance(event, dict):
             continue
-        if "error" in event:
+        if event.get("error") is not None:
             result.error = "stream_error"
             result.detail = envelope_message(event) or "an error event in the stream"
             return
@@ -212,6 +214,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, result: RequestResult, sent
             chunks += 1
     if not usage_seen:
         result.output_tokens = chunks
+    if not done:
+        result.error, result.detail = "stream_broken", "the stream ended without data: [DONE]"
 
 
 async def send_one(
@@ -238,8 +242,13 @@ async def send_one(
                 await _read_stream(resp, result, sent)
             else:
                 payload = _loads(await resp.read())
-                result.ttft_s = time.perf_counter() - sent  # not streamed: first token = last
-                if isinstance(payload, dict):
+                if not isinstance(payload, dict) or payload.get("error") is not None:
+                    result.error = "bad_response"
+                    result.detail = envelope_message(payload) or "a 200 answer with no completion"
+                elif not payload.get("choices"):
+                    result.error, result.detail = "no_tokens", "a 200 answer with no choices"
+                else:
+                    result.ttft_s = time.perf_counter() - sent  # not streamed: first = last
                     _usage(result, payload.get("usage"))
     except TimeoutError:
         result.error = "timeout"

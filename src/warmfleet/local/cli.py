@@ -48,16 +48,34 @@ async def _watch_file(fleet: EmbeddedFleet, path: Path, stop: asyncio.Event) -> 
 async def run_up(config: LocalFleet, path: Path | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    started = False
+
+    def on_signal() -> None:
+        stop.set()
+        if not started and main is not None:  # still starting: interrupt the start itself
+            main.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     with Activity() as activity:
-        async with EmbeddedFleet(config, FleetLog(activity)) as fleet, asyncio.TaskGroup() as tg:
-            assert fleet.gateway is not None
-            print(f"warmfleet up: gateway {fleet.gateway.url}, state {fleet.workdir}", flush=True)
-            if path is not None:
-                tg.create_task(_watch_file(fleet, path, stop))
-            await fleet.run(stop)
-            stop.set()
+        try:
+            async with (
+                EmbeddedFleet(config, FleetLog(activity)) as fleet,
+                asyncio.TaskGroup() as tg,
+            ):
+                started = True
+                assert fleet.gateway is not None
+                url, workdir = fleet.gateway.url, fleet.workdir
+                print(f"warmfleet up: gateway {url}, state {workdir}", flush=True)
+                if path is not None:
+                    tg.create_task(_watch_file(fleet, path, stop))
+                await fleet.run(stop)
+                stop.set()
+        except asyncio.CancelledError:
+            if not stop.is_set():
+                raise
+            # stopped by a signal while starting: __aenter__ stopped what was started
 
 
 def up(

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from warmfleet.api.resources import InferenceEndpointSpec, WireModel
+from warmfleet.api.resources import MAX_ENDPOINT_NAME, InferenceEndpointSpec, WireModel
 from warmfleet.cache.config import Size
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
@@ -39,7 +39,10 @@ class SyntheticModel(WireModel):
     type: Literal["synthetic"] = "synthetic"
     name: str = Field(pattern=MODEL_NAME_PATTERN, max_length=64)
     size: Size = Field(gt=0, description="bytes of each revision's weights file")
-    revisions: tuple[str, ...] = Field(min_length=1)
+    # a revision names the origin's file <name>-<revision>.bin
+    revisions: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$")], ...] = Field(
+        min_length=1
+    )
 
 
 class DirectoryModel(WireModel):
@@ -153,7 +156,8 @@ class PeersConfig(WireModel):
 
 
 class EndpointEntry(WireModel):
-    name: str
+    # a DNS label, as an InferenceEndpoint's name: it names files under the workdir
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=MAX_ENDPOINT_NAME)
     spec: InferenceEndpointSpec
 
 
@@ -177,8 +181,19 @@ class LocalFleetSpec(WireModel):
             raise ValueError(f"node names must be unique, got {names}")
         return value
 
+    @field_validator("endpoints")
+    @classmethod
+    def _unique_endpoints(cls, value: tuple[EndpointEntry, ...]) -> tuple[EndpointEntry, ...]:
+        names = [e.name for e in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"endpoint names must be unique, got {names}")
+        return value
+
     @model_validator(mode="after")
     def _sources_exist(self) -> LocalFleetSpec:
+        names = [m.name for m in self.origin.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"origin.models: model names must be unique, got {names}")
         for i, entry in enumerate(self.endpoints):
             source = entry.spec.model_source
             if not source.uri.startswith(ORIGIN_SCHEME):

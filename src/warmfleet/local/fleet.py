@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import secrets
 import time
 from collections import deque
@@ -34,7 +35,7 @@ from warmfleet.local import standby as standby_
 from warmfleet.local.backoff import CrashBackoff
 from warmfleet.local.config import EndpointEntry, LocalFleet, model_location
 from warmfleet.local.events import FleetWatcher, action_event
-from warmfleet.local.procs import Child, stop_all
+from warmfleet.local.procs import Child, FleetProcessError, stop_all
 from warmfleet.local.replicas import (
     Replica,
     drained,
@@ -90,6 +91,8 @@ class EmbeddedFleet:
         )
         self._counter = 0
         self._session: aiohttp.ClientSession | None = None
+        self._lock: Any = None  # the workdir's lock file, held while this fleet runs
+        self._workdir_taken = False  # another fleet holds the workdir: this one touches nothing
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -114,6 +117,7 @@ class EmbeddedFleet:
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._lock_workdir()
         self._session, token = aiohttp.ClientSession(), self.agent_token
         self.origin, self.origin_url = await infra.start_origin(self.spec, self.workdir)
         await self.tracker.start()
@@ -124,8 +128,25 @@ class EmbeddedFleet:
             self.put_endpoint(entry.name, entry.spec)
         self.event("fleet_started", gateway=self.gateway.url, origin=self.origin_url)
 
+    def _lock_workdir(self) -> None:
+        """One fleet per workdir: a second ``up`` would share its node roots, ready files,
+        instance files and state.json with the running one."""
+        lock = (self.workdir / "fleet.lock").open("a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            self._workdir_taken = True
+            raise FleetProcessError(
+                f"another `warmfleet up` is running in {self.workdir} (`warmfleet status "
+                "--workdir` shows it); stop it first or give another --workdir"
+            ) from None
+        self._lock = lock
+
     async def stop(self) -> None:
         """Stop every process this fleet started, by PID (engines, agents, origin)."""
+        if self._workdir_taken:  # nothing of ours to stop, and its state.json is not ours
+            return
         if self.gateway is not None:
             await self.gateway.stop()
             self.gateway = None
@@ -141,6 +162,9 @@ class EmbeddedFleet:
             self._session = None
         with contextlib.suppress(OSError):
             write_state(self.workdir, snapshot(self, running=False))
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def put_endpoint(self, name: str, spec: Any) -> None:
         old = self.world.endpoints.get(name)

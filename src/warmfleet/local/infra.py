@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +38,22 @@ async def start_origin(spec: LocalFleetSpec, workdir: Path) -> tuple[Child, str]
             continue  # a directory model is read where it is
         for revision in model.revisions:
             seed = f"{model.name}@{revision}"
-            generate_model(models / origin_file(model.name, revision), model.size, seed)
+            path, cancel = models / origin_file(model.name, revision), threading.Event()
+            try:  # in a thread: SIGINT/SIGTERM stay served while a large model is written
+                await asyncio.to_thread(generate_model, path, model.size, seed, cancel)
+            except asyncio.CancelledError:
+                cancel.set()
+                raise
     ready = workdir / "run" / "origin.json"
     argv = module_argv(ORIGIN_MODULE, "--dir", str(models), "--ready-file", str(ready))
     if spec.origin.throttle:
         argv += ["--throttle", str(spec.origin.throttle)]
     child = await start_child("origin", argv, ready, workdir / "logs")
-    info = await wait_ready(child, 120.0)
+    try:
+        info = await wait_ready(child, 120.0)
+    except BaseException:  # not ready in time, or `up` interrupted: not left running
+        await child.stop()
+        raise
     return child, str(info["url"])
 
 

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -23,8 +24,12 @@ from warmfleet.local.procs import serve_announced
 BLOCK_BYTES = 1 << 20
 
 
-def generate_model(path: Path, size_bytes: int, seed: str) -> None:
-    """Deterministic pseudo-random bytes (distinct per model revision); kept if already there."""
+def generate_model(
+    path: Path, size_bytes: int, seed: str, cancel: threading.Event | None = None
+) -> None:
+    """Deterministic pseudo-random bytes (distinct per model revision); kept if already there.
+    ``cancel`` set: stop between blocks (``InterruptedError``; the ``.tmp`` file is rewritten
+    next time)."""
     if path.exists() and path.stat().st_size == size_bytes:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,6 +39,8 @@ def generate_model(path: Path, size_bytes: int, seed: str) -> None:
         written = 0
         index = 0
         while written < size_bytes:
+            if cancel is not None and cancel.is_set():
+                raise InterruptedError(f"generating {path} was cancelled")
             block = index.to_bytes(8, "little") + base[8:]
             block = block[: size_bytes - written]
             fh.write(block)

@@ -44,13 +44,13 @@ class WhatIfParams(StrictModel):
     image_pull_cold_s: float = Field(360.0, ge=0, description="AWS: 5-7 min")
     image_pull_reduction: float = Field(0.97, ge=0, le=1, description="AWS: up to 97 %")
     engine_init_s: float = Field(30.0, ge=0)
-    nodes_total: int = Field(12, ge=1)
+    nodes_total: int = Field(12, ge=1, le=10_000)
     warm_nodes: int = Field(6, ge=0)
     engine_preset: str = "llama-3.1-70b-p5"
     base_rate_rps: float = Field(6.0, gt=0)
     burst_rate_rps: float = Field(30.0, gt=0)
-    burst_start_s: float = Field(120.0, ge=0)
-    burst_duration_s: float = Field(1800.0, gt=0)
+    burst_start_s: float = Field(120.0, ge=0, le=86_400)  # bounds the simulated time
+    burst_duration_s: float = Field(1800.0, gt=0, le=86_400)
     prompt_tokens: int = Field(2048, ge=16)
     output_tokens: int = Field(512, ge=1)
     sync_period_s: float = Field(15.0, gt=0)
