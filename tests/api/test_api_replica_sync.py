@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmfleet.api.replica_sync import (
+    MAX_BATCH_NOTES,
     VERSION,
     ReplicaSyncError,
     _routed_checked,
@@ -163,3 +164,23 @@ def test_the_fast_decoding_of_a_routed_note_is_the_checked_one(
         assert _routed_fast(fields_) is None
     else:
         assert _routed_fast(fields_) == checked
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        [VERSION, [[]] * 100_000],  # more notes than a batch carries
+        [VERSION, [[[]] * 60_000 for _ in range(30)]],  # nested: more arrays than notes
+        [VERSION, [{"a": 1}]],  # a batch holds no map
+    ],
+)
+def test_a_payload_of_nested_garbage_is_refused_before_it_is_built(garbage: object) -> None:
+    """An 8 MB frame of one-byte empty arrays was ~700 MB of lists before it was refused."""
+    with pytest.raises(ReplicaSyncError, match="payload: not msgpack"):
+        decode_batch(msgpack.packb(garbage))
+
+
+def test_the_largest_batch_decodes() -> None:
+    note = _note_with_session()
+    batch = encode_batch([note] * MAX_BATCH_NOTES)
+    assert len(decode_batch(batch)) == MAX_BATCH_NOTES

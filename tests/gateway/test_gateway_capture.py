@@ -5,11 +5,12 @@ no unsalted hash of one) is in test_gateway_capture_privacy.py."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import aiohttp
 import pytest
@@ -247,3 +248,49 @@ async def test_sampling_is_deterministic(tmp_path: Path) -> None:
         async with gateway_running(parse_gateway_config(doc)) as gw:
             await post_many(gw.url, 40)
     assert len(parse_trace(read(path)).records) == 10
+
+
+def test_a_capture_path_that_is_a_directory_is_never_moved(tmp_path: Path) -> None:
+    """It was rotated away as an earlier capture: the user's directory renamed to ``.1``."""
+    path = tmp_path / "capdir"
+    (path / "important").mkdir(parents=True)
+    file = CaptureFile(CaptureConfig(path=str(path), max_bytes=4096, keep_files=2))
+    result = file.write([_captured(1, 1.0)], '{"warmfleet_trace":1}')
+    file.close()
+    assert (result.lines, result.failed) == (0, 1)
+    assert (path / "important").is_dir()
+    assert not (tmp_path / "capdir.1").exists()
+
+
+class _FullDisk:
+    """A capture file's writer whose ``fails_at``-th write lands half its bytes, then fails
+    as a full disk does."""
+
+    def __init__(self, real: Any, fails_at: int) -> None:
+        self.real, self.left = real, fails_at
+
+    def write(self, data: bytes) -> int:
+        self.left -= 1
+        if self.left == 0:
+            self.real.write(data[: len(data) // 2])
+            self.real.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return int(self.real.write(data))
+
+    def flush(self) -> None:
+        self.real.flush()
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_a_full_disk_leaves_whole_lines_only(tmp_path: Path) -> None:
+    """A line cut by a full disk made the whole file unreadable as a trace."""
+    path = tmp_path / "c.jsonl"
+    file = CaptureFile(CaptureConfig(path=str(path), max_bytes=1 << 20, keep_files=2))
+    header = '{"warmfleet_trace":1,"block_tokens":16}'
+    assert file.write([_captured(i, 100.0 + i) for i in range(3)], header).lines == 3
+    file._file = cast("IO[bytes]", _FullDisk(file._file, 2))  # a full disk, by the one way in
+    assert file.write([_captured(i, 110.0 + i) for i in range(3)], header).failed == 3
+    file.close()
+    assert len(parse_trace(read(path)).records) == 3

@@ -15,7 +15,9 @@ from prometheus_client import CollectorRegistry
 from replica_sync_support import endpoint, sync_ports
 
 from support.waiting import wait_until
-from warmfleet.api.replica_sync import encode_batch
+from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
+from warmfleet.core.config import parse_document
+from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.inbound import Inbound
 from warmfleet.gateway.replica_sync.service import ReplicaSync
@@ -195,3 +197,29 @@ async def test_a_batch_that_raises_does_not_stop_the_reading(
         inbound.stop()
         sender.close()
         receiver.close()
+
+
+@pytest.mark.parametrize("stamp", [float("inf"), float("-inf"), float("nan")])
+def test_a_batch_stamped_with_no_time_is_refused(stamp: float) -> None:
+    """A -inf stamp made the propagation delay's sum +Inf for the life of the process."""
+    message = batch_message("r1#ab", stamp, 1, encode_batch([]))
+    with pytest.raises(ReplicaSyncError, match="not a time"):
+        parse_batch(message)
+
+
+def test_one_peer_endpoint_zeromq_refuses_keeps_the_others_subscribed() -> None:
+    good = endpoint(sync_ports(1)[0])
+    sockets = Sockets(endpoint(sync_ports(1)[0]))
+    try:
+        sockets.set_peers(["tcp://_a:1", good])
+        assert sockets.connected == {good}
+        sockets.set_peers([good])
+        assert sockets.connected == {good}
+    finally:
+        sockets.close()
+
+
+def test_a_peer_endpoint_zeromq_would_refuse_is_refused_at_load() -> None:
+    peers = {"type": "static", "endpoints": ["tcp://_a:1"]}
+    with pytest.raises(ConfigError, match=r"peers\.static\.endpoints\.0"):
+        parse_document(ReplicaSyncConfig, {"peers": peers}, "spec.replicaSync")

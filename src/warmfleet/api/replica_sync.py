@@ -39,6 +39,7 @@ from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.routing.replica_notes import FinishedNote, RoutedNote, SyncNote
 
 VERSION = 2
+MAX_BATCH_NOTES = 65_536  # the most notes a payload carries (spec.replicaSync.maxBatchNotes)
 _ROUTED, _FINISHED = 0, 1
 _ROUTED_FIELDS = 18
 _FINISHED_FIELDS = 6
@@ -193,10 +194,34 @@ def _decode_note(fields: object) -> SyncNote:
     raise ReplicaSyncError(f"note: unknown kind or field count: {fields[:1]!r}, {len(fields)}")
 
 
+class _ArrayBudget:
+    """``list_hook`` of ``decode_batch``: a batch has one array per note and two more, so past
+    that many the payload is refused at once (a frame of 8 MB of nested empty arrays, each one
+    byte, was ~700 MB of lists and seconds of the event loop before it was refused)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_BATCH_NOTES + 2
+
+    def __call__(self, items: list[Any]) -> list[Any]:
+        self.left -= 1
+        if self.left < 0:
+            raise ValueError(f"more arrays than a batch of {MAX_BATCH_NOTES} notes has")
+        return items
+
+
 def decode_batch(payload: bytes) -> tuple[SyncNote, ...]:
     """The notes of one payload, in order."""
     try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        raw = msgpack.unpackb(
+            payload,
+            raw=False,
+            strict_map_key=False,
+            max_array_len=MAX_BATCH_NOTES,
+            max_map_len=0,  # a batch holds no map
+            list_hook=_ArrayBudget(),
+        )
     except (ValueError, TypeError, msgpack.UnpackException) as err:  # TypeError: a list as key
         raise ReplicaSyncError(f"payload: not msgpack: {err}") from err
     if not isinstance(raw, list) or len(raw) != 2 or not isinstance(raw[1], list):

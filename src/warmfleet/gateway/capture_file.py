@@ -11,8 +11,10 @@ text, no raw tenant or session value, no unsalted hash is ever written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -285,6 +287,7 @@ class CaptureFile:
         self._lock = threading.Lock()
         self._file: IO[bytes] | None = None
         self._size = 0
+        self._flushed = 0  # bytes of the open file known written (whole lines)
         self._t0_s = 0.0
         self._closed = False
 
@@ -297,7 +300,11 @@ class CaptureFile:
                 return self._append(items, header.encode() + b"\n")
             except OSError as err:
                 log.error("capture: cannot write %s: %s", self.path, err)
+                torn = self._file is not None
                 self._drop_file()
+                if torn:  # a full disk took part of a line: keep the file whole lines only
+                    with contextlib.suppress(OSError):
+                        os.truncate(self.path, self._flushed)
                 return WriteResult(0, 0, 0, len(items))
 
     def _line(self, item: Captured) -> bytes | None:
@@ -335,10 +342,13 @@ class CaptureFile:
             lines += 1
         if out is not None:
             out.flush()
+            self._flushed = self._size
         return WriteResult(lines, written, rotations, len(items) - lines)
 
     def _rotate_earlier_capture(self) -> int:
         """An earlier capture's file is rotated away as this one opens; 1 if there was one."""
+        if self.path.is_dir():  # never rename someone's directory away as a capture file
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(self.path))
         if self.path.exists() and self.path.stat().st_size > 0:
             self._rotate()
             return 1
@@ -347,6 +357,7 @@ class CaptureFile:
     def _open_fresh(self, head: bytes) -> IO[bytes]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = out = self.path.open("wb", buffering=_BUFFER_BYTES)
+        self._flushed = 0
         out.write(head)
         self._size = len(head)
         return out

@@ -9,10 +9,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from warmfleet.api.replica_sync import MAX_BATCH_NOTES
 from warmfleet.core.config import StrictModel
 from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeWatchSpec
 
-_ENDPOINT = r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"
+# a host name starts with a letter or digit (ZeroMQ refuses tcp://-a:1, tcp://_a:1, tcp://.a:1)
+_ENDPOINT = r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9._-]*):[0-9]{1,5}$"
 _REPLICA_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
 
 PeerEndpoint = Annotated[str, Field(pattern=_ENDPOINT)]
@@ -90,7 +92,7 @@ class ReplicaSyncConfig(StrictModel):
     listen: SyncListen = Field(default_factory=SyncListen)
     peers: Peers = Field(default_factory=StaticPeers)
     batch_interval_ms: float = Field(default=5.0, ge=0, le=1000)
-    max_batch_notes: int = Field(default=256, ge=1, le=65_536)
+    max_batch_notes: int = Field(default=256, ge=1, le=MAX_BATCH_NOTES)
     apply_delay_ms: float = Field(default=50.0, ge=0, le=1000)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     peer_timeout_s: float = Field(default=5.0, gt=0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -42,6 +43,8 @@ LOG_REQUEST = b"wf-sync-log"
 HEADER = struct.Struct(f"<{len(TOPIC)}sdQH")
 CATCH_UP_NOTES_PER_FRAME = 1024
 MAX_ORIGIN_BYTES = 512
+CATCH_UP_ANSWERS_QUEUED = 2  # per requester connection
+MAX_LOG_REQUEST_BYTES = 1024
 RECEIVE_BURST = 256  # batches read at most in a row before the event loop runs other work
 # plain ints: pyzmq's constants are Python ``IntFlag``s (``int & zmq.POLLIN`` ~490 ns, ~10 ns so)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -95,6 +98,8 @@ def parse_batch(message: bytes) -> Batch:
         raise ReplicaSyncError(
             "batch: expected [topic, stamp, number, origin length] origin payload"
         )
+    if not math.isfinite(stamp):  # an infinite delay would stay in the histogram's sum
+        raise ReplicaSyncError(f"batch: stamp {stamp!r} is not a time")
     payload = message[end:]
     return Batch(_origin(message[HEADER.size : end]), stamp, number, payload, decode_batch(payload))
 
@@ -156,6 +161,11 @@ class Sockets:
             self.sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
             self.router = self.ctx.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
+            # An answer is the whole log (up to ``logBytes``), copied into ZeroMQ: a requester
+            # that asks again and again without reading must not queue ~1,000 of them
+            # (ROUTER drops an answer past this); a request is one short frame.
+            self.router.setsockopt(zmq.SNDHWM, CATCH_UP_ANSWERS_QUEUED)
+            self.router.setsockopt(zmq.MAXMSGSIZE, MAX_LOG_REQUEST_BYTES)
             self.pub.bind(endpoint)
             self.router.bind(catch_up_endpoint(endpoint))
         except BaseException:
@@ -211,9 +221,15 @@ class Sockets:
         for gone in self.connected - wanted:
             with contextlib.suppress(zmq.ZMQError):
                 self.sub.disconnect(gone)
+        connected = self.connected & wanted
         for new in wanted - self.connected:
-            self.sub.connect(new)
-        self.connected = wanted
+            try:  # one endpoint ZeroMQ refuses must not keep the others unsubscribed
+                self.sub.connect(new)
+            except zmq.ZMQError as err:
+                log.error("replica sync: cannot subscribe to peer %s: %s", new, err)
+                continue
+            connected.add(new)
+        self.connected = connected
 
     async def fetch_log(self, endpoint: str, timeout_s: float) -> list[bytes]:
         """Ask the peer whose sync socket is ``endpoint`` for its log (``TimeoutError`` after
