@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 from warmfleet.core.config import StrictModel
 from warmfleet.routing.config import RoutingConfig
@@ -32,6 +33,7 @@ API_VERSION = f"{API_GROUP}/{API_VERSION_NAME}"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_ENDPOINT_NAME = 30  # leaves room for "-<variant>-<revision>" in a 63-char Deployment name
 MAX_VARIANT_NAME = 15
+_VARIANT_NAME_SCHEMA: JsonDict = {"pattern": _DNS_LABEL.pattern, "maxLength": MAX_VARIANT_NAME}
 
 
 class WireModel(StrictModel):
@@ -145,20 +147,9 @@ def _is_zero(value: IntOrPercent) -> bool:
 
 class WeightsCacheConfig(WireModel):
     enabled: bool = False
-    host_path: str = Field(
-        default="/opt/warmfleet/cache",
-        min_length=1,
-        max_length=255,
-        json_schema_extra={"pattern": "^/"},  # the CRD rejects what _absolute rejects
-    )
+    # absolute: a constraint, not a validator, so the CRD's schema has it too
+    host_path: str = Field("/opt/warmfleet/cache", min_length=1, max_length=255, pattern="^/")
     gate: GatePolicy = Field(default_factory=GatePolicy)
-
-    @field_validator("host_path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must be an absolute path")
-        return value
 
 
 class ImageCacheConfig(WireModel):
@@ -206,10 +197,7 @@ class StandbySpec(WireModel):
 
 
 class ProductionVariant(WireModel):
-    # _name's check, also in the CRD schema (the API server refuses what the operator would skip)
-    name: str = Field(
-        json_schema_extra={"pattern": _DNS_LABEL.pattern, "maxLength": MAX_VARIANT_NAME}
-    )
+    name: str = Field(json_schema_extra=_VARIANT_NAME_SCHEMA)  # _name's check, in the CRD too
     replicas: int = Field(default=1, ge=0)
     traffic_weight: float = Field(default=1.0, ge=0.0)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import secrets
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 
@@ -35,7 +34,7 @@ from warmfleet.local import standby as standby_
 from warmfleet.local.backoff import CrashBackoff
 from warmfleet.local.config import EndpointEntry, LocalFleet, model_location
 from warmfleet.local.events import FleetWatcher, action_event
-from warmfleet.local.procs import Child, FleetProcessError, stop_all
+from warmfleet.local.procs import Child, stop_all
 from warmfleet.local.replicas import (
     Replica,
     drained,
@@ -47,6 +46,7 @@ from warmfleet.local.state import (
     MAX_EVENTS,
     MAX_HISTORY,
     in_flight_by_instance,
+    lock_workdir,
     snapshot,
     trim_history,
     write_state,
@@ -91,8 +91,7 @@ class EmbeddedFleet:
         )
         self._counter = 0
         self._session: aiohttp.ClientSession | None = None
-        self._lock: Any = None  # the workdir's lock file, held while this fleet runs
-        self._workdir_taken = False  # another fleet holds the workdir: this one touches nothing
+        self._lock: IO[str] | None = None  # the workdir's, while this fleet runs
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -117,7 +116,7 @@ class EmbeddedFleet:
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._lock_workdir()
+        self._lock = lock_workdir(self.workdir)  # another fleet there: FleetProcessError
         self._session, token = aiohttp.ClientSession(), self.agent_token
         self.origin, self.origin_url = await infra.start_origin(self.spec, self.workdir)
         await self.tracker.start()
@@ -128,24 +127,9 @@ class EmbeddedFleet:
             self.put_endpoint(entry.name, entry.spec)
         self.event("fleet_started", gateway=self.gateway.url, origin=self.origin_url)
 
-    def _lock_workdir(self) -> None:
-        """One fleet per workdir: a second ``up`` would share its node roots, ready files,
-        instance files and state.json with the running one."""
-        lock = (self.workdir / "fleet.lock").open("a")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
-            self._workdir_taken = True
-            raise FleetProcessError(
-                f"another `warmfleet up` is running in {self.workdir} (`warmfleet status "
-                "--workdir` shows it); stop it first or give another --workdir"
-            ) from None
-        self._lock = lock
-
     async def stop(self) -> None:
         """Stop every process this fleet started, by PID (engines, agents, origin)."""
-        if self._workdir_taken:  # nothing of ours to stop, and its state.json is not ours
+        if self._lock is None:  # the workdir is not ours (nothing was started, or stopped)
             return
         if self.gateway is not None:
             await self.gateway.stop()
@@ -162,9 +146,8 @@ class EmbeddedFleet:
             self._session = None
         with contextlib.suppress(OSError):
             write_state(self.workdir, snapshot(self, running=False))
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
+        self._lock.close()
+        self._lock = None
 
     def put_endpoint(self, name: str, spec: Any) -> None:
         old = self.world.endpoints.get(name)
@@ -255,18 +238,11 @@ class EmbeddedFleet:
         # A failed scrape is no sample: the autoscaler holds its counts rather than act on the
         # last good one again; drains keep the last known in-flight counts.
         self._metrics_text = None
-        try:
-            async with self._session.get(
-                self.gateway.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2.0)
-            ) as resp:
-                if resp.status != 200:
-                    return
-                text = await resp.text()
-            in_flight = in_flight_by_instance(text)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return
-        self.in_flight = in_flight
-        self._metrics_text = text
+        text = await infra.scrape_metrics(self._session, self.gateway.url)
+        if text is not None:
+            with contextlib.suppress(ValueError):
+                self.in_flight = in_flight_by_instance(text)
+                self._metrics_text = text
 
     def _observe_replicas(self) -> None:
         for replica in list(self.replicas.values()):

@@ -97,6 +97,17 @@ async def get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
+async def scrape_metrics(session: aiohttp.ClientSession, gateway_url: str) -> str | None:
+    """The gateway's ``/metrics`` text; None when the scrape failed."""
+    try:
+        async with session.get(
+            gateway_url + "/metrics", timeout=aiohttp.ClientTimeout(total=2.0)
+        ) as resp:
+            return await resp.text() if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
 async def put_json(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], token: str | None = None
 ) -> None:

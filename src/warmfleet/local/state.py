@@ -8,13 +8,14 @@ is "not running", whatever phases its last state shows.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,7 +29,7 @@ from warmfleet.core.errors import NotFoundError
 from warmfleet.display import NA, Column, Grid, OutputFormat, emit, fixed, num, pct, size
 from warmfleet.gateway.server import StartedApp
 from warmfleet.local.config import LocalFleetSpec
-from warmfleet.local.procs import Child
+from warmfleet.local.procs import Child, FleetProcessError
 from warmfleet.local.replicas import Replica
 
 STATE_FILE = "state.json"
@@ -161,6 +162,21 @@ def snapshot(fleet: FleetView, *, running: bool) -> dict[str, Any]:
         "history": history,
         "events": list(fleet.events),  # the last MAX_EVENTS (a bounded deque)
     }
+
+
+def lock_workdir(workdir: Path) -> IO[str]:
+    """The workdir's lock, held while one fleet runs there (a second ``up`` would share its
+    node roots, ready files, instance files and state.json with the running one)."""
+    lock = (workdir / "fleet.lock").open("a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise FleetProcessError(
+            f"another `warmfleet up` is running in {workdir} (`warmfleet status --workdir` "
+            "shows it); stop it first or give another --workdir"
+        ) from None
+    return lock
 
 
 def write_state(workdir: Path, doc: dict[str, Any]) -> None:
