@@ -12,10 +12,18 @@ needs ``directory`` models).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from warmfleet.api.resources import MAX_ENDPOINT_NAME, InferenceEndpointSpec, WireModel
 from warmfleet.cache.config import Size
@@ -161,6 +169,17 @@ class EndpointEntry(WireModel):
     spec: InferenceEndpointSpec
 
 
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+def _check_unique(what: str, items: Sequence[_Named]) -> None:
+    names = [item.name for item in items]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what} names must be unique, got {names}")
+
+
 class LocalFleetSpec(WireModel):
     workdir: str = ".warmfleet/fleet"
     nodes: tuple[NodeConfig, ...] = Field(min_length=1)
@@ -173,27 +192,15 @@ class LocalFleetSpec(WireModel):
     peers: PeersConfig = Field(default_factory=PeersConfig)
     endpoints: tuple[EndpointEntry, ...] = ()
 
-    @field_validator("nodes")
+    @field_validator("nodes", "endpoints")
     @classmethod
-    def _unique_nodes(cls, value: tuple[NodeConfig, ...]) -> tuple[NodeConfig, ...]:
-        names = [n.name for n in value]
-        if len(set(names)) != len(names):
-            raise ValueError(f"node names must be unique, got {names}")
-        return value
-
-    @field_validator("endpoints")
-    @classmethod
-    def _unique_endpoints(cls, value: tuple[EndpointEntry, ...]) -> tuple[EndpointEntry, ...]:
-        names = [e.name for e in value]
-        if len(set(names)) != len(names):
-            raise ValueError(f"endpoint names must be unique, got {names}")
+    def _unique_names(cls, value: tuple[_Named, ...], info: ValidationInfo) -> tuple[_Named, ...]:
+        _check_unique(str(info.field_name).removesuffix("s"), value)
         return value
 
     @model_validator(mode="after")
     def _sources_exist(self) -> LocalFleetSpec:
-        names = [m.name for m in self.origin.models]
-        if len(set(names)) != len(names):
-            raise ValueError(f"origin.models: model names must be unique, got {names}")
+        _check_unique("origin.models: model", self.origin.models)
         for i, entry in enumerate(self.endpoints):
             source = entry.spec.model_source
             if not source.uri.startswith(ORIGIN_SCHEME):
