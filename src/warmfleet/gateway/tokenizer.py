@@ -45,6 +45,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as RustTokenizer
 
 from warmfleet.core.errors import BadRequestError, ConfigError
+from warmfleet.edge import read_text_file
 from warmfleet.routing.chat_options import DEFAULT_CHAT_OPTIONS, ChatTemplateOptions
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
@@ -161,22 +162,15 @@ def _template_sources(directory: Path, config: Mapping[str, Any]) -> dict[str, s
                 sources[str(item.get("name"))] = item["template"]
     jinja_file = directory / "chat_template.jinja"
     if jinja_file.is_file():
-        sources["default"] = _read_template(jinja_file)
+        sources["default"] = read_text_file(jinja_file)
     for extra in sorted((directory / "additional_chat_templates").glob("*.jinja")):
-        sources[extra.stem] = _read_template(extra)
+        sources[extra.stem] = read_text_file(extra)
     if "default" not in sources:
         raise ConfigError(
             f"{directory}: no default chat template (chat_template.jinja or "
             "tokenizer_config.json chat_template)"
         )
     return sources
-
-
-def _read_template(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read: {err}") from err
 
 
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})  # vLLM reads these as text
