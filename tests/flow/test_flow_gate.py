@@ -375,7 +375,9 @@ def test_priority_parses_integers_in_range(raw: str | int, expected: int) -> Non
     assert parse_priority(raw) == expected
 
 
-@pytest.mark.parametrize("raw", ["high", "1.5", "", "1001", True, 5000])
+@pytest.mark.parametrize(
+    "raw", ["high", "1.5", "", "1001", True, 5000, "+5", "1_0", "0x10", "- 1", "--1", "\u0665"]
+)
 def test_priority_rejects_anything_else_naming_the_param(raw: str | int) -> None:
     with pytest.raises(BadRequestError, match="x-warmfleet-priority") as info:
         parse_priority(raw)
@@ -384,6 +386,7 @@ def test_priority_rejects_anything_else_naming_the_param(raw: str | int) -> None
 
 def test_deadline_header_parses_and_rejects() -> None:
     assert parse_deadline_ms(" 250 ") == 250.0
-    for raw in ("0", "-5", "nan", "inf", "soon", "3600001"):
+    assert parse_deadline_ms("12.5") == 12.5
+    for raw in ("0", "-5", "nan", "inf", "soon", "3600001", "+5", "1_000", "1e3", ".5", "5."):
         with pytest.raises(BadRequestError, match="x-warmfleet-deadline-ms"):
             parse_deadline_ms(raw)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from warmfleet.core.errors import BadRequestError
@@ -14,6 +15,10 @@ MIN_RETRY_AFTER_S = 1
 MAX_RETRY_AFTER_S = 60
 PRIORITY_RANGE = (-1000, 1000)  # a request's priority; negative = sheddable
 MAX_DEADLINE_MS = 3_600_000.0  # an hour: a longer deadline is none at all in practice
+# What a header's value may be (ASCII digits only: Python's int() and float() also take "+5",
+# "1_0" and "1e3", which no HTTP client sends for these fields)
+_PRIORITY_TEXT = re.compile(r"-?[0-9]{1,4}")
+_DEADLINE_TEXT = re.compile(r"[0-9]{1,7}(?:\.[0-9]{1,6})?")
 
 
 def parse_priority(value: str | int, param: str = "x-warmfleet-priority") -> int:
@@ -21,10 +26,12 @@ def parse_priority(value: str | int, param: str = "x-warmfleet-priority") -> int
     anything else is a ``BadRequestError`` naming ``param`` (a 400 at the edge)."""
     if isinstance(value, bool):
         raise BadRequestError(f"{param} must be an integer", param=param)
-    try:
-        priority = int(value) if isinstance(value, int) else int(value.strip(), 10)
-    except ValueError as err:
-        raise BadRequestError(f"{param} must be an integer", param=param) from err
+    if isinstance(value, int):
+        priority = value
+    elif _PRIORITY_TEXT.fullmatch(text := value.strip()):
+        priority = int(text)
+    else:
+        raise BadRequestError(f"{param} must be an integer", param=param)
     low, high = PRIORITY_RANGE
     if not low <= priority <= high:
         raise BadRequestError(f"{param} must be within {low}..{high}", param=param)
@@ -34,10 +41,9 @@ def parse_priority(value: str | int, param: str = "x-warmfleet-priority") -> int
 def parse_deadline_ms(value: str, param: str = "x-warmfleet-deadline-ms") -> float:
     """A deadline in milliseconds after arrival (``x-warmfleet-deadline-ms``): a positive,
     finite number up to an hour; anything else is a ``BadRequestError`` naming ``param``."""
-    try:
-        deadline_ms = float(value.strip())
-    except ValueError as err:
-        raise BadRequestError(f"{param} must be a number of milliseconds", param=param) from err
+    if not _DEADLINE_TEXT.fullmatch(text := value.strip()):
+        raise BadRequestError(f"{param} must be a number of milliseconds", param=param)
+    deadline_ms = float(text)
     if not 0.0 < deadline_ms <= MAX_DEADLINE_MS:  # also rejects nan and inf
         raise BadRequestError(f"{param} must be within (0, {MAX_DEADLINE_MS:.0f}] ms", param=param)
     return deadline_ms
