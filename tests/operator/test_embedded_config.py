@@ -57,6 +57,17 @@ def test_unknown_model_sources_are_rejected_naming_the_field(
         parse_fleet(_doc(uri, revision))
 
 
+def test_a_crash_backoff_cap_below_its_start_is_rejected_naming_the_field() -> None:
+    doc = _doc()
+    spec = doc["spec"]
+    assert isinstance(spec, dict)
+    spec["engine"] = {"type": "emulator", "crashBackoffS": 30, "crashBackoffMaxS": 5}
+    with pytest.raises(ConfigError, match="crashBackoffMaxS"):
+        parse_fleet(doc)
+    spec["engine"] = {"type": "emulator", "crashBackoffS": 5, "crashBackoffMaxS": 5}
+    assert parse_fleet(doc).spec.engine.crash_backoff_max_s == 5
+
+
 def test_duplicate_nodes_and_unknown_fields_are_rejected() -> None:
     doc = _doc()
     doc["spec"]["nodes"] = [{"name": "a", "budget": 1}, {"name": "a", "budget": 1}]  # type: ignore[index]

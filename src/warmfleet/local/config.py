@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, Self
 
 from pydantic import (
     Discriminator,
@@ -100,6 +100,14 @@ class _EngineCommon(WireModel):
     start_timeout_s: float = Field(default=120.0, gt=0)
     crash_backoff_s: float = Field(default=10.0, ge=0)
     crash_backoff_max_s: float = Field(default=300.0, ge=0)
+
+    @model_validator(mode="after")
+    def _backoff_cap_not_below_start(self) -> Self:
+        if self.crash_backoff_max_s < self.crash_backoff_s:
+            raise ValueError(
+                "crashBackoffMaxS: must be at least crashBackoffS (the first wait doubles up to it)"
+            )
+        return self
 
 
 class EmulatorEngine(_EngineCommon):
