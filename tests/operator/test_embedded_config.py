@@ -13,6 +13,7 @@ from support.servers import serving
 from warmfleet.core.errors import ConfigError
 from warmfleet.emulator.weights import WeightsLoadError, load_weights
 from warmfleet.local.config import load_fleet, parse_fleet
+from warmfleet.local.infra import start_gateway
 from warmfleet.local.origin_proc import generate_model
 from warmfleet.local.state import in_flight_by_instance, start_times
 
@@ -66,6 +67,15 @@ def test_a_crash_backoff_cap_below_its_start_is_rejected_naming_the_field() -> N
         parse_fleet(doc)
     spec["engine"] = {"type": "emulator", "crashBackoffS": 5, "crashBackoffMaxS": 5}
     assert parse_fleet(doc).spec.engine.crash_backoff_max_s == 5
+
+
+async def test_an_unresolvable_gateway_host_names_the_fleet_files_field(tmp_path: Path) -> None:
+    doc = _doc()
+    spec = doc["spec"]
+    assert isinstance(spec, dict)
+    spec["gateway"] = {"host": "no-such-host.invalid"}
+    with pytest.raises(ConfigError, match=r"^spec\.gateway\.host: cannot resolve"):
+        await start_gateway(parse_fleet(doc).spec, tmp_path)
 
 
 def test_duplicate_nodes_and_unknown_fields_are_rejected() -> None:

@@ -49,15 +49,18 @@ class StartedApp:
             await self.app.gateway.stop()
 
 
-async def start_app(app: GatewayApp, host: str = "127.0.0.1", port: int = 0) -> StartedApp:
+async def start_app(
+    app: GatewayApp, host: str = "127.0.0.1", port: int = 0, *, host_field: str = "spec.listen.host"
+) -> StartedApp:
     """Start the runtime, then serve on host:port (0 = a free port). A handler is cancelled
-    when its client disconnects (so the upstream request is cancelled too)."""
+    when its client disconnects (so the upstream request is cancelled too). ``host_field``:
+    the setting an unresolvable host is reported under (the caller's document's)."""
     await app.gateway.start()
     try:
         bound_port = await app.server.start(host, port)
     except socket.gaierror as err:  # its message names neither the host nor the setting
         await app.gateway.stop()
-        raise ConfigError(f"spec.listen.host: cannot resolve {host!r}: {err.strerror}") from err
+        raise ConfigError(f"{host_field}: cannot resolve {host!r}: {err.strerror}") from err
     except BaseException:
         await app.gateway.stop()
         raise

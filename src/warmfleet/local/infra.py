@@ -162,4 +162,7 @@ def gateway_document(spec: LocalFleetSpec, workdir: Path) -> dict[str, Any]:
 
 async def start_gateway(spec: LocalFleetSpec, workdir: Path) -> StartedApp:
     config = parse_gateway_config(gateway_document(spec, workdir), "embedded gateway")
-    return await start_app(create_app(config), spec.gateway.host, spec.gateway.port)
+    app = create_app(config)
+    return await start_app(
+        app, spec.gateway.host, spec.gateway.port, host_field="spec.gateway.host"
+    )
