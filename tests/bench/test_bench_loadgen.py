@@ -321,6 +321,19 @@ def test_bench_cli_writes_json(threaded_engine: FakeEngine, tmp_path: Path) -> N
     assert report["workload"] == "generated"
 
 
+def test_bench_cli_says_when_the_scenario_has_fewer_requests_than_asked(
+    threaded_engine: FakeEngine,
+) -> None:
+    args = [
+        "bench", "--url", threaded_engine.url, "--scenario", "multi-round-qa", "--requests",
+        "60", "--concurrency", "4", "--max-output-tokens", "2",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "workload: multi-round-qa has 50 requests, not 60" in result.output
+    assert threaded_engine.requests == 50
+
+
 def test_bench_cli_says_a_synthetic_equivalent_ran(
     threaded_engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -115,10 +115,11 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
         scenario, requests, concurrency=concurrency, rate_rps=rate, preset=preset, seed=seed
     )
     workload = built.requests
-    if built.source != "generated":
-        chatter_console(fmt).print(
-            f"workload: {built.source}", markup=False, highlight=False, soft_wrap=True
-        )
+    notes = [] if built.source == "generated" else [f"workload: {built.source}"]
+    if len(workload) < requests:  # a trace's rows, or a generator's fixed set, run out
+        notes.append(f"workload: {spec.name} has {len(workload)} requests, not {requests}")
+    for note in notes:
+        chatter_console(fmt).print(note, markup=False, highlight=False, soft_wrap=True)
     load_spec = LoadSpec(
         urls=urls,
         url_names=tuple(instance_name(u, targets) for u in urls) if len(urls) > 1 else (),
