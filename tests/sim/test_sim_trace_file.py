@@ -118,6 +118,20 @@ def test_unknown_field_is_one_line_naming_the_line(tmp_path: Path) -> None:
     assert f"{path}:3: tennant" in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("timestamp", "true"), ("input_length", '"12"'), ("hash_ids", "[true]"), ("ttft_ms", '"5"')],
+)
+def test_a_record_number_is_a_json_number(tmp_path: Path, field: str, value: str) -> None:
+    """Lax validation took ``true`` as 1 and ``"12"`` as 12."""
+    record = json.loads(RECORDS[0])
+    record[field] = json.loads(value)
+    path = _write(tmp_path / "t.jsonl", [HEADER, json.dumps(record)])
+    result = CliRunner().invoke(app, ["sim", "--trace", str(path)])
+    assert result.exit_code == 2, result.output
+    assert f"{path}:2: {field}" in result.output
+
+
 def test_neither_scenario_nor_trace_is_an_error() -> None:
     result = CliRunner().invoke(app, ["sim", "--strategies", "random"])
     assert result.exit_code == 2
@@ -132,6 +146,14 @@ def test_neither_scenario_nor_trace_is_an_error() -> None:
         ('{"timestamp": 0, "input_length": 1e20, "output_length": 1, "hash_ids": [0]}',
          "input_length"),
         ("[" * 100_000 + "]" * 100_000, ""),
+        ('{"timestamp": true, "input_length": 1, "output_length": 1, "hash_ids": [0]}',
+         "timestamp"),
+        ('{"timestamp": 0, "input_length": "12", "output_length": 1, "hash_ids": [0]}',
+         "input_length"),
+        ('{"timestamp": 0, "input_length": 1, "output_length": 12.7, "hash_ids": [0]}',
+         "output_length"),
+        ('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": ["0"]}',
+         "hash_ids"),
     ],
 )  # fmt: skip
 def test_a_mooncake_row_out_of_range_is_one_line_naming_the_line(

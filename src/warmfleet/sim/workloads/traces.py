@@ -79,14 +79,26 @@ class RequestLabels:
     deadline_ms: float | None = None
 
 
+def _json_int(value: object, name: str) -> int:
+    """A JSON integer (``int()`` would take ``true``, ``"12"`` and truncate ``12.7``)."""
+    if type(value) is not int:
+        raise TypeError(f"{name}: expected an integer, got {value!r}")
+    return value
+
+
 def _mooncake_row(source: str, line_no: int, line: str) -> MooncakeRow:
     """(timestamp ms, hash ids, input tokens, output tokens) of one JSONL line."""
     try:
         row = json.loads(line)
         if not isinstance(row, dict):
             raise TypeError("a line must be a JSON object")
-        ids = [int(h) for h in row["hash_ids"]]
-        out = int(row["timestamp"]), ids, int(row["input_length"]), int(row["output_length"])
+        ids = [_json_int(h, "hash_ids") for h in row["hash_ids"]]
+        out = (
+            _json_int(row["timestamp"], "timestamp"),
+            ids,
+            _json_int(row["input_length"], "input_length"),
+            _json_int(row["output_length"], "output_length"),
+        )
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as err:
         raise ConfigError(f"trace: {source}:{line_no}: not a Mooncake trace row: {err}") from err
     except RecursionError as err:
