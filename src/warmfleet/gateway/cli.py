@@ -1,4 +1,4 @@
-"""`warmfleet serve --config gateway.yaml [--check]`.
+"""`warmfleet serve --config gateway.yaml [--check]` and `warmfleet sync-key`.
 
 The command also runs alone (``python -m warmfleet.gateway``, child processes of the live bench
 and of ``warmfleet up``), so it turns its own expected failures (a bad config, a port in use)
@@ -84,5 +84,14 @@ def check_config(path: Path) -> str:
     return "\n".join(lines)
 
 
+def sync_key_command() -> None:
+    """Print a new CURVE secret key for the gateway replicas' sync: give every replica of one
+    gateway the same, in the variable that spec.replicaSync.curveSecretEnv names."""
+    from warmfleet.gateway.replica_sync.curve import new_secret  # noqa: PLC0415
+
+    typer.echo(new_secret())
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve_command)
+    app.command("sync-key")(sync_key_command)

@@ -270,6 +270,8 @@ def parse_gateway_config(data: Any, source: str = "gateway config") -> GatewayCo
     """Validate a parsed document; ``ConfigError`` names every bad field."""
     config = parse_document(GatewayConfig, data, source)
     config.spec.admin.resolved_token()  # fail early on a bad token env var
+    if config.spec.replica_sync is not None:
+        config.spec.replica_sync.curve_key()  # and on a bad CURVE key's
     return config
 
 

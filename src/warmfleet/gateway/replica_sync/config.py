@@ -11,11 +11,14 @@ from pydantic import Field, model_validator
 
 from warmfleet.api.replica_sync import MAX_BATCH_NOTES
 from warmfleet.core.config import StrictModel
+from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeWatchSpec
+from warmfleet.gateway.replica_sync.curve import CurveKey
 
 # a host name starts with a letter or digit (ZeroMQ refuses tcp://-a:1, tcp://_a:1, tcp://.a:1)
 _ENDPOINT = r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9._-]*):[0-9]{1,5}$"
 _REPLICA_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,254}$"
 
 PeerEndpoint = Annotated[str, Field(pattern=_ENDPOINT)]
 
@@ -86,7 +89,9 @@ class ReplicaSyncConfig(StrictModel):
     requests forgotten;
     ``catch_up_timeout_s``: the longest a starting replica waits for its peers' logs before it
     reports ready anyway; ``log_bytes``: the encoded batches each replica keeps for newcomers
-    (8 bytes a prompt block; 32 MiB hold some 4 million blocks)."""
+    (8 bytes a prompt block; 32 MiB hold some 4 million blocks); ``curve_secret_env``: the
+    environment variable holding the fleet's shared CURVE secret key (``curve.py``: peers
+    without it are refused and the sockets are encrypted; unset: no authentication)."""
 
     replica_id: Annotated[str, Field(pattern=_REPLICA_ID)] | None = None
     listen: SyncListen = Field(default_factory=SyncListen)
@@ -98,6 +103,7 @@ class ReplicaSyncConfig(StrictModel):
     peer_timeout_s: float = Field(default=5.0, gt=0)
     catch_up_timeout_s: float = Field(default=10.0, ge=0)
     log_bytes: int = Field(default=32 << 20, ge=0, le=1 << 32)
+    curve_secret_env: str | None = Field(default=None, pattern=_ENV_NAME)
 
     @model_validator(mode="after")
     def _timeout_outlasts_heartbeats(self) -> ReplicaSyncConfig:
@@ -107,6 +113,18 @@ class ReplicaSyncConfig(StrictModel):
                 "(a live peer would be taken for gone)"
             )
         return self
+
+    def curve_key(self) -> CurveKey | None:
+        """The fleet's CURVE keypair from ``$curve_secret_env`` (None without the setting); a
+        variable unset or not a key is a ``ConfigError`` naming it (never a silent fallback to
+        no authentication)."""
+        name = self.curve_secret_env
+        if name is None:
+            return None
+        value = os.environ.get(name)
+        if value is None:
+            raise ConfigError(f"spec.replicaSync.curveSecretEnv: ${name} is not set")
+        return CurveKey.from_secret(value, f"spec.replicaSync.curveSecretEnv: ${name}")
 
     def resolved_replica_id(self) -> str:
         """``replica_id``, else ``$POD_NAME``, else the host name."""

@@ -68,6 +68,11 @@ class SyncMetrics:
         self.catch_up_notes = Counter(
             f"{_P}_catch_up_notes", "Notes received in catch-up answers", registry=registry
         )
+        self.refused = Counter(
+            f"{_P}_handshakes_refused",
+            "Connections to the sync sockets refused: no CURVE key, or not the fleet's",
+            registry=registry,
+        )
 
     def observe_delay(self, delay_s: float) -> None:
         delay_s = max(0.0, delay_s)  # (wall clocks: another host's may be ahead)

@@ -6,13 +6,12 @@ the variant's router of the moment; the proxy records each routing and end in it
 come here (``send``: when they leave, docs/replicas.md "Batching"); the peers' batches are
 read and applied to the view of the note's variant by ``Inbound`` (when: its docstring).
 
-A starting replica subscribes to its peers, then asks each for its log (the batches it sent or
-learnt from, up to ``log_bytes``, plus its own open requests) and reports ready (``caught_up``)
-once every peer answered or ``catch_up_timeout_s`` passed. A peer silent for
-``peer_timeout_s`` is taken for gone: its open requests stop counting
-(``ReplicaView.forget_origin``); heard again, every peer's log is replayed (notes are
-idempotent), so a healed partition catches up too; so are they when a peer's batch numbers skip
-(notes lost on a dropped connection) or the first one heard is not its first (a late join).
+A starting replica subscribes to its peers, asks each for its log (the batches it sent or learnt
+from, up to ``log_bytes``, and its open requests) and reports ready (``caught_up``) once every
+peer answered or ``catch_up_timeout_s`` passed. A peer silent for ``peer_timeout_s`` is gone:
+its open requests stop counting (``ReplicaView.forget_origin``); heard again, every peer's log
+is replayed (notes are idempotent), as when a peer's batch numbers skip (notes lost on a
+dropped connection) or the first one heard is not its first (a late join).
 """
 
 from __future__ import annotations
@@ -95,12 +94,14 @@ class ReplicaSync:
     def open(self) -> None:
         """Bind the sockets (a busy port is a ``ConfigError`` naming the field)."""
         try:
-            self._sockets = Sockets(self.endpoint)
+            refused = self.metrics.refused.inc
+            self._sockets = Sockets(
+                self.endpoint, curve=self.config.curve_key(), on_refused=refused
+            )
         except zmq.ZMQError as err:
-            raise ConfigError(
-                f"spec.replicaSync.listen: cannot bind {self.endpoint} and the next port: "
-                f"{zmq.strerror(err.errno) if err.errno else err}"
-            ) from err
+            why = zmq.strerror(err.errno) if err.errno else err
+            where = f"cannot bind {self.endpoint} and the next port"
+            raise ConfigError(f"spec.replicaSync.listen: {where}: {why}") from err
         delay_s = self.config.apply_delay_ms / 1000
         self._inbound = Inbound(self._sockets, self.receive, delay_s, self._wall)
 
@@ -130,7 +131,7 @@ class ReplicaSync:
             async with asyncio.TaskGroup() as tasks:
                 for name, step in (
                     ("peers", self.peers.run),
-                    ("answer", self._answer_catch_up),
+                    ("answer", self._serve_sockets),
                     ("tick", self._ticker),
                     ("catch-up", self._catch_up_at_start),
                     ("resync", self._resync_on_return),
@@ -156,6 +157,7 @@ class ReplicaSync:
             "origin": self.origin,
             "caught_up": self.caught_up,
             "catch_up_s": self.catch_up_s,
+            "curve": self.config.curve_secret_env is not None,  # peers authenticated, encrypted
             "peers": sorted(self.peers.current or ()),
             "peers_heard": sorted(o for o, t in self._heard.items() if o not in self._gone),
             "peers_gone": sorted(self._gone),
@@ -163,8 +165,6 @@ class ReplicaSync:
             "last_heard_s_ago": {o: round(now - t, 3) for o, t in self._heard.items()},
             "last_batch_heard": dict(self._last_batch),  # over the sync socket, not catch-up
         }
-
-    # ------------------------------------------------------------------ sending
 
     def send(self, note: SyncNote) -> None:
         """A note of this replica (hot path), queued. It leaves at the loop's next turn when no
@@ -243,8 +243,6 @@ class ReplicaSync:
             self._timer = self._loop.call_later(wait_s, self._flush_due)
         else:
             self.flush()
-
-    # ------------------------------------------------------------------ receiving
 
     def _set_peers(self, endpoints: frozenset[str]) -> None:
         if self._sockets is not None:
@@ -327,10 +325,13 @@ class ReplicaSync:
 
     # ------------------------------------------------------------------ catch-up
 
-    async def _answer_catch_up(self) -> None:
+    async def _serve_sockets(self) -> None:
+        """Answer catch-up requests and the CURVE handshakes' ZAP requests."""
         if (sockets := self._sockets) is not None:
             bad = self.metrics.dropped.labels("bad_frame").inc
-            await sockets.serve_log_requests(self._log_answer, bad)
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(sockets.serve_zap())
+                tasks.create_task(sockets.serve_log_requests(self._log_answer, bad))
 
     def _log_answer(self) -> list[bytes] | None:
         try:

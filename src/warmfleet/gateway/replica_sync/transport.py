@@ -13,6 +13,8 @@
   the answer is ``[LOG_REQUEST, origin, payload, ...]``: the replica's open requests
   (``CATCH_UP_NOTES_PER_FRAME`` a frame), then the batches it keeps for newcomers
   (``PayloadLog``), as they were received or sent.
+- **Who may connect.** With the fleet's CURVE key (``curve.py``) every socket authenticates
+  and encrypts, and a ZAP handler bound before the servers refuses any other key.
 
 Every decoder here raises ``ReplicaSyncError`` (counted and dropped by the caller), never
 another exception.
@@ -35,6 +37,7 @@ import zmq.asyncio
 
 from warmfleet.api.replica_sync import ReplicaSyncError, decode_batch, encode_batch
 from warmfleet.gateway.replica_sync.config import catch_up_endpoint
+from warmfleet.gateway.replica_sync.curve import CurveKey, ZapGuard, connect_as, serve_as
 from warmfleet.routing.replica_notes import SyncNote
 
 TOPIC = b"wf-sync"
@@ -141,11 +144,22 @@ class Sockets:
     """This replica's sockets: ``pub`` (bound), ``sub`` (connected to the peers), ``router``
     (bound on the next port, answers catch-up requests). ``close`` is idempotent."""
 
-    def __init__(self, endpoint: str, *, send_hwm: int = 10_000) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        send_hwm: int = 10_000,
+        curve: CurveKey | None = None,
+        on_refused: Callable[[], None] = lambda: None,
+    ) -> None:
         self.endpoint = endpoint
         self.ctx = zmq.asyncio.Context()
         self._closed = False
+        self._curve = curve
+        self._guard: ZapGuard | None = None
         try:
+            if curve is not None:  # the handler first: no handshake goes unchecked
+                self._guard = ZapGuard(self.ctx, curve, on_refused)
             # A plain (blocking-API) socket: a PUB send never blocks (past its high-water mark
             # it drops), so the hot path sends without awaiting.
             self.pub: zmq.Socket[bytes] = zmq.Socket(self.ctx, zmq.PUB)
@@ -166,6 +180,11 @@ class Sockets:
             # (ROUTER drops an answer past this); a request is one short frame.
             self.router.setsockopt(zmq.SNDHWM, CATCH_UP_ANSWERS_QUEUED)
             self.router.setsockopt(zmq.MAXMSGSIZE, MAX_LOG_REQUEST_BYTES)
+            if curve is not None and self._guard is not None:
+                for server in (self.pub, self.router):
+                    serve_as(server, curve)
+                    self._guard.watch(server)
+                connect_as(self.sub, curve)
             self.pub.bind(endpoint)
             self.router.bind(catch_up_endpoint(endpoint))
         except BaseException:
@@ -236,6 +255,8 @@ class Sockets:
         ``timeout_s``)."""
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            connect_as(sock, self._curve)
 
         async def ask() -> list[bytes]:
             await sock.send_multipart([LOG_REQUEST])  # waits for the connection
@@ -257,4 +278,11 @@ class Sockets:
             if sock is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     sock.close(linger=0)
+        if self._guard is not None:
+            self._guard.close()
         self.ctx.term()
+
+    async def serve_zap(self) -> None:
+        """Answer the CURVE handshakes' ZAP requests until cancelled (nothing without a key)."""
+        if self._guard is not None:
+            await self._guard.serve()
