@@ -95,6 +95,7 @@ doctor_cli.register(app)
 conformance.register(app)
 loadgen_cli.register(app)
 gateway_cli.register(app)
+app.command("sync-key")(gateway_cli.sync_key_command)
 fleet_cli.register(app)
 local_cli.register(app)  # top-level `warmfleet up` and `warmfleet status`
 emulator_cli.register(app)

@@ -93,5 +93,5 @@ def sync_key_command() -> None:
 
 
 def register(app: typer.Typer) -> None:
+    """``serve`` alone (a one-command app runs it without the subcommand's name)."""
     app.command("serve")(serve_command)
-    app.command("sync-key")(sync_key_command)
