@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from warmfleet.core.errors import ConfigError
 
@@ -38,8 +38,9 @@ MAX_INSTANCES = 10_000
 
 
 class _Model(BaseModel):
-    # numbers are strict (``Field(strict=True)``): lax mode took ``true`` as 1 and "12" as 12
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # strict: a number is a JSON number (lax mode took ``true`` as 1 and "12" as 12); the
+    # fields holding an array or an object say ``strict=False`` (JSON has no tuple, no model)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class TraceFleet(_Model):
@@ -47,40 +48,38 @@ class TraceFleet(_Model):
     start, ``kv_capacity_tokens`` per instance when known, the ``strategy`` document of the
     variant (its ``type`` and parameters), the engine ``preset`` when it was one."""
 
-    instances: int | None = Field(strict=True, default=None, ge=1, le=MAX_INSTANCES)
-    kv_capacity_tokens: int | None = Field(strict=True, default=None, ge=1)
+    instances: int | None = Field(default=None, ge=1, le=MAX_INSTANCES)
+    kv_capacity_tokens: int | None = Field(default=None, ge=1)
     strategy: dict[str, Any] | None = None
     preset: str | None = Field(default=None, min_length=1)
 
 
 class TraceHeader(_Model):
-    warmfleet_trace: int = Field(strict=True, default=TRACE_VERSION, ge=1, le=TRACE_VERSION)
-    block_tokens: int = Field(strict=True, default=MOONCAKE_BLOCK_TOKENS, ge=1, le=MAX_TOKENS)
-    fleet: TraceFleet = TraceFleet()
+    warmfleet_trace: int = Field(default=TRACE_VERSION, ge=1, le=TRACE_VERSION)
+    block_tokens: int = Field(default=MOONCAKE_BLOCK_TOKENS, ge=1, le=MAX_TOKENS)
+    fleet: TraceFleet = Field(default=TraceFleet(), strict=False)  # (a JSON object)
 
 
 class TraceRecord(_Model):
-    timestamp: float = Field(strict=True, ge=0)
-    input_length: int = Field(strict=True, ge=0, le=MAX_TOKENS)
-    output_length: int = Field(strict=True, ge=0, le=MAX_TOKENS)
-    hash_ids: tuple[Annotated[int, Strict()], ...] = ()
+    timestamp: float = Field(ge=0)
+    input_length: int = Field(ge=0, le=MAX_TOKENS)
+    output_length: int = Field(ge=0, le=MAX_TOKENS)
+    hash_ids: tuple[StrictInt, ...] = Field(default=(), strict=False)  # (a JSON array)
     tenant: str | None = Field(default=None, max_length=256)
     session: str | None = Field(default=None, max_length=256)
-    priority: int | None = Field(strict=True, default=None)
-    deadline_ms: float | None = Field(strict=True, default=None, gt=0)
+    priority: int | None = None
+    deadline_ms: float | None = Field(default=None, gt=0)
     model: str | None = Field(default=None, max_length=512)
     variant: str | None = Field(default=None, max_length=256)
     # what happened live (a capture)
     instance: str | None = Field(default=None, max_length=256)
     reason: str | None = Field(default=None, max_length=64)
-    predicted_cached_tokens: int | None = Field(strict=True, default=None, ge=0)
-    engine_cached_tokens: int | None = Field(strict=True, default=None, ge=0)
-    ttft_ms: float | None = Field(strict=True, default=None, ge=0)
-    e2e_ms: float | None = Field(strict=True, default=None, ge=0)
-    status: int | None = Field(strict=True, default=None, ge=100, le=599)
-    predicted_ttft_ms: float | None = Field(
-        strict=True, default=None, ge=0
-    )  # flow control's prediction
+    predicted_cached_tokens: int | None = Field(default=None, ge=0)
+    engine_cached_tokens: int | None = Field(default=None, ge=0)
+    ttft_ms: float | None = Field(default=None, ge=0)
+    e2e_ms: float | None = Field(default=None, ge=0)
+    status: int | None = Field(default=None, ge=100, le=599)
+    predicted_ttft_ms: float | None = Field(default=None, ge=0)  # flow control's prediction
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ class CurveKey:
         if len(raw) != _Z85_KEY_CHARS or not raw.isascii():
             raise ConfigError(
                 f"{source}: not a CURVE secret key ({_Z85_KEY_CHARS} Z85 characters; "
-                "`warmfleet fleet sync-key` prints a new one)"
+                "`warmfleet sync-key` prints a new one)"
             )
         try:
             public = zmq.curve_public(raw)
@@ -58,22 +58,6 @@ class CurveKey:
 def new_secret() -> str:
     """A fresh CURVE secret key, Z85."""
     return zmq.curve_keypair()[1].decode("ascii")
-
-
-def serve_as(sock: zmq.Socket[Any], key: CurveKey) -> None:
-    """Make ``sock`` (before it binds) a CURVE server with the fleet's key."""
-    sock.setsockopt(zmq.CURVE_SECRETKEY, key.secret)
-    sock.setsockopt(zmq.CURVE_PUBLICKEY, key.public)
-    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
-    sock.setsockopt(zmq.CURVE_SERVER, 1)
-
-
-def connect_as(sock: zmq.Socket[Any], key: CurveKey) -> None:
-    """Make ``sock`` (before it connects) a CURVE client holding the fleet's key and expecting
-    it of the server."""
-    sock.setsockopt(zmq.CURVE_SERVERKEY, key.public)
-    sock.setsockopt(zmq.CURVE_PUBLICKEY, key.public)
-    sock.setsockopt(zmq.CURVE_SECRETKEY, key.secret)
 
 
 class _FleetKeyOnly:
@@ -94,16 +78,18 @@ _FAILED_HANDSHAKES = (
 
 
 class ZapGuard:
-    """The ZAP handler of one replica's ZeroMQ context, bound when made (before the replica's
-    server sockets), and the monitors of the server sockets (``watch``): ``serve`` answers the
-    ZAP requests and counts each refused handshake with ``on_refused()`` (another key, none, or
-    a client key that is not the fleet's), a task of the replica's TaskGroup; ``close`` closes
-    them all."""
+    """One replica's CURVE setup, in its ZeroMQ context: the ZAP handler, bound when made
+    (before any server socket, so no handshake goes unchecked); ``serve_as`` and ``connect_as``
+    make a socket a server (its failed handshakes monitored) or a client with the fleet's key;
+    ``serve`` answers the ZAP requests and counts each refused handshake with ``on_refused()``
+    (another key, none, or a client key that is not the fleet's), a task of the replica's
+    TaskGroup; ``close`` closes the handler and the monitors."""
 
     def __init__(
         self, ctx: zmq.Context[Any], key: CurveKey, on_refused: Callable[[], None]
     ) -> None:
         self._ctx = ctx
+        self._key = key
         self._on_refused = on_refused
         self._monitors: list[zmq.Socket[bytes]] = []
         self._auth = Authenticator(ctx, log=logging.getLogger(__name__))
@@ -111,14 +97,26 @@ class ZapGuard:
         self._auth.configure_curve_callback(ZAP_DOMAIN.decode(), _FleetKeyOnly(key.public))
         self._auth.start()  # binds inproc://zeromq.zap.01
 
-    def watch(self, sock: zmq.Socket[Any]) -> None:
-        """Count the failed handshakes of server socket ``sock``."""
+    def serve_as(self, sock: zmq.Socket[Any]) -> None:
+        """Make ``sock`` (before it binds) a CURVE server with the fleet's key, its failed
+        handshakes counted."""
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self._key.secret)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self._key.public)
+        sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
         address = f"inproc://warmfleet-sync-monitor-{id(sock)}"
         sock.monitor(address, _FAILED_HANDSHAKES)
         monitor: zmq.Socket[bytes] = zmq.Socket(self._ctx, zmq.PAIR)
         monitor.setsockopt(zmq.LINGER, 0)
         monitor.connect(address)
         self._monitors.append(monitor)
+
+    def connect_as(self, sock: zmq.Socket[Any]) -> None:
+        """Make ``sock`` (before it connects) a CURVE client holding the fleet's key and
+        expecting it of the server."""
+        sock.setsockopt(zmq.CURVE_SERVERKEY, self._key.public)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self._key.public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self._key.secret)
 
     async def serve(self) -> None:
         """Answer ZAP requests and read the monitors until cancelled (a handshake waits for

@@ -37,7 +37,7 @@ import zmq.asyncio
 
 from warmfleet.api.replica_sync import ReplicaSyncError, decode_batch, encode_batch
 from warmfleet.gateway.replica_sync.config import catch_up_endpoint
-from warmfleet.gateway.replica_sync.curve import CurveKey, ZapGuard, connect_as, serve_as
+from warmfleet.gateway.replica_sync.curve import CurveKey, ZapGuard
 from warmfleet.routing.replica_notes import SyncNote
 
 TOPIC = b"wf-sync"
@@ -155,7 +155,6 @@ class Sockets:
         self.endpoint = endpoint
         self.ctx = zmq.asyncio.Context()
         self._closed = False
-        self._curve = curve
         self._guard: ZapGuard | None = None
         try:
             if curve is not None:  # the handler first: no handshake goes unchecked
@@ -180,11 +179,10 @@ class Sockets:
             # (ROUTER drops an answer past this); a request is one short frame.
             self.router.setsockopt(zmq.SNDHWM, CATCH_UP_ANSWERS_QUEUED)
             self.router.setsockopt(zmq.MAXMSGSIZE, MAX_LOG_REQUEST_BYTES)
-            if curve is not None and self._guard is not None:
-                for server in (self.pub, self.router):
-                    serve_as(server, curve)
-                    self._guard.watch(server)
-                connect_as(self.sub, curve)
+            if (guard := self._guard) is not None:
+                guard.serve_as(self.pub)
+                guard.serve_as(self.router)
+                guard.connect_as(self.sub)
             self.pub.bind(endpoint)
             self.router.bind(catch_up_endpoint(endpoint))
         except BaseException:
@@ -255,8 +253,8 @@ class Sockets:
         ``timeout_s``)."""
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        if self._curve is not None:
-            connect_as(sock, self._curve)
+        if self._guard is not None:
+            self._guard.connect_as(sock)
 
         async def ask() -> list[bytes]:
             await sock.send_multipart([LOG_REQUEST])  # waits for the connection
