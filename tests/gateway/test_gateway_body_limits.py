@@ -292,6 +292,28 @@ async def test_tokens_mode_keys_up_to_its_own_body_limit(tmp_path: Path) -> None
             assert "max_key_body_bytes.tokens" in answer["error"]["message"]
 
 
+@pytest.mark.parametrize("filler", [1, 20_000], ids=["short", "gil-free"])
+async def test_tokens_mode_names_a_lone_surrogate_in_its_400(tmp_path: Path, filler: int) -> None:
+    """JSON's ``\\ud800`` escape parses to a lone surrogate, which ``tokenizers`` cannot take:
+    a 400 that says so (it was "request body not understood: TypeError")."""
+    write_model(tmp_path)
+    text = "x" * filler + "\ud800 tail"
+    async with backends_running("a") as backends:
+        doc = gateway_doc(backends)
+        doc["spec"]["tokenizer_path"] = str(tmp_path)
+        doc["spec"]["endpoints"][0]["variants"][0]["routing"]["key"] = {"mode": "tokens"}
+        async with gateway_running(parse_gateway_config(doc)) as gw:
+            for path, body in (
+                (CHAT, chat([{"role": "user", "content": text}])),
+                ("/v1/completions", {"model": MODEL, "prompt": text}),
+            ):
+                status, answer = await post(gw.url, path, json.dumps(body).encode())
+                assert status == 400, answer
+                message = answer["error"]["message"]
+                assert "lone surrogate (U+D800 at character" in message, message
+            assert backends[0].stats.requests == 0
+
+
 def test_long_texts_get_the_same_ids_on_the_gil_free_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -138,6 +138,19 @@ def cut_after_final_message(rendered: str, final: str) -> str:
     return rendered[: at + len(core)]
 
 
+def _not_encodable(text: str) -> BadRequestError:
+    """The 400 for a text ``tokenizers`` refused: a lone surrogate (JSON's ``\\ud800`` escapes
+    allow one; it is not a Unicode character, and the engine's tokenizer cannot encode it
+    either)."""
+    at = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+    if at is None:
+        return BadRequestError("the prompt is not text the tokenizer can encode")
+    return BadRequestError(
+        f"the prompt holds a lone surrogate (U+{ord(text[at]):04X} at character {at}), "
+        "which is not a Unicode character"
+    )
+
+
 def _token_text(value: object) -> str | None:
     """A special token from tokenizer_config.json: a string or an AddedToken-like dict."""
     if isinstance(value, str):
@@ -335,9 +348,13 @@ class HfChatTokenizer:
         a byte-level tokenizer: the gateway's event loop stopped although the body worker ran
         it), and freeing its offsets took 70 ms more (the loop's longest wait now: ~10 ms)."""
         special = add_special_tokens
-        if len(text) < _GIL_FREE_ENCODE_CHARS:
-            return list(self._tokenizer.encode(text, add_special_tokens=special).ids)
-        return list(self._tokenizer.encode_batch_fast([text], add_special_tokens=special)[0].ids)
+        try:
+            if len(text) < _GIL_FREE_ENCODE_CHARS:
+                return list(self._tokenizer.encode(text, add_special_tokens=special).ids)
+            batch = self._tokenizer.encode_batch_fast([text], add_special_tokens=special)
+        except TypeError as err:  # ``tokenizers`` takes Unicode text only (not a surrogate)
+            raise _not_encodable(text) from err
+        return list(batch[0].ids)
 
     def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Completions prompt ids: with the special tokens unless the request says otherwise,
