@@ -206,6 +206,47 @@ def test_installed_gateway_replicas_share_routing_state_through_their_service(
     assert sync.resolved_replica_id() == "warmfleet-gateway-7d9-abc"
 
 
+def _selects(selector: Obj, labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def _admits(policy: Obj, source_labels: dict[str, str], port: str) -> bool:
+    """NetworkPolicy ingress for a source pod of the policy's namespace: a rule admits when its
+    ``from`` is absent or one of its pod selectors matches, and its ``ports`` are absent or name
+    ``port``."""
+    for rule in policy["spec"]["ingress"]:
+        sources = rule.get("from")
+        if sources is not None and not any(
+            _selects(s["podSelector"], source_labels) for s in sources if "podSelector" in s
+        ):
+            continue
+        if rule.get("ports") is None or any(p["port"] == port for p in rule["ports"]):
+            return True
+    return False
+
+
+def test_only_gateway_pods_reach_the_sync_ports() -> None:
+    """Without CURVE the sync sockets take any connection: the installed NetworkPolicy admits
+    the sync and catch-up ports from the gateway's own pods only, ``http`` from any pod (clients,
+    the autoscaler, probes), and names no port the gateway does not have."""
+    objects = {o["kind"]: o for o in gateway_objects(Values())}
+    policy, pod = objects["NetworkPolicy"], objects["Deployment"]["spec"]["template"]
+    gateway_labels = pod["metadata"]["labels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert _selects(policy["spec"]["podSelector"], gateway_labels)
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"] for p in container["ports"]}
+    named = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert named == ports == {"http", "sync", "sync-catch-up"}
+    client = {"app": "client"}
+    assert _admits(policy, client, "http")
+    assert _admits(policy, {}, "http")
+    for port in ("sync", "sync-catch-up"):
+        assert _admits(policy, gateway_labels, port)
+        assert not _admits(policy, client, port)
+        assert not _admits(policy, {}, port)
+
+
 def test_node_agent_config_serves_the_mounted_host_path() -> None:
     """The agent's ConfigMap turns on the Node-annotation protocol for the hostPath that its
     DaemonSet mounts at the cache root (engine pods mount that same path)."""

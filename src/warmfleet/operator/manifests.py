@@ -304,7 +304,28 @@ def gateway_objects(v: Values) -> list[Obj]:
             ],
         },
     }
-    return [*_rbac("warmfleet-gateway", v, "gateway", rules), config, deployment, service]
+    objects = [config, deployment, service, _gateway_network_policy(v, labels)]
+    return [*_rbac("warmfleet-gateway", v, "gateway", rules), *objects]
+
+
+def _gateway_network_policy(v: Values, labels: dict[str, str]) -> Obj:
+    """The replica-sync ports take connections from the gateway's own pods only (the sockets
+    do not authenticate without ``curveSecretEnv``, docs/replicas.md); ``http`` from anyone.
+    Enforced by CNIs that implement NetworkPolicy (Calico, Cilium, ...), ignored by others."""
+    sync_ports = [{"protocol": "TCP", "port": name} for name in ("sync", "sync-catch-up")]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta("warmfleet-gateway", v, "gateway"),
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"protocol": "TCP", "port": "http"}]},
+                {"from": [{"podSelector": {"matchLabels": labels}}], "ports": sync_ports},
+            ],
+        },
+    }
 
 
 def install_objects(v: Values) -> list[Obj]:
