@@ -11,7 +11,8 @@ from typing import Any
 import typer
 
 from warmfleet.cli import app
-from warmfleet.operator.manifests import VERSION, Values, install_objects
+from warmfleet.operator.manifest_parts import VERSION, Values
+from warmfleet.operator.manifests import install_objects
 
 ROOT = Path(__file__).resolve().parents[2]
 

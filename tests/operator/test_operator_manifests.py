@@ -20,7 +20,9 @@ from warmfleet.control.reconciler import deployment_plan
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.discovery.inference_endpoints import derive_endpoints
 from warmfleet.operator import render
-from warmfleet.operator.manifests import Values, agent_objects, gateway_objects, rendered_files
+from warmfleet.operator.manifest_parts import Values
+from warmfleet.operator.manifests import agent_objects, rendered_files
+from warmfleet.operator.manifests_gateway import gateway_objects
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S_VERSION = "1.37.0"

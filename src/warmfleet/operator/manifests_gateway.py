@@ -1,0 +1,138 @@
+"""The gateway's install objects: its ConfigMap, Deployment, Service, RBAC, the NetworkPolicy
+on its replica-sync ports and the Role that lets it make the fleet's CURVE key Secret."""
+
+from __future__ import annotations
+
+import yaml
+
+from warmfleet.api.resources import API_VERSION
+from warmfleet.operator.manifest_parts import READ, Obj, Values, meta, rbac, rule
+
+SYNC_PORT = 9470  # the gateway replicas' replica-sync port (catch-up on the next one)
+
+
+def gateway_yaml(v: Values) -> str:
+    """The gateway's configuration in its ConfigMap: one endpoint per ``InferenceEndpoint`` of
+    the watched namespace (on the Services the operator creates), chosen by the OpenAI
+    ``model``. The replicas share their routing state (docs/replicas.md): each one's peers are
+    the ready pods of the gateway's own Service at its ``sync`` port. Edit the ConfigMap (or
+    list endpoints by hand) to change it."""
+    spec = {
+        "listen": {"host": "0.0.0.0", "port": 8080},
+        "inferenceEndpoints": {"namespace": v.watch_namespace},
+        "modelSelectsEndpoint": True,
+        "replicaSync": {
+            "listen": {"host": "0.0.0.0", "port": SYNC_PORT},
+            "peers": {"type": "kubernetes", "service": "warmfleet-gateway", "port": "sync"},
+        },
+    }
+    doc = {"apiVersion": API_VERSION, "kind": "Gateway", "spec": spec}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def gateway_objects(v: Values) -> list[Obj]:
+    """The gateway finds engine pods through the EndpointSlices of each endpoint's Service."""
+    rules = [
+        rule(["discovery.k8s.io"], ["endpointslices"], READ),
+        rule([""], ["services", "pods"], READ),
+        rule(["warmfleet.dev"], ["inferenceendpoints"], READ),
+    ]
+    labels = {"app.kubernetes.io/name": "warmfleet-gateway"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta("warmfleet-gateway", v, "gateway"),
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": "warmfleet-gateway",
+                    "volumes": [{"name": "config", "configMap": {"name": "warmfleet-gateway"}}],
+                    "containers": [
+                        {
+                            "name": "gateway",
+                            "image": v.image,
+                            "imagePullPolicy": v.pull_policy,
+                            "args": ["serve", "--config", "/etc/warmfleet/gateway.yaml"],
+                            "ports": [
+                                {"name": "http", "containerPort": 8080},
+                                # replica sync: notes (PUB) and catch-up (the next port)
+                                {"name": "sync", "containerPort": SYNC_PORT},
+                                {"name": "sync-catch-up", "containerPort": SYNC_PORT + 1},
+                            ],
+                            # replicaSync.replicaId: the pod's name
+                            "env": [
+                                {
+                                    "name": "POD_NAME",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                }
+                            ],
+                            # Ready once this gateway can route (a health round done); not
+                            # plain /ready, which is 503 while any endpoint has no healthy
+                            # engine and would take every gateway pod out of the Service.
+                            "readinessProbe": {
+                                "httpGet": {"path": "/ready?scope=gateway", "port": "http"},
+                                "periodSeconds": 5,
+                                "failureThreshold": 2,
+                                "timeoutSeconds": 2,
+                            },
+                            # /health answers from the event loop: a wedged loop is restarted.
+                            "livenessProbe": {
+                                "httpGet": {"path": "/health", "port": "http"},
+                                "periodSeconds": 10,
+                                "failureThreshold": 3,
+                                "timeoutSeconds": 2,
+                            },
+                            "volumeMounts": [{"name": "config", "mountPath": "/etc/warmfleet"}],
+                            "resources": {
+                                "requests": {"cpu": "500m", "memory": "256Mi"},
+                                "limits": {"memory": "1Gi"},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta("warmfleet-gateway", v, "gateway"),
+        "data": {"gateway.yaml": gateway_yaml(v)},
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta("warmfleet-gateway", v, "gateway"),
+        "spec": {
+            "selector": labels,
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": "http"},
+                {"name": "sync", "port": SYNC_PORT, "targetPort": "sync"},
+            ],
+        },
+    }
+    objects = [config, deployment, service, _gateway_network_policy(v, labels)]
+    return [*rbac("warmfleet-gateway", v, "gateway", rules), *objects]
+
+
+def _gateway_network_policy(v: Values, labels: dict[str, str]) -> Obj:
+    """The replica-sync ports take connections from the gateway's own pods only (the sockets
+    do not authenticate without ``curveSecretEnv``, docs/replicas.md); ``http`` from anyone.
+    Enforced by CNIs that implement NetworkPolicy (Calico, Cilium, ...), ignored by others."""
+    sync_ports = [{"protocol": "TCP", "port": name} for name in ("sync", "sync-catch-up")]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta("warmfleet-gateway", v, "gateway"),
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"protocol": "TCP", "port": "http"}]},
+                {"from": [{"podSelector": {"matchLabels": labels}}], "ports": sync_ports},
+            ],
+        },
+    }
