@@ -15,7 +15,15 @@ from k8s.controlplane import ControlPlane, from_env
 from k8s.k8s_results import DEPLOY, ENABLED, LOG_DIR, SKIP_REASON, Results, documents
 
 ESTABLISH_TIMEOUT_S = 60.0
-RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap"}
+RBAC_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+}
 Obj = dict[str, Any]
 
 

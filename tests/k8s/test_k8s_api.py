@@ -4,6 +4,8 @@ force. Opt-in: ``make k8s-e2e``."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import copy
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +16,11 @@ import yaml
 
 from k8s.controlplane import ControlPlane
 from k8s.k8s_results import DEPLOY, ENABLED, SKIP_REASON, Results, documents
+from k8s.serviceaccounts import service_account_kubeconfig
+from warmfleet.gateway.config import parse_gateway_config
+from warmfleet.gateway.replica_sync.config import CurveSecretRef, ReplicaSyncConfig
+from warmfleet.gateway.replica_sync.curve import CurveKey
+from warmfleet.gateway.replica_sync.curve_secret import fleet_curve_key
 
 pytestmark = [pytest.mark.k8s, pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)]
 
@@ -244,6 +251,57 @@ def test_rbac_in_force(
         if (out.stdout.strip() == "yes") != expected:
             failed.append(f"{user} {' '.join(args)}: {out.stdout.strip()} {out.stderr.strip()}")
     results.record(rbac_applied=not failed, rbac_checks=len(checks))
+    assert not failed, failed
+
+
+def test_gateway_replicas_make_and_share_one_sync_key(
+    control_plane: ControlPlane, crds: int, rbac: list[Obj], results: Results
+) -> None:
+    """The installed gateway's CURVE key (``replicaSync.curveSecret`` of its ConfigMap): two
+    replicas starting together, as the gateway's service account with the manifests' Role, make
+    one Secret and hold the same key; that account may read that Secret and no other."""
+    (config_map,) = [
+        o for o in rbac if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "warmfleet-gateway"
+    ]
+    installed = parse_gateway_config(yaml.safe_load(config_map["data"]["gateway.yaml"]))
+    assert installed.spec.replica_sync is not None
+    wanted = installed.spec.replica_sync.curve_secret
+    assert wanted is not None
+    namespace = "warmfleet-system"
+    kubeconfig = service_account_kubeconfig(control_plane, "warmfleet-gateway", namespace)
+    ref = CurveSecretRef.model_validate(
+        {
+            "name": wanted.name,
+            "key": wanted.key,
+            "namespace": namespace,
+            "kubeconfig": str(kubeconfig),
+        }
+    )
+    sync = ReplicaSyncConfig(curve_secret=ref)
+
+    async def two_replicas() -> list[CurveKey | None]:
+        return list(await asyncio.gather(fleet_curve_key(sync), fleet_curve_key(sync)))
+
+    first, second = asyncio.run(two_replicas())
+    assert first is not None
+    assert first == second
+    stored = control_plane.get_json(f"/api/v1/namespaces/{namespace}/secrets/{ref.name}")
+    text = base64.b64decode(stored["data"][ref.key]).decode()
+    assert CurveKey.from_secret(text, "the stored key") == first
+    gateway = f"system:serviceaccount:{namespace}:warmfleet-gateway"
+    checks = [
+        (["get", f"secrets/{ref.name}", "-n", namespace], True),
+        (["create", "secrets", "-n", namespace], True),
+        (["get", "secrets/warmfleet-operator-token", "-n", namespace], False),
+        (["list", "secrets", "-n", namespace], False),
+        (["create", "secrets", "-n", "default"], False),
+    ]
+    failed = []
+    for args, expected in checks:
+        out = control_plane.kubectl("auth", "can-i", "--as", gateway, *args, check=False)
+        if (out.stdout.strip() == "yes") != expected:
+            failed.append(f"{' '.join(args)}: {out.stdout.strip()} {out.stderr.strip()}")
+    results.record(sync_key_shared=True, sync_key_rbac_checks=len(checks))
     assert not failed, failed
 
 

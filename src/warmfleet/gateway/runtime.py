@@ -43,6 +43,7 @@ from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import BodyWorker
 from warmfleet.gateway.openai.models import ModelsCache
 from warmfleet.gateway.proxy import Proxy
+from warmfleet.gateway.replica_sync.curve_secret import fleet_curve_key
 from warmfleet.gateway.replica_sync.service import ReplicaSync
 from warmfleet.gateway.variant import RouterFactory
 from warmfleet.gateway.world import GatewayState, build_router_or_raise
@@ -135,8 +136,8 @@ class Gateway:
             raise
 
     async def _start(self) -> None:
-        if self.replica_sync is not None:
-            self.replica_sync.open()  # first: a busy port fails the start before any task runs
+        if (sync := self.replica_sync) is not None:  # first: a busy port fails the start
+            sync.open(await fleet_curve_key(sync.config))  # before any task runs
         limits = self.state.limits
         self._pool = UpstreamPool(
             limits.upstream_connect_timeout_s, limits.max_upstream_connections, keepalive_s=60.0

@@ -9,14 +9,16 @@ from warmfleet.api.resources import API_VERSION
 from warmfleet.operator.manifest_parts import READ, Obj, Values, meta, rbac, rule
 
 SYNC_PORT = 9470  # the gateway replicas' replica-sync port (catch-up on the next one)
+SYNC_KEY_SECRET = "warmfleet-gateway-sync"  # the replicas' CURVE key, made by the first one
 
 
 def gateway_yaml(v: Values) -> str:
     """The gateway's configuration in its ConfigMap: one endpoint per ``InferenceEndpoint`` of
     the watched namespace (on the Services the operator creates), chosen by the OpenAI
     ``model``. The replicas share their routing state (docs/replicas.md): each one's peers are
-    the ready pods of the gateway's own Service at its ``sync`` port. Edit the ConfigMap (or
-    list endpoints by hand) to change it."""
+    the ready pods of the gateway's own Service at its ``sync`` port, and they authenticate
+    and encrypt it with the CURVE key of the Secret ``SYNC_KEY_SECRET`` (the first replica
+    makes it). Edit the ConfigMap (or list endpoints by hand) to change it."""
     spec = {
         "listen": {"host": "0.0.0.0", "port": 8080},
         "inferenceEndpoints": {"namespace": v.watch_namespace},
@@ -24,6 +26,7 @@ def gateway_yaml(v: Values) -> str:
         "replicaSync": {
             "listen": {"host": "0.0.0.0", "port": SYNC_PORT},
             "peers": {"type": "kubernetes", "service": "warmfleet-gateway", "port": "sync"},
+            "curveSecret": {"name": SYNC_KEY_SECRET},
         },
     }
     doc = {"apiVersion": API_VERSION, "kind": "Gateway", "spec": spec}
@@ -115,13 +118,38 @@ def gateway_objects(v: Values) -> list[Obj]:
         },
     }
     objects = [config, deployment, service, _gateway_network_policy(v, labels)]
-    return [*rbac("warmfleet-gateway", v, "gateway", rules), *objects]
+    return [*rbac("warmfleet-gateway", v, "gateway", rules), *_sync_key_role(v), *objects]
+
+
+def _sync_key_role(v: Values) -> list[Obj]:
+    """In the gateway's own namespace only: read the key's Secret, and create it (a create
+    cannot be limited to a name in RBAC; no other Secret can be read)."""
+    name = "warmfleet-gateway-sync-key"
+    secrets = rule([""], ["secrets"], ["get"])
+    secrets["resourceNames"] = [SYNC_KEY_SECRET]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": meta(name, v, "gateway"),
+        "rules": [secrets, rule([""], ["secrets"], ["create"])],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": meta(name, v, "gateway"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": "warmfleet-gateway", "namespace": v.namespace}
+        ],
+    }
+    return [role, binding]
 
 
 def _gateway_network_policy(v: Values, labels: dict[str, str]) -> Obj:
-    """The replica-sync ports take connections from the gateway's own pods only (the sockets
-    do not authenticate without ``curveSecretEnv``, docs/replicas.md); ``http`` from anyone.
-    Enforced by CNIs that implement NetworkPolicy (Calico, Cilium, ...), ignored by others."""
+    """The replica-sync ports take connections from the gateway's own pods only (besides CURVE,
+    which refuses a peer without the key but still takes its connection, docs/replicas.md);
+    ``http`` from anyone. Enforced by CNIs that implement NetworkPolicy (Calico, Cilium, ...),
+    ignored by others."""
     sync_ports = [{"protocol": "TCP", "port": name} for name in ("sync", "sync-catch-up")]
     return {
         "apiVersion": "networking.k8s.io/v1",

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from warmfleet.api.replica_sync import MAX_BATCH_NOTES
 from warmfleet.core.config import StrictModel
 from warmfleet.core.errors import ConfigError
+from warmfleet.core.kubeapi import SERVICE_ACCOUNT_DIR, KubeApiSpec
 from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeWatchSpec
 from warmfleet.gateway.replica_sync.curve import CurveKey
 
@@ -19,6 +20,8 @@ from warmfleet.gateway.replica_sync.curve import CurveKey
 _ENDPOINT = r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9._-]*):[0-9]{1,5}$"
 _REPLICA_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,254}$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_SECRET_KEY = r"^[-._a-zA-Z0-9]{1,253}$"
 
 PeerEndpoint = Annotated[str, Field(pattern=_ENDPOINT)]
 
@@ -78,6 +81,19 @@ class KubernetesPeers(KubeWatchSpec):
 Peers = Annotated[StaticPeers | FilePeers | KubernetesPeers, Field(discriminator="type")]
 
 
+class CurveSecretRef(KubeApiSpec):
+    """The fleet's CURVE secret key in a Kubernetes Secret of the gateway's namespace
+    (``curve_secret.py``): ``name``, its entry ``key`` (the Z85 text); ``create``: a replica
+    that finds no Secret makes it with a new key (the first one wins; the others read it).
+    ``namespace`` ``None``: the pod's own (from ``namespace_path``). API access: ``KubeApiSpec``."""
+
+    name: str = Field(pattern=_DNS_SUBDOMAIN, max_length=253)
+    key: str = Field(default="curve-secret", pattern=_SECRET_KEY)
+    create: bool = True
+    namespace: str | None = Field(default=None, pattern=DNS_LABEL)
+    namespace_path: str = f"{SERVICE_ACCOUNT_DIR}/namespace"
+
+
 class ReplicaSyncConfig(StrictModel):
     """Replica sync (off unless given). ``replica_id``: this replica's name among its peers
     (default ``$POD_NAME``, else the host name); ``batch_interval_ms``: the longest a note
@@ -91,7 +107,8 @@ class ReplicaSyncConfig(StrictModel):
     reports ready anyway; ``log_bytes``: the encoded batches each replica keeps for newcomers
     (8 bytes a prompt block; 32 MiB hold some 4 million blocks); ``curve_secret_env``: the
     environment variable holding the fleet's shared CURVE secret key (``curve.py``: peers
-    without it are refused and the sockets are encrypted; unset: no authentication)."""
+    without it are refused and the sockets are encrypted; unset: no authentication);
+    ``curve_secret``: that key in a Kubernetes Secret instead (``CurveSecretRef``)."""
 
     replica_id: Annotated[str, Field(pattern=_REPLICA_ID)] | None = None
     listen: SyncListen = Field(default_factory=SyncListen)
@@ -104,6 +121,7 @@ class ReplicaSyncConfig(StrictModel):
     catch_up_timeout_s: float = Field(default=10.0, ge=0)
     log_bytes: int = Field(default=32 << 20, ge=0, le=1 << 32)
     curve_secret_env: str | None = Field(default=None, pattern=_ENV_NAME)
+    curve_secret: CurveSecretRef | None = None
 
     @model_validator(mode="after")
     def _timeout_outlasts_heartbeats(self) -> ReplicaSyncConfig:
@@ -114,8 +132,15 @@ class ReplicaSyncConfig(StrictModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _one_key_source(self) -> ReplicaSyncConfig:
+        if self.curve_secret is not None and self.curve_secret_env is not None:
+            raise ValueError("curveSecret, curveSecretEnv: set at most one (one key per fleet)")
+        return self
+
     def curve_key(self) -> CurveKey | None:
-        """The fleet's CURVE keypair from ``$curve_secret_env`` (None without the setting); a
+        """The fleet's CURVE keypair from ``$curve_secret_env`` (None without the setting; with
+        ``curve_secret`` the key is read at start, ``curve_secret.fleet_curve_key``); a
         variable unset or not a key is a ``ConfigError`` naming it (never a silent fallback to
         no authentication)."""
         name = self.curve_secret_env

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
+from warmfleet.gateway.replica_sync.curve import CurveKey
 from warmfleet.gateway.replica_sync.inbound import Inbound
 from warmfleet.gateway.replica_sync.metrics import SyncMetrics
 from warmfleet.gateway.replica_sync.peers import PeerWatch
@@ -91,13 +92,12 @@ class ReplicaSync:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def open(self) -> None:
-        """Bind the sockets (a busy port is a ``ConfigError`` naming the field)."""
+    def open(self, curve: CurveKey | None = None) -> None:
+        """Bind the sockets (a busy port is a ``ConfigError`` naming the field); ``curve``: the
+        fleet's key (``curve_secret.fleet_curve_key``), None: no authentication."""
         try:
             refused = self.metrics.refused.inc
-            self._sockets = Sockets(
-                self.endpoint, curve=self.config.curve_key(), on_refused=refused
-            )
+            self._sockets = Sockets(self.endpoint, curve=curve, on_refused=refused)
         except zmq.ZMQError as err:
             why = zmq.strerror(err.errno) if err.errno else err
             where = f"cannot bind {self.endpoint} and the next port"
@@ -157,7 +157,7 @@ class ReplicaSync:
             "origin": self.origin,
             "caught_up": self.caught_up,
             "catch_up_s": self.catch_up_s,
-            "curve": self.config.curve_secret_env is not None,  # peers authenticated, encrypted
+            "curve": self._sockets is not None and self._sockets.curve,  # peers authenticated
             "peers": sorted(self.peers.current or ()),
             "peers_heard": sorted(o for o, t in self._heard.items() if o not in self._gone),
             "peers_gone": sorted(self._gone),

@@ -156,6 +156,7 @@ class Sockets:
         self.ctx = zmq.asyncio.Context()
         self._closed = False
         self._guard: ZapGuard | None = None
+        self.curve = curve is not None  # the sockets authenticate and encrypt
         try:
             if curve is not None:  # the handler first: no handshake goes unchecked
                 self._guard = ZapGuard(self.ctx, curve, on_refused)

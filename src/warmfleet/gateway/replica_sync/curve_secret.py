@@ -1,0 +1,100 @@
+"""The fleet's CURVE key from a Kubernetes Secret (``spec.replicaSync.curveSecret``), made by the
+first replica that finds none (docs/replicas.md, "Who may talk to a replica").
+
+At start, before its sockets open, a replica reads the Secret of its namespace. When it is
+missing and ``create`` is set, the replica creates it with a new key; two replicas that start
+together both try, the API server takes one create and refuses the other (409), and the
+refused one reads the winner's: every replica ends with the same key, with no leader and no
+step for the user. Anything else (no access, a Secret without the entry, an entry that is no
+key) fails the start with a ``ConfigError`` naming the field: the pod restarts, as for any
+configuration it cannot read, and never syncs unauthenticated.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import aiohttp
+
+from warmfleet.core.errors import ConfigError
+from warmfleet.gateway.replica_sync.config import CurveSecretRef, ReplicaSyncConfig
+from warmfleet.gateway.replica_sync.curve import CurveKey, new_secret
+from warmfleet.kube.access import KubeAccessError, api_server, auth_headers, read_own, tls
+
+FIELD = "spec.replicaSync.curveSecret"
+_NOT_FOUND, _CONFLICT = 404, 409
+_MADE = (200, 201, 202)  # a create's success (the API conventions allow all three)
+_LABELS = {"app.kubernetes.io/managed-by": "warmfleet", "app.kubernetes.io/component": "gateway"}
+
+
+async def fleet_curve_key(config: ReplicaSyncConfig) -> CurveKey | None:
+    """The fleet's keypair: from ``curve_secret`` (read, or created), else ``curve_secret_env``
+    (``ReplicaSyncConfig.curve_key``), else None (no authentication)."""
+    ref = config.curve_secret
+    if ref is None:
+        return config.curve_key()
+    try:
+        namespace = ref.namespace or read_own(ref.namespace_path, "namespace")
+        connector = aiohttp.TCPConnector(ssl=tls(ref))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            text = await _read_or_create(http, ref, namespace)
+    except (KubeAccessError, aiohttp.ClientError, TimeoutError) as err:
+        raise ConfigError(f"{FIELD}: {err or type(err).__name__}") from err
+    return CurveKey.from_secret(text, f"{FIELD}: Secret {namespace}/{ref.name} {ref.key!r}")
+
+
+async def _read_or_create(http: aiohttp.ClientSession, ref: CurveSecretRef, namespace: str) -> str:
+    url = f"{api_server(ref)}/api/v1/namespaces/{namespace}/secrets"
+    timeout = aiohttp.ClientTimeout(total=ref.timeout_s)
+    for _attempt in range(2):  # a create refused as a conflict: another replica's is there
+        async with http.get(f"{url}/{ref.name}", headers=auth_headers(ref), timeout=timeout) as got:
+            if got.status != _NOT_FOUND:
+                return _entry(await _json(got), ref)
+        if not ref.create:
+            raise KubeAccessError(f"Secret {namespace}/{ref.name} not found (create is false)")
+        body = _secret(ref, new_secret())
+        async with http.post(url, json=body, headers=auth_headers(ref), timeout=timeout) as made:
+            if made.status in _MADE:
+                return _entry(await _json(made), ref)
+            if made.status != _CONFLICT:
+                raise KubeAccessError(f"POST {url}: HTTP {made.status}: {await _text(made)}")
+    raise KubeAccessError(f"Secret {namespace}/{ref.name}: created by another, then not found")
+
+
+def _secret(ref: CurveSecretRef, secret: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": ref.name, "labels": _LABELS},
+        "type": "Opaque",
+        "data": {ref.key: base64.b64encode(secret.encode("ascii")).decode("ascii")},
+    }
+
+
+async def _text(resp: aiohttp.ClientResponse) -> str:
+    return (await resp.text(errors="replace"))[:200]
+
+
+async def _json(resp: aiohttp.ClientResponse) -> Any:
+    if resp.status not in _MADE:
+        raise KubeAccessError(
+            f"{resp.method} {resp.url.path}: HTTP {resp.status}: {await _text(resp)}"
+        )
+    try:
+        return await resp.json(content_type=None)
+    except ValueError as err:
+        raise KubeAccessError(f"{resp.url.path}: not JSON: {err}") from err
+
+
+def _entry(secret: Any, ref: CurveSecretRef) -> str:
+    """The entry ``ref.key`` of a Secret object, decoded (a ``KubeAccessError`` if absent)."""
+    data = secret.get("data") if isinstance(secret, dict) else None
+    value = data.get(ref.key) if isinstance(data, dict) else None
+    if not isinstance(value, str):
+        raise KubeAccessError(f"Secret {ref.name} has no entry {ref.key!r}")
+    try:
+        return base64.b64decode(value, validate=True).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError) as err:
+        raise KubeAccessError(f"Secret {ref.name} entry {ref.key!r}: not base64 text") from err
