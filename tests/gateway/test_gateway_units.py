@@ -18,6 +18,7 @@ from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import openai_fields, parse_json_object
 from warmfleet.gateway.relay import SseFramer
+from warmfleet.gateway.replica_sync.metrics import SyncMetrics
 from warmfleet.gateway.world import GatewayState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,6 +216,7 @@ def test_dashboard_uses_only_existing_metrics() -> None:
     used = {m for e in exprs for m in re.findall(r"warmfleet_gateway_[a-z_]+", e)}
     metrics = GatewayMetrics()
     KvEventFeed("m").register_metrics(metrics.registry)
+    SyncMetrics(metrics.registry)
     known: set[str] = set()
     for family in metrics.registry.collect():
         suffixes = {
@@ -225,6 +227,11 @@ def test_dashboard_uses_only_existing_metrics() -> None:
         known.update(family.name + s for s in suffixes[family.type])
     assert used <= known, used - known
     assert len(used) >= 13
+    sync = {m for m in known if m.startswith("warmfleet_gateway_replica_sync_")}
+    assert sync - used <= {  # every replica-sync metric has a panel but these two
+        "warmfleet_gateway_replica_sync_catch_up_seconds",
+        "warmfleet_gateway_replica_sync_catch_up_notes_total",
+    } | {m for m in sync if m.endswith(("_count", "_sum"))}
 
 
 def test_no_metric_label_collides_with_prometheus_target_labels() -> None:
