@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from warmfleet.core.errors import BadRequestError, ConfigError, NotFoundError
 from warmfleet.gateway.config import InstanceSpec, parse_gateway_config, parse_instance_list
+from warmfleet.gateway.flow_metrics import FlowCollector
 from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import openai_fields, parse_json_object
@@ -217,6 +218,7 @@ def test_dashboard_uses_only_existing_metrics() -> None:
     metrics = GatewayMetrics()
     KvEventFeed("m").register_metrics(metrics.registry)
     SyncMetrics(metrics.registry)
+    metrics.registry.register(FlowCollector(lambda: (), dict))
     known: set[str] = set()
     for family in metrics.registry.collect():
         suffixes = {
@@ -232,6 +234,8 @@ def test_dashboard_uses_only_existing_metrics() -> None:
         "warmfleet_gateway_replica_sync_catch_up_seconds",
         "warmfleet_gateway_replica_sync_catch_up_notes_total",
     } | {m for m in sync if m.endswith(("_count", "_sum"))}
+    flow = {m for m in known if m.startswith("warmfleet_gateway_flow_")}
+    assert {m for m in flow - used if not m.endswith(("_count", "_sum"))} == set()
 
 
 def test_no_metric_label_collides_with_prometheus_target_labels() -> None:
