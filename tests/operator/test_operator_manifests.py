@@ -249,6 +249,20 @@ def test_only_gateway_pods_reach_the_sync_ports() -> None:
         assert not _admits(policy, {}, port)
 
 
+def test_gateway_replicas_prefer_different_nodes() -> None:
+    """Two replicas on one node are lost together: the pod template prefers (never requires:
+    a one-node cluster still runs both) nodes without another gateway pod."""
+    pod = next(o for o in gateway_objects(Values()) if o["kind"] == "Deployment")["spec"]
+    template = pod["template"]
+    anti = template["spec"]["affinity"]["podAntiAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+    (preferred,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    term = preferred["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert _selects(term["labelSelector"], template["metadata"]["labels"])
+    assert pod["replicas"] > 1
+
+
 def test_node_agent_config_serves_the_mounted_host_path() -> None:
     """The agent's ConfigMap turns on the Node-annotation protocol for the hostPath that its
     DaemonSet mounts at the cache root (engine pods mount that same path)."""

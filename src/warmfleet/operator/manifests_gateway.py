@@ -52,6 +52,7 @@ def gateway_objects(v: Values) -> list[Obj]:
                 "metadata": {"labels": labels},
                 "spec": {
                     "serviceAccountName": "warmfleet-gateway",
+                    "affinity": _apart(labels),
                     "volumes": [{"name": "config", "configMap": {"name": "warmfleet-gateway"}}],
                     "containers": [
                         {
@@ -143,6 +144,14 @@ def _sync_key_role(v: Values) -> list[Obj]:
         ],
     }
     return [role, binding]
+
+
+def _apart(labels: dict[str, str]) -> Obj:
+    """The replicas on different nodes where there are enough (a node's loss leaves one routing
+    with the shared state), else together: preferred, never a pod left unscheduled."""
+    term = {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}
+    preferred = [{"weight": 100, "podAffinityTerm": term}]
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
 
 
 def _gateway_network_policy(v: Values, labels: dict[str, str]) -> Obj:
