@@ -8,7 +8,8 @@ import asyncio
 import json
 import random
 import socket
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import aiohttp
 import yaml
 from gateway_support import MODEL as STUB_MODEL
-from gateway_support import FakeBackend
+from gateway_support import FakeBackend, gateway_running
 
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import parse_gateway_config
@@ -121,6 +122,21 @@ def stub_doc(backends: Sequence[FakeBackend], sync: dict[str, Any] | None, strat
     if sync is not None:
         spec["replica_sync"] = sync
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
+
+
+@asynccontextmanager
+async def stub_pair(
+    backends: Sequence[FakeBackend], sync_a: dict[str, Any], sync_b: dict[str, Any]
+) -> AsyncIterator[tuple[StartedApp, StartedApp]]:
+    """Two ``prefix_affinity`` gateways in front of ``backends`` with these ``spec.replicaSync``
+    sections (``stub_doc``), both started."""
+    doc_a = stub_doc(backends, sync_a, "prefix_affinity")
+    doc_b = stub_doc(backends, sync_b, "prefix_affinity")
+    async with (
+        gateway_running(parse_gateway_config(doc_a)) as a,
+        gateway_running(parse_gateway_config(doc_b)) as b,
+    ):
+        yield a, b
 
 
 @dataclass

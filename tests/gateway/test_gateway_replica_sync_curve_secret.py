@@ -11,12 +11,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from gateway_support import MODEL, backends_running, gateway_running
-from replica_sync_support import stub_doc, sync_ports, sync_section
+from gateway_support import MODEL, backends_running
+from replica_sync_support import stub_pair, sync_ports, sync_section
 
 from support.waiting import wait_until
 from warmfleet.core.errors import ConfigError
-from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.curve import CurveKey, new_secret
 from warmfleet.gateway.replica_sync.curve_secret import fleet_curve_key
@@ -134,19 +133,16 @@ async def test_gateways_sharing_the_secret_sync_with_curve_on(kmock: Any) -> Non
     def section(name: str, port: int, peer: int) -> dict[str, Any]:
         return sync_section(name, port, [peer], catch_up_timeout_s=2.0, curve_secret=ref(api))
 
-    async with backends_running("b0") as backends:
-        doc_a = stub_doc(backends, section("a", port_a, port_b), "prefix_affinity")
-        doc_b = stub_doc(backends, section("b", port_b, port_a), "prefix_affinity")
-        async with (
-            gateway_running(parse_gateway_config(doc_a)) as a,
-            gateway_running(parse_gateway_config(doc_b)) as b,
-        ):
-            syncs = [a.gateway.replica_sync, b.gateway.replica_sync]
-            assert all(s is not None and s.describe()["curve"] for s in syncs)
-            async with aiohttp.ClientSession() as http:
-                body = {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 50}]}
-                async with http.post(a.url + "/v1/chat/completions", json=body) as resp:
-                    assert resp.status == 200
-            sync_b = syncs[1]
-            assert sync_b is not None
-            await wait_until(lambda: sync_b.metrics.received._value.get() > 0)
+    async with (
+        backends_running("b0") as backends,
+        stub_pair(backends, section("a", port_a, port_b), section("b", port_b, port_a)) as (a, b),
+    ):
+        syncs = [a.gateway.replica_sync, b.gateway.replica_sync]
+        assert all(s is not None and s.describe()["curve"] for s in syncs)
+        async with aiohttp.ClientSession() as http:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 50}]}
+            async with http.post(a.url + "/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+        sync_b = syncs[1]
+        assert sync_b is not None
+        await wait_until(lambda: sync_b.metrics.received._value.get() > 0)

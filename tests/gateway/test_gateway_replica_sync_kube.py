@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
-from gateway_support import MODEL, backends_running, gateway_running
-from replica_sync_support import endpoint, stub_doc, sync_ports
+from gateway_support import MODEL, backends_running
+from replica_sync_support import endpoint, stub_pair, sync_ports
 from test_gateway_kube_discovery import NS, SLICES, declare
 
 from support.waiting import wait_until
-from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.replica_sync.service import ReplicaSync
 from warmfleet.gateway.server import StartedApp
 
@@ -67,17 +66,15 @@ async def test_peers_are_the_ready_endpoints_of_the_gateways_service(
     await session.post(api + SLICES, json=_slice("gw-a", port_a, True))
     await session.post(api + SLICES, json=_slice("gw-b", port_b, True))
     await session.post(api + SLICES, json=_slice("gw-c", port_c, False))  # not ready: left out
-    async with backends_running("b0") as backends:
-        doc_a = stub_doc(backends, _sync("gw-a", port_a, api), "prefix_affinity")
-        doc_b = stub_doc(backends, _sync("gw-b", port_b, api), "prefix_affinity")
-        async with (
-            gateway_running(parse_gateway_config(doc_a)) as a,
-            gateway_running(parse_gateway_config(doc_b)) as b,
-        ):
-            await wait_until(lambda: _replica(a).peers.current == frozenset({endpoint(port_b)}))
-            await wait_until(lambda: _replica(b).peers.current == frozenset({endpoint(port_a)}))
-            await wait_until(lambda: _replica(b).caught_up)
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-            async with session.post(a.url + "/v1/chat/completions", json=body) as resp:
-                assert resp.status == 200
-            await wait_until(lambda: _replica(b).metrics.received._value.get() == 2)
+    sync_a, sync_b = _sync("gw-a", port_a, api), _sync("gw-b", port_b, api)
+    async with (
+        backends_running("b0") as backends,
+        stub_pair(backends, sync_a, sync_b) as (a, b),
+    ):
+        await wait_until(lambda: _replica(a).peers.current == frozenset({endpoint(port_b)}))
+        await wait_until(lambda: _replica(b).peers.current == frozenset({endpoint(port_a)}))
+        await wait_until(lambda: _replica(b).caught_up)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        async with session.post(a.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+        await wait_until(lambda: _replica(b).metrics.received._value.get() == 2)
