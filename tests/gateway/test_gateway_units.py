@@ -6,6 +6,7 @@ import json
 import random
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
 from gateway_support import FakeRouterFactory
@@ -20,9 +21,13 @@ from warmfleet.gateway.hold import GatewayHold
 from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import openai_fields, parse_json_object
+from warmfleet.gateway.openai.models import ModelsCache
 from warmfleet.gateway.relay import SseFramer
 from warmfleet.gateway.replica_sync.metrics import SyncMetrics
 from warmfleet.gateway.world import GatewayState
+
+if TYPE_CHECKING:
+    from aiohttp import ClientSession
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -224,6 +229,7 @@ def test_dashboard_uses_only_existing_metrics() -> None:
     CaptureMetrics(metrics.registry)
     state = GatewayState(parse_gateway_config(doc()), FakeRouterFactory(), metrics)
     GatewayHold(state, metrics.registry, lambda: 0.0)
+    ModelsCache(state, cast("ClientSession", None))  # (registers its counter; never asks)
     known: set[str] = set()
     for family in metrics.registry.collect():
         suffixes = {
