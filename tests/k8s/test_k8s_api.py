@@ -231,6 +231,18 @@ def test_invalid_rejected(control_plane: ControlPlane, crds: int, results: Resul
     assert len(rejected) >= 10
 
 
+def can_i_failures(
+    control_plane: ControlPlane, checks: list[tuple[str, list[str], bool]]
+) -> list[str]:
+    """The ``(user, kubectl auth can-i args, allowed)`` checks the server answers otherwise."""
+    failed = []
+    for user, args, expected in checks:
+        out = control_plane.kubectl("auth", "can-i", "--as", user, *args, check=False)
+        if (out.stdout.strip() == "yes") != expected:
+            failed.append(f"{user} {' '.join(args)}: {out.stdout.strip()} {out.stderr.strip()}")
+    return failed
+
+
 def test_rbac_in_force(
     control_plane: ControlPlane, crds: int, rbac: list[Obj], results: Results
 ) -> None:
@@ -245,11 +257,7 @@ def test_rbac_in_force(
         (gateway, ["list", "endpointslices.discovery.k8s.io", "-n", "default"], True),
         (gateway, ["create", "deployments.apps", "-n", "default"], False),
     ]
-    failed = []
-    for user, args, expected in checks:
-        out = control_plane.kubectl("auth", "can-i", "--as", user, *args, check=False)
-        if (out.stdout.strip() == "yes") != expected:
-            failed.append(f"{user} {' '.join(args)}: {out.stdout.strip()} {out.stderr.strip()}")
+    failed = can_i_failures(control_plane, checks)
     results.record(rbac_applied=not failed, rbac_checks=len(checks))
     assert not failed, failed
 
@@ -290,17 +298,13 @@ def test_gateway_replicas_make_and_share_one_sync_key(
     assert CurveKey.from_secret(text, "the stored key") == first
     gateway = f"system:serviceaccount:{namespace}:warmfleet-gateway"
     checks = [
-        (["get", f"secrets/{ref.name}", "-n", namespace], True),
-        (["create", "secrets", "-n", namespace], True),
-        (["get", "secrets/warmfleet-operator-token", "-n", namespace], False),
-        (["list", "secrets", "-n", namespace], False),
-        (["create", "secrets", "-n", "default"], False),
+        (gateway, ["get", f"secrets/{ref.name}", "-n", namespace], True),
+        (gateway, ["create", "secrets", "-n", namespace], True),
+        (gateway, ["get", "secrets/warmfleet-operator-token", "-n", namespace], False),
+        (gateway, ["list", "secrets", "-n", namespace], False),
+        (gateway, ["create", "secrets", "-n", "default"], False),
     ]
-    failed = []
-    for args, expected in checks:
-        out = control_plane.kubectl("auth", "can-i", "--as", gateway, *args, check=False)
-        if (out.stdout.strip() == "yes") != expected:
-            failed.append(f"{' '.join(args)}: {out.stdout.strip()} {out.stderr.strip()}")
+    failed = can_i_failures(control_plane, checks)
     results.record(sync_key_shared=True, sync_key_rbac_checks=len(checks))
     assert not failed, failed
 

@@ -12,8 +12,7 @@ from pydantic import Field, model_validator
 from warmfleet.api.replica_sync import MAX_BATCH_NOTES
 from warmfleet.core.config import StrictModel
 from warmfleet.core.errors import ConfigError
-from warmfleet.core.kubeapi import SERVICE_ACCOUNT_DIR, KubeApiSpec
-from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeWatchSpec
+from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeNamespaceSpec, KubeWatchSpec
 from warmfleet.gateway.replica_sync.curve import CurveKey
 
 # a host name starts with a letter or digit (ZeroMQ refuses tcp://-a:1, tcp://_a:1, tcp://.a:1)
@@ -81,17 +80,15 @@ class KubernetesPeers(KubeWatchSpec):
 Peers = Annotated[StaticPeers | FilePeers | KubernetesPeers, Field(discriminator="type")]
 
 
-class CurveSecretRef(KubeApiSpec):
-    """The fleet's CURVE secret key in a Kubernetes Secret of the gateway's namespace
-    (``curve_secret.py``): ``name``, its entry ``key`` (the Z85 text); ``create``: a replica
-    that finds no Secret makes it with a new key (the first one wins; the others read it).
-    ``namespace`` ``None``: the pod's own (from ``namespace_path``). API access: ``KubeApiSpec``."""
+class CurveSecretRef(KubeNamespaceSpec):
+    """The fleet's CURVE secret key in a Kubernetes Secret (``curve_secret.py``; its namespace
+    and API access: ``KubeNamespaceSpec``): ``name``, its entry ``key`` (the Z85 text);
+    ``create``: a replica that finds no Secret makes it with a new key (the first one wins;
+    the others read it)."""
 
     name: str = Field(pattern=_DNS_SUBDOMAIN, max_length=253)
     key: str = Field(default="curve-secret", pattern=_SECRET_KEY)
     create: bool = True
-    namespace: str | None = Field(default=None, pattern=DNS_LABEL)
-    namespace_path: str = f"{SERVICE_ACCOUNT_DIR}/namespace"
 
 
 class ReplicaSyncConfig(StrictModel):

@@ -18,15 +18,23 @@ from typing import Any
 
 import aiohttp
 
+from warmfleet.api.names import LABEL_MANAGED_BY, MANAGER
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.replica_sync.config import CurveSecretRef, ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.curve import CurveKey, new_secret
-from warmfleet.kube.access import KubeAccessError, api_server, auth_headers, read_own, tls
+from warmfleet.kube.access import (
+    KubeAccessError,
+    api_server,
+    auth_headers,
+    json_or_raise,
+    read_own,
+    tls,
+)
 
 FIELD = "spec.replicaSync.curveSecret"
 _NOT_FOUND, _CONFLICT = 404, 409
 _MADE = (200, 201, 202)  # a create's success (the API conventions allow all three)
-_LABELS = {"app.kubernetes.io/managed-by": "warmfleet", "app.kubernetes.io/component": "gateway"}
+_LABELS = {LABEL_MANAGED_BY: MANAGER, "app.kubernetes.io/component": "gateway"}
 
 
 async def fleet_curve_key(config: ReplicaSyncConfig) -> CurveKey | None:
@@ -40,26 +48,29 @@ async def fleet_curve_key(config: ReplicaSyncConfig) -> CurveKey | None:
         connector = aiohttp.TCPConnector(ssl=tls(ref))
         async with aiohttp.ClientSession(connector=connector) as http:
             text = await _read_or_create(http, ref, namespace)
-    except (KubeAccessError, aiohttp.ClientError, TimeoutError) as err:
+    except (KubeAccessError, aiohttp.ClientError, TimeoutError, ValueError) as err:
         raise ConfigError(f"{FIELD}: {err or type(err).__name__}") from err
     return CurveKey.from_secret(text, f"{FIELD}: Secret {namespace}/{ref.name} {ref.key!r}")
 
 
 async def _read_or_create(http: aiohttp.ClientSession, ref: CurveSecretRef, namespace: str) -> str:
+    """The key's text: the Secret's entry, else the new key of the Secret this call made."""
     url = f"{api_server(ref)}/api/v1/namespaces/{namespace}/secrets"
     timeout = aiohttp.ClientTimeout(total=ref.timeout_s)
     for _attempt in range(2):  # a create refused as a conflict: another replica's is there
         async with http.get(f"{url}/{ref.name}", headers=auth_headers(ref), timeout=timeout) as got:
             if got.status != _NOT_FOUND:
-                return _entry(await _json(got), ref)
+                return _entry(await json_or_raise(got), ref)
         if not ref.create:
             raise KubeAccessError(f"Secret {namespace}/{ref.name} not found (create is false)")
-        body = _secret(ref, new_secret())
+        secret = new_secret()
+        body = _secret(ref, secret)
         async with http.post(url, json=body, headers=auth_headers(ref), timeout=timeout) as made:
             if made.status in _MADE:
-                return _entry(await _json(made), ref)
+                return secret
             if made.status != _CONFLICT:
-                raise KubeAccessError(f"POST {url}: HTTP {made.status}: {await _text(made)}")
+                text = (await made.text(errors="replace"))[:200]
+                raise KubeAccessError(f"POST {url}: HTTP {made.status}: {text}")
     raise KubeAccessError(f"Secret {namespace}/{ref.name}: created by another, then not found")
 
 
@@ -73,24 +84,9 @@ def _secret(ref: CurveSecretRef, secret: str) -> dict[str, Any]:
     }
 
 
-async def _text(resp: aiohttp.ClientResponse) -> str:
-    return (await resp.text(errors="replace"))[:200]
-
-
-async def _json(resp: aiohttp.ClientResponse) -> Any:
-    if resp.status not in _MADE:
-        raise KubeAccessError(
-            f"{resp.method} {resp.url.path}: HTTP {resp.status}: {await _text(resp)}"
-        )
-    try:
-        return await resp.json(content_type=None)
-    except ValueError as err:
-        raise KubeAccessError(f"{resp.url.path}: not JSON: {err}") from err
-
-
-def _entry(secret: Any, ref: CurveSecretRef) -> str:
+def _entry(secret: dict[str, Any], ref: CurveSecretRef) -> str:
     """The entry ``ref.key`` of a Secret object, decoded (a ``KubeAccessError`` if absent)."""
-    data = secret.get("data") if isinstance(secret, dict) else None
+    data = secret.get("data")
     value = data.get(ref.key) if isinstance(data, dict) else None
     if not isinstance(value, str):
         raise KubeAccessError(f"Secret {ref.name} has no entry {ref.key!r}")
