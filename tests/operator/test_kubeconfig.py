@@ -17,7 +17,7 @@ import pytest
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.kubeapi import KubeApiSpec
 from warmfleet.core.kubeconfig import kube_context
-from warmfleet.kube.access import KubeAccessError, api_server, auth_headers, tls
+from warmfleet.kube.access import KubeAccess, KubeAccessError
 from warmfleet.kube.endpointslices import served_versions, slice_version
 
 CA_PEM = ssl.DER_cert_to_PEM_cert(b"not a real certificate")
@@ -84,17 +84,32 @@ def test_access_reads_the_kubeconfig(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("from-file\n")
     path = tmp_path / "kubeconfig"
     path.write_text(json.dumps(config({"tokenFile": "token"}, {"insecure-skip-tls-verify": True})))
-    spec = KubeApiSpec(kubeconfig=str(path))
-    assert api_server(spec) == "https://127.0.0.1:6443"
-    assert auth_headers(spec) == {"Authorization": "Bearer from-file"}
-    assert tls(spec) is False
+    access = KubeAccess(KubeApiSpec(kubeconfig=str(path)))
+    assert access.api_server() == "https://127.0.0.1:6443"
+    assert access.auth_headers() == {"Authorization": "Bearer from-file"}
+    assert access.tls() is False
     (tmp_path / "token").write_text("rotated")  # re-read at every call
-    assert auth_headers(spec) == {"Authorization": "Bearer rotated"}
+    assert access.auth_headers() == {"Authorization": "Bearer rotated"}
     path.write_text(json.dumps(config({"token": "inline"})))
-    assert auth_headers(spec) == {"Authorization": "Bearer inline"}
-    assert tls(spec) is True  # no CA given: the system's trust store
+    os.utime(path, ns=(1, 1))  # a new mtime even where the clock is coarse
+    assert access.auth_headers() == {"Authorization": "Bearer inline"}
+    assert access.tls() is True  # no CA given: the system's trust store
     with pytest.raises(KubeAccessError, match="cannot read"):
-        api_server(KubeApiSpec(kubeconfig=str(tmp_path / "missing")))
+        KubeAccess(KubeApiSpec(kubeconfig=str(tmp_path / "missing"))).api_server()
+
+
+def test_each_access_owns_its_parsed_kubeconfig(tmp_path: Path) -> None:
+    """Two components on one file each parse it; one parses it again only when it changes."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(config({"token": "one"})))
+    first = KubeAccess(KubeApiSpec(kubeconfig=str(path)))
+    context = first.kubeconfig_context()
+    assert first.kubeconfig_context() is context  # unchanged file: not parsed again
+    second = KubeAccess(KubeApiSpec(kubeconfig=str(path)))
+    assert second.kubeconfig_context() is not context
+    path.write_text(json.dumps(config({"token": "two"})))
+    os.utime(path, ns=(2, 2))
+    assert first.bearer_token() == "two"
 
 
 def test_kubeconfig_and_api_server_exclude_each_other() -> None:

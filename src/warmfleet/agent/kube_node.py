@@ -29,13 +29,7 @@ from warmfleet.api.names import ANN_ASSIGNED, ANN_CACHE_STATUS
 from warmfleet.cache.config import KubernetesNodeSpec
 from warmfleet.cache.state import ArtifactRecord
 from warmfleet.core.errors import WarmfleetError
-from warmfleet.kube.access import (
-    KubeAccessError,
-    api_loop,
-    api_server,
-    auth_headers,
-    json_or_raise,
-)
+from warmfleet.kube.access import KubeAccess, KubeAccessError, api_loop, json_or_raise
 from warmfleet.kube.watch import ListWatch, object_name
 
 log = logging.getLogger("warmfleet.agent.kube")
@@ -75,6 +69,7 @@ class KubeNodeSync:
     def __init__(self, node: FleetNode, spec: KubernetesNodeSpec) -> None:
         self.node = node
         self.spec = spec
+        self.access = KubeAccess(spec)
         self.links = CacheLinks(node.manager.store)
         self.refused: dict[str, str] = {}
         self.errors = 0
@@ -105,7 +100,7 @@ class KubeNodeSync:
             tg.create_task(watch.run())
             tg.create_task(
                 api_loop(
-                    self.spec,
+                    self.access,
                     lambda http: self._sync_when_due(http, url),
                     self._failed,
                     retried=_RETRIED,
@@ -149,9 +144,9 @@ class KubeNodeSync:
         report = json.dumps(self.reports(usable, records), sort_keys=True)
         if report != self._reported or annotations.get(ANN_CACHE_STATUS) != report:
             patch = {"metadata": {"annotations": {ANN_CACHE_STATUS: report}}}
-            headers = {**auth_headers(self.spec), "Content-Type": _MERGE_PATCH}
+            headers = {**self.access.auth_headers(), "Content-Type": _MERGE_PATCH}
             timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
-            url = api_server(self.spec) + path
+            url = self.access.api_server() + path
             data = json.dumps(patch)
             async with http.patch(url, data=data, headers=headers, timeout=timeout) as resp:
                 await json_or_raise(resp)

@@ -25,44 +25,89 @@ class KubeAccessError(WarmfleetError):
     """The API server cannot be located or answered with an error."""
 
 
-_KUBECONFIGS: dict[tuple[str, str | None], tuple[int, KubeContext]] = {}
+class KubeAccess:
+    """How one component reaches the API server ``spec`` locates: its URL, credentials and TLS
+    trust. Owns the parsed kubeconfig (parsed again when the file changes), so build one per
+    component and keep it."""
 
+    def __init__(self, spec: KubeApiSpec) -> None:
+        self.spec = spec
+        self._kubeconfig: tuple[int, KubeContext] | None = None  # (mtime_ns, context)
 
-def kubeconfig_context(spec: KubeApiSpec) -> KubeContext | None:
-    """The context ``spec.kubeconfig`` names (``None`` without a kubeconfig); the file is
-    parsed again when it changes. ``KubeAccessError`` if it cannot be read or used."""
-    if spec.kubeconfig is None:
-        return None
-    path = Path(spec.kubeconfig).expanduser()
-    key = (str(path), spec.context)
-    try:
-        mtime = path.stat().st_mtime_ns
-        cached = _KUBECONFIGS.get(key)
-        if cached is not None and cached[0] == mtime:
-            return cached[1]
-        data = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
-        context = kube_context(data, str(path), path.parent, spec.context)
-    except (OSError, UnicodeDecodeError) as err:
-        raise KubeAccessError(f"kubeconfig {path}: cannot read: {err}") from err
-    except ConfigError as err:
-        raise KubeAccessError(str(err)) from err
-    _KUBECONFIGS[key] = (mtime, context)
-    return context
+    def kubeconfig_context(self) -> KubeContext | None:
+        """The context ``spec.kubeconfig`` names (``None`` without a kubeconfig).
+        ``KubeAccessError`` if it cannot be read or used."""
+        spec = self.spec
+        if spec.kubeconfig is None:
+            return None
+        path = Path(spec.kubeconfig).expanduser()
+        try:
+            mtime = path.stat().st_mtime_ns
+            if self._kubeconfig is not None and self._kubeconfig[0] == mtime:
+                return self._kubeconfig[1]
+            data = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
+            context = kube_context(data, str(path), path.parent, spec.context)
+        except (OSError, UnicodeDecodeError) as err:
+            raise KubeAccessError(f"kubeconfig {path}: cannot read: {err}") from err
+        except ConfigError as err:
+            raise KubeAccessError(str(err)) from err
+        self._kubeconfig = (mtime, context)
+        return context
 
+    def api_server(self) -> str:
+        if self.spec.api_server is not None:
+            return self.spec.api_server
+        context = self.kubeconfig_context()
+        if context is not None:
+            return context.server
+        host = os.environ.get("KUBERNETES_SERVICE_HOST")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host:
+            raise KubeAccessError(
+                "apiServer is not set and $KUBERNETES_SERVICE_HOST is unset (not in a pod)"
+            )
+        return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
-def api_server(spec: KubeApiSpec) -> str:
-    if spec.api_server is not None:
-        return spec.api_server
-    context = kubeconfig_context(spec)
-    if context is not None:
-        return context.server
-    host = os.environ.get("KUBERNETES_SERVICE_HOST")
-    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        raise KubeAccessError(
-            "apiServer is not set and $KUBERNETES_SERVICE_HOST is unset (not in a pod)"
-        )
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    def bearer_token(self) -> str | None:
+        """The bearer token as it is now: the kubeconfig context's (inline, or its token
+        file), else ``token_path``'s; ``None`` if there is none."""
+        context = self.kubeconfig_context()
+        if context is None:
+            return read_token(self.spec.token_path)
+        return context.token or (read_token(context.token_path) if context.token_path else None)
+
+    def auth_headers(self) -> dict[str, str]:
+        """``Authorization: Bearer <token>`` when there is a token, else none."""
+        token = self.bearer_token()
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def tls(self) -> ssl.SSLContext | bool:
+        """With a kubeconfig, its context's CA (data or file; no verification if it says
+        ``insecure-skip-tls-verify``); else the cluster CA when its file exists; else the
+        system's trust store (``True``)."""
+        context = self.kubeconfig_context()
+        if context is None:
+            ca_path = self.spec.ca_path
+            return ssl.create_default_context(cafile=ca_path) if Path(ca_path).exists() else True
+        if context.insecure:
+            return False
+        try:
+            if context.ca_pem is not None:
+                return ssl.create_default_context(cadata=context.ca_pem)
+            if context.ca_path is not None:
+                return ssl.create_default_context(cafile=context.ca_path)
+        except (OSError, ssl.SSLError) as err:
+            raise KubeAccessError(
+                f"kubeconfig {self.spec.kubeconfig}: the cluster CA: {err}"
+            ) from err
+        return True
+
+    def session(self) -> aiohttp.ClientSession:
+        """A client session that trusts the API server as ``tls`` says."""
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.tls()))
+
+    def timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.spec.timeout_s)
 
 
 def read_token(path: str) -> str | None:
@@ -72,42 +117,6 @@ def read_token(path: str) -> str | None:
         return Path(path).read_text(encoding="utf-8").strip() or None
     except OSError:
         return None
-
-
-def bearer_token(spec: KubeApiSpec) -> str | None:
-    """The bearer token as it is now: the kubeconfig context's (inline, or its token file),
-    else ``token_path``'s; ``None`` if there is none."""
-    context = kubeconfig_context(spec)
-    if context is None:
-        return read_token(spec.token_path)
-    return context.token or (read_token(context.token_path) if context.token_path else None)
-
-
-def auth_headers(spec: KubeApiSpec) -> dict[str, str]:
-    """``Authorization: Bearer <token>`` when there is a token, else none."""
-    token = bearer_token(spec)
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def tls(spec: KubeApiSpec) -> ssl.SSLContext | bool:
-    """With a kubeconfig, its context's CA (data or file; no verification if it says
-    ``insecure-skip-tls-verify``); else the cluster CA when its file exists; else the system's
-    trust store (``True``)."""
-    context = kubeconfig_context(spec)
-    if context is None:
-        return (
-            ssl.create_default_context(cafile=spec.ca_path) if Path(spec.ca_path).exists() else True
-        )
-    if context.insecure:
-        return False
-    try:
-        if context.ca_pem is not None:
-            return ssl.create_default_context(cadata=context.ca_pem)
-        if context.ca_path is not None:
-            return ssl.create_default_context(cafile=context.ca_path)
-    except (OSError, ssl.SSLError) as err:
-        raise KubeAccessError(f"kubeconfig {spec.kubeconfig}: the cluster CA: {err}") from err
-    return True
 
 
 def read_own(path: str, what: str) -> str:
@@ -133,17 +142,17 @@ async def json_or_raise(resp: aiohttp.ClientResponse) -> dict[str, Any]:
 
 
 async def served_versions_of(
-    http: aiohttp.ClientSession, spec: KubeApiSpec, group: str
+    http: aiohttp.ClientSession, access: KubeAccess, group: str
 ) -> list[str]:
     """The versions of API ``group`` the server serves (API discovery), preferred first."""
-    timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
-    url = f"{api_server(spec)}/apis/{group}"
-    async with http.get(url, headers=auth_headers(spec), timeout=timeout) as resp:
+    url = f"{access.api_server()}/apis/{group}"
+    headers = access.auth_headers()
+    async with http.get(url, headers=headers, timeout=access.timeout()) as resp:
         return served_versions(await json_or_raise(resp))
 
 
 async def api_loop(
-    spec: KubeApiSpec,
+    access: KubeAccess,
     step: Callable[[aiohttp.ClientSession], Awaitable[None]],
     on_error: Callable[[BaseException, bool], None],
     *,
@@ -155,7 +164,7 @@ async def api_loop(
     ``retry_interval_s`` after an error in ``retried`` (passed to ``on_error`` with ``first``:
     the first of a streak). Anything else is a bug and ends the loop."""
     failing = False
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls(spec))) as http:
+    async with access.session() as http:
         while True:
             try:
                 await step(http)

@@ -20,13 +20,7 @@ from typing import Any
 import aiohttp
 
 from warmfleet.core.kubeapi import KubeApiSpec
-from warmfleet.kube.access import (
-    KubeAccessError,
-    api_loop,
-    api_server,
-    auth_headers,
-    json_or_raise,
-)
+from warmfleet.kube.access import KubeAccess, KubeAccessError, api_loop, json_or_raise
 
 Obj = dict[str, Any]
 _GONE = 410
@@ -54,6 +48,7 @@ class ListWatch:
         """``path``: the collection's API path (called at every list: it may read files).
         ``selectors``: ``labelSelector`` / ``fieldSelector`` query parameters."""
         self.spec = spec
+        self.access = KubeAccess(spec)
         self.path = path
         self.on_change = on_change
         self.on_error = on_error
@@ -65,7 +60,7 @@ class ListWatch:
 
     async def run(self) -> None:
         await api_loop(
-            self.spec,
+            self.access,
             self.list_and_watch,
             self.on_error,
             retried=_RETRIED,
@@ -73,10 +68,10 @@ class ListWatch:
         )
 
     async def list_and_watch(self, http: aiohttp.ClientSession) -> None:
-        url = api_server(self.spec) + self.path()
+        url = self.access.api_server() + self.path()
         params = dict(self.selectors)
         timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
-        headers = auth_headers(self.spec)
+        headers = self.access.auth_headers()
         async with http.get(url, params=params, headers=headers, timeout=timeout) as resp:
             listing = await json_or_raise(resp)
         items = listing.get("items")
@@ -97,7 +92,7 @@ class ListWatch:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.watch_timeout_s + self.spec.timeout_s):
                 async with http.get(
-                    url, params=params, headers=auth_headers(self.spec), timeout=watch_timeout
+                    url, params=params, headers=self.access.auth_headers(), timeout=watch_timeout
                 ) as resp:
                     if resp.status != 200:
                         await json_or_raise(resp)

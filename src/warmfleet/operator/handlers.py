@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import aiohttp
@@ -20,15 +19,7 @@ import kopf
 
 from warmfleet.core.kubeapi import KubeApiSpec
 from warmfleet.kube import client as kube
-from warmfleet.kube.access import (
-    KubeAccessError,
-    api_server,
-    auth_headers,
-    bearer_token,
-    json_or_raise,
-    kubeconfig_context,
-    tls,
-)
+from warmfleet.kube.access import KubeAccess, KubeAccessError, json_or_raise
 from warmfleet.operator.controller import Controller
 from warmfleet.operator.gateway_metrics import GatewayService, scraper
 
@@ -36,25 +27,25 @@ log = logging.getLogger(__name__)
 GROUP, VERSION, PLURAL = "warmfleet.dev", "v1alpha1", "inferenceendpoints"
 
 
-def in_cluster_server(spec: KubeApiSpec) -> tuple[str, str | None]:
+def in_cluster_server(access: KubeAccess) -> tuple[str, str | None]:
     """The API server and the bearer token as ``warmfleet.kube.access`` finds them (the one way
     every shell locates the API server: the service account, or ``spec.kubeconfig``)."""
     try:
-        return api_server(spec), bearer_token(spec)
+        return access.api_server(), access.bearer_token()
     except KubeAccessError as err:
         raise kopf.LoginError(f"not in a cluster ({err}): pass a kubeconfig") from err
 
 
-def connection_info(spec: KubeApiSpec) -> kopf.ConnectionInfo:
-    """kopf's credentials for ``spec``: the server, token and CA of the kubeconfig context, or
-    of the service account."""
-    base, bearer = in_cluster_server(spec)
+def connection_info(access: KubeAccess) -> kopf.ConnectionInfo:
+    """kopf's credentials for ``access``: the server, token and CA of the kubeconfig context,
+    or of the service account."""
+    base, bearer = in_cluster_server(access)
     try:
-        context = kubeconfig_context(spec)
+        context = access.kubeconfig_context()
     except KubeAccessError as err:
         raise kopf.LoginError(str(err)) from err
     if context is None:
-        return kopf.ConnectionInfo(server=base, token=bearer, ca_path=spec.ca_path)
+        return kopf.ConnectionInfo(server=base, token=bearer, ca_path=access.spec.ca_path)
     return kopf.ConnectionInfo(
         server=base,
         token=bearer,
@@ -63,12 +54,6 @@ def connection_info(spec: KubeApiSpec) -> kopf.ConnectionInfo:
         insecure=context.insecure or None,
         default_namespace=context.namespace,
     )
-
-
-def _session(spec: KubeApiSpec | None) -> aiohttp.ClientSession:
-    if spec is None:
-        return aiohttp.ClientSession()
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls(spec)))
 
 
 def build_registry(
@@ -88,7 +73,7 @@ def build_registry(
     registry = kopf.OperatorRegistry()
     state: dict[str, Any] = {}
     resource = (GROUP, VERSION, PLURAL)
-    pod = api or KubeApiSpec()
+    pod = KubeAccess(api or KubeApiSpec())
 
     def controller() -> Controller:
         ctl: Controller = state["controller"]
@@ -103,12 +88,12 @@ def build_registry(
         settings.watching.server_timeout = 60
         settings.networking.request_timeout = 30
         base, bearer = (server, token) if server is not None else in_cluster_server(pod)
-        session = _session(None if server is not None else pod)
+        session = aiohttp.ClientSession() if server is not None else pod.session()
         state["session"] = session
         client = kube.KubeClient(
             session,
             base,
-            token=bearer if server is not None else partial(bearer_token, pod),
+            token=bearer if server is not None else pod.bearer_token,
         )
         metrics = (
             scraper(session, gateway_metrics, gateway_services, client)
@@ -149,12 +134,13 @@ def build_registry(
 
 
 async def _preflight(api: KubeApiSpec, namespace: str) -> None:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls(api))) as http:
-        url = f"{api_server(api)}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
-        timeout = aiohttp.ClientTimeout(total=api.timeout_s)
+    access = KubeAccess(api)
+    async with access.session() as http:
+        url = f"{access.api_server()}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+        headers = access.auth_headers()
         try:
             async with http.get(
-                url, params={"limit": "1"}, headers=auth_headers(api), timeout=timeout
+                url, params={"limit": "1"}, headers=headers, timeout=access.timeout()
             ) as resp:
                 await json_or_raise(resp)
         except (aiohttp.ClientError, TimeoutError) as err:

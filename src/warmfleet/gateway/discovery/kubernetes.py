@@ -58,7 +58,7 @@ class SliceWatch(ListWatch):
 
     async def list_and_watch(self, http: aiohttp.ClientSession) -> None:
         if self.version is None:
-            self.version = slice_version(await served_versions_of(http, self.spec, SLICE_GROUP))
+            self.version = slice_version(await served_versions_of(http, self.access, SLICE_GROUP))
         try:
             await super().list_and_watch(http)
         except Exception:

@@ -22,14 +22,7 @@ from warmfleet.api.names import LABEL_MANAGED_BY, MANAGER
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.replica_sync.config import CurveSecretRef, ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.curve import CurveKey, new_secret
-from warmfleet.kube.access import (
-    KubeAccessError,
-    api_server,
-    auth_headers,
-    json_or_raise,
-    read_own,
-    tls,
-)
+from warmfleet.kube.access import KubeAccess, KubeAccessError, json_or_raise, read_own
 
 FIELD = "spec.replicaSync.curveSecret"
 _NOT_FOUND, _CONFLICT = 404, 409
@@ -45,27 +38,30 @@ async def fleet_curve_key(config: ReplicaSyncConfig) -> CurveKey | None:
         return config.curve_key()
     try:
         namespace = ref.namespace or read_own(ref.namespace_path, "namespace")
-        connector = aiohttp.TCPConnector(ssl=tls(ref))
-        async with aiohttp.ClientSession(connector=connector) as http:
-            text = await _read_or_create(http, ref, namespace)
+        access = KubeAccess(ref)
+        async with access.session() as http:
+            text = await _read_or_create(http, access, ref, namespace)
     except (KubeAccessError, aiohttp.ClientError, TimeoutError, ValueError) as err:
         raise ConfigError(f"{FIELD}: {err or type(err).__name__}") from err
     return CurveKey.from_secret(text, f"{FIELD}: Secret {namespace}/{ref.name} {ref.key!r}")
 
 
-async def _read_or_create(http: aiohttp.ClientSession, ref: CurveSecretRef, namespace: str) -> str:
+async def _read_or_create(
+    http: aiohttp.ClientSession, access: KubeAccess, ref: CurveSecretRef, namespace: str
+) -> str:
     """The key's text: the Secret's entry, else the new key of the Secret this call made."""
-    url = f"{api_server(ref)}/api/v1/namespaces/{namespace}/secrets"
-    timeout = aiohttp.ClientTimeout(total=ref.timeout_s)
+    url = f"{access.api_server()}/api/v1/namespaces/{namespace}/secrets"
+    timeout = access.timeout()
     for _attempt in range(2):  # a create refused as a conflict: another replica's is there
-        async with http.get(f"{url}/{ref.name}", headers=auth_headers(ref), timeout=timeout) as got:
+        headers = access.auth_headers()
+        async with http.get(f"{url}/{ref.name}", headers=headers, timeout=timeout) as got:
             if got.status != _NOT_FOUND:
                 return _entry(await json_or_raise(got), ref)
         if not ref.create:
             raise KubeAccessError(f"Secret {namespace}/{ref.name} not found (create is false)")
         secret = new_secret()
         body = _secret(ref, secret)
-        async with http.post(url, json=body, headers=auth_headers(ref), timeout=timeout) as made:
+        async with http.post(url, json=body, headers=headers, timeout=timeout) as made:
             if made.status in _MADE:
                 return secret
             if made.status != _CONFLICT:
