@@ -67,6 +67,25 @@ def test_serve_with_a_busy_kv_event_port_is_one_line(tmp_path: Path) -> None:
     assert stderr.count(str(port)) == 1  # not again in pyzmq's "(addr=...)"
 
 
+def test_serve_that_cannot_reach_the_sync_keys_secret_is_one_line(tmp_path: Path) -> None:
+    """The API server not answering is no invalid config: the line names the field and the
+    server, and does not say "invalid config"."""
+    config = gateway_file(tmp_path / "gateway.yaml", ["http://127.0.0.1:9"])
+    doc = yaml.safe_load(config.read_text())
+    api = f"http://127.0.0.1:{closed_port()}"
+    secret = {"name": "gw-sync", "namespace": "serving", "apiServer": api, "timeoutS": 2.0}
+    doc["spec"]["replicaSync"] = {
+        "listen": {"port": closed_port()},
+        "peers": {"type": "static", "endpoints": []},
+        "curveSecret": secret,
+    }
+    config.write_text(yaml.safe_dump(doc))
+    stderr = assert_short_failure(run_cli("serve", "--config", str(config)), 2)
+    assert stderr.count("\n") == 1
+    assert stderr.startswith("warmfleet serve: spec.replicaSync.curveSecret: ")
+    assert "invalid config" not in stderr
+
+
 @pytest.mark.parametrize("command", ["serve", "emulate"])
 def test_debug_keeps_the_traceback(tmp_path: Path, command: str) -> None:
     with busy_port() as port:

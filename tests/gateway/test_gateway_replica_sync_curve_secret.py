@@ -19,6 +19,7 @@ from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.curve import CurveKey, new_secret
 from warmfleet.gateway.replica_sync.curve_secret import fleet_curve_key
+from warmfleet.kube.access import KubeAccessError
 
 NS = "serving"
 SECRETS = f"/api/v1/namespaces/{NS}/secrets"
@@ -87,11 +88,26 @@ async def test_an_existing_secret_is_used_as_it_is(
 
 
 @pytest.mark.parametrize(
-    ("stored", "fields", "message"),
+    ("stored", "fields", "error", "message"),
     [
-        (None, {"create": False}, r"Secret serving/gw-sync not found \(create is false\)"),
-        ({"other": new_secret()}, {}, r"Secret gw-sync has no entry 'curve-secret'"),
-        ({"curve-secret": "not a key"}, {}, r"Secret serving/gw-sync 'curve-secret': not a CURVE"),
+        (
+            None,
+            {"create": False},
+            KubeAccessError,
+            r"Secret serving/gw-sync not found \(create is false\)",
+        ),
+        (
+            {"other": new_secret()},
+            {},
+            KubeAccessError,
+            r"Secret gw-sync has no entry 'curve-secret'",
+        ),
+        (
+            {"curve-secret": "not a key"},
+            {},
+            ConfigError,
+            r"Secret serving/gw-sync 'curve-secret': not a CURVE",
+        ),
     ],
     ids=["missing", "no-entry", "not-a-key"],
 )
@@ -100,18 +116,21 @@ async def test_a_key_it_cannot_get_fails_the_start_naming_the_field(
     session: aiohttp.ClientSession,
     stored: dict[str, str] | None,
     fields: dict[str, Any],
+    error: type[Exception],
     message: str,
 ) -> None:
+    """What the API server refused is a ``KubeAccessError``, a stored value that is no key a
+    ``ConfigError``: both name the field."""
     declare(kmock)
     api = str(kmock.url).rstrip("/")
     if stored is not None:
         await session.post(api + SECRETS, json=secret("gw-sync", stored))
-    with pytest.raises(ConfigError, match=rf"^spec\.replicaSync\.curveSecret: .*{message}"):
+    with pytest.raises(error, match=rf"^spec\.replicaSync\.curveSecret: .*{message}"):
         await fleet_curve_key(config(api, **fields))
 
 
 async def test_an_unreachable_api_fails_the_start_naming_the_field(unused_tcp_port: int) -> None:
-    with pytest.raises(ConfigError, match=r"^spec\.replicaSync\.curveSecret: "):
+    with pytest.raises(KubeAccessError, match=r"^spec\.replicaSync\.curveSecret: "):
         await fleet_curve_key(config(f"http://127.0.0.1:{unused_tcp_port}"))
 
 

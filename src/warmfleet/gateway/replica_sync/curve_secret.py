@@ -5,9 +5,10 @@ At start, before its sockets open, a replica reads the Secret of its namespace. 
 missing and ``create`` is set, the replica creates it with a new key; two replicas that start
 together both try, the API server takes one create and refuses the other (409), and the
 refused one reads the winner's: every replica ends with the same key, with no leader and no
-step for the user. Anything else (no access, a Secret without the entry, an entry that is no
-key) fails the start with a ``ConfigError`` naming the field: the pod restarts, as for any
-configuration it cannot read, and never syncs unauthenticated.
+step for the user. Anything else fails the start with one line naming the field: the pod
+restarts and never syncs unauthenticated. What the API server refused or did not answer (no
+access, no Secret and ``create`` off, no such entry) is a ``KubeAccessError``; an entry that is
+no key is a ``ConfigError`` (``warmfleet serve`` calls only the latter an invalid config).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 import aiohttp
 
 from warmfleet.api.names import LABEL_MANAGED_BY, MANAGER
-from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.replica_sync.config import CurveSecretRef, ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.curve import CurveKey, new_secret
 from warmfleet.kube.access import KubeAccess, KubeAccessError, json_or_raise, read_own
@@ -42,7 +42,7 @@ async def fleet_curve_key(config: ReplicaSyncConfig) -> CurveKey | None:
         async with access.session() as http:
             text = await _read_or_create(http, access, ref, namespace)
     except (KubeAccessError, aiohttp.ClientError, TimeoutError, ValueError) as err:
-        raise ConfigError(f"{FIELD}: {err or type(err).__name__}") from err
+        raise KubeAccessError(f"{FIELD}: {err or type(err).__name__}") from err
     return CurveKey.from_secret(text, f"{FIELD}: Secret {namespace}/{ref.name} {ref.key!r}")
 
 
