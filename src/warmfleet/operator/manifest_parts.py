@@ -1,5 +1,6 @@
 """The parts every install manifest is built from: the values (concrete, or Helm's
-substitutions), object metadata and RBAC (``manifests``, ``manifests_gateway``)."""
+substitutions), object metadata, RBAC and the workload skeleton (``manifests``,
+``manifests_gateway``)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,40 @@ def rbac(name: str, v: Values, component: str, rules: list[Obj]) -> list[Obj]:
 
 CRUD = ["get", "list", "watch", "create", "update", "patch", "delete"]
 READ = ["get", "list", "watch"]
+
+
+def resources(cpu: str, memory: str, memory_limit: str) -> Obj:
+    """Requests, and a memory limit only (a CPU limit throttles a busy event loop)."""
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory_limit}}
+
+
+def container(name: str, v: Values, args: list[str], resources: Obj, **fields: Any) -> Obj:
+    """A container of the warmfleet image running ``warmfleet <args>``; ``fields`` in order."""
+    return {
+        "name": name,
+        "image": v.image,
+        "imagePullPolicy": v.pull_policy,
+        "args": args,
+        **fields,
+        "resources": resources,
+    }
+
+
+def workload(kind: str, name: str, v: Values, component: str, pod: Obj, **spec: Any) -> Obj:
+    """A Deployment or DaemonSet ``name`` whose pods (``pod``: their spec, less the service
+    account) run as the service account ``name`` and carry the label
+    ``app.kubernetes.io/name: <name>``; ``spec``: the fields before the selector."""
+    labels = {"app.kubernetes.io/name": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": meta(name, v, component),
+        "spec": {
+            **spec,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"serviceAccountName": name, **pod},
+            },
+        },
+    }

@@ -21,9 +21,12 @@ from warmfleet.operator.manifest_parts import (
     VERSION,
     Obj,
     Values,
+    container,
     meta,
     rbac,
+    resources,
     rule,
+    workload,
 )
 from warmfleet.operator.manifests_gateway import gateway_objects
 
@@ -46,92 +49,51 @@ def operator_objects(v: Values) -> list[Obj]:
         rule(["events.k8s.io"], ["events"], ["create", "patch"]),
         rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], READ),
     ]
-    labels = {"app.kubernetes.io/name": "warmfleet-operator"}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": meta("warmfleet-operator", v, "operator"),
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": "warmfleet-operator",
-                    "containers": [
-                        {
-                            "name": "operator",
-                            "image": v.image,
-                            "imagePullPolicy": v.pull_policy,
-                            "args": [
-                                "fleet",
-                                "operator",
-                                "--namespace",
-                                v.watch_namespace,
-                                "--gateway-service",
-                                f"{v.namespace}/warmfleet-gateway:http",
-                            ],
-                            "resources": {
-                                "requests": {"cpu": "100m", "memory": "128Mi"},
-                                "limits": {"memory": "512Mi"},
-                            },
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    args = [
+        *("fleet", "operator", "--namespace", v.watch_namespace),
+        *("--gateway-service", f"{v.namespace}/warmfleet-gateway:http"),
+    ]
+    pod = {"containers": [container("operator", v, args, resources("100m", "128Mi", "512Mi"))]}
+    deployment = workload(
+        "Deployment",
+        "warmfleet-operator",
+        v,
+        "operator",
+        pod,
+        replicas=1,
+        strategy={"type": "Recreate"},
+    )
     return [*rbac("warmfleet-operator", v, "operator", rules), deployment]
 
 
 def agent_objects(v: Values) -> list[Obj]:
     """The node agent: fills the caches assigned in its Node's annotation, reports progress."""
     rules = [rule([""], ["nodes"], [*READ, "patch"])]
-    labels = {"app.kubernetes.io/name": "warmfleet-node-agent"}
-    container = {
-        "name": "agent",
-        "image": v.image,
-        "imagePullPolicy": v.pull_policy,
-        "args": ["cache", "agent", "--config", "/etc/warmfleet/node.yaml"],
-        "env": [
-            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            {"name": "WARMFLEET_CACHE_ROOT", "value": "/cache"},
-        ],
-        "resources": {
-            "requests": {"cpu": "200m", "memory": "256Mi"},
-            "limits": {"memory": "1Gi"},
-        },
-        "volumeMounts": [
-            {"name": "cache", "mountPath": "/cache"},
-            {"name": "config", "mountPath": "/etc/warmfleet"},
+    env = [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "WARMFLEET_CACHE_ROOT", "value": "/cache"},
+    ]
+    mounts = [
+        {"name": "cache", "mountPath": "/cache"},
+        {"name": "config", "mountPath": "/etc/warmfleet"},
+    ]
+    args = ["cache", "agent", "--config", "/etc/warmfleet/node.yaml"]
+    agent = container(
+        "agent", v, args, resources("200m", "256Mi", "1Gi"), env=env, volumeMounts=mounts
+    )
+    pod = {
+        "priorityClassName": "system-node-critical",
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [agent],
+        "volumes": [
+            {"name": "cache", "hostPath": {"path": v.host_path, "type": "DirectoryOrCreate"}},
+            {"name": "config", "configMap": {"name": "warmfleet-node-agent"}},
         ],
     }
-    daemonset = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": meta("warmfleet-node-agent", v, "node-agent"),
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": "warmfleet-node-agent",
-                    "priorityClassName": "system-node-critical",
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [container],
-                    "volumes": [
-                        {
-                            "name": "cache",
-                            "hostPath": {"path": v.host_path, "type": "DirectoryOrCreate"},
-                        },
-                        {"name": "config", "configMap": {"name": "warmfleet-node-agent"}},
-                    ],
-                },
-            },
-        },
-    }
+    update = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    daemonset = workload(
+        "DaemonSet", "warmfleet-node-agent", v, "node-agent", pod, updateStrategy=update
+    )
     node_yaml = (
         "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\n"
         "spec:\n  root: /cache\n  capacity:\n    budget: 1TiB\n    reserve: 50GiB\n"

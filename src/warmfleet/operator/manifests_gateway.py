@@ -6,10 +6,21 @@ from __future__ import annotations
 import yaml
 
 from warmfleet.api.resources import API_VERSION
-from warmfleet.operator.manifest_parts import READ, Obj, Values, meta, rbac, rule
+from warmfleet.operator.manifest_parts import (
+    READ,
+    Obj,
+    Values,
+    container,
+    meta,
+    rbac,
+    resources,
+    rule,
+    workload,
+)
 
 SYNC_PORT = 9470  # the gateway replicas' replica-sync port (catch-up on the next one)
 SYNC_KEY_SECRET = "warmfleet-gateway-sync"  # the replicas' CURVE key, made by the first one
+NAME = "warmfleet-gateway"  # its Deployment, Service, ConfigMap, service account and pods' label
 
 
 def gateway_yaml(v: Values) -> str:
@@ -25,7 +36,7 @@ def gateway_yaml(v: Values) -> str:
         "modelSelectsEndpoint": True,
         "replicaSync": {
             "listen": {"host": "0.0.0.0", "port": SYNC_PORT},
-            "peers": {"type": "kubernetes", "service": "warmfleet-gateway", "port": "sync"},
+            "peers": {"type": "kubernetes", "service": NAME, "port": "sync"},
             "curveSecret": {"name": SYNC_KEY_SECRET},
         },
     }
@@ -40,76 +51,23 @@ def gateway_objects(v: Values) -> list[Obj]:
         rule([""], ["services", "pods"], READ),
         rule(["warmfleet.dev"], ["inferenceendpoints"], READ),
     ]
-    labels = {"app.kubernetes.io/name": "warmfleet-gateway"}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": meta("warmfleet-gateway", v, "gateway"),
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": "warmfleet-gateway",
-                    "affinity": _apart(labels),
-                    "volumes": [{"name": "config", "configMap": {"name": "warmfleet-gateway"}}],
-                    "containers": [
-                        {
-                            "name": "gateway",
-                            "image": v.image,
-                            "imagePullPolicy": v.pull_policy,
-                            "args": ["serve", "--config", "/etc/warmfleet/gateway.yaml"],
-                            "ports": [
-                                {"name": "http", "containerPort": 8080},
-                                # replica sync: notes (PUB) and catch-up (the next port)
-                                {"name": "sync", "containerPort": SYNC_PORT},
-                                {"name": "sync-catch-up", "containerPort": SYNC_PORT + 1},
-                            ],
-                            # replicaSync.replicaId: the pod's name
-                            "env": [
-                                {
-                                    "name": "POD_NAME",
-                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
-                                }
-                            ],
-                            # Ready once this gateway can route (a health round done); not
-                            # plain /ready, which is 503 while any endpoint has no healthy
-                            # engine and would take every gateway pod out of the Service.
-                            "readinessProbe": {
-                                "httpGet": {"path": "/ready?scope=gateway", "port": "http"},
-                                "periodSeconds": 5,
-                                "failureThreshold": 2,
-                                "timeoutSeconds": 2,
-                            },
-                            # /health answers from the event loop: a wedged loop is restarted.
-                            "livenessProbe": {
-                                "httpGet": {"path": "/health", "port": "http"},
-                                "periodSeconds": 10,
-                                "failureThreshold": 3,
-                                "timeoutSeconds": 2,
-                            },
-                            "volumeMounts": [{"name": "config", "mountPath": "/etc/warmfleet"}],
-                            "resources": {
-                                "requests": {"cpu": "500m", "memory": "256Mi"},
-                                "limits": {"memory": "1Gi"},
-                            },
-                        }
-                    ],
-                },
-            },
-        },
+    labels = {"app.kubernetes.io/name": NAME}
+    pod = {
+        "affinity": _apart(labels),
+        "volumes": [{"name": "config", "configMap": {"name": NAME}}],
+        "containers": [_gateway_container(v)],
     }
+    deployment = workload("Deployment", NAME, v, "gateway", pod, replicas=2)
     config = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": meta("warmfleet-gateway", v, "gateway"),
+        "metadata": meta(NAME, v, "gateway"),
         "data": {"gateway.yaml": gateway_yaml(v)},
     }
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": meta("warmfleet-gateway", v, "gateway"),
+        "metadata": meta(NAME, v, "gateway"),
         "spec": {
             "selector": labels,
             "ports": [
@@ -119,7 +77,45 @@ def gateway_objects(v: Values) -> list[Obj]:
         },
     }
     objects = [config, deployment, service, _gateway_network_policy(v, labels)]
-    return [*rbac("warmfleet-gateway", v, "gateway", rules), *_sync_key_role(v), *objects]
+    return [*rbac(NAME, v, "gateway", rules), *_sync_key_role(v), *objects]
+
+
+def _gateway_container(v: Values) -> Obj:
+    ports = [
+        {"name": "http", "containerPort": 8080},
+        # replica sync: notes (PUB) and catch-up (the next port)
+        {"name": "sync", "containerPort": SYNC_PORT},
+        {"name": "sync-catch-up", "containerPort": SYNC_PORT + 1},
+    ]
+    # replicaSync.replicaId: the pod's name
+    env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    # Ready once this gateway can route (a health round done); not plain /ready, which is 503
+    # while any endpoint has no healthy engine and would take every gateway pod out of the
+    # Service.
+    ready = {
+        "httpGet": {"path": "/ready?scope=gateway", "port": "http"},
+        "periodSeconds": 5,
+        "failureThreshold": 2,
+        "timeoutSeconds": 2,
+    }
+    # /health answers from the event loop: a wedged loop is restarted.
+    alive = {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": 10,
+        "failureThreshold": 3,
+        "timeoutSeconds": 2,
+    }
+    return container(
+        "gateway",
+        v,
+        ["serve", "--config", "/etc/warmfleet/gateway.yaml"],
+        resources("500m", "256Mi", "1Gi"),
+        ports=ports,
+        env=env,
+        readinessProbe=ready,
+        livenessProbe=alive,
+        volumeMounts=[{"name": "config", "mountPath": "/etc/warmfleet"}],
+    )
 
 
 def _sync_key_role(v: Values) -> list[Obj]:
@@ -139,9 +135,7 @@ def _sync_key_role(v: Values) -> list[Obj]:
         "kind": "RoleBinding",
         "metadata": meta(name, v, "gateway"),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [
-            {"kind": "ServiceAccount", "name": "warmfleet-gateway", "namespace": v.namespace}
-        ],
+        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": v.namespace}],
     }
     return [role, binding]
 
@@ -163,7 +157,7 @@ def _gateway_network_policy(v: Values, labels: dict[str, str]) -> Obj:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": meta("warmfleet-gateway", v, "gateway"),
+        "metadata": meta(NAME, v, "gateway"),
         "spec": {
             "podSelector": {"matchLabels": labels},
             "policyTypes": ["Ingress"],
