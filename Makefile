@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck imports unit k8s-bin k8s-e2e bench-routing bench-fleet sim clean bench-peers peers-venvs bench-replicas
+.PHONY: demo test lint typecheck imports unit promtool k8s-bin k8s-e2e bench-routing bench-fleet sim clean bench-peers peers-venvs bench-replicas
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,7 @@ help:
 	  'make typecheck      mypy (strict) over src and tests' \
 	  'make imports        lint-imports: the architecture contracts of pyproject.toml' \
 	  'make unit           every pytest test (pytest -q)' \
+	  'make promtool       Prometheus'"'"'s rule checker from Debian'"'"'s package, once per machine' \
 	  'make bench-routing  routing benchmark -> bench-results/routing.json' \
 	  'make bench-fleet    scale-out what-if + embedded-fleet acceptance -> bench-results/fleet.json' \
 	  'make bench-replicas hit rate, gateway replicas x sync delay (sim) -> bench-results/replicas.json' \
@@ -64,8 +65,13 @@ typecheck: $(DEV_STAMP)
 imports: $(DEV_STAMP)
 	$(BIN)/lint-imports
 
-unit: $(DEV_STAMP)
-	$(BIN)/pytest -q
+# The alert rules' tests run Prometheus's promtool (scripts/promtool.sh: Debian's package, taken
+# once per machine into ~/.cache/warmfleet).
+promtool:
+	bash scripts/promtool.sh >/dev/null
+
+unit: $(DEV_STAMP) promtool
+	WARMFLEET_PROMTOOL="$$(bash scripts/promtool.sh)" $(BIN)/pytest -q
 
 # The whole suite: static checks, the tiny model (so its tokenizer tests run), every pytest test,
 # then the real-Kubernetes e2e (builds the v1.20.2 binaries once per machine, 10-20 min on 2 cores;

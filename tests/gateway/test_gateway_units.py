@@ -6,28 +6,20 @@ import json
 import random
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
 
 import pytest
 from gateway_support import FakeRouterFactory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.exported_series import gateway_registry, series_labels
 from warmfleet.core.errors import BadRequestError, ConfigError, NotFoundError
-from warmfleet.gateway.capture import CaptureMetrics
 from warmfleet.gateway.config import InstanceSpec, parse_gateway_config, parse_instance_list
-from warmfleet.gateway.flow_metrics import FlowCollector
-from warmfleet.gateway.hold import GatewayHold
 from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import openai_fields, parse_json_object
-from warmfleet.gateway.openai.models import ModelsCache
 from warmfleet.gateway.relay import SseFramer
-from warmfleet.gateway.replica_sync.metrics import SyncMetrics
 from warmfleet.gateway.world import GatewayState
-
-if TYPE_CHECKING:
-    from aiohttp import ClientSession
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -222,22 +214,7 @@ def test_dashboard_uses_only_existing_metrics() -> None:
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "warmfleet-gateway.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"warmfleet_gateway_[a-z_]+", e)}
-    metrics = GatewayMetrics()
-    KvEventFeed("m").register_metrics(metrics.registry)
-    SyncMetrics(metrics.registry)
-    metrics.registry.register(FlowCollector(lambda: (), dict))
-    CaptureMetrics(metrics.registry)
-    state = GatewayState(parse_gateway_config(doc()), FakeRouterFactory(), metrics)
-    GatewayHold(state, metrics.registry, lambda: 0.0)
-    ModelsCache(state, cast("ClientSession", None))  # (registers its counter; never asks)
-    known: set[str] = set()
-    for family in metrics.registry.collect():
-        suffixes = {
-            "counter": ["_total"],
-            "histogram": ["_bucket", "_sum", "_count"],
-            "gauge": [""],
-        }
-        known.update(family.name + s for s in suffixes[family.type])
+    known = set(series_labels(gateway_registry()))
     assert used <= known, used - known
     # every series has a panel (a histogram's _count and _sum go with its _bucket)
     assert {m for m in known - used if not m.endswith(("_count", "_sum"))} == set()
