@@ -276,6 +276,31 @@ def test_node_agent_config_serves_the_mounted_host_path() -> None:
     assert config.spec.root == mounts["cache"]
 
 
+def test_gateway_and_node_agent_pods_are_scraped_where_they_serve_metrics() -> None:
+    """The ``prometheus.io/*`` annotations name a declared container port, and the process
+    listens there off loopback (the alert rules, docs/alerts.md, read both)."""
+    objects = [*agent_objects(Values()), *gateway_objects(Values())]
+    workloads = {o["kind"]: o for o in objects if o["kind"] in {"Deployment", "DaemonSet"}}
+    configs = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
+    for workload in workloads.values():
+        template = workload["spec"]["template"]
+        notes = template["metadata"]["annotations"]
+        assert (notes["prometheus.io/scrape"], notes["prometheus.io/path"]) == ("true", "/metrics")
+        (container,) = template["spec"]["containers"]
+        ports = {p["containerPort"] for p in container["ports"]}
+        assert int(notes["prometheus.io/port"]) in ports
+    agent = load_node_config(configs["warmfleet-node-agent"]["node.yaml"]).spec.status
+    assert (agent.host, str(agent.port)) == ("0.0.0.0", _annotated_port(workloads["DaemonSet"]))
+    gateway = parse_gateway_config(yaml.safe_load(configs["warmfleet-gateway"]["gateway.yaml"]))
+    listen = gateway.spec.listen
+    assert (listen.host, str(listen.port)) == ("0.0.0.0", _annotated_port(workloads["Deployment"]))
+
+
+def _annotated_port(workload: Obj) -> str:
+    port: str = workload["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"]
+    return port
+
+
 def test_runtime_objects_and_statuses_validate() -> None:
     world, endpoint = endpoint_world()
     for variant in endpoint.spec.variants:

@@ -89,11 +89,34 @@ def container(name: str, v: Values, args: list[str], resources: Obj, **fields: A
     }
 
 
-def workload(kind: str, name: str, v: Values, component: str, pod: Obj, **spec: Any) -> Obj:
+def scraped(port: int) -> Obj:
+    """Pod annotations of the common ``prometheus.io/*`` convention (Prometheus's
+    ``kubernetes-pods`` example job): scrape ``/metrics`` on ``port``."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def workload(
+    kind: str,
+    name: str,
+    v: Values,
+    component: str,
+    pod: Obj,
+    *,
+    metrics_port: int | None = None,
+    **spec: Any,
+) -> Obj:
     """A Deployment or DaemonSet ``name`` whose pods (``pod``: their spec, less the service
-    account) run as the service account ``name`` and carry the label
-    ``app.kubernetes.io/name: <name>``; ``spec``: the fields before the selector."""
+    account) run as the service account ``name``, carry the label
+    ``app.kubernetes.io/name: <name>`` and, with a ``metrics_port``, the annotations that get
+    them scraped there; ``spec``: the fields before the selector."""
     labels = {"app.kubernetes.io/name": name}
+    template: Obj = {"labels": labels}
+    if metrics_port is not None:
+        template["annotations"] = scraped(metrics_port)
     return {
         "apiVersion": "apps/v1",
         "kind": kind,
@@ -102,7 +125,7 @@ def workload(kind: str, name: str, v: Values, component: str, pod: Obj, **spec: 
             **spec,
             "selector": {"matchLabels": labels},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": template,
                 "spec": {"serviceAccountName": name, **pod},
             },
         },

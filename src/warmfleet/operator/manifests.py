@@ -30,6 +30,8 @@ from warmfleet.operator.manifest_parts import (
 )
 from warmfleet.operator.manifests_gateway import gateway_objects
 
+AGENT_PORT = 9470  # the node agent's status API: /healthz, /v1/status, /metrics
+
 
 def operator_objects(v: Values) -> list[Obj]:
     rules = [
@@ -79,7 +81,19 @@ def agent_objects(v: Values) -> list[Obj]:
     ]
     args = ["cache", "agent", "--config", "/etc/warmfleet/node.yaml"]
     agent = container(
-        "agent", v, args, resources("200m", "256Mi", "1Gi"), env=env, volumeMounts=mounts
+        "agent",
+        v,
+        args,
+        resources("200m", "256Mi", "1Gi"),
+        ports=[{"name": "http", "containerPort": AGENT_PORT}],
+        env=env,
+        volumeMounts=mounts,
+        # Ready once it serves: a rolling update moves to the next node only then.
+        readinessProbe={
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+        },
     )
     pod = {
         "priorityClassName": "system-node-critical",
@@ -92,11 +106,20 @@ def agent_objects(v: Values) -> list[Obj]:
     }
     update = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
     daemonset = workload(
-        "DaemonSet", "warmfleet-node-agent", v, "node-agent", pod, updateStrategy=update
+        "DaemonSet",
+        "warmfleet-node-agent",
+        v,
+        "node-agent",
+        pod,
+        metrics_port=AGENT_PORT,
+        updateStrategy=update,
     )
+    # The status API on the pod's address, for Prometheus and the probe: read-only routes are
+    # open, changes need the agent's token (none is set here: refused off loopback).
     node_yaml = (
         "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\n"
         "spec:\n  root: /cache\n  capacity:\n    budget: 1TiB\n    reserve: 50GiB\n"
+        f"  status:\n    host: 0.0.0.0\n    port: {AGENT_PORT}\n"
         f"  kubernetes:\n    hostPath: {v.host_path}\n"
     )
     config = {

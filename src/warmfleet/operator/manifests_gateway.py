@@ -18,6 +18,7 @@ from warmfleet.operator.manifest_parts import (
     workload,
 )
 
+HTTP_PORT = 8080  # the OpenAI API, /metrics, the probes
 SYNC_PORT = 9470  # the gateway replicas' replica-sync port (catch-up on the next one)
 SYNC_KEY_SECRET = "warmfleet-gateway-sync"  # the replicas' CURVE key, made by the first one
 NAME = "warmfleet-gateway"  # its Deployment, Service, ConfigMap, service account and pods' label
@@ -31,7 +32,7 @@ def gateway_yaml(v: Values) -> str:
     and encrypt it with the CURVE key of the Secret ``SYNC_KEY_SECRET`` (the first replica
     makes it). Edit the ConfigMap (or list endpoints by hand) to change it."""
     spec = {
-        "listen": {"host": "0.0.0.0", "port": 8080},
+        "listen": {"host": "0.0.0.0", "port": HTTP_PORT},
         "inferenceEndpoints": {"namespace": v.watch_namespace},
         "modelSelectsEndpoint": True,
         "replicaSync": {
@@ -57,7 +58,7 @@ def gateway_objects(v: Values) -> list[Obj]:
         "volumes": [{"name": "config", "configMap": {"name": NAME}}],
         "containers": [_gateway_container(v)],
     }
-    deployment = workload("Deployment", NAME, v, "gateway", pod, replicas=2)
+    deployment = workload("Deployment", NAME, v, "gateway", pod, metrics_port=HTTP_PORT, replicas=2)
     config = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -82,7 +83,7 @@ def gateway_objects(v: Values) -> list[Obj]:
 
 def _gateway_container(v: Values) -> Obj:
     ports = [
-        {"name": "http", "containerPort": 8080},
+        {"name": "http", "containerPort": HTTP_PORT},
         # replica sync: notes (PUB) and catch-up (the next port)
         {"name": "sync", "containerPort": SYNC_PORT},
         {"name": "sync-catch-up", "containerPort": SYNC_PORT + 1},
