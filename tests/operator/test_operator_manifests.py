@@ -70,7 +70,7 @@ def test_helm_chart_renders_with_helm_and_validates() -> None:
     with helm.Chart.load(str(chart_dir)) as chart:
         rendered = chart.render(values, name="warmfleet", namespace="warmfleet-system")
         crds = chart.crds
-    assert len(rendered) == 3
+    assert len(rendered) == 4  # operator, node agent, gateway, the gateway's disruption budget
     objects = [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
     for obj in objects:
         k8s_validate(obj)
@@ -79,6 +79,7 @@ def test_helm_chart_renders_with_helm_and_validates() -> None:
     for crd in crds:
         k8s_validate(yaml.safe_load(crd["data"]))
     by_kind = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    assert ("PodDisruptionBudget", "warmfleet-gateway") in by_kind  # Helm's versions have policy/v1
     gateway = by_kind["Deployment", "warmfleet-gateway"]["spec"]["template"]["spec"]
     (volume,) = gateway["volumes"]
     config = by_kind["ConfigMap", volume["configMap"]["name"]]
@@ -247,6 +248,25 @@ def test_only_gateway_pods_reach_the_sync_ports() -> None:
         assert _admits(policy, gateway_labels, port)
         assert not _admits(policy, client, port)
         assert not _admits(policy, {}, port)
+
+
+def test_a_drain_takes_one_gateway_replica_at_a_time() -> None:
+    """The disruption budget selects exactly the gateway's pods and leaves one of its replicas
+    serving; it ships as its own file (``policy/v1``) and validates."""
+    (budget,) = yaml.safe_load_all((DEPLOY / "manifests/warmfleet-gateway-pdb.yaml").read_text())
+    k8s_validate(budget)
+    objects = [*gateway_objects(Values()), *agent_objects(Values())]
+    workloads = [o for o in objects if o["kind"] in {"Deployment", "DaemonSet"}]
+    selected = [
+        w["metadata"]["name"]
+        for w in workloads
+        if _selects(budget["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])
+    ]
+    assert selected == ["warmfleet-gateway"]
+    (gateway,) = [w for w in workloads if w["metadata"]["name"] == "warmfleet-gateway"]
+    assert 0 < budget["spec"]["maxUnavailable"] < gateway["spec"]["replicas"]
+    plain = yaml.safe_load_all((DEPLOY / "manifests/warmfleet.yaml").read_text())
+    assert "PodDisruptionBudget" not in {d["kind"] for d in plain}  # applies on 1.20 as well
 
 
 def test_gateway_replicas_prefer_different_nodes() -> None:

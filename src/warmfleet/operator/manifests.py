@@ -3,8 +3,10 @@
 One set of builders renders both the plain manifests (deploy/manifests/warmfleet.yaml, concrete
 values) and the Helm chart templates (deploy/helm/warmfleet/templates, where string fields are
 ``{{ .Values.* }}`` / ``{{ .Release.Namespace }}`` substitutions and nothing else), so the two
-cannot drift. ``write_all`` regenerates deploy/ (``warmfleet fleet render``); a test checks the
-committed files match.
+cannot drift. One exception: the gateway's PodDisruptionBudget (``policy/v1``, Kubernetes 1.21
+and later) is a plain file of its own and a template rendered only where the server serves it.
+``write_all`` regenerates deploy/ (``warmfleet fleet render``); a test checks the committed
+files match.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from warmfleet.operator.manifest_parts import (
     rule,
     workload,
 )
-from warmfleet.operator.manifests_gateway import gateway_objects
+from warmfleet.operator.manifests_gateway import gateway_disruption_budget, gateway_objects
 
+_PDB_API = "policy/v1"  # served since Kubernetes 1.21
 AGENT_PORT = 9470  # the node agent's status API: /healthz, /v1/status, /metrics
 
 
@@ -175,6 +178,10 @@ def _chart_files() -> dict[str, str]:
         "templates/operator.yaml": dump(operator_objects(HELM)),
         "templates/node-agent.yaml": dump(agent_objects(HELM)),
         "templates/gateway.yaml": dump(gateway_objects(HELM)),
+        "templates/gateway-pdb.yaml": (
+            f"{{{{- if .Capabilities.APIVersions.Has \"{_PDB_API}\" }}}}\n"
+            f"{dump([gateway_disruption_budget(HELM)])}{{{{- end }}}}\n"
+        ),
     }
     for crd in all_crds():
         files[f"crds/{crd['metadata']['name']}.yaml"] = dump([crd])
@@ -186,6 +193,7 @@ def rendered_files() -> dict[str, str]:
     files = {f"crds/{c['metadata']['name']}.yaml": dump([c]) for c in all_crds()}
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": Values().namespace}}
     files["manifests/warmfleet.yaml"] = dump([namespace, *install_objects(Values())])
+    files["manifests/warmfleet-gateway-pdb.yaml"] = dump([gateway_disruption_budget(Values())])
     files.update({f"helm/warmfleet/{k}": v for k, v in _chart_files().items()})
     return files
 

@@ -168,3 +168,19 @@ def _gateway_network_policy(v: Values, labels: dict[str, str]) -> Obj:
             ],
         },
     }
+
+
+def gateway_disruption_budget(v: Values) -> Obj:
+    """At most one gateway replica evicted at a time (a node drain, a cluster upgrade): the
+    other keeps serving, and the evicted one catches up from it when it returns. ``policy/v1``
+    (Kubernetes 1.21 and later), so it is a file and a chart template of its own: the chart
+    renders it only where the server serves that version."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta(NAME, v, "gateway"),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+        },
+    }
