@@ -1,4 +1,5 @@
-"""A tiny vLLM-like backend for load-generator tests (127.0.0.1, port 0)."""
+"""A tiny vLLM-like backend for load-generator tests (127.0.0.1, port 0), and the small gsp
+workload those tests send it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from warmfleet.sim.workloads.base import WorkloadRequest
+from warmfleet.sim.workloads.synthetic import GspConfig, gsp
 
 
 @dataclass
@@ -119,3 +123,11 @@ class FakeEngine:
             "vllm:num_requests_running 0.0\n"
         )
         return web.Response(text=text, content_type="text/plain")
+
+
+def small_gsp(count: int = 24, output_tokens: int = 4) -> tuple[WorkloadRequest, ...]:
+    config = GspConfig(
+        groups=3, prompts_per_group=8, system_prompt_tokens=40, question_tokens=8,
+        output_tokens=output_tokens,
+    )  # fmt: skip
+    return gsp(config, seed=1)[:count]

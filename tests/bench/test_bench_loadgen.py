@@ -1,42 +1,25 @@
-"""Load generator against in-test fake engines: loops, streaming, errors, metrics, report shape."""
+"""Load generator runs against in-test fake engines: closed and open loops, streaming, errors,
+sessions, shares from gateway headers, the report files, answers with status 200 that are no
+completion; and bench-peers' reference pass-through proxies relaying to those engines."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import socket
-import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import cast
 
 import aiohttp
 import pytest
 from aiohttp import web
-from bench_support import FakeEngine
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from typer.testing import CliRunner
+from bench_support import FakeEngine, small_gsp
 
 from warmfleet.bench import peers_routers
 from warmfleet.bench.live_fleet import FleetHandle
 from warmfleet.bench.live_procs import ProcessSet, free_port
-from warmfleet.bench.loadgen import (
-    LoadResult,
-    LoadSpec,
-    RequestResult,
-    _has_content,
-    prepare_requests,
-    run_load,
-)
-from warmfleet.bench.loadgen_metrics import (
-    MetricsTarget,
-    engine_delta,
-    measure,
-    parse_prometheus,
-    summarize,
-)
+from warmfleet.bench.loadgen import LoadSpec, prepare_requests, run_load
+from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
 from warmfleet.bench.loadgen_report import comparison_report, write_report
 from warmfleet.bench.peers_routers import (
     PASSTHROUGH,
@@ -45,24 +28,9 @@ from warmfleet.bench.peers_routers import (
     RouterSpec,
     start_router,
 )
-from warmfleet.cli import app
-from warmfleet.sim.metrics import RunMetrics
 from warmfleet.sim.workloads.arrivals import PoissonArrival, apply_arrivals
 from warmfleet.sim.workloads.base import Segment, WorkloadRequest
-from warmfleet.sim.workloads.synthetic import (
-    GspConfig,
-    MultiRoundQaConfig,
-    gsp,
-    multi_round_qa,
-)
-
-
-def small_gsp(count: int = 24, output_tokens: int = 4) -> tuple[WorkloadRequest, ...]:
-    config = GspConfig(
-        groups=3, prompts_per_group=8, system_prompt_tokens=40, question_tokens=8,
-        output_tokens=output_tokens,
-    )  # fmt: skip
-    return gsp(config, seed=1)[:count]
+from warmfleet.sim.workloads.synthetic import MultiRoundQaConfig, multi_round_qa
 
 
 @pytest.fixture
@@ -190,86 +158,6 @@ async def test_gateway_headers_give_shares(engines: list[FakeEngine]) -> None:
     assert summary["share"]["per_instance"] == {"e0": 100.0}  # type: ignore[index]
 
 
-def test_report_field_names_match_the_simulator() -> None:
-    sim = RunMetrics(
-        ttft_s=[0.1], e2e_s=[0.2], completed=1, rejected=0, submitted=1, throughput_rps=1.0,
-        output_tokens_per_s=1.0, hit_rate=0.5, reuse={"delivered": 0.5}, share_pct={"a": 100.0},
-        spills=0, decisions_by_reason={},
-    ).as_report()  # fmt: skip
-
-    live = summarize(LoadResult([RequestResult(0, 0.0, 0.2, 0.1)], 1, 0, 1.0))
-    assert set(sim) <= set(live)
-    for key, value in sim.items():
-        if isinstance(value, dict) and key not in ("decisions_by_reason", "reuse"):
-            assert set(value) <= set(cast(dict[str, object], live[key]))
-    assert "delivered" in live["reuse"]  # type: ignore[operator]
-
-
-def test_parse_prometheus_sums_label_sets() -> None:
-    text = (
-        "# HELP x y\n# TYPE vllm:prefix_cache_hits_total counter\n"
-        'vllm:prefix_cache_hits_total{engine="0"} 10\n'
-        'vllm:prefix_cache_hits_total{engine="1",note="a}b"} 5.5\n'
-        "vllm:num_requests_running 3 1700000000\n"
-        'h_bucket{le="+Inf"} 7\n'
-        "bad line here\n"
-        "nan_metric NaN\n"
-    )
-    parsed = parse_prometheus(text)
-    assert parsed["vllm:prefix_cache_hits_total"] == 15.5
-    assert parsed["vllm:num_requests_running"] == 3.0
-    assert parsed["h_bucket"] == 7.0
-    assert "nan_metric" not in parsed
-    assert "bad" not in parsed
-
-
-@settings(max_examples=50, deadline=None)
-@given(st.text(max_size=300))
-def test_parse_prometheus_never_raises(text: str) -> None:
-    parse_prometheus(text)
-
-
-def test_engine_delta_and_counter_resets() -> None:
-    before = {"a": {"vllm:prefix_cache_hits_total": 5.0, "vllm:prefix_cache_queries_total": 10.0}}
-    after = {
-        "a": {"vllm:prefix_cache_hits_total": 8.0, "vllm:prefix_cache_queries_total": 20.0,
-              "vllm:request_success_total": 4.0},
-        "b": {},
-    }  # fmt: skip
-    delta = engine_delta(before, after)
-    assert delta.hit_rate == pytest.approx(0.3)
-    assert delta.requests == {"a": 4.0}
-    assert delta.missing == ("b",)  # its scrape failed: unknown, said so
-    assert engine_delta({}, {"a": {}}).hit_rate is None
-
-
-def test_engine_delta_restart_and_failed_first_scrape() -> None:
-    """A counter that went down was reset by a restart (counted from zero, not clamped to
-    nothing); an instance whose first scrape failed has no baseline: its whole counter is not
-    the run's."""
-    hits, queries = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
-    before = {"a": {hits: 50.0, queries: 100.0}, "b": {}}
-    after = {"a": {hits: 3.0, queries: 10.0}, "b": {hits: 900.0, queries: 1000.0}}
-    delta = engine_delta(before, after)
-    assert delta.hits == {"a": 3.0}
-    assert delta.queries == {"a": 10.0}
-    assert delta.missing == ("b",)
-    assert delta.hit_rate == pytest.approx(0.3)
-    assert MetricsTarget.parse("e0=http://h:1/metrics") == MetricsTarget("e0", "http://h:1/metrics")
-    assert MetricsTarget.parse("http://h:1/metrics").instance == "http://h:1/metrics"
-
-
-def test_prepare_renders_the_shared_workload_text() -> None:
-    requests = small_gsp(4)
-    prepared = prepare_requests(requests, LoadSpec(urls=("http://x",), api="completions"))
-    from warmfleet.sim.workloads.base import render_prompt_text  # noqa: PLC0415
-
-    for req, prep in zip(requests, prepared, strict=True):
-        body = json.loads(prep.body)
-        assert body["prompt"] == render_prompt_text(req.segments)
-        assert prep.path == "/v1/completions"
-
-
 async def test_write_report_files(engines: list[FakeEngine], tmp_path: Path) -> None:
     load, summary = await measure(small_gsp(6), LoadSpec(urls=(engines[0].url,)), ())
     report = comparison_report({"scenario": "gsp", "instances": 1}, {"x": summary})
@@ -279,109 +167,56 @@ async def test_write_report_files(engines: list[FakeEngine], tmp_path: Path) -> 
     assert json.loads((tmp_path / "report.json").read_text())["strategies"]["x"]["ttft_ms"]
 
 
-@pytest.fixture
-def threaded_engine() -> Iterator[FakeEngine]:
-    """A fake engine on its own loop in a thread (for the synchronous CLI)."""
-    engine = FakeEngine("t0")
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(engine.start())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert started.wait(10)
-    yield engine
-    asyncio.run_coroutine_threadsafe(engine.stop(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    loop.close()
+_CHUNK = {"choices": [{"index": 0, "delta": {"content": "x"}}], "error": None}
+_ANSWERS: dict[str, tuple[str, bytes]] = {
+    "error_envelope": ("application/json", b'{"error": {"message": "boom"}}'),
+    "no_choices": ("application/json", b'{"choices": []}'),
+    "not_an_object": ("application/json", b"[1]"),
+    "no_done": ("text/event-stream", b"data: " + json.dumps(_CHUNK).encode() + b"\n\n"),
+    "null_error": (
+        "text/event-stream",
+        b"data: " + json.dumps(_CHUNK).encode() + b"\n\ndata: [DONE]\n\n",
+    ),
+}
 
 
-def test_bench_cli_writes_json(threaded_engine: FakeEngine, tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    args = [
-        "bench", "--url", threaded_engine.url, "--scenario", "gsp", "--requests", "12",
-        "--concurrency", "3", "--max-output-tokens", "4", "--json", str(out),
-        "--metrics-url", f"t0={threaded_engine.url}/metrics", "--report", str(tmp_path / "r"),
-    ]  # fmt: skip
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    report = json.loads(out.read_text())
-    run = report["strategies"]["run"]
-    assert run["requests"]["completed"] == 12
-    assert run["hit_rate_source"] == "engine_metrics"
-    assert threaded_engine.requests == 12
-    assert (tmp_path / "r" / "report.md").exists()
-    assert (report["preset"], report["seed"]) == ("llama-3.1-70b-p5", 0)
-    assert report["workload"] == "generated"
+@contextlib.asynccontextmanager
+async def _answering(answer: str) -> AsyncIterator[str]:
+    """A server whose every completion is ``_ANSWERS[answer]``, with status 200."""
+    content_type, body = _ANSWERS[answer]
 
+    async def reply(_request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type=content_type)
 
-def test_bench_cli_says_when_the_scenario_has_fewer_requests_than_asked(
-    threaded_engine: FakeEngine,
-) -> None:
-    args = [
-        "bench", "--url", threaded_engine.url, "--scenario", "multi-round-qa", "--requests",
-        "60", "--concurrency", "4", "--max-output-tokens", "2",
-    ]  # fmt: skip
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert "workload: multi-round-qa has 50 requests, not 60" in result.output
-    assert threaded_engine.requests == 50
-
-
-def test_bench_cli_says_a_synthetic_equivalent_ran(
-    threaded_engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A trace scenario without its trace file (an empty traces directory) drives its synthetic
-    equivalent, and the output and the report say so."""
-    monkeypatch.setenv("WARMFLEET_TRACES_DIR", str(tmp_path))
-    out = tmp_path / "bench.json"
-    args = [
-        "bench", "--url", threaded_engine.url, "--scenario", "aws-short-context", "--requests",
-        "6", "--concurrency", "2", "--max-output-tokens", "4", "--json", str(out),
-    ]  # fmt: skip
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert result.output.startswith("workload: synthetic equivalent of ")
-    assert json.loads(out.read_text())["workload"].startswith("synthetic equivalent of ")
-
-
-def test_bench_cli_table_fits_and_json_goes_alone_to_stdout(
-    threaded_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Piped at COLUMNS=100 the table fits; ``--format json`` prints the report alone on stdout
-    (the notes under the table go to stderr)."""
-    monkeypatch.setenv("COLUMNS", "100")
-    args = [
-        "bench", "--url", threaded_engine.url, "--scenario", "gsp", "--requests", "6",
-        "--concurrency", "2", "--max-output-tokens", "4", "--label", "least_outstanding_requests",
-    ]  # fmt: skip
-    table = CliRunner().invoke(app, args)
-    assert table.exit_code == 0, table.output
-    assert max(len(line) for line in table.output.splitlines()) <= 100
-    assert "least_outstanding_requests" in table.output
-    assert "Not streamed: TTFT is each request's end-to-end latency" in table.output
-    shown = CliRunner().invoke(app, [*args, "--format", "json"])
-    assert shown.exit_code == 0, shown.output
-    report = json.loads(shown.stdout)
-    assert report["strategies"]["least_outstanding_requests"]["requests"]["completed"] == 6
-    assert "Not streamed" in shown.stderr
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", reply)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 @pytest.mark.parametrize(
-    "flags", [["--rate", "0"], ["--rate", "2", "--concurrency", "2"]], ids=["zero", "both"]
+    ("answer", "stream", "error"),
+    [
+        ("error_envelope", False, "bad_response"),
+        ("no_choices", False, "no_tokens"),
+        ("not_an_object", False, "bad_response"),
+        ("no_done", True, "stream_broken"),
+        ("null_error", True, None),  # "error": null in a chunk is no error
+    ],
 )
-def test_bench_cli_rejects_a_rate_it_cannot_run(flags: list[str]) -> None:
-    """A clean usage error (exit 2, the option named), never a traceback from validation."""
-    args = ["bench", "--url", "http://127.0.0.1:9", "--scenario", "gsp", *flags]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 2, result.output
-    assert "--rate" in result.output
+async def test_a_200_that_is_no_completion_is_an_error(
+    answer: str, stream: bool, error: str | None
+) -> None:
+    """Each was counted as completed (and the run exited 0)."""
+    async with _answering(answer) as url:
+        load = await run_load(small_gsp(2), LoadSpec(urls=(url,), stream=stream))
+    assert [r.error for r in load.results] == [error, error]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -480,100 +315,3 @@ async def test_a_router_whose_port_was_taken_is_started_again_elsewhere(
             assert len(procs.children) == 1  # the failed start was stopped and forgotten
         finally:
             procs.stop_all()
-
-
-def test_spills_count_every_spill_reason_like_the_simulator() -> None:
-    """The simulator counts decisions with ``spilled`` (prefix_hash overflow and
-    prefix_affinity replicate); the live summary must count both reasons too."""
-
-    results = []
-    for index, reason in enumerate(["replicate", "overflow", "prefix_hit", "replicate"]):
-        result = RequestResult(index, 0.0, 0.2, 0.1)
-        result.instance, result.reason = "a", reason
-        results.append(result)
-    summary = summarize(LoadResult(results, 4, 0, 1.0))
-    assert summary["spills"] == 3
-    assert summary["decisions_by_reason"] == {"overflow": 1, "prefix_hit": 1, "replicate": 2}
-
-
-def test_usage_hit_rate_counts_a_missing_cached_tokens_as_zero_once_any_is_reported() -> None:
-    """vLLM (--enable-prompt-tokens-details) leaves ``cached_tokens`` out when nothing was
-    cached: those requests hit 0 tokens and must weigh in, not vanish from the rate. With no
-    answer carrying it at all, the rate is unknown."""
-    hit = RequestResult(0, 0.0, e2e_s=0.1, prompt_tokens=100, cached_tokens=80)
-    miss = RequestResult(1, 0.0, e2e_s=0.1, prompt_tokens=100, cached_tokens=None)
-    summary = summarize(LoadResult([hit, miss], submitted=2, not_sent=0, wall_s=1.0))
-    assert summary["hit_rate"] == pytest.approx(0.4)
-    assert summary["hit_rate_source"] == "usage_cached_tokens"
-    none = summarize(LoadResult([miss], submitted=1, not_sent=0, wall_s=1.0))
-    assert (none["hit_rate"], none["hit_rate_source"]) == (0.0, "unknown")
-
-
-def test_reasoning_and_tool_call_deltas_are_tokens() -> None:
-    """A reasoning model streams its thinking first (vLLM: delta.reasoning_content, newer
-    delta.reasoning) and a tool call streams delta.tool_calls: those are generated tokens, so
-    TTFT is not pushed back to the first visible answer token."""
-    role_only = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-    usage_only = {"choices": [], "usage": {"completion_tokens": 3}}
-    assert not _has_content(role_only)
-    assert not _has_content(usage_only)
-    for delta in (
-        {"content": "Hi"},
-        {"reasoning_content": "Let me think"},
-        {"reasoning": "Let me think"},
-        {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]},
-    ):
-        assert _has_content({"choices": [{"index": 0, "delta": delta}]}), delta
-    assert _has_content({"choices": [{"index": 0, "text": "Hi"}]})  # completions
-
-
-_CHUNK = {"choices": [{"index": 0, "delta": {"content": "x"}}], "error": None}
-_ANSWERS: dict[str, tuple[str, bytes]] = {
-    "error_envelope": ("application/json", b'{"error": {"message": "boom"}}'),
-    "no_choices": ("application/json", b'{"choices": []}'),
-    "not_an_object": ("application/json", b"[1]"),
-    "no_done": ("text/event-stream", b"data: " + json.dumps(_CHUNK).encode() + b"\n\n"),
-    "null_error": (
-        "text/event-stream",
-        b"data: " + json.dumps(_CHUNK).encode() + b"\n\ndata: [DONE]\n\n",
-    ),
-}
-
-
-@contextlib.asynccontextmanager
-async def _answering(answer: str) -> AsyncIterator[str]:
-    """A server whose every completion is ``_ANSWERS[answer]``, with status 200."""
-    content_type, body = _ANSWERS[answer]
-
-    async def reply(_request: web.Request) -> web.Response:
-        return web.Response(body=body, content_type=content_type)
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", reply)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
-
-
-@pytest.mark.parametrize(
-    ("answer", "stream", "error"),
-    [
-        ("error_envelope", False, "bad_response"),
-        ("no_choices", False, "no_tokens"),
-        ("not_an_object", False, "bad_response"),
-        ("no_done", True, "stream_broken"),
-        ("null_error", True, None),  # "error": null in a chunk is no error
-    ],
-)
-async def test_a_200_that_is_no_completion_is_an_error(
-    answer: str, stream: bool, error: str | None
-) -> None:
-    """Each was counted as completed (and the run exited 0)."""
-    async with _answering(answer) as url:
-        load = await run_load(small_gsp(2), LoadSpec(urls=(url,), stream=stream))
-    assert [r.error for r in load.results] == [error, error]

@@ -1,5 +1,5 @@
-"""Helpers for the documentation tests: sections of the README and docs/configuration.md, code
-blocks, tables, model trees."""
+"""Helpers for the documentation tests: the README and docs/configuration.md, their sections,
+code blocks and tables, model trees, and the default of a setting path."""
 
 from __future__ import annotations
 
@@ -148,3 +148,25 @@ def default_of(model: type[BaseModel], key: str) -> Any:
     if field.is_required():
         return "<required>"
     return field.get_default(call_default_factory=True)
+
+
+README_TEXT = README.read_text(encoding="utf-8")
+CONFIGURATION_TEXT = CONFIGURATION.read_text(encoding="utf-8")
+_CHECKED_DOCS = (("README.md", README_TEXT), ("docs/configuration.md", CONFIGURATION_TEXT))
+
+
+def _default_at(root: type[BaseModel], path: str) -> Any:
+    """The default of ``path`` below ``root``: read from the parent's default object where there
+    is one (``routing.strategy.type`` is the default strategy's), else the field's own."""
+    parts = path.split(".")
+    value: Any = None
+    model: type[BaseModel] = root
+    for i, part in enumerate(parts):
+        if i == 0:
+            value = default_of(model, part)
+        elif isinstance(value, BaseModel):
+            value = getattr(value, field_name(type(value), part))
+        else:
+            owner, name = field_at(root, path)
+            return default_of(owner, name)
+    return value

@@ -138,7 +138,7 @@ RUNS: dict[str, Here | ByTest | Target] = {
     "warmfleet serve --config gateway.yaml --check": Here("test_three_steps_gateway_checks"),
     "warmfleet serve --config gateway.yaml": ByTest(
         f"{_GATEWAY_CLI}::test_serve_sighup_reload_and_sigterm",
-        (_GATEWAY_CLI, "tests/gateway/gateway_support.py"),
+        (_GATEWAY_CLI, "tests/gateway/gateway_process_support.py"),
     ),
     "warmfleet serve": ByTest(f"{_CLI_FAILURES}::test_serve_on_a_busy_port_is_one_line"),
     "warmfleet emulate --instances 8 --preset tiny-cpu": ByTest(

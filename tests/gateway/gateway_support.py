@@ -1,21 +1,20 @@
-"""Test support for the gateway: fake OpenAI backends and a running gateway on 127.0.0.1."""
+"""Test support for the gateway: fake OpenAI backends, gateway documents and a running gateway
+on 127.0.0.1, a fake router, chat bodies with a JSON POST (the body-limit tests), and the failover
+tests' health settings. Gateways on a background thread or in a subprocess are in
+``gateway_process_support.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
-import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 from aiohttp import web
 
@@ -343,121 +342,33 @@ class FakeRouterFactory:
         return router
 
 
-class ThreadedGateway:
-    """Backends (+ a gateway unless ``make_doc`` is None) served by an event loop in a
-    background thread, for synchronous clients and subprocess gateways."""
+# ---- chat bodies and a JSON POST (the body-limit tests) ----------------------------------
 
-    def __init__(
-        self,
-        make_doc: Callable[[Sequence[FakeBackend]], dict[str, Any]] | None,
-        names: Sequence[str],
-    ) -> None:
-        self._make_doc = make_doc
-        self._names = names
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.url = ""
-        self.backends: list[FakeBackend] = []
-        self.error: BaseException | None = None
-
-    def __enter__(self) -> ThreadedGateway:
-        self._thread.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("gateway thread did not start")
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as err:  # surfaced to the test
-            self.error = err
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        async with backends_running(*self._names) as backends:
-            self.backends = backends
-            if self._make_doc is None:
-                self._ready.set()
-                await self._stop.wait()
-                return
-            config = parse_gateway_config(self._make_doc(backends))
-            async with gateway_running(config) as gw:
-                self.url = gw.url
-                self._ready.set()
-                await self._stop.wait()
+CHAT = "/v1/chat/completions"
 
 
-class GatewayProcess:
-    """``warmfleet serve --config PATH`` in a subprocess (stopped by PID on exit)."""
+def chat(messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": messages, **fields}
 
-    def __init__(
-        self, config_path: Path, *, module: bool = False, command: list[str] | None = None
-    ) -> None:
-        self.config_path = config_path
-        self.module = module  # `python -m warmfleet.gateway` (faster start) vs `warmfleet serve`
-        self.command = command  # instead of either: a program taking --config and --log-level
-        self.proc: subprocess.Popen[str] | None = None
-        self.url = ""
-        self.stderr_path = config_path.with_suffix(".stderr")
 
-    def __enter__(self) -> GatewayProcess:
-        if self.command is not None:
-            command = self.command
-        elif self.module:
-            command = [sys.executable, "-m", "warmfleet.gateway"]
-        else:
-            command = [str(Path(sys.executable).parent / "warmfleet"), "serve"]
-        self._stderr = self.stderr_path.open("w")
-        self.proc = subprocess.Popen(
-            [*command, "--config", str(self.config_path), "--log-level", "warning"],
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # "warmfleet gateway listening on http://..."
-        if "listening on" not in line:
-            self.__exit__()
-            raise RuntimeError(f"gateway did not start: {line!r} {self.stderr()}")
-        self.url = line.strip().rsplit(" ", 1)[-1]
-        return self
+def nested(levels: int) -> Any:
+    """``levels`` arrays nested in one another (``[[...]]``)."""
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
 
-    def stderr(self) -> str:
-        return self.stderr_path.read_text() if self.stderr_path.exists() else ""
+async def post(url: str, path: str, body: Mapping[str, Any] | bytes) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url + path, data=data, headers={"Content-Type": "application/json"}) as resp,
+    ):
+        return resp.status, await resp.json(content_type=None)
 
-    def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS")
 
-    def signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
+# ---- health settings (the failover tests) -----------------------------------------------
 
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._stderr.close()
+# Probes get a quarter second: on a loaded 2-core box a 0.1 s probe timeout fails healthy probes.
+HEALTH = {"interval_s": 0.25, "timeout_s": 0.25, "unhealthy_threshold": 2, "healthy_threshold": 2}

@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 import typer
 import yaml
-from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc, gateway_file
+from gateway_process_support import GatewayProcess, ThreadedGateway
+from gateway_support import MODEL, gateway_doc, gateway_file
 from typer.testing import CliRunner
 
 from support.waiting import wait_until_sync

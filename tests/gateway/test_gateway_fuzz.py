@@ -10,7 +10,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc, gateway_file
+from gateway_process_support import GatewayProcess, ThreadedGateway
+from gateway_support import MODEL, gateway_doc, gateway_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

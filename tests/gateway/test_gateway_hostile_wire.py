@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_gateway_wire import (
+from wire_support import (
     REQ,
     Upstream,
     assert_refused_and_closed,

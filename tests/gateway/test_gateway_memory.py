@@ -19,7 +19,8 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
-from gateway_support import MODEL, GatewayProcess, ThreadedGateway, gateway_doc, gateway_file
+from gateway_process_support import GatewayProcess, ThreadedGateway
+from gateway_support import MODEL, gateway_doc, gateway_file
 
 MiB = 1 << 20
 BODY_BYTES = 7_900_000  # under the default 8 MiB body limit

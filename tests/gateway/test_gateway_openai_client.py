@@ -6,9 +6,9 @@ from typing import Any
 
 import openai
 import pytest
+from gateway_process_support import ThreadedGateway
 from gateway_support import (
     MODEL,
-    ThreadedGateway,
     backends_running,
     gateway_config,
     gateway_doc,

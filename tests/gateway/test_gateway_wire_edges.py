@@ -12,7 +12,7 @@ import time
 
 import pytest
 from gateway_support import MODEL, gateway_running
-from test_gateway_wire import (
+from wire_support import (
     REQ,
     Upstream,
     assert_envelope,

@@ -4,7 +4,8 @@ kmock stores objects and serves list/watch/patch/delete with finalizers and dele
 but runs no controllers. ``FakeCluster`` plays the ones the operator depends on:
 the node agent (fills assigned caches, reports them in a Node annotation), the scheduler +
 kubelet (pods for Deployments and DaemonSets, placed by preferred node affinity, Ready at once)
-and the garbage collector for pods of deleted owners.
+and the garbage collector for pods of deleted owners. The operator tests drive it with a
+ticking ``Clock``, ``create_endpoint`` (with the finalizer kopf adds) and ``converge``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import aiohttp
 from warmfleet.api import names
 from warmfleet.kube import client as kube
 from warmfleet.operator import render
+from warmfleet.operator.controller import Controller, PassResult
 
 Obj = dict[str, Any]
 NS = "default"
@@ -187,3 +189,36 @@ class FakeCluster:
             n: {k for k in (o["metadata"].get("labels") or {}) if names.is_managed_label(k)}
             for n, o in (await self.nodes()).items()
         }
+
+
+FINALIZER = "warmfleet.dev/finalizer"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1_000_000.0
+
+    def __call__(self) -> float:
+        self.now_s += 1.0
+        return self.now_s
+
+
+async def converge(cluster: FakeCluster, controller: Controller, rounds: int = 12) -> PassResult:
+    released: set[str] = set()
+    for _ in range(rounds):
+        cluster.on_round()
+        await cluster.agents()
+        await cluster.kubelet()
+        result = await controller.reconcile()
+        released |= result.released
+        for name in result.released:  # what kopf does once its delete handler succeeds
+            await cluster.client.patch(kube.ENDPOINTS, NS, name, {"metadata": {"finalizers": []}})
+        if not result.actions:
+            result.released = released
+            return result
+    raise AssertionError(f"no convergence; last actions {result.actions}")
+
+
+async def create_endpoint(cluster: FakeCluster, body: dict[str, Any]) -> None:
+    body["metadata"]["finalizers"] = [FINALIZER]  # kopf adds it on a real cluster
+    await cluster.client.create(kube.ENDPOINTS, NS, body)

@@ -1,36 +1,30 @@
-"""The operator's reconciliation passes against kmock's stateful Kubernetes API emulator."""
+"""The operator's reconciliation passes against kmock's stateful Kubernetes API emulator:
+create, gate, deploy, roll and delete an endpoint (also with a Rolling rollout), an image cache
+shared by two endpoints, Services of a removed variant or lost mid-pass, node replacement, an
+unhealthy cache, and a node-selector key removed from the endpoint."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from kmock_cluster import NS, FakeCluster, declare_resources, endpoint_body, forget_requests
+from kmock_cluster import (
+    NS,
+    Clock,
+    FakeCluster,
+    converge,
+    create_endpoint,
+    declare_resources,
+    endpoint_body,
+    forget_requests,
+)
 
-from support.servers import Handler, serving
 from warmfleet.api import names
-from warmfleet.control.load import in_flight_by_variant
 from warmfleet.kube import client as kube
-from warmfleet.kube.access import read_token
-from warmfleet.kube.endpointslices import SERVICE_NAME_LABEL as SERVICE_LABEL
 from warmfleet.operator import render
-from warmfleet.operator.controller import Controller, PassResult
-from warmfleet.operator.gateway_metrics import GatewayService, scraper
-
-FINALIZER = "warmfleet.dev/finalizer"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now_s = 1_000_000.0
-
-    def __call__(self) -> float:
-        self.now_s += 1.0
-        return self.now_s
+from warmfleet.operator.controller import Controller
 
 
 @pytest.fixture
@@ -42,27 +36,6 @@ async def env(kmock: Any) -> AsyncIterator[tuple[FakeCluster, Controller]]:
         for i in range(3):
             await cluster.add_node(f"n{i}")
         yield cluster, controller
-
-
-async def converge(cluster: FakeCluster, controller: Controller, rounds: int = 12) -> PassResult:
-    released: set[str] = set()
-    for _ in range(rounds):
-        cluster.on_round()
-        await cluster.agents()
-        await cluster.kubelet()
-        result = await controller.reconcile()
-        released |= result.released
-        for name in result.released:  # what kopf does once its delete handler succeeds
-            await cluster.client.patch(kube.ENDPOINTS, NS, name, {"metadata": {"finalizers": []}})
-        if not result.actions:
-            result.released = released
-            return result
-    raise AssertionError(f"no convergence; last actions {result.actions}")
-
-
-async def create_endpoint(cluster: FakeCluster, body: dict[str, Any]) -> None:
-    body["metadata"]["finalizers"] = [FINALIZER]  # kopf adds it on a real cluster
-    await cluster.client.create(kube.ENDPOINTS, NS, body)
 
 
 async def test_create_gate_deploy_roll_delete(env: tuple[FakeCluster, Controller]) -> None:
@@ -281,39 +254,6 @@ async def test_unhealthy_cache_drops_the_label(env: tuple[FakeCluster, Controlle
     assert any(cond["type"] == "NodeUnhealthy" for cond in cache["status"]["conditions"])
 
 
-async def test_autoscaling_from_gateway_metrics(kmock: Any) -> None:
-    declare_resources(kmock)
-    text = 'warmfleet_gateway_in_flight_requests{endpoint="e",instance_id="i0",variant="main"} 70\n'
-    kmock["get /gateway/metrics"] << text.encode()
-    async with aiohttp.ClientSession() as session:
-        cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))
-        scrape = scraper(
-            session, [f"{kmock.url}/gateway/metrics", "http://127.0.0.1:9/unreachable"]
-        )
-        controller = Controller(
-            kube.KubeClient(session, str(kmock.url)), NS, Clock(), metrics=scrape
-        )
-        for i in range(4):
-            await cluster.add_node(f"n{i}")
-        body = endpoint_body("e", replicas=1)
-        body["spec"]["variants"][0]["autoscaling"] = {
-            "enabled": True,
-            "minReplicas": 1,
-            "maxReplicas": 3,
-            "targetInFlightPerReplica": 10,
-        }
-        await create_endpoint(cluster, body)
-        await converge(cluster, controller)
-        (dep,) = await cluster.client.list(kube.DEPLOYMENTS, NS)
-        assert dep["spec"]["replicas"] == 3  # 70 in flight / 10 per replica, capped at max 3
-        endpoint = await cluster.client.get(kube.ENDPOINTS, NS, "e")
-        assert endpoint is not None
-        assert (
-            endpoint["metadata"]["annotations"]["warmfleet.dev/autoscaled-replicas"]
-            == '{"main": 3}'
-        )
-
-
 async def test_a_removed_node_selector_key_is_removed_from_cache_and_deployment(
     env: tuple[FakeCluster, Controller],
 ) -> None:
@@ -333,91 +273,3 @@ async def test_a_removed_node_selector_key_is_removed_from_cache_and_deployment(
     assert cache["spec"]["nodeSelector"] == {"pool": "gpu"}
     (dep,) = await c.list(kube.DEPLOYMENTS, NS)
     assert dep["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
-
-
-def gateway_slice(name: str, port: int, pods: dict[str, bool], service: str) -> dict[str, Any]:
-    """One EndpointSlice of ``service``: every pod on 127.0.0.1 at ``port``, ready or not."""
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": NS, "labels": {SERVICE_LABEL: service}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-        "endpoints": [
-            {
-                "addresses": ["127.0.0.1"],
-                "conditions": {"ready": ready},
-                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS},
-            }
-            for pod, ready in pods.items()
-        ],
-    }
-
-
-async def test_a_gateway_service_is_scraped_pod_by_pod(kmock: Any) -> None:
-    """A Service URL reaches one gateway replica per request; --gateway-service lists the
-    Service's ready pods and scrapes each, and a pod that cannot be read is reported as such
-    (None), so the autoscaler knows the sum is partial."""
-    declare_resources(kmock)
-    kmock.resources["discovery.k8s.io/v1/endpointslices"] = kmock.ResourceInfo(
-        kind="EndpointSlice", namespaced=True, verbs=["get", "list", "watch", "create"]
-    )
-    line = 'warmfleet_gateway_in_flight_requests{{endpoint="e",instance_id="{}",variant="v"}} {}\n'
-
-    def metrics(value: int) -> Handler:
-        async def handler(_: web.Request) -> web.Response:
-            return web.Response(text=line.format(value, value))
-
-        return handler
-
-    async with (
-        serving({"/metrics": metrics(30)}) as (first, _),
-        serving({"/metrics": metrics(12)}) as (second, _),
-        aiohttp.ClientSession() as session,
-    ):
-        client = kube.KubeClient(session, str(kmock.url))
-        for i, url in enumerate((first, second)):
-            port = int(url.rsplit(":", 1)[1])
-            body = gateway_slice(f"gw-{i}", port, {f"gw-{i}": True}, "warmfleet-gateway")
-            await client.create(kube.ENDPOINT_SLICES, NS, body)
-        for name, pods, service in (
-            ("gw-off", {"gw-starting": False}, "warmfleet-gateway"),  # not ready: skipped
-            ("gw-dead", {"gw-dead": True}, "warmfleet-gateway"),  # ready but not answering
-            ("other", {"other": True}, "another-service"),
-        ):
-            await client.create(kube.ENDPOINT_SLICES, NS, gateway_slice(name, 9, pods, service))
-        gateway = GatewayService.parse(f"{NS}/warmfleet-gateway:http")
-        texts = await scraper(session, [], [gateway], client, timeout_s=2.0)()
-    assert sorted(t is None for t in texts) == [False, False, True]
-    assert in_flight_by_variant([t for t in texts if t]) == {("e", "v"): 42.0}
-
-
-def test_gateway_service_references() -> None:
-    assert GatewayService.parse("ns/gw") == GatewayService("ns", "gw", "http")
-    assert GatewayService.parse("ns/gw:8080") == GatewayService("ns", "gw", 8080)
-    assert GatewayService.parse("ns/gw:metrics") == GatewayService("ns", "gw", "metrics")
-    for bad in ("gw", "/gw", "ns/", "ns/gw:", "ns/a/b"):
-        with pytest.raises(ValueError, match="namespace/name"):
-            GatewayService.parse(bad)
-
-
-async def test_the_client_reads_a_rotating_token_at_every_request(tmp_path: Path) -> None:
-    """The kubelet rewrites a projected service-account token before it expires; a client that
-    read it once at start gets 401s an hour later (kopf's own login re-reads it)."""
-    seen: list[str | None] = []
-
-    async def nodes(request: web.Request) -> web.Response:
-        seen.append(request.headers.get("Authorization"))
-        return web.json_response({"items": []})
-
-    token_file = tmp_path / "token"
-    token_file.write_text("first\n")
-    async with serving({"/api/v1/nodes": nodes}) as (url, _), aiohttp.ClientSession() as session:
-        client = kube.KubeClient(session, url, token=lambda: read_token(str(token_file)))
-        await client.list(kube.NODES, None)
-        token_file.write_text("second\n")
-        await client.list(kube.NODES, None)
-        token_file.unlink()  # between the kubelet's unlink and rename: no header
-        await client.list(kube.NODES, None)
-        await kube.KubeClient(session, url, token="fixed").list(kube.NODES, None)
-    assert seen == ["Bearer first", "Bearer second", None, "Bearer fixed"]

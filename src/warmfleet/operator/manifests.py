@@ -179,7 +179,7 @@ def _chart_files() -> dict[str, str]:
         "templates/node-agent.yaml": dump(agent_objects(HELM)),
         "templates/gateway.yaml": dump(gateway_objects(HELM)),
         "templates/gateway-pdb.yaml": (
-            f"{{{{- if .Capabilities.APIVersions.Has \"{_PDB_API}\" }}}}\n"
+            f'{{{{- if .Capabilities.APIVersions.Has "{_PDB_API}" }}}}\n'
             f"{dump([gateway_disruption_budget(HELM)])}{{{{- end }}}}\n"
         ),
     }
