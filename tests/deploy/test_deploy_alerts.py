@@ -5,15 +5,13 @@ gateway or the node agent exports."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+from deploy_support import promtool_path
 
 from support.exported_series import gateway_registry, node_agent_registry, series_labels
 
@@ -31,15 +29,8 @@ def _alerts() -> list[dict[str, Any]]:
     return [rule for group in doc["groups"] for rule in group["rules"]]
 
 
-def _promtool() -> str:
-    path = os.environ.get("WARMFLEET_PROMTOOL") or shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool: run `make unit` (it fetches it once per machine)")
-    return path
-
-
 def test_promtool_checks_the_rules_and_runs_their_unit_tests() -> None:
-    promtool = _promtool()
+    promtool = promtool_path()
     for args in (["check", "rules", str(RULES)], ["test", "rules", str(UNIT_TESTS)]):
         done = subprocess.run(
             [promtool, *args], capture_output=True, text=True, timeout=60, check=False

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from warmfleet.agent.metrics import CacheMetrics
+from warmfleet.agent.peer_serve import PeerCounters
 from warmfleet.gateway.app import default_router_factory
 from warmfleet.gateway.capture import CaptureMetrics
 from warmfleet.gateway.config import parse_gateway_config
@@ -58,7 +59,10 @@ def gateway_registry() -> CollectorRegistry:
 
 
 def node_agent_registry() -> CollectorRegistry:
-    return CacheMetrics().registry
+    """A node agent's registry: its cache metrics and its peer-distribution counters."""
+    registry = CacheMetrics().registry
+    PeerCounters(registry)
+    return registry
 
 
 def series_labels(registry: CollectorRegistry) -> dict[str, frozenset[str]]:
