@@ -55,6 +55,22 @@ def busy_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
+@contextmanager
+def busy_port_above(floor: int) -> Iterator[int]:
+    """A port of 127.0.0.1 above ``floor`` that a listening socket holds for the duration (the
+    first free one; ``busy_port`` may get any port, even one below ``floor``)."""
+    with socket.socket() as sock:
+        for port in range(floor + 1, 65536):
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            sock.listen()
+            yield port
+            return
+    raise OSError(f"no free port of 127.0.0.1 above {floor}")
+
+
 def closed_port() -> int:
     """A port of 127.0.0.1 nothing listens on (bound, then released)."""
     with socket.socket() as sock:

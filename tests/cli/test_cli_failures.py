@@ -16,6 +16,7 @@ from cli_support import (
     WARMFLEET,
     assert_short_failure,
     busy_port,
+    busy_port_above,
     closed_port,
     emulator,
     gateway,
@@ -120,9 +121,8 @@ def test_emulate_on_a_busy_port_is_one_line() -> None:
 
 
 def test_emulate_on_a_busy_kv_event_replay_port_is_one_line(tmp_path: Path) -> None:
-    with busy_port() as replay_port:
-        # a free HTTP port below the busy one (the replay port is the HTTP port + the offset)
-        base = next(p for p in (closed_port() for _ in range(200)) if p < replay_port)
+    base = closed_port()  # the HTTP port; the replay port is above it by the offset
+    with busy_port_above(base) as replay_port:
         events = {
             "endpoint": f"tcp://127.0.0.1:{closed_port()}",
             "replayPortOffset": replay_port - base,
