@@ -94,13 +94,9 @@ async def test_the_flowed_router_sends_every_request_through_its_gate(tmp_path: 
         spec = RouterSpec("warmfleet", FLOWED_PREFIX_AFFINITY)
         router = await start_router(procs, spec, PeerPaths(None, None), fleet)
         assert router.url is not None
-        async with aiohttp.ClientSession() as session:
-            for i in range(3):
-                body = {"model": fleet.model, "prompt": f"hello {i} " * 50, "max_tokens": 2}
-                async with session.post(router.url + "/v1/completions", json=body) as resp:
-                    assert resp.status == 200
-            async with session.get(router.url + "/metrics") as resp:
-                text = await resp.text()
+        await _three_completions(router.url, fleet.model)
+        async with aiohttp.ClientSession() as session, session.get(router.url + "/metrics") as resp:
+            text = await resp.text()
     finally:
         procs.stop_all()
     waits = [
@@ -146,11 +142,7 @@ async def test_the_capturing_router_writes_a_line_per_request(tmp_path: Path) ->
         spec = RouterSpec("warmfleet", CAPTURED_PREFIX_AFFINITY)
         router = await start_router(procs, spec, PeerPaths(None, None), fleet)
         assert router.url is not None
-        async with aiohttp.ClientSession() as session:
-            for i in range(3):
-                body = {"model": fleet.model, "prompt": f"hello {i} " * 50, "max_tokens": 2}
-                async with session.post(router.url + "/v1/completions", json=body) as resp:
-                    assert resp.status == 200
+        await _three_completions(router.url, fleet.model)
     finally:
         procs.stop_all()
     capture = tmp_path / "warmfleet-prefix_affinity+capture.capture.jsonl"
@@ -194,3 +186,12 @@ def test_reference_proxy_on_a_taken_port_is_one_line_and_fails(module: str) -> N
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0
     assert "address already in use" in done.stderr  # what bench-peers' start retry looks for
+
+
+async def _three_completions(url: str, model: str) -> None:
+    """Three completions of distinct prompts through the router at ``url``, each answered."""
+    async with aiohttp.ClientSession() as session:
+        for i in range(3):
+            body = {"model": model, "prompt": f"hello {i} " * 50, "max_tokens": 2}
+            async with session.post(url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
