@@ -21,8 +21,8 @@ from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.discovery.inference_endpoints import derive_endpoints
 from warmfleet.operator import render
 from warmfleet.operator.manifest_parts import Values
-from warmfleet.operator.manifests import agent_objects, rendered_files
-from warmfleet.operator.manifests_gateway import gateway_objects
+from warmfleet.operator.manifests import agent_objects, operator_objects, rendered_files
+from warmfleet.operator.manifests_gateway import NAME, gateway_objects
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S_VERSION = "1.37.0"
@@ -81,7 +81,7 @@ def test_helm_chart_renders_with_helm_and_validates() -> None:
     by_kind = {(o["kind"], o["metadata"]["name"]): o for o in objects}
     assert ("PodDisruptionBudget", "warmfleet-gateway") in by_kind  # Helm's versions have policy/v1
     gateway = by_kind["Deployment", "warmfleet-gateway"]["spec"]["template"]["spec"]
-    (volume,) = gateway["volumes"]
+    (volume,) = [v for v in gateway["volumes"] if "configMap" in v]
     config = by_kind["ConfigMap", volume["configMap"]["name"]]
     document = parse_gateway_config(yaml.safe_load(config["data"]["gateway.yaml"]))
     assert document.spec.inference_endpoints is not None
@@ -156,7 +156,7 @@ def test_installed_gateway_config_follows_the_example_endpoints_variant_services
     (doc,) = [o for o in objects if o["kind"] == "ConfigMap"]
     k8s_validate(doc)
     deployment = next(o for o in objects if o["kind"] == "Deployment")
-    (volume,) = deployment["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
     assert volume["configMap"]["name"] == doc["metadata"]["name"]
     gateway = parse_gateway_config(yaml.safe_load(doc["data"]["gateway.yaml"]))
     source = gateway.spec.inference_endpoints
@@ -319,6 +319,34 @@ def test_gateway_and_node_agent_pods_are_scraped_where_they_serve_metrics() -> N
 def _annotated_port(workload: Obj) -> str:
     port: str = workload["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"]
     return port
+
+
+def test_gateway_and_operator_pods_pass_the_restricted_pod_security_profile() -> None:
+    """The Pod Security Standards' ``restricted`` rules for the two pods that need no
+    privilege (the node agent writes a root-owned hostPath, so it stays as it was): a non-root
+    user, the runtime's seccomp profile, no privilege escalation, every capability dropped, no
+    host namespaces or hostPath; and a read-only root file system whose only writable place is
+    the pod's own ``/tmp``."""
+    objects = [*operator_objects(Values()), *gateway_objects(Values())]
+    deployments = [o for o in objects if o["kind"] == "Deployment"]
+    assert {d["metadata"]["name"] for d in deployments} == {"warmfleet-operator", NAME}
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True
+        assert context["runAsUser"] > 0
+        assert context["seccompProfile"]["type"] == "RuntimeDefault"
+        assert not {"hostNetwork", "hostPID", "hostIPC"} & pod.keys()
+        assert all("hostPath" not in volume for volume in pod["volumes"])
+        empty = {v["name"] for v in pod["volumes"] if v.get("emptyDir") == {}}
+        for container in pod["containers"]:
+            locked = container["securityContext"]
+            assert locked["allowPrivilegeEscalation"] is False
+            assert locked["capabilities"] == {"drop": ["ALL"]}
+            assert "privileged" not in locked
+            assert locked["readOnlyRootFilesystem"] is True
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            assert mounts["/tmp"] in empty
 
 
 def test_runtime_objects_and_statuses_validate() -> None:

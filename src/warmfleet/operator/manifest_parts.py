@@ -1,6 +1,6 @@
 """The parts every install manifest is built from: the values (concrete, or Helm's
-substitutions), object metadata, RBAC and the workload skeleton (``manifests``,
-``manifests_gateway``)."""
+substitutions), object metadata, RBAC, the workload skeleton and the unprivileged pod
+(``manifests``, ``manifests_gateway``)."""
 
 from __future__ import annotations
 
@@ -129,4 +129,39 @@ def workload(
                 "spec": {"serviceAccountName": name, **pod},
             },
         },
+    }
+
+
+# A user the image does not have: nothing in it is this user's, so the root file system can be
+# read-only and the process can write only its empty /tmp.
+UNPRIVILEGED_UID = 65532
+
+
+def unprivileged(pod: Obj) -> Obj:
+    """``pod`` (a pod spec) made to pass the Pod Security Standards' ``restricted`` profile: a
+    non-root user, the runtime's seccomp profile, and in each container no privilege
+    escalation, no capabilities and a read-only root file system with an empty ``/tmp``."""
+    tmp = {"name": "tmp", "mountPath": "/tmp"}
+    containers = [
+        {
+            **c,
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            },
+            "volumeMounts": [*c.get("volumeMounts", []), tmp],
+        }
+        for c in pod["containers"]
+    ]
+    return {
+        **pod,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UNPRIVILEGED_UID,
+            "runAsGroup": UNPRIVILEGED_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumes": [*pod.get("volumes", []), {"name": "tmp", "emptyDir": {}}],
+        "containers": containers,
     }

@@ -28,6 +28,7 @@ from warmfleet.operator.manifest_parts import (
     rbac,
     resources,
     rule,
+    unprivileged,
     workload,
 )
 from warmfleet.operator.manifests_gateway import gateway_disruption_budget, gateway_objects
@@ -58,7 +59,8 @@ def operator_objects(v: Values) -> list[Obj]:
         *("fleet", "operator", "--namespace", v.watch_namespace),
         *("--gateway-service", f"{v.namespace}/warmfleet-gateway:http"),
     ]
-    pod = {"containers": [container("operator", v, args, resources("100m", "128Mi", "512Mi"))]}
+    operator = container("operator", v, args, resources("100m", "128Mi", "512Mi"))
+    pod = unprivileged({"containers": [operator]})
     deployment = workload(
         "Deployment",
         "warmfleet-operator",

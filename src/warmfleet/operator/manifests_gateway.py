@@ -15,6 +15,7 @@ from warmfleet.operator.manifest_parts import (
     rbac,
     resources,
     rule,
+    unprivileged,
     workload,
 )
 
@@ -53,11 +54,13 @@ def gateway_objects(v: Values) -> list[Obj]:
         rule(["warmfleet.dev"], ["inferenceendpoints"], READ),
     ]
     labels = {"app.kubernetes.io/name": NAME}
-    pod = {
-        "affinity": _apart(labels),
-        "volumes": [{"name": "config", "configMap": {"name": NAME}}],
-        "containers": [_gateway_container(v)],
-    }
+    pod = unprivileged(
+        {
+            "affinity": _apart(labels),
+            "volumes": [{"name": "config", "configMap": {"name": NAME}}],
+            "containers": [_gateway_container(v)],
+        }
+    )
     deployment = workload("Deployment", NAME, v, "gateway", pod, metrics_port=HTTP_PORT, replicas=2)
     config = {
         "apiVersion": "v1",
