@@ -65,13 +65,13 @@ typecheck: $(DEV_STAMP)
 imports: $(DEV_STAMP)
 	$(BIN)/lint-imports
 
-# The alert rules' tests run Prometheus's promtool (scripts/promtool.sh: Debian's package, taken
-# once per machine into ~/.cache/warmfleet).
+# The alert rules' and dashboards' tests run Prometheus's promtool (scripts/promtool.sh:
+# Debian's package, taken once per machine into ~/.cache/warmfleet); `unit` fails if it cannot.
 promtool:
 	bash scripts/promtool.sh >/dev/null
 
-unit: $(DEV_STAMP) promtool
-	WARMFLEET_PROMTOOL="$$(bash scripts/promtool.sh)" $(BIN)/pytest -q
+unit: $(DEV_STAMP)
+	promtool="$$(bash scripts/promtool.sh)" && WARMFLEET_PROMTOOL="$$promtool" $(BIN)/pytest -q
 
 # The whole suite: static checks, the tiny model (so its tokenizer tests run), every pytest test,
 # then the real-Kubernetes e2e (builds the v1.20.2 binaries once per machine, 10-20 min on 2 cores;

@@ -26,8 +26,7 @@ dest="$CACHE_ROOT/promtool-${version//[^A-Za-z0-9.+-]/_}"
 if [[ ! -x "$dest/promtool" ]]; then
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
-  (cd "$work" && apt-get download -qq "prometheus=$version" >&2 2>/dev/null) \
-    || (cd "$work" && apt-get download "prometheus=$version" >&2)
+  (cd "$work" && apt-get download -q "prometheus=$version" >&2)
   dpkg-deb -x "$work"/prometheus_*.deb "$work/x"
   mkdir -p "$dest"
   install -m 0755 "$work/x/usr/bin/promtool" "$dest/promtool.tmp"

@@ -5,18 +5,20 @@ and capturing routers started for real, and a reference proxy on a taken port.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from warmfleet.api.trace_format import parse_trace
-from warmfleet.bench.live_fleet import start_fleet
+from warmfleet.bench.live_fleet import FleetHandle, start_fleet
 from warmfleet.bench.live_procs import Child, ProcessSet, free_port, tree_cpu_s
 from warmfleet.bench.peers import FAST_FLEET, overhead_order, overhead_workload
 from warmfleet.bench.peers_routers import (
@@ -25,6 +27,7 @@ from warmfleet.bench.peers_routers import (
     SYNCED_PREFIX_AFFINITY,
     PeerPaths,
     RouterSpec,
+    RunningRouter,
     start_router,
 )
 from warmfleet.sim.workloads.base import render_prompt_text
@@ -88,17 +91,10 @@ def test_overhead_order_brackets_every_router_and_alternates() -> None:
 async def test_the_flowed_router_sends_every_request_through_its_gate(tmp_path: Path) -> None:
     """``warmfleet/prefix_affinity+flow``: one gateway process with ``routing.flow`` whose cap
     no bench point reaches: requests pass the gate and none waits."""
-    procs = ProcessSet(tmp_path)
-    try:
-        fleet = await start_fleet(procs, name="fleet", instances=2, spec=FAST_FLEET)
-        spec = RouterSpec("warmfleet", FLOWED_PREFIX_AFFINITY)
-        router = await start_router(procs, spec, PeerPaths(None, None), fleet)
-        assert router.url is not None
-        await _three_completions(router.url, fleet.model)
-        async with aiohttp.ClientSession() as session, session.get(router.url + "/metrics") as resp:
+    async with _warmfleet_router(tmp_path, FLOWED_PREFIX_AFFINITY) as (fleet, _router, url):
+        await _three_completions(url, fleet.model)
+        async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
             text = await resp.text()
-    finally:
-        procs.stop_all()
     waits = [
         line for line in text.splitlines()
         if line.startswith("warmfleet_gateway_flow_wait_seconds_count")
@@ -112,39 +108,25 @@ async def test_the_flowed_router_sends_every_request_through_its_gate(tmp_path: 
 async def test_the_synced_router_is_two_replicas_sharing_notes(tmp_path: Path) -> None:
     """``warmfleet/prefix_affinity+sync``: two gateway processes with replica sync in front of
     one fleet; a request through the first is known to the second (its admin view)."""
-    procs = ProcessSet(tmp_path)
-    try:
-        fleet = await start_fleet(procs, name="fleet", instances=2, spec=FAST_FLEET)
-        spec = RouterSpec("warmfleet", SYNCED_PREFIX_AFFINITY)
-        router = await start_router(procs, spec, PeerPaths(None, None), fleet)
-        assert router.url is not None
+    async with _warmfleet_router(tmp_path, SYNCED_PREFIX_AFFINITY) as (fleet, router, url):
         assert len(router.children) == 2
         assert [c.alive() for c in router.children] == [True, True]
         async with aiohttp.ClientSession() as session:
             body = {"model": fleet.model, "prompt": "hello " * 50, "max_tokens": 2}
-            async with session.post(router.url + "/v1/completions", json=body) as resp:
+            async with session.post(url + "/v1/completions", json=body) as resp:
                 assert resp.status == 200
         peer_doc = json.loads((tmp_path / "warmfleet-prefix_affinity+sync-1.json").read_text())
         assert peer_doc["spec"]["replicaSync"]["peers"]["endpoints"]
         peer_url = f"http://127.0.0.1:{peer_doc['spec']['listen']['port']}"
         await _wait_peer_learnt(peer_url, router.children[1])
-    finally:
-        procs.stop_all()
 
 
 @pytest.mark.slow
 async def test_the_capturing_router_writes_a_line_per_request(tmp_path: Path) -> None:
     """``warmfleet/prefix_affinity+capture``: one gateway process with capture on, its file
     next to its document; a line per answered request once it stops."""
-    procs = ProcessSet(tmp_path)
-    try:
-        fleet = await start_fleet(procs, name="fleet", instances=2, spec=FAST_FLEET)
-        spec = RouterSpec("warmfleet", CAPTURED_PREFIX_AFFINITY)
-        router = await start_router(procs, spec, PeerPaths(None, None), fleet)
-        assert router.url is not None
-        await _three_completions(router.url, fleet.model)
-    finally:
-        procs.stop_all()
+    async with _warmfleet_router(tmp_path, CAPTURED_PREFIX_AFFINITY) as (fleet, _router, url):
+        await _three_completions(url, fleet.model)
     capture = tmp_path / "warmfleet-prefix_affinity+capture.capture.jsonl"
     trace = parse_trace(capture.read_text().splitlines(), str(capture))
     assert len(trace.records) == 3
@@ -195,3 +177,20 @@ async def _three_completions(url: str, model: str) -> None:
             body = {"model": model, "prompt": f"hello {i} " * 50, "max_tokens": 2}
             async with session.post(url + "/v1/completions", json=body) as resp:
                 assert resp.status == 200
+
+
+@contextlib.asynccontextmanager
+async def _warmfleet_router(
+    tmp_path: Path, policy: str
+) -> AsyncIterator[tuple[FleetHandle, RunningRouter, str]]:
+    """bench-peers' fast two-instance fleet and warmfleet's ``policy`` router in front of it,
+    as child processes stopped (by PID) on the way out: the fleet, the router and its URL."""
+    procs = ProcessSet(tmp_path)
+    try:
+        fleet = await start_fleet(procs, name="fleet", instances=2, spec=FAST_FLEET)
+        spec = RouterSpec("warmfleet", policy)
+        router = await start_router(procs, spec, PeerPaths(None, None), fleet)
+        assert router.url is not None
+        yield fleet, router, router.url
+    finally:
+        procs.stop_all()

@@ -145,7 +145,7 @@ class KubeNodeSync:
         if report != self._reported or annotations.get(ANN_CACHE_STATUS) != report:
             patch = {"metadata": {"annotations": {ANN_CACHE_STATUS: report}}}
             headers = {**self.access.auth_headers(), "Content-Type": _MERGE_PATCH}
-            timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
+            timeout = self.access.timeout()
             url = self.access.api_server() + path
             data = json.dumps(patch)
             async with http.patch(url, data=data, headers=headers, timeout=timeout) as resp:

@@ -70,7 +70,7 @@ class ListWatch:
     async def list_and_watch(self, http: aiohttp.ClientSession) -> None:
         url = self.access.api_server() + self.path()
         params = dict(self.selectors)
-        timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
+        timeout = self.access.timeout()
         headers = self.access.auth_headers()
         async with http.get(url, params=params, headers=headers, timeout=timeout) as resp:
             listing = await json_or_raise(resp)

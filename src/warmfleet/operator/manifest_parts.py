@@ -89,6 +89,20 @@ def container(name: str, v: Values, args: list[str], resources: Obj, **fields: A
     }
 
 
+def pod_labels(name: str) -> dict[str, str]:
+    """The labels of workload ``name``'s pods (what its Service, policies and budget select)."""
+    return {"app.kubernetes.io/name": name}
+
+
+def http_probe(path: str, period_s: int, failures: int | None = None) -> Obj:
+    """A probe that GETs ``path`` on the container's ``http`` port (2 s to answer)."""
+    probe: Obj = {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period_s}
+    if failures is not None:
+        probe["failureThreshold"] = failures
+    probe["timeoutSeconds"] = 2
+    return probe
+
+
 def scraped(port: int) -> Obj:
     """Pod annotations of the common ``prometheus.io/*`` convention (Prometheus's
     ``kubernetes-pods`` example job): scrape ``/metrics`` on ``port``."""
@@ -113,7 +127,7 @@ def workload(
     account) run as the service account ``name``, carry the label
     ``app.kubernetes.io/name: <name>`` and, with a ``metrics_port``, the annotations that get
     them scraped there; ``spec``: the fields before the selector."""
-    labels = {"app.kubernetes.io/name": name}
+    labels = pod_labels(name)
     template: Obj = {"labels": labels}
     if metrics_port is not None:
         template["annotations"] = scraped(metrics_port)

@@ -24,6 +24,7 @@ from warmfleet.operator.manifest_parts import (
     Obj,
     Values,
     container,
+    http_probe,
     meta,
     rbac,
     resources,
@@ -94,11 +95,7 @@ def agent_objects(v: Values) -> list[Obj]:
         env=env,
         volumeMounts=mounts,
         # Ready once it serves: a rolling update moves to the next node only then.
-        readinessProbe={
-            "httpGet": {"path": "/healthz", "port": "http"},
-            "periodSeconds": 10,
-            "timeoutSeconds": 2,
-        },
+        readinessProbe=http_probe("/healthz", period_s=10),
     )
     pod = {
         "priorityClassName": "system-node-critical",

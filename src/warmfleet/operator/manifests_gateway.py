@@ -11,7 +11,9 @@ from warmfleet.operator.manifest_parts import (
     Obj,
     Values,
     container,
+    http_probe,
     meta,
+    pod_labels,
     rbac,
     resources,
     rule,
@@ -53,7 +55,7 @@ def gateway_objects(v: Values) -> list[Obj]:
         rule([""], ["services", "pods"], READ),
         rule(["warmfleet.dev"], ["inferenceendpoints"], READ),
     ]
-    labels = {"app.kubernetes.io/name": NAME}
+    labels = pod_labels(NAME)
     pod = unprivileged(
         {
             "affinity": _apart(labels),
@@ -96,19 +98,9 @@ def _gateway_container(v: Values) -> Obj:
     # Ready once this gateway can route (a health round done); not plain /ready, which is 503
     # while any endpoint has no healthy engine and would take every gateway pod out of the
     # Service.
-    ready = {
-        "httpGet": {"path": "/ready?scope=gateway", "port": "http"},
-        "periodSeconds": 5,
-        "failureThreshold": 2,
-        "timeoutSeconds": 2,
-    }
+    ready = http_probe("/ready?scope=gateway", period_s=5, failures=2)
     # /health answers from the event loop: a wedged loop is restarted.
-    alive = {
-        "httpGet": {"path": "/health", "port": "http"},
-        "periodSeconds": 10,
-        "failureThreshold": 3,
-        "timeoutSeconds": 2,
-    }
+    alive = http_probe("/health", period_s=10, failures=3)
     return container(
         "gateway",
         v,
@@ -184,6 +176,6 @@ def gateway_disruption_budget(v: Values) -> Obj:
         "metadata": meta(NAME, v, "gateway"),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "selector": {"matchLabels": pod_labels(NAME)},
         },
     }
