@@ -10,11 +10,15 @@ from collections import Counter
 
 from routing_support import affinity, chain, idle, ids, key
 
-from warmfleet.core.types import Reason
+from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
 from warmfleet.routing.parse import parse_chat
 from warmfleet.routing.router import Router
-from warmfleet.routing.strategies.prefix_affinity import prefill_work
+from warmfleet.routing.strategies.prefix_affinity import (
+    COLD_START_DEFICIT,
+    PrefixAffinityStrategy,
+    prefill_work,
+)
 
 
 def test_prefill_work_grows_with_context() -> None:
@@ -130,3 +134,53 @@ def test_cold_starts_rotate_over_the_instances() -> None:
         placed.append(d.instance_id)
     for start in range(0, 24, 8):
         assert sorted(placed[start : start + 8]) == ids(8)
+
+
+def _place(s: PrefixAffinityStrategy, rng: random.Random, n: int) -> tuple[RoutingKey, Decision]:
+    k = key(chain(rng, 20))
+    d = s.choose(k, idle(n))
+    s.on_routed(k, d)
+    return k, d
+
+
+def test_a_cold_start_placed_on_a_stale_view_is_evened_out() -> None:
+    """Two gateway replicas take turns placing ten new conversations on two instances; one
+    decision is made before the other replica's previous cold start reached it (its note was
+    in flight). The next cold starts even the counts out (5 and 5): with recency alone the
+    rotation would carry the extra group to the end (6 and 4), which on the real-vLLM e2e's
+    tight KV caches evicted one instance's conversations."""
+    replicas = (affinity(), affinity())
+    for s in replicas:
+        s.on_instances_changed(ids(2))
+    rng = random.Random(5)
+    counts: Counter[str] = Counter()
+    late: tuple[RoutingKey, Decision] | None = None
+    for turn in range(10):
+        here, there = replicas[turn % 2], replicas[1 - turn % 2]
+        k, d = _place(here, rng, 2)
+        counts[d.instance_id] += 1
+        if late is not None:  # the stale decision is made: the late note arrives now
+            here.on_routed(*late)
+            late = None
+        if turn == 2:
+            late = (k, d)  # replica 1 decides turn 3 without it
+        else:
+            there.on_routed(k, d)
+    assert sorted(counts.values()) == [5, 5]
+
+
+def test_a_joining_instance_takes_a_bounded_run_of_cold_starts() -> None:
+    """An instance that joins with no cold starts is preferred until even, but takes at most
+    ``COLD_START_DEFICIT`` in a row before the rotation goes on."""
+    s = affinity()
+    s.on_instances_changed(ids(2))
+    rng = random.Random(6)
+    for _ in range(40):
+        _place(s, rng, 2)
+    s.on_instances_changed(ids(3))
+    placed = [_place(s, rng, 3)[1].instance_id for _ in range(12)]
+    newcomer = ids(3)[2]
+    assert placed[:COLD_START_DEFICIT] == [newcomer] * COLD_START_DEFICIT
+    assert placed[COLD_START_DEFICIT] != newcomer
+    later = Counter(placed[COLD_START_DEFICIT:])  # then a rotation over all three
+    assert max(later.values()) - min(later[i] for i in ids(3)) <= 1

@@ -240,3 +240,17 @@ class LoopLag:
         p99 = lags[min(len(lags) - 1, int(0.99 * (len(lags) - 1)))]
         return {"p50": round(lags[len(lags) // 2], 2), "p99": round(p99, 2),
                 "max": round(lags[-1], 2), "samples": len(lags)}  # fmt: skip
+
+
+def decision_reasons(replicas: Sequence[Replica]) -> dict[str, int]:
+    """The replicas' proxied requests by routing reason (``requests_total``), summed."""
+    counts: dict[str, int] = {}
+    for replica in replicas:
+        for family in replica.gateway.metrics.registry.collect():
+            if family.name != "warmfleet_gateway_requests":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    reason = sample.labels["reason"]
+                    counts[reason] = counts.get(reason, 0) + int(sample.value)
+    return dict(sorted(counts.items()))

@@ -37,6 +37,7 @@ from vllm_harness.gateways import (
     BLOCK_SIZE,
     LoopLag,
     Replica,
+    decision_reasons,
     replica_sync_sections,
     start_replica,
     sync_delays_ms,
@@ -129,6 +130,7 @@ class E2E:
                 delays_ms = sync_delays_ms(started)
             result = summarize(parts, self.ideal)
             result["replicas"] = replicas
+            result["reasons"] = decision_reasons(started)
             if exact:
                 result["kv_event_sync_s"] = round(sync_s, 2)
                 result["kv_events"] = [r.feed.describe() for r in started if r.feed]
@@ -137,6 +139,9 @@ class E2E:
                     "catch_up_s": round(catch_up_s, 2),
                     "propagation_delay_ms": delays_ms,
                     "loop_lag_ms": lag.summary_ms(),  # the shared event loop's stalls
+                    "replicas": [
+                        r.gateway.replica_sync.describe() for r in started if r.gateway.replica_sync
+                    ],
                 }
             return result
         finally:
@@ -188,6 +193,7 @@ async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
                     "hit_rate": result["hit_rate"],
                     "ideal_reuse": result["ideal_reuse"],
                     "ttft_ms": result["ttft_ms"],
+                    "reasons": result["reasons"],
                 }
                 if synced:
                     out["replicas"][label]["replica_sync"] = result["replica_sync"]
@@ -212,7 +218,8 @@ async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
 def progress(label: str, result: dict[str, Any], timings_s: dict[str, float]) -> None:
     print(
         f"e2e-vllm: {label}: hit {result['hit_rate']:.3f} (ideal {result['ideal_reuse']:.3f}), "
-        f"TTFT p50 {result['ttft_ms']['p50']:.0f} ms, {timings_s[label]} s",
+        f"TTFT p50 {result['ttft_ms']['p50']:.0f} ms, {timings_s[label]} s, "
+        f"reasons {result['reasons']}",
         flush=True,
     )
 

@@ -6,12 +6,12 @@ the variant's router of the moment; the proxy records each routing and end in it
 come here (``send``: when they leave, docs/replicas.md "Batching"); the peers' batches are
 read and applied to the view of the note's variant by ``Inbound`` (when: its docstring).
 
-A starting replica subscribes to its peers, asks each for its log (the batches it sent or learnt
-from, up to ``log_bytes``, and its open requests) and reports ready (``caught_up``) once every
-peer answered or ``catch_up_timeout_s`` passed. A peer silent for ``peer_timeout_s`` is gone:
-its open requests stop counting (``ReplicaView.forget_origin``); heard again, every peer's log
-is replayed (notes are idempotent), as when a peer's batch numbers skip (notes lost on a
-dropped connection) or the first one heard is not its first (a late join).
+A starting replica subscribes to its peers, hears each one's stream (from then on nothing a
+peer sends is lost to it), asks each for its log (its batches sent or learnt from, up to
+``log_bytes``, and open requests) and is ready (``caught_up``) once all answered or
+``catch_up_timeout_s`` passed. A peer silent for ``peer_timeout_s`` is gone: its open requests
+stop counting (``ReplicaView.forget_origin``); heard again, every peer's log is replayed (notes
+are idempotent), as when a peer's batch numbers skip (notes lost on a dropped connection).
 """
 
 from __future__ import annotations
@@ -96,8 +96,7 @@ class ReplicaSync:
         """Bind the sockets (a busy port is a ``ConfigError`` naming the field); ``curve``: the
         fleet's key (``curve_secret.fleet_curve_key``), None: no authentication."""
         try:
-            refused = self.metrics.refused.inc
-            self._sockets = Sockets(self.endpoint, curve=curve, on_refused=refused)
+            self._sockets = Sockets(self.endpoint, curve=curve, on_refused=self.metrics.refused.inc)
         except zmq.ZMQError as err:
             why = zmq.strerror(err.errno) if err.errno else err
             where = f"cannot bind {self.endpoint} and the next port"
@@ -245,8 +244,8 @@ class ReplicaSync:
             self.flush()
 
     def _set_peers(self, endpoints: frozenset[str]) -> None:
-        if self._sockets is not None:
-            self._sockets.set_peers(endpoints)
+        if (sockets := self._sockets) is not None:
+            sockets.set_peers(endpoints)
         self.metrics.peers.set(len(endpoints))
         log.info("replica %s: %d sync peers", self.replica_id, len(endpoints))
 
@@ -351,8 +350,7 @@ class ReplicaSync:
         return sum(1 for r in results if r is True)
 
     async def _fetch_one(self, endpoint: str, timeout_s: float) -> bool:
-        sockets = self._sockets
-        if sockets is None:
+        if (sockets := self._sockets) is None:
             return False
         try:
             frames = await sockets.fetch_log(endpoint, timeout_s)
@@ -375,19 +373,21 @@ class ReplicaSync:
     async def _catch_up_at_start(self) -> None:
         start_s = self._clock()
         deadline_s = start_s + self.config.catch_up_timeout_s
-        while self.peers.current is None and self._clock() < deadline_s:
-            await asyncio.sleep(0.05)
+        # First hear each peer over SUB (a PUB drops what it sent before): half the time at most
+        heard = self._last_batch
+        while (p := self.peers.current) is None or len(heard) < len(p):
+            if self._clock() >= (start_s + deadline_s) / 2:
+                break
+            await asyncio.sleep(0.01)
+        self._resync.clear()  # a late join or a gap heard so far: this catch-up covers it
         peers = sorted(self.peers.current or ())
         answered = await self.catch_up(peers, deadline_s - self._clock())
         self.catch_up_s = self._clock() - start_s
         self.metrics.catch_up_s.set(self.catch_up_s)
-        if answered < len(peers) or self.peers.current is None:
+        if answered < len(peers) or self.peers.current is None or len(heard) < len(peers):
             self.metrics.catch_up_timeouts.inc()
-            timeout_s = self.config.catch_up_timeout_s
-            log.warning(
-                "replica sync: %d of %d peers answered within catch_up_timeout_s (%.1f s); "
-                "ready with a partial view", answered, len(peers), timeout_s,
-            )  # fmt: skip
+            why = f"{answered} of {len(peers)} peers answered, {len(heard)} heard, in"
+            log.warning("replica sync: %s catchUpTimeoutS: ready with a partial view", why)
         self.caught_up = True
         self.metrics.caught_up.set(1)
 

@@ -24,8 +24,8 @@ Per request:
    holders full or dearer: the prefix is hot, replicate it to the next instance in its hash
    order (``REPLICATE``). No strong holder (new group, or only a shared system prompt matched):
    a cold start, placed among the least-loaded instances in the hash order of its first novel
-   block by ``placement_by`` (default ``recency``: the instance whose last cold start is
-   oldest) (``NO_MATCH``).
+   block by ``placement_by`` (default ``recency``: fewest cold starts, then the oldest last
+   cold start) (``NO_MATCH``).
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ from warmfleet.routing.sessions import SessionHomes
 from warmfleet.routing.strategies.affinity_view import Columns, View
 
 _FANOUT_ENTRIES = 1 << 17
+# ``recency`` placement: an instance short of cold starts (it joined, was busy, or a stale view
+# placed elsewhere) is preferred until even, but takes at most this many cold starts in a row.
+COLD_START_DEFICIT = 2
 _instance_id = attrgetter("instance_id")
 _capacity = attrgetter("kv_capacity_blocks")
 _tokens = attrgetter("in_flight_tokens")
@@ -91,9 +94,11 @@ class PrefixAffinityStrategy:
         # matches up to one of them continues that prompt (a conversation's next turn).
         self._ends: OrderedDict[int, None] = OrderedDict()
         self.ledger = WorkLedger()
-        # Serial of the latest cold start (new group or replica) placed on each instance.
+        # Cold starts (new groups and replicas) placed on each instance, and the serial of
+        # the latest one there.
         self._cold_serial = 0
         self._last_cold: dict[InstanceId, int] = {}
+        self._cold_counts: dict[InstanceId, int] = {}
         self.sessions = SessionHomes()  # session -> the instance it was last routed to
 
     # ---------------------------------------------------------------------------------- state
@@ -102,8 +107,7 @@ class PrefixAffinityStrategy:
         hashes = key.block_hashes
         self.index.insert(decision.instance_id, hashes, decision.predicted_cached_blocks)
         if decision.reason is Reason.NO_MATCH or decision.reason is Reason.REPLICATE:
-            self._cold_serial += 1
-            self._last_cold[decision.instance_id] = self._cold_serial
+            self._count_cold_start(decision.instance_id)
         if key.session is not None:
             self.sessions.learn(key.session, decision.instance_id)
         prompt = key.prompt_tokens
@@ -127,6 +131,18 @@ class PrefixAffinityStrategy:
             fanout.move_to_end(parent)
             if len(fanout) > _FANOUT_ENTRIES:
                 fanout.popitem(last=False)
+
+    def _count_cold_start(self, chosen: InstanceId) -> None:
+        """A cold start on ``chosen``; every instance more than ``COLD_START_DEFICIT`` behind
+        it is brought up to that deficit."""
+        self._cold_serial += 1
+        self._last_cold[chosen] = self._cold_serial
+        counts = self._cold_counts
+        top = counts[chosen] = counts.get(chosen, 0) + 1
+        floor = top - COLD_START_DEFICIT
+        for iid, count in counts.items():
+            if count < floor:
+                counts[iid] = floor
 
     def fanout(self, block_hash: int) -> int:
         """Distinct continuations routed after the prefix ending at ``block_hash``."""
@@ -172,6 +188,7 @@ class PrefixAffinityStrategy:
         self.index.default_capacity_blocks = self.config.default_capacity_blocks
         self._fanout, self._ends = previous._fanout, previous._ends
         self._cold_serial, self._last_cold = previous._cold_serial, previous._last_cold
+        self._cold_counts = previous._cold_counts
         self.sessions = previous.sessions
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
@@ -180,6 +197,9 @@ class PrefixAffinityStrategy:
         self.ring.set_instances(instance_ids)
         keep = set(instance_ids)
         self._last_cold = {iid: n for iid, n in self._last_cold.items() if iid in keep}
+        counts = {iid: n for iid, n in self._cold_counts.items() if iid in keep}
+        start = max(counts.values(), default=0) - COLD_START_DEFICIT  # a newcomer's deficit
+        self._cold_counts = {iid: counts.get(iid, max(0, start)) for iid in instance_ids}
         self._last_ids = ()  # the ledger follows the new order at the next decision
         self._snap, self._snap_instances = None, ()
 
@@ -357,13 +377,19 @@ class PrefixAffinityStrategy:
 
             chosen = min(order, key=rank)
         elif cfg.placement_by == "recency":
-            last = self._last_cold
-            chosen = min(order, key=lambda iid: (last.get(iid, 0), order.index(iid)))
+            chosen = self._least_recent(order)
         elif cfg.placement_by == "load":
             chosen = min(order, key=lambda iid: (loads[pos[iid]], occupancy(iid), order.index(iid)))
         else:
             chosen = min(order, key=lambda iid: (occupancy(iid), order.index(iid)))
         return Decision(chosen, Reason.NO_MATCH, view.matches.get(chosen, 0), view.best_blocks)
+
+    def _least_recent(self, order: list[InstanceId]) -> InstanceId:
+        """``recency``: fewest cold starts, then the oldest latest one, then hash order. All
+        known, the counts stay within one: a rotation; one placed on a stale view (a peer's note
+        in flight) is evened out by the next ones, not an extra group on one instance for good."""
+        counts, last = self._cold_counts, self._last_cold
+        return min(order, key=lambda iid: (counts.get(iid, 0), last.get(iid, 0), order.index(iid)))
 
 
 def _tokens_per_block(key: RoutingKey) -> float:
