@@ -48,7 +48,13 @@ from vllm_harness.measure import run_workload, summarize
 from vllm_harness.workloads import ideal_reuse, multi_turn, shared_document
 from warmfleet.bench.conformance import run_conformance
 from warmfleet.bench.live_fleet import consecutive_free_ports
-from warmfleet.bench.live_procs import ProcessSet, free_port, terminate_on_sigterm
+from warmfleet.bench.live_procs import (
+    START_ATTEMPTS,
+    ProcessSet,
+    free_port,
+    terminate_on_sigterm,
+)
+from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.kv_events import KvEventRelay
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.key_modes import key_builder
@@ -70,6 +76,7 @@ REPLICA_RUNS: tuple[tuple[str, bool, bool, bool], ...] = (
     ("4_approximate_sessions", False, True, True),
 )
 SYNCED_SHARE = 0.95  # synced replicas' hit rate: at least this share of one gateway's
+SYNC_PORT_TAKEN = "spec.replicaSync.listen: cannot bind"  # ReplicaSync.open's message
 
 
 class E2E:
@@ -98,25 +105,9 @@ class E2E:
     ) -> dict[str, Any]:
         for engine in self.engines:
             await reset_prefix_cache(session, engine.url)
-        sections: list[dict[str, Any] | None] = [None] * replicas
-        if synced:
-            sections = list(replica_sync_sections(replicas, consecutive_free_ports(2 * replicas)))
         started: list[Replica] = []
         try:
-            for i in range(replicas):
-                started.append(
-                    await start_replica(
-                        strategy,
-                        self.engines,
-                        self.args.model_dir,
-                        self.args.log_dir / "gateway-configs",
-                        relay_endpoint=self.relay_replicas if exact else None,
-                        seed=self.args.seed + i,
-                        name=f"{strategy['type']}-{'exact' if exact else 'plain'}-{replicas}-{i}",
-                        replica_sync=sections[i],
-                        capture_path=None if capture is None else str(capture),
-                    )
-                )
+            await self._start_replicas(started, strategy, replicas, exact, synced, capture)
             with LoopLag() as lag:  # over the window whose propagation delays are reported
                 sync_s = await sync_exact(started, self.engines, session) if exact else 0.0
                 catch_up_s = await wait_caught_up(started) if synced else 0.0
@@ -147,6 +138,47 @@ class E2E:
         finally:
             for replica in started:
                 await replica.stop()
+
+    async def _start_replicas(
+        self,
+        started: list[Replica],
+        strategy: dict[str, Any],
+        replicas: int,
+        exact: bool,
+        synced: bool,
+        capture: Path | None,
+    ) -> None:
+        """Start ``replicas`` gateways into ``started`` (the caller stops them). Synced ones
+        bind ports picked free a moment before: one taken since (a loopback connection's
+        ephemeral port) fails the start naming the setting, and all start again on new ports."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            sections: list[dict[str, Any] | None] = [None] * replicas
+            if synced:
+                ports = consecutive_free_ports(2 * replicas)
+                sections = list(replica_sync_sections(replicas, ports))
+            try:
+                for i in range(replicas):
+                    started.append(
+                        await start_replica(
+                            strategy,
+                            self.engines,
+                            self.args.model_dir,
+                            self.args.log_dir / "gateway-configs",
+                            relay_endpoint=self.relay_replicas if exact else None,
+                            seed=self.args.seed + i,
+                            name=f"{strategy['type']}-{'exact' if exact else 'plain'}"
+                            f"-{replicas}-{i}",
+                            replica_sync=sections[i],
+                            capture_path=None if capture is None else str(capture),
+                        )
+                    )
+                return
+            except ConfigError as err:
+                if attempt == START_ATTEMPTS or SYNC_PORT_TAKEN not in str(err):
+                    raise
+                print(f"e2e-vllm: {err}; starting the replicas again", flush=True)
+                while started:
+                    await started.pop().stop()
 
 
 async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
