@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -30,32 +31,34 @@ def e2e(tmp_path: Path) -> harness.E2E:
     return run
 
 
-def held_ports(monkeypatch: pytest.MonkeyPatch, taken: int) -> tuple[list[int], socket.socket]:
+def held_ports(monkeypatch: pytest.MonkeyPatch, taken: int) -> tuple[list[int], ExitStack]:
     """The first ``taken`` picks of sync ports come back with their first port already bound
-    and listening (another process's, for the gateway); the picks made are listed."""
-    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    and listening (another process's, for the gateway); the picks made are listed, and the
+    stack closes the holding sockets."""
+    holders = ExitStack()
     picks: list[int] = []
 
     def pick(count: int) -> int:
         base = consecutive_free_ports(count)
         picks.append(base)
         if len(picks) <= taken:
+            holder = holders.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             holder.bind(("127.0.0.1", base))
             holder.listen()
         return base
 
     monkeypatch.setattr(harness, "consecutive_free_ports", pick)
-    return picks, holder
+    return picks, holders
 
 
 async def test_synced_replicas_start_again_when_a_sync_port_was_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = e2e(tmp_path)
-    picks, holder = held_ports(monkeypatch, taken=1)
+    picks, holders = held_ports(monkeypatch, taken=1)
     started: list[Replica] = []
     try:
-        with holder:
+        with holders:
             await run._start_replicas(started, SYNCED, 2, exact=False, synced=True, capture=None)
             assert len(picks) == 2
             assert len(started) == 2
@@ -70,24 +73,10 @@ async def test_a_port_taken_on_every_attempt_fails_naming_the_setting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = e2e(tmp_path)
-    holders = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
-    picks: list[int] = []
-
-    def pick(count: int) -> int:
-        base = consecutive_free_ports(count)
-        holder = holders[len(picks)]
-        holder.bind(("127.0.0.1", base))
-        holder.listen()
-        picks.append(base)
-        return base
-
-    monkeypatch.setattr(harness, "consecutive_free_ports", pick)
+    picks, holders = held_ports(monkeypatch, taken=START_ATTEMPTS)
     started: list[Replica] = []
-    try:
+    with holders:
         with pytest.raises(ConfigError, match=r"spec\.replicaSync\.listen: cannot bind"):
             await run._start_replicas(started, SYNCED, 2, exact=False, synced=True, capture=None)
         assert started == []
         assert len(picks) == START_ATTEMPTS
-    finally:
-        for holder in holders:
-            holder.close()

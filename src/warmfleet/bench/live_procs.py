@@ -45,6 +45,12 @@ START_ATTEMPTS = 3
 _T = TypeVar("_T")
 
 
+def port_taken(text: str) -> bool:
+    """Whether ``text`` (a child's log, an error's message) says a port was already in use."""
+    lowered = text.lower()
+    return any(sign in lowered for sign in _PORT_TAKEN_SIGNS)
+
+
 def command_argv(module: str, function: str, *args: str) -> list[str]:
     """argv running one typer command function of this interpreter's warmfleet (e.g. the
     ``warmfleet serve`` command as ``warmfleet.gateway.cli:serve_command``) without importing
@@ -213,8 +219,7 @@ async def retry_if_port_taken(
             return await launch()
         except ChildExited as err:
             procs.stop(err.child)
-            log = err.child.log_tail(200).lower()
-            if attempt + 1 < attempts and any(sign in log for sign in _PORT_TAKEN_SIGNS):
+            if attempt + 1 < attempts and port_taken(err.child.log_tail(200)):
                 continue
             raise
     raise ProcessError(f"no start in {attempts} attempts")  # only when attempts < 1

@@ -52,6 +52,7 @@ from warmfleet.bench.live_procs import (
     START_ATTEMPTS,
     ProcessSet,
     free_port,
+    port_taken,
     terminate_on_sigterm,
 )
 from warmfleet.core.errors import ConfigError
@@ -76,7 +77,6 @@ REPLICA_RUNS: tuple[tuple[str, bool, bool, bool], ...] = (
     ("4_approximate_sessions", False, True, True),
 )
 SYNCED_SHARE = 0.95  # synced replicas' hit rate: at least this share of one gateway's
-SYNC_PORT_TAKEN = "spec.replicaSync.listen: cannot bind"  # ReplicaSync.open's message
 
 
 class E2E:
@@ -174,7 +174,7 @@ class E2E:
                     )
                 return
             except ConfigError as err:
-                if attempt == START_ATTEMPTS or SYNC_PORT_TAKEN not in str(err):
+                if attempt == START_ATTEMPTS or not port_taken(str(err)):
                     raise
                 print(f"e2e-vllm: {err}; starting the replicas again", flush=True)
                 while started:
