@@ -11,7 +11,8 @@ Names (all prefixed ``warmfleet_gateway_``; the engine instance is ``instance_id
   ``instance_healthy{endpoint,variant,instance_id}``
 - ``decision_seconds{endpoint,variant}``: time inside ``Router.choose``.
 - ``overhead_seconds{endpoint,variant}``: request handler entered -> upstream request issued
-  (body read, JSON parse, key, decision, bookkeeping).
+  (body read, JSON parse, key, decision, bookkeeping; on a pooled connection the router learns
+  the decision after the write).
 - ``ttft_seconds{endpoint,variant,stream}``: request handler entered -> first upstream body byte.
 - ``spills_total{endpoint,variant,instance_id}``, ``predicted_prefix_hits_total{endpoint,variant}``,
   ``predicted_cached_blocks_total{endpoint,variant}``

@@ -143,10 +143,8 @@ class Proxy:
                     decision = router.choose(key, fleet)
                     variant.m_decision.observe(perf_counter() - t_decide)
                     inst = variant.instances[decision.instance_id]
-                    note = variant.routed(router, key, decision)  # with replica sync: to peers
                 except Exception as err:  # a strategy bug must not become an HTML 500 or a crash
-                    log.exception("routing failed in %s/%s", variant.endpoint, variant.name)
-                    failure = InternalError(f"routing failed: {type(err).__name__}")
+                    failure = _routing_failed(variant, err)
                     break
                 inst.add_load(1, cost)
             _count_decision(variant, decision)
@@ -154,7 +152,10 @@ class Proxy:
                 request, variant, inst, decision, t_start, key=key, index=attempt, model=model
             )
             call.ticket = ticket
-            call.note = note
+            if ticket is None or attempt:
+                call.learner = router  # learns it once its bytes are on the way (``_attempt``)
+            else:
+                call.note = note
             try:
                 if inst.outlier.standing is PROBATION:
                     variant.begin_trial(inst, call)  # its one request until it has answered
@@ -173,10 +174,14 @@ class Proxy:
     async def _attempt(self, call: Attempt, path: str, method: str) -> Response | None:
         inst = call.inst
         origin = inst.origin
-        try:
-            up = await self.pool.acquire(origin.addr)
-        except UpstreamConnectError as err:
-            call.failed(FailureCause.CONNECT, "unreachable", err)
+        up = self.pool.take_idle(origin.addr)
+        if up is None:  # the next decision, made while this one waits, must know of it
+            if not _learn(call):
+                return _routing_failed_response(call)
+            try:
+                up = await self.pool.acquire(origin.addr)
+            except UpstreamConnectError as err:
+                call.failed(FailureCause.CONNECT, "unreachable", err)
         limits = self.state.limits
         call.variant.m_overhead.observe(perf_counter() - call.t_start)
         relay = Relay(call)
@@ -188,6 +193,13 @@ class Proxy:
             limits.upstream_total_timeout_s,
             relay,
         )
+        # The router learns the decision while the instance reads the request: off a lone
+        # request's critical path, and before any other request can be routed (no await since
+        # ``choose``: the answer's callbacks and the next request wait for this one to yield).
+        if not _learn(call):
+            up.abort()
+            conn.on_pause = None
+            return _routing_failed_response(call)
         try:
             await ex.done  # the relay has answered the client by now
         except asyncio.CancelledError:
@@ -235,6 +247,29 @@ class Proxy:
         call.count("stream_error")
         if self.capture is not None:
             self.capture.offer(call, relay, 504 if timed_out else 502)
+
+
+def _routing_failed(variant: VariantRuntime, err: Exception) -> InternalError:
+    log.exception("routing failed in %s/%s", variant.endpoint, variant.name, exc_info=err)
+    return InternalError(f"routing failed: {type(err).__name__}")
+
+
+def _learn(call: Attempt) -> bool:
+    """The router learns ``call``'s decision (with replica sync: the note for the peers), once;
+    ``False`` if it failed (a strategy bug)."""
+    router, call.learner = call.learner, None
+    if router is None:
+        return True
+    try:
+        call.note = call.variant.routed(router, call.key, call.decision)
+    except Exception as err:
+        call.learn_error = _routing_failed(call.variant, err)
+        return False
+    return True
+
+
+def _routing_failed_response(call: Attempt) -> Response:
+    return _unavailable(call.variant, call.learn_error or InternalError("routing failed"), 0)
 
 
 def _unavailable(variant: VariantRuntime, failure: WarmfleetError | None, tried: int) -> Response:

@@ -23,7 +23,7 @@ from warmfleet.gateway.http.messages import (
 from warmfleet.gateway.http.upstream import FRAMING_HEADERS, Exchange
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.outlier import FailureCause
-from warmfleet.gateway.variant import VariantRuntime
+from warmfleet.gateway.variant import RouterLike, VariantRuntime
 from warmfleet.routing.replica_notes import RoutedNote
 
 _MAX_HELD_EVENT_BYTES = 1 << 20
@@ -79,6 +79,8 @@ class Attempt:
         "index",
         "inst",
         "key",
+        "learn_error",
+        "learner",
         "model",
         "note",
         "request",
@@ -109,6 +111,9 @@ class Attempt:
         self.model = model  # the body's model, when the caller knows it (the capture's)
         self.ticket: Ticket | None = None  # flow control's, told of the first streamed bytes
         self.note: RoutedNote | None = None  # with replica sync: this routing's note
+        # the router that made ``decision`` and has yet to learn it (``proxy``), and its failure
+        self.learner: RouterLike | None = None
+        self.learn_error: WarmfleetError | None = None
 
     def release_note(self) -> None:
         """The request ended at the instance: its replica-sync note is finished (once). Called

@@ -64,12 +64,19 @@ class UpstreamPool:
         if busy:
             self._ticker = asyncio.get_running_loop().call_later(self._tick_s, self._tick)
 
-    async def acquire(self, addr: Addr) -> UpstreamConnection:
+    def take_idle(self, addr: Addr) -> UpstreamConnection | None:
+        """An open idle connection to ``addr``, without waiting; ``None`` if there is none."""
         idle = self.idle.get(addr)
         while idle:
             conn = idle.pop()
             if not conn.closed:
                 return conn
+        return None
+
+    async def acquire(self, addr: Addr) -> UpstreamConnection:
+        conn = self.take_idle(addr)
+        if conn is not None:
+            return conn
         while self.max_connections and len(self.open) + self._connecting >= self.max_connections:
             if self._evict_idle():
                 continue
@@ -83,11 +90,9 @@ class UpstreamPool:
                 else:
                     waiter.cancel()
                 raise
-            idle = self.idle.get(addr)
-            while idle:
-                conn = idle.pop()
-                if not conn.closed:
-                    return conn
+            conn = self.take_idle(addr)
+            if conn is not None:
+                return conn
         return await self._connect(addr)
 
     async def _connect(self, addr: Addr) -> UpstreamConnection:
