@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aiohttp
 from gateway_support import MODEL, FakeRouter, backends_running, gateway_config, gateway_running
@@ -57,19 +59,27 @@ class _Routers:
         return router
 
 
+@asynccontextmanager
+async def _running(
+    *names: str,
+) -> AsyncIterator[tuple[StartedApp, aiohttp.ClientSession, _Recorder]]:
+    """Stub instances ``names``, a gateway routing with a ``_Recorder``, and a client."""
+    routers = _Routers()
+    async with (
+        backends_running(*names) as backends,
+        gateway_running(gateway_config(backends), routers) as gw,
+        aiohttp.ClientSession() as client,
+    ):
+        yield gw, client, routers.live(gw)
+
+
 async def _post(client: aiohttp.ClientSession, gw: StartedApp) -> tuple[int, str]:
     async with client.post(gw.url + "/v1/chat/completions", json=CHAT) as resp:
         return resp.status, await resp.text()
 
 
 async def test_a_pooled_request_is_learnt_once_on_its_way_a_new_connection_before_it() -> None:
-    routers = _Routers()
-    async with (
-        backends_running("a") as backends,
-        gateway_running(gateway_config(backends), routers) as gw,
-        aiohttp.ClientSession() as client,
-    ):
-        router = routers.live(gw)
+    async with _running("a") as (gw, client, router):
         for _ in range(3):
             assert (await _post(client, gw))[0] == 200
     # the first request opened the connection (learnt before waiting for it); the next two
@@ -79,13 +89,7 @@ async def test_a_pooled_request_is_learnt_once_on_its_way_a_new_connection_befor
 
 
 async def test_no_decision_is_made_before_the_previous_one_is_learnt() -> None:
-    routers = _Routers()
-    async with (
-        backends_running("a", "b") as backends,
-        gateway_running(gateway_config(backends), routers) as gw,
-        aiohttp.ClientSession() as client,
-    ):
-        router = routers.live(gw)
+    async with _running("a", "b") as (gw, client, router):
         for _ in range(2):  # a cold pool (connections opened), then a warm one
             answers = await asyncio.gather(*(_post(client, gw) for _ in range(16)))
             assert [status for status, _ in answers] == [200] * 16
@@ -94,13 +98,7 @@ async def test_no_decision_is_made_before_the_previous_one_is_learnt() -> None:
 
 
 async def test_a_strategy_bug_in_learning_is_a_500_and_releases_the_instance() -> None:
-    routers = _Routers()
-    async with (
-        backends_running("a") as backends,
-        gateway_running(gateway_config(backends), routers) as gw,
-        aiohttp.ClientSession() as client,
-    ):
-        router = routers.live(gw)
+    async with _running("a") as (gw, client, router):
         router.fail_learning_at = 2  # a pooled request: its bytes are already on the way
         assert (await _post(client, gw))[0] == 200
         status, text = await _post(client, gw)
