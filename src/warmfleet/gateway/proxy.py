@@ -176,8 +176,8 @@ class Proxy:
         origin = inst.origin
         up = self.pool.take_idle(origin.addr)
         if up is None:  # the next decision, made while this one waits, must know of it
-            if not _learn(call):
-                return _routing_failed_response(call)
+            if (failure := _learn(call)) is not None:
+                return _unavailable(call.variant, failure, 0)
             try:
                 up = await self.pool.acquire(origin.addr)
             except UpstreamConnectError as err:
@@ -196,10 +196,10 @@ class Proxy:
         # The router learns the decision while the instance reads the request: off a lone
         # request's critical path, and before any other request can be routed (no await since
         # ``choose``: the answer's callbacks and the next request wait for this one to yield).
-        if not _learn(call):
+        if (failure := _learn(call)) is not None:
             up.abort()
             conn.on_pause = None
-            return _routing_failed_response(call)
+            return _unavailable(call.variant, failure, 0)
         try:
             await ex.done  # the relay has answered the client by now
         except asyncio.CancelledError:
@@ -254,22 +254,16 @@ def _routing_failed(variant: VariantRuntime, err: Exception) -> InternalError:
     return InternalError(f"routing failed: {type(err).__name__}")
 
 
-def _learn(call: Attempt) -> bool:
+def _learn(call: Attempt) -> InternalError | None:
     """The router learns ``call``'s decision (with replica sync: the note for the peers), once;
-    ``False`` if it failed (a strategy bug)."""
+    the error if it failed (a strategy bug)."""
     router, call.learner = call.learner, None
-    if router is None:
-        return True
-    try:
-        call.note = call.variant.routed(router, call.key, call.decision)
-    except Exception as err:
-        call.learn_error = _routing_failed(call.variant, err)
-        return False
-    return True
-
-
-def _routing_failed_response(call: Attempt) -> Response:
-    return _unavailable(call.variant, call.learn_error or InternalError("routing failed"), 0)
+    if router is not None:
+        try:
+            call.note = call.variant.routed(router, call.key, call.decision)
+        except Exception as err:
+            return _routing_failed(call.variant, err)
+    return None
 
 
 def _unavailable(variant: VariantRuntime, failure: WarmfleetError | None, tried: int) -> Response:

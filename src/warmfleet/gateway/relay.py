@@ -79,7 +79,6 @@ class Attempt:
         "index",
         "inst",
         "key",
-        "learn_error",
         "learner",
         "model",
         "note",
@@ -111,9 +110,7 @@ class Attempt:
         self.model = model  # the body's model, when the caller knows it (the capture's)
         self.ticket: Ticket | None = None  # flow control's, told of the first streamed bytes
         self.note: RoutedNote | None = None  # with replica sync: this routing's note
-        # the router that made ``decision`` and has yet to learn it (``proxy``), and its failure
-        self.learner: RouterLike | None = None
-        self.learn_error: WarmfleetError | None = None
+        self.learner: RouterLike | None = None  # made ``decision``, has yet to learn it (proxy)
 
     def release_note(self) -> None:
         """The request ended at the instance: its replica-sync note is finished (once). Called
