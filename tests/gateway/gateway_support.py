@@ -58,6 +58,7 @@ class FakeBackend:
         self.healthy = True
         self.fail_status: int | None = None
         self.models = [MODEL]
+        self.metrics_text: str | None = None  # ``/metrics`` (None: a 404)
         self.stats = BackendStats()
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -74,6 +75,7 @@ class FakeBackend:
         app.router.add_post("/invocations", self._invocation)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         return app
 
     async def start(self) -> None:
@@ -114,6 +116,11 @@ class FakeBackend:
             {"id": m, "object": "model", "created": 1, "owned_by": self.name} for m in self.models
         ]
         return web.json_response({"object": "list", "data": data})
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        if self.metrics_text is None:
+            return web.Response(status=404)
+        return web.Response(text=self.metrics_text, content_type="text/plain")
 
     def _track(self, request: web.Request) -> None:
         if request.transport is not None:

@@ -24,6 +24,8 @@ class InstanceRuntime:
         "in_flight_requests",
         "in_flight_tokens",
         "instance_id",
+        "kv_capacity_blocks",
+        "kv_capacity_tokens",
         "m_in_flight",
         "origin",
         "outlier",
@@ -46,6 +48,10 @@ class InstanceRuntime:
         self.in_flight_requests = 0
         self.in_flight_tokens = 0
         self.removed = False
+        # the engine's KV capacity (``gateway.kv_capacity`` reads it from its metrics): in
+        # tokens, and in the variant's routing-key blocks as strategies see it; 0: unknown
+        self.kv_capacity_tokens = 0
+        self.kv_capacity_blocks = 0
         self.m_in_flight = metrics.in_flight.labels(endpoint, variant, spec.id)
         self.state = InstanceState(spec.id)  # what strategies see; rebuilt on every load change
         metrics.healthy.labels(endpoint, variant, spec.id).set(1)
@@ -59,5 +65,20 @@ class InstanceRuntime:
         """A request of ``tokens`` tokens starts (``requests=1``) or ends (``-1``, ``-tokens``)."""
         self.in_flight_requests += requests
         self.in_flight_tokens += tokens
-        self.state = InstanceState(self.instance_id, self.in_flight_requests, self.in_flight_tokens)
         self.m_in_flight.inc(requests)
+        self._restate()
+
+    def set_kv_capacity(self, tokens: int, blocks: int) -> None:
+        """The engine's KV capacity, ``tokens`` (0: unknown), ``blocks`` in routing-key blocks."""
+        self.kv_capacity_tokens = tokens
+        self.kv_capacity_blocks = blocks
+        self._restate()
+
+    def _restate(self) -> None:
+        self.state = self.state_with(self.in_flight_requests, self.in_flight_tokens)
+
+    def state_with(self, requests: int, tokens: int) -> InstanceState:
+        """This instance as strategies see it, ``requests`` and ``tokens`` in flight."""
+        return InstanceState(
+            self.instance_id, requests, tokens, kv_capacity_blocks=self.kv_capacity_blocks
+        )

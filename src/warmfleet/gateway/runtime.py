@@ -38,6 +38,7 @@ from warmfleet.gateway.flow import GatewayFlow
 from warmfleet.gateway.health import HealthMonitor
 from warmfleet.gateway.hold import GatewayHold
 from warmfleet.gateway.http.upstream_pool import UpstreamPool
+from warmfleet.gateway.kv_capacity import KvCapacityProbe
 from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import BodyWorker
@@ -98,6 +99,7 @@ class Gateway:
         self._proxy: Proxy | None = None
         self._health: HealthMonitor | None = None
         self._models: ModelsCache | None = None
+        self._kv_capacity: KvCapacityProbe | None = None
         self._sessions: list[ClientSession] = []
         self._pool: UpstreamPool | None = None
         # Parses and keys bodies over limits.offload_body_bytes (gateway/openai/body.py).
@@ -119,6 +121,12 @@ class Gateway:
         if self._health is None:
             raise NotStartedError("gateway not started")
         return self._health
+
+    @property
+    def kv_capacity(self) -> KvCapacityProbe:
+        if self._kv_capacity is None:
+            raise NotStartedError("gateway not started")
+        return self._kv_capacity
 
     @property
     def models(self) -> ModelsCache:
@@ -154,9 +162,11 @@ class Gateway:
         self.capture.apply(self.state.spec.capture)
         self._health = HealthMonitor(self.state, control)
         self._models = ModelsCache(self.state, control)
+        self._kv_capacity = KvCapacityProbe(self.state, control)
         self.discovery.scan()  # instances from discovery files before the first request
         self._tasks = [
             asyncio.create_task(self._health.run(), name="warmfleet-gateway-health"),
+            asyncio.create_task(self.kv_capacity.run(), name="warmfleet-gateway-kv-capacity"),
             asyncio.create_task(self.discovery.run(), name="warmfleet-gateway-discovery"),
             asyncio.create_task(self.kube_discovery.run(), name="warmfleet-gateway-k8s-discovery"),
             asyncio.create_task(self._follow_inference_endpoints(), name="warmfleet-gateway-ie"),

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from prometheus_client import Counter
 
 from warmfleet.core.errors import NotFoundError
-from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, InstanceState, RoutingKey
+from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
 from warmfleet.gateway.config import FileDiscovery, InstanceSpec, VariantConfig, redacted_url
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.metrics import FastValue, GatewayMetrics
@@ -340,8 +340,8 @@ class VariantRuntime:
         # the fleet's in-flight load as this replica knows it: its own plus its peers'
         requests, tokens = replica.in_flight_requests, replica.in_flight_tokens
         states = [
-            InstanceState(iid, requests.get(iid, 0), tokens.get(iid, 0))
-            for iid in (i.instance_id for i in routable)
+            i.state_with(requests.get(i.instance_id, 0), tokens.get(i.instance_id, 0))
+            for i in routable
         ]
         return FleetSnapshot(tuple(states), now)
 

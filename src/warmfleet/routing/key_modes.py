@@ -20,9 +20,8 @@ from warmfleet.core.errors import ConfigError
 from warmfleet.core.types import RoutingKey
 from warmfleet.routing.canonical import render_chat_text
 from warmfleet.routing.chat_options import chat_template_options
-from warmfleet.routing.key_spec import KeySpec
+from warmfleet.routing.key_spec import CHARS_PER_TOKEN, KeySpec
 from warmfleet.routing.keys import (
-    CHARS_PER_TOKEN,
     KeyHasher,
     Tokenizer,
     estimated_tokens,

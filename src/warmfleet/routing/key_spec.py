@@ -5,7 +5,7 @@ cannot be."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, JsonValue, field_validator
 
@@ -17,6 +17,7 @@ from warmfleet.routing.sessions import DEFAULT_SESSION_HEADERS
 KeyMode = Literal["text", "bytes", "tokens"]
 DEFAULT_BLOCK_SIZE: dict[str, int] = {"text": 128, "bytes": 128, "tokens": 16}
 DEFAULT_PREFIX_LENGTH = 4096
+CHARS_PER_TOKEN: Final = 4  # ``text``/``bytes`` keys' estimate of a token's size
 
 
 def _check_header_name(name: str) -> None:
@@ -76,3 +77,9 @@ class KeySpec(StrictModel):
     @property
     def effective_block_size(self) -> int:
         return self.block_size if self.block_size is not None else DEFAULT_BLOCK_SIZE[self.mode]
+
+    def capacity_blocks(self, kv_capacity_tokens: int) -> int:
+        """An engine's KV capacity in key blocks (``text``/``bytes`` blocks hold
+        ``block_size / CHARS_PER_TOKEN`` tokens); 0 for an unknown (0) capacity."""
+        size = self.effective_block_size
+        return kv_capacity_tokens * (1 if self.mode == "tokens" else CHARS_PER_TOKEN) // size

@@ -26,11 +26,10 @@ from warmfleet.core.hashing import chain_blocks, chain_seed
 from warmfleet.core.types import RoutingKey
 from warmfleet.routing.chains import SpanMemo
 from warmfleet.routing.chat_options import ChatTemplateOptions
-from warmfleet.routing.key_spec import DEFAULT_PREFIX_LENGTH, KeySpec
+from warmfleet.routing.key_spec import CHARS_PER_TOKEN, DEFAULT_PREFIX_LENGTH, KeySpec
 from warmfleet.routing.parse import bad_request
 from warmfleet.routing.sessions import session_hash
 
-CHARS_PER_TOKEN = 4
 _PREFIX_SALT = 0x5F5F
 _SEED_CACHE_ENTRIES = 4096
 _h64 = xxhash.xxh3_64_intdigest
