@@ -9,13 +9,19 @@ from gateway_support import backends_running, chat, gateway_config, gateway_runn
 
 from support.waiting import wait_until
 from warmfleet.gateway import kv_capacity
+from warmfleet.gateway.app import default_router_factory
+from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.kv_capacity import (
     REFRESH_S,
     RETRY_S,
     KvCapacityProbe,
     kv_capacity_tokens,
 )
+from warmfleet.gateway.metrics import GatewayMetrics
+from warmfleet.gateway.replica_sync.router import CurrentRouter
+from warmfleet.gateway.world import GatewayState
 from warmfleet.routing.key_spec import KeySpec
+from warmfleet.routing.replicas import ReplicaView
 from warmfleet.routing.router import Router
 from warmfleet.routing.strategies.prefix_affinity import PrefixAffinityStrategy
 
@@ -127,3 +133,23 @@ async def test_the_gateway_reads_capacities_on_its_own() -> None:
             inst = gw.gateway.state.endpoints["main"].variants["v1"].instances["a"]
             await wait_until(lambda: gw.gateway.kv_capacity.rounds_completed > 0)
             assert inst.kv_capacity_tokens == 128 * 48
+
+
+def test_both_snapshots_carry_the_capacity() -> None:
+    """One gateway's snapshot and a synced replica's (its in-flight counts from the view)."""
+    instances = [{"id": i, "url": f"http://127.0.0.1:{k + 1}"} for k, i in enumerate("ab")]
+    routing = {"strategy": {"type": "prefix_affinity"}}
+    variants = [{"name": "v", "routing": routing, "instances": instances}]
+    doc = {
+        "apiVersion": "warmfleet.dev/v1alpha1",
+        "kind": "Gateway",
+        "spec": {"endpoints": [{"name": "e", "variants": variants}]},
+    }
+    state = GatewayState(parse_gateway_config(doc), default_router_factory, GatewayMetrics())
+    variant = state.default_endpoint().variant("v")
+    variant.instances["a"].set_kv_capacity(16_000, 500)
+    view = ReplicaView("r#1", "e/v", CurrentRouter(variant))
+    for synced in (None, view):
+        variant.replica = synced
+        caps = {i.instance_id: i.kv_capacity_blocks for i in variant.snapshot().instances}
+        assert caps == {"a": 500, "b": 0}
