@@ -82,6 +82,12 @@ async def test_probe_feeds_the_index_and_keeps_a_known_capacity_when_a_read_fail
             ia, ib = variant.instances["a"], variant.instances["b"]
             assert (ia.kv_capacity_tokens, ia.kv_capacity_blocks) == (16_000, 500)
             assert ib.kv_capacity_blocks == 0  # no /metrics: the default
+            shown = {i["id"]: i for i in variant.describe()["instances"]}  # the admin API's view
+            assert (shown["a"]["kv_capacity_tokens"], shown["a"]["kv_capacity_blocks"]) == (
+                16_000,
+                500,
+            )
+            assert shown["b"]["kv_capacity_blocks"] is None
             body = chat([{"role": "user", "content": "hello " * 100}])
             async with client.post(gw.url + "/v1/chat/completions", json=body) as r:
                 assert r.status == 200

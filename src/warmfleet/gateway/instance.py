@@ -4,7 +4,7 @@ probes and the passive standing of ``gateway.outlier``)."""
 from __future__ import annotations
 
 from warmfleet.core.types import InstanceState
-from warmfleet.gateway.config import InstanceSpec
+from warmfleet.gateway.config import InstanceSpec, redacted_url
 from warmfleet.gateway.http.upstream import Origin
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.outlier import EJECTED, OutlierRecord
@@ -60,6 +60,21 @@ class InstanceRuntime:
     def takes_traffic(self) -> bool:
         """In the variant's healthy set (the router's view; a probation instance included)."""
         return self.active_healthy and self.outlier.standing is not EJECTED
+
+    def describe(self, now_s: float) -> dict[str, object]:
+        """This instance in the admin API (``kv_capacity_*`` None: unknown, the default)."""
+        return {
+            "id": self.instance_id,
+            "url": redacted_url(self.base_url),
+            "data_parallel_rank": self.data_parallel_rank,
+            "healthy": self.takes_traffic,
+            "active_healthy": self.active_healthy,
+            "outlier": self.outlier.describe(now_s),
+            "in_flight_requests": self.in_flight_requests,
+            "in_flight_tokens": self.in_flight_tokens,
+            "kv_capacity_tokens": self.kv_capacity_tokens or None,
+            "kv_capacity_blocks": self.kv_capacity_blocks or None,
+        }
 
     def add_load(self, requests: int, tokens: int) -> None:
         """A request of ``tokens`` tokens starts (``requests=1``) or ends (``-1``, ``-tokens``)."""

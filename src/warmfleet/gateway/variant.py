@@ -19,7 +19,7 @@ from prometheus_client import Counter
 
 from warmfleet.core.errors import NotFoundError
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
-from warmfleet.gateway.config import FileDiscovery, InstanceSpec, VariantConfig, redacted_url
+from warmfleet.gateway.config import FileDiscovery, InstanceSpec, VariantConfig
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.metrics import FastValue, GatewayMetrics
 from warmfleet.gateway.outlier import (
@@ -384,17 +384,5 @@ class VariantRuntime:
             "discovery": self.config.discovery.model_dump(mode="json")
             if self.config.discovery
             else None,
-            "instances": [
-                {
-                    "id": i.instance_id,
-                    "url": redacted_url(i.base_url),
-                    "data_parallel_rank": i.data_parallel_rank,
-                    "healthy": i.takes_traffic,
-                    "active_healthy": i.active_healthy,
-                    "outlier": i.outlier.describe(now),
-                    "in_flight_requests": i.in_flight_requests,
-                    "in_flight_tokens": i.in_flight_tokens,
-                }
-                for i in self.instances.values()
-            ],
+            "instances": [i.describe(now) for i in self.instances.values()],
         }
