@@ -88,6 +88,11 @@ async def test_probe_feeds_the_index_and_keeps_a_known_capacity_when_a_read_fail
                 500,
             )
             assert shown["b"]["kv_capacity_blocks"] is None
+            gauge = gw.gateway.metrics.registry.get_sample_value(
+                "warmfleet_gateway_instance_kv_capacity_blocks",
+                {"endpoint": "main", "variant": "v1", "instance_id": "a"},
+            )
+            assert gauge == 500
             body = chat([{"role": "user", "content": "hello " * 100}])
             async with client.post(gw.url + "/v1/chat/completions", json=body) as r:
                 assert r.status == 200

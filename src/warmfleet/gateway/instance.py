@@ -27,6 +27,7 @@ class InstanceRuntime:
         "kv_capacity_blocks",
         "kv_capacity_tokens",
         "m_in_flight",
+        "m_kv_capacity",
         "origin",
         "outlier",
         "removed",
@@ -53,6 +54,7 @@ class InstanceRuntime:
         self.kv_capacity_tokens = 0
         self.kv_capacity_blocks = 0
         self.m_in_flight = metrics.in_flight.labels(endpoint, variant, spec.id)
+        self.m_kv_capacity = metrics.kv_capacity.labels(endpoint, variant, spec.id)
         self.state = InstanceState(spec.id)  # what strategies see; rebuilt on every load change
         metrics.healthy.labels(endpoint, variant, spec.id).set(1)
 
@@ -87,6 +89,7 @@ class InstanceRuntime:
         """The engine's KV capacity, ``tokens`` (0: unknown), ``blocks`` in routing-key blocks."""
         self.kv_capacity_tokens = tokens
         self.kv_capacity_blocks = blocks
+        self.m_kv_capacity.set(blocks)
         self._restate()
 
     def _restate(self) -> None:

@@ -61,6 +61,8 @@ def kv_capacity_tokens(text: str) -> int:
 
 
 class KvCapacityProbe:
+    """Reads the engines' capacities into their ``InstanceRuntime`` (the module's docstring)."""
+
     def __init__(
         self,
         state: GatewayState,

@@ -8,7 +8,9 @@ Names (all prefixed ``warmfleet_gateway_``; the engine instance is ``instance_id
   or ``client_disconnect``.
 - ``rejected_requests_total{status}``: requests answered with an error before routing.
 - ``in_flight_requests{endpoint,variant,instance_id}``,
-  ``instance_healthy{endpoint,variant,instance_id}``
+  ``instance_healthy{endpoint,variant,instance_id}``,
+  ``instance_kv_capacity_blocks{endpoint,variant,instance_id}`` (the engine's KV capacity read
+  from its metrics, in routing-key blocks; 0: unknown, ``defaultCapacityBlocks`` used)
 - ``decision_seconds{endpoint,variant}``: time inside ``Router.choose``.
 - ``overhead_seconds{endpoint,variant}``: request handler entered -> upstream request issued
   (body read, JSON parse, key, decision, bookkeeping; on a pooled connection the router learns
@@ -233,6 +235,12 @@ class GatewayMetrics:
         self.healthy = FastGauge(
             f"{_PREFIX}_instance_healthy", "1 if the instance takes traffic", instance, reg
         )
+        self.kv_capacity = FastGauge(
+            f"{_PREFIX}_instance_kv_capacity_blocks",
+            "KV capacity read from the engine's metrics, in routing-key blocks (0: unknown)",
+            instance,
+            reg,
+        )
         self.decision = FastHistogram(
             f"{_PREFIX}_decision_seconds",
             "Time spent choosing an instance",
@@ -326,6 +334,6 @@ class GatewayMetrics:
 
     def forget_instance(self, endpoint: str, variant: str, instance: str) -> None:
         """Drop the per-instance gauges of a removed instance (counters keep their history)."""
-        for gauge in (self.in_flight, self.healthy, self.ejected, self.probation):
+        for gauge in (self.in_flight, self.healthy, self.kv_capacity, self.ejected, self.probation):
             with contextlib.suppress(KeyError):
                 gauge.remove(endpoint, variant, instance)
