@@ -254,3 +254,16 @@ def decision_reasons(replicas: Sequence[Replica]) -> dict[str, int]:
                     reason = sample.labels["reason"]
                     counts[reason] = counts.get(reason, 0) + int(sample.value)
     return dict(sorted(counts.items()))
+
+
+def kv_capacities(replicas: Sequence[Replica]) -> list[int]:
+    """The distinct KV capacities (tokens) the replicas read from the engines' metrics (0: an
+    instance whose capacity they did not learn)."""
+    return sorted(
+        {
+            inst.kv_capacity_tokens
+            for replica in replicas
+            for variant in replica.gateway.state.variants()
+            for inst in variant.instances.values()
+        }
+    )

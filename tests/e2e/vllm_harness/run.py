@@ -38,6 +38,7 @@ from vllm_harness.gateways import (
     LoopLag,
     Replica,
     decision_reasons,
+    kv_capacities,
     replica_sync_sections,
     start_replica,
     sync_delays_ms,
@@ -122,6 +123,7 @@ class E2E:
             result = summarize(parts, self.ideal)
             result["replicas"] = replicas
             result["reasons"] = decision_reasons(started)
+            result["kv_capacity_tokens"] = kv_capacities(started)  # read from vLLM's /metrics
             if exact:
                 result["kv_event_sync_s"] = round(sync_s, 2)
                 result["kv_events"] = [r.feed.describe() for r in started if r.feed]
