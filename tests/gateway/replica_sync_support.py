@@ -124,6 +124,13 @@ def stub_doc(backends: Sequence[FakeBackend], sync: dict[str, Any] | None, strat
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "Gateway", "spec": spec}
 
 
+def hears(listener: ReplicaSync, speaker: ReplicaSync) -> bool:
+    """``listener`` heard ``speaker``'s stream over its subscription (a note ``speaker`` sends
+    before that is dropped by its PUB, as for any subscriber not yet connected)."""
+    heard = listener.describe()["last_batch_heard"]
+    return isinstance(heard, dict) and speaker.origin in heard
+
+
 @asynccontextmanager
 async def stub_pair(
     backends: Sequence[FakeBackend], sync_a: dict[str, Any], sync_b: dict[str, Any]

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from gateway_support import MODEL, backends_running
-from replica_sync_support import stub_pair, sync_ports, sync_section
+from replica_sync_support import hears, stub_pair, sync_ports, sync_section
 
 from support.waiting import wait_until
 from warmfleet.core.errors import ConfigError
@@ -156,12 +156,14 @@ async def test_gateways_sharing_the_secret_sync_with_curve_on(kmock: Any) -> Non
         backends_running("b0") as backends,
         stub_pair(backends, section("a", port_a, port_b), section("b", port_b, port_a)) as (a, b),
     ):
-        syncs = [a.gateway.replica_sync, b.gateway.replica_sync]
-        assert all(s is not None and s.describe()["curve"] for s in syncs)
+        sync_a, sync_b = a.gateway.replica_sync, b.gateway.replica_sync
+        assert sync_a is not None
+        assert sync_b is not None
+        assert sync_a.describe()["curve"]
+        assert sync_b.describe()["curve"]
+        await wait_until(lambda: hears(sync_b, sync_a))  # its CURVE handshake is through
         async with aiohttp.ClientSession() as http:
             body = {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 50}]}
             async with http.post(a.url + "/v1/chat/completions", json=body) as resp:
                 assert resp.status == 200
-        sync_b = syncs[1]
-        assert sync_b is not None
         await wait_until(lambda: sync_b.metrics.received._value.get() > 0)

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 from gateway_support import MODEL, backends_running
-from replica_sync_support import endpoint, stub_pair, sync_ports
+from replica_sync_support import endpoint, hears, stub_pair, sync_ports
 from test_gateway_kube_discovery import NS, SLICES, declare
 
 from support.waiting import wait_until
@@ -74,6 +74,7 @@ async def test_peers_are_the_ready_endpoints_of_the_gateways_service(
         await wait_until(lambda: _replica(a).peers.current == frozenset({endpoint(port_b)}))
         await wait_until(lambda: _replica(b).peers.current == frozenset({endpoint(port_a)}))
         await wait_until(lambda: _replica(b).caught_up)
+        await wait_until(lambda: hears(_replica(b), _replica(a)))
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
         async with session.post(a.url + "/v1/chat/completions", json=body) as resp:
             assert resp.status == 200
