@@ -116,7 +116,9 @@ def test_prefix_routing_on_real_vllm() -> None:
     assert conf["engine_cached_tokens"] > 0
     assert set(out["replicas"]) >= {"1", "4", "4_approximate", "4_approximate_sessions"}
     engine_tokens = out["engine"]["kv_cache_blocks"] * block  # vllm:cache_config_info's
-    for case in out["replicas"].values():  # every gateway learnt every engine's capacity
+    cases = [c for modes in out["strategies"].values() for c in modes.values()]
+    cases += [c for label, c in out["replicas"].items() if label != "1"]  # "1": exact's run
+    for case in cases:  # every gateway learnt every engine's capacity
         assert case["kv_capacity_tokens"] == [engine_tokens], case
     assert out["replicas"]["4"]["hit_rate"] >= 0.8 * out["replicas"]["4"]["ideal_reuse"]
     one = out["replicas"]["1"]["hit_rate"]

@@ -228,6 +228,7 @@ async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
                     "ideal_reuse": result["ideal_reuse"],
                     "ttft_ms": result["ttft_ms"],
                     "reasons": result["reasons"],
+                    "kv_capacity_tokens": result["kv_capacity_tokens"],
                 }
                 if synced:
                     out["replicas"][label]["replica_sync"] = result["replica_sync"]
