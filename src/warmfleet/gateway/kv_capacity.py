@@ -36,7 +36,7 @@ ROUND_S = 5.0
 REFRESH_S = 600.0
 RETRY_S = 30.0
 MAX_METRICS_BYTES = 8 << 20
-_VLLM = ("vllm:cache_config_info", "vllm:cache_config")  # a gauge; parsed as an info: no suffix
+_VLLM = "vllm:cache_config_info"  # a gauge set to 1, its labels the engine's CacheConfig
 _SGLANG = "sglang:max_total_num_tokens"
 
 
@@ -47,7 +47,7 @@ def kv_capacity_tokens(text: str) -> int:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if family.name in _VLLM:
+                if family.name == _VLLM:
                     blocks = sample.labels.get("num_gpu_blocks", "")
                     size = sample.labels.get("block_size", "")
                     if blocks.isdigit() and size.isdigit():
