@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from warmfleet.api.replica_sync import (
     MAX_BATCH_NOTES,
     VERSION,
+    BatchEncoder,
     ReplicaSyncError,
     _routed_checked,
     _routed_fast,
@@ -82,6 +83,22 @@ def test_a_batch_round_trips() -> None:
 @given(st.lists(note_st, max_size=5))
 def test_any_notes_round_trip(notes: list[SyncNote]) -> None:
     assert decode_batch(encode_batch(notes)) == tuple(notes)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(note_st, max_size=4), min_size=1, max_size=4))
+def test_an_encoder_kept_from_batch_to_batch_encodes_each_as_a_new_one(
+    batches: list[list[SyncNote]],
+) -> None:
+    """One ``BatchEncoder`` for a stream of batches, one of them refused half-way (an int past
+    64 bits after other fields were packed): each payload is what a new encoder makes."""
+    encoder = BatchEncoder()
+    too_big = replace(_note_with_session(), tokens=1 << 64)
+    for notes in batches:
+        with pytest.raises(ReplicaSyncError, match="cannot encode"):
+            encoder.encode([*notes, too_big])
+        assert encoder.encode(notes) == encode_batch(notes)
+        assert decode_batch(encoder.encode(notes)) == tuple(notes)
 
 
 @settings(max_examples=300, deadline=None)

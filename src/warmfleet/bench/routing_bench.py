@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from warmfleet.api.replica_sync import decode_batch, encode_batch
+from warmfleet.api.replica_sync import BatchEncoder, decode_batch
 from warmfleet.core.types import FleetSnapshot, InstanceState, RoutingKey
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
 from warmfleet.routing.parse import parse_chat
@@ -162,10 +162,18 @@ def measure_sync(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]
     view_us = _cpu_us_each(route_through_view, repeats) - _cpu_us_each(route_plain, repeats)
     payloads: list[bytes] = []
     batched = (notes[i : i + 8] for i in range(0, len(notes), 8))
-    encode_us = _cpu_us_each(lambda: payloads.extend(map(encode_batch, batched)), repeats)
+    encode = BatchEncoder().encode  # one for the stream, as a replica keeps
+    encode_us = _cpu_us_each(lambda: payloads.extend(map(encode, batched)), repeats)
     batches: list[tuple[SyncNote, ...]] = []
     decode_us = _cpu_us_each(lambda: batches.extend(map(decode_batch, payloads)), repeats)
-    apply_us = _cpu_us_each(lambda: [receiver.apply(n) for b in batches for n in b], repeats)
+
+    def apply_all() -> None:  # the index applies its queued inserts at its next read
+        for batch in batches:
+            for note in batch:
+                receiver.apply(note)
+        peer.strategy.index.settle()  # type: ignore[attr-defined]
+
+    apply_us = _cpu_us_each(apply_all, repeats)
     gc.unfreeze()
     indexed = [r.strategy.index.total_blocks for r in (synced, peer)]  # type: ignore[attr-defined]
     return {"view": view_us, "encode": encode_us, "decode": decode_us, "apply": apply_us,

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 import zmq
 from prometheus_client import CollectorRegistry
 
-from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
+from warmfleet.api.replica_sync import BatchEncoder, ReplicaSyncError
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.curve import CurveKey
@@ -85,6 +85,7 @@ class ReplicaSync:
         self._last_batch: dict[str, int] = {}  # origin -> number of its last batch heard
         self._resync = asyncio.Event()
         self._log = PayloadLog(config.log_bytes)
+        self._encoder = BatchEncoder()
         self._own_open: dict[tuple[str, int], RoutedNote] = {}
         self._unsent_routed: set[tuple[str, int]] = set()  # routed notes in ``_pending``
         self._heard: dict[str, float] = {}  # origin -> when last heard (clock)
@@ -217,7 +218,7 @@ class ReplicaSync:
         if sockets is None:
             return
         try:
-            payload = encode_batch(notes)
+            payload = self._encoder.encode(notes)
         except ReplicaSyncError as err:  # a bug: never a reason to stop routing
             log.error("replica sync: a batch of %d notes not encoded: %s", len(notes), err)
             self.metrics.dropped.labels("encode").inc()

@@ -5,7 +5,7 @@
   wall-clock time, in seconds, at which the batch's oldest note was queued: its arrival minus
   it is the note's observed propagation delay, batching included; the batch's number, from 1
   for each origin: a receiver that sees one skipped knows it lost notes; the length of the
-  origin replica's id), the id (UTF-8) and the payload of ``api.replica_sync.encode_batch``.
+  origin replica's id), the id (UTF-8) and the payload of ``api.replica_sync.BatchEncoder``.
   One frame, not four: each frame is a send and a receive of its own in pyzmq and libzmq
   (docs/benchmarks.md, "Compiled value-type constructors and one-frame batches"). A batch with
   no notes is a heartbeat. When the SUB socket is read: ``inbound.Inbound``.
@@ -35,7 +35,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from warmfleet.api.replica_sync import ReplicaSyncError, decode_batch, encode_batch
+from warmfleet.api.replica_sync import BatchEncoder, ReplicaSyncError, decode_batch
 from warmfleet.gateway.replica_sync.config import catch_up_endpoint
 from warmfleet.gateway.replica_sync.curve import CurveKey, ZapGuard
 from warmfleet.routing.replica_notes import SyncNote
@@ -127,8 +127,8 @@ class PayloadLog:
 def log_frames(origin: str, open_notes: Sequence[SyncNote], log: PayloadLog) -> list[bytes]:
     """The answer to a catch-up request (without the ROUTER's identity frame): the replica's
     open requests, then its log."""
-    step = CATCH_UP_NOTES_PER_FRAME
-    chunks = [encode_batch(open_notes[i : i + step]) for i in range(0, len(open_notes), step)]
+    step, encode = CATCH_UP_NOTES_PER_FRAME, BatchEncoder().encode
+    chunks = [encode(open_notes[i : i + step]) for i in range(0, len(open_notes), step)]
     return [LOG_REQUEST, origin.encode(), *chunks, *log.payloads]
 
 
