@@ -123,6 +123,31 @@ async def test_probe_feeds_the_index_and_keeps_a_known_capacity_when_a_read_fail
             assert ia.kv_capacity_blocks == 1000
 
 
+async def test_an_engine_back_from_down_is_read_again_at_once() -> None:
+    """An engine restarted with another cache size: the health probes saw it down, so its
+    capacity is read again at the first round it is back, not ``REFRESH_S`` later."""
+    async with backends_running("a") as (a,):
+        a.metrics_text = VLLM % (16, 1000)
+        config = gateway_config([a], strategy={"type": "prefix_affinity"})
+        async with gateway_running(config) as gw, aiohttp.ClientSession() as client:
+            ia = gw.gateway.state.endpoints["main"].variants["v1"].instances["a"]
+            now = [0.0]
+            probe = KvCapacityProbe(gw.gateway.state, client, clock=lambda: now[0])
+            await probe.poll_once()
+            assert ia.kv_capacity_blocks == 500
+            a.metrics_text = VLLM % (16, 3000)  # restarted bigger, not seen down: REFRESH_S
+            now[0] = RETRY_S
+            await probe.poll_once()
+            assert ia.kv_capacity_blocks == 500
+            ia.active_healthy = False  # what the health probes say while it restarts
+            now[0] = 2 * RETRY_S
+            await probe.poll_once()
+            assert ia.kv_capacity_blocks == 500
+            ia.active_healthy = True
+            await probe.poll_once()
+            assert ia.kv_capacity_blocks == 1500
+
+
 async def test_an_oversized_metrics_page_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kv_capacity, "MAX_METRICS_BYTES", 512)
     async with backends_running("a") as (a,):

@@ -147,14 +147,14 @@ def _reference_insert(lru: OrderedDict[int, None], blocks: tuple[int, ...], capa
             st.integers(0, 12),
             st.booleans(),
             st.integers(-1, 30),
-            st.booleans(),
+            st.integers(0, 30),  # 0: read now (queues of ~30 inserts: the deduplicated path)
         ),
         min_size=1,
-        max_size=80,
+        max_size=120,
     ),
 )
 def test_bulk_lru_touch_equals_per_block_touch(
-    seed: int, capacity: int, ops: list[tuple[int, int, int, bool, int, bool]]
+    seed: int, capacity: int, ops: list[tuple[int, int, int, bool, int, int]]
 ) -> None:
     """Chains that share heads, held sets with holes (a tail held without its head) and repeated
     blocks, right and wrong ``held_hint``s, each insert read at once or queued with the next
@@ -174,7 +174,7 @@ def test_bulk_lru_touch_equals_per_block_touch(
         index.insert(iid, blocks, hint)  # any hint, right or wrong: the same result
         if blocks:
             _reference_insert(reference.setdefault(iid, OrderedDict()), blocks, capacity)
-        if read or n == len(ops) - 1:
+        if read == 0 or n == len(ops) - 1:
             index.settle()
             for rid, lru in reference.items():
                 assert list(index._lru[rid]) == list(lru)

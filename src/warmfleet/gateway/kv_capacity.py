@@ -10,8 +10,9 @@ an instance whose capacity is unknown gets the strategy's ``defaultCapacityBlock
 
 Owned by the app lifespan (``run``, cancelled on shutdown). Every ``ROUND_S`` it reads the
 ``/metrics`` of each instance address that is due (data-parallel ranks share one): a new one
-at once, then every ``REFRESH_S`` (an engine restarted with another cache size), one that gave
-no capacity every ``RETRY_S``. A read that fails (refused, timed out, not 200, larger than
+at once, then every ``REFRESH_S``, one that gave no capacity every ``RETRY_S``, and one the
+health probes saw down at the previous round as soon as they see it back (an engine restarted,
+maybe with another cache size). A read that fails (refused, timed out, not 200, larger than
 ``MAX_METRICS_BYTES``) changes nothing. Each round also converts every known capacity with
 the variant's key settings of the moment (a reload may change the block size or key mode).
 """
@@ -75,6 +76,7 @@ class KvCapacityProbe:
         self.rounds_completed = 0
         self._clock = clock
         self._due_s: dict[str, float] = {}  # instance address -> when to read it next
+        self._down: set[str] = set()  # addresses the health probes saw down at the last round
 
     async def run(self) -> None:
         while True:
@@ -86,13 +88,19 @@ class KvCapacityProbe:
         now_s = self._clock()
         due: dict[str, list[tuple[VariantRuntime, InstanceRuntime]]] = {}
         seen: set[str] = set()
+        down: set[str] = set()
         for variant in self.state.variants():
             for inst in variant.instances.values():
                 seen.add(inst.base_url)
+                if not inst.active_healthy:
+                    down.add(inst.base_url)
+                elif inst.base_url in self._down:  # back: read now, whenever it was due
+                    self._due_s[inst.base_url] = now_s
                 if inst.kv_capacity_tokens:  # the key settings may have changed
                     _apply(variant, inst, inst.kv_capacity_tokens)
                 if self._due_s.get(inst.base_url, 0.0) <= now_s:
                     due.setdefault(inst.base_url, []).append((variant, inst))
+        self._down = down
         for gone in self._due_s.keys() - seen:
             del self._due_s[gone]
         urls = list(due)

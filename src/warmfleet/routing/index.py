@@ -27,6 +27,10 @@ from warmfleet.core.types import InstanceId
 
 # Inserts queued at most before they are applied without waiting for a read (memory bound).
 MAX_QUEUED_INSERTS = 1024
+# Fewer queued than this are touched as they are: a decision's own insert or two (the gateway
+# learns after the upstream write, so a few wait for the next decision) would spend more on
+# the bookkeeping of what repeats than the repeats cost.
+MIN_DEDUPED_INSERTS = 16
 
 
 class _BitIndex:
@@ -206,14 +210,15 @@ class ApproxPrefixIndex(_BitIndex):
         """Apply the queued inserts: newest first, note each instance's blocks touched later;
         drop an insert once its instance has ``capacity`` of them, else the leading run of
         its chain that they hold (chained hashes: a block shared with a later chain shares its
-        whole prefix; found by bisection, then checked); touch the rest oldest first."""
+        whole prefix; found by bisection, then checked); touch the rest oldest first. Fewer
+        than ``MIN_DEDUPED_INSERTS``: each touched as it is."""
         queued = self._queued
         if not queued:
             return
         self._queued = []
-        if len(queued) == 1:
-            instance_id, hashes, hint = queued[0]
-            self._touch(instance_id, hashes, hint)
+        if len(queued) < MIN_DEDUPED_INSERTS:
+            for instance_id, hashes, hint in queued:
+                self._touch(instance_id, hashes, hint)
             return
         later: dict[InstanceId, set[int]] = {}
         plan: list[tuple[InstanceId, Sequence[int], int]] = []
