@@ -7,30 +7,16 @@ mask of instances holding every block so far is non-zero, noting where each inst
 - ``ApproxPrefixIndex`` learns from routing history (``insert`` on every routed request) and
   forgets like the engine does: one LRU per instance whose capacity mirrors the instance's KV
   capacity in blocks. A key's blocks are touched tail first, so the head of a prefix is always
-  more recent than its tail and eviction never leaves a hole in a chain. Inserts are applied
-  when the index is next read (``settle``), all those queued meanwhile together, and only the
-  touches that decide the result: an LRU's contents and order after a run of touches are its
-  ``capacity`` most recently touched blocks by their last touch (LRU is a stack algorithm), so
-  a touch that a later one repeats, and any touch older than the last ``capacity`` distinct
-  blocks, change nothing. The state read is exactly the one inserting each at once gives; a
-  replica applying its peers' routings (hundreds between two of its own decisions, most of
-  them repeating a hot prefix) touches each prefix once, not once a routing.
+  more recent than its tail and eviction never leaves a hole in a chain.
 - ``ExactPrefixIndex`` is fed by engine KV events (``KvEventSink``) and has the same ``match``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from warmfleet.core.types import InstanceId
-
-# Inserts queued at most before they are applied without waiting for a read (memory bound).
-MAX_QUEUED_INSERTS = 1024
-# Fewer queued than this are touched as they are: a decision's own insert or two (the gateway
-# learns after the upstream write, so a few wait for the next decision) would spend more on
-# the bookkeeping of what repeats than the repeats cost.
-MIN_DEDUPED_INSERTS = 16
 
 
 class _BitIndex:
@@ -113,7 +99,7 @@ class _BitIndex:
         return len(self._owners)
 
 
-def _held_prefix(lru: Container[int], hashes: Sequence[int]) -> int:
+def _held_prefix(lru: OrderedDict[int, None], hashes: Sequence[int]) -> int:
     """Length of the leading run of ``hashes`` held in ``lru``, assuming held blocks form a
     prefix of the chain (a guess: callers must stay correct when it is wrong)."""
     lo, hi = 0, len(hashes)
@@ -136,7 +122,6 @@ class ApproxPrefixIndex(_BitIndex):
         self.default_capacity_blocks = default_capacity_blocks
         self._lru: dict[InstanceId, OrderedDict[int, None]] = {}
         self._capacity: dict[InstanceId, int] = {}
-        self._queued: list[tuple[InstanceId, Sequence[int], int]] = []  # inserts, oldest first
 
     def capacity(self, instance_id: InstanceId) -> int:
         return self._capacity.get(instance_id, self.default_capacity_blocks)
@@ -149,8 +134,6 @@ class ApproxPrefixIndex(_BitIndex):
         never grows along a key's chain: each run of equal masks is found by binary search, in
         O(changes x log(blocks)) lookups instead of one per matched block.
         """
-        if self._queued:
-            self.settle()
         n = len(block_hashes)
         if n == 0:
             return {}
@@ -179,71 +162,25 @@ class ApproxPrefixIndex(_BitIndex):
         cap = capacity_blocks if capacity_blocks > 0 else self.default_capacity_blocks
         if self._capacity.get(instance_id) == cap:
             return
-        self.settle()  # the queued inserts are capped at the capacity of their time
         self._capacity[instance_id] = cap
         lru = self._lru.get(instance_id)
         if lru is not None and len(lru) > cap:
             self._evict(instance_id, lru, cap)
 
     def occupancy(self, instance_id: InstanceId) -> int:
-        if self._queued:
-            self.settle()
         lru = self._lru.get(instance_id)
         return len(lru) if lru is not None else 0
 
     def insert(
         self, instance_id: InstanceId, block_hashes: Sequence[int], held_hint: int = -1
     ) -> None:
-        """``instance_id`` now holds the chain ``block_hashes`` (head most recently used), as
-        the next read sees (``settle``).
+        """``instance_id`` now holds the chain ``block_hashes`` (head most recently used).
 
         ``held_hint``: how many leading blocks the instance is believed to hold already (e.g.
         the decision's ``predicted_cached_blocks``); only a speed hint, a wrong value gives the
         same result. Negative: found by bisection."""
-        if block_hashes:
-            queued = self._queued
-            queued.append((instance_id, block_hashes, held_hint))
-            if len(queued) >= MAX_QUEUED_INSERTS:
-                self.settle()
-
-    def settle(self) -> None:
-        """Apply the queued inserts: newest first, note each instance's blocks touched later;
-        drop an insert once its instance has ``capacity`` of them, else the leading run of
-        its chain that they hold (chained hashes: a block shared with a later chain shares its
-        whole prefix; found by bisection, then checked); touch the rest oldest first. Fewer
-        than ``MIN_DEDUPED_INSERTS``: each touched as it is."""
-        queued = self._queued
-        if not queued:
+        if not block_hashes:
             return
-        self._queued = []
-        if len(queued) < MIN_DEDUPED_INSERTS:
-            for instance_id, hashes, hint in queued:
-                self._touch(instance_id, hashes, hint)
-            return
-        later: dict[InstanceId, set[int]] = {}
-        plan: list[tuple[InstanceId, Sequence[int], int]] = []
-        for instance_id, hashes, hint in reversed(queued):
-            cap = self.capacity(instance_id)
-            chain = hashes[:cap] if len(hashes) > cap else hashes
-            seen = later.get(instance_id)
-            if seen is None:
-                later[instance_id] = set(chain)
-                plan.append((instance_id, chain, hint))
-                continue
-            if len(seen) >= cap:  # its newest ``cap`` blocks are known: the rest is evicted
-                continue
-            again = _held_prefix(seen, chain)
-            if again and not seen.issuperset(chain[:again]):  # not a chain: touch it all
-                again = 0
-            if again < len(chain):
-                tail = chain[again:]
-                seen.update(tail)
-                plan.append((instance_id, tail, hint - again if hint >= again else -1))
-        for instance_id, chain, hint in reversed(plan):
-            self._touch(instance_id, chain, hint)
-
-    def _touch(self, instance_id: InstanceId, block_hashes: Sequence[int], held_hint: int) -> None:
-        """One insert applied: its blocks touched tail first, then the LRU cut to capacity."""
         cap = self.capacity(instance_id)
         lru = self._lru.get(instance_id)
         if lru is None:
@@ -289,35 +226,22 @@ class ApproxPrefixIndex(_BitIndex):
                 del owners[h]
 
     def remove_instance(self, instance_id: InstanceId) -> None:
-        self.settle()
         lru = self._lru.pop(instance_id, None)
         self._capacity.pop(instance_id, None)
         self._release(instance_id, lru or ())
 
     def retain(self, instance_ids: Iterable[InstanceId]) -> None:
         """Purge every instance not in ``instance_ids``."""
-        self.settle()
         keep = set(instance_ids)
         for iid in [i for i in self._lru if i not in keep]:
             self.remove_instance(iid)
 
-    def holders(self, block_hash: int) -> int:
-        self.settle()
-        return super().holders(block_hash)
-
-    @property
-    def distinct_blocks(self) -> int:
-        self.settle()
-        return len(self._owners)
-
     @property
     def instance_ids(self) -> tuple[InstanceId, ...]:
-        self.settle()
         return tuple(self._lru)
 
     @property
     def total_blocks(self) -> int:
-        self.settle()
         return sum(len(lru) for lru in self._lru.values())
 
 
