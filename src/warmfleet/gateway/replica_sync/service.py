@@ -84,8 +84,7 @@ class ReplicaSync:
         self._batches = 0  # numbered from 1
         self._last_batch: dict[str, int] = {}  # origin -> number of its last batch heard
         self._resync = asyncio.Event()
-        self._log = PayloadLog(config.log_bytes)
-        self._encoder = BatchEncoder()
+        self._log, self._encoder = PayloadLog(config.log_bytes), BatchEncoder()
         self._own_open: dict[tuple[str, int], RoutedNote] = {}
         self._unsent_routed: set[tuple[str, int]] = set()  # routed notes in ``_pending``
         self._heard: dict[str, float] = {}  # origin -> when last heard (clock)
