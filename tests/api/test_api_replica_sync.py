@@ -18,7 +18,6 @@ from warmfleet.api.replica_sync import (
     _routed_checked,
     _routed_fast,
     decode_batch,
-    encode_batch,
 )
 from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.routing.replica_notes import FinishedNote, RoutedNote, SyncNote, routed_note
@@ -69,20 +68,20 @@ def test_a_batch_round_trips() -> None:
     key = RoutingKey((1, 2, (1 << 64) - 1), 16, 50, 50, 99, 8, None)
     routed = routed_note("r0", "llama", 7, key, Decision("i1", Reason.PREFIX_HIT, 2, 3, True))
     done = FinishedNote("r0", "llama", 7, "i1", routed.tokens)
-    payload = encode_batch([routed, done])
+    payload = BatchEncoder().encode([routed, done])
     assert decode_batch(payload) == (routed, done)
-    assert decode_batch(encode_batch([])) == ()
+    assert decode_batch(BatchEncoder().encode([])) == ()
     with_session = replace(routed, key=replace(key, session=(1 << 64) - 2))
-    assert decode_batch(encode_batch([with_session])) == (with_session,)
+    assert decode_batch(BatchEncoder().encode([with_session])) == (with_session,)
     # 8 bytes a block hash: the chain dominates a long prompt's note
     long = replace(routed, key=replace(key, block_hashes=tuple(range(1 << 40, (1 << 40) + 2048))))
-    assert len(encode_batch([long])) < 8 * 2048 + 100
+    assert len(BatchEncoder().encode([long])) < 8 * 2048 + 100
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(note_st, max_size=5))
 def test_any_notes_round_trip(notes: list[SyncNote]) -> None:
-    assert decode_batch(encode_batch(notes)) == tuple(notes)
+    assert decode_batch(BatchEncoder().encode(notes)) == tuple(notes)
 
 
 @settings(max_examples=50, deadline=None)
@@ -97,7 +96,7 @@ def test_an_encoder_kept_from_batch_to_batch_encodes_each_as_a_new_one(
     for notes in batches:
         with pytest.raises(ReplicaSyncError, match="cannot encode"):
             encoder.encode([*notes, too_big])
-        assert encoder.encode(notes) == encode_batch(notes)
+        assert encoder.encode(notes) == BatchEncoder().encode(notes)
         assert decode_batch(encoder.encode(notes)) == tuple(notes)
 
 
@@ -131,7 +130,7 @@ def test_malformed_notes_raise_the_one_error(notes: list[list[object]]) -> None:
 def test_what_cannot_be_sent_or_read_is_named() -> None:
     key = RoutingKey((1 << 64,), 16, 16, 16, 0)
     with pytest.raises(ReplicaSyncError, match="block_hashes"):
-        encode_batch([routed_note("r0", "v", 1, key, Decision("i", Reason.RANDOM))])
+        BatchEncoder().encode([routed_note("r0", "v", 1, key, Decision("i", Reason.RANDOM))])
     with pytest.raises(ReplicaSyncError, match="version"):
         decode_batch(msgpack.packb([VERSION + 1, []]))
     finished = [1, "r0", "v", 0, "i", 5]  # sequence numbers start at 1
@@ -139,7 +138,7 @@ def test_what_cannot_be_sent_or_read_is_named() -> None:
         decode_batch(msgpack.packb([VERSION, [finished]]))
     with pytest.raises(ReplicaSyncError, match="payload"):
         decode_batch(b"\xc1")
-    (routed,) = msgpack.unpackb(encode_batch([_note_with_session()]))[1]
+    (routed,) = msgpack.unpackb(BatchEncoder().encode([_note_with_session()]))[1]
     routed[11] = "s"  # the session is a 64-bit hash or nil
     with pytest.raises(ReplicaSyncError, match="session"):
         decode_batch(msgpack.packb([VERSION, [routed]], use_bin_type=True))
@@ -155,7 +154,7 @@ def _note_with_session() -> RoutedNote:
 def test_a_note_with_one_field_replaced_decodes_or_raises_the_one_error(
     note: SyncNote, position: int, value: object
 ) -> None:
-    (fields_,) = msgpack.unpackb(encode_batch([note]))[1]
+    (fields_,) = msgpack.unpackb(BatchEncoder().encode([note]))[1]
     fields_[position % len(fields_)] = value
     with contextlib.suppress(ReplicaSyncError):
         decode_batch(msgpack.packb([VERSION, [fields_]], use_bin_type=True))
@@ -171,7 +170,7 @@ def test_the_fast_decoding_of_a_routed_note_is_the_checked_one(
 ) -> None:
     """Valid or not, a routed note decodes alike with and without the per-field checks (the
     fast path declines what the checked path refuses, which then names the field)."""
-    (fields_,) = msgpack.unpackb(encode_batch([note]))[1]
+    (fields_,) = msgpack.unpackb(BatchEncoder().encode([note]))[1]
     assert _routed_fast(fields_) == _routed_checked(fields_) == note
     fields_[position] = value
     fields_ = msgpack.unpackb(msgpack.packb(fields_, use_bin_type=True))
@@ -199,5 +198,5 @@ def test_a_payload_of_nested_garbage_is_refused_before_it_is_built(garbage: obje
 
 def test_the_largest_batch_decodes() -> None:
     note = _note_with_session()
-    batch = encode_batch([note] * MAX_BATCH_NOTES)
+    batch = BatchEncoder().encode([note] * MAX_BATCH_NOTES)
     assert len(decode_batch(batch)) == MAX_BATCH_NOTES

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from replica_sync_support import ADMIN_TOKEN, stub_doc, sync_ports, sync_section
 
 from support.waiting import wait_until
-from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
+from warmfleet.api.replica_sync import BatchEncoder, ReplicaSyncError
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.gateway.config import parse_gateway_config
@@ -119,7 +119,7 @@ async def test_bad_frames_are_counted_and_dropped_and_lost_batches_seen() -> Non
     sync = ReplicaSync(ReplicaSyncConfig(replica_id="r"), CollectorRegistry())
     key = RoutingKey((1, 2), 16, 2, 32, 7)
     note = routed_note("peer#1", "main/v1", 1, key, Decision("i", Reason.PREFIX_HIT))
-    payload = encode_batch([note])
+    payload = BatchEncoder().encode([note])
     good = batch_message("peer#1", 0.0, 1, payload)
     assert parse_batch(good).payload == payload
     for message in (
@@ -135,7 +135,7 @@ async def test_bad_frames_are_counted_and_dropped_and_lost_batches_seen() -> Non
     sync.receive(good)  # no view for main/v1 here: received, applied nowhere, no crash
     assert sync.metrics.received._value.get() == 1
     assert not sync._resync.is_set()  # its first batch: nothing before it to miss
-    sync.receive(batch_message("peer#1", 0.0, 4, encode_batch([])))  # batches 2 and 3 lost
+    sync.receive(batch_message("peer#1", 0.0, 4, BatchEncoder().encode([])))  # batches 2 and 3 lost
     assert sync.metrics.missed._value.get() == 2
     assert sync._resync.is_set()
 
@@ -144,7 +144,7 @@ async def test_a_subscription_that_joined_late_replays_the_peers_logs() -> None:
     """A PUB socket drops what it sends before a subscriber's connection is up: a replica
     whose first batch from a peer is not that peer's first asks the peers for their logs."""
     sync = ReplicaSync(ReplicaSyncConfig(replica_id="r"), CollectorRegistry())
-    sync.receive(batch_message("peer#1", 0.0, 3, encode_batch([])))  # a heartbeat, batch 3
+    sync.receive(batch_message("peer#1", 0.0, 3, BatchEncoder().encode([])))  # a heartbeat, batch 3
     assert sync._resync.is_set()
     assert sync.metrics.missed._value.get() == 0  # not known to be lost: only not seen
 

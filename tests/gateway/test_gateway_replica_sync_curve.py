@@ -14,7 +14,7 @@ from replica_sync_support import stub_doc, sync_ports, sync_section
 from typer.testing import CliRunner
 
 from support.waiting import wait_until
-from warmfleet.api.replica_sync import encode_batch
+from warmfleet.api.replica_sync import BatchEncoder
 from warmfleet.cli import app
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.config import parse_gateway_config
@@ -27,7 +27,7 @@ FLEET_ENV, OTHER_ENV = "WF_TEST_SYNC_KEY", "WF_TEST_OTHER_SYNC_KEY"
 
 def _message() -> bytes:
     note = FinishedNote("peer#1", "e/v", 1, "i0", 5)
-    return batch_message("peer#1", time.time(), 1, encode_batch([note]))
+    return batch_message("peer#1", time.time(), 1, BatchEncoder().encode([note]))
 
 
 async def _heard(sender: Sockets, receiver: Sockets, timeout_s: float) -> bool:

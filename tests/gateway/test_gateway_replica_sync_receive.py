@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from replica_sync_support import endpoint, sync_ports
 
 from support.waiting import wait_until
-from warmfleet.api.replica_sync import ReplicaSyncError, encode_batch
+from warmfleet.api.replica_sync import BatchEncoder, ReplicaSyncError
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
@@ -27,7 +27,7 @@ from warmfleet.routing.replica_notes import FinishedNote
 
 def _message(number: int) -> bytes:
     note = FinishedNote("peer#1", "e/v", number + 1, "i0", 5)
-    return batch_message("peer#1", time.time(), number, encode_batch([note]))
+    return batch_message("peer#1", time.time(), number, BatchEncoder().encode([note]))
 
 
 def _published(sender: Sockets, receiver: Sockets, count: int) -> list[int]:
@@ -202,7 +202,7 @@ async def test_a_batch_that_raises_does_not_stop_the_reading(
 @pytest.mark.parametrize("stamp", [float("inf"), float("-inf"), float("nan")])
 def test_a_batch_stamped_with_no_time_is_refused(stamp: float) -> None:
     """A -inf stamp made the propagation delay's sum +Inf for the life of the process."""
-    message = batch_message("r1#ab", stamp, 1, encode_batch([]))
+    message = batch_message("r1#ab", stamp, 1, BatchEncoder().encode([]))
     with pytest.raises(ReplicaSyncError, match="not a time"):
         parse_batch(message)
 

@@ -94,11 +94,6 @@ class BatchEncoder:
         return payload
 
 
-def encode_batch(notes: Sequence[SyncNote]) -> bytes:
-    """One payload carrying ``notes`` in order (a one-off; ``BatchEncoder`` for a stream)."""
-    return BatchEncoder().encode(notes)
-
-
 def _int(value: object, name: str, low: int = 0, high: int = _I64[1]) -> int:
     if type(value) is not int or not low <= value <= high:
         raise ReplicaSyncError(f"{name}: expected an integer in [{low}, {high}], got {value!r}")
