@@ -11,6 +11,7 @@ Below every shell and CLI (import-linter layers); imports only ``warmfleet.core`
 from __future__ import annotations
 
 import os
+import random
 import socket
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,47 @@ from warmfleet.core.errors import ConfigError
 
 TRACES_DIR_ENV = "WARMFLEET_TRACES_DIR"
 DEFAULT_TRACES_DIR = Path("../shared/traces")  # relative to the current directory
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# free_port's picks: above the ports system services take, below Kubernetes' NodePort range
+_PICK_FIRST, _PICK_END, _PICK_MIN_SPAN, _PICK_ATTEMPTS = 20_000, 30_000, 1_000, 100
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind to port 0, read it, close)."""
+    """A port that was free a moment ago, picked below the kernel's ephemeral range.
+
+    A port from that range (what binding port 0 gives) can become the source port of a
+    loopback connection (a health probe, a client) between being picked and being bound by
+    the server it was picked for: "address already in use" (seen in CI on a gateway's listen
+    port). Below the range the kernel never hands it out by itself. Where the range leaves
+    too little room below it, the port-0 pick it is."""
+    first, end = _PICK_FIRST, min(_PICK_END, ephemeral_port_range()[0])
+    if end - first >= _PICK_MIN_SPAN:
+        pick = random.Random()
+        for _ in range(_PICK_ATTEMPTS):
+            port = pick.randrange(first, end)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for ports it picks by itself (Linux's default when unreadable)."""
+    try:
+        low, high = _EPHEMERAL_RANGE.read_text(encoding="ascii").split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def read_text_file(path: Path) -> str:

@@ -212,8 +212,8 @@ async def retry_if_port_taken(
 ) -> _T:
     """``launch()`` (start a child on ports picked with ``free_port`` and wait for it), again
     while the child exits because one of its ports was taken. A port is only known free when
-    picked: a loopback connection's ephemeral port can take it before the child binds it
-    (seen once in 82 router starts of `make bench-peers`)."""
+    picked: another process can take it before the child binds it (``free_port`` picks below
+    the ephemeral range, so a loopback connection's source port no longer can)."""
     for attempt in range(attempts):
         try:
             return await launch()
