@@ -22,15 +22,22 @@ def test_a_picked_port_is_free_and_below_the_ephemeral_range() -> None:
 
 
 def test_a_taken_port_is_not_picked(monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        taken = held.getsockname()[1]
-        monkeypatch.setattr(edge, "_PICK_FIRST", taken)
-        monkeypatch.setattr(edge, "_PICK_END", taken + 2)
-        monkeypatch.setattr(edge, "_PICK_MIN_SPAN", 2)
-        picks = {edge.free_port() for _ in range(20)}
-    assert taken not in picks
+    """Picks confined to a held port and a free one next to it: only the free one comes."""
+    for base in range(20_000, 29_998, 7):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+            try:
+                held.bind(("127.0.0.1", base))
+            except OSError:
+                continue
+            held.listen()
+            if not edge._bindable("127.0.0.1", base + 1):
+                continue
+            monkeypatch.setattr(edge, "_PICK_FIRST", base)
+            monkeypatch.setattr(edge, "_PICK_END", base + 2)
+            monkeypatch.setattr(edge, "_PICK_MIN_SPAN", 2)
+            assert {edge.free_port() for _ in range(20)} == {base + 1}
+            return
+    pytest.fail("no held port with a free neighbour in 20000-29999")
 
 
 def test_with_no_room_below_the_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
