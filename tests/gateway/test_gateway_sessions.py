@@ -1,7 +1,8 @@
 """Session affinity across live gateway replicas (issue 22, item 3), with stub backends: turns
 carrying ``x-warmfleet-session`` that reach random replicas land on one instance (the peers
-learn the session's instance from the replica-sync notes), and the session moves when its
-instance is past the load bound; a session header too long is refused naming it."""
+learn the session's instance from the replica-sync notes, or without sync compute it with
+``sessionPlacement: hash``), and the session moves when its instance is past the load bound;
+a session header too long is refused naming it."""
 
 from __future__ import annotations
 
@@ -90,6 +91,34 @@ async def test_a_sessions_turns_reach_random_replicas_and_land_on_one_instance()
         async with session.post(url, json=_body(100, rng), headers=too_long) as resp:
             assert resp.status == 400
             assert (await resp.json())["error"]["param"] == "x-warmfleet-session"
+
+
+async def test_unsynced_replicas_placing_sessions_by_hash_agree_on_each_home() -> None:
+    """Three replicas without replica sync, ``sessionPlacement: hash``: none hears of the
+    others' sessions, yet every turn of a conversation, whichever replica it reaches, lands on
+    one instance (the first of the session's hash order among the least loaded); the
+    conversations spread over the instances."""
+    rng = random.Random(8)
+    strategy = {"type": "prefix_affinity", "sessionPlacement": "hash"}
+    async with backends_running("b0", "b1", "b2", "b3") as backends, AsyncExitStack() as stack:
+        apps = []
+        for _ in range(3):
+            doc = gateway_doc(backends, strategy=strategy)
+            apps.append(await stack.enter_async_context(gateway_running(parse_gateway_config(doc))))
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        await _wait_ready(session, apps)
+        landed: dict[str, list[tuple[str, int]]] = {}
+        for turn in range(48):
+            name, replica = f"conversation-{turn % 12}", rng.randrange(3)
+            headers = {"x-warmfleet-session": name}
+            url = apps[replica].url + "/v1/chat/completions"
+            async with session.post(url, json=_body(turn, rng), headers=headers) as resp:
+                assert resp.status == 200
+                landed.setdefault(name, []).append((resp.headers[INSTANCE], replica))
+        for name, turns in landed.items():
+            assert len({instance for instance, _ in turns}) == 1, (name, turns)
+        assert sum(len({r for _, r in turns}) >= 2 for turns in landed.values()) >= 10
+        assert len({turns[0][0] for turns in landed.values()}) >= 3
 
 
 async def test_a_session_moves_off_an_instance_past_the_load_bound() -> None:

@@ -14,11 +14,8 @@ from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
 from warmfleet.routing.parse import parse_chat
 from warmfleet.routing.router import Router
-from warmfleet.routing.strategies.prefix_affinity import (
-    COLD_START_DEFICIT,
-    PrefixAffinityStrategy,
-    prefill_work,
-)
+from warmfleet.routing.strategies.affinity_view import prefill_work
+from warmfleet.routing.strategies.prefix_affinity import COLD_START_DEFICIT, PrefixAffinityStrategy
 
 
 def test_prefill_work_grows_with_context() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -47,8 +48,8 @@ def _fleet(load: dict[str, int] | None = None) -> FleetSnapshot:
     )
 
 
-def _affinity() -> PrefixAffinityStrategy:
-    strategy = build_strategy(strategy_config("prefix_affinity"), random.Random(0))
+def _affinity(**overrides: object) -> PrefixAffinityStrategy:
+    strategy = build_strategy(strategy_config("prefix_affinity", **overrides), random.Random(0))
     assert isinstance(strategy, PrefixAffinityStrategy)
     strategy.on_instances_changed(IDS)
     return strategy
@@ -201,6 +202,37 @@ def test_peers_learn_a_sessions_home_from_the_routed_note() -> None:
     fresh = _affinity()
     fresh.adopt(views[1].strategy)
     assert fresh.choose(_turn(3, "s"), _fleet()).reason is Reason.SESSION
+
+
+def test_replicas_that_never_heard_of_a_session_place_its_turns_alike_by_hash() -> None:
+    """``session_placement: hash``: a session's cold start goes to the first instance of its
+    session's hash order among the least loaded, so a replica that the first turn's note never
+    reached (no sync, a partition) places the next turns on the same instance, whatever each
+    replica placed before; with the default (``groups``) sessions rotate as any cold start."""
+    replicas = [_affinity(session_placement="hash") for _ in range(3)]
+    homes: Counter[str] = Counter()
+    for s in range(40):
+        first_key = _turn(3 * s, f"s{s}")
+        first = replicas[0].choose(first_key, _fleet())
+        replicas[0].on_routed(first_key, first)
+        assert first.reason is Reason.NO_MATCH
+        for r, other in enumerate(replicas[1:], start=1):
+            turn_key = _turn(3 * s + r, f"s{s}")
+            turn = other.choose(turn_key, _fleet())
+            assert turn.instance_id == first.instance_id, (s, r)
+            other.on_routed(turn_key, turn)
+        homes[first.instance_id] += 1
+    assert set(homes) == set(IDS)  # sessions spread over the fleet
+    busy = _fleet({IDS[0]: 50_000})  # a busy instance is out of the band
+    for s in range(40, 60):
+        assert replicas[0].choose(_turn(3 * s, f"s{s}"), busy).instance_id != IDS[0]
+    rotating = _affinity()
+    placed = []
+    for s in range(len(IDS)):
+        decision = rotating.choose(_turn(s, f"s{s}"), _fleet())
+        rotating.on_routed(_turn(s, f"s{s}"), decision)
+        placed.append(decision.instance_id)
+    assert sorted(placed) == sorted(IDS)
 
 
 def test_session_homes_are_a_bounded_lru() -> None:

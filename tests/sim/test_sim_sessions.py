@@ -50,13 +50,16 @@ def _programs() -> list[WorkloadRequest]:
     return out
 
 
-def _run(replicas: int, sessions: bool) -> tuple[SimResult, list[RoutingKey], float]:
+def _run(
+    replicas: int, sessions: bool, delay_s: float | None = 0.001, placement: str = "groups"
+) -> tuple[SimResult, list[RoutingKey], float]:
     requests = _programs()
     keys = routing_keys(
         prepare(requests, SPEC.block_tokens), DEFAULT_PREFIX_LENGTH, sessions=sessions
     )
-    gateways = GatewaySync(replicas, 0.001).build(
-        lambda r: build_strategy(strategy_config("prefix_affinity"), random.Random(r)),
+    config = strategy_config("prefix_affinity", session_placement=placement)
+    gateways = GatewaySync(replicas, delay_s).build(
+        lambda r: build_strategy(config, random.Random(r)),
         random.Random(0),
     )
     result = Simulator(SimConfig(4, SPEC), gateways, requests, keys).run()
@@ -95,6 +98,26 @@ def test_synced_replicas_keep_each_session_home_at_one_gateways_hit_rate() -> No
     assert not any(r.reason == "session" for r in plain.records)
 
 
+def test_replicas_without_sync_keep_sessions_home_when_placed_by_hash() -> None:
+    """No sync at all (a partition, a blocked sync port), ``session_placement: hash``: a
+    session's first call is placed by its session's hash among the least-loaded instances, so a
+    replica that never heard of the session places its next calls there too, and sessions keep
+    one instance (but for calls a replica's load band moved: 4 of 24). With the default each
+    replica gives a session its own home: 6.2 % here against one gateway's 20.8 %. By hash it
+    reads 13.5 %, still under one gateway's: the 24 programs spread 7/7/6/4 as hashed, where one
+    gateway rotates them 6 to an instance, and 7 programs overflow an instance's cache."""
+    _, _, one = _run(1, sessions=True)
+    result, _, four = _run(4, sessions=True, delay_s=None, placement="hash")
+    homes: dict[int | None, set[str]] = {}
+    for record in result.records:
+        homes.setdefault(_programs()[record.index].session_id, set()).add(record.instance_id)
+    assert sum(len(h) > 1 for h in homes.values()) <= SESSIONS // 4
+    assert len(set().union(*homes.values())) == 4  # the sessions spread over the fleet
+    _, _, grouped = _run(4, sessions=True, delay_s=None)
+    assert four >= 0.6 * one
+    assert four > 1.5 * grouped
+
+
 def test_the_cli_runs_sessions_when_asked(tmp_path: Path) -> None:
     app = typer.Typer()
     sim_cli.register(app)
@@ -112,3 +135,52 @@ def test_the_cli_runs_sessions_when_asked(tmp_path: Path) -> None:
         reasons.append(cell["metrics"]["decisions_by_reason"])
     assert "session" not in reasons[0]
     assert reasons[1]["session"] > 0
+
+
+def test_the_cli_runs_a_strategy_with_other_settings(tmp_path: Path) -> None:
+    """``--strategy-config``: a strategy's settings in place of its defaults, named in the
+    report; sessions placed by hash keep one gateway's hit rate on unsynced replicas."""
+    app = typer.Typer()
+    sim_cli.register(app)
+    hashed = tmp_path / "hash.yaml"
+    hashed.write_text("type: prefix_affinity\nsessionPlacement: hash\n", encoding="utf-8")
+    args = [
+        "sim", "--scenario", "multi-round-qa", "--strategies", "prefix_affinity", "--sessions",
+        "--gateway-replicas", "1,4", "--sync-delay-ms", "none",
+    ]  # fmt: skip
+    cells = []
+    for extra in ([], ["--strategy-config", str(hashed)]):
+        out = tmp_path / "replicas.json"
+        result = CliRunner().invoke(app, [*args, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        report = json.loads(out.read_text())
+        cells.append(report["strategies"]["prefix_affinity"])
+        configs = report["strategy_configs"]
+    assert configs == {"prefix_affinity": "sessionPlacement=hash"}
+    (one, grouped), (one_hashed, hashed_four) = cells
+    assert grouped["hit_rate"] < one["hit_rate"] - 0.05  # unsynced: each replica its own home
+    assert hashed_four["hit_rate"] >= one_hashed["hit_rate"] - 0.02
+
+
+def test_the_cli_refuses_a_strategy_config_it_cannot_use(tmp_path: Path) -> None:
+    app = typer.Typer()
+    sim_cli.register(app)
+    args = ["sim", "--scenario", "multi-round-qa", "--strategies", "prefix_affinity,random"]
+    cases = {
+        "type: prefix_affinity\nsessionPlacement: everywhere\n": "sessionPlacement",
+        "type: prefix_hash\n": "not in --strategies: 'prefix_hash'",
+        "sessionPlacement: hash\n": "with its type",
+        "- type: random\n": "with its type",
+    }
+    for text, expected in cases.items():
+        path = tmp_path / "strategy.yaml"
+        path.write_text(text, encoding="utf-8")
+        result = CliRunner().invoke(app, [*args, "--strategy-config", str(path)])
+        assert result.exit_code == 2, result.output
+        assert expected in result.output, result.output
+        assert str(path) in result.output, result.output
+    twice = ["--strategy-config", str(path), "--strategy-config", str(path)]
+    path.write_text("type: random\n", encoding="utf-8")
+    result = CliRunner().invoke(app, [*args, *twice])
+    assert result.exit_code == 2
+    assert "a second file for 'random'" in result.output

@@ -25,7 +25,8 @@ from warmfleet.display import (
     output_console,
 )
 from warmfleet.edge import TRACES_DIR_ENV, load_yaml_file, read_text_file, resolve_traces_dir
-from warmfleet.routing.config import STRATEGY_NAMES
+from warmfleet.routing.config import STRATEGY_NAMES, StrategyConfig
+from warmfleet.routing.factory import strategy_config as strategy_config_of
 from warmfleet.routing.flow_config import FlowControlConfig
 from warmfleet.sim.replica_sweep import ReplicaSweep, run_replica_sweep
 from warmfleet.sim.runner import Comparison, run_comparison
@@ -123,6 +124,25 @@ def _strategies(text: str) -> list[str]:
     if unknown or not names:
         raise typer.BadParameter(f"unknown strategies {unknown}; choose from {STRATEGY_NAMES}")
     return names
+
+
+def _strategy_configs(paths: list[Path], names: list[str]) -> dict[str, StrategyConfig]:
+    """``--strategy-config`` files by the strategy they configure (one of ``names``, once)."""
+    configs: dict[str, StrategyConfig] = {}
+    for path in paths:
+        doc = load_yaml_file(path)
+        name = doc.get("type") if isinstance(doc, dict) else None
+        if not isinstance(name, str):
+            raise ConfigError(f"{path}: a strategy's settings with its type (type: <strategy>)")
+        if name not in names or name in configs:
+            why = "a second file for" if name in configs else "not in --strategies:"
+            raise ConfigError(f"{path}: type: {why} {name!r}")
+        settings = {k: v for k, v in doc.items() if k != "type"}
+        try:
+            configs[name] = strategy_config_of(name, **settings)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from err
+    return configs
 
 
 def _workload_line(fmt: OutputFormat) -> Callable[[BuiltWorkload], None]:
@@ -261,6 +281,13 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         Path | None,
         typer.Option(help="flow-control YAML (routing.flow, docs/flow-control.md) in front"),
     ] = None,
+    strategy_config: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="a strategy's settings (routing.strategy YAML, with its type) in place of its "
+            "defaults; repeatable"
+        ),
+    ] = None,
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,
 ) -> None:
@@ -278,6 +305,7 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         raise typer.BadParameter("--report (plots) is for one gateway; use --json with replicas")
     try:
         names = _strategies(strategies)
+        configs = _strategy_configs(strategy_config or [], names)
         flow_config = None
         if flow is not None:
             doc = load_yaml_file(flow)
@@ -291,12 +319,13 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
                 swept = run_replica_sweep(
                     spec, names, counts, delays,
                     trace=trace_data, rate_rps=rate, concurrency=concurrency,
-                    progress=progress, on_workload=_workload_line(fmt),
+                    progress=progress, on_workload=_workload_line(fmt), configs=configs,
                 )  # fmt: skip
             else:
                 comparison = run_comparison(
                     spec, names, trace=trace_data, rate_rps=rate, concurrency=concurrency,
                     progress=progress, on_workload=_workload_line(fmt), flow=flow_config,
+                    configs=configs,
                 )  # fmt: skip
             progress.close()
         if sweep:

@@ -48,6 +48,7 @@ class PrefixAffinityConfig(StrictModel):
     shared_prefix_fanout: int = Field(default=2, ge=0)
     placement_choices: int = Field(default=8, ge=1, le=64)
     placement_by: Literal["recency", "load", "cost", "occupancy"] = "recency"
+    session_placement: Literal["groups", "hash"] = "groups"
     default_capacity_blocks: int = Field(default=65536, gt=0)
     load_weight: float = Field(default=0.02, ge=0.0)
     prefill_linear_coeff: float = Field(default=1.0, gt=0.0)

@@ -8,12 +8,13 @@ is the "no sync" column: replicas learn only what they routed themselves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warmfleet.core.progress import NoProgress, RunProgress
+from warmfleet.routing.config import StrategyConfig
 from warmfleet.sim.gateways import GatewaySync
-from warmfleet.sim.runner import StrategyRun, prepare_comparison, run_strategy
+from warmfleet.sim.runner import StrategyRun, configs_report, prepare_comparison, run_strategy
 from warmfleet.sim.scenario import BuiltWorkload, ScenarioSpec
 from warmfleet.sim.workloads.traces import Trace
 
@@ -43,6 +44,7 @@ class ReplicaSweep:
     replicas: tuple[int, ...]
     sync_delays_ms: tuple[float | None, ...]
     cells: list[SweepCell] = field(default_factory=list)
+    configs: Mapping[str, StrategyConfig] = field(default_factory=dict)  # other than defaults
 
     def cell(self, strategy: str, replicas: int, sync_delay_ms: float | None) -> SweepCell:
         """The cell's run (one replica: its one run, whatever the delay)."""
@@ -96,6 +98,7 @@ class ReplicaSweep:
             "gateway_replicas": list(self.replicas),
             "sync_delays_ms": list(self.sync_delays_ms),
             "strategies": runs,
+            "strategy_configs": configs_report(self.configs),
         }
 
 
@@ -110,9 +113,11 @@ def run_replica_sweep(
     concurrency: int | None = None,
     progress: RunProgress | None = None,
     on_workload: Callable[[BuiltWorkload], None] | None = None,
+    configs: Mapping[str, StrategyConfig] | None = None,
 ) -> ReplicaSweep:
     """Every strategy at every (replicas, delay) cell, on one workload (``progress``: a phase
-    per cell, one unit per finished request; ``on_workload``: the workload, once built)."""
+    per cell, one unit per finished request; ``on_workload``: the workload, once built;
+    ``configs``: by name, the strategies' settings other than their defaults)."""
     progress = progress or NoProgress()
     comparison, prepared = prepare_comparison(
         scenario, trace=trace, rate_rps=rate_rps, concurrency=concurrency, progress=progress,
@@ -123,6 +128,7 @@ def run_replica_sweep(
         len(prepared.requests),
         tuple(dict.fromkeys(replicas)),
         tuple(dict.fromkeys(sync_delays_ms)),
+        configs=dict(configs or {}),
     )
     for name in strategies:
         for n in sweep.replicas:
@@ -135,6 +141,7 @@ def run_replica_sweep(
                     comparison.workload,
                     prepared,
                     gateways=sync,
+                    config=sweep.configs.get(name),
                     progress=_CellProgress(progress, _cell_label(n, delay_ms)),
                 )
                 sweep.cells.append(SweepCell(name, n, delay_ms, run))

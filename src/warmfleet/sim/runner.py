@@ -119,6 +119,7 @@ class Comparison:
     workload: BuiltWorkload
     working_set_ratio: float
     runs: list[StrategyRun] = field(default_factory=list)
+    configs: Mapping[str, StrategyConfig] = field(default_factory=dict)  # other than defaults
 
     def report(self) -> dict[str, object]:
         return {
@@ -135,7 +136,21 @@ class Comparison:
             "closed_loop_concurrency": self.workload.closed_loop_concurrency,
             "router_overhead_ms": self.scenario.router_overhead_ms,
             "strategies": {run.name: run.metrics.as_report() for run in self.runs},
+            "strategy_configs": configs_report(self.configs),
         }
+
+
+def configs_report(configs: Mapping[str, StrategyConfig]) -> dict[str, str]:
+    """The settings each strategy ran with other than its defaults, as configured: one line,
+    ``sessionPlacement=hash, epsilon=0.5`` (a line keeps small floats the report would round)."""
+    return {
+        name: ", ".join(
+            f"{field}={value!r}" if not isinstance(value, str) else f"{field}={value}"
+            for field, value in config.model_dump(by_alias=True, exclude_unset=True).items()
+            if field != "type"
+        )
+        for name, config in sorted(configs.items())
+    }
 
 
 def _moved(
@@ -232,15 +247,18 @@ def run_comparison(
     progress: RunProgress | None = None,
     on_workload: Callable[[BuiltWorkload], None] | None = None,
     flow: FlowControlConfig | None = None,
+    configs: Mapping[str, StrategyConfig] | None = None,
 ) -> Comparison:
     """Every strategy on the same workload. ``progress`` (a display, from the shell) gets a
     phase hashing the workload's blocks, then one per strategy, one unit per request;
     ``on_workload`` is called with the workload as soon as it is built; ``flow``: flow control
-    in front of every strategy."""
+    in front of every strategy; ``configs``: by name, the strategies' settings other than their
+    defaults."""
     comparison, prepared = prepare_comparison(
         scenario, trace=trace, rate_rps=rate_rps, concurrency=concurrency, progress=progress,
         on_workload=on_workload,
     )  # fmt: skip
+    comparison.configs = dict(configs or {})
     for name in strategies:
         comparison.runs.append(
             run_strategy(
@@ -252,6 +270,7 @@ def run_comparison(
                 check_invariants=check_invariants,
                 progress=progress,
                 flow=flow,
+                config=comparison.configs.get(name),
             )
         )
     return comparison

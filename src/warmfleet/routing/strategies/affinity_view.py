@@ -1,4 +1,5 @@
-"""What ``prefix_affinity`` reads per snapshot (``Columns``) and per decision (``View``).
+"""What ``prefix_affinity`` reads per snapshot (``Columns``) and per decision (``View``), and
+its prefill cost model (``prefill_work``).
 
 Plain slots classes with their own ``__init__``: one of each may be built for every request,
 and compiled they build in ~20 ns (a dataclass's generated ``__init__`` stays interpreted,
@@ -56,3 +57,16 @@ class View:
         self.work = work
         self.cap_load = cap_load
         self.tokens_per_block = tokens_per_block
+
+
+def prefill_work(
+    uncached_tokens: float, context_tokens: float, linear: float, attention: float
+) -> float:
+    """Predicted prefill work (token-equivalents) of ``uncached_tokens`` at the end of a prompt of
+    ``context_tokens``: linear layers cost ``linear`` per token; attention costs ``attention``
+    per (token, context token), each new token attending on average to the cached part plus
+    half of the new part."""
+    if uncached_tokens <= 0:
+        return 0.0
+    mean_context = context_tokens - uncached_tokens / 2.0
+    return uncached_tokens * (linear + attention * mean_context)

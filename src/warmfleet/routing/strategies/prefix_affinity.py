@@ -47,7 +47,7 @@ from warmfleet.routing.index import ApproxPrefixIndex, ExactPrefixIndex
 from warmfleet.routing.ledger import WorkLedger
 from warmfleet.routing.ring import RendezvousHash
 from warmfleet.routing.sessions import SessionHomes
-from warmfleet.routing.strategies.affinity_view import Columns, View
+from warmfleet.routing.strategies.affinity_view import Columns, View, prefill_work
 
 _FANOUT_ENTRIES = 1 << 17
 # ``recency`` placement: an instance short of cold starts (it joined, was busy, or a stale view
@@ -57,19 +57,6 @@ _instance_id = attrgetter("instance_id")
 _capacity = attrgetter("kv_capacity_blocks")
 _tokens = attrgetter("in_flight_tokens")
 _requests = attrgetter("in_flight_requests")
-
-
-def prefill_work(
-    uncached_tokens: float, context_tokens: float, linear: float, attention: float
-) -> float:
-    """Predicted prefill work (token-equivalents) of ``uncached_tokens`` at the end of a prompt of
-    ``context_tokens``: linear layers cost ``linear`` per token; attention costs ``attention``
-    per (token, context token), each new token attending on average to the cached part plus
-    half of the new part."""
-    if uncached_tokens <= 0:
-        return 0.0
-    mean_context = context_tokens - uncached_tokens / 2.0
-    return uncached_tokens * (linear + attention * mean_context)
 
 
 class PrefixAffinityStrategy:
@@ -356,14 +343,19 @@ class PrefixAffinityStrategy:
         )
 
     def _place_new(self, key: RoutingKey, view: View) -> Decision:
-        """New prefix group: hash of its first novel block, among the least-loaded instances."""
+        """New prefix group: hash of its first novel block, among the least-loaded instances.
+        A session's, with ``session_placement: hash``: the first of them in its session's hash
+        order, so a replica that never heard of the session places its next turn there too."""
         cfg = self.config
-        hashes = key.block_hashes
-        anchor = hashes[view.best_blocks] if view.best_blocks < len(hashes) else key.prefix_hash
         loads = view.loads
         mean_load = sum(loads) / len(loads)
         band = min(min(loads) + max(view.work, cfg.epsilon * mean_load), view.cap_load)
         band_ids = [iid for iid, load in zip(view.ids, loads, strict=True) if load <= band]
+        if key.session is not None and cfg.session_placement == "hash":
+            chosen = self.ring.walk(key.session, band_ids)[0]  # the least loaded is in the band
+            return Decision(chosen, Reason.NO_MATCH, view.matches.get(chosen, 0), view.best_blocks)
+        hashes = key.block_hashes
+        anchor = hashes[view.best_blocks] if view.best_blocks < len(hashes) else key.prefix_hash
         order = self.ring.walk(anchor, band_ids)[: cfg.placement_choices]
         occupancy, pos, matches = self.index.occupancy, view.pos, view.matches
         if cfg.placement_by == "cost":
