@@ -137,7 +137,7 @@ def _strategy_configs(paths: list[Path], names: list[str]) -> dict[str, Strategy
         if name not in names or name in configs:
             why = "a second file for" if name in configs else "not in --strategies:"
             raise ConfigError(f"{path}: type: {why} {name!r}")
-        settings = {k: v for k, v in doc.items() if k != "type"}
+        settings = {str(k): v for k, v in doc.items() if k != "type"}
         try:
             configs[name] = strategy_config_of(name, **settings)
         except ConfigError as err:
