@@ -162,6 +162,20 @@ def test_the_cli_runs_a_strategy_with_other_settings(tmp_path: Path) -> None:
     assert hashed_four["hit_rate"] >= one_hashed["hit_rate"] - 0.02
 
 
+def test_the_comparison_says_which_strategy_ran_with_other_settings(tmp_path: Path) -> None:
+    app = typer.Typer()
+    sim_cli.register(app)
+    hashed = tmp_path / "hash.yaml"
+    hashed.write_text("type: prefix_affinity\nsessionPlacement: hash\n", encoding="utf-8")
+    args = ["sim", "--scenario", "multi-round-qa", "--strategies", "prefix_affinity,random"]
+    out = tmp_path / "comparison.json"
+    result = CliRunner().invoke(app, [*args, "--strategy-config", str(hashed), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "prefix_affinity: sessionPlacement=hash" in result.output  # the table's title
+    report = json.loads(out.read_text())
+    assert report["strategy_configs"] == {"prefix_affinity": "sessionPlacement=hash"}
+
+
 def test_the_cli_refuses_a_strategy_config_it_cannot_use(tmp_path: Path) -> None:
     app = typer.Typer()
     sim_cli.register(app)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from warmfleet.sim.replica_sweep import ReplicaSweep
+from warmfleet.sim.runner import configs_report
 
 
 def delay_label(delay_ms: float | None) -> str:
@@ -26,8 +27,10 @@ def replicas_tables(sweep: ReplicaSweep) -> list[Table]:
     tables = []
     for strategy in sweep.strategies():
         one = sweep.reference(strategy)
+        settings = configs_report(sweep.configs).get(strategy)
+        named = f"{strategy} ({settings})" if settings else strategy
         title = (
-            f"{strategy} hit rate | {sweep.scenario.name} | {sweep.requests} requests | "
+            f"{named} hit rate | {sweep.scenario.name} | {sweep.requests} requests | "
             "(points vs 1 replica)"
         )
         table = Table(title=title)

@@ -53,6 +53,9 @@ def comparison_table(comparison: Comparison, wall_s: Mapping[str, float] | None 
         f"{report['requests']} requests | working set = {report['working_set_ratio']:.2f} x one "
         f"instance's KV ({report['fleet_working_set_ratio']:.2f} x fleet)"
     )
+    settings = report.get("strategy_configs")
+    if isinstance(settings, dict):
+        title += "".join(f" | {name}: {line}" for name, line in settings.items())
     columns = SIM_COLUMNS + ((Column("wall s", drop=7),) if wall_s is not None else ())
     grid = Grid(title, columns)
     for run in comparison.runs:
