@@ -25,9 +25,10 @@ def _cell(hit_rate: float, one: float | None, replicas: int) -> str:
 def replicas_tables(sweep: ReplicaSweep) -> list[Table]:
     """One table per strategy: a row per replica count, a column per sync delay."""
     tables = []
+    configs = configs_report(sweep.configs)
     for strategy in sweep.strategies():
         one = sweep.reference(strategy)
-        settings = configs_report(sweep.configs).get(strategy)
+        settings = configs.get(strategy)
         named = f"{strategy} ({settings})" if settings else strategy
         title = (
             f"{named} hit rate | {sweep.scenario.name} | {sweep.requests} requests | "

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmfleet.bench import plots
 from warmfleet.display import Column, Grid, fixed, pct
-from warmfleet.sim.runner import Comparison
+from warmfleet.sim.runner import Comparison, configs_report
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -53,9 +53,9 @@ def comparison_table(comparison: Comparison, wall_s: Mapping[str, float] | None 
         f"{report['requests']} requests | working set = {report['working_set_ratio']:.2f} x one "
         f"instance's KV ({report['fleet_working_set_ratio']:.2f} x fleet)"
     )
-    settings = report.get("strategy_configs")
-    if isinstance(settings, dict):
-        title += "".join(f" | {name}: {line}" for name, line in settings.items())
+    title += "".join(
+        f" | {name}: {line}" for name, line in configs_report(comparison.configs).items()
+    )
     columns = SIM_COLUMNS + ((Column("wall s", drop=7),) if wall_s is not None else ())
     grid = Grid(title, columns)
     for run in comparison.runs:

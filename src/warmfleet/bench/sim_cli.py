@@ -134,9 +134,10 @@ def _strategy_configs(paths: list[Path], names: list[str]) -> dict[str, Strategy
         name = doc.get("type") if isinstance(doc, dict) else None
         if not isinstance(name, str):
             raise ConfigError(f"{path}: a strategy's settings with its type (type: <strategy>)")
-        if name not in names or name in configs:
-            why = "a second file for" if name in configs else "not in --strategies:"
-            raise ConfigError(f"{path}: type: {why} {name!r}")
+        if name not in names:
+            raise ConfigError(f"{path}: type: not in --strategies: {name!r}")
+        if name in configs:
+            raise ConfigError(f"{path}: type: a second file for {name!r}")
         settings = {str(k): v for k, v in doc.items() if k != "type"}
         try:
             configs[name] = strategy_config_of(name, **settings)

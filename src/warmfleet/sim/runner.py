@@ -145,7 +145,7 @@ def configs_report(configs: Mapping[str, StrategyConfig]) -> dict[str, str]:
     ``sessionPlacement=hash, epsilon=0.5`` (a line keeps small floats the report would round)."""
     return {
         name: ", ".join(
-            f"{field}={value!r}" if not isinstance(value, str) else f"{field}={value}"
+            f"{field}={value if isinstance(value, str) else repr(value)}"
             for field, value in config.model_dump(by_alias=True, exclude_unset=True).items()
             if field != "type"
         )
