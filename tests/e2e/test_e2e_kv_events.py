@@ -30,7 +30,7 @@ from warmfleet.gateway.kv_events import (
     router_block_hashes,
 )
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
-from warmfleet.routing.index import ExactPrefixIndex
+from warmfleet.routing.exact_index import ExactPrefixIndex
 from warmfleet.routing.key_modes import key_builder
 from warmfleet.routing.key_spec import KeySpec
 

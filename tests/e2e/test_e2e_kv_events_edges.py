@@ -18,7 +18,7 @@ from warmfleet.gateway.kv_events import (
 )
 from warmfleet.gateway.kv_events import view as view_module
 from warmfleet.gateway.kv_events.view import ReplayRequest
-from warmfleet.routing.index import ExactPrefixIndex
+from warmfleet.routing.exact_index import ExactPrefixIndex
 
 BS = 4
 SEED = 12345

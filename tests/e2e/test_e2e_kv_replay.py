@@ -30,7 +30,7 @@ from warmfleet.gateway.kv_events import (
 )
 from warmfleet.gateway.kv_events.transport import ReplaySource
 from warmfleet.gateway.kv_events.view import ReplayRequest
-from warmfleet.routing.index import ExactPrefixIndex
+from warmfleet.routing.exact_index import ExactPrefixIndex
 
 
 def make() -> tuple[ExactPrefixIndex, KvEventTranslator]:

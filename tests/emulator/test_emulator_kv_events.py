@@ -125,7 +125,7 @@ async def test_a_late_subscriber_recovers_the_history_by_replay() -> None:
     from warmfleet.bench.live_fleet import consecutive_free_ports  # noqa: PLC0415
     from warmfleet.bench.live_procs import free_port  # noqa: PLC0415
     from warmfleet.gateway.kv_events.transport import ReplaySource  # noqa: PLC0415
-    from warmfleet.routing.index import ExactPrefixIndex  # noqa: PLC0415
+    from warmfleet.routing.exact_index import ExactPrefixIndex  # noqa: PLC0415
 
     events = f"tcp://127.0.0.1:{free_port()}"
     base = consecutive_free_ports(2)

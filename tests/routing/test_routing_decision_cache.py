@@ -4,7 +4,6 @@ not change a single decision: each is compared with an uncached evaluation."""
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -12,7 +11,6 @@ from hypothesis import strategies as st
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceState, RoutingKey
 from warmfleet.routing.config import PrefixAffinityConfig
-from warmfleet.routing.index import ApproxPrefixIndex
 from warmfleet.routing.ledger import WorkLedger
 from warmfleet.routing.ring import RendezvousHash
 from warmfleet.routing.strategies.prefix_affinity import PrefixAffinityStrategy
@@ -123,59 +121,6 @@ def test_cached_decisions_equal_uncached_evaluation(
             fleet = build()
         elif mode == "retuple":  # a new tuple of the very same objects (the gateway's case)
             fleet = FleetSnapshot(tuple(fleet.instances), fleet.now_s)
-
-
-def _reference_insert(lru: OrderedDict[int, None], blocks: tuple[int, ...], capacity: int) -> None:
-    """The plain per-block LRU touch: tail first, move a held block to the end, else append."""
-    for h in reversed(blocks[:capacity]):
-        if h in lru:
-            lru.move_to_end(h)
-        else:
-            lru[h] = None
-    while len(lru) > capacity:
-        lru.popitem(last=False)
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    seed=st.integers(0, 2**32 - 1),
-    capacity=st.integers(1, 40),
-    ops=st.lists(
-        st.tuples(
-            st.integers(0, 2),
-            st.integers(-1, 4),
-            st.integers(0, 12),
-            st.booleans(),
-            st.integers(-1, 30),
-        ),
-        min_size=1,
-        max_size=80,
-    ),
-)
-def test_bulk_lru_touch_equals_per_block_touch(
-    seed: int, capacity: int, ops: list[tuple[int, int, int, bool, int]]
-) -> None:
-    """Chains that share heads, held sets with holes (a tail held without its head) and repeated
-    blocks, right and wrong ``held_hint``s: the index's LRU order and its owner masks match the
-    plain touch."""
-    rng = random.Random(seed)
-    index = ApproxPrefixIndex(capacity)
-    reference: dict[str, OrderedDict[int, None]] = {}
-    pool = [rng.getrandbits(64) for _ in range(24)]
-    heads = [tuple(rng.sample(pool, rng.randrange(1, 10))) for _ in range(5)]
-    for pod, head, extra, shuffle, hint in ops:
-        iid = f"pod-{pod}"
-        base = heads[head] if head >= 0 else ()
-        blocks = base + tuple(rng.choice(pool) for _ in range(extra))
-        if shuffle:  # a held tail without its head: the bisection guess is wrong
-            blocks = tuple(rng.sample(blocks, len(blocks)))
-        index.insert(iid, blocks, hint)  # any hint, right or wrong: the same result
-        if blocks:
-            _reference_insert(reference.setdefault(iid, OrderedDict()), blocks, capacity)
-        for rid, lru in reference.items():
-            assert list(index._lru[rid]) == list(lru)
-        for h in pool:
-            assert index.holders(h) == sum(h in lru for lru in reference.values())
 
 
 @given(key_hash=st.integers(0, 2**64 - 1), known=st.integers(0, 6))

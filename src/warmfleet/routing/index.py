@@ -8,7 +8,8 @@ mask of instances holding every block so far is non-zero, noting where each inst
   forgets like the engine does: one LRU per instance whose capacity mirrors the instance's KV
   capacity in blocks. A key's blocks are touched tail first, so the head of a prefix is always
   more recent than its tail and eviction never leaves a hole in a chain.
-- ``ExactPrefixIndex`` is fed by engine KV events (``KvEventSink``) and has the same ``match``.
+- ``ExactPrefixIndex`` (``routing.exact_index``) is fed by engine KV events (``KvEventSink``)
+  and has the same ``match``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 from warmfleet.core.types import InstanceId
+from warmfleet.routing.pending_tails import MARK_BASE, MARK_OFFSET, PendingTails, mark
 
 
-class _BitIndex:
+class BitIndex:
     """Instance <-> bit allocation and the shared longest-prefix match over ``_owners``."""
 
     def __init__(self) -> None:
@@ -99,10 +101,18 @@ class _BitIndex:
         return len(self._owners)
 
 
-def _held_prefix(lru: OrderedDict[int, None], hashes: Sequence[int]) -> int:
+def _held_run(lru: OrderedDict[int, None], hashes: Sequence[int], guess: int) -> int:
     """Length of the leading run of ``hashes`` held in ``lru``, assuming held blocks form a
-    prefix of the chain (a guess: callers must stay correct when it is wrong)."""
-    lo, hi = 0, len(hashes)
+    prefix of the chain (a guess: callers must stay correct when it is wrong): ``guess`` if
+    it checks out, else found by bisection."""
+    n = len(hashes)
+    if (
+        0 <= guess <= n
+        and (guess == 0 or hashes[guess - 1] in lru)
+        and (guess == n or hashes[guess] not in lru)
+    ):
+        return guess
+    lo, hi = 0, n
     while lo < hi:
         mid = (lo + hi) >> 1
         if hashes[mid] in lru:
@@ -112,8 +122,19 @@ def _held_prefix(lru: OrderedDict[int, None], hashes: Sequence[int]) -> int:
     return lo
 
 
-class ApproxPrefixIndex(_BitIndex):
-    """Per-instance LRU of block hashes learnt from routing decisions."""
+class ApproxPrefixIndex(BitIndex):
+    """Per-instance LRU of block hashes learnt from routing decisions.
+
+    A routed chain's blocks past what its instance already holds (a prompt's new tail) are kept
+    as one *pending tail*: a tuple, and one placeholder in the instance's LRU where its blocks
+    would sit, instead of an LRU entry and an owner bit each. ``match`` follows a pending tail
+    from where the instance's held run ends; a later chain that runs into a pending tail takes
+    the blocks it shares out of it (they become plain entries, touched as usual); eviction
+    reaching a placeholder drops the tail's deepest blocks first. The index answers exactly as
+    one LRU entry per block would (``tests/routing/test_routing_index_pending.py``), for
+    chained 64-bit block hashes; the tail of a one-off prompt (a unique question, a tool's
+    output) costs one entry instead of one per block, on every replica that learns it.
+    """
 
     def __init__(self, default_capacity_blocks: int) -> None:
         if default_capacity_blocks <= 0:
@@ -122,17 +143,21 @@ class ApproxPrefixIndex(_BitIndex):
         self.default_capacity_blocks = default_capacity_blocks
         self._lru: dict[InstanceId, OrderedDict[int, None]] = {}
         self._capacity: dict[InstanceId, int] = {}
+        self._size: dict[InstanceId, int] = {}  # blocks held: LRU entries + pending tails'
+        self._tails: dict[InstanceId, PendingTails] = {}
+        self._starts: dict[int, int] = {}  # a pending tail's first hash -> instances' bits
 
     def capacity(self, instance_id: InstanceId) -> int:
         return self._capacity.get(instance_id, self.default_capacity_blocks)
 
     def match(self, block_hashes: Sequence[int]) -> dict[InstanceId, int]:
-        """Matched leading blocks per instance, by bisection.
+        """Matched leading blocks per instance: the held run (by bisection), then the pending
+        tail that starts where it ends, if any.
 
-        Each instance's set is prefix-closed along any chain (a block's hash fixes its whole
-        prefix, and a chain's head is always touched after its tail), so the mask of holders
-        never grows along a key's chain: each run of equal masks is found by binary search, in
-        O(changes x log(blocks)) lookups instead of one per matched block.
+        Each instance's held set is prefix-closed along any chain (a block's hash fixes its
+        whole prefix, and a chain's head is always touched after its tail), so the mask of
+        holders never grows along a key's chain: each run of equal masks is found by binary
+        search, in O(changes x log(blocks)) lookups instead of one per matched block.
         """
         n = len(block_hashes)
         if n == 0:
@@ -155,7 +180,25 @@ class ApproxPrefixIndex(_BitIndex):
             nxt = get(block_hashes[lo], 0) & mask
             self._record(mask & ~nxt, lo, out)
             start, mask = lo, nxt
+        if self._starts:
+            self._follow_tails(block_hashes, out)
         return out
+
+    def _follow_tails(self, block_hashes: Sequence[int], out: dict[InstanceId, int]) -> None:
+        """Extend ``out`` by the pending tails that start where each instance's held run ends
+        (at the chain's start for an instance with none)."""
+        starts, tails, bit_of = self._starts, self._tails, self._bit_of
+        n = len(block_hashes)
+        for iid, held in out.items():  # (values change, keys do not)
+            if held < n and starts.get(block_hashes[held], 0) >> bit_of[iid] & 1:
+                out[iid] = held + tails[iid].follow(block_hashes, held)
+        bits = starts.get(block_hashes[0], 0)
+        while bits:
+            low = bits & -bits
+            bits ^= low
+            iid = self._id_of_bit[low.bit_length() - 1]
+            if iid not in out:
+                out[iid] = tails[iid].follow(block_hashes, 0)
 
     def set_capacity(self, instance_id: InstanceId, capacity_blocks: int) -> None:
         """Mirror the instance's KV capacity (``<= 0`` means unknown: the default)."""
@@ -164,12 +207,11 @@ class ApproxPrefixIndex(_BitIndex):
             return
         self._capacity[instance_id] = cap
         lru = self._lru.get(instance_id)
-        if lru is not None and len(lru) > cap:
+        if lru is not None and self._size[instance_id] > cap:
             self._evict(instance_id, lru, cap)
 
     def occupancy(self, instance_id: InstanceId) -> int:
-        lru = self._lru.get(instance_id)
-        return len(lru) if lru is not None else 0
+        return self._size.get(instance_id, 0)
 
     def insert(
         self, instance_id: InstanceId, block_hashes: Sequence[int], held_hint: int = -1
@@ -178,57 +220,109 @@ class ApproxPrefixIndex(_BitIndex):
 
         ``held_hint``: how many leading blocks the instance is believed to hold already (e.g.
         the decision's ``predicted_cached_blocks``); only a speed hint, a wrong value gives the
-        same result. Negative: found by bisection."""
+        same result."""
         if not block_hashes:
             return
         cap = self.capacity(instance_id)
         lru = self._lru.get(instance_id)
         if lru is None:
             lru = self._lru[instance_id] = OrderedDict()
+            self._size[instance_id] = 0
         bit = 1 << self._bit(instance_id)
+        tails = self._tails.get(instance_id)
+        if tails is None:
+            tails = self._tails[instance_id] = PendingTails(bit, self._starts)
         hashes = block_hashes[:cap] if len(block_hashes) > cap else block_hashes
-        # Touch ``reversed(hashes)`` one by one: move a held block to the end, append a new one.
-        # A held prefix is usually followed by new blocks only; the split comes from the hint or
-        # bisection. The (guessed) new tail is touched in Python, the held head by ``map`` in C.
-        # Either part does exactly the per-block touch, so a wrong guess costs time, not order.
-        split = min(held_hint, len(hashes)) if held_hint >= 0 else _held_prefix(lru, hashes)
+        n = len(hashes)
+        held = _held_run(lru, hashes, held_hint)
+        # Touch order, as one entry per block: the new tail (deepest first), then what the
+        # chain shares with a pending tail, then the held run.
+        shared = tails.follow(hashes, held) if held < n and tails.by_first else 0
+        size = self._size[instance_id]
+        if held + shared < n:
+            new = tuple(hashes[held + shared :])
+            if tails.add(new):
+                lru[mark(new[-1])] = None
+                size += len(new)
+            else:  # (not a chain: a hash seen at two places) one entry per block
+                size += self._touch_each(lru, bit, new)
+        if shared:
+            taken, dropped, gone = tails.take(hashes[held], shared)
+            if gone is not None:
+                del lru[mark(gone)]
+            size += self._touch_each(lru, bit, taken) - shared - dropped
+        if held:
+            size += self._touch_run(lru, bit, hashes, held)
+        self._size[instance_id] = size
+        if size > cap:
+            self._evict(instance_id, lru, cap)
+
+    def _touch_each(self, lru: OrderedDict[int, None], bit: int, hashes: Sequence[int]) -> int:
+        """Touch ``reversed(hashes)`` one by one; the number of new entries."""
         owners = self._owners
         get = owners.get
         move = lru.move_to_end
-        for h in reversed(hashes[split:]):
+        added = 0
+        for h in reversed(hashes):
             if h in lru:
                 move(h)
             else:
                 lru[h] = None
                 owners[h] = get(h, 0) | bit
-        head = reversed(hashes[:split])
+                added += 1
+        return added
+
+    def _touch_run(
+        self, lru: OrderedDict[int, None], bit: int, hashes: Sequence[int], n: int
+    ) -> int:
+        """Touch the held run ``reversed(hashes[:n])`` (``map`` in C); a block not held after
+        all (a wrong guess) is added. The number added."""
+        owners = self._owners
+        get = owners.get
+        move = lru.move_to_end
+        head = reversed(hashes[:n])
+        added = 0
         while True:
             try:
                 deque(map(move, head), maxlen=0)
-                break
+                return added
             except KeyError as missing:  # not held after all: append it, go on with the rest
                 h = missing.args[0]
                 lru[h] = None
                 owners[h] = get(h, 0) | bit
-        if len(lru) > cap:
-            self._evict(instance_id, lru, cap)
+                added += 1
 
     def _evict(self, instance_id: InstanceId, lru: OrderedDict[int, None], cap: int) -> None:
         owners = self._owners
         clear = ~(1 << self._bit_of[instance_id])
+        tails = self._tails[instance_id]
         pop = lru.popitem
-        for _ in range(len(lru) - cap):
+        size = self._size[instance_id]
+        while size > cap:
             h, _none = pop(last=False)
+            if h >= MARK_BASE:  # a pending tail: its deepest blocks go first
+                removed, kept = tails.cut(h - MARK_OFFSET, size - cap)
+                size -= removed
+                if kept is not None:
+                    lru[mark(kept)] = None
+                    lru.move_to_end(mark(kept), last=False)
+                continue
+            size -= 1
             mask = owners[h] & clear
             if mask:
                 owners[h] = mask
             else:
                 del owners[h]
+        self._size[instance_id] = size
 
     def remove_instance(self, instance_id: InstanceId) -> None:
         lru = self._lru.pop(instance_id, None)
         self._capacity.pop(instance_id, None)
-        self._release(instance_id, lru or ())
+        self._size.pop(instance_id, None)
+        tails = self._tails.pop(instance_id, None)
+        if tails is not None:
+            tails.clear()
+        self._release(instance_id, [h for h in lru or () if h < MARK_BASE])
 
     def retain(self, instance_ids: Iterable[InstanceId]) -> None:
         """Purge every instance not in ``instance_ids``."""
@@ -242,63 +336,19 @@ class ApproxPrefixIndex(_BitIndex):
 
     @property
     def total_blocks(self) -> int:
-        return sum(len(lru) for lru in self._lru.values())
+        return sum(self._size.values())
 
+    def holders(self, block_hash: int) -> int:
+        """Number of instances holding ``block_hash`` (pending tails included: linear in
+        their number, for tests and diagnostics, not the request path)."""
+        pending = sum(
+            1
+            for tails in self._tails.values()
+            if any(block_hash in tail for tail in tails.by_first.values())
+        )
+        return super().holders(block_hash) + pending
 
-class ExactPrefixIndex(_BitIndex):
-    """Engine-reported cache contents (``KvEventSink``); instances without events are unknown."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._blocks: dict[InstanceId, set[int]] = {}
-        # Where the chains of the hashes it is fed start (set by the feeder; None: any). A key
-        # chained from another start (a tenant, an adapter, another model name) names other
-        # hashes for the same tokens: this index cannot speak for it.
-        self.chain_seed: int | None = None
-
-    def comparable(self, key_chain_seed: int | None) -> bool:
-        return self.chain_seed is None or key_chain_seed == self.chain_seed
-
-    def knows(self, instance_id: InstanceId) -> bool:
-        return instance_id in self._blocks
-
-    @property
-    def known_instances(self) -> tuple[InstanceId, ...]:
-        return tuple(self._blocks)
-
-    def occupancy(self, instance_id: InstanceId) -> int:
-        return len(self._blocks.get(instance_id, ()))
-
-    def on_blocks_stored(self, instance_id: InstanceId, block_hashes: Sequence[int]) -> None:
-        blocks = self._blocks.setdefault(instance_id, set())
-        bit = 1 << self._bit(instance_id)
-        owners = self._owners
-        for h in block_hashes:
-            blocks.add(h)
-            owners[h] = owners.get(h, 0) | bit
-
-    def on_blocks_removed(self, instance_id: InstanceId, block_hashes: Sequence[int]) -> None:
-        blocks = self._blocks.get(instance_id)
-        if blocks is None:
-            return
-        gone = [h for h in block_hashes if h in blocks]
-        blocks.difference_update(gone)
-        self._drop_bit(self._bit_of[instance_id], gone)
-
-    def on_instance_cleared(self, instance_id: InstanceId) -> None:
-        blocks = self._blocks.get(instance_id)
-        if blocks is None:
-            self._blocks[instance_id] = set()
-            self._bit(instance_id)
-            return
-        self._drop_bit(self._bit_of[instance_id], blocks)
-        blocks.clear()
-
-    def remove_instance(self, instance_id: InstanceId) -> None:
-        blocks = self._blocks.pop(instance_id, None)
-        self._release(instance_id, blocks or ())
-
-    def retain(self, instance_ids: Iterable[InstanceId]) -> None:
-        keep = set(instance_ids)
-        for iid in [i for i in self._blocks if i not in keep]:
-            self.remove_instance(iid)
+    def entries(self, instance_id: InstanceId) -> list[int]:
+        """The instance's blocks held as plain entries, least recently used first (pending
+        tails' blocks are not among them)."""
+        return [h for h in self._lru.get(instance_id, ()) if h < MARK_BASE]

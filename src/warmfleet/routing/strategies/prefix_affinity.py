@@ -43,7 +43,8 @@ from warmfleet.core.types import (
     RoutingKey,
 )
 from warmfleet.routing.config import PrefixAffinityConfig
-from warmfleet.routing.index import ApproxPrefixIndex, ExactPrefixIndex
+from warmfleet.routing.exact_index import ExactPrefixIndex
+from warmfleet.routing.index import ApproxPrefixIndex
 from warmfleet.routing.ledger import WorkLedger
 from warmfleet.routing.ring import RendezvousHash
 from warmfleet.routing.sessions import SessionHomes
