@@ -46,8 +46,9 @@ def router_block_hashes(token_ids: Sequence[int], block_size: int, parent: int) 
 
 @runtime_checkable
 class ExactIndex(Protocol):
-    """What the translator feeds: ``routing.index.ExactPrefixIndex`` (a ``KvEventSink`` that can
-    also forget an instance, so the strategy falls back to its approximate index for it)."""
+    """What the translator feeds: ``routing.exact_index.ExactPrefixIndex`` (a ``KvEventSink``
+    that can also forget an instance, so the strategy falls back to its approximate index for
+    it)."""
 
     def on_blocks_stored(self, instance_id: InstanceId, block_hashes: Sequence[int]) -> None: ...
 
