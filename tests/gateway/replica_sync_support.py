@@ -19,6 +19,7 @@ import yaml
 from gateway_support import MODEL as STUB_MODEL
 from gateway_support import FakeBackend, gateway_running
 
+from warmfleet.edge import ephemeral_port_range
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.replica_sync.service import ReplicaSync
@@ -38,11 +39,14 @@ def _bindable(port: int) -> bool:
 
 
 def sync_ports(count: int) -> list[int]:
-    """``count`` ports ``p`` of 127.0.0.1 with ``p`` and ``p + 1`` free (pairs kept apart)."""
+    """``count`` ports ``p`` of 127.0.0.1 with ``p`` and ``p + 1`` free (pairs kept apart),
+    below the kernel's ephemeral range: a port from it can become a connection's source port
+    between the pick and the bind (``edge.free_port``; seen in CI: "address already in use")."""
     rng = random.Random()
+    end = min(30_000, ephemeral_port_range()[0])
     found: list[int] = []
     while len(found) < count:
-        port = rng.randrange(20_000, 60_000, 2)
+        port = rng.randrange(20_000, end - 1, 2)
         if _bindable(port) and _bindable(port + 1) and port not in found:
             found.append(port)
     return found
