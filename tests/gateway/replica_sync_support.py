@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -19,7 +18,7 @@ import yaml
 from gateway_support import MODEL as STUB_MODEL
 from gateway_support import FakeBackend, gateway_running
 
-from warmfleet.edge import ephemeral_port_range
+from warmfleet.edge import free_port
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.replica_sync.service import ReplicaSync
@@ -40,14 +39,13 @@ def _bindable(port: int) -> bool:
 
 def sync_ports(count: int) -> list[int]:
     """``count`` ports ``p`` of 127.0.0.1 with ``p`` and ``p + 1`` free (pairs kept apart),
-    below the kernel's ephemeral range: a port from it can become a connection's source port
-    between the pick and the bind (``edge.free_port``; seen in CI: "address already in use")."""
-    rng = random.Random()
-    end = min(30_000, ephemeral_port_range()[0])
+    picked as ``edge.free_port`` picks: below the kernel's ephemeral range, where a port cannot
+    become a connection's source port between the pick and the bind (seen in CI: "address
+    already in use")."""
     found: list[int] = []
     while len(found) < count:
-        port = rng.randrange(20_000, end - 1, 2)
-        if _bindable(port) and _bindable(port + 1) and port not in found:
+        port = free_port()
+        if _bindable(port + 1) and all(abs(port - other) > 1 for other in found):
             found.append(port)
     return found
 

@@ -37,6 +37,8 @@ SPEC = engine_spec(
     kv_read_s_per_token=1e-7,
 )  # fmt: skip
 SESSIONS, CALLS = 24, 6
+APP = typer.Typer()
+sim_cli.register(APP)
 
 
 def _programs() -> list[WorkloadRequest]:
@@ -108,9 +110,10 @@ def test_replicas_without_sync_keep_sessions_home_when_placed_by_hash() -> None:
     gateway rotates them 6 to an instance, and 7 programs overflow an instance's cache."""
     _, _, one = _run(1, sessions=True)
     result, _, four = _run(4, sessions=True, delay_s=None, placement="hash")
+    programs = _programs()
     homes: dict[int | None, set[str]] = {}
     for record in result.records:
-        homes.setdefault(_programs()[record.index].session_id, set()).add(record.instance_id)
+        homes.setdefault(programs[record.index].session_id, set()).add(record.instance_id)
     assert sum(len(h) > 1 for h in homes.values()) <= SESSIONS // 4
     assert len(set().union(*homes.values())) == 4  # the sessions spread over the fleet
     _, _, grouped = _run(4, sessions=True, delay_s=None)
@@ -119,8 +122,6 @@ def test_replicas_without_sync_keep_sessions_home_when_placed_by_hash() -> None:
 
 
 def test_the_cli_runs_sessions_when_asked(tmp_path: Path) -> None:
-    app = typer.Typer()
-    sim_cli.register(app)
     args = [
         "sim", "--scenario", "multi-round-qa", "--preset", "tiny-cpu", "--instances", "3",
         "--requests", "40", "--strategies", "prefix_affinity", "--gateway-replicas", "2",
@@ -128,7 +129,7 @@ def test_the_cli_runs_sessions_when_asked(tmp_path: Path) -> None:
     reasons = []
     for extra in ([], ["--sessions"]):
         out = tmp_path / "replicas.json"
-        result = CliRunner().invoke(app, [*args, *extra, "--json", str(out)])
+        result = CliRunner().invoke(APP, [*args, *extra, "--json", str(out)])
         assert result.exit_code == 0, result.output
         cell = json.loads(out.read_text())["strategies"]["prefix_affinity"][-1]
         assert cell["gateway_replicas"] == 2
@@ -137,13 +138,17 @@ def test_the_cli_runs_sessions_when_asked(tmp_path: Path) -> None:
     assert reasons[1]["session"] > 0
 
 
+def _hash_placement(tmp_path: Path) -> Path:
+    """A ``--strategy-config`` file: ``prefix_affinity`` placing sessions by hash."""
+    path = tmp_path / "hash.yaml"
+    path.write_text("type: prefix_affinity\nsessionPlacement: hash\n", encoding="utf-8")
+    return path
+
+
 def test_the_cli_runs_a_strategy_with_other_settings(tmp_path: Path) -> None:
     """``--strategy-config``: a strategy's settings in place of its defaults, named in the
     report; sessions placed by hash keep one gateway's hit rate on unsynced replicas."""
-    app = typer.Typer()
-    sim_cli.register(app)
-    hashed = tmp_path / "hash.yaml"
-    hashed.write_text("type: prefix_affinity\nsessionPlacement: hash\n", encoding="utf-8")
+    hashed = _hash_placement(tmp_path)
     args = [
         "sim", "--scenario", "multi-round-qa", "--strategies", "prefix_affinity", "--sessions",
         "--gateway-replicas", "1,4", "--sync-delay-ms", "none",
@@ -151,7 +156,7 @@ def test_the_cli_runs_a_strategy_with_other_settings(tmp_path: Path) -> None:
     cells = []
     for extra in ([], ["--strategy-config", str(hashed)]):
         out = tmp_path / "replicas.json"
-        result = CliRunner().invoke(app, [*args, *extra, "--json", str(out)])
+        result = CliRunner().invoke(APP, [*args, *extra, "--json", str(out)])
         assert result.exit_code == 0, result.output
         report = json.loads(out.read_text())
         cells.append(report["strategies"]["prefix_affinity"])
@@ -163,13 +168,10 @@ def test_the_cli_runs_a_strategy_with_other_settings(tmp_path: Path) -> None:
 
 
 def test_the_comparison_says_which_strategy_ran_with_other_settings(tmp_path: Path) -> None:
-    app = typer.Typer()
-    sim_cli.register(app)
-    hashed = tmp_path / "hash.yaml"
-    hashed.write_text("type: prefix_affinity\nsessionPlacement: hash\n", encoding="utf-8")
+    hashed = _hash_placement(tmp_path)
     args = ["sim", "--scenario", "multi-round-qa", "--strategies", "prefix_affinity,random"]
     out = tmp_path / "comparison.json"
-    result = CliRunner().invoke(app, [*args, "--strategy-config", str(hashed), "--json", str(out)])
+    result = CliRunner().invoke(APP, [*args, "--strategy-config", str(hashed), "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "prefix_affinity: sessionPlacement=hash" in result.output  # the table's title
     report = json.loads(out.read_text())
@@ -177,8 +179,6 @@ def test_the_comparison_says_which_strategy_ran_with_other_settings(tmp_path: Pa
 
 
 def test_the_cli_refuses_a_strategy_config_it_cannot_use(tmp_path: Path) -> None:
-    app = typer.Typer()
-    sim_cli.register(app)
     args = ["sim", "--scenario", "multi-round-qa", "--strategies", "prefix_affinity,random"]
     cases = {
         "type: prefix_affinity\nsessionPlacement: everywhere\n": "sessionPlacement",
@@ -189,12 +189,12 @@ def test_the_cli_refuses_a_strategy_config_it_cannot_use(tmp_path: Path) -> None
     for text, expected in cases.items():
         path = tmp_path / "strategy.yaml"
         path.write_text(text, encoding="utf-8")
-        result = CliRunner().invoke(app, [*args, "--strategy-config", str(path)])
+        result = CliRunner().invoke(APP, [*args, "--strategy-config", str(path)])
         assert result.exit_code == 2, result.output
         assert expected in result.output, result.output
         assert str(path) in result.output, result.output
     twice = ["--strategy-config", str(path), "--strategy-config", str(path)]
     path.write_text("type: random\n", encoding="utf-8")
-    result = CliRunner().invoke(app, [*args, *twice])
+    result = CliRunner().invoke(APP, [*args, *twice])
     assert result.exit_code == 2
     assert "a second file for 'random'" in result.output

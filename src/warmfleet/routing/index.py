@@ -224,14 +224,13 @@ class ApproxPrefixIndex(BitIndex):
         if not block_hashes:
             return
         cap = self.capacity(instance_id)
+        bit = 1 << self._bit(instance_id)
         lru = self._lru.get(instance_id)
-        if lru is None:
+        if lru is None:  # an instance's LRU, size and tails come and go together
             lru = self._lru[instance_id] = OrderedDict()
             self._size[instance_id] = 0
-        bit = 1 << self._bit(instance_id)
-        tails = self._tails.get(instance_id)
-        if tails is None:
-            tails = self._tails[instance_id] = PendingTails(bit, self._starts)
+            self._tails[instance_id] = PendingTails(bit, self._starts)
+        tails = self._tails[instance_id]
         hashes = block_hashes[:cap] if len(block_hashes) > cap else block_hashes
         n = len(hashes)
         held = _held_run(lru, hashes, held_hint)
