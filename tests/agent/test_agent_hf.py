@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +18,7 @@ from warmfleet.agent.sources.http import HttpSource
 from warmfleet.cache.config import SourcesSpec
 from warmfleet.cache.manifest import FileEntry
 from warmfleet.core.errors import IntegrityError, NotFoundError
+from warmfleet.edge import free_port
 
 WEIGHTS = os.urandom(700_000)
 FILES = {"config.json": b'{"model_type": "tiny"}', "model.safetensors": WEIGHTS}
@@ -106,16 +106,10 @@ def test_server_speaks_what_huggingface_hub_requests(
     assert repo.commit in path
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_hf_hub_unreachable_is_a_transient_source_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     async with manager_for(tmp_path / "c", request_timeout_s=5) as m:
         with pytest.raises(TransientSourceError, match="hf://org/tiny@main"):
             await m.prefetch("hf://org/tiny")

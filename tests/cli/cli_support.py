@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from warmfleet.edge import free_port
+
 WARMFLEET = str(Path(sys.executable).parent / "warmfleet")
 MAX_STDERR_LINES = 3
 MODEL = "test/tiny-model"
@@ -72,10 +74,10 @@ def busy_port_above(floor: int) -> Iterator[int]:
 
 
 def closed_port() -> int:
-    """A port of 127.0.0.1 nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port of 127.0.0.1 nothing listens on, below the kernel's ephemeral range
+    (``edge.free_port``): a connection to a released port-0 pick can take that very port as
+    its source and connect to itself (TCP's simultaneous open), and then it is not refused."""
+    return free_port()
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
