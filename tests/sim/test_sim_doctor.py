@@ -18,7 +18,7 @@ from warmfleet.core.errors import ConfigError
 from warmfleet.edge import resolve_traces_dir
 from warmfleet.routing.factory import strategy_config
 from warmfleet.sim import doctor
-from warmfleet.sim.doctor_run import Chosen, parse_target, sweep_knob
+from warmfleet.sim.doctor_sweeps import Chosen, parse_target, sweep_knob
 from warmfleet.sim.metrics import RunMetrics
 from warmfleet.sim.runner import StrategyRun
 from warmfleet.sim.workloads.traces import DEFAULT_TRACES

@@ -15,18 +15,37 @@ import typer
 from warmfleet.bench.doctor_report import doctor_lines, doctor_tables, write_doctor_report
 from warmfleet.bench.progress import PhasedProgress, activity_for
 from warmfleet.bench.report import write_json
+from warmfleet.bench.sim_cli import sync_delays
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.core.failures import one_line
 from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console, emit
 from warmfleet.edge import read_text_file
 from warmfleet.sim.doctor import churn_of
-from warmfleet.sim.doctor_run import DoctorResult, parse_target, run_doctor
+from warmfleet.sim.doctor_run import DoctorResult, run_doctor
+from warmfleet.sim.doctor_sweeps import parse_target
+from warmfleet.sim.gateways import GatewaySync
 from warmfleet.sim.trace_fleet import trace_scenario
 from warmfleet.sim.workloads.traces import Trace, parse_trace_text
 
 
+def _gateways(replicas: int, sync_delay_ms: str) -> GatewaySync | None:
+    """``--gateway-replicas``/``--sync-delay-ms`` (one value each): None for one gateway."""
+    delays = sync_delays(sync_delay_ms)
+    if len(delays) != 1:
+        raise typer.BadParameter(f"--sync-delay-ms: one value, got {sync_delay_ms!r}")
+    if replicas == 1:
+        return None
+    return GatewaySync(replicas, None if delays[0] is None else delays[0] / 1000.0)
+
+
 def _diagnose(
-    trace: Path, instances: int | None, preset: str | None, target: str | None, fmt: OutputFormat
+    trace: Path,
+    instances: int | None,
+    preset: str | None,
+    target: str | None,
+    fmt: OutputFormat,
+    *,
+    gateways: GatewaySync | None,
 ) -> DoctorResult:
     goal = parse_target(target) if target is not None else None
     data = Trace(read_text_file(trace), str(trace))
@@ -38,7 +57,7 @@ def _diagnose(
     )
     with activity_for(fmt) as activity:
         progress = PhasedProgress(activity)
-        result = run_doctor(spec, data, parsed, goal, progress)
+        result = run_doctor(spec, data, parsed, goal, progress, gateways=gateways)
         progress.close()
     return result
 
@@ -58,13 +77,20 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
     target: Annotated[
         str | None, typer.Option(help="hit_rate=0.6 or p95_ttft_ms=800: size the fleet for it")
     ] = None,
+    gateway_replicas: Annotated[
+        int, typer.Option(min=1, help="gateway replicas, each request reaching a random one")
+    ] = 1,
+    sync_delay_ms: Annotated[
+        str, typer.Option(help="the replicas' sync delay in ms ('none': replicas without sync)")
+    ] = "0",
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,
 ) -> None:
     """Replay a trace under every strategy and explain its KV reuse: a waterfall from the ideal
     to what the fleet delivered, the largest loss and what closes it, recommendations."""
+    gateways = _gateways(gateway_replicas, sync_delay_ms)
     try:
-        result = _diagnose(trace, instances, preset, target, fmt)
+        result = _diagnose(trace, instances, preset, target, fmt, gateways=gateways)
     except WarmfleetError as err:
         typer.echo(f"error: {one_line(str(err))}", err=True)  # one line, never wrapped
         raise typer.Exit(2) from err

@@ -37,9 +37,20 @@ def _trace_name(doc: Mapping[str, Any]) -> str:
     return str(doc["trace"]).removeprefix("trace ").rsplit("/", 1)[-1]
 
 
-def _title(doc: Mapping[str, Any]) -> str:
+def _fleet(doc: Mapping[str, Any]) -> str:
+    """``preset x instances``, and the gateway replicas when there are several."""
     fleet = doc["fleet"]
-    return f"KV reuse waterfall | {fleet['preset']} x {fleet['instances']}"
+    text = f"{fleet['preset']} x {fleet['instances']}"
+    replicas = fleet["gateway_replicas"]
+    if replicas == 1:
+        return text
+    delay = fleet["sync_delay_ms"]
+    sync = "no sync" if delay is None else f"sync {delay:g} ms"
+    return f"{text}, {replicas} gateway replicas ({sync})"
+
+
+def _title(doc: Mapping[str, Any]) -> str:
+    return f"KV reuse waterfall | {_fleet(doc)}"
 
 
 def _waterfall_grid(doc: Mapping[str, Any]) -> Grid:
@@ -169,11 +180,9 @@ def waterfall_figure(doc: Mapping[str, Any]) -> Figure:
     ax.set_ylim(0, 105)
     ax.set_ylabel("KV reuse (% of prompt tokens)")
     ax.tick_params(axis="x", labelsize="small")
-    fleet = doc["fleet"]
     fig.suptitle(
         f"KV reuse waterfall (warmfleet doctor, simulated replay): {_trace_name(doc)}\n"
-        f"{doc['requests']} requests, {fleet['preset']} x {fleet['instances']}, "
-        f"best strategy {doc['best_strategy']}"
+        f"{doc['requests']} requests, {_fleet(doc)}, best strategy {doc['best_strategy']}"
     )
     return fig
 
@@ -181,10 +190,12 @@ def waterfall_figure(doc: Mapping[str, Any]) -> Figure:
 def _markdown(doc: Mapping[str, Any]) -> str:
     fleet = doc["fleet"]
     lines = [f"# warmfleet doctor: {_trace_name(doc)}", ""]
+    sessions = doc["sessions"]
+    keyed = f"; {sessions} sessions, each request keyed with its own" if sessions else ""
     lines += [
-        f"{doc['requests']} requests replayed on {fleet['preset']} x {fleet['instances']} "
+        f"{doc['requests']} requests replayed on {_fleet(doc)} "
         f"({fleet['kv_capacity_tokens']} KV tokens per instance, {doc['block_tokens']}-token "
-        f"blocks); captured strategy: {fleet['captured_strategy'] or 'n/a'}.",
+        f"blocks); captured strategy: {fleet['captured_strategy'] or 'n/a'}{keyed}.",
         "",
     ]
     lines += ["| step | KV reuse |", "|---|---|"]

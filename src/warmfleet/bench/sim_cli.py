@@ -198,7 +198,7 @@ def _replica_counts(text: str) -> list[int]:
     return counts
 
 
-def _sync_delays(text: str) -> list[float | None]:
+def sync_delays(text: str) -> list[float | None]:
     delays: list[float | None] = []
     for part in (p.strip() for p in text.split(",")):
         if part.lower() == "none":
@@ -298,7 +298,7 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         raise typer.BadParameter("give at most one of --concurrency and --rate")
     if flow is not None and gateway_replicas != "1":
         raise typer.BadParameter("--flow runs with one gateway replica")
-    counts, delays = _replica_counts(gateway_replicas), _sync_delays(sync_delay_ms)
+    counts, delays = _replica_counts(gateway_replicas), sync_delays(sync_delay_ms)
     sweep = counts != [1] or delays != [0.0]
     if sweep and fmt == OutputFormat.tsv:
         raise typer.BadParameter("--format tsv is for one gateway; use json with replicas")

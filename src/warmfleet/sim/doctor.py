@@ -119,6 +119,12 @@ def churn_of(records: Sequence[TraceRecord]) -> Churn:
     return Churn(joins, len(first_s), reason)
 
 
+def session_count(records: Sequence[TraceRecord]) -> int:
+    """The trace's sessions: one per (tenant, session) pair, as its replay keys them
+    (``workloads.traces.trace_file_requests``)."""
+    return len({(r.tenant, r.session) for r in records if r.session is not None})
+
+
 def in_windows(at_s: float, windows: Sequence[tuple[float, float]]) -> bool:
     return any(start <= at_s < end for start, end in windows)
 
