@@ -104,9 +104,10 @@ class DoctorResult:
 
     def _sync_delay_ms(self) -> float | None:
         """The replicas' sync delay (0 with one gateway; None: replicas without sync)."""
-        if self.gateways is None or self.gateways.sync_delay_s is None:
-            return 0.0 if self.gateways is None else None
-        return self.gateways.sync_delay_s * 1000.0
+        if self.gateways is None:
+            return 0.0
+        delay_s = self.gateways.sync_delay_s
+        return None if delay_s is None else delay_s * 1000.0
 
     def _captured_report(self) -> dict[str, object] | None:
         """How the captured strategy replayed: by the captured placements (the waterfall's
