@@ -227,8 +227,10 @@ def run_doctor(
         "captured_replay": None if replayed is None else replayed.metrics.hit_rate,
         "delivered": doctor.delivered(parsed.records),
     }
-    result = DoctorResult(comparison, parsed, churn, waterfall, captured_name, best.name)
-    result.placed, result.gateways, result.sessions = placed, gateways, sessions
+    result = DoctorResult(
+        comparison, parsed, churn, waterfall, captured_name, best.name,
+        gateways=gateways, sessions=sessions, placed=placed,
+    )  # fmt: skip
     result.knob = sweep_knob(chosen, run)
     if target is not None:
         result.target = target
