@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmfleet.bench import plots
 from warmfleet.bench.report import write_json
-from warmfleet.display import Column, Grid, fixed, pct
+from warmfleet.display import Column, Grid, fixed, num, pct, size
 from warmfleet.sim.doctor import STEPS
 
 if TYPE_CHECKING:
@@ -128,6 +128,23 @@ def _captured_line(captured: Mapping[str, Any]) -> str:
     )
 
 
+def _sync_line(doc: Mapping[str, Any]) -> str | None:
+    """The replicas' sync traffic at the trace's rate (None: one gateway, or no sync)."""
+    fleet, sync = doc["fleet"], doc["replica_sync"]
+    if fleet["gateway_replicas"] == 1 or fleet["sync_delay_ms"] is None:
+        return None
+    each, horizon = sync["replica_bytes_per_s"], sync["log_horizon_s"]
+    rate = "n/a (the trace has no duration)" if each is None else f"{size(round(each))}/s"
+    held = "" if horizon is None else f", {num(horizon)} s of this trace"
+    return (
+        f"replica sync: {rate} into and out of each of the {fleet['gateway_replicas']} "
+        f"replicas at the trace's rate ({num(sync['routed_note_bytes']['mean'])} B a routing "
+        f"note of its {doc['block_tokens']}-unit blocks, 2 notes a request); logBytes "
+        f"({size(sync['log_bytes'])}) keeps {num(sync['log_requests'])} requests' notes for a "
+        f"restarted replica{held}"
+    )
+
+
 def doctor_lines(doc: Mapping[str, Any]) -> list[str]:
     """The findings under the tables: the largest loss, churn, the recommendations."""
     loss = doc["largest_loss"]
@@ -161,6 +178,9 @@ def doctor_lines(doc: Mapping[str, Any]) -> list[str]:
         f"requests on an instance in its first {unprepared['window_s']:g} s: "
         + (f"n/a ({unprepared['reason']})" if share is None else pct(share))
     )
+    sync = _sync_line(doc)
+    if sync is not None:
+        lines.append(sync)
     lines.extend(f"recommend {_recommendation(rec)}" for rec in doc["recommendations"])
     return lines
 

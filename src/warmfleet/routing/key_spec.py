@@ -17,6 +17,7 @@ from warmfleet.routing.sessions import DEFAULT_SESSION_HEADERS
 KeyMode = Literal["text", "bytes", "tokens"]
 DEFAULT_BLOCK_SIZE: dict[str, int] = {"text": 128, "bytes": 128, "tokens": 16}
 DEFAULT_PREFIX_LENGTH = 4096
+DEFAULT_MAX_BLOCKS = 2048  # block hashes a key carries at most
 CHARS_PER_TOKEN: Final = 4  # ``text``/``bytes`` keys' estimate of a token's size
 
 
@@ -46,7 +47,7 @@ class KeySpec(StrictModel):
     block_size: int | None = Field(default=None, gt=0)
     prefix_length: int | None = Field(default=None, gt=0)
     max_units: int = Field(default=1 << 22, gt=0)
-    max_blocks: int = Field(default=2048, gt=0)
+    max_blocks: int = Field(default=DEFAULT_MAX_BLOCKS, gt=0)
     salt: str = "warmfleet"
     tenant_header: str = DEFAULT_TENANT_HEADER
     default_chat_template_kwargs: dict[str, JsonValue] = Field(default_factory=dict)

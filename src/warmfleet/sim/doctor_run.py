@@ -21,6 +21,7 @@ from warmfleet.core.types import InstanceId, Reason
 from warmfleet.engine.spec import EngineSpec
 from warmfleet.routing.config import STRATEGY_NAMES, StrategyConfig
 from warmfleet.routing.factory import strategy_config
+from warmfleet.routing.key_spec import DEFAULT_PREFIX_LENGTH
 from warmfleet.sim import doctor
 from warmfleet.sim.doctor_sweeps import (
     Chosen,
@@ -31,6 +32,7 @@ from warmfleet.sim.doctor_sweeps import (
     sizing,
     sweep_knob,
 )
+from warmfleet.sim.doctor_sync import SyncTraffic, sync_traffic
 from warmfleet.sim.gateways import GatewaySync
 from warmfleet.sim.placements import captured_placements
 from warmfleet.sim.runner import (
@@ -38,6 +40,7 @@ from warmfleet.sim.runner import (
     Prepared,
     StrategyRun,
     prepare,
+    routing_keys,
     run_strategy,
     working_set_blocks_of,
 )
@@ -58,6 +61,7 @@ class DoctorResult:
     waterfall: dict[str, float | None]
     captured: str | None
     best: str
+    sync: SyncTraffic  # the replica-sync notes' traffic behind the replicas
     knob: dict[str, object] | None = None
     sizing: list[dict[str, object]] = field(default_factory=list)
     target: Target | None = None
@@ -92,6 +96,7 @@ class DoctorResult:
                 "sync_delay_ms": self._sync_delay_ms(),
             },
             "sessions": self.sessions,
+            "replica_sync": self.sync.report(),
             "waterfall": dict(self.waterfall),
             "largest_loss": loss.as_report() if loss is not None else None,
             "captured": self._captured_report(),
@@ -230,6 +235,11 @@ def run_doctor(
     result = DoctorResult(
         comparison, parsed, churn, waterfall, captured_name, best.name,
         gateways=gateways, sessions=sessions, placed=placed,
+        sync=sync_traffic(
+            workload.requests,
+            routing_keys(prepared, DEFAULT_PREFIX_LENGTH, sessions=sessions > 0),
+            1 if gateways is None else gateways.replicas,
+        ),
     )  # fmt: skip
     result.knob = sweep_knob(chosen, run)
     if target is not None:

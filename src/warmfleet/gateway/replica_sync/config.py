@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from warmfleet.api.replica_sync import MAX_BATCH_NOTES
+from warmfleet.api.replica_sync import DEFAULT_LOG_BYTES, MAX_BATCH_NOTES
 from warmfleet.core.config import StrictModel
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeNamespaceSpec, KubeWatchSpec
@@ -116,7 +116,7 @@ class ReplicaSyncConfig(StrictModel):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     peer_timeout_s: float = Field(default=5.0, gt=0)
     catch_up_timeout_s: float = Field(default=10.0, ge=0)
-    log_bytes: int = Field(default=32 << 20, ge=0, le=1 << 32)
+    log_bytes: int = Field(default=DEFAULT_LOG_BYTES, ge=0, le=1 << 32)
     curve_secret_env: str | None = Field(default=None, pattern=_ENV_NAME)
     curve_secret: CurveSecretRef | None = None
 
