@@ -16,6 +16,7 @@ from warmfleet.api.replica_sync import DEFAULT_LOG_BYTES, BatchEncoder, decode_b
 from warmfleet.api.trace_format import TraceRecord
 from warmfleet.bench import doctor_cli
 from warmfleet.core.types import Decision, Reason, RoutingKey
+from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.routing.replica_notes import RoutedNote, finished_note, routed_note
 from warmfleet.sim.doctor_sync import NAMES, sync_traffic
 from warmfleet.sim.workloads.base import Segment, WorkloadRequest
@@ -93,6 +94,8 @@ def test_the_doctor_reports_a_captures_sync_traffic(tmp_path: Path) -> None:
     records = [TraceRecord.model_validate_json(line) for line in lines[1:]]
     blocks = sum(len(r.hash_ids) for r in records) / len(records)
     doc: dict[str, Any] = json.loads(_doctor(trace, "--gateway-replicas", "4"))
+    # by default the replicas sync at the live gateway's batch interval
+    assert doc["fleet"]["sync_delay_ms"] == ReplicaSyncConfig().batch_interval_ms
     sync = doc["replica_sync"]
     # 8 bytes a block, plus the note's other fields (names, counts, a session hash)
     assert 8 * blocks < sync["routed_note_bytes"]["mean"] < 8 * blocks + 160

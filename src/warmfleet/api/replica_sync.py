@@ -41,6 +41,8 @@ from warmfleet.routing.replica_notes import FinishedNote, RoutedNote, SyncNote
 VERSION = 2
 MAX_BATCH_NOTES = 65_536  # the most notes a payload carries (spec.replicaSync.maxBatchNotes)
 DEFAULT_LOG_BYTES = 32 << 20  # what each replica keeps for newcomers (spec.replicaSync.logBytes)
+# the longest a note waits for its batch under load (spec.replicaSync.batchIntervalMs)
+DEFAULT_BATCH_INTERVAL_MS = 5.0
 _ROUTED, _FINISHED = 0, 1
 _ROUTED_FIELDS = 18
 _FINISHED_FIELDS = 6

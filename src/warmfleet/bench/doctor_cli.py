@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from warmfleet.api.replica_sync import DEFAULT_BATCH_INTERVAL_MS
 from warmfleet.bench.doctor_report import doctor_lines, doctor_tables, write_doctor_report
 from warmfleet.bench.progress import PhasedProgress, activity_for
 from warmfleet.bench.report import write_json
@@ -81,8 +82,12 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
         int, typer.Option(min=1, help="gateway replicas, each request reaching a random one")
     ] = 1,
     sync_delay_ms: Annotated[
-        str, typer.Option(help="the replicas' sync delay in ms ('none': replicas without sync)")
-    ] = "0",
+        str,
+        typer.Option(
+            help="the replicas' sync delay in ms ('none': replicas without sync; default: the "
+            "live gateway's batchIntervalMs)"
+        ),
+    ] = f"{DEFAULT_BATCH_INTERVAL_MS:g}",
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,
 ) -> None:

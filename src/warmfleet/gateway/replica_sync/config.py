@@ -9,7 +9,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from warmfleet.api.replica_sync import DEFAULT_LOG_BYTES, MAX_BATCH_NOTES
+from warmfleet.api.replica_sync import (
+    DEFAULT_BATCH_INTERVAL_MS,
+    DEFAULT_LOG_BYTES,
+    MAX_BATCH_NOTES,
+)
 from warmfleet.core.config import StrictModel
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeNamespaceSpec, KubeWatchSpec
@@ -110,7 +114,7 @@ class ReplicaSyncConfig(StrictModel):
     replica_id: Annotated[str, Field(pattern=_REPLICA_ID)] | None = None
     listen: SyncListen = Field(default_factory=SyncListen)
     peers: Peers = Field(default_factory=StaticPeers)
-    batch_interval_ms: float = Field(default=5.0, ge=0, le=1000)
+    batch_interval_ms: float = Field(default=DEFAULT_BATCH_INTERVAL_MS, ge=0, le=1000)
     max_batch_notes: int = Field(default=256, ge=1, le=MAX_BATCH_NOTES)
     apply_delay_ms: float = Field(default=50.0, ge=0, le=1000)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
