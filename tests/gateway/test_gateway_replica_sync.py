@@ -132,8 +132,10 @@ async def test_bad_frames_are_counted_and_dropped_and_lost_batches_seen() -> Non
     ):
         sync.receive(message)
     assert sync.metrics.dropped.labels("bad_frame")._value.get() == 6
+    assert sync.metrics.bytes_received._value.get() == 0  # a batch's bytes only
     sync.receive(good)  # no view for main/v1 here: received, applied nowhere, no crash
     assert sync.metrics.received._value.get() == 1
+    assert sync.metrics.bytes_received._value.get() == len(good)
     assert not sync._resync.is_set()  # its first batch: nothing before it to miss
     sync.receive(batch_message("peer#1", 0.0, 4, BatchEncoder().encode([])))  # batches 2 and 3 lost
     assert sync.metrics.missed._value.get() == 2

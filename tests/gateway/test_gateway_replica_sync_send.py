@@ -14,10 +14,12 @@ from prometheus_client import CollectorRegistry
 from replica_sync_support import stub_doc, sync_ports, sync_section
 
 from support.waiting import wait_until
+from warmfleet.api.replica_sync import BatchEncoder
 from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.gateway.replica_sync.service import ReplicaSync
+from warmfleet.gateway.replica_sync.transport import HEADER
 from warmfleet.gateway.server import StartedApp
 from warmfleet.routing.replica_notes import RoutedNote, finished_note, routed_note
 
@@ -50,6 +52,8 @@ async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -
         assert (len(sync._pending), _batches(sync)) == (1, 0.0)  # not inside the caller
         await asyncio.sleep(0)
         assert (sync._pending, _batches(sync)) == ([], 1.0)  # quiet: no batching delay
+        sent = HEADER.size + len(sync.origin.encode()) + len(BatchEncoder().encode([first]))
+        assert sync.metrics.bytes_sent._value.get() == sent
         now_s[0] += 0.001
         sync.send(_routed(sync, 2))
         sync.send(_routed(sync, 3))

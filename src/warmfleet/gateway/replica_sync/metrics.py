@@ -29,6 +29,14 @@ class SyncMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.sent = Counter(f"{_P}_notes_sent", "Notes sent to the peers", registry=registry)
         self.batches = Counter(f"{_P}_batches_sent", "Batches sent", registry=registry)
+        self.bytes_sent = Counter(
+            f"{_P}_bytes_sent",
+            "Bytes of the batches published (each reaches every subscribed peer)",
+            registry=registry,
+        )
+        self.bytes_received = Counter(
+            f"{_P}_bytes_received", "Bytes of the peers' batches received", registry=registry
+        )
         self.missed = Counter(
             f"{_P}_batches_missed", "Peers' batches never received", registry=registry
         )
@@ -73,6 +81,19 @@ class SyncMetrics:
             "Connections to the sync sockets refused: no CURVE key, or not the fleet's",
             registry=registry,
         )
+
+    def batch_sent(self, notes: int, size_bytes: int) -> None:
+        self.batches.inc()
+        self.sent.inc(notes)
+        self.bytes_sent.inc(size_bytes)
+
+    def batch_received(self, notes: int, size_bytes: int, delay_s: float | None) -> None:
+        """A peer's batch of ``notes`` notes (``delay_s``: since its oldest was queued)."""
+        self.bytes_received.inc(size_bytes)
+        if notes:
+            if delay_s is not None:
+                self.observe_delay(delay_s)
+            self.received.inc(notes)
 
     def observe_delay(self, delay_s: float) -> None:
         delay_s = max(0.0, delay_s)  # (wall clocks: another host's may be ahead)

@@ -226,11 +226,11 @@ class ReplicaSync:
         self._batches += 1
         if notes:
             self._log.add(payload)
-        if not sockets.send(batch_message(self.origin, self._oldest_s, self._batches, payload)):
+        message = batch_message(self.origin, self._oldest_s, self._batches, payload)
+        if not sockets.send(message):
             self.metrics.dropped.labels("send_full").inc()
             return
-        self.metrics.batches.inc()
-        self.metrics.sent.inc(len(notes))
+        self.metrics.batch_sent(len(notes), len(message))
 
     def _flush_due(self) -> None:
         """A loop timer, no task: queued notes leave ``batch_interval_ms`` after the last batch."""
@@ -259,10 +259,8 @@ class ReplicaSync:
             return
         if batch.origin == self.origin:
             return
-        if batch.notes:
-            if arrived_s is not None:
-                self.metrics.observe_delay(arrived_s - batch.oldest_queued_s)
-            self.metrics.received.inc(len(batch.notes))
+        delay_s = None if arrived_s is None else arrived_s - batch.oldest_queued_s
+        self.metrics.batch_received(len(batch.notes), len(message), delay_s)
         self._hear(batch.origin)
         last = self._last_batch.get(batch.origin)
         self._last_batch[batch.origin] = batch.number
