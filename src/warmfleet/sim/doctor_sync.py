@@ -37,13 +37,16 @@ NAMES = ("warmfleet-gateway-7d9f8b6c54-x2k4q#1a2b3c4d", "chat/llama-3-1-70b", "v
 
 @dataclass(frozen=True, slots=True)
 class SyncTraffic:
-    """The notes' bytes of one trace (``requests`` requests over ``duration_s``)."""
+    """The notes' bytes of one trace's requests, which arrived over ``duration_s``."""
 
-    requests: int
     duration_s: float
     routed_bytes: tuple[int, ...]  # each request's routing note, encoded
     finished_bytes: int  # the end notes', encoded
     replicas: int
+
+    @property
+    def requests(self) -> int:
+        return len(self.routed_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -97,7 +100,7 @@ def sync_traffic(
         finished += len(encoder.encode((finished_note(note),))) - empty
     arrivals = [r.arrival_s for r in requests]
     duration_s = max(arrivals) - min(arrivals) if arrivals else 0.0
-    return SyncTraffic(len(routed), duration_s, tuple(routed), finished, replicas)
+    return SyncTraffic(duration_s, tuple(routed), finished, replicas)
 
 
 def _capped(key: RoutingKey, max_blocks: int) -> RoutingKey:
