@@ -8,15 +8,22 @@ import json
 import random
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 
 import pytest
 from gateway_support import CHAT, backends_running, chat, gateway_config, gateway_running, post
 
 from warmfleet.core.errors import BadRequestError
-from warmfleet.core.jsonio import FAST_PARSE_MAX_VALUES, loads_body, loads_body_yielding
+from warmfleet.core.jsonio import (
+    COUNT_STEP_BYTES,
+    FAST_PARSE_MAX_VALUES,
+    loads_body,
+    loads_body_yielding,
+    value_bound,
+)
 from warmfleet.core.types import Decision, FleetSnapshot, RoutingKey
-from warmfleet.gateway.openai.body import SWITCH_INTERVAL_S
+from warmfleet.gateway.openai.body import SWITCH_INTERVAL_S, free_in_steps
 from warmfleet.gateway.variant import RouterLike
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.request import KeyRequest
@@ -63,11 +70,12 @@ class _Recording:
 
 async def test_big_bodies_are_keyed_on_the_worker_thread_small_ones_on_the_loop() -> None:
     recorder = ThreadRecorder()
+    sys.setswitchinterval(0.005)  # CPython's default, whatever an earlier test left
     switch_interval_s = sys.getswitchinterval()
     async with backends_running("a") as backends:
         config = gateway_config(backends, limits={"offload_body_bytes": 4096})
         async with gateway_running(config, recorder) as gw:
-            assert sys.getswitchinterval() == min(switch_interval_s, SWITCH_INTERVAL_S)
+            assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
             loop_thread = threading.current_thread().name
             small = chat([{"role": "user", "content": "x" * 1000}])
             big = chat([{"role": "user", "content": "x" * 5000}])
@@ -113,3 +121,34 @@ def test_the_yielding_parser_refuses_with_a_400(raw: bytes) -> None:
     with pytest.raises(BadRequestError) as caught:
         loads_body_yielding(raw)
     assert caught.value.param == "body"
+
+
+# --------------------------------------------------------------------------------------------
+# Short GIL holds: counted and freed in steps
+
+
+@pytest.mark.parametrize(
+    "size", [0, 1, COUNT_STEP_BYTES - 1, COUNT_STEP_BYTES, 3 * COUNT_STEP_BYTES + 7]
+)
+def test_the_value_bound_counts_in_steps_what_one_count_would(size: int) -> None:
+    raw = bytes(random.Random(size).choice(b'{[,]}" a') for _ in range(size))
+    expected = raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1
+    assert value_bound(raw) == expected
+
+
+class Sentinel:
+    """A value that says when it is freed (dicts and lists take no weak references)."""
+
+
+def test_a_body_freed_in_steps_is_freed_whole() -> None:
+    step = 4
+    deep = [[Sentinel()]]  # short containers go with their slice
+    long_child = [Sentinel() for _ in range(3 * step)]  # longer than a step: emptied in steps
+    leaf = Sentinel()
+    body: dict[str, object] = {"a": [{"k": deep}, *range(10)], "b": long_child, "c": leaf}
+    watched = [weakref.ref(deep[0][0]), weakref.ref(long_child[0]), weakref.ref(leaf)]
+    del deep, leaf
+    free_in_steps(body, step)
+    assert long_child == []
+    assert body == {}
+    assert [ref() for ref in watched] == [None, None, None]

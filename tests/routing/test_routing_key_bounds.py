@@ -17,7 +17,8 @@ from warmfleet.core.config import parse_document
 from warmfleet.core.errors import BadRequestError, ConfigError
 from warmfleet.routing.canonical import render_chat_text
 from warmfleet.routing.config import RoutingConfig
-from warmfleet.routing.key_spec import KeySpec
+from warmfleet.routing.key_spec import CHARS_PER_TOKEN, KeySpec
+from warmfleet.routing.keys import KeyHasher
 from warmfleet.routing.parse import output_hint, parse_chat, parse_completions
 from warmfleet.routing.router import Router
 
@@ -104,3 +105,30 @@ def test_a_count_past_64_bits_is_a_bad_request_naming_it(field: str) -> None:
     assert raised.value.param == field
     body[field] = (1 << 63) - 1
     assert output_hint({**body, "max_tokens": 5} if field == "n" else body) > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    length=st.integers(0, 400),
+    block_size=st.integers(1, 9),
+    max_blocks=st.integers(1, 12),
+    prefix_length=st.integers(1, 60),
+    ascii_only=st.booleans(),
+)
+def test_a_long_text_keys_the_same_when_only_its_read_part_is_encoded(
+    length: int, block_size: int, max_blocks: int, prefix_length: int, ascii_only: bool
+) -> None:
+    """``from_chars`` encodes an ASCII text only as far as its blocks and prefix hash read:
+    the key is the one of the whole text encoded (``units`` and tokens count all of it)."""
+    spec = KeySpec(block_size=block_size, max_blocks=max_blocks, prefix_length=prefix_length)
+    hasher = KeyHasher(spec)
+    alphabet = "abcdefgh ,." if ascii_only else "abcdé€ ,."
+    text = "".join(random.Random(length).choice(alphabet) for _ in range(length))
+    key = hasher.from_chars(text, seed=7, hint=3)
+    if text.isascii():
+        tokens = (length + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+        data = text.encode()
+        whole = hasher.from_buffer(data, unit_bytes=1, seed=7, hint=3, prompt_tokens=tokens)
+        assert key == whole
+    assert key.units == length
+    assert len(key.block_hashes) == min(length // block_size, max_blocks)

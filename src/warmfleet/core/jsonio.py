@@ -24,6 +24,8 @@ from warmfleet.core.errors import BadRequestError
 
 # Values a body may hold for one orjson call to be short (~5 ms here) in loads_body_yielding.
 FAST_PARSE_MAX_VALUES = 20_000
+# Bytes a C call of ``value_bound`` counts in (~0.1-0.3 ms each here).
+COUNT_STEP_BYTES = 256 << 10
 
 
 def loads_body(raw: bytes) -> Any:
@@ -40,8 +42,14 @@ def loads_body(raw: bytes) -> Any:
 
 def value_bound(raw: bytes) -> int:
     """An upper bound of the JSON values in ``raw``: every value but the first of a container
-    follows a comma (commas inside strings only make the bound looser)."""
-    return raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1
+    follows a comma (commas inside strings only make the bound looser). Counted
+    ``COUNT_STEP_BYTES`` at a time: one count over 7.5 MB held the GIL for 5-18 ms."""
+    bound = 1
+    for start in range(0, len(raw), COUNT_STEP_BYTES):
+        end = start + COUNT_STEP_BYTES
+        bound += raw.count(b",", start, end) + raw.count(b"{", start, end)
+        bound += raw.count(b"[", start, end)
+    return bound
 
 
 def loads_body_yielding(raw: bytes) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,7 @@ T = TypeVar("T")
 # long for the GIL, so at 5 ms a busy worker made /health take 100-250 ms under 4 clients
 # sending 7.5 MB bodies, and at 0.2 ms 1-40 ms (docs/gateway.md, "Expensive bodies").
 SWITCH_INTERVAL_S = 0.0002
+FREE_STEP_ITEMS = 256  # items a C call of ``free_in_steps`` frees (with their subtrees)
 
 
 def parse_json_object(raw: bytes, *, yielding: bool = False) -> dict[str, Any]:
@@ -142,6 +144,46 @@ def openai_fields(body: dict[str, Any]) -> tuple[str, bool]:
     return model, stream
 
 
+def yield_gil() -> None:
+    """Let a thread waiting for the GIL (the event loop's) take it. Code compiled by mypyc, as
+    this module and the key builders are, never checks for a GIL drop request: a compiled call
+    holds the GIL until it returns (the body worker's parse, key and free of a 7.5 MB body were
+    15-40 ms in one hold here). ``time.sleep(0)`` releases it."""
+    time.sleep(0)
+
+
+def free_in_steps(value: object, step: int = FREE_STEP_ITEMS) -> None:
+    """Empty a parsed JSON ``value``'s containers ``step`` items at a time, so that no single C
+    call frees the whole body: dropping a body is one deallocation cascade holding the GIL
+    (~11 ms for 49,000 content parts here, more beside a busy loop thread). A list is cut from
+    its end ``step`` items a call; a child container longer than ``step`` is emptied the same
+    way before its turn (shorter ones go with their slice: a slice of 256 messages of 20 parts
+    is ~0.5 ms). A deep tree of short containers still goes in one call. Every container
+    reachable that way ends empty: the caller must not need them any more."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            values = list(item.values())
+            item.clear()  # its keys go now (strings), its values with the list below
+            item = values
+        if type(item) is not list:
+            continue
+        while item:
+            chunk = item[-step:]
+            del item[-step:]
+            for child in chunk:
+                if (type(child) is list or type(child) is dict) and len(child) > step:
+                    stack.append(child)
+            del chunk  # its scalars and short containers: at most ~step subtrees
+            yield_gil()
+
+
+def _free_holder(holder: list[Any]) -> None:
+    while holder:
+        free_in_steps(holder.pop())
+
+
 def _forgetting(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)``; an exception leaves without the locals of its frames (a parsed body would
     otherwise be freed wherever the exception ends: on the event loop)."""
@@ -159,6 +201,7 @@ class BodyWorker:
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
         self._previous_switch_interval_s: float | None = None
+        self._lowered_switch_interval_s = 0.0  # as read back: CPython keeps whole microseconds
 
     @property
     def running(self) -> bool:
@@ -174,6 +217,7 @@ class BodyWorker:
             if previous > SWITCH_INTERVAL_S:
                 self._previous_switch_interval_s = previous
                 sys.setswitchinterval(SWITCH_INTERVAL_S)
+                self._lowered_switch_interval_s = sys.getswitchinterval()
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the worker thread. Cancelling the caller drops a job that has not
@@ -185,17 +229,19 @@ class BodyWorker:
         return await asyncio.get_running_loop().run_in_executor(executor, job)
 
     def discard(self, holder: list[Any]) -> None:
-        """Empty ``holder`` on the worker thread (its content is freed there), not waited for."""
+        """Empty ``holder`` on the worker thread (its content is freed there, in steps: see
+        ``free_in_steps``), not waited for."""
         executor = self._executor
         if executor is not None:
-            executor.submit(holder.clear)
+            executor.submit(_free_holder, holder)
 
     async def stop(self) -> None:
         """Drop the queued jobs, let the running one end, and join the thread (waited for on
         the default executor, so the event loop is never blocked)."""
         executor, self._executor = self._executor, None
         previous, self._previous_switch_interval_s = self._previous_switch_interval_s, None
-        if previous is not None and sys.getswitchinterval() == SWITCH_INTERVAL_S:
+        # (unless someone else changed it since; SWITCH_INTERVAL_S reads back as 199.99... µs)
+        if previous is not None and sys.getswitchinterval() == self._lowered_switch_interval_s:
             sys.setswitchinterval(previous)
         if executor is not None:
             shutdown = partial(executor.shutdown, wait=True, cancel_futures=True)

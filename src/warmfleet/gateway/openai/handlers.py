@@ -19,8 +19,10 @@ from warmfleet.gateway.metrics import CONTENT_TYPE
 from warmfleet.gateway.openai.body import (
     BodyKind,
     check_key_body_size,
+    free_in_steps,
     openai_fields,
     parse_request_body,
+    yield_gil,
 )
 from warmfleet.gateway.runtime import Gateway
 from warmfleet.gateway.server_config import LimitsConfig
@@ -64,6 +66,7 @@ def _parse_offloaded(raw: bytes, limits: LimitsConfig, kind: BodyKind) -> tuple[
     """On the body worker: the parsed body (inside a holder the key job empties, so the body is
     freed on the worker: 150,000 objects take milliseconds to free) and its model."""
     body = parse_request_body(raw, limits, kind=kind, yielding=True)
+    yield_gil()
     return [body], openai_fields(body)[0]
 
 
@@ -73,8 +76,14 @@ def _key_offloaded(
     """On the body worker: the key of the body in ``holder``, parsed into its request there
     (both are freed there), with the request's tenant and session (flow control's);
     ``names``: the tenant header's value and name, the session header's value."""
-    parsed = parse(holder.pop(), *names)
-    return router.key(parsed), parsed.tenant, parsed.session
+    body = holder.pop()
+    parsed = parse(body, *names)
+    yield_gil()
+    out = router.key(parsed), parsed.tenant, parsed.session
+    yield_gil()
+    del parsed
+    free_in_steps(body)
+    return out
 
 
 def _flow(variant: VariantRuntime, request: Request, parsed: KeyRequest) -> FlowIdentity | None:
