@@ -102,7 +102,11 @@ def _flow_of(
 def _utility_model(raw: bytes, limits: LimitsConfig, kind: BodyKind, yielding: bool) -> str | None:
     """The ``model`` of a utility route's body: optional (vLLM's ``/tokenize`` and
     ``/detokenize`` take none), else a non-empty string."""
-    model = parse_request_body(raw, limits, kind=kind, yielding=yielding).get("model")
+    body = parse_request_body(raw, limits, kind=kind, yielding=yielding)
+    model = body.get("model")
+    if yielding:  # on the body worker: freed in steps there
+        yield_gil()
+        free_in_steps(body)
     if model is not None and (not isinstance(model, str) or not model):
         raise BadRequestError("'model' must be a non-empty string", param="model")
     return model
