@@ -18,7 +18,7 @@ from warmfleet.bench import doctor_cli
 from warmfleet.core.types import Decision, Reason, RoutingKey
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
 from warmfleet.routing.replica_notes import RoutedNote, finished_note, routed_note
-from warmfleet.sim.doctor_sync import NAMES, sync_traffic
+from warmfleet.sim.doctor_sync import NAMES, HitReuse, SyncTraffic, hit_reuse, sync_traffic
 from warmfleet.sim.workloads.base import Segment, WorkloadRequest
 
 app = typer.Typer()
@@ -81,6 +81,38 @@ def test_rates_follow_the_trace_and_the_replicas() -> None:
         sync_traffic(requests, keys, replicas=0)
 
 
+def test_a_hits_reuse_gap_runs_to_its_prefixs_last_routing_on_its_instance() -> None:
+    a, b, c = (1, 2, 3), (1, 2, 4), (9, 8)
+    hashes = [a, c, b, a, c, (1, 5)]
+    arrivals = [0.0, 1.0, 3.0, 10.0, 11.0, 12.0]
+    instances = ["x", "y", "x", "x", "", "y"]  # the fifth was not served
+    cached = [0, 0, 32, 48, 16, 16]  # 16 tokens a block
+    reuse = hit_reuse(arrivals, hashes, 16, cached, instances)
+    # b's 2 blocks on x: last routed with a at 0.0 (3 s); a on x: block 3 last at 0.0, not the
+    # shallower block 2 b touched at 3.0 (10 s); (1, 5) on y: block 1 was never routed there
+    assert reuse == HitReuse((3.0, 10.0), (32, 48))
+    assert reuse.quantile(0.5) == 10.0  # weighted by hit tokens: 32 of 80 under 3 s
+    assert reuse.quantile(0.4) == 3.0
+    assert reuse.covered(5.0) == pytest.approx(32 / 80)
+    assert HitReuse((), ()).quantile(0.99) is None
+    assert HitReuse((), ()).covered(1.0) is None
+
+
+def test_the_report_says_what_log_covers_the_hits() -> None:
+    requests = [_request(i, 2.0 * i) for i in range(10)]  # 18 s
+    keys = [_key(50, first=1) for _ in range(10)]
+    reuse = HitReuse((1.0, 4.0, 30.0), (10, 80, 10))
+    # 2.5 logs' worth of notes in 18 s: the log holds 7.2 s of this traffic
+    doc = SyncTraffic(18.0, (DEFAULT_LOG_BYTES // 4,) * 10, 0, 2, reuse).report()
+    assert doc["log_horizon_s"] == pytest.approx(7.2)
+    assert doc["hit_reuse_gap_s"] == {"p50": 4.0, "p90": 4.0, "p99": 30.0}
+    assert doc["log_covers_hit_tokens"] == pytest.approx(0.9)
+    assert doc["log_bytes_for_p99"] == round(DEFAULT_LOG_BYTES * 10 / 4 / 18.0 * 30.0)
+    bare = sync_traffic(requests, keys, replicas=2).report()
+    assert bare["log_covers_hit_tokens"] is None
+    assert bare["log_bytes_for_p99"] is None
+
+
 def _doctor(trace: Path, *args: str, fmt: str = "json") -> str:
     result = CliRunner().invoke(app, ["doctor", str(trace), *args, "--format", fmt])
     assert result.exit_code == 0, result.output
@@ -104,5 +136,9 @@ def test_the_doctor_reports_a_captures_sync_traffic(tmp_path: Path) -> None:
     text = _doctor(trace, "--gateway-replicas", "4", fmt="table")
     assert "replica sync: " in text
     assert "into and out of each of the 4 replicas" in text
+    hits = sync["log_covers_hit_tokens"]
+    assert 0.0 < hits <= 1.0  # the capture's conversations hit the cache
+    assert "of the replay's hit tokens (99 % reuse a prefix routed within" in text
+    assert sync["hit_reuse_gap_s"]["p50"] <= sync["hit_reuse_gap_s"]["p99"] <= span_s
     for args in ((), ("--gateway-replicas", "4", "--sync-delay-ms", "none")):
         assert "replica sync: " not in _doctor(trace, *args, fmt="table")

@@ -141,7 +141,24 @@ def _sync_line(doc: Mapping[str, Any]) -> str | None:
         f"replicas at the trace's rate ({num(sync['routed_note_bytes']['mean'])} B a routing "
         f"note of its {doc['block_tokens']}-unit blocks, 2 notes a request); logBytes "
         f"({size(sync['log_bytes'])}) keeps {num(sync['log_requests'])} requests' notes for a "
-        f"restarted replica{held}"
+        f"restarted replica{held}{_reuse_part(sync)}"
+    )
+
+
+def _reuse_part(sync: Mapping[str, Any]) -> str:
+    """How much of the replay's cache hits the log covers, and what would cover 99 %."""
+    covered, p99_s = sync["log_covers_hit_tokens"], sync["hit_reuse_gap_s"]["p99"]
+    if covered is None or p99_s is None:
+        return ""
+    need = sync["log_bytes_for_p99"]
+    verdict = (
+        "enough"
+        if need is None or need <= sync["log_bytes"]
+        else f"set logBytes to at least {size(need)}"
+    )
+    return (
+        f"; it covers {pct(covered)} of the replay's hit tokens (99 % reuse a prefix routed "
+        f"within {num(p99_s)} s: {verdict})"
     )
 
 

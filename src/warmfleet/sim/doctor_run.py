@@ -13,7 +13,7 @@ has sessions, ``len(KNOB_VALUES[best])`` for the knob, and at most
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from warmfleet.api.trace_format import TraceFile
 from warmfleet.core.progress import NoProgress, RunProgress
@@ -32,7 +32,7 @@ from warmfleet.sim.doctor_sweeps import (
     sizing,
     sweep_knob,
 )
-from warmfleet.sim.doctor_sync import SyncTraffic, sync_traffic
+from warmfleet.sim.doctor_sync import HitReuse, SyncTraffic, hit_reuse, sync_traffic
 from warmfleet.sim.gateways import GatewaySync
 from warmfleet.sim.placements import captured_placements
 from warmfleet.sim.runner import (
@@ -235,10 +235,13 @@ def run_doctor(
     result = DoctorResult(
         comparison, parsed, churn, waterfall, captured_name, best.name,
         gateways=gateways, sessions=sessions, placed=placed,
-        sync=sync_traffic(
-            workload.requests,
-            routing_keys(prepared, DEFAULT_PREFIX_LENGTH, sessions=sessions > 0),
-            1 if gateways is None else gateways.replicas,
+        sync=replace(
+            sync_traffic(
+                workload.requests,
+                routing_keys(prepared, DEFAULT_PREFIX_LENGTH, sessions=sessions > 0),
+                1 if gateways is None else gateways.replicas,
+            ),
+            reuse=_hit_reuse(prepared, best),
         ),
     )  # fmt: skip
     result.knob = sweep_knob(chosen, run)
@@ -248,6 +251,16 @@ def run_doctor(
             target, best=chosen, scenario=scenario, spec=spec, run=run, ideal=ideal
         )
     return result
+
+
+def _hit_reuse(prepared: Prepared, run: StrategyRun) -> HitReuse:
+    """The reuse gaps of ``run``'s cache hits (``sim.doctor_sync.hit_reuse``)."""
+    arrivals_s = [r.arrival_s for r in prepared.requests]
+    metrics = run.metrics
+    return hit_reuse(
+        arrivals_s, prepared.block_hashes, prepared.block_tokens,
+        metrics.cached_tokens, metrics.instances,
+    )  # fmt: skip
 
 
 def _prepared(

@@ -18,6 +18,11 @@ each of its ``N - 1`` peers. Each replica's catch-up log keeps the fleet's notes
 those that taught it something) up to ``logBytes``: the default ``DEFAULT_LOG_BYTES`` hold the
 last ``log_horizon_s`` of this trace's traffic, the routings a restarted replica learns from
 a peer before it is ready (docs/replicas.md "Catch-up").
+
+How far back that must reach is the trace's (``hit_reuse``): for each cache hit of the replay,
+the time since its prefix was last routed to the instance that served it (the newest note a
+replica needs to route that hit as before). The log covers a hit when that gap is within its
+horizon; ``log_bytes_for_p99`` is what covers 99 % of the hit tokens at the trace's rate.
 """
 
 from __future__ import annotations
@@ -36,6 +41,63 @@ NAMES = ("warmfleet-gateway-7d9f8b6c54-x2k4q#1a2b3c4d", "chat/llama-3-1-70b", "v
 
 
 @dataclass(frozen=True, slots=True)
+class HitReuse:
+    """Each cache hit's reuse gap (seconds since its prefix was last routed to its instance),
+    shortest first, with the hit's cached tokens (the weights of the quantiles)."""
+
+    gaps_s: tuple[float, ...]
+    tokens: tuple[int, ...]
+
+    def quantile(self, q: float) -> float | None:
+        """The gap under which a share ``q`` of the hit tokens falls (None: no hits)."""
+        total = sum(self.tokens)
+        if not total:
+            return None
+        running = 0
+        for gap_s, tokens in zip(self.gaps_s, self.tokens, strict=True):
+            running += tokens
+            if running >= q * total:
+                return gap_s
+        return self.gaps_s[-1]
+
+    def covered(self, horizon_s: float) -> float | None:
+        """The share of the hit tokens whose gap is within ``horizon_s``."""
+        total = sum(self.tokens)
+        if not total:
+            return None
+        pairs = zip(self.gaps_s, self.tokens, strict=True)
+        return sum(tokens for gap_s, tokens in pairs if gap_s <= horizon_s) / total
+
+
+def hit_reuse(
+    arrivals_s: Sequence[float],
+    block_hashes: Sequence[Sequence[int]],
+    block_tokens: int,
+    cached_tokens: Sequence[int],
+    instances: Sequence[str],
+) -> HitReuse:
+    """The reuse gaps of a replay's hits: requests in arrival order, each served by
+    ``instances[i]`` ("" = not served) with ``cached_tokens[i]`` from its engine cache. A hit's
+    gap runs to the newest earlier request on that instance whose prompt held the deepest
+    cached block (or, for blocks only outputs held, the deepest one a prompt did)."""
+    last: dict[tuple[str, int], float] = {}
+    pairs: list[tuple[float, int]] = []
+    for i in sorted(range(len(arrivals_s)), key=lambda j: (arrivals_s[j], j)):
+        instance, hashes, at_s = instances[i], block_hashes[i], arrivals_s[i]
+        if not instance:
+            continue
+        for depth in range(min(cached_tokens[i] // block_tokens, len(hashes)) - 1, -1, -1):
+            seen_s = last.get((instance, hashes[depth]))
+            if seen_s is not None:
+                pairs.append((at_s - seen_s, cached_tokens[i]))
+                break
+        for h in hashes:
+            last[(instance, h)] = at_s
+    pairs.sort()
+    return HitReuse(tuple(g for g, _ in pairs), tuple(t for _, t in pairs))
+
+
+@dataclass(frozen=True, slots=True)
 class SyncTraffic:
     """The notes' bytes of one trace's requests, which arrived over ``duration_s``."""
 
@@ -43,6 +105,7 @@ class SyncTraffic:
     routed_bytes: tuple[int, ...]  # each request's routing note, encoded
     finished_bytes: int  # the end notes', encoded
     replicas: int
+    reuse: HitReuse | None = None  # the hits of the run the doctor recommends
 
     @property
     def requests(self) -> int:
@@ -59,6 +122,7 @@ class SyncTraffic:
         n = self.replicas
         fleet_bytes_s = self._per_s(self.total_bytes)
         per_request = self.total_bytes / self.requests if self.requests else 0.0
+        horizon_s = DEFAULT_LOG_BYTES / fleet_bytes_s if fleet_bytes_s else None
         return {
             "notes_per_request": 2,
             "routed_note_bytes": {
@@ -71,7 +135,21 @@ class SyncTraffic:
             "replica_bytes_per_s": None if fleet_bytes_s is None else fleet_bytes_s * (n - 1) / n,
             "log_bytes": DEFAULT_LOG_BYTES,
             "log_requests": DEFAULT_LOG_BYTES / per_request if per_request else None,
-            "log_horizon_s": DEFAULT_LOG_BYTES / fleet_bytes_s if fleet_bytes_s else None,
+            "log_horizon_s": horizon_s,
+            **self._reuse_report(fleet_bytes_s, horizon_s),
+        }
+
+    def _reuse_report(
+        self, fleet_bytes_s: float | None, horizon_s: float | None
+    ) -> dict[str, object]:
+        reuse = self.reuse or HitReuse((), ())
+        p99_s = reuse.quantile(0.99)
+        return {
+            "hit_reuse_gap_s": {f"p{q}": reuse.quantile(q / 100) for q in (50, 90, 99)},
+            "log_covers_hit_tokens": None if horizon_s is None else reuse.covered(horizon_s),
+            "log_bytes_for_p99": (
+                None if p99_s is None or fleet_bytes_s is None else round(fleet_bytes_s * p99_s)
+            ),
         }
 
 

@@ -96,6 +96,7 @@ class RunMetrics:
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (t_s, hit rate)
     tenants: dict[str, dict[str, object]] = field(default_factory=dict)  # sim.tenants
     cached_tokens: list[int] = field(default_factory=list)  # per request, in request order
+    instances: list[str] = field(default_factory=list)  # serving instance, in request order
     shed: int = 0  # of ``rejected``: answered by flow control without being served
     shed_by_reason: dict[str, int] = field(default_factory=dict)  # ``shed`` / ``deadline``
 
@@ -189,6 +190,7 @@ def compute_metrics(
         decisions_by_reason=dict(sorted(Counter(r.reason for r in routed).items())),
         timeline=_timeline(done, timeline_buckets),
         cached_tokens=[r.cached_tokens if r.done and not r.rejected else 0 for r in records],
+        instances=[r.instance_id if r.done and not r.rejected else "" for r in records],
         shed=sum(1 for r in records if r.shed_status),
         shed_by_reason=dict(sorted(Counter(r.reason for r in records if r.shed_status).items())),
     )
