@@ -95,6 +95,8 @@ def test_a_hits_reuse_gap_runs_to_its_prefixs_last_routing_on_its_instance() -> 
     assert reuse.quantile(0.4) == 3.0
     assert reuse.covered(5.0) == pytest.approx(32 / 80)
     assert HitReuse((), ()).quantile(0.99) is None
+    with pytest.raises(ValueError, match="a request"):
+        hit_reuse(arrivals, hashes, 16, cached, instances[:-1])
     assert HitReuse((), ()).covered(1.0) is None
 
 

@@ -80,6 +80,8 @@ def hit_reuse(
     ``instances[i]`` ("" = not served) with ``cached_tokens[i]`` from its engine cache. A hit's
     gap runs to the newest earlier request on that instance whose prompt held the deepest
     cached block (or, for blocks only outputs held, the deepest one a prompt did)."""
+    if not len(arrivals_s) == len(block_hashes) == len(cached_tokens) == len(instances):
+        raise ValueError("hit_reuse: one arrival, chain, cached count and instance a request")
     last: dict[tuple[str, int], float] = {}
     pairs: list[tuple[float, int]] = []
     for i in sorted(range(len(arrivals_s)), key=lambda j: (arrivals_s[j], j)):
