@@ -152,3 +152,13 @@ def test_a_body_freed_in_steps_is_freed_whole() -> None:
     assert long_child == []
     assert body == {}
     assert [ref() for ref in watched] == [None, None, None]
+
+
+def test_a_long_list_under_short_containers_is_emptied_in_steps_too() -> None:
+    """A chat of one message whose content holds many parts: the messages list and the message
+    are short, the parts list under them is still cut in steps (freed with the message's
+    slice it would be one call)."""
+    parts = [{"type": "text", "text": str(i)} for i in range(40)]
+    body: dict[str, object] = {"model": "m", "messages": [{"role": "user", "content": parts}]}
+    free_in_steps(body, 4)
+    assert parts == []
