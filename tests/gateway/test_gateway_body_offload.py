@@ -131,7 +131,7 @@ def test_the_yielding_parser_refuses_with_a_400(raw: bytes) -> None:
     "size", [0, 1, COUNT_STEP_BYTES - 1, COUNT_STEP_BYTES, 3 * COUNT_STEP_BYTES + 7]
 )
 def test_the_value_bound_counts_in_steps_what_one_count_would(size: int) -> None:
-    raw = bytes(random.Random(size).choice(b'{[,]}" a') for _ in range(size))
+    raw = bytes(random.Random(size).choices(b'{[,]}" a', k=size))
     expected = raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1
     assert value_bound(raw) == expected
 

@@ -90,6 +90,8 @@ class KeyHasher:
         self.block_size = spec.effective_block_size
         self.prefix_length = prefix_length or spec.prefix_length or DEFAULT_PREFIX_LENGTH
         self.max_blocks = min(spec.max_units // self.block_size, spec.max_blocks)
+        # the characters of an ASCII text that its blocks and prefix hash read (``from_chars``)
+        self._read_chars = max(self.max_blocks * self.block_size, self.prefix_length)
         self._seeds: dict[tuple[str, str | None, str | None, str | None], int] = {}
         self.spans = SpanMemo()
 
@@ -121,7 +123,7 @@ class KeyHasher:
         tokens = (n + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN  # estimated_tokens, inline
         if text.isascii():  # (O(1)) character blocks are byte blocks
             # only what the blocks and the prefix hash read is encoded (a 7.5 MB text: ~5 ms)
-            cut = max(self.max_blocks * self.block_size, self.prefix_length)
+            cut = self._read_chars
             data = (text[:cut] if n > cut else text).encode("ascii")
             return self.from_buffer(
                 data, unit_bytes=1, seed=seed, hint=hint, prompt_tokens=tokens, units=n
