@@ -221,6 +221,16 @@ async def test_peers_see_each_others_in_flight_load() -> None:
             }
             assert seen_by_b == {"b0": 2, "b1": 2}
             assert all(i.in_flight_requests == 0 for i in _variant(b).instances.values())
+            # unchanged instances are the same objects from one snapshot to the next (the
+            # strategy reads only the ones that moved); a capacity change makes a new one
+            before = _variant(b).snapshot().instances
+            again = _variant(b).snapshot().instances
+            assert all(x is y for x, y in zip(before, again, strict=True))
+            _variant(b).instances["b0"].set_kv_capacity(4096, 256)
+            after = {i.instance_id: i for i in _variant(b).snapshot().instances}
+            assert after["b0"] is not before[0]
+            assert after["b1"] is before[1]
+            assert (after["b0"].kv_capacity_blocks, after["b0"].in_flight_requests) == (256, 2)
             for backend in backends:
                 assert backend.gate is not None
                 backend.gate.set()

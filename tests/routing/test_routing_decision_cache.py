@@ -62,7 +62,7 @@ _STEP = st.tuples(
     st.integers(0, 64),
     st.integers(-1, len(IDS) - 1),
     st.integers(-1, len(IDS) - 1),
-    st.sampled_from(["same", "retuple", "rebuild"]),
+    st.sampled_from(["same", "retuple", "rebuild", "moved", "recapacity"]),
 )
 
 
@@ -88,11 +88,19 @@ def test_cached_decisions_equal_uncached_evaluation(
     requests = dict.fromkeys(IDS, 0)
     tokens = dict.fromkeys(IDS, 0)
     live: dict[str, list[int]] = {i: [] for i in IDS}
+    caps = dict.fromkeys(IDS, 0)
 
-    def build() -> FleetSnapshot:
-        return FleetSnapshot(
-            tuple(InstanceState(i, requests[i], 0 if count_only else tokens[i]) for i in IDS)
-        )
+    def build(keep: tuple[InstanceState, ...] = ()) -> FleetSnapshot:
+        """New objects, but those in ``keep`` that still hold the same values (the gateway's
+        snapshot: only the instances whose load or capacity moved are new objects)."""
+        kept = {s.instance_id: s for s in keep}
+        states = []
+        for i in IDS:
+            load = 0 if count_only else tokens[i]
+            state = InstanceState(i, requests[i], load, kv_capacity_blocks=caps[i])
+            old = kept.get(i)
+            states.append(old if old == state else state)
+        return FleetSnapshot(tuple(states))
 
     fleet = build()
     for group, extra, output, finish, foreign, mode in steps:
@@ -119,6 +127,10 @@ def test_cached_decisions_equal_uncached_evaluation(
             tokens[IDS[foreign]] += live[IDS[foreign]][-1]
         if mode == "rebuild":
             fleet = build()
+        elif mode in ("moved", "recapacity"):
+            if mode == "recapacity":
+                caps[rng.choice(IDS)] = rng.choice([0, capacity // 2 + 1, capacity * 2])
+            fleet = build(fleet.instances)
         elif mode == "retuple":  # a new tuple of the very same objects (the gateway's case)
             fleet = FleetSnapshot(tuple(fleet.instances), fleet.now_s)
 

@@ -33,6 +33,7 @@ class InstanceRuntime:
         "removed",
         "state",
         "successes",
+        "synced",
     )
 
     def __init__(
@@ -56,6 +57,7 @@ class InstanceRuntime:
         self.m_in_flight = metrics.in_flight.labels(endpoint, variant, spec.id)
         self.m_kv_capacity = metrics.kv_capacity.labels(endpoint, variant, spec.id)
         self.state = InstanceState(spec.id)  # what strategies see; rebuilt on every load change
+        self.synced = self.state  # with replica sync: the last ``synced_state`` built
         metrics.healthy.labels(endpoint, variant, spec.id).set(1)
 
     @property
@@ -94,6 +96,19 @@ class InstanceRuntime:
 
     def _restate(self) -> None:
         self.state = self.state_with(self.in_flight_requests, self.in_flight_tokens)
+
+    def synced_state(self, requests: int, tokens: int) -> InstanceState:
+        """``state_with(requests, tokens)``, the same object as last time when nothing it holds
+        changed: a snapshot then rebuilds only the instances whose load moved, and the
+        strategy sees the others unchanged (the same objects)."""
+        last = self.synced
+        if (
+            last.in_flight_requests != requests
+            or last.in_flight_tokens != tokens
+            or last.kv_capacity_blocks != self.kv_capacity_blocks
+        ):
+            last = self.synced = self.state_with(requests, tokens)
+        return last
 
     def state_with(self, requests: int, tokens: int) -> InstanceState:
         """This instance as strategies see it, ``requests`` and ``tokens`` in flight."""

@@ -340,7 +340,7 @@ class VariantRuntime:
         # the fleet's in-flight load as this replica knows it: its own plus its peers'
         requests, tokens = replica.in_flight_requests, replica.in_flight_tokens
         states = [
-            i.state_with(requests.get(i.instance_id, 0), tokens.get(i.instance_id, 0))
+            i.synced_state(requests.get(i.instance_id, 0), tokens.get(i.instance_id, 0))
             for i in routable
         ]
         return FleetSnapshot(tuple(states), now)

@@ -8,7 +8,10 @@ docs/compiled.md). Neither is modified after it is built.
 
 from __future__ import annotations
 
-from warmfleet.core.types import InstanceId
+from warmfleet.core.types import InstanceId, InstanceState
+
+# Above this many instances changed since the last snapshot, their columns are all read again.
+REREAD_POSITIONS = 8
 
 
 class Columns:
@@ -27,6 +30,24 @@ class Columns:
         self.pos = pos
         self.tokens = tokens
         self.counts = counts
+
+    def reread(
+        self, caps: tuple[int, ...], instances: tuple[InstanceState, ...], changed: list[int]
+    ) -> Columns | None:
+        """These columns with the load of the instances at ``changed`` read again (``caps``:
+        the capacities they were read with); ``None`` when one of them is another instance or
+        has another capacity (the fleet's order or capacities moved: read them all)."""
+        if not changed:
+            return self
+        ids = self.ids
+        tokens, counts = list(self.tokens), list(self.counts)
+        for i in changed:
+            state = instances[i]
+            if state.instance_id != ids[i] or state.kv_capacity_blocks != caps[i]:
+                return None
+            tokens[i] = state.in_flight_tokens
+            counts[i] = state.in_flight_requests
+        return Columns(ids, self.pos, tuple(tokens), tuple(counts))
 
 
 class View:
