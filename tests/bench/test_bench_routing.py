@@ -3,7 +3,7 @@ every chain the sender's learnt, from the decoded notes alone (no timing is chec
 
 from __future__ import annotations
 
-from warmfleet.bench.routing_bench import measure_sync
+from warmfleet.bench.routing_bench import measure_moving_fleet, measure_sync
 
 
 def test_the_peer_learns_every_chain_the_sender_learnt() -> None:
@@ -13,3 +13,9 @@ def test_the_peer_learns_every_chain_the_sender_learnt() -> None:
     parts = ("view", "encode", "decode", "apply")
     assert all(isinstance(result[part], float) for part in parts)
     assert all(result[part] > 0 for part in ("encode", "decode", "apply"))
+
+
+def test_moving_fleet_decisions_are_measured_beside_static_ones() -> None:
+    result = measure_moving_fleet(prompt_chars=2_000, repeats=40, seed=3)
+    assert set(result) == {"static", "moving"}
+    assert all(isinstance(v, float) and v > 0 for v in result.values())

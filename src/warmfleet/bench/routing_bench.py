@@ -6,6 +6,9 @@ not a timed test; the CPU figures separate our cost from preemption on a shared 
 The fleet has 64 instances and the approximate index holds 10^6 blocks before measuring; each
 measured request is one of 64 document groups (a shared document of most of the prompt, already
 indexed) plus a fresh unique question, so the match, the cost model and the index insert all run.
+``choose_cpu_us_median`` separates the snapshot's cost: ``choose`` + ``on_routed`` on keys built
+beforehand, with one snapshot throughout (``static``) and with a new one at every decision whose
+routed and finished instances' loads moved, as a gateway's are (``moving``).
 
     python -m warmfleet.bench.routing_bench --out bench-results/routing.json
 """
@@ -19,6 +22,7 @@ import platform
 import random
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -118,6 +122,59 @@ def measure(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
     }
 
 
+def measure_moving_fleet(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
+    """CPU of ``choose`` + ``on_routed`` (keys built beforehand) on a fleet whose snapshot never
+    changes (``static``) and on one that is new at every decision as in a gateway (``moving``:
+    the instance routed to has one more request in flight, the request routed 32 decisions
+    earlier has ended, the other instances' states are the same objects). Medians, µs."""
+    rng = random.Random(seed)
+    fleet = _fleet(rng, 2 * INDEXED_BLOCKS // INSTANCES)
+    question_chars = max(512, prompt_chars // 16)
+    documents = [_text(rng, prompt_chars - question_chars) for _ in range(GROUPS)]
+    key = _router(fleet, seed).key
+    texts = (documents[i % GROUPS] + _text(rng, question_chars) for i in range(repeats))
+    keys = [
+        key(parse_chat({"model": "m", "messages": [{"role": "user", "content": t}]})) for t in texts
+    ]
+    return {
+        "static": _route_all(_router(fleet, seed), keys, fleet, moving=False),
+        "moving": _route_all(_router(fleet, seed), keys, fleet, moving=True),
+    }
+
+
+def _route_all(
+    router: Router, keys: list[RoutingKey], fleet: FleetSnapshot, *, moving: bool
+) -> float:
+    states = {s.instance_id: s for s in fleet.instances}
+    order = fleet.ids()
+    open_requests: deque[tuple[str, int]] = deque()
+
+    def moved(iid: str, requests: int, tokens: int) -> None:
+        s = states[iid]
+        states[iid] = InstanceState(
+            iid, s.in_flight_requests + requests, s.in_flight_tokens + tokens,
+            kv_capacity_blocks=s.kv_capacity_blocks,
+        )  # fmt: skip
+
+    samples: list[float] = []
+    gc.collect()
+    gc.freeze()
+    for key in keys:
+        snapshot = FleetSnapshot(tuple(states[i] for i in order)) if moving else fleet
+        start = time.thread_time_ns()
+        decision = router.choose(key, snapshot)
+        router.on_routed(key, decision)
+        samples.append((time.thread_time_ns() - start) / 1000.0)
+        if moving:
+            moved(decision.instance_id, 1, key.prompt_tokens)
+            open_requests.append((decision.instance_id, key.prompt_tokens))
+            if len(open_requests) > 32:
+                iid, tokens = open_requests.popleft()
+                moved(iid, -1, -tokens)
+    gc.unfreeze()
+    return statistics.median(samples)
+
+
 def _cpu_us_each(step: Callable[[], object], count: int) -> float:
     start = time.thread_time_ns()
     step()
@@ -183,6 +240,7 @@ def routing_bench_command(
     small = measure(8_000, repeats_8k, seed)
     large = measure(128_000, repeats_128k, seed)
     sync = measure_sync(8_000, repeats_8k, seed)
+    moving = measure_moving_fleet(8_000, repeats_8k, seed)
     result: dict[str, Any] = {
         "decision_us_median": {
             "chars_8k": round(small["median"], 1),
@@ -200,6 +258,7 @@ def routing_bench_command(
             "chars_8k": round(small["cpu_p90"], 1),
             "chars_128k": round(large["cpu_p90"], 1),
         },
+        "choose_cpu_us_median": {k: round(v, 1) for k, v in moving.items()},
         "replica_sync_cpu_us": {
             "chars_8k": {k: round(v, 1) for k, v in sync.items() if not k.endswith("_blocks")}
         },
@@ -223,7 +282,9 @@ def routing_bench_command(
     out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(
         f"routing decision median: 8k chars {result['decision_us_median']['chars_8k']} us, "
-        f"128k chars {result['decision_us_median']['chars_128k']} us; replica sync at 8k: "
+        f"128k chars {result['decision_us_median']['chars_128k']} us; choose + on_routed "
+        f"{result['choose_cpu_us_median']['static']} us CPU, "
+        f"{result['choose_cpu_us_median']['moving']} with the loads moving; replica sync at 8k: "
         + " + ".join(f"{k} {v}" for k, v in result["replica_sync_cpu_us"]["chars_8k"].items())
         + " us CPU a request "
         f"(load average {result['context']['load_average_1m']}) -> {out}"
