@@ -7,8 +7,9 @@ The fleet has 64 instances and the approximate index holds 10^6 blocks before me
 measured request is one of 64 document groups (a shared document of most of the prompt, already
 indexed) plus a fresh unique question, so the match, the cost model and the index insert all run.
 ``choose_cpu_us_median`` separates the snapshot's cost: ``choose`` + ``on_routed`` on keys built
-beforehand, with one snapshot throughout (``static``) and with a new one at every decision whose
-routed and finished instances' loads moved, as a gateway's are (``moving``).
+beforehand (an index holding only what they routed), with one snapshot throughout (``static``)
+and with a new one at every decision whose routed and finished instances' loads moved, as a
+gateway's are (``moving``).
 
     python -m warmfleet.bench.routing_bench --out bench-results/routing.json
 """
