@@ -131,7 +131,7 @@ def test_cached_decisions_equal_uncached_evaluation(
             if mode == "recapacity":
                 caps[rng.choice(IDS)] = rng.choice([0, capacity // 2 + 1, capacity * 2])
             fleet = build(fleet.instances)
-        elif mode == "retuple":  # a new tuple of the very same objects (the gateway's case)
+        elif mode == "retuple":  # a new tuple of the very same objects
             fleet = FleetSnapshot(tuple(fleet.instances), fleet.now_s)
 
 
