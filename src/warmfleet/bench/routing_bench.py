@@ -123,6 +123,20 @@ def measure(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
     }
 
 
+def _chat_keys(
+    router: Router, rng: random.Random, prompt_chars: int, count: int
+) -> list[RoutingKey]:
+    """Keys of ``count`` one-message chats of ``prompt_chars``: one of ``GROUPS`` shared
+    documents, then a fresh question of a sixteenth (at least 512 characters)."""
+    question_chars = max(512, prompt_chars // 16)
+    documents = [_text(rng, prompt_chars - question_chars) for _ in range(GROUPS)]
+    texts = (documents[i % GROUPS] + _text(rng, question_chars) for i in range(count))
+    return [
+        router.key(parse_chat({"model": "m", "messages": [{"role": "user", "content": t}]}))
+        for t in texts
+    ]
+
+
 def measure_moving_fleet(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
     """CPU of ``choose`` + ``on_routed`` (keys built beforehand) on a fleet whose snapshot never
     changes (``static``) and on one that is new at every decision as in a gateway (``moving``:
@@ -130,13 +144,7 @@ def measure_moving_fleet(prompt_chars: int, repeats: int, seed: int) -> dict[str
     earlier has ended, the other instances' states are the same objects). Medians, µs."""
     rng = random.Random(seed)
     fleet = _fleet(rng, 2 * INDEXED_BLOCKS // INSTANCES)
-    question_chars = max(512, prompt_chars // 16)
-    documents = [_text(rng, prompt_chars - question_chars) for _ in range(GROUPS)]
-    key = _router(fleet, seed).key
-    texts = (documents[i % GROUPS] + _text(rng, question_chars) for i in range(repeats))
-    keys = [
-        key(parse_chat({"model": "m", "messages": [{"role": "user", "content": t}]})) for t in texts
-    ]
+    keys = _chat_keys(_router(fleet, seed), rng, prompt_chars, repeats)
     return {
         "static": _route_all(_router(fleet, seed), keys, fleet, moving=False),
         "moving": _route_all(_router(fleet, seed), keys, fleet, moving=True),
@@ -193,13 +201,8 @@ def measure_sync(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]
     all ``repeats`` requests at once, on fresh routers (the peer learns what the sender learnt)."""
     rng = random.Random(seed)
     fleet = _fleet(rng, 2 * INDEXED_BLOCKS // INSTANCES)
-    question_chars = max(512, prompt_chars // 16)
-    documents = [_text(rng, prompt_chars - question_chars) for _ in range(GROUPS)]
     plain, synced, peer = (_router(fleet, seed) for _ in range(3))
-    keys = [
-        plain.key(parse_chat({"model": "m", "messages": [{"role": "user", "content": text}]}))
-        for text in (documents[i % GROUPS] + _text(rng, question_chars) for i in range(repeats))
-    ]
+    keys = _chat_keys(plain, rng, prompt_chars, repeats)
     sender = ReplicaView("bench-a", "e/v", synced.strategy)
     receiver = ReplicaView("bench-b", "e/v", peer.strategy)
     for view in (sender, receiver):

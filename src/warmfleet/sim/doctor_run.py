@@ -13,7 +13,7 @@ has sessions, ``len(KNOB_VALUES[best])`` for the knob, and at most
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from warmfleet.api.trace_format import TraceFile
 from warmfleet.core.progress import NoProgress, RunProgress
@@ -235,12 +235,10 @@ def run_doctor(
     result = DoctorResult(
         comparison, parsed, churn, waterfall, captured_name, best.name,
         gateways=gateways, sessions=sessions, placed=placed,
-        sync=replace(
-            sync_traffic(
-                workload.requests,
-                routing_keys(prepared, DEFAULT_PREFIX_LENGTH, sessions=sessions > 0),
-                1 if gateways is None else gateways.replicas,
-            ),
+        sync=sync_traffic(
+            workload.requests,
+            routing_keys(prepared, DEFAULT_PREFIX_LENGTH, sessions=sessions > 0),
+            1 if gateways is None else gateways.replicas,
             reuse=_hit_reuse(prepared, best),
         ),
     )  # fmt: skip

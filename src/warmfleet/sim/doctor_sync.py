@@ -145,9 +145,10 @@ class SyncTraffic:
         self, fleet_bytes_s: float | None, horizon_s: float | None
     ) -> dict[str, object]:
         reuse = self.reuse or HitReuse((), ())
-        p99_s = reuse.quantile(0.99)
+        gaps_s = {f"p{q}": reuse.quantile(q / 100) for q in (50, 90, 99)}
+        p99_s = gaps_s["p99"]
         return {
-            "hit_reuse_gap_s": {f"p{q}": reuse.quantile(q / 100) for q in (50, 90, 99)},
+            "hit_reuse_gap_s": gaps_s,
             "log_covers_hit_tokens": None if horizon_s is None else reuse.covered(horizon_s),
             "log_bytes_for_p99": (
                 None if p99_s is None or fleet_bytes_s is None else round(fleet_bytes_s * p99_s)
@@ -160,10 +161,12 @@ def sync_traffic(
     keys: Sequence[RoutingKey],
     replicas: int,
     max_blocks: int = DEFAULT_MAX_BLOCKS,
+    reuse: HitReuse | None = None,
 ) -> SyncTraffic:
     """The notes of ``requests`` (routed with ``keys``) behind ``replicas`` gateways
     (``replica_bytes_per_s``: each replica's, in and out alike: it sends its ``1 / N`` share
-    to ``N - 1`` peers and receives the other ``(N - 1) / N`` once)."""
+    to ``N - 1`` peers and receives the other ``(N - 1) / N`` once); ``reuse``: the hits of
+    the replay the doctor recommends (``hit_reuse``)."""
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
     origin, variant, instance = NAMES
@@ -180,7 +183,7 @@ def sync_traffic(
         finished += len(encoder.encode((finished_note(note),))) - empty
     arrivals = [r.arrival_s for r in requests]
     duration_s = max(arrivals) - min(arrivals) if arrivals else 0.0
-    return SyncTraffic(duration_s, tuple(routed), finished, replicas)
+    return SyncTraffic(duration_s, tuple(routed), finished, replicas, reuse)
 
 
 def _capped(key: RoutingKey, max_blocks: int) -> RoutingKey:
