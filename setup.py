@@ -20,6 +20,7 @@ COMPILED = [
     "src/warmfleet/routing/canonical.py",
     "src/warmfleet/routing/chains.py",
     "src/warmfleet/routing/exact_index.py",
+    "src/warmfleet/routing/held_runs.py",
     "src/warmfleet/routing/index.py",
     "src/warmfleet/routing/pending_tails.py",
     "src/warmfleet/routing/key_modes.py",

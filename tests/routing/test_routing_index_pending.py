@@ -58,23 +58,29 @@ class PerBlockLru:
         return out
 
 
-def _chains(rng: random.Random, count: int) -> list[tuple[int, ...]]:
+def _chains(rng: random.Random, count: int, latest: float = 0.0) -> list[tuple[int, ...]]:
     """Chained hashes: each chain extends a cut of an earlier one (or a root) by fresh blocks,
-    so chains share heads, continue each other and branch inside each other's tails."""
+    so chains share heads, continue each other and branch inside each other's tails.
+    ``latest``: how often a chain extends the latest one whole instead (a conversation's next
+    turn: its held run then spans many runs of the index, one per earlier turn)."""
     roots = [rng.getrandbits(64) for _ in range(3)]
     chains: list[tuple[int, ...]] = []
     for _ in range(count):
-        base = rng.choice(chains) if chains and rng.random() < 0.8 else (rng.choice(roots),)
-        cut = rng.randrange(1, len(base) + 1)
+        if chains and rng.random() < latest:
+            base = chains[-1]
+            cut = len(base)
+        else:
+            base = rng.choice(chains) if chains and rng.random() < 0.8 else (rng.choice(roots),)
+            cut = rng.randrange(1, len(base) + 1)
         fresh = tuple(rng.getrandbits(64) for _ in range(rng.randrange(0, 10)))
         chains.append(base[:cut] + fresh)
     return chains
 
 
-def _replay(seed: int, default_capacity: int, steps: int) -> None:
+def _replay(seed: int, default_capacity: int, steps: int, latest: float = 0.0) -> None:
     rng = random.Random(seed)
     index, reference = ApproxPrefixIndex(default_capacity), PerBlockLru(default_capacity)
-    chains = _chains(rng, steps)
+    chains = _chains(rng, steps, latest)
     for step, chain in enumerate(chains):
         iid = rng.choice(IDS)
         roll = rng.random()
@@ -107,6 +113,13 @@ def test_pending_tails_answer_as_one_entry_per_block(seed: int, capacity: int, s
 def test_many_seeded_replays_at_small_capacities() -> None:
     for seed in range(400):
         _replay(seed, 1 + seed % 25, 80)
+
+
+def test_conversations_whose_held_runs_span_many_runs() -> None:
+    """Turns that continue the latest chain whole: a touch walks more than ``MERGE_RUNS`` runs
+    and merges them (routing/held_runs.py)."""
+    for seed in range(150):
+        _replay(seed, 20 + seed % 200, 120, latest=0.75)
 
 
 def test_a_one_off_tail_is_one_entry_and_a_continuation_takes_it_whole() -> None:

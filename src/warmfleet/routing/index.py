@@ -14,11 +14,12 @@ mask of instances holding every block so far is non-zero, noting where each inst
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from warmfleet.core.types import InstanceId
-from warmfleet.routing.pending_tails import MARK_BASE, MARK_OFFSET, PendingTails, mark
+from warmfleet.routing.held_runs import RUN_BASE, HeldRuns
+from warmfleet.routing.pending_tails import MARK_OFFSET, PendingTails, mark
 
 
 class BitIndex:
@@ -101,27 +102,6 @@ class BitIndex:
         return len(self._owners)
 
 
-def _held_run(lru: OrderedDict[int, None], hashes: Sequence[int], guess: int) -> int:
-    """Length of the leading run of ``hashes`` held in ``lru``, assuming held blocks form a
-    prefix of the chain (a guess: callers must stay correct when it is wrong): ``guess`` if
-    it checks out, else found by bisection."""
-    n = len(hashes)
-    if (
-        0 <= guess <= n
-        and (guess == 0 or hashes[guess - 1] in lru)
-        and (guess == n or hashes[guess] not in lru)
-    ):
-        return guess
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if hashes[mid] in lru:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 class ApproxPrefixIndex(BitIndex):
     """Per-instance LRU of block hashes learnt from routing decisions.
 
@@ -129,11 +109,13 @@ class ApproxPrefixIndex(BitIndex):
     as one *pending tail*: a tuple, and one placeholder in the instance's LRU where its blocks
     would sit, instead of an LRU entry and an owner bit each. ``match`` follows a pending tail
     from where the instance's held run ends; a later chain that runs into a pending tail takes
-    the blocks it shares out of it (they become plain entries, touched as usual); eviction
-    reaching a placeholder drops the tail's deepest blocks first. The index answers exactly as
-    one LRU entry per block would (``tests/routing/test_routing_index_pending.py``), for
-    chained 64-bit block hashes; the tail of a one-off prompt (a unique question, a tool's
-    output) costs one entry instead of one per block, on every replica that learns it.
+    the blocks it shares out of it (they become held blocks with owner bits); eviction reaching
+    a placeholder drops the tail's deepest blocks first. Held blocks are kept as runs
+    (``routing/held_runs.py``): touching a chain's held run moves a run or two, not each block.
+    The index answers exactly as one LRU entry per block would
+    (``tests/routing/test_routing_index_pending.py``), for chained 64-bit block hashes; the
+    tail of a one-off prompt (a unique question, a tool's output) costs one entry instead of
+    one per block, on every replica that learns it.
     """
 
     def __init__(self, default_capacity_blocks: int) -> None:
@@ -143,8 +125,9 @@ class ApproxPrefixIndex(BitIndex):
         self.default_capacity_blocks = default_capacity_blocks
         self._lru: dict[InstanceId, OrderedDict[int, None]] = {}
         self._capacity: dict[InstanceId, int] = {}
-        self._size: dict[InstanceId, int] = {}  # blocks held: LRU entries + pending tails'
+        self._size: dict[InstanceId, int] = {}  # blocks held: runs' + pending tails'
         self._tails: dict[InstanceId, PendingTails] = {}
+        self._held: dict[InstanceId, HeldRuns] = {}
         self._starts: dict[int, int] = {}  # a pending tail's first hash -> instances' bits
 
     def capacity(self, instance_id: InstanceId) -> int:
@@ -224,16 +207,17 @@ class ApproxPrefixIndex(BitIndex):
         if not block_hashes:
             return
         cap = self.capacity(instance_id)
-        bit = 1 << self._bit(instance_id)
         lru = self._lru.get(instance_id)
-        if lru is None:  # an instance's LRU, size and tails come and go together
+        if lru is None:  # an instance's LRU, size, runs and tails come and go together
+            bit = 1 << self._bit(instance_id)
             lru = self._lru[instance_id] = OrderedDict()
             self._size[instance_id] = 0
             self._tails[instance_id] = PendingTails(bit, self._starts)
-        tails = self._tails[instance_id]
+            self._held[instance_id] = HeldRuns(bit, self._owners, lru)
+        tails, runs = self._tails[instance_id], self._held[instance_id]
         hashes = block_hashes[:cap] if len(block_hashes) > cap else block_hashes
         n = len(hashes)
-        held = _held_run(lru, hashes, held_hint)
+        held = runs.held_run(hashes, held_hint)
         # Touch order, as one entry per block: the new tail (deepest first), then what the
         # chain shares with a pending tail, then the held run.
         shared = tails.follow(hashes, held) if held < n and tails.by_first else 0
@@ -243,75 +227,38 @@ class ApproxPrefixIndex(BitIndex):
             if tails.add(new):
                 lru[mark(new[-1])] = None
                 size += len(new)
-            else:  # (not a chain: a hash seen at two places) one entry per block
-                size += self._touch_each(lru, bit, new)
+            else:  # (not a chain: a hash seen at two places) held as a run
+                size += runs.add(new)
         if shared:
             taken, dropped, gone = tails.take(hashes[held], shared)
             if gone is not None:
                 del lru[mark(gone)]
-            size += self._touch_each(lru, bit, taken) - shared - dropped
+            size += runs.add(taken) - shared - dropped
         if held:
-            size += self._touch_run(lru, bit, hashes, held)
+            runs.touch(hashes, held)
         self._size[instance_id] = size
         if size > cap:
             self._evict(instance_id, lru, cap)
 
-    def _touch_each(self, lru: OrderedDict[int, None], bit: int, hashes: Sequence[int]) -> int:
-        """Touch ``reversed(hashes)`` one by one; the number of new entries."""
-        owners = self._owners
-        get = owners.get
-        move = lru.move_to_end
-        added = 0
-        for h in reversed(hashes):
-            if h in lru:
-                move(h)
-            else:
-                lru[h] = None
-                owners[h] = get(h, 0) | bit
-                added += 1
-        return added
-
-    def _touch_run(
-        self, lru: OrderedDict[int, None], bit: int, hashes: Sequence[int], n: int
-    ) -> int:
-        """Touch the held run ``reversed(hashes[:n])`` (``map`` in C); a block not held after
-        all (a wrong guess) is added. The number added."""
-        owners = self._owners
-        get = owners.get
-        move = lru.move_to_end
-        head = reversed(hashes[:n])
-        added = 0
-        while True:
-            try:
-                deque(map(move, head), maxlen=0)
-                return added
-            except KeyError as missing:  # not held after all: append it, go on with the rest
-                h = missing.args[0]
-                lru[h] = None
-                owners[h] = get(h, 0) | bit
-                added += 1
-
     def _evict(self, instance_id: InstanceId, lru: OrderedDict[int, None], cap: int) -> None:
-        owners = self._owners
-        clear = ~(1 << self._bit_of[instance_id])
-        tails = self._tails[instance_id]
+        tails, runs = self._tails[instance_id], self._held[instance_id]
         pop = lru.popitem
         size = self._size[instance_id]
         while size > cap:
-            h, _none = pop(last=False)
-            if h >= MARK_BASE:  # a pending tail: its deepest blocks go first
-                removed, kept = tails.cut(h - MARK_OFFSET, size - cap)
+            key, _none = pop(last=False)
+            if key >= RUN_BASE:  # a run: its deepest blocks go first
+                removed, left = runs.cut(key, size - cap)
                 size -= removed
-                if kept is not None:
-                    lru[mark(kept)] = None
-                    lru.move_to_end(mark(kept), last=False)
+                if left:
+                    lru[key] = None
+                    lru.move_to_end(key, last=False)
                 continue
-            size -= 1
-            mask = owners[h] & clear
-            if mask:
-                owners[h] = mask
-            else:
-                del owners[h]
+            # a pending tail: its deepest blocks go first
+            removed, kept = tails.cut(key - MARK_OFFSET, size - cap)
+            size -= removed
+            if kept is not None:
+                lru[mark(kept)] = None
+                lru.move_to_end(mark(kept), last=False)
         self._size[instance_id] = size
 
     def remove_instance(self, instance_id: InstanceId) -> None:
@@ -321,7 +268,13 @@ class ApproxPrefixIndex(BitIndex):
         tails = self._tails.pop(instance_id, None)
         if tails is not None:
             tails.clear()
-        self._release(instance_id, [h for h in lru or () if h < MARK_BASE])
+        runs = self._held.pop(instance_id, None)
+        held = [] if runs is None else list(runs.blocks())
+        if runs is not None:
+            runs.clear()
+        if lru is not None:
+            lru.clear()
+        self._release(instance_id, held)
 
     def retain(self, instance_ids: Iterable[InstanceId]) -> None:
         """Purge every instance not in ``instance_ids``."""
@@ -348,6 +301,7 @@ class ApproxPrefixIndex(BitIndex):
         return super().holders(block_hash) + pending
 
     def entries(self, instance_id: InstanceId) -> list[int]:
-        """The instance's blocks held as plain entries, least recently used first (pending
-        tails' blocks are not among them)."""
-        return [h for h in self._lru.get(instance_id, ()) if h < MARK_BASE]
+        """The instance's held blocks (those with owner bits), least recently used first
+        (pending tails' blocks are not among them)."""
+        runs = self._held.get(instance_id)
+        return [] if runs is None else list(runs.blocks())
