@@ -41,6 +41,10 @@ def _load_example(path: Path) -> None:
     elif kind == "Scenario":
         parse_scenario(path.read_text(encoding="utf-8"), str(path))
     elif kind == "LocalFleet":
+        engine = doc.get("spec", {}).get("engine", {})
+        python = Path(engine.get("python", ".venv-vllm/bin/python"))
+        if engine.get("type") == "vllm" and not python.is_file():  # checked at load time
+            pytest.skip(f"{python} does not exist: `make vllm-venv` builds it (`make test` does)")
         load_fleet(path)
     elif kind == "Emulator":
         load_emulator_config(path)
