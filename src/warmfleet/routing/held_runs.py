@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
+from warmfleet.routing.pending_tails import agreement
+
 # Run ids, the runs' keys in an instance's LRU: above every pending tail's placeholder (those
 # are below 3 * 2**64, routing/pending_tails.py).
 RUN_BASE = 1 << 66
@@ -30,7 +32,7 @@ MERGE_RUNS = 8
 
 
 class Run:
-    """``blocks[:size]``, head first (eviction shortens ``size``; ``blocks`` is never mutated)."""
+    """``blocks[:size]``, head first (eviction shortens ``size``; a split keeps the rest)."""
 
     __slots__ = ("blocks", "size", "touch")
 
@@ -117,7 +119,7 @@ class HeldRuns:
         while True:
             run.touch = serial
             blocks, size = run.blocks, run.size
-            common = _agree(blocks, hashes, pos, min(size, n - pos))
+            common = agreement(blocks, hashes, pos, min(size, n - pos))
             if common < size:  # split: the rest keeps its place (and id) in the LRU
                 rest = blocks[common:size]
                 run.blocks, run.size = rest, len(rest)
@@ -192,19 +194,3 @@ class HeldRuns:
     def clear(self) -> None:
         self.runs.clear()
         self.run_at.clear()
-
-
-def _agree(blocks: tuple[int, ...], hashes: Sequence[int], at: int, m: int) -> int:
-    """How many leading blocks of ``blocks`` equal ``hashes[at:]`` among the first ``m``
-    (``blocks[0] == hashes[at]``, ``m >= 1``). Chained blocks agree up to a point and no
-    further: bisection."""
-    if blocks[m - 1] == hashes[at + m - 1]:
-        return m
-    lo, hi = 1, m - 1
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if blocks[mid] == hashes[at + mid]:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo

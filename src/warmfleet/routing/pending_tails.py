@@ -23,6 +23,22 @@ def mark(last_hash: int) -> int:
     return last_hash + MARK_OFFSET
 
 
+def agreement(blocks: tuple[int, ...], hashes: Sequence[int], at: int, m: int) -> int:
+    """How many leading blocks of ``blocks`` equal ``hashes[at:]`` among the first ``m``
+    (``blocks[0] == hashes[at]``, ``m >= 1``). Chained blocks agree up to a point and no
+    further: bisection."""
+    if blocks[m - 1] == hashes[at + m - 1]:
+        return m
+    lo, hi = 1, m - 1  # blocks[0] agrees, blocks[m - 1] does not
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if blocks[mid] == hashes[at + mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class PendingTails:
     """One instance's pending tails (``by_first``: first hash -> tail). ``starts`` is shared by
     every instance of an index: first hash -> the bits of the instances a tail of which starts
@@ -63,17 +79,7 @@ class PendingTails:
         tail = self.by_first.get(hashes[at])
         if tail is None:
             return 0
-        m = min(len(tail), len(hashes) - at)
-        if tail[m - 1] == hashes[at + m - 1]:
-            return m
-        lo, hi = 1, m - 1  # tail[0] agrees, tail[m - 1] does not
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if tail[mid] == hashes[at + mid]:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return agreement(tail, hashes, at, min(len(tail), len(hashes) - at))
 
     def add(self, tail: tuple[int, ...]) -> bool:
         """Keep ``tail`` pending; False (nothing kept) if a tail already starts or ends with
