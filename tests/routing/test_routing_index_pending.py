@@ -129,7 +129,7 @@ def test_a_one_off_tail_is_one_entry_and_a_continuation_takes_it_whole() -> None
     assert index.occupancy("a") == 6
     assert index.match((1, 2, 3, 4, 5, 6, 7)) == {"a": 6}
     index.insert("a", (1, 2, 3, 9))  # runs into the pending tail for three blocks
-    assert index.entries("a") == [3, 2, 1]  # the shared blocks, now plain entries
+    assert index.entries("a") == [3, 2, 1]  # the shared blocks, now held (a run)
     assert index.match((1, 2, 3, 4, 5)) == {"a": 5}  # (4, 5, 6) still pending behind them
     assert index.match((1, 2, 3, 9)) == {"a": 4}
     assert index.occupancy("a") == 7

@@ -34,12 +34,12 @@ MERGE_RUNS = 8
 class Run:
     """``blocks[:size]``, head first (eviction shortens ``size``; a split keeps the rest)."""
 
-    __slots__ = ("blocks", "size", "touch")
+    __slots__ = ("blocks", "size", "walked")
 
     def __init__(self, blocks: tuple[int, ...], size: int) -> None:
         self.blocks = blocks
         self.size = size
-        self.touch = 0  # the serial of the latest touch that walked it
+        self.walked = 0  # the serial of the latest touch that walked it
 
 
 class HeldRuns:
@@ -117,7 +117,7 @@ class HeldRuns:
         touched: list[int] = []  # the runs touched, head first
         pos = 0
         while True:
-            run.touch = serial
+            run.walked = serial
             blocks, size = run.blocks, run.size
             common = agreement(blocks, hashes, pos, min(size, n - pos))
             if common < size:  # split: the rest keeps its place (and id) in the LRU
@@ -127,7 +127,7 @@ class HeldRuns:
                 rid = self.next_id
                 self.next_id = rid + 1
                 head = runs[rid] = Run(blocks[:common], common)
-                head.touch = serial
+                head.walked = serial
                 run_at[blocks[0]] = rid
             touched.append(rid)
             pos += common
@@ -138,7 +138,7 @@ class HeldRuns:
                 break
             rid = next_rid
             run = runs[rid]
-            if run.touch == serial:  # (not a chain: a hash at two places) walked already
+            if run.walked == serial:  # (not a chain: a hash at two places) walked already
                 break
         if len(touched) > MERGE_RUNS:
             self._merge(touched)
@@ -162,26 +162,20 @@ class HeldRuns:
             lru.pop(rid, None)
         self._new(tuple(merged))
 
-    def cut(self, rid: int, excess: int) -> tuple[int, bool]:
+    def cut(self, rid: int, excess: int) -> tuple[tuple[int, ...], bool]:
         """Evict up to ``excess`` blocks of run ``rid`` (popped from the LRU's old end), deepest
-        first: how many went, and whether some are left (the caller puts it back there)."""
+        first: those blocks (the caller clears their owner bits), and whether some are left
+        (the caller puts the run back there)."""
         run = self.runs[rid]
         size = run.size
         count = min(excess, size)
-        owners = self.owners
-        clear = ~self.bit
-        for h in run.blocks[size - count : size]:
-            mask = owners[h] & clear
-            if mask:
-                owners[h] = mask
-            else:
-                del owners[h]
+        evicted = run.blocks[size - count : size]
         if count == size:
             del self.runs[rid]
             del self.run_at[run.blocks[0]]
-            return count, False
+            return evicted, False
         run.size = size - count
-        return count, True
+        return evicted, True
 
     def blocks(self) -> Iterator[int]:
         """Every held block, least recently used first."""
@@ -190,7 +184,3 @@ class HeldRuns:
             run = runs.get(key)
             if run is not None:
                 yield from reversed(run.blocks[: run.size])
-
-    def clear(self) -> None:
-        self.runs.clear()
-        self.run_at.clear()

@@ -242,13 +242,15 @@ class ApproxPrefixIndex(BitIndex):
 
     def _evict(self, instance_id: InstanceId, lru: OrderedDict[int, None], cap: int) -> None:
         tails, runs = self._tails[instance_id], self._held[instance_id]
+        bit = self._bit_of[instance_id]
         pop = lru.popitem
         size = self._size[instance_id]
         while size > cap:
             key, _none = pop(last=False)
             if key >= RUN_BASE:  # a run: its deepest blocks go first
-                removed, left = runs.cut(key, size - cap)
-                size -= removed
+                evicted, left = runs.cut(key, size - cap)
+                self._drop_bit(bit, evicted)
+                size -= len(evicted)
                 if left:
                     lru[key] = None
                     lru.move_to_end(key, last=False)
@@ -262,19 +264,14 @@ class ApproxPrefixIndex(BitIndex):
         self._size[instance_id] = size
 
     def remove_instance(self, instance_id: InstanceId) -> None:
-        lru = self._lru.pop(instance_id, None)
+        self._lru.pop(instance_id, None)
         self._capacity.pop(instance_id, None)
         self._size.pop(instance_id, None)
         tails = self._tails.pop(instance_id, None)
         if tails is not None:
             tails.clear()
         runs = self._held.pop(instance_id, None)
-        held = [] if runs is None else list(runs.blocks())
-        if runs is not None:
-            runs.clear()
-        if lru is not None:
-            lru.clear()
-        self._release(instance_id, held)
+        self._release(instance_id, [] if runs is None else list(runs.blocks()))
 
     def retain(self, instance_ids: Iterable[InstanceId]) -> None:
         """Purge every instance not in ``instance_ids``."""
