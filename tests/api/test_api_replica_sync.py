@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import struct
 from dataclasses import fields, replace
 
 import msgpack
@@ -76,6 +77,22 @@ def test_a_batch_round_trips() -> None:
     # 8 bytes a block hash: the chain dominates a long prompt's note
     long = replace(routed, key=replace(key, block_hashes=tuple(range(1 << 40, (1 << 40) + 2048))))
     assert len(BatchEncoder().encode([long])) < 8 * 2048 + 100
+
+
+@pytest.mark.parametrize("blocks", [0, 1, 63, 64, 65, 127, 128, 129, 200])
+def test_a_chain_of_any_length_is_its_hashes_as_8_byte_little_endian_words(blocks: int) -> None:
+    """Chains longer than the codec's precompiled formats (64 hashes) are packed and unpacked
+    in pieces: the same bytes as one format of their length, and the same hashes back."""
+    hashes = tuple((i * 0x9E3779B97F4A7C15) % (1 << 64) for i in range(1, blocks + 1))
+    key = RoutingKey(hashes, 16, 16 * blocks, 16 * blocks, 5)
+    note = routed_note("r0", "v", 1, key, Decision("i", Reason.PREFIX_HIT, blocks))
+    payload = BatchEncoder().encode([note])
+    if blocks:
+        assert struct.pack(f"<{blocks}Q", *hashes) in payload
+    assert decode_batch(payload) == (note,)
+    too_big = replace(key, block_hashes=(*hashes, 1 << 64))
+    with pytest.raises(ReplicaSyncError, match="block_hashes"):
+        BatchEncoder().encode([replace(note, key=too_big)])
 
 
 @settings(max_examples=100, deadline=None)

@@ -51,6 +51,12 @@ _I64 = (-(1 << 63), (1 << 63) - 1)
 _MAX_I64 = _I64[1]
 _REASONS = {reason.value: reason for reason in Reason}
 _PACKER_START_BYTES = 16 << 10  # a batch of ~25 notes of 8,000-character prompts
+# Compiled formats of 0..64 hashes: a longer chain is packed 64 at a time. ``struct.pack`` with
+# a format built per call looks the format up in struct's cache first: ~0.5 µs a call at 62
+# hashes, as much as packing them (measured).
+_CHUNK = 64
+_U64S = tuple(struct.Struct(f"<{n}Q") for n in range(_CHUNK + 1))
+_CHUNK_BYTES = 8 * _CHUNK
 
 
 class ReplicaSyncError(WarmfleetError):
@@ -58,10 +64,31 @@ class ReplicaSyncError(WarmfleetError):
 
 
 def _hashes_bytes(hashes: tuple[int, ...]) -> bytes:
+    n = len(hashes)
     try:
-        return struct.pack(f"<{len(hashes)}Q", *hashes)
+        if n <= _CHUNK:
+            return _U64S[n].pack(*hashes)
+        whole = n - n % _CHUNK
+        full = _U64S[_CHUNK]
+        parts = [full.pack(*hashes[i : i + _CHUNK]) for i in range(0, whole, _CHUNK)]
+        parts.append(_U64S[n - whole].pack(*hashes[whole:]))
     except struct.error as err:
         raise ReplicaSyncError(f"block_hashes: not unsigned 64-bit hashes: {err}") from err
+    return b"".join(parts)
+
+
+def _hashes(raw: bytes) -> tuple[int, ...]:
+    """The hashes of ``_hashes_bytes``' ``raw`` (a whole number of 8-byte hashes)."""
+    size = len(raw)
+    if size <= _CHUNK_BYTES:
+        return _U64S[size >> 3].unpack(raw)
+    whole = size - size % _CHUNK_BYTES
+    full = _U64S[_CHUNK]
+    out: list[int] = []
+    for offset in range(0, whole, _CHUNK_BYTES):
+        out += full.unpack_from(raw, offset)
+    out += _U64S[(size - whole) >> 3].unpack_from(raw, whole)
+    return tuple(out)
 
 
 def _note_fields(note: SyncNote) -> list[Any]:
@@ -151,7 +178,7 @@ def _routed_fast(fields: list[Any]) -> RoutedNote | None:
         and (session is None or _hash(session))
     ):
         return None
-    hashes = struct.unpack(f"<{len(raw) // 8}Q", raw)
+    hashes = _hashes(raw)
     key = RoutingKey(hashes, block_size, units, prompt_tokens, prefix_hash, hint, seed, session)
     decision = Decision(instance_id, _REASONS[reason], predicted, best, spilled)
     return RoutedNote(origin, variant, seq, key, decision, tokens)
@@ -169,7 +196,7 @@ def _routed_checked(fields: list[Any]) -> RoutedNote:
         raise ReplicaSyncError("block_hashes: expected bytes of 8-byte hashes")
     seed, session = fields[10], fields[11]
     key = RoutingKey(
-        block_hashes=struct.unpack(f"<{len(raw) // 8}Q", raw),
+        block_hashes=_hashes(raw),
         block_size=_int(fields[5], "block_size"),
         units=_int(fields[6], "units"),
         prompt_tokens=_int(fields[7], "prompt_tokens"),
