@@ -23,8 +23,8 @@ from collections.abc import Iterator, Sequence
 
 from warmfleet.routing.pending_tails import agreement
 
-# Run ids, the runs' keys in an instance's LRU: above every pending tail's placeholder (those
-# are below 3 * 2**64, routing/pending_tails.py).
+# Run ids, the runs' keys in an instance's LRU: above every block hash (64-bit), so above every
+# pending tail's placeholder, keyed by its last hash (routing/pending_tails.py).
 RUN_BASE = 1 << 66
 # A touch that walked more runs than this merges them into one (a long conversation's turns);
 # fewer stay apart, so a shared prefix and its continuations are not re-split at every touch.

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from warmfleet.core.types import InstanceId
 from warmfleet.routing.held_runs import RUN_BASE, HeldRuns
-from warmfleet.routing.pending_tails import MARK_OFFSET, PendingTails, mark
+from warmfleet.routing.pending_tails import PendingTails
 
 
 class BitIndex:
@@ -225,14 +225,14 @@ class ApproxPrefixIndex(BitIndex):
         if held + shared < n:
             new = tuple(hashes[held + shared :])
             if tails.add(new):
-                lru[mark(new[-1])] = None
+                lru[new[-1]] = None
                 size += len(new)
             else:  # (not a chain: a hash seen at two places) held as a run
                 size += runs.add(new)
         if shared:
             taken, dropped, gone = tails.take(hashes[held], shared)
             if gone is not None:
-                del lru[mark(gone)]
+                del lru[gone]
             size += runs.add(taken) - shared - dropped
         if held:
             runs.touch(hashes, held)
@@ -256,11 +256,11 @@ class ApproxPrefixIndex(BitIndex):
                     lru.move_to_end(key, last=False)
                 continue
             # a pending tail: its deepest blocks go first
-            removed, kept = tails.cut(key - MARK_OFFSET, size - cap)
+            removed, kept = tails.cut(key, size - cap)  # (its key is its last hash)
             size -= removed
             if kept is not None:
-                lru[mark(kept)] = None
-                lru.move_to_end(mark(kept), last=False)
+                lru[kept] = None
+                lru.move_to_end(kept, last=False)
         self._size[instance_id] = size
 
     def remove_instance(self, instance_id: InstanceId) -> None:

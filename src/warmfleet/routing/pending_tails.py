@@ -2,25 +2,16 @@
 one instance (routing/index.py, ``ApproxPrefixIndex``).
 
 A pending tail is a tuple of chained block hashes, keyed by its first hash (where a later chain
-finds it: right after the instance's held run) and by its last (where its placeholder in the
-instance's LRU names it). Under the chain property (a block's hash fixes its whole prefix) no
-two tails share a first or a last hash; a sequence that breaks it (a hash at two places) is
-refused by ``add`` and then kept one entry per block by the index.
+finds it: right after the instance's held run) and by its last (its placeholder's key in the
+instance's LRU: block hashes are 64-bit, ``-2**64 < h < 2**64``, and the LRU's other keys are
+run ids, ``held_runs.RUN_BASE`` and above). Under the chain property (a block's hash fixes its
+whole prefix) no two tails share a first or a last hash; a sequence that breaks it (a hash at
+two places) is refused by ``add`` and then kept as a run by the index.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-# A placeholder's key in an instance's LRU: its tail's last hash plus ``MARK_OFFSET``. Block
-# hashes are 64-bit (-2**64 < h < 2**64), so every placeholder is >= ``MARK_BASE`` and no
-# block's hash is.
-MARK_OFFSET = 1 << 65
-MARK_BASE = 1 << 64
-
-
-def mark(last_hash: int) -> int:
-    return last_hash + MARK_OFFSET
 
 
 def agreement(blocks: tuple[int, ...], hashes: Sequence[int], at: int, m: int) -> int:
@@ -110,10 +101,12 @@ class PendingTails:
         """Evict up to ``excess`` blocks from the tail whose last hash is ``last``, deepest
         first: how many went, and the new last hash of what is left (None: the whole tail)."""
         first = self.first_of_last.pop(last)
-        tail = self._unkey(first)
-        if len(tail) <= excess or tail[len(tail) - excess - 1] in self.first_of_last:
-            return len(tail), None
-        kept = tail[: len(tail) - excess]
-        self._key(kept)
+        tail = self.by_first[first]
+        n = len(tail)
+        if n <= excess or tail[n - excess - 1] in self.first_of_last:
+            self._unkey(first)
+            return n, None
+        kept = tail[: n - excess]  # starts where it started: its first hash's keys stay
+        self.by_first[first] = kept
         self.first_of_last[kept[-1]] = first
         return excess, kept[-1]
