@@ -19,7 +19,7 @@ from warmfleet.cache.config import load_node_config
 from warmfleet.emulator.config import load_emulator_config
 from warmfleet.gateway.cli import check_config
 from warmfleet.gateway.config import GatewayConfig, GatewaySpec, VariantConfig, load_gateway_config
-from warmfleet.local.config import load_fleet
+from warmfleet.local.config import VllmEngine, load_fleet
 from warmfleet.routing.config import PrefixHashConfig, StrategyConfig
 from warmfleet.sim.scenario import parse_scenario
 
@@ -42,7 +42,7 @@ def _load_example(path: Path) -> None:
         parse_scenario(path.read_text(encoding="utf-8"), str(path))
     elif kind == "LocalFleet":
         engine = doc.get("spec", {}).get("engine", {})
-        python = Path(engine.get("python", ".venv-vllm/bin/python"))
+        python = Path(engine.get("python", VllmEngine.model_fields["python"].default))
         if engine.get("type") == "vllm" and not python.is_file():  # checked at load time
             pytest.skip(f"{python} does not exist: `make vllm-venv` builds it (`make test` does)")
         load_fleet(path)

@@ -57,13 +57,17 @@ class HeldRuns:
         self.next_id = RUN_BASE
         self.touches = 0
 
-    def _new(self, blocks: tuple[int, ...]) -> None:
-        """``blocks`` (held, in no run) as a new run at the LRU's recent end."""
+    def _run(self, blocks: tuple[int, ...]) -> int:
+        """``blocks`` (held, in no run) as a new run, not yet in the LRU: its id."""
         rid = self.next_id
         self.next_id = rid + 1
         self.runs[rid] = Run(blocks, len(blocks))
         self.run_at[blocks[0]] = rid
-        self.lru[rid] = None
+        return rid
+
+    def _new(self, blocks: tuple[int, ...]) -> None:
+        """``blocks`` (held, in no run) as a new run at the LRU's recent end."""
+        self.lru[self._run(blocks)] = None
 
     def held_run(self, hashes: Sequence[int], guess: int) -> int:
         """Length of the leading run of ``hashes`` held, assuming held blocks form a prefix of
@@ -124,11 +128,8 @@ class HeldRuns:
                 rest = blocks[common:size]
                 run.blocks, run.size = rest, len(rest)
                 run_at[rest[0]] = rid
-                rid = self.next_id
-                self.next_id = rid + 1
-                head = runs[rid] = Run(blocks[:common], common)
-                head.walked = serial
-                run_at[blocks[0]] = rid
+                rid = self._run(blocks[:common])
+                runs[rid].walked = serial
             touched.append(rid)
             pos += common
             if pos >= n:

@@ -247,20 +247,19 @@ class ApproxPrefixIndex(BitIndex):
         size = self._size[instance_id]
         while size > cap:
             key, _none = pop(last=False)
-            if key >= RUN_BASE:  # a run: its deepest blocks go first
+            # a run or a pending tail (keyed by its last hash): its deepest blocks go first
+            back: int | None  # what is left of it, back at the old end under this key
+            if key >= RUN_BASE:
                 evicted, left = runs.cut(key, size - cap)
                 self._drop_bit(bit, evicted)
                 size -= len(evicted)
-                if left:
-                    lru[key] = None
-                    lru.move_to_end(key, last=False)
-                continue
-            # a pending tail: its deepest blocks go first
-            removed, kept = tails.cut(key, size - cap)  # (its key is its last hash)
-            size -= removed
-            if kept is not None:
-                lru[kept] = None
-                lru.move_to_end(kept, last=False)
+                back = key if left else None
+            else:
+                removed, back = tails.cut(key, size - cap)
+                size -= removed
+            if back is not None:
+                lru[back] = None
+                lru.move_to_end(back, last=False)
         self._size[instance_id] = size
 
     def remove_instance(self, instance_id: InstanceId) -> None:
@@ -270,8 +269,8 @@ class ApproxPrefixIndex(BitIndex):
         tails = self._tails.pop(instance_id, None)
         if tails is not None:
             tails.clear()
-        runs = self._held.pop(instance_id, None)
-        self._release(instance_id, [] if runs is None else list(runs.blocks()))
+        self._release(instance_id, self.entries(instance_id))
+        self._held.pop(instance_id, None)
 
     def retain(self, instance_ids: Iterable[InstanceId]) -> None:
         """Purge every instance not in ``instance_ids``."""
