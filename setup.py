@@ -15,6 +15,7 @@ from setuptools import Extension, setup
 # the same source interpreted or compiled; tests/test_compiled.py checks this list against
 # what an install holds.
 COMPILED = [
+    "src/warmfleet/core/jsonio.py",
     "src/warmfleet/core/types.py",
     "src/warmfleet/api/replica_sync.py",
     "src/warmfleet/routing/canonical.py",
@@ -40,6 +41,7 @@ COMPILED = [
     "src/warmfleet/gateway/http/upstream.py",
     "src/warmfleet/gateway/http/wire.py",
     "src/warmfleet/gateway/instance.py",
+    "src/warmfleet/gateway/metrics.py",
     "src/warmfleet/gateway/openai/body.py",
     "src/warmfleet/gateway/openai/handlers.py",
     "src/warmfleet/gateway/proxy.py",
@@ -49,6 +51,7 @@ COMPILED = [
     "src/warmfleet/gateway/replica_sync/service.py",
     "src/warmfleet/gateway/replica_sync/transport.py",
     "src/warmfleet/gateway/variant.py",
+    "src/warmfleet/gateway/world.py",
 ]
 
 # mypy's options for the build, not the project's [tool.mypy] (its pydantic plugin and strict

@@ -13,6 +13,7 @@ import pytest
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceState, Reason, RoutingKey
 from warmfleet.gateway.replica_sync.transport import Batch
 from warmfleet.routing.replica_notes import FinishedNote, RoutedNote
+from warmfleet.routing.request import NO_OPTIONS, ChatRequest, CompletionsRequest, NativeRequest
 from warmfleet.routing.strategies.affinity_view import Columns, View
 
 KEY = RoutingKey((1, 2), 4, 9, 9, 7, 3, 11, 13)
@@ -42,7 +43,34 @@ def test_init_takes_the_fields_in_order(cls: type[Any]) -> None:
         setattr(built, names[0], values[0])
 
 
+# The parsed requests hold the body's lists and mappings (unhashable): no hash check.
+REQUESTS: dict[type[Any], tuple[Any, ...]] = {
+    ChatRequest: ("m", "t", "s", 7, [{"role": "user", "content": "hi"}], [], {"x": 1}, "se"),
+    CompletionsRequest: ("m", None, None, 7, ["a", "b"], {"y": 2}, "se"),
+    NativeRequest: (b"{}", "m", "t", "se"),
+}
+
+
+@pytest.mark.parametrize("cls", list(REQUESTS), ids=lambda c: c.__name__)
+def test_requests_take_the_fields_in_order(cls: type[Any]) -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = REQUESTS[cls]
+    built = cls(*values)
+    assert [getattr(built, name) for name in names] == list(values)
+    assert built == cls(**dict(zip(names, values, strict=True)))
+    assert dataclasses.replace(built, **{names[0]: values[0]}) == built
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(built, names[0], values[0])
+
+
 def test_defaults_are_the_documented_ones() -> None:
+    assert ChatRequest("m", None, None, 0, [], None) == ChatRequest(
+        "m", None, None, 0, [], None, NO_OPTIONS, None
+    )
+    assert CompletionsRequest("m", None, None, 0, []) == CompletionsRequest(
+        "m", None, None, 0, [], NO_OPTIONS, None
+    )
+    assert NativeRequest(b"", "m", None) == NativeRequest(b"", "m", None, None)
     assert InstanceState("a") == InstanceState("a", 0, 0, 0, 0.0, 0)
     assert Decision("a", Reason.RANDOM) == Decision("a", Reason.RANDOM, 0, 0, False)
     assert RoutingKey((), 1, 0, 0, 0) == RoutingKey((), 1, 0, 0, 0, 0, None, None)

@@ -132,10 +132,10 @@ async def test_bad_frames_are_counted_and_dropped_and_lost_batches_seen() -> Non
     ):
         sync.receive(message)
     assert sync.metrics.dropped.labels("bad_frame")._value.get() == 6
-    assert sync.metrics.bytes_received._value.get() == 0  # a batch's bytes only
+    assert sync.metrics.bytes_received.value == 0  # a batch's bytes only
     sync.receive(good)  # no view for main/v1 here: received, applied nowhere, no crash
-    assert sync.metrics.received._value.get() == 1
-    assert sync.metrics.bytes_received._value.get() == len(good)
+    assert sync.metrics.received.value == 1
+    assert sync.metrics.bytes_received.value == len(good)
     assert not sync._resync.is_set()  # its first batch: nothing before it to miss
     sync.receive(batch_message("peer#1", 0.0, 4, BatchEncoder().encode([])))  # batches 2 and 3 lost
     assert sync.metrics.missed._value.get() == 2
@@ -250,7 +250,7 @@ async def test_peers_see_each_others_in_flight_load() -> None:
         assert state["peers"] == [_sync_of(a).endpoint]
         assert state["peers_heard"] == [origin_a]
         assert state["open_requests"] == {"main/v1": {origin_a: 0}}
-        assert sync_b.metrics.received._value.get() == 8  # 4 routed, 4 finished
+        assert sync_b.metrics.received.value == 8  # 4 routed, 4 finished
 
 
 async def test_a_replica_learns_its_peers_routings_and_catches_up_before_ready() -> None:

@@ -78,4 +78,4 @@ async def test_peers_are_the_ready_endpoints_of_the_gateways_service(
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
         async with session.post(a.url + "/v1/chat/completions", json=body) as resp:
             assert resp.status == 200
-        await wait_until(lambda: _replica(b).metrics.received._value.get() == 2)
+        await wait_until(lambda: _replica(b).metrics.received.value == 2)

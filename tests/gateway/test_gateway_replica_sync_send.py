@@ -25,7 +25,7 @@ from warmfleet.routing.replica_notes import RoutedNote, finished_note, routed_no
 
 
 def _batches(sync: ReplicaSync) -> float:
-    return float(sync.metrics.batches._value.get())
+    return float(sync.metrics.batches.value)
 
 
 def _routed(sync: ReplicaSync, seq: int) -> RoutedNote:
@@ -53,7 +53,7 @@ async def test_a_quiet_replica_sends_at_its_next_turn_and_a_busy_one_batches() -
         await asyncio.sleep(0)
         assert (sync._pending, _batches(sync)) == ([], 1.0)  # quiet: no batching delay
         sent = HEADER.size + len(sync.origin.encode()) + len(BatchEncoder().encode([first]))
-        assert sync.metrics.bytes_sent._value.get() == sent
+        assert sync.metrics.bytes_sent.value == sent
         now_s[0] += 0.001
         sync.send(_routed(sync, 2))
         sync.send(_routed(sync, 3))

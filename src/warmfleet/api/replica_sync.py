@@ -8,7 +8,9 @@ size and speed: a payload is one batch ``[VERSION, [note, ...]]``, a note an arr
   prefix_hash, output_tokens_hint, chain_seed | nil, session | nil, instance_id, reason,
   predicted_cached_blocks, best_cached_blocks, spilled, tokens]``, where ``block_hashes`` is
   one bytes value of 8-byte little-endian unsigned hashes (8 bytes a block instead of msgpack's
-  9, packed and unpacked in C) and ``reason`` the ``Reason`` value (``"prefix_hit"``...);
+  9, packed and unpacked in C) and ``reason`` the ``Reason`` value (``"prefix_hit"``...; the
+  member itself is packed: a ``StrEnum`` is a ``str``, and ``.value`` is an interpreted
+  property call a note);
 - finished: ``[1, origin, variant, seq, instance_id, tokens]``.
 
 Every field is positional; a reader refuses another ``VERSION`` (2: version 1 had no
@@ -99,7 +101,7 @@ def _note_fields(note: SyncNote) -> list[Any]:
         _ROUTED, note.origin, note.variant, note.seq,
         _hashes_bytes(key.block_hashes), key.block_size, key.units, key.prompt_tokens,
         key.prefix_hash, key.output_tokens_hint, key.chain_seed, key.session,
-        decision.instance_id, decision.reason.value, decision.predicted_cached_blocks,
+        decision.instance_id, decision.reason, decision.predicted_cached_blocks,
         decision.best_cached_blocks, decision.spilled, note.tokens,
     ]  # fmt: skip
 
