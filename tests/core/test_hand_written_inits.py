@@ -26,7 +26,12 @@ SAMPLES: dict[type[Any], tuple[Any, ...]] = {
     RoutedNote: ("o", "e/v", 3, KEY, DECISION, 12),
     FinishedNote: ("o", "e/v", 3, "a", 12),
     Batch: ("o", 1.0, 2, b"", ()),
+    ChatRequest: ("m", "t", "s", 7, [{"role": "user", "content": "hi"}], [], {"x": 1}, "se"),
+    CompletionsRequest: ("m", None, None, 7, ["a", "b"], {"y": 2}, "se"),
+    NativeRequest: (b"{}", "m", "t", "se"),
 }
+# The parsed chats and completions hold the body's lists and mappings: never hashed.
+UNHASHABLE = (ChatRequest, CompletionsRequest)
 
 
 @pytest.mark.parametrize("cls", list(SAMPLES), ids=lambda c: c.__name__)
@@ -36,29 +41,10 @@ def test_init_takes_the_fields_in_order(cls: type[Any]) -> None:
     built = cls(*values)
     assert [getattr(built, name) for name in names] == list(values)
     assert built == cls(**dict(zip(names, values, strict=True)))
-    assert hash(built) == hash(cls(*values))
+    if cls not in UNHASHABLE:
+        assert hash(built) == hash(cls(*values))
     changed = dataclasses.replace(built, **{names[0]: values[0]})
     assert changed == built
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        setattr(built, names[0], values[0])
-
-
-# The parsed requests hold the body's lists and mappings (unhashable): no hash check.
-REQUESTS: dict[type[Any], tuple[Any, ...]] = {
-    ChatRequest: ("m", "t", "s", 7, [{"role": "user", "content": "hi"}], [], {"x": 1}, "se"),
-    CompletionsRequest: ("m", None, None, 7, ["a", "b"], {"y": 2}, "se"),
-    NativeRequest: (b"{}", "m", "t", "se"),
-}
-
-
-@pytest.mark.parametrize("cls", list(REQUESTS), ids=lambda c: c.__name__)
-def test_requests_take_the_fields_in_order(cls: type[Any]) -> None:
-    names = [f.name for f in dataclasses.fields(cls)]
-    values = REQUESTS[cls]
-    built = cls(*values)
-    assert [getattr(built, name) for name in names] == list(values)
-    assert built == cls(**dict(zip(names, values, strict=True)))
-    assert dataclasses.replace(built, **{names[0]: values[0]}) == built
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(built, names[0], values[0])
 
