@@ -20,6 +20,7 @@ COMPILED = [
     "src/warmfleet/api/replica_sync.py",
     "src/warmfleet/routing/canonical.py",
     "src/warmfleet/routing/chains.py",
+    "src/warmfleet/routing/claims.py",
     "src/warmfleet/routing/exact_index.py",
     "src/warmfleet/routing/held_runs.py",
     "src/warmfleet/routing/index.py",

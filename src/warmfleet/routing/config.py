@@ -54,6 +54,7 @@ class PrefixAffinityConfig(StrictModel):
     prefill_linear_coeff: float = Field(default=1.0, gt=0.0)
     prefill_attention_coeff: float = Field(default=2e-5, ge=0.0)
     use_exact_index: bool = True
+    claim_ttl_s: float = Field(default=2.0, ge=0.0, le=60.0)
 
 
 class SglangCacheAwareConfig(StrictModel):

@@ -8,7 +8,8 @@ Per request:
    moves to wherever it went.
 1. Longest-prefix match of the key's chained blocks against the approximate index (per-instance
    LRU mirroring KV capacity), overridden per instance by the exact index for instances that
-   report engine KV events.
+   report engine KV events, extended there by the blocks routed to them whose events have not
+   arrived yet (``routing.claims``, for ``claim_ttl_s``).
 2. Load = predicted in-flight work per instance (``WorkLedger``: uncached prompt + output tokens
    of the requests routed there, reconciled against the caller's in-flight counts).
 3. Bounded load: an instance is *eligible* if its work is at most
@@ -62,7 +63,8 @@ class PrefixAffinityStrategy:
     def __init__(self, config: PrefixAffinityConfig) -> None:
         self.config = config
         self.index = ApproxPrefixIndex(config.default_capacity_blocks)
-        self.exact_index = ExactPrefixIndex()
+        self.exact_index = ExactPrefixIndex(config.claim_ttl_s)
+        self._now_s = 0.0  # the latest snapshot's time (claims made by ``on_routed``)
         self.ring = RendezvousHash()
         self._last_ids: tuple[InstanceId, ...] = ()
         self._last_caps: tuple[int, ...] = ()
@@ -89,6 +91,9 @@ class PrefixAffinityStrategy:
     def on_routed(self, key: RoutingKey, decision: Decision) -> None:
         hashes = key.block_hashes
         self.index.insert(decision.instance_id, hashes, decision.predicted_cached_blocks)
+        if self.exact_index.reporting and self._exact_applies(key):
+            claim = self.exact_index.claim
+            claim(decision.instance_id, hashes, decision.predicted_cached_blocks, self._now_s)
         if decision.reason is Reason.NO_MATCH or decision.reason is Reason.REPLICATE:
             self._count_cold_start(decision.instance_id)
         if key.session is not None:
@@ -208,22 +213,17 @@ class PrefixAffinityStrategy:
             self.ledger.set_order(ids)
         return self._last_pos
 
-    def match(self, key: RoutingKey) -> dict[InstanceId, int]:
-        """Matched leading blocks per instance (exact knowledge wins where available)."""
+    def _exact_applies(self, key: RoutingKey) -> bool:
+        return self.config.use_exact_index and self.exact_index.comparable(key.chain_seed)
+
+    def match(self, key: RoutingKey, now_s: float | None = None) -> dict[InstanceId, int]:
+        """Matched leading blocks per instance: the engines' word where they report KV events,
+        with the blocks claimed there (``routing.claims``: lapsed by ``now_s``, by default the
+        latest snapshot's time)."""
         matches = self.index.match(key.block_hashes)
-        exact = self.exact_index
-        if (
-            self.config.use_exact_index
-            and exact.known_instances
-            and exact.comparable(key.chain_seed)
-        ):
-            exact_matches = exact.match(key.block_hashes)
-            for iid in exact.known_instances:
-                blocks = exact_matches.get(iid)
-                if blocks:
-                    matches[iid] = blocks
-                else:
-                    matches.pop(iid, None)
+        if self.exact_index.reporting and self._exact_applies(key):
+            now = self._now_s if now_s is None else now_s
+            self.exact_index.overlay(matches, key.block_hashes, now)
         return matches
 
     # --------------------------------------------------------------------------------- choose
@@ -300,6 +300,7 @@ class PrefixAffinityStrategy:
         )
 
     def _view(self, key: RoutingKey, fleet: FleetSnapshot) -> View:
+        self._now_s = fleet.now_s
         work = key.prompt_tokens + key.output_tokens_hint
         cols = self._columns(fleet.instances)
         ids, pos = cols.ids, cols.pos

@@ -1,0 +1,147 @@
+"""Exact mode with late engine events: a conversation's next turn, sent as soon as its first
+turn answered and before that turn's KV events reached the gateway, goes where the first turn
+went (``routing.claims``); with ``claimTtlS: 0`` it starts cold elsewhere. The events pass
+through a relay that holds each batch for ``DELAY_S``, as a busy engine, network or relay does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+import zmq
+import zmq.asyncio
+from test_gateway_kv_events_config import MODEL, cached_tokens, document, modes, words
+
+from warmfleet.bench.live_procs import free_port
+from warmfleet.emulator.config import build_spec
+from warmfleet.emulator.fleet import EmulatedFleet
+from warmfleet.emulator.tokenizer import EmulatorTokenizer
+from warmfleet.gateway.app import create_app
+from warmfleet.gateway.config import load_gateway_config
+from warmfleet.gateway.server import StartedApp, start_app
+
+DELAY_S = 0.4
+BLOCK = 16
+CONVERSATIONS = 4
+
+
+async def delaying_relay(upstream: str, downstream: str, delay_s: float) -> None:
+    """Engines' PUB sockets connect to ``upstream``; every batch is republished on
+    ``downstream`` ``delay_s`` later, in order."""
+    context = zmq.asyncio.Context()
+    sub, pub = context.socket(zmq.SUB), context.socket(zmq.PUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.bind(upstream)
+    pub.bind(downstream)
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            frames = await sub.recv_multipart()
+            loop.call_later(delay_s, pub.send_multipart, frames)
+    finally:
+        sub.close(linger=0)
+        pub.close(linger=0)
+        context.term()
+
+
+@contextlib.asynccontextmanager
+async def late_events_gateway(
+    tmp_path: Path, claim_ttl_s: float
+) -> AsyncIterator[tuple[StartedApp, EmulatedFleet]]:
+    engines, gateway_side = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    relay = asyncio.create_task(delaying_relay(engines, gateway_side, DELAY_S))
+    spec = build_spec(
+        instances=2,
+        preset="tiny-cpu",
+        block_size=BLOCK,
+        kv_capacity_tokens=256 * BLOCK,
+        speedup=20.0,
+        kv_events={"endpoint": engines},
+    )
+    try:
+        async with EmulatedFleet(spec) as fleet:
+            instances = [{"id": f"emu-{i}", "url": u} for i, u in enumerate(fleet.urls)]
+            events = {"endpoint": gateway_side, "bind": False, "resyncBatches": 2}
+            doc = document(instances, kv_events=events)
+            variant = doc["spec"]["endpoints"][0]["variants"][0]
+            variant["routing"]["strategy"]["claimTtlS"] = claim_ttl_s
+            path = tmp_path / "gateway.yaml"
+            path.write_text(yaml.safe_dump(doc))
+            app = create_app(load_gateway_config(path), tokenizer=EmulatorTokenizer())
+            started = await start_app(app)
+            try:
+                yield started, fleet
+            finally:
+                await started.stop()
+    finally:
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)
+
+
+async def turn(
+    session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]]
+) -> tuple[int, str, str]:
+    """(cached prompt tokens, instance, reason) of one chat turn through the gateway."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2, "ignore_eos": True}
+    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        answer: dict[str, Any] = await resp.json()
+        headers = resp.headers
+    return cached_tokens(answer), headers["x-warmfleet-instance"], headers["x-warmfleet-reason"]
+
+
+async def wait_exact(
+    started: StartedApp, fleet: EmulatedFleet, session: aiohttp.ClientSession
+) -> None:
+    for attempt in range(200):
+        if all(modes(started).get(f"emu-{i}") == "exact" for i in range(2)):
+            return
+        for url in fleet.urls:  # direct: events flow, the gateway's routing learns nothing
+            prompt = f"warm {attempt} " + words(attempt, 40)
+            body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
+            async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+        await asyncio.sleep(0.1)
+    raise AssertionError("the feed never became exact")
+
+
+async def second_turns(started: StartedApp, fleet: EmulatedFleet) -> list[tuple[bool, str, int]]:
+    """Per conversation: (second turn on the first's instance, its reason, cached tokens)."""
+    out = []
+    async with aiohttp.ClientSession() as session:
+        await wait_exact(started, fleet, session)
+        await asyncio.sleep(2 * DELAY_S)  # the warm-up's events are in
+        for c in range(CONVERSATIONS):
+            messages = [
+                {"role": "system", "content": f"conversation {c} " + words(31 + c, 160)},
+                {"role": "user", "content": "first question " + words(90 + c, 20)},
+            ]
+            _, first, _ = await turn(session, started.url, messages)
+            messages += [
+                {"role": "assistant", "content": "an answer"},
+                {"role": "user", "content": "second question " + words(60 + c, 20)},
+            ]
+            cached, second, reason = await turn(session, started.url, messages)
+            out.append((second == first, reason, cached))
+            await asyncio.sleep(2 * DELAY_S)  # the next conversation starts on a settled view
+    return out
+
+
+async def test_next_turns_before_their_events_stay_with_claims(tmp_path: Path) -> None:
+    async with late_events_gateway(tmp_path, claim_ttl_s=5.0) as (started, fleet):
+        results = await second_turns(started, fleet)
+    assert all(stayed for stayed, _, _ in results), results
+    assert {reason for _, reason, _ in results} == {"prefix_hit"}, results
+    assert all(cached >= 8 * BLOCK for _, _, cached in results), results  # the engine agrees
+
+
+async def test_without_claims_next_turns_before_their_events_start_cold(tmp_path: Path) -> None:
+    async with late_events_gateway(tmp_path, claim_ttl_s=0.0) as (started, fleet):
+        results = await second_turns(started, fleet)
+    assert all(reason == "no_match" for _, reason, _ in results), results
+    assert not all(stayed for stayed, _, _ in results), results
