@@ -9,7 +9,9 @@ indexed) plus a fresh unique question, so the match, the cost model and the inde
 ``choose_cpu_us_median`` separates the snapshot's cost: ``choose`` + ``on_routed`` on keys built
 beforehand (an index holding only what they routed), with one snapshot throughout (``static``)
 and with a new one at every decision whose routed and finished instances' loads moved, as a
-gateway's are (``moving``).
+gateway's are (``moving``). ``exact_claims_cpu_us``: the same decisions in exact mode (every
+instance reporting KV events, each request's new blocks reported once it is routed) without and
+with claims (``routing.claims``): what their bookkeeping adds a request.
 
     python -m warmfleet.bench.routing_bench --out bench-results/routing.json
 """
@@ -234,6 +236,48 @@ def measure_sync(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]
             "sender_indexed_blocks": indexed[0], "peer_indexed_blocks": indexed[1]}  # fmt: skip
 
 
+def measure_claims(prompt_chars: int, repeats: int, seed: int) -> dict[str, float]:
+    """Exact mode's CPU a request (``choose``, ``on_routed``, the engine's ``BlockStored`` of
+    the new blocks) with ``claimTtlS`` 0 and 2, medians of 3 alternating runs of each; both
+    make the same decisions (checked), so the difference is the claims' bookkeeping."""
+    rng = random.Random(seed)
+    fleet = _fleet(rng, 2 * INDEXED_BLOCKS // INSTANCES)
+    keys = _chat_keys(_router(fleet, seed), rng, prompt_chars, repeats)
+    decided: dict[float, list[tuple[str, int]]] = {}
+
+    def run(claim_ttl_s: float) -> float:
+        strategy = PrefixAffinityConfig(claim_ttl_s=claim_ttl_s)
+        router = Router(RoutingConfig(strategy=strategy), random.Random(seed))
+        router.on_instances_changed(fleet.ids())
+        sink = router.kv_event_sink
+        assert sink is not None
+        for iid in fleet.ids():
+            sink.on_instance_cleared(iid)  # reports events, nothing held yet
+        out = decided[claim_ttl_s] = []
+
+        def route_all() -> None:
+            for key in keys:
+                decision = router.choose(key, fleet)
+                router.on_routed(key, decision)
+                new = key.block_hashes[decision.predicted_cached_blocks :]
+                sink.on_blocks_stored(decision.instance_id, new)
+                out.append((decision.instance_id, decision.predicted_cached_blocks))
+
+        return _cpu_us_each(route_all, repeats)
+
+    gc.collect()
+    gc.freeze()
+    runs: dict[float, list[float]] = {0.0: [], 2.0: []}
+    for turn in range(6):
+        ttl = 2.0 if turn % 2 else 0.0
+        runs[ttl].append(run(ttl))
+    gc.unfreeze()
+    if decided[0.0] != decided[2.0]:
+        raise AssertionError("claims changed decisions with events reported at once")
+    without, with_claims = (statistics.median(runs[ttl]) for ttl in (0.0, 2.0))
+    return {"without": without, "with": with_claims, "added": with_claims - without}
+
+
 def routing_bench_command(
     out: Annotated[Path, typer.Option(help="JSON results")] = Path("bench-results/routing.json"),
     repeats_8k: Annotated[int, typer.Option(help="decisions measured at 8k chars")] = 2000,
@@ -245,6 +289,7 @@ def routing_bench_command(
     large = measure(128_000, repeats_128k, seed)
     sync = measure_sync(8_000, repeats_8k, seed)
     moving = measure_moving_fleet(8_000, repeats_8k, seed)
+    claims = measure_claims(8_000, repeats_8k, seed)
     result: dict[str, Any] = {
         "decision_us_median": {
             "chars_8k": round(small["median"], 1),
@@ -266,6 +311,7 @@ def routing_bench_command(
         "replica_sync_cpu_us": {
             "chars_8k": {k: round(v, 1) for k, v in sync.items() if not k.endswith("_blocks")}
         },
+        "exact_claims_cpu_us": {"chars_8k": {k: round(v, 1) for k, v in claims.items()}},
         "targets_us": {"chars_8k": 100, "chars_128k": 1000},
         "context": {
             "strategy": "prefix_affinity",
@@ -290,7 +336,8 @@ def routing_bench_command(
         f"{result['choose_cpu_us_median']['static']} us CPU, "
         f"{result['choose_cpu_us_median']['moving']} with the loads moving; replica sync at 8k: "
         + " + ".join(f"{k} {v}" for k, v in result["replica_sync_cpu_us"]["chars_8k"].items())
-        + " us CPU a request "
+        + " us CPU a request; exact mode's claims add "
+        f"{result['exact_claims_cpu_us']['chars_8k']['added']} us "
         f"(load average {result['context']['load_average_1m']}) -> {out}"
     )
 
