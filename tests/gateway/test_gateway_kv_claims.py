@@ -15,18 +15,24 @@ import aiohttp
 import yaml
 import zmq
 import zmq.asyncio
-from test_gateway_kv_events_config import MODEL, cached_tokens, document, modes, words
+from test_gateway_kv_events_config import (
+    BLOCK,
+    MODEL,
+    cached_tokens,
+    document,
+    modes,
+    two_engines,
+    words,
+)
 
 from warmfleet.bench.live_procs import free_port
-from warmfleet.emulator.config import build_spec
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.gateway.app import create_app
 from warmfleet.gateway.config import load_gateway_config
 from warmfleet.gateway.server import StartedApp, start_app
 
-DELAY_S = 0.4
-BLOCK = 16
+DELAY_S = 1.0  # well past a turn's answer on a loaded machine (the emulator answers in ms)
 CONVERSATIONS = 4
 
 
@@ -55,14 +61,7 @@ async def late_events_gateway(
 ) -> AsyncIterator[tuple[StartedApp, EmulatedFleet]]:
     engines, gateway_side = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     relay = asyncio.create_task(delaying_relay(engines, gateway_side, DELAY_S))
-    spec = build_spec(
-        instances=2,
-        preset="tiny-cpu",
-        block_size=BLOCK,
-        kv_capacity_tokens=256 * BLOCK,
-        speedup=20.0,
-        kv_events={"endpoint": engines},
-    )
+    spec = two_engines(engines, 256)
     try:
         async with EmulatedFleet(spec) as fleet:
             instances = [{"id": f"emu-{i}", "url": u} for i, u in enumerate(fleet.urls)]
@@ -115,7 +114,7 @@ async def second_turns(started: StartedApp, fleet: EmulatedFleet) -> list[tuple[
     out = []
     async with aiohttp.ClientSession() as session:
         await wait_exact(started, fleet, session)
-        await asyncio.sleep(2 * DELAY_S)  # the warm-up's events are in
+        await asyncio.sleep(DELAY_S + 0.3)  # the warm-up's events are in
         for c in range(CONVERSATIONS):
             messages = [
                 {"role": "system", "content": f"conversation {c} " + words(31 + c, 160)},
@@ -128,7 +127,7 @@ async def second_turns(started: StartedApp, fleet: EmulatedFleet) -> list[tuple[
             ]
             cached, second, reason = await turn(session, started.url, messages)
             out.append((second == first, reason, cached))
-            await asyncio.sleep(2 * DELAY_S)  # the next conversation starts on a settled view
+            await asyncio.sleep(DELAY_S + 0.3)  # the next conversation starts on a settled view
     return out
 
 

@@ -20,7 +20,7 @@ import zmq.asyncio
 from support.waiting import wait_until
 from warmfleet.bench.live_procs import free_port
 from warmfleet.core.errors import ConfigError
-from warmfleet.emulator.config import build_spec
+from warmfleet.emulator.config import EmulatorSpec, build_spec
 from warmfleet.emulator.fleet import EmulatedFleet
 from warmfleet.emulator.tokenizer import EmulatorTokenizer
 from warmfleet.gateway.app import create_app
@@ -157,19 +157,24 @@ async def metric_lines(session: aiohttp.ClientSession, url: str) -> list[str]:
         return [ln for ln in (await resp.text()).splitlines() if "kv_events" in ln]
 
 
+def two_engines(endpoint: str, capacity_blocks: int) -> EmulatorSpec:
+    """Two emulated engines (``BLOCK``-token blocks) publishing KV events to ``endpoint``."""
+    return build_spec(
+        instances=2,
+        preset="tiny-cpu",
+        block_size=BLOCK,
+        kv_capacity_tokens=capacity_blocks * BLOCK,
+        speedup=20.0,
+        kv_events={"endpoint": endpoint},
+    )
+
+
 @pytest.fixture
 async def exact_setup(
     tmp_path: Path,
 ) -> AsyncIterator[tuple[StartedApp, EmulatedFleet, str, aiohttp.ClientSession]]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    spec = build_spec(
-        instances=2,
-        preset="tiny-cpu",
-        block_size=BLOCK,
-        kv_capacity_tokens=64 * BLOCK,
-        speedup=20.0,
-        kv_events={"endpoint": endpoint},
-    )
+    spec = two_engines(endpoint, 64)
     async with EmulatedFleet(spec) as fleet:
         instances = [{"id": f"emu-{i}", "url": u} for i, u in enumerate(fleet.urls)]
         events = {"endpoint": endpoint, "resync_batches": 2, "silence_timeout_s": 30.0}
