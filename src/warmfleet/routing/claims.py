@@ -88,11 +88,6 @@ class Claims:
     def forget(self, instance_id: InstanceId) -> None:
         self._of.pop(instance_id, None)
 
-    def retain(self, instance_ids: Iterable[InstanceId]) -> None:
-        keep = set(instance_ids)
-        for iid in [i for i in self._of if i not in keep]:
-            del self._of[iid]
-
     def count(self, instance_id: InstanceId, now_s: float) -> int:
         """Blocks claimed at ``instance_id`` and not lapsed at ``now_s`` (diagnostics)."""
         state = self._of.get(instance_id)
