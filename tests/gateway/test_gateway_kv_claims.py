@@ -20,8 +20,8 @@ from test_gateway_kv_events_config import (
     MODEL,
     cached_tokens,
     document,
-    modes,
     two_engines,
+    warm_until_exact,
     words,
 )
 
@@ -94,26 +94,11 @@ async def turn(
     return cached_tokens(answer), headers["x-warmfleet-instance"], headers["x-warmfleet-reason"]
 
 
-async def wait_exact(
-    started: StartedApp, fleet: EmulatedFleet, session: aiohttp.ClientSession
-) -> None:
-    for attempt in range(200):
-        if all(modes(started).get(f"emu-{i}") == "exact" for i in range(2)):
-            return
-        for url in fleet.urls:  # direct: events flow, the gateway's routing learns nothing
-            prompt = f"warm {attempt} " + words(attempt, 40)
-            body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
-            async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
-                assert resp.status == 200
-        await asyncio.sleep(0.1)
-    raise AssertionError("the feed never became exact")
-
-
 async def second_turns(started: StartedApp, fleet: EmulatedFleet) -> list[tuple[bool, str, int]]:
     """Per conversation: (second turn on the first's instance, its reason, cached tokens)."""
     out = []
     async with aiohttp.ClientSession() as session:
-        await wait_exact(started, fleet, session)
+        await warm_until_exact(started, fleet, session)
         await asyncio.sleep(DELAY_S + 0.3)  # the warm-up's events are in
         for c in range(CONVERSATIONS):
             messages = [
