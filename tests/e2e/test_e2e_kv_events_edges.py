@@ -104,6 +104,22 @@ def test_a_consumer_error_does_not_escape_the_subscriber() -> None:
         sub.close()
 
 
+def test_the_subscriber_reports_how_late_each_stamped_batch_arrived() -> None:
+    """Engine stamp to arrival, by the gateway's wall clock; an engine clock ahead reads 0, an
+    unstamped (0) or non-finite stamp is not a delay."""
+    delays: list[float] = []
+    _index, tr = make()
+    sub = KvEventSubscriber(
+        tr, "inproc://kv-edges-delay", on_delay=delays.append, wall_clock=lambda: 1000.25
+    )
+    try:
+        for ts in (1000.0, 999.0, 1001.0, 0.0, float("inf"), float("nan")):
+            sub.handle(frame(msgpack.packb([ts, [stored_map()]])))
+        assert delays == [0.25, 1.25, 0.0]
+    finally:
+        sub.close()
+
+
 # ------------------------------------------------------------------------------ offload tiers
 
 

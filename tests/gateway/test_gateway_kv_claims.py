@@ -1,7 +1,8 @@
 """Exact mode with late engine events: a conversation's next turn, sent as soon as its first
 turn answered and before that turn's KV events reached the gateway, goes where the first turn
 went (``routing.claims``); with ``claimTtlS: 0`` it starts cold elsewhere. The events pass
-through a relay that holds each batch for ``DELAY_S``, as a busy engine, network or relay does."""
+through a relay that holds each batch for ``DELAY_S``, as a busy engine, network or relay does;
+the gateway's metrics and admin view show that delay and how the claims ended."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import aiohttp
 import yaml
 import zmq
 import zmq.asyncio
+from prometheus_client.parser import text_string_to_metric_families
 from test_gateway_kv_events_config import (
     BLOCK,
+    HEADERS,
     MODEL,
     cached_tokens,
     document,
@@ -116,12 +119,48 @@ async def second_turns(started: StartedApp, fleet: EmulatedFleet) -> list[tuple[
     return out
 
 
+async def observed(url: str) -> tuple[dict[str, float], dict[str, Any]]:
+    """The gateway's samples (``name{label=value,...}`` -> value) and its kv-events state."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/metrics") as resp:
+            text = await resp.text()
+        async with session.get(f"{url}/admin/v1/kv-events", headers=HEADERS) as resp:
+            state: dict[str, Any] = await resp.json()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples, state
+
+
 async def test_next_turns_before_their_events_stay_with_claims(tmp_path: Path) -> None:
     async with late_events_gateway(tmp_path, claim_ttl_s=5.0) as (started, fleet):
         results = await second_turns(started, fleet)
+        samples, state = await observed(started.url)
     assert all(stayed for stayed, _, _ in results), results
     assert {reason for _, reason, _ in results} == {"prefix_hit"}, results
     assert all(cached >= 8 * BLOCK for _, _, cached in results), results  # the engine agrees
+    # Every batch passed the relay: none arrived sooner than DELAY_S after its engine's stamp.
+    delays = "warmfleet_gateway_kv_events_delay_seconds"
+    assert samples[f"{delays}_count{{}}"] > 0
+    assert samples[f"{delays}_bucket{{le=0.5}}"] == 0
+    assert samples[f"{delays}_sum{{}}"] >= DELAY_S * samples[f"{delays}_count{{}}"]
+    # Each first turn claimed its new blocks; the engine's events confirmed them in the TTL.
+    claimed = samples["warmfleet_gateway_kv_claims_blocks_total{}"]
+    ended = {
+        outcome: samples[f"warmfleet_gateway_kv_claims_ended_blocks_total{{outcome={outcome}}}"]
+        for outcome in ("confirmed", "late", "lapsed", "displaced")
+    }
+    assert claimed >= CONVERSATIONS * 8, samples
+    assert ended["confirmed"] >= CONVERSATIONS * 8, ended
+    assert ended["late"] == ended["displaced"] == 0, ended
+    assert sum(ended.values()) <= claimed
+    assert state["claims"] == {
+        "ttl_s": 5.0,
+        "blocks": {"claimed": claimed, **ended},
+    }, state
+    assert {view["claimed_blocks"] for view in state["instances"].values()} == {0}, state
 
 
 async def test_without_claims_next_turns_before_their_events_start_cold(tmp_path: Path) -> None:

@@ -126,12 +126,36 @@ def test_claim_ttl_is_configured_and_validated() -> None:
         )
 
 
+def test_claims_count_how_they_ended() -> None:
+    claims, rng = Claims(ttl_s=2.0), random.Random(4)
+    a, b, c = chain(rng, 4), chain(rng, 3), chain(rng, 2)
+    claims.claim("x", a, 0, 0.0)
+    claims.extend("x", a, 0, 1.0)
+    claims.drop("x", a[:2], stored=True)  # within the TTL
+    claims.drop("x", a[2:3])  # removed: the engine's word, not a confirmation
+    claims.claim("x", b, 0, 1.5)
+    claims.extend("x", b, 0, 3.0)  # a's last claim lapsed (not pruned yet)
+    claims.drop("x", b[:1], stored=True)  # within the TTL (1.5 + 2.0 > 3.0)
+    claims.claim("x", c, 0, 3.2)  # prunes a's lapsed block
+    claims.extend("x", c, 0, 4.0)  # b lapsed by now
+    claims.drop("x", b[1:], stored=True)  # after the TTL
+    claims.claim("x", c, 0, 4.5)  # renews c: its first claim ends in nothing
+    counts = claims.counts
+    assert (counts.claimed, counts.confirmed, counts.late) == (11, 3, 2)
+    assert (counts.lapsed, counts.displaced) == (1, 0)
+    claims.forget("x")  # the claims of a cleared instance end in nothing
+    assert counts.lapsed == 1
+    assert claims.instances() == ()
+
+
 def test_claims_stay_within_their_bound() -> None:
     claims = Claims(ttl_s=5.0, max_blocks=100)
     rng = random.Random(3)
     for i in range(20):
         claims.claim("a", chain(rng, 30), 0, float(i) / 100)
     assert claims.count("a", 0.5) == 90  # whole claims: the last three of 30 blocks
+    assert (claims.counts.claimed, claims.counts.displaced) == (600, 510)
+    assert claims.instances() == ("a",)
 
 
 Op = tuple[str, int, int, int]  # (kind, instance, chain, start)
@@ -141,7 +165,7 @@ Op = tuple[str, int, int, int]  # (kind, instance, chain, start)
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["claim", "drop", "forget", "tick"]),
+            st.sampled_from(["claim", "stored", "removed", "forget", "tick"]),
             st.integers(0, 2),
             st.integers(0, 3),
             st.integers(0, 12),
@@ -150,26 +174,36 @@ Op = tuple[str, int, int, int]  # (kind, instance, chain, start)
     )
 )
 def test_claims_answer_as_a_plain_map_of_lapse_times(ops: list[Op]) -> None:
-    """Against a reference that keeps (instance, hash) -> latest lapse time."""
+    """Against a reference that keeps (instance, hash) -> latest lapse time, and counts how
+    claims ended: pruned lapsed at the instance's next claim; confirmed or late when stored."""
     rng = random.Random(1)
     base = chain(rng, 6)
     chains = [chain(rng, 6, base) for _ in range(4)]
     claims, model = Claims(ttl_s=1.0), dict[tuple[int, int], float]()
-    now = 0.0
+    counts = {"claimed": 0, "confirmed": 0, "late": 0, "lapsed": 0}
+    now = latest = 0.0
     for kind, inst, c, start in ops:
         hashes = chains[c]
         if kind == "claim":
             claims.claim(str(inst), hashes, start, now)
+            lapsed = [k for k, v in model.items() if k[0] == inst and v <= now]
+            counts["lapsed"] += len(lapsed) if start < len(hashes) else 0
+            for k in lapsed if start < len(hashes) else []:
+                del model[k]
             model.update({(inst, h): now + 1.0 for h in hashes[start:]})
-        elif kind == "drop":
-            claims.drop(str(inst), hashes[start:])
+            counts["claimed"] += len(hashes[start:])
+            latest = now if start < len(hashes) else latest
+        elif kind in {"stored", "removed"}:
+            claims.drop(str(inst), hashes[start:], stored=kind == "stored")
             for h in hashes[start:]:
-                model.pop((inst, h), None)
+                lapses = model.pop((inst, h), None)
+                if lapses is not None and kind == "stored":
+                    counts["confirmed" if lapses > latest else "late"] += 1
         elif kind == "forget":
             claims.forget(str(inst))
             model = {k: v for k, v in model.items() if k[0] != inst}
         else:
-            now += 0.25
+            now += 0.5  # two ticks: a claim lapses
         for i in range(3):
             for hs in chains:
                 depth = min(start, len(hs))
@@ -177,3 +211,5 @@ def test_claims_answer_as_a_plain_map_of_lapse_times(ops: list[Op]) -> None:
                 while want < len(hs) and model.get((i, hs[want]), now) > now:
                     want += 1
                 assert claims.extend(str(i), hs, depth, now) == want
+        latest = now
+        assert {k: getattr(claims.counts, k) for k in counts} == counts

@@ -63,7 +63,7 @@ class ExactPrefixIndex(BitIndex):
         return len(self._blocks.get(instance_id, ()))
 
     def on_blocks_stored(self, instance_id: InstanceId, block_hashes: Sequence[int]) -> None:
-        self.claims.drop(instance_id, block_hashes)  # the engine's word now
+        self.claims.drop(instance_id, block_hashes, stored=True)  # the engine's word now
         blocks = self._blocks.setdefault(instance_id, set())
         bit = 1 << self._bit(instance_id)
         owners = self._owners

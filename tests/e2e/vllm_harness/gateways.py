@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,12 +187,22 @@ async def wait_caught_up(replicas: Sequence[Replica], timeout_s: float = 30.0) -
 
 def sync_delays_ms(replicas: Sequence[Replica]) -> dict[str, float]:
     """The observed propagation delays (every batch received by every replica): p50, p99, max."""
-    delays = sorted(
-        d * 1000.0
+    return _quantiles_ms(
+        d
         for r in replicas
         if r.gateway.replica_sync is not None
         for d in r.gateway.replica_sync.metrics.recent_delays_s
     )
+
+
+def kv_event_delays_ms(replicas: Sequence[Replica]) -> dict[str, float]:
+    """How late the engines' KV event batches reached the gateways (engine stamp to arrival,
+    every batch of every replica): p50, p99, max."""
+    return _quantiles_ms(d for r in replicas if r.feed is not None for d in r.feed.recent_delays_s)
+
+
+def _quantiles_ms(delays_s: Iterable[float]) -> dict[str, float]:
+    delays = sorted(d * 1000.0 for d in delays_s)
     if not delays:
         return {}
 

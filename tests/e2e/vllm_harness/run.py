@@ -39,6 +39,7 @@ from vllm_harness.gateways import (
     Replica,
     decision_reasons,
     kv_capacities,
+    kv_event_delays_ms,
     replica_sync_sections,
     start_replica,
     sync_delays_ms,
@@ -120,6 +121,7 @@ class E2E:
                 }
                 await asyncio.sleep(0.05)  # the last ends reach the peers
                 delays_ms = sync_delays_ms(started)
+                event_delays_ms = kv_event_delays_ms(started)
             result = summarize(parts, self.ideal)
             result["replicas"] = replicas
             result["reasons"] = decision_reasons(started)
@@ -127,6 +129,7 @@ class E2E:
             if exact:
                 result["kv_event_sync_s"] = round(sync_s, 2)
                 result["kv_events"] = [r.feed.describe() for r in started if r.feed]
+                result["kv_event_delay_ms"] = event_delays_ms
             if synced:
                 result["replica_sync"] = {
                     "catch_up_s": round(catch_up_s, 2),
@@ -251,10 +254,12 @@ async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
 
 
 def progress(label: str, result: dict[str, Any], timings_s: dict[str, float]) -> None:
+    events = result.get("kv_event_delay_ms") or {}
+    late = f", KV events p50 {events['p50']} p99 {events['p99']} ms late" if events else ""
     print(
         f"e2e-vllm: {label}: hit {result['hit_rate']:.3f} (ideal {result['ideal_reuse']:.3f}), "
         f"TTFT p50 {result['ttft_ms']['p50']:.0f} ms, {timings_s[label]} s, "
-        f"reasons {result['reasons']}",
+        f"reasons {result['reasons']}{late}",
         flush=True,
     )
 

@@ -65,6 +65,7 @@ class KvEventService:
                 bind=self.config.bind,
                 topic_prefix=self.config.topic_prefix,
                 replay=source,
+                on_delay=self.feed.observe_delay,
             )
         except zmq.ZMQError as err:
             how = "bind" if self.config.bind else "connect to"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,10 +56,16 @@ class KvEventSubscriber:
         poll_interval_s: float = 0.5,
         topic_prefix: str = TOPIC_PREFIX,
         replay: ReplaySource | None = None,
+        on_delay: Callable[[float], None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """``replay``: where the consumer's replay requests go, each with its own DEALER socket
-        (None: every replay request is answered "none")."""
+        (None: every replay request is answered "none"). ``on_delay``: told, for each batch
+        received (not replayed), how long after its engine stamped it (``wall_clock`` minus the
+        batch's ``ts``; 0 if the engine's clock is ahead; unstamped batches are not counted)."""
         self.consumer = consumer
+        self.on_delay = on_delay
+        self.wall_clock = wall_clock
         self.replay = replay
         self.topic_prefix = topic_prefix
         self.frames = 0
@@ -93,6 +100,8 @@ class KvEventSubscriber:
         instance_id = instance_of_topic(topic, self.topic_prefix)
         if instance_id is None:
             return
+        if self.on_delay is not None and 0.0 < batch.ts < math.inf:  # 0: no stamp
+            self.on_delay(max(self.wall_clock() - batch.ts, 0.0))
         try:
             self.consumer.apply(instance_id, seq, batch, self.clock())
         except Exception:  # a bug must not stop the subscriber (and with it silence checks)

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from warmfleet.api.kv_events import EventBatch
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
+from warmfleet.gateway.kv_events.metrics import CLAIM_OUTCOMES, FeedCollector, delay_histogram
 from warmfleet.gateway.kv_events.translator import ExactIndex, KvEventTranslator
 from warmfleet.gateway.kv_events.view import ReplayRequest
+from warmfleet.gateway.metrics import FastHistogramChild
+from warmfleet.routing.claims import Claims
 from warmfleet.routing.config import RoutingConfig
+from warmfleet.routing.exact_index import ExactPrefixIndex
 from warmfleet.routing.keys import Tokenizer
 from warmfleet.routing.request import KeyRequest
 from warmfleet.routing.router import Router
@@ -100,6 +103,8 @@ class KvEventFeed:
         self.translator: KvEventTranslator | None = None
         self._active: ExactModeRouter | None = None
         self._instances: tuple[InstanceId, ...] = ()  # the routed instances (shown even if silent)
+        self._delay: FastHistogramChild | None = None  # set by ``register_metrics``
+        self.recent_delays_s: deque[float] = deque(maxlen=4096)  # the last ones, for reports
 
     def router_factory(
         self, tokenizer: Tokenizer | None
@@ -170,43 +175,32 @@ class KvEventFeed:
         return out
 
     def describe(self) -> dict[str, Any]:
-        return self.translator.describe() if self.translator is not None else {"instances": {}}
+        """The translator's view and, with an exact index in service, its claims: blocks held
+        per instance (``claimed_blocks``) and the counts of ``kv_events.metrics``."""
+        out = self.translator.describe() if self.translator is not None else {"instances": {}}
+        claims = self.claims
+        if claims is not None:
+            now_s = self.clock()
+            for iid, view in out["instances"].items():
+                view["claimed_blocks"] = claims.count(iid, now_s)
+            counts = {name: getattr(claims.counts, name) for name in ("claimed", *CLAIM_OUTCOMES)}
+            out["claims"] = {"ttl_s": claims.ttl_s, "blocks": counts}
+        return out
+
+    @property
+    def claims(self) -> Claims | None:
+        """The claims of the exact index the events feed (None: no router in service has one)."""
+        index = self._active.exact_index if self._active is not None else None
+        return index.claims if isinstance(index, ExactPrefixIndex) else None
+
+    def observe_delay(self, delay_s: float) -> None:
+        """A batch arrived ``delay_s`` after its engine stamped it (the histogram of
+        ``register_metrics``, and ``recent_delays_s``)."""
+        self.recent_delays_s.append(delay_s)
+        if self._delay is not None:
+            self._delay.observe(delay_s)
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
-        """``warmfleet_gateway_kv_events_exact{instance_id}`` (1 exact, 0 approximate),
-        ``warmfleet_gateway_kv_events_gaps_total`` and
-        ``warmfleet_gateway_kv_events_replays_total{result}`` on the gateway's registry."""
-        registry.register(_FeedCollector(self))
-
-
-class _FeedCollector(Collector):
-    def __init__(self, feed: KvEventFeed) -> None:
-        self._feed = feed
-
-    def collect(self) -> Iterator[Metric]:
-        exact = GaugeMetricFamily(
-            "warmfleet_gateway_kv_events_exact",
-            "1 if the instance's cache view comes from engine KV events, 0 if approximate",
-            labels=["instance_id"],
-        )
-        for iid, mode in sorted(self._feed.modes().items()):
-            exact.add_metric([iid], 1.0 if mode == "exact" else 0.0)
-        yield exact
-        translator = self._feed.translator
-        gaps = CounterMetricFamily(  # counts since the translator began (a reset: a restart)
-            "warmfleet_gateway_kv_events_gaps", "KV event sequence gaps seen (resyncs needed)"
-        )
-        gaps.add_metric([], float(translator.stats.gaps if translator is not None else 0))
-        yield gaps
-        replays = CounterMetricFamily(
-            "warmfleet_gateway_kv_events_replays",
-            "Replays asked of the engines after a gap or a late join (asked), and those that "
-            "delivered every missed batch (recovered)",
-            labels=["result"],
-        )
-        stats = translator.stats if translator is not None else None
-        replays.add_metric(["asked"], float(stats.replays if stats is not None else 0))
-        replays.add_metric(
-            ["recovered"], float(stats.replays_recovered if stats is not None else 0)
-        )
-        yield replays
+        """The feed's metrics on the gateway's registry (``kv_events.metrics``)."""
+        registry.register(FeedCollector(self))
+        self._delay = delay_histogram(registry)
