@@ -114,7 +114,7 @@ def test_prefix_routing_on_real_vllm() -> None:
     block = out["engine"]["block_size"]
     assert abs(conf["predicted_cached_tokens"] - conf["engine_cached_tokens"]) <= block
     assert conf["engine_cached_tokens"] > 0
-    assert set(out["replicas"]) >= {"1", "4", "4_approximate", "4_approximate_sessions"}
+    assert set(out["replicas"]) >= {"1", "4", "4_synced", "4_approximate", "4_approximate_sessions"}
     engine_tokens = out["engine"]["kv_cache_blocks"] * block  # vllm:cache_config_info's
     cases = [c for modes in out["strategies"].values() for c in modes.values()]
     cases += [c for label, c in out["replicas"].items() if label != "1"]  # "1": exact's run
@@ -122,10 +122,15 @@ def test_prefix_routing_on_real_vllm() -> None:
         assert case["kv_capacity_tokens"] == [engine_tokens], case
     assert out["replicas"]["4"]["hit_rate"] >= 0.8 * out["replicas"]["4"]["ideal_reuse"]
     one = out["replicas"]["1"]["hit_rate"]
-    for label in ("4_approximate", "4_approximate_sessions"):  # replica sync (issue 22)
+    for label in ("4_synced", "4_approximate", "4_approximate_sessions"):  # replica sync
         synced = out["replicas"][label]
         assert synced["hit_rate"] >= 0.95 * one, (label, synced, one)
         assert synced["replica_sync"]["propagation_delay_ms"], synced
+    for label in ("4", "4_synced"):  # KV events: real vLLM's stamps, the claims' outcomes
+        exact = out["replicas"][label]
+        assert exact["kv_event_delay_ms"]["batches"] > 0, exact
+        assert exact["claims"]["claimed"] > 0, exact
+        assert exact["claims"]["confirmed"] > 0, exact
     for name in ("random", "prefix_affinity"):  # doctor's replay of each capture (issue 26)
         doctor = out["doctor"][name]
         assert name in ASSERTED_ERROR
