@@ -16,6 +16,7 @@ from warmfleet.core.errors import ConfigError
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceState, Reason, RoutingKey
 from warmfleet.routing.claims import Claims
 from warmfleet.routing.config import PrefixAffinityConfig, RoutingConfig
+from warmfleet.routing.exact_index import ExactPrefixIndex
 from warmfleet.routing.router import Router
 from warmfleet.routing.strategies.prefix_affinity import PrefixAffinityStrategy
 
@@ -102,6 +103,16 @@ def test_claims_start_where_the_engine_report_ends() -> None:
     assert (d.instance_id, d.predicted_cached_blocks) == ("pod-2", 10)
     assert s.exact_index.claims.count("pod-2", 10.0) == 6  # the new blocks only
     assert s.match(second, 10.5) == {"pod-2": 16}
+
+
+def test_blocks_reported_already_are_not_claimed() -> None:
+    """A peer's note can arrive after the events of the blocks it routed: nothing to claim."""
+    index = ExactPrefixIndex(claim_ttl_s=2.0)
+    blocks = chain(random.Random(9), 6)
+    index.on_blocks_stored("a", blocks[:4])
+    index.claim("a", blocks, 1, now_s=0.0)
+    assert index.claims.counts.claimed == 2
+    assert index.claims.count("a", 0.0) == 2
 
 
 def test_instances_without_events_keep_the_approximate_index() -> None:

@@ -55,9 +55,15 @@ class ExactPrefixIndex(BitIndex):
         self, instance_id: InstanceId, block_hashes: Sequence[int], start: int, now_s: float
     ) -> None:
         """``block_hashes[start:]`` were routed to ``instance_id`` at ``now_s`` (ignored for
-        an instance that does not report events)."""
-        if instance_id in self._blocks:
-            self.claims.claim(instance_id, block_hashes, start, now_s)
+        an instance that does not report events). Blocks its engine reported already are not
+        claimed: a peer's note (replica sync) can trail the events it would anticipate."""
+        blocks = self._blocks.get(instance_id)
+        if blocks is None:
+            return
+        n = len(block_hashes)
+        while start < n and block_hashes[start] in blocks:
+            start += 1
+        self.claims.claim(instance_id, block_hashes, start, now_s)
 
     def occupancy(self, instance_id: InstanceId) -> int:
         return len(self._blocks.get(instance_id, ()))
