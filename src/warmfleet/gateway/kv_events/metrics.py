@@ -70,45 +70,42 @@ class FeedCollector(Collector):
         yield from self._claims()
 
     def _translator_counts(self) -> Iterator[Metric]:
-        translator = self._feed.translator
-        gaps = CounterMetricFamily(  # counts since the translator began (a reset: a restart)
-            "warmfleet_gateway_kv_events_gaps", "KV event sequence gaps seen (resyncs needed)"
+        stats = self._feed.translator.stats if self._feed.translator is not None else None
+        yield _counter(  # counts since the translator began (a reset: a restart)
+            "warmfleet_gateway_kv_events_gaps",
+            "KV event sequence gaps seen (resyncs needed)",
+            {(): stats.gaps if stats is not None else 0},
         )
-        gaps.add_metric([], float(translator.stats.gaps if translator is not None else 0))
-        yield gaps
-        replays = CounterMetricFamily(
+        yield _counter(
             "warmfleet_gateway_kv_events_replays",
             "Replays asked of the engines after a gap or a late join (asked), and those that "
             "delivered every missed batch (recovered)",
-            labels=["result"],
+            {
+                ("asked",): stats.replays if stats is not None else 0,
+                ("recovered",): stats.replays_recovered if stats is not None else 0,
+            },
+            "result",
         )
-        stats = translator.stats if translator is not None else None
-        replays.add_metric(["asked"], float(stats.replays if stats is not None else 0))
-        replays.add_metric(
-            ["recovered"], float(stats.replays_recovered if stats is not None else 0)
-        )
-        yield replays
 
     def _claims(self) -> Iterator[Metric]:
         """Counts of the claims of the router in service (a reload starts them again)."""
         claims = self._feed.claims
-        claimed = CounterMetricFamily(
+        yield _counter(
             "warmfleet_gateway_kv_claims_blocks",
             "Blocks routed to an instance that reports KV events, counted as cached there "
             "until its events arrive (claims)",
+            {(): claims.counts.claimed if claims is not None else 0},
         )
-        claimed.add_metric([], float(claims.counts.claimed if claims is not None else 0))
-        yield claimed
-        ended = CounterMetricFamily(
+        yield _counter(
             "warmfleet_gateway_kv_claims_ended_blocks",
             "How block claims ended: confirmed by the engine's BlockStored within claimTtlS, "
             "late (it came after), lapsed (no word), displaced (the bound on claimed blocks)",
-            labels=["outcome"],
+            {
+                (outcome,): getattr(claims.counts, outcome) if claims is not None else 0
+                for outcome in CLAIM_OUTCOMES
+            },
+            "outcome",
         )
-        for outcome in CLAIM_OUTCOMES:
-            count = getattr(claims.counts, outcome) if claims is not None else 0
-            ended.add_metric([outcome], float(count))
-        yield ended
         held = GaugeMetricFamily(
             "warmfleet_gateway_kv_claims_held_blocks",
             "Blocks claimed at the instance and not confirmed or lapsed yet",
@@ -119,3 +116,12 @@ class FeedCollector(Collector):
             for iid in sorted(claims.instances()):
                 held.add_metric([iid], float(claims.count(iid, now_s)))
         yield held
+
+
+def _counter(
+    name: str, documentation: str, values: dict[tuple[str, ...], int], *labels: str
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=list(labels))
+    for label_values, value in values.items():
+        family.add_metric(list(label_values), float(value))
+    return family
