@@ -109,19 +109,20 @@ class Claims:
         state = self._of.get(instance_id)
         if state is None or not state.expires:
             return
-        pop, latest_s = state.expires.pop, self.latest_s
-        confirmed = late = 0
+        pop = state.expires.pop
+        if not stored:  # a removal: its claims end in no count
+            for h in block_hashes:
+                pop(h, None)
+            return
+        counts, latest_s = self.counts, self.latest_s
         for h in block_hashes:
             lapses_s = pop(h, None)
             if lapses_s is None:
                 continue
             if lapses_s > latest_s:
-                confirmed += 1
+                counts.confirmed += 1
             else:
-                late += 1
-        if stored:
-            self.counts.confirmed += confirmed
-            self.counts.late += late
+                counts.late += 1
 
     def forget(self, instance_id: InstanceId) -> None:
         self._of.pop(instance_id, None)
