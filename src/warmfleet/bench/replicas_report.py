@@ -34,6 +34,8 @@ def replicas_tables(sweep: ReplicaSweep) -> list[Table]:
             f"{named} hit rate | {sweep.scenario.name} | {sweep.requests} requests | "
             "(points vs 1 replica)"
         )
+        if (kv_delay_ms := sweep.scenario.kv_events_delay_ms) is not None:
+            title += f" | KV events {kv_delay_ms:g} ms"
         table = Table(title=title)
         table.add_column("replicas", justify="right")
         for delay_ms in sweep.sync_delays_ms:

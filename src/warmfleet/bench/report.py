@@ -53,6 +53,8 @@ def comparison_table(comparison: Comparison, wall_s: Mapping[str, float] | None 
         f"{report['requests']} requests | working set = {report['working_set_ratio']:.2f} x one "
         f"instance's KV ({report['fleet_working_set_ratio']:.2f} x fleet)"
     )
+    if (kv_delay_ms := comparison.scenario.kv_events_delay_ms) is not None:
+        title += f" | KV events {kv_delay_ms:g} ms"
     title += "".join(
         f" | {name}: {line}" for name, line in configs_report(comparison.configs).items()
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -282,6 +283,14 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         Path | None,
         typer.Option(help="flow-control YAML (routing.flow, docs/flow-control.md) in front"),
     ] = None,
+    kv_events_delay_ms: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="the engines publish KV events, reaching the gateway this many ms later "
+            "(as vLLM with --kv-events-config; default: the scenario's, else none)",
+        ),
+    ] = None,
     strategy_config: Annotated[
         list[Path] | None,
         typer.Option(
@@ -298,6 +307,8 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         raise typer.BadParameter("give at most one of --concurrency and --rate")
     if flow is not None and gateway_replicas != "1":
         raise typer.BadParameter("--flow runs with one gateway replica")
+    if kv_events_delay_ms is not None and not math.isfinite(kv_events_delay_ms):
+        raise typer.BadParameter(f"--kv-events-delay-ms: a finite number, got {kv_events_delay_ms}")
     counts, delays = _replica_counts(gateway_replicas), sync_delays(sync_delay_ms)
     sweep = counts != [1] or delays != [0.0]
     if sweep and fmt == OutputFormat.tsv:
@@ -314,6 +325,8 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         spec, trace_data = _spec_and_trace(
             scenario, trace, traces_dir, (instances, preset, seed, requests), sessions
         )
+        if kv_events_delay_ms is not None:
+            spec = spec.model_copy(update={"kv_events_delay_ms": kv_events_delay_ms})
         with activity_for(fmt) as activity:
             progress = PhasedProgress(activity)
             if sweep:

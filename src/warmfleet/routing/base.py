@@ -68,3 +68,10 @@ class KvEventSink(Protocol):
     def on_instance_cleared(self, instance_id: InstanceId) -> None:
         """All of the instance's cache is gone (restart, reset, or an event gap: resync)."""
         ...
+
+
+def kv_event_sink_of(strategy: object) -> KvEventSink | None:
+    """Where engine KV events go for ``strategy``, if it can use exact cache knowledge (its
+    ``exact_index``): the live gateway's translator and the simulator's feed alike."""
+    sink = getattr(strategy, "exact_index", None)
+    return sink if isinstance(sink, KvEventSink) else None

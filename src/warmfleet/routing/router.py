@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
-from warmfleet.routing.base import KvEventSink, LearnsFromRouting, Strategy
+from warmfleet.routing.base import KvEventSink, LearnsFromRouting, Strategy, kv_event_sink_of
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import build_strategy
 from warmfleet.routing.key_modes import KeyBuilder, key_builder
@@ -67,5 +67,4 @@ class Router:
     @property
     def kv_event_sink(self) -> KvEventSink | None:
         """Where engine KV events go, if the strategy can use exact cache knowledge."""
-        sink = getattr(self.strategy, "exact_index", None)
-        return sink if isinstance(sink, KvEventSink) else None
+        return kv_event_sink_of(self.strategy)

@@ -12,6 +12,7 @@ from typing import Literal
 
 from warmfleet.core.types import InstanceId, RoutingKey
 from warmfleet.engine.spec import EngineSpec
+from warmfleet.sim.kv_feed import KvEventsSim
 from warmfleet.sim.workloads.base import WorkloadRequest
 
 
@@ -34,6 +35,7 @@ class SimConfig:
     concurrency: int | None = None  # closed loop with this many clients; None = open loop
     scale_events: tuple[ScaleEvent, ...] = ()
     check_invariants: bool = False  # engine/pool consistency after every event (tests)
+    kv_events: KvEventsSim | None = None  # the engines publish KV events (``sim.kv_feed``)
 
 
 @dataclass(slots=True)

@@ -94,6 +94,7 @@ class ReplicaSweep:
             "instances": spec.instances,
             "requests": self.requests,
             "router_overhead_ms": spec.router_overhead_ms,
+            "kv_events_delay_ms": spec.kv_events_delay_ms,  # None: no KV events
             "replica_choice": REPLICA_CHOICE,
             "gateway_replicas": list(self.replicas),
             "sync_delays_ms": list(self.sync_delays_ms),

@@ -32,6 +32,7 @@ from warmfleet.sim.scenario import (
     ScenarioSpec,
     build_workload,
     engine_spec,
+    kv_events_of,
     scale_events,
 )
 from warmfleet.sim.simulator import SimConfig, Simulator
@@ -135,6 +136,7 @@ class Comparison:
             "fleet_working_set_ratio": self.working_set_ratio / self.scenario.instances,
             "closed_loop_concurrency": self.workload.closed_loop_concurrency,
             "router_overhead_ms": self.scenario.router_overhead_ms,
+            "kv_events_delay_ms": self.scenario.kv_events_delay_ms,  # None: no KV events
             "strategies": {run.name: run.metrics.as_report() for run in self.runs},
             "strategy_configs": configs_report(self.configs),
         }
@@ -205,6 +207,7 @@ def run_strategy(
         concurrency=workload.closed_loop_concurrency,
         scale_events=scale_events(scenario),
         check_invariants=check_invariants,
+        kv_events=kv_events_of(scenario),
     )
     started = time.perf_counter()
     if gateways is None:

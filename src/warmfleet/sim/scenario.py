@@ -13,6 +13,7 @@ from warmfleet.core.config import StrictModel, load_yaml_text, parse_document, v
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
 from warmfleet.engine.spec import EngineSpec
+from warmfleet.sim.kv_feed import KvEventsSim
 from warmfleet.sim.records import ScaleEvent
 from warmfleet.sim.workloads.arrivals import (
     ArrivalConfig,
@@ -109,6 +110,9 @@ class ScenarioSpec(StrictModel):
     # Keys carry each request's session id (``RoutingKey.session``), as a client sending
     # ``x-warmfleet-session`` does; off: the router sees prompts only.
     sessions: bool = False
+    # The engines publish KV events (vLLM with ``--kv-events-config``) that reach each gateway
+    # replica this long after an engine's cache changed (``sim.kv_feed``); None: no events.
+    kv_events_delay_ms: float | None = Field(None, ge=0.0, allow_inf_nan=False)
 
 
 BUILTIN_WORKLOADS: dict[str, Any] = {
@@ -273,3 +277,9 @@ def build_workload(
 
 def scale_events(scenario: ScenarioSpec) -> tuple[ScaleEvent, ...]:
     return tuple(ScaleEvent(e.at_s, e.action, e.instance_id) for e in scenario.scale_events)
+
+
+def kv_events_of(scenario: ScenarioSpec) -> KvEventsSim | None:
+    """The engines' KV events in ``scenario`` (None: they publish none)."""
+    delay_ms = scenario.kv_events_delay_ms
+    return None if delay_ms is None else KvEventsSim(delay_ms / 1000.0)

@@ -21,9 +21,13 @@ With flow control (``flow``: a ``FlowGate`` over the run's one strategy, ``sim.f
 (also while no instance is ready) or is shed; the gate is drained when a request finishes, an
 instance becomes ready or a queued request's deadline check is due.
 
-Turns of one session are sent in order: a turn is held back until the previous turn of its session
-finished (open loop: at ``max(arrival, previous end)``). In closed loop, ``concurrency`` clients
-each run one session at a time and start the next session when theirs is done.
+With ``config.kv_events`` the engines publish KV events that reach every replica's exact index
+after a delay (``sim.kv_feed``).
+
+Turns of one session are sent in order: a turn is held back until the previous turn of its
+session finished (open loop: at ``max(arrival, previous end)``). In closed loop,
+``concurrency`` clients each run one session at a time and start the next session when theirs
+is done.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, Reason, Ro
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
 from warmfleet.flow.gate import FlowGate
-from warmfleet.routing.base import Strategy
+from warmfleet.routing.base import Strategy, kv_event_sink_of
 from warmfleet.routing.replicas import ReplicaView
 from warmfleet.sim.fleet import (
     FleetController,
@@ -49,6 +53,7 @@ from warmfleet.sim.fleet import (
 )
 from warmfleet.sim.flowing import SimFlow
 from warmfleet.sim.gateways import Gateways
+from warmfleet.sim.kv_feed import KvEventFeed
 from warmfleet.sim.records import (
     JoinRecord,
     RequestRecord,
@@ -71,7 +76,7 @@ __all__ = [
     "continuation_blocks",
 ]
 
-_ARRIVAL, _SUBMIT, _SCALE, _TICK, _READY, _SYNC, _FLOW = 0, 1, 2, 3, 4, 5, 6
+_ARRIVAL, _SUBMIT, _SCALE, _TICK, _READY, _SYNC, _FLOW, _KV = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 class Simulator:
@@ -104,6 +109,8 @@ class Simulator:
             raise ValueError("flow control runs with one gateway replica")
         if config.instances < 1 and controller is None:
             raise ValueError("no instance and no fleet controller to start one")
+        if config.kv_events is not None and servers is not None:
+            raise ValueError("KV events come from the engine model: no other servers")
         self._config = config
         self._gateways = strategy if isinstance(strategy, Gateways) else Gateways([strategy])
         self._requests = requests
@@ -134,6 +141,10 @@ class Simulator:
         self._fleet_version = 0  # bumped whenever an engine is created or deleted
         self._flow = None if flow is None else SimFlow(flow, requests, keys, self._records)
         self._placed = placements or {}
+        self._kv = None
+        if config.kv_events is not None:
+            sinks = [kv_event_sink_of(view.strategy) for view in self._gateways.views]
+            self._kv = KvEventFeed(config.kv_events, sinks)
 
     # ------------------------------------------------------------------ setup
 
@@ -143,7 +154,12 @@ class Simulator:
         return instance_id
 
     def _activate(self, instance_id: InstanceId) -> None:
-        self._engines[instance_id] = self._new_server()
+        kv = self._kv
+        self._engines[instance_id] = (
+            self._new_server()
+            if kv is None
+            else EngineModel(self._config.engine, block_listener=kv.listener(instance_id))
+        )
         self._fleet_version += 1
         self._active.append(instance_id)
         self._in_flight_requests[instance_id] = 0
@@ -151,18 +167,13 @@ class Simulator:
     def _push(self, at_s: float, kind: int, index: int, instance_id: InstanceId = "") -> None:
         heapq.heappush(self._heap, (at_s, next(self._counter), kind, index, instance_id))
 
-    def _plan_sessions(self) -> list[int]:
-        """Chain the turns of each session; return the first turns in arrival order."""
-        self._next_turn, firsts = plan_sessions(self._requests)
-        return firsts
-
     # ------------------------------------------------------------------ run
 
     def run(self) -> SimResult:
         for _ in range(self._config.instances):
             self._activate(self._new_id())
         self._gateways.on_instances_changed(list(self._active))
-        firsts = self._plan_sessions()
+        self._next_turn, firsts = plan_sessions(self._requests)  # first turns, in arrival order
         self._output_hashes = continuation_blocks(
             self._keys, self._requests, self._next_turn, self._block_tokens
         )
@@ -212,6 +223,8 @@ class Simulator:
                 self._dispatch(kind, index, instance_id)
             else:
                 return
+            if self._kv is not None and (arrives_s := self._kv.flush(self._now_s)) is not None:
+                self._push(arrives_s, _KV, 0)
             if self._config.check_invariants:
                 for _, engine in engines:
                     engine.check_invariants()
@@ -229,6 +242,8 @@ class Simulator:
             self._gateways.deliver()
         elif kind == _FLOW:
             self._drain_flow(timer=True)
+        elif kind == _KV and self._kv is not None:
+            self._kv.deliver(self._now_s, self._active.__contains__)  # (routable)
         else:
             self._ready(instance_id)
 
