@@ -1,6 +1,7 @@
 """`warmfleet doctor` with sessions and gateway replicas: a trace's sessions key its replays (as
 the live gateway's keys carried them), `prefix_affinity` with `sessionPlacement: hash` is
-replayed beside the strategies, and `--gateway-replicas`/`--sync-delay-ms` replay replicas."""
+replayed beside the strategies, `--gateway-replicas`/`--sync-delay-ms` replay replicas, and
+`--kv-events-delay-ms` engines that publish KV events."""
 
 from __future__ import annotations
 
@@ -97,6 +98,12 @@ def test_replicas_without_sync_lose_what_sync_keeps(tmp_path: Path) -> None:
     text = (tmp_path / "r" / "doctor.md").read_text(encoding="utf-8")
     assert "4 gateway replicas (no sync)" in text
     assert f"{one['sessions']} sessions" in text
+    # with the engines' KV events every replica hears every engine: most of it comes back
+    heard = _doctor(str(trace), "--gateway-replicas", "4", "--sync-delay-ms", "none",
+                    "--kv-events-delay-ms", "5")  # fmt: skip
+    assert heard["fleet"]["kv_events_delay_ms"] == 5.0
+    assert one["fleet"]["kv_events_delay_ms"] is None
+    assert hit(heard) > hit(apart) + 0.03
 
 
 def test_bad_replica_options_are_refused(tmp_path: Path) -> None:
@@ -106,6 +113,8 @@ def test_bad_replica_options_are_refused(tmp_path: Path) -> None:
         ["--sync-delay-ms", "1,2"],
         ["--sync-delay-ms", "-1"],
         ["--gateway-replicas", "0"],
+        ["--kv-events-delay-ms", "-1"],
+        ["--kv-events-delay-ms", "inf"],
     ):
         result = CliRunner().invoke(app, ["doctor", str(trace), *args])
         assert result.exit_code == 2, (args, result.output)

@@ -7,6 +7,7 @@ are ``sim.doctor_run`` / ``sim.doctor`` (pure).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -47,6 +48,7 @@ def _diagnose(
     fmt: OutputFormat,
     *,
     gateways: GatewaySync | None,
+    kv_events_delay_ms: float | None = None,
 ) -> DoctorResult:
     goal = parse_target(target) if target is not None else None
     data = Trace(read_text_file(trace), str(trace))
@@ -56,6 +58,8 @@ def _diagnose(
     spec = trace_scenario(
         data, parsed.header, instances=instances, preset=preset, seen_instances=at_start or None
     )
+    if kv_events_delay_ms is not None:
+        spec = spec.model_copy(update={"kv_events_delay_ms": kv_events_delay_ms})
     with activity_for(fmt) as activity:
         progress = PhasedProgress(activity)
         result = run_doctor(spec, data, parsed, goal, progress, gateways=gateways)
@@ -88,14 +92,27 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
             "live gateway's batchIntervalMs)"
         ),
     ] = f"{DEFAULT_BATCH_INTERVAL_MS:g}",
+    kv_events_delay_ms: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="the engines publish KV events, reaching the gateway this many ms later "
+            "(as vLLM with --kv-events-config; default: none)",
+        ),
+    ] = None,
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,
 ) -> None:
     """Replay a trace under every strategy and explain its KV reuse: a waterfall from the ideal
     to what the fleet delivered, the largest loss and what closes it, recommendations."""
     gateways = _gateways(gateway_replicas, sync_delay_ms)
+    if kv_events_delay_ms is not None and not math.isfinite(kv_events_delay_ms):
+        raise typer.BadParameter(f"--kv-events-delay-ms: a finite number, got {kv_events_delay_ms}")
     try:
-        result = _diagnose(trace, instances, preset, target, fmt, gateways=gateways)
+        result = _diagnose(
+            trace, instances, preset, target, fmt, gateways=gateways,
+            kv_events_delay_ms=kv_events_delay_ms,
+        )  # fmt: skip
     except WarmfleetError as err:
         typer.echo(f"error: {one_line(str(err))}", err=True)  # one line, never wrapped
         raise typer.Exit(2) from err

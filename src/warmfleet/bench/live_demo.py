@@ -170,6 +170,7 @@ async def run_live_demo(
         "closed_loop_concurrency": config.concurrency,
         "stream": True,
         "router_overhead_ms": None,
+        "kv_events_delay_ms": None,  # the emulators publish none: approximate routing
         "strategy_configs": {},  # every strategy with its defaults, as in the simulator's
         "speedup": config.speedup,
         "logs": str(logs),

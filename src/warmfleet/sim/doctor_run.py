@@ -94,6 +94,7 @@ class DoctorResult:
                 "captured_strategy": self.captured,
                 "gateway_replicas": 1 if self.gateways is None else self.gateways.replicas,
                 "sync_delay_ms": self._sync_delay_ms(),
+                "kv_events_delay_ms": c.scenario.kv_events_delay_ms,  # None: no KV events
             },
             "sessions": self.sessions,
             "replica_sync": self.sync.report(),

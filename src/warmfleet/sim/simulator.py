@@ -1,33 +1,20 @@
-"""Discrete-event, virtual-time fleet simulator (pure, deterministic for a given seed).
+"""Discrete-event, virtual-time fleet simulator (pure, deterministic for a given seed;
+docs/simulator.md).
 
-N instances sit behind ONE ``Strategy`` object (the same classes the gateway runs, built by
-``routing.factory``), or behind several gateway replicas, each with its own strategy object, that
-exchange notes with a propagation delay (``sim.gateways``). A request arrives, the strategy chooses
-an instance from a ``FleetSnapshot`` (in-flight requests and tokens as its replica sees them, queue
-length, KV usage and capacity read from the instances), the request reaches the instance
-``router_overhead_s`` later, and the instance reports its first token and its end. With
-``placements`` (request index -> instance id: ``sim.placements``) a request goes to its placement
-while that is routable (reason ``replayed``; the strategy learns it by ``on_routed``).
+N instances sit behind ONE ``Strategy`` object (the same classes the gateway runs), or behind
+several gateway replicas exchanging notes with a delay (``sim.gateways``). A request arrives,
+the strategy chooses an instance from a ``FleetSnapshot`` (in-flight load as its replica sees
+it; queue, KV usage and capacity read from the instances), the request reaches the instance
+``router_overhead_s`` later, which reports its first token and its end. ``placements`` (request
+index -> instance id, ``sim.placements``) replay a request's instance while it is routable.
 
-Scale events add an instance (empty cache) or remove one. A removed instance **drains**: the router
-stops sending to it at once (``on_instances_changed``), the requests already on it run to
-completion, and then it is gone. No request is rerouted or lost. A ``FleetController`` (an
-autoscaler) may start instances while the run goes: it is called every ``period_s`` from time 0, and
-each instance it starts joins the routable set at its ready time. A request that arrives while no
-instance is ready waits (in arrival order) for the first one; its TTFT counts the wait.
-
-With flow control (``flow``: a ``FlowGate`` over the run's one strategy, ``sim.flowing``; not with
-``placements``) every arrival goes through the gate: it is routed at once, waits in the gate's queue
-(also while no instance is ready) or is shed; the gate is drained when a request finishes, an
-instance becomes ready or a queued request's deadline check is due.
-
-With ``config.kv_events`` the engines publish KV events that reach every replica's exact index
-after a delay (``sim.kv_feed``).
-
-Turns of one session are sent in order: a turn is held back until the previous turn of its
-session finished (open loop: at ``max(arrival, previous end)``). In closed loop,
-``concurrency`` clients each run one session at a time and start the next session when theirs
-is done.
+Scale events add an instance (empty cache) or remove one, which **drains** (no request is
+rerouted or lost). A ``FleetController`` (an autoscaler), called every ``period_s``, starts
+instances that join at their ready time; a request arriving while none is ready waits for the
+first. With ``flow`` (a ``FlowGate``, ``sim.flowing``) every arrival is routed, queued or shed
+by the gate. With ``config.kv_events`` the engines' KV events reach every replica's exact index
+after a delay (``sim.kv_feed``). A session's turn waits for its previous turn's end (open loop:
+at ``max(arrival, previous end)``); in closed loop ``concurrency`` clients run one session each.
 """
 
 from __future__ import annotations
@@ -141,10 +128,8 @@ class Simulator:
         self._fleet_version = 0  # bumped whenever an engine is created or deleted
         self._flow = None if flow is None else SimFlow(flow, requests, keys, self._records)
         self._placed = placements or {}
-        self._kv = None
-        if config.kv_events is not None:
-            sinks = [kv_event_sink_of(view.strategy) for view in self._gateways.views]
-            self._kv = KvEventFeed(config.kv_events, sinks)
+        kv, sinks = config.kv_events, [kv_event_sink_of(v.strategy) for v in self._gateways.views]
+        self._kv = None if kv is None else KvEventFeed(kv, sinks)
 
     # ------------------------------------------------------------------ setup
 
@@ -154,12 +139,10 @@ class Simulator:
         return instance_id
 
     def _activate(self, instance_id: InstanceId) -> None:
-        kv = self._kv
-        self._engines[instance_id] = (
-            self._new_server()
-            if kv is None
-            else EngineModel(self._config.engine, block_listener=kv.listener(instance_id))
-        )
+        kv, spec = self._kv, self._config.engine
+        listener = None if kv is None else kv.listener(instance_id)
+        server = self._new_server() if kv is None else EngineModel(spec, block_listener=listener)
+        self._engines[instance_id] = server
         self._fleet_version += 1
         self._active.append(instance_id)
         self._in_flight_requests[instance_id] = 0
