@@ -37,7 +37,7 @@ help:
 	  'make promtool       Prometheus'"'"'s rule checker from Debian'"'"'s package, once per machine' \
 	  'make bench-routing  routing benchmark -> bench-results/routing.json' \
 	  'make bench-fleet    scale-out what-if + embedded-fleet acceptance -> bench-results/fleet.json' \
-	  'make bench-replicas hit rate, gateway replicas x sync delay (sim) -> bench-results/replicas.json' \
+	  'make bench-replicas hit rate, gateway replicas x sync delay (sim), then with KV events -> bench-results/replicas.json, replicas-kv-events.json' \
 	  'make bench-doctor   doctor calibration, live vs replay -> bench-results/doctor.json' \
 	  'make bench-flow     flow control: noisy neighbour, priorities, wait-vs-spill (sim) -> bench-results/flow.json' \
 	  'make bench-peers    ours beside sglang-router and vllm-router, one run (~10 min)' \
@@ -91,6 +91,9 @@ bench-replicas: $(STAMP)
 	$(BIN)/warmfleet sim --scenario mooncake --strategies prefix_affinity \
 		--gateway-replicas 1,2,4,8,16 --sync-delay-ms 0,1,10,100,none \
 		--json bench-results/replicas.json
+	$(BIN)/warmfleet sim --scenario mooncake --strategies prefix_affinity \
+		--gateway-replicas 1,2,4,8,16 --sync-delay-ms 0,1,10,100,none \
+		--kv-events-delay-ms 10 --json bench-results/replicas-kv-events.json
 
 # doctor's calibration (issue 26): random and prefix_affinity live on an emulated fleet with
 # capture on, each capture replayed as `warmfleet doctor` does; exits 1 if a target is missed
