@@ -35,7 +35,7 @@ SMALL = engine_spec(name="kv-feed-test", kv_capacity_tokens=24 * 16, max_model_l
 GSP = GspConfig(
     groups=12, prompts_per_group=8, system_prompt_tokens=512, question_tokens=64, output_tokens=16
 )
-CACHE = EngineOverrides(kv_capacity_tokens=1024)  # 8 blocks: a prompt and a half
+CACHE = EngineOverrides(kv_capacity_tokens=1024)  # 8 blocks of 128 tokens: under two prompts
 
 # A prompt: a path in a tree of blocks (each step one of 3 branches); its chain names each
 # prefix of the path, so prompts sharing a beginning share their chain's beginning.
@@ -50,8 +50,8 @@ def _chain(path: list[int], ids: dict[tuple[int, ...], int]) -> tuple[int, ...]:
 @given(paths, st.integers(0, 3))
 def test_fed_index_mirrors_the_engines_cache(prompts: list[list[int]], spacing: int) -> None:
     """After every step the engine takes, the exact index fed by its events (delay 0) holds
-    exactly the engine's cached prefix of every prompt: stores, evictions (24 blocks of cache
-    for up to 30 prompts of up to 12 blocks) and output blocks alike."""
+    exactly the engine's cached prefix of every prompt: its stores and its evictions (24 blocks
+    of cache for up to 30 prompts of up to 12 blocks)."""
     feed_index = ExactPrefixIndex()
     feed = KvEventFeed(KvEventsSim(0.0), [feed_index])
     engine = EngineModel(SMALL, block_listener=feed.listener("i0"))
