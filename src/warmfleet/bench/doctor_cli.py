@@ -7,7 +7,6 @@ are ``sim.doctor_run`` / ``sim.doctor`` (pure).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +16,7 @@ from warmfleet.api.replica_sync import DEFAULT_BATCH_INTERVAL_MS
 from warmfleet.bench.doctor_report import doctor_lines, doctor_tables, write_doctor_report
 from warmfleet.bench.progress import PhasedProgress, activity_for
 from warmfleet.bench.report import write_json
-from warmfleet.bench.sim_cli import sync_delays
+from warmfleet.bench.sim_cli import sync_delays, with_kv_events
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.core.failures import one_line
 from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console, emit
@@ -58,8 +57,7 @@ def _diagnose(
     spec = trace_scenario(
         data, parsed.header, instances=instances, preset=preset, seen_instances=at_start or None
     )
-    if kv_events_delay_ms is not None:
-        spec = spec.model_copy(update={"kv_events_delay_ms": kv_events_delay_ms})
+    spec = with_kv_events(spec, kv_events_delay_ms)
     with activity_for(fmt) as activity:
         progress = PhasedProgress(activity)
         result = run_doctor(spec, data, parsed, goal, progress, gateways=gateways)
@@ -106,8 +104,6 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
     """Replay a trace under every strategy and explain its KV reuse: a waterfall from the ideal
     to what the fleet delivered, the largest loss and what closes it, recommendations."""
     gateways = _gateways(gateway_replicas, sync_delay_ms)
-    if kv_events_delay_ms is not None and not math.isfinite(kv_events_delay_ms):
-        raise typer.BadParameter(f"--kv-events-delay-ms: a finite number, got {kv_events_delay_ms}")
     try:
         result = _diagnose(
             trace, instances, preset, target, fmt, gateways=gateways,

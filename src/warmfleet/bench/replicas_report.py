@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from warmfleet.bench.report import kv_events_title
 from warmfleet.sim.replica_sweep import ReplicaSweep
 from warmfleet.sim.runner import configs_report
 
@@ -34,8 +35,7 @@ def replicas_tables(sweep: ReplicaSweep) -> list[Table]:
             f"{named} hit rate | {sweep.scenario.name} | {sweep.requests} requests | "
             "(points vs 1 replica)"
         )
-        if (kv_delay_ms := sweep.scenario.kv_events_delay_ms) is not None:
-            title += f" | KV events {kv_delay_ms:g} ms"
+        title += kv_events_title(sweep.scenario.kv_events_delay_ms)
         table = Table(title=title)
         table.add_column("replicas", justify="right")
         for delay_ms in sweep.sync_delays_ms:

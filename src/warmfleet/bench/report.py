@@ -46,6 +46,11 @@ SIM_COLUMNS = (
 )  # fmt: skip
 
 
+def kv_events_title(delay_ms: float | None) -> str:
+    """A table title's mention of the engines' KV events (none: nothing)."""
+    return "" if delay_ms is None else f" | KV events {delay_ms:g} ms"
+
+
 def comparison_table(comparison: Comparison, wall_s: Mapping[str, float] | None = None) -> Grid:
     report = comparison.report()
     title = (
@@ -53,8 +58,7 @@ def comparison_table(comparison: Comparison, wall_s: Mapping[str, float] | None 
         f"{report['requests']} requests | working set = {report['working_set_ratio']:.2f} x one "
         f"instance's KV ({report['fleet_working_set_ratio']:.2f} x fleet)"
     )
-    if (kv_delay_ms := comparison.scenario.kv_events_delay_ms) is not None:
-        title += f" | KV events {kv_delay_ms:g} ms"
+    title += kv_events_title(comparison.scenario.kv_events_delay_ms)
     title += "".join(
         f" | {name}: {line}" for name, line in configs_report(comparison.configs).items()
     )

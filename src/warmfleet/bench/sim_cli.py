@@ -119,6 +119,15 @@ def _spec_and_trace(
     return (spec.model_copy(update={"sessions": True}) if sessions else spec), data
 
 
+def with_kv_events(spec: ScenarioSpec, delay_ms: float | None) -> ScenarioSpec:
+    """``--kv-events-delay-ms`` applied to ``spec`` (None: the scenario's own)."""
+    if delay_ms is None:
+        return spec
+    if not math.isfinite(delay_ms):
+        raise typer.BadParameter(f"--kv-events-delay-ms: a finite number, got {delay_ms}")
+    return spec.model_copy(update={"kv_events_delay_ms": delay_ms})
+
+
 def _strategies(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [n for n in names if n not in STRATEGY_NAMES]
@@ -307,8 +316,6 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         raise typer.BadParameter("give at most one of --concurrency and --rate")
     if flow is not None and gateway_replicas != "1":
         raise typer.BadParameter("--flow runs with one gateway replica")
-    if kv_events_delay_ms is not None and not math.isfinite(kv_events_delay_ms):
-        raise typer.BadParameter(f"--kv-events-delay-ms: a finite number, got {kv_events_delay_ms}")
     counts, delays = _replica_counts(gateway_replicas), sync_delays(sync_delay_ms)
     sweep = counts != [1] or delays != [0.0]
     if sweep and fmt == OutputFormat.tsv:
@@ -325,8 +332,7 @@ def sim(  # noqa: PLR0917 (one parameter per CLI option)
         spec, trace_data = _spec_and_trace(
             scenario, trace, traces_dir, (instances, preset, seed, requests), sessions
         )
-        if kv_events_delay_ms is not None:
-            spec = spec.model_copy(update={"kv_events_delay_ms": kv_events_delay_ms})
+        spec = with_kv_events(spec, kv_events_delay_ms)
         with activity_for(fmt) as activity:
             progress = PhasedProgress(activity)
             if sweep:

@@ -39,14 +39,14 @@ class KvEventsSim:
 class _Listener:
     """One engine's ``BlockListener``: its events, appended to the feed's open batch."""
 
-    __slots__ = ("_events", "_instance_id")
+    __slots__ = ("_feed", "_instance_id")
 
-    def __init__(self, instance_id: InstanceId, events: list[_Event]) -> None:
+    def __init__(self, instance_id: InstanceId, feed: KvEventFeed) -> None:
         self._instance_id = instance_id
-        self._events = events
+        self._feed = feed
 
     def block_stored(self, block_hash: int) -> None:
-        events = self._events
+        events = self._feed.open
         if events and events[-1][0] == self._instance_id and events[-1][1]:
             events[-1][2].append(block_hash)  # a run of stores: one BlockStored
         else:
@@ -54,7 +54,7 @@ class _Listener:
 
     def blocks_removed(self, block_hashes: Sequence[int]) -> None:
         if block_hashes:
-            self._events.append((self._instance_id, False, list(block_hashes)))
+            self._feed.open.append((self._instance_id, False, list(block_hashes)))
 
 
 class KvEventFeed:
@@ -64,22 +64,21 @@ class KvEventFeed:
     def __init__(self, config: KvEventsSim, sinks: Sequence[KvEventSink | None]) -> None:
         self.delay_s = config.delay_s
         self._sinks = [s for s in sinks if s is not None]
-        self._open: list[_Event] = []  # events of the current advance
+        self.open: list[_Event] = []  # events of the current advance
         self._batches: deque[tuple[float, list[_Event]]] = deque()  # (arrives at, events)
         self.delivered_events = 0
 
     def listener(self, instance_id: InstanceId) -> _Listener:
         """The ``BlockListener`` of ``instance_id``'s engine."""
-        return _Listener(instance_id, self._open)
+        return _Listener(instance_id, self)
 
     def flush(self, now_s: float) -> float | None:
         """Close the batch of events reported so far; when it arrives (None: there was none)."""
-        if not self._open:
+        if not self.open:
             return None
-        events = list(self._open)
-        self._open.clear()  # (the listeners hold this list)
         arrives_s = now_s + self.delay_s
-        self._batches.append((arrives_s, events))
+        self._batches.append((arrives_s, self.open))
+        self.open = []
         return arrives_s
 
     def deliver(self, now_s: float, present: Callable[[InstanceId], bool]) -> None:

@@ -102,7 +102,7 @@ class Simulator:
         self._gateways = strategy if isinstance(strategy, Gateways) else Gateways([strategy])
         self._requests = requests
         self._keys = keys
-        self._new_server = servers or (lambda: EngineModel(config.engine))
+        self._new_server = (lambda _iid: servers()) if servers is not None else self._engine
         self._controller = controller
         self._on_finished = on_finished  # called as each request finishes (a progress display)
         self._block_tokens = config.engine.block_tokens
@@ -139,13 +139,14 @@ class Simulator:
         return instance_id
 
     def _activate(self, instance_id: InstanceId) -> None:
-        kv, spec = self._kv, self._config.engine
-        listener = None if kv is None else kv.listener(instance_id)
-        server = self._new_server() if kv is None else EngineModel(spec, block_listener=listener)
-        self._engines[instance_id] = server
+        self._engines[instance_id] = self._new_server(instance_id)
         self._fleet_version += 1
         self._active.append(instance_id)
         self._in_flight_requests[instance_id] = 0
+
+    def _engine(self, instance_id: InstanceId) -> Server:
+        listener = None if self._kv is None else self._kv.listener(instance_id)
+        return EngineModel(self._config.engine, block_listener=listener)
 
     def _push(self, at_s: float, kind: int, index: int, instance_id: InstanceId = "") -> None:
         heapq.heappush(self._heap, (at_s, next(self._counter), kind, index, instance_id))
@@ -225,8 +226,9 @@ class Simulator:
             self._gateways.deliver()
         elif kind == _FLOW:
             self._drain_flow(timer=True)
-        elif kind == _KV and self._kv is not None:
-            self._kv.deliver(self._now_s, self._active.__contains__)  # (routable)
+        elif kind == _KV:
+            if self._kv is not None:  # (only a feed pushes these)
+                self._kv.deliver(self._now_s, self._active.__contains__)  # (routable)
         else:
             self._ready(instance_id)
 
