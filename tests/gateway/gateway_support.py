@@ -36,6 +36,7 @@ class BackendStats:
     streams_completed: int = 0
     disconnects: int = 0
     health_probes: int = 0
+    metrics_reads: int = 0
     bodies: list[bytes] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     headers: list[Mapping[str, str]] = field(default_factory=list)
@@ -118,6 +119,7 @@ class FakeBackend:
         return web.json_response({"object": "list", "data": data})
 
     async def _metrics(self, _request: web.Request) -> web.Response:
+        self.stats.metrics_reads += 1
         if self.metrics_text is None:
             return web.Response(status=404)
         return web.Response(text=self.metrics_text, content_type="text/plain")

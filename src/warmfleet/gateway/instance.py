@@ -26,6 +26,7 @@ class InstanceRuntime:
         "instance_id",
         "kv_capacity_blocks",
         "kv_capacity_tokens",
+        "kv_usage_frac",
         "m_in_flight",
         "m_kv_capacity",
         "origin",
@@ -34,6 +35,7 @@ class InstanceRuntime:
         "state",
         "successes",
         "synced",
+        "waiting_requests",
     )
 
     def __init__(
@@ -54,6 +56,10 @@ class InstanceRuntime:
         # tokens, and in the variant's routing-key blocks as strategies see it; 0: unknown
         self.kv_capacity_tokens = 0
         self.kv_capacity_blocks = 0
+        # the engine's own queue and KV usage, polled for strategies that read them
+        # (``gateway.engine_stats``); 0: not polled, or not read lately
+        self.waiting_requests = 0
+        self.kv_usage_frac = 0.0
         self.m_in_flight = metrics.in_flight.labels(endpoint, variant, spec.id)
         self.m_kv_capacity = metrics.kv_capacity.labels(endpoint, variant, spec.id)
         self.state = InstanceState(spec.id)  # what strategies see; rebuilt on every load change
@@ -78,6 +84,8 @@ class InstanceRuntime:
             "in_flight_tokens": self.in_flight_tokens,
             "kv_capacity_tokens": self.kv_capacity_tokens or None,
             "kv_capacity_blocks": self.kv_capacity_blocks or None,
+            "waiting_requests": self.waiting_requests,  # as polled (gateway.engine_stats)
+            "kv_usage_frac": self.kv_usage_frac,
         }
 
     def add_load(self, requests: int, tokens: int) -> None:
@@ -94,6 +102,13 @@ class InstanceRuntime:
         self.m_kv_capacity.set(blocks)
         self._restate()
 
+    def set_engine_stats(self, waiting_requests: int, kv_usage_frac: float) -> None:
+        """The engine's queue and KV usage as its metrics last said (0, 0.0: unknown)."""
+        if (waiting_requests, kv_usage_frac) != (self.waiting_requests, self.kv_usage_frac):
+            self.waiting_requests = waiting_requests
+            self.kv_usage_frac = kv_usage_frac
+            self._restate()
+
     def _restate(self) -> None:
         self.state = self.state_with(self.in_flight_requests, self.in_flight_tokens)
 
@@ -106,6 +121,8 @@ class InstanceRuntime:
             last.in_flight_requests != requests
             or last.in_flight_tokens != tokens
             or last.kv_capacity_blocks != self.kv_capacity_blocks
+            or last.waiting_requests != self.waiting_requests
+            or last.kv_usage_frac != self.kv_usage_frac
         ):
             last = self.synced = self.state_with(requests, tokens)
         return last
@@ -113,5 +130,10 @@ class InstanceRuntime:
     def state_with(self, requests: int, tokens: int) -> InstanceState:
         """This instance as strategies see it, ``requests`` and ``tokens`` in flight."""
         return InstanceState(
-            self.instance_id, requests, tokens, kv_capacity_blocks=self.kv_capacity_blocks
+            self.instance_id,
+            requests,
+            tokens,
+            self.waiting_requests,
+            self.kv_usage_frac,
+            self.kv_capacity_blocks,
         )

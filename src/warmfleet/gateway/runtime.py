@@ -34,6 +34,7 @@ from warmfleet.gateway.discovery.inference_endpoints import (
     derive_endpoints,
 )
 from warmfleet.gateway.discovery.kubernetes import KubeDiscovery
+from warmfleet.gateway.engine_stats import EngineStatsProbe
 from warmfleet.gateway.flow import GatewayFlow
 from warmfleet.gateway.health import HealthMonitor
 from warmfleet.gateway.hold import GatewayHold
@@ -100,6 +101,7 @@ class Gateway:
         self._health: HealthMonitor | None = None
         self._models: ModelsCache | None = None
         self._kv_capacity: KvCapacityProbe | None = None
+        self._engine_stats: EngineStatsProbe | None = None
         self._sessions: list[ClientSession] = []
         self._pool: UpstreamPool | None = None
         # Parses and keys bodies over limits.offload_body_bytes (gateway/openai/body.py).
@@ -127,6 +129,12 @@ class Gateway:
         if self._kv_capacity is None:
             raise NotStartedError("gateway not started")
         return self._kv_capacity
+
+    @property
+    def engine_stats(self) -> EngineStatsProbe:
+        if self._engine_stats is None:
+            raise NotStartedError("gateway not started")
+        return self._engine_stats
 
     @property
     def models(self) -> ModelsCache:
@@ -163,10 +171,12 @@ class Gateway:
         self._health = HealthMonitor(self.state, control)
         self._models = ModelsCache(self.state, control)
         self._kv_capacity = KvCapacityProbe(self.state, control)
+        self._engine_stats = EngineStatsProbe(self.state, control)
         self.discovery.scan()  # instances from discovery files before the first request
         self._tasks = [
             asyncio.create_task(self._health.run(), name="warmfleet-gateway-health"),
             asyncio.create_task(self.kv_capacity.run(), name="warmfleet-gateway-kv-capacity"),
+            asyncio.create_task(self.engine_stats.run(), name="warmfleet-gateway-engine-stats"),
             asyncio.create_task(self.discovery.run(), name="warmfleet-gateway-discovery"),
             asyncio.create_task(self.kube_discovery.run(), name="warmfleet-gateway-k8s-discovery"),
             asyncio.create_task(self._follow_inference_endpoints(), name="warmfleet-gateway-ie"),

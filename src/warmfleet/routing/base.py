@@ -75,3 +75,12 @@ def kv_event_sink_of(strategy: object) -> KvEventSink | None:
     ``exact_index``): the live gateway's translator and the simulator's feed alike."""
     sink = getattr(strategy, "exact_index", None)
     return sink if isinstance(sink, KvEventSink) else None
+
+
+def engine_stats_interval_of(strategy: object) -> float | None:
+    """How often ``strategy`` wants the engines' own load figures (``InstanceState``'s
+    ``waiting_requests`` and ``kv_usage_frac``) read from their metrics, in seconds; None if it
+    never reads them. The live gateway polls the engines at that interval
+    (``gateway.engine_stats``) and the simulator samples its engine models at the same one."""
+    interval_s = getattr(strategy, "engine_stats_interval_s", None)
+    return float(interval_s) if isinstance(interval_s, (int, float)) and interval_s > 0 else None

@@ -76,6 +76,10 @@ class LlmdApproxConfig(StrictModel):
     kv_utilization_weight: float = Field(default=2.0, ge=0.0)
     lru_capacity_per_server: int = Field(default=31250, gt=0)
     max_prefix_blocks_to_match: int = Field(default=256, gt=0)
+    # How often the engines' queue and KV usage are read from their ``/metrics`` (llm-d's
+    # ``--refresh-metrics-interval``, 50 ms): the gateway polls at this interval, and the
+    # simulator shows the strategy the engines' state as of the latest poll.
+    refresh_metrics_interval_ms: float = Field(default=50.0, ge=10.0, le=60_000.0)
 
 
 StrategyConfig = Annotated[

@@ -10,6 +10,7 @@ autoscaler and its placement); each becomes routable ``ready_in_s`` after its st
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -76,25 +77,58 @@ class FleetController(Protocol):
         ...
 
 
+class EnginePolls:
+    """The engines' queue and KV usage as a gateway polling their metrics every ``interval_s``
+    last read them (``gateway.engine_stats``; ``routing.base.engine_stats_interval_of``).
+
+    ``advance(now_s, servers)`` is called as virtual time moves to ``now_s``, before the
+    events at ``now_s`` change anything: when a poll time (a multiple of ``interval_s``) lies
+    in ``(previous now, now_s]``, the engines are in the state they were in at that poll, so
+    reading them now is reading them then. An instance not polled yet reads (0, 0.0), unknown.
+    """
+
+    __slots__ = ("_poll", "interval_s", "polled")
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.polled: dict[InstanceId, tuple[int, float]] = {}
+        self._poll = -1  # the latest poll's number (its time / interval_s)
+
+    def advance(self, now_s: float, servers: Mapping[InstanceId, Server]) -> None:
+        poll = math.floor(now_s / self.interval_s)
+        if poll > self._poll:
+            self._poll = poll
+            self.polled = {
+                iid: (stats.waiting, stats.kv_usage_frac)
+                for iid, stats in ((iid, server.stats()) for iid, server in servers.items())
+            }
+
+
 def fleet_snapshot(
     active: Sequence[InstanceId],
     servers: Mapping[InstanceId, Server],
     view: ReplicaView,
     now_s: float,
+    polls: EnginePolls | None = None,
 ) -> FleetSnapshot:
     """The ``active`` instances as ``view``'s replica sees them (its in-flight counts, the
-    servers' stats)."""
+    servers' capacities; their queues and KV usage as ``polls`` last read them, else now)."""
     states = []
     requests, tokens = view.in_flight_requests, view.in_flight_tokens
     for instance_id in active:
         stats = servers[instance_id].stats()
+        waiting, usage = (
+            (stats.waiting, stats.kv_usage_frac)
+            if polls is None
+            else polls.polled.get(instance_id, (0, 0.0))
+        )
         states.append(
             InstanceState(
                 instance_id,
                 in_flight_requests=requests.get(instance_id, 0),
                 in_flight_tokens=tokens.get(instance_id, 0),
-                waiting_requests=stats.waiting,
-                kv_usage_frac=stats.kv_usage_frac,
+                waiting_requests=waiting,
+                kv_usage_frac=usage,
                 kv_capacity_blocks=stats.capacity_blocks,
             )
         )

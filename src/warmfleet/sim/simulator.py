@@ -4,9 +4,11 @@ docs/simulator.md).
 N instances sit behind ONE ``Strategy`` object (the same classes the gateway runs), or behind
 several gateway replicas exchanging notes with a delay (``sim.gateways``). A request arrives,
 the strategy chooses an instance from a ``FleetSnapshot`` (in-flight load as its replica sees
-it; queue, KV usage and capacity read from the instances), the request reaches the instance
-``router_overhead_s`` later, which reports its first token and its end. ``placements`` (request
-index -> instance id, ``sim.placements``) replay a request's instance while it is routable.
+it; capacity, queue and KV usage read from the instances, the last two as last polled for a
+strategy that polls the engines' metrics: ``sim.fleet.EnginePolls``), the request reaches the
+instance ``router_overhead_s`` later, which reports its first token and its end.
+``placements`` (request index -> instance id, ``sim.placements``) replay a request's instance
+while it is routable.
 
 Scale events add an instance (empty cache) or remove one, which **drains** (no request is
 rerouted or lost). A ``FleetController`` (an autoscaler), called every ``period_s``, starts
@@ -28,9 +30,10 @@ from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, Reason, Ro
 from warmfleet.engine.events import EngineEvent, EngineEventKind, EngineRequest
 from warmfleet.engine.model import EngineModel
 from warmfleet.flow.gate import FlowGate
-from warmfleet.routing.base import Strategy, kv_event_sink_of
+from warmfleet.routing.base import Strategy, engine_stats_interval_of, kv_event_sink_of
 from warmfleet.routing.replicas import ReplicaView
 from warmfleet.sim.fleet import (
+    EnginePolls,
     FleetController,
     FleetView,
     Join,
@@ -53,15 +56,8 @@ from warmfleet.sim.records import (
 )
 from warmfleet.sim.workloads.base import WorkloadRequest
 
-__all__ = [
-    "RequestRecord",
-    "ScaleEvent",
-    "ScaleRecord",
-    "SimConfig",
-    "SimResult",
-    "Simulator",
-    "continuation_blocks",
-]
+__all__ = ["RequestRecord", "ScaleEvent", "ScaleRecord", "SimConfig", "SimResult", "Simulator"]
+__all__ += ["continuation_blocks"]
 
 _ARRIVAL, _SUBMIT, _SCALE, _TICK, _READY, _SYNC, _FLOW, _KV = 0, 1, 2, 3, 4, 5, 6, 7
 
@@ -130,6 +126,8 @@ class Simulator:
         self._placed = placements or {}
         kv, sinks = config.kv_events, [kv_event_sink_of(v.strategy) for v in self._gateways.views]
         self._kv = None if kv is None else KvEventFeed(kv, sinks)
+        poll_s = engine_stats_interval_of(self._gateways.views[0].strategy)
+        self._polls = None if poll_s is None else EnginePolls(poll_s)  # engines' metrics
 
     # ------------------------------------------------------------------ setup
 
@@ -235,13 +233,15 @@ class Simulator:
     def _set_now(self, now_s: float) -> None:
         if now_s < self._now_s:
             self._time_ok = False
+        if self._polls is not None:  # before the events at now_s change the engines
+            self._polls.advance(now_s, self._engines)
         self._now_s = max(self._now_s, now_s)
 
     # ------------------------------------------------------------------ handlers
 
     def _snapshot(self, view: ReplicaView) -> FleetSnapshot:
         """The fleet as ``view``'s replica sees it (its in-flight counts, the engines' stats)."""
-        return fleet_snapshot(self._active, self._engines, view, self._now_s)
+        return fleet_snapshot(self._active, self._engines, view, self._now_s, self._polls)
 
     def _arrive(self, index: int) -> None:
         self._records[index].arrival_s = self._now_s

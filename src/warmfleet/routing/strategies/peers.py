@@ -78,7 +78,9 @@ class LlmdApproxStrategy:
           + queue_weight * (max_q - q) / (max_q - min_q)   (1 when all queues are equal)
           + kv_utilization_weight * (1 - kv_usage)
     Max score wins; ties at random. The per-server LRU (``lru_capacity_per_server`` blocks)
-    learns from routing history, like the GIE prefix plugin's PreRequest hook.
+    learns from routing history, like the GIE prefix plugin's PreRequest hook. The queues and
+    KV usage are the engines' as last polled, every ``engine_stats_interval_s``
+    (``routing.base.engine_stats_interval_of``).
     """
 
     name = "llmd_approx"
@@ -86,6 +88,7 @@ class LlmdApproxStrategy:
 
     def __init__(self, config: LlmdApproxConfig, rng: random.Random) -> None:
         self.config = config
+        self.engine_stats_interval_s = config.refresh_metrics_interval_ms / 1000.0
         self.index = ApproxPrefixIndex(config.lru_capacity_per_server)
         self._rng = rng
 
