@@ -21,19 +21,13 @@ and for the instances of a variant whose strategy stopped asking.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
-import time
-from collections.abc import Callable
-
-from aiohttp import ClientError, ClientSession, ClientTimeout
+from dataclasses import dataclass
 
 from warmfleet.gateway.instance import InstanceRuntime
-from warmfleet.gateway.kv_capacity import MAX_METRICS_BYTES, METRICS_PATH
-from warmfleet.gateway.world import GatewayState
+from warmfleet.gateway.kv_capacity import MetricsPoller, metrics_text
 from warmfleet.routing.base import engine_stats_interval_of
 
-log = logging.getLogger(__name__)
 IDLE_S = 1.0  # no variant asks: look again this much later (a reload may add one)
 STALE_AFTER_INTERVALS = 10
 STALE_MIN_S = 2.0
@@ -78,21 +72,10 @@ def engine_stats(text: str) -> tuple[int, float] | None:
     return int(sum(waiting)), min(max(usage, default=0.0), 1.0)
 
 
-class EngineStatsProbe:
-    """Polls the engines' queue and KV usage into their ``InstanceRuntime`` (module docstring)."""
-
-    def __init__(
-        self,
-        state: GatewayState,
-        session: ClientSession,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.state = state
-        self.session = session
-        self.rounds_completed = 0
-        self._clock = clock
-        self._read_s: dict[str, float] = {}  # instance address -> when it last answered
+@dataclass(eq=False)
+class EngineStatsProbe(MetricsPoller):
+    """Polls the engines' queue and KV usage into their ``InstanceRuntime`` (module docstring);
+    built as ``MetricsPoller`` is."""
 
     async def run(self) -> None:
         while True:
@@ -116,42 +99,24 @@ class EngineStatsProbe:
                 else:
                     inst.set_engine_stats(0, 0.0)
         if interval_s is None:
-            self._read_s.clear()
             return None
-        for gone in self._read_s.keys() - targets.keys():
-            del self._read_s[gone]
         urls = list(targets)
         timeout_s = min(self.state.health.timeout_s, max(4 * interval_s, 0.25))
         results = await asyncio.gather(*(self.read(url, timeout_s) for url in urls))
-        now_s = self._clock()
+        now_s = self.clock()
         stale_s = max(STALE_MIN_S, STALE_AFTER_INTERVALS * interval_s)
         for url, stats in zip(urls, results, strict=True):
-            if stats is not None:
-                self._read_s[url] = now_s
-            elif now_s - self._read_s.get(url, now_s) > stale_s:
-                stats = (0, 0.0)
-            else:
-                continue
             for inst in targets[url]:
-                if not inst.removed:
-                    inst.set_engine_stats(*stats)
+                if inst.removed:
+                    continue
+                if stats is not None:
+                    inst.set_engine_stats(*stats, read_s=now_s)
+                elif now_s - inst.engine_stats_read_s > stale_s:  # unknown from now on
+                    inst.set_engine_stats(0, 0.0, read_s=inst.engine_stats_read_s)
         self.rounds_completed += 1
         return interval_s
 
     async def read(self, base_url: str, timeout_s: float) -> tuple[int, float] | None:
         """What ``base_url``'s metrics state; None if they could not be read or state nothing."""
-        try:
-            async with self.session.get(
-                base_url + METRICS_PATH, timeout=ClientTimeout(total=timeout_s)
-            ) as resp:
-                if resp.status != 200:
-                    return None
-                body = bytearray()
-                async for chunk in resp.content.iter_chunked(1 << 16):
-                    body += chunk
-                    if len(body) > MAX_METRICS_BYTES:
-                        return None
-        except (ClientError, TimeoutError, OSError) as err:
-            log.debug("engine metrics of %s not read: %r", base_url, err)
-            return None
-        return engine_stats(body.decode("utf-8", "replace"))
+        text = await metrics_text(self.session, base_url, timeout_s)
+        return None if text is None else engine_stats(text)

@@ -20,6 +20,7 @@ class InstanceRuntime:
         "active_healthy",
         "base_url",
         "data_parallel_rank",
+        "engine_stats_read_s",
         "failures",
         "in_flight_requests",
         "in_flight_tokens",
@@ -60,6 +61,7 @@ class InstanceRuntime:
         # (``gateway.engine_stats``); 0: not polled, or not read lately
         self.waiting_requests = 0
         self.kv_usage_frac = 0.0
+        self.engine_stats_read_s = 0.0  # when they were last read (the probe's clock)
         self.m_in_flight = metrics.in_flight.labels(endpoint, variant, spec.id)
         self.m_kv_capacity = metrics.kv_capacity.labels(endpoint, variant, spec.id)
         self.state = InstanceState(spec.id)  # what strategies see; rebuilt on every load change
@@ -102,8 +104,12 @@ class InstanceRuntime:
         self.m_kv_capacity.set(blocks)
         self._restate()
 
-    def set_engine_stats(self, waiting_requests: int, kv_usage_frac: float) -> None:
-        """The engine's queue and KV usage as its metrics last said (0, 0.0: unknown)."""
+    def set_engine_stats(
+        self, waiting_requests: int, kv_usage_frac: float, *, read_s: float = 0.0
+    ) -> None:
+        """The engine's queue and KV usage as its metrics said at ``read_s`` (0, 0.0:
+        unknown)."""
+        self.engine_stats_read_s = read_s
         if (waiting_requests, kv_usage_frac) != (self.waiting_requests, self.kv_usage_frac):
             self.waiting_requests = waiting_requests
             self.kv_usage_frac = kv_usage_frac

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from aiohttp import ClientError, ClientSession, ClientTimeout
 from prometheus_client.parser import text_string_to_metric_families
@@ -61,22 +62,25 @@ def kv_capacity_tokens(text: str) -> int:
     return min((tokens for tokens in found if tokens > 0), default=0)
 
 
-class KvCapacityProbe:
+@dataclass(eq=False)
+class MetricsPoller:
+    """A lifespan task that reads the engines' ``/metrics`` (``metrics_text``) for ``state``'s
+    variants: this probe and ``gateway.engine_stats.EngineStatsProbe``."""
+
+    state: GatewayState
+    session: ClientSession
+    clock: Callable[[], float] = field(default=time.monotonic, kw_only=True)
+    rounds_completed: int = field(default=0, init=False)
+
+
+@dataclass(eq=False)
+class KvCapacityProbe(MetricsPoller):
     """Reads the engines' capacities into their ``InstanceRuntime`` (the module's docstring)."""
 
-    def __init__(
-        self,
-        state: GatewayState,
-        session: ClientSession,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.state = state
-        self.session = session
-        self.rounds_completed = 0
-        self._clock = clock
-        self._due_s: dict[str, float] = {}  # instance address -> when to read it next
-        self._down: set[str] = set()  # addresses the health probes saw down at the last round
+    # instance address -> when to read it next; addresses the health probes saw down at the
+    # last round
+    _due_s: dict[str, float] = field(default_factory=dict, init=False)
+    _down: set[str] = field(default_factory=set, init=False)
 
     async def run(self) -> None:
         while True:
@@ -85,7 +89,7 @@ class KvCapacityProbe:
 
     async def poll_once(self) -> None:
         """Read the capacity of every address that is due; apply what is known."""
-        now_s = self._clock()
+        now_s = self.clock()
         due: dict[str, list[tuple[VariantRuntime, InstanceRuntime]]] = {}
         seen: set[str] = set()
         down: set[str] = set()
@@ -116,22 +120,29 @@ class KvCapacityProbe:
 
     async def read(self, base_url: str) -> int | None:
         """The capacity ``base_url``'s metrics state (0: none); None if they could not be read."""
-        timeout = ClientTimeout(total=self.state.health.timeout_s)
-        try:
-            async with self.session.get(base_url + METRICS_PATH, timeout=timeout) as resp:
-                if resp.status != 200:
+        text = await metrics_text(self.session, base_url, self.state.health.timeout_s)
+        return None if text is None else kv_capacity_tokens(text)
+
+
+async def metrics_text(session: ClientSession, base_url: str, timeout_s: float) -> str | None:
+    """``base_url``'s ``/metrics`` page; None if it could not be read in ``timeout_s``, was not
+    a 200 or was over ``MAX_METRICS_BYTES`` (also read by ``gateway.engine_stats``)."""
+    try:
+        async with session.get(
+            base_url + METRICS_PATH, timeout=ClientTimeout(total=timeout_s)
+        ) as resp:
+            if resp.status != 200:
+                return None
+            body = bytearray()
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                body += chunk
+                if len(body) > MAX_METRICS_BYTES:
+                    log.warning("%s%s: over %d bytes", base_url, METRICS_PATH, MAX_METRICS_BYTES)
                     return None
-                body = bytearray()
-                async for chunk in resp.content.iter_chunked(1 << 16):
-                    body += chunk
-                    if len(body) > MAX_METRICS_BYTES:
-                        limit = MAX_METRICS_BYTES
-                        log.warning("%s%s: over %d bytes", base_url, METRICS_PATH, limit)
-                        return None
-        except (ClientError, TimeoutError, OSError) as err:
-            log.debug("engine metrics of %s not read: %r", base_url, err)
-            return None
-        return kv_capacity_tokens(body.decode("utf-8", "replace"))
+    except (ClientError, TimeoutError, OSError) as err:
+        log.debug("engine metrics of %s not read: %r", base_url, err)
+        return None
+    return body.decode("utf-8", "replace")
 
 
 def _apply(variant: VariantRuntime, inst: InstanceRuntime, tokens: int) -> None:
