@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_sim_simulator import SPEC, _keys
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, Reason, RoutingKey
@@ -102,3 +104,29 @@ def test_a_polling_strategy_sees_queues_only_as_of_its_polls() -> None:
 
 def test_a_poll_longer_than_the_run_sees_only_the_idle_fleet() -> None:
     assert {waiting for _, waiting in _seen(60.0)} == {(0, 0)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(0.01, 2.0),
+    st.lists(st.tuples(st.floats(0.0, 1.5), st.integers(0, 9)), min_size=1, max_size=40),
+)
+def test_polls_always_hold_the_state_of_the_latest_poll_time(
+    interval_s: float, changes: list[tuple[float, int]]
+) -> None:
+    """Whatever the event times: what the polls hold is the engine's state as it was at the
+    latest multiple of the interval (events change it only after ``advance`` saw their time)."""
+    server = _Fixed()
+    polls = EnginePolls(interval_s)
+    timeline = [(-1.0, 0)]  # (time of the change, waiting from then on): before any poll
+    now_s = 0.0
+    for gap_s, waiting in changes:
+        now_s += gap_s
+        polls.advance(now_s, {"a": server})  # type: ignore[dict-item]
+        poll = math.floor(now_s / interval_s)  # the latest poll: at poll * interval_s
+        # the state then: the last change made before that time (the events at exactly that
+        # time change it after the poll), in poll numbers as ``EnginePolls`` counts them
+        expected = [w for at_s, w in timeline if math.floor(at_s / interval_s) < poll][-1]
+        assert polls.polled["a"] == (expected, 0.0)
+        server.waiting = waiting
+        timeline.append((now_s, waiting))
