@@ -335,6 +335,10 @@ class FakeRouter:
     def adopt(self, previous: object) -> None:
         pass
 
+    @property
+    def engine_stats_interval_s(self) -> float | None:
+        return None  # reads no engine figures
+
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self.instance_sets.append(list(instance_ids))
 

@@ -67,6 +67,10 @@ class _Recording:
     def adopt(self, previous: object) -> None:
         self.router.adopt(previous.router if isinstance(previous, _Recording) else previous)
 
+    @property
+    def engine_stats_interval_s(self) -> float | None:
+        return self.router.engine_stats_interval_s
+
 
 async def test_big_bodies_are_keyed_on_the_worker_thread_small_ones_on_the_loop() -> None:
     recorder = ThreadRecorder()

@@ -15,6 +15,7 @@ from warmfleet.gateway.engine_stats import (
     EngineStatsProbe,
     engine_stats,
 )
+from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.routing.base import engine_stats_interval_of
 from warmfleet.routing.config import LlmdApproxConfig, PrefixAffinityConfig, RoutingConfig
 from warmfleet.routing.factory import build_strategy
@@ -69,6 +70,16 @@ def test_no_figures_is_none(text: str) -> None:
 def test_a_value_that_is_no_count_is_left_out(value: str) -> None:
     assert engine_stats(VLLM % (value, "0.5")) == (0, 0.5)
     assert engine_stats(VLLM % ("2", value)) == (2, 0.0)
+
+
+def test_a_router_fed_by_kv_events_still_asks_for_its_strategy() -> None:
+    """With engine KV events the variant's router is an ``ExactModeRouter`` around the
+    ``Router``: the poller asks the router, which asks the strategy it wraps."""
+    build = KvEventFeed("m").router_factory(None)
+    llmd = RoutingConfig(strategy=LlmdApproxConfig(refresh_metrics_interval_ms=200))
+    assert build(llmd, random.Random(0)).engine_stats_interval_s == 0.2
+    plain = RoutingConfig(strategy=PrefixAffinityConfig())
+    assert build(plain, random.Random(0)).engine_stats_interval_s is None
 
 
 def test_only_strategies_that_read_engine_figures_ask_for_them() -> None:

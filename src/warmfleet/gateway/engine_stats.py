@@ -10,7 +10,7 @@ that read them (``InstanceState.waiting_requests`` and ``kv_usage_frac``; today
 Queues of several engines behind one address (data-parallel ranks) add up; their KV usage is
 the highest. Owned by the app lifespan (``run``, cancelled on shutdown). Each round reads, at
 once, the ``/metrics`` of every instance address of the variants whose strategy asks for them
-(``routing.base.engine_stats_interval_of``), then sleeps the shortest interval asked; no
+(their router's ``engine_stats_interval_s``), then sleeps the shortest interval asked; no
 variant asks: nothing is read. Only the few lines named above are parsed (a vLLM ``/metrics``
 page is tens of kB of histograms, read up to 20 times a second). A read that fails changes
 nothing until the figures are ``STALE_AFTER_INTERVALS`` intervals (at least ``STALE_MIN_S``)
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.kv_capacity import MetricsPoller, metrics_text
-from warmfleet.routing.base import engine_stats_interval_of
 
 IDLE_S = 1.0  # no variant asks: look again this much later (a reload may add one)
 STALE_AFTER_INTERVALS = 10
@@ -87,7 +86,7 @@ class EngineStatsProbe(MetricsPoller):
         interval_s: float | None = None
         targets: dict[str, list[InstanceRuntime]] = {}
         for variant in self.state.variants():
-            wanted_s = engine_stats_interval_of(getattr(variant.router, "strategy", None))
+            wanted_s = variant.router.engine_stats_interval_s
             if wanted_s is None:  # (its strategy may have changed: nothing stale is shown)
                 for inst in variant.instances.values():
                     inst.set_engine_stats(0, 0.0)
@@ -112,7 +111,7 @@ class EngineStatsProbe(MetricsPoller):
                 if stats is not None:
                     inst.set_engine_stats(*stats, read_s=now_s)
                 elif now_s - inst.engine_stats_read_s > stale_s:  # unknown from now on
-                    inst.set_engine_stats(0, 0.0, read_s=inst.engine_stats_read_s)
+                    inst.set_engine_stats(0, 0.0)
         self.rounds_completed += 1
         return interval_s
 

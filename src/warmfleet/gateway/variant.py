@@ -52,6 +52,12 @@ class RouterLike(Protocol):
 
     def adopt(self, previous: object) -> None: ...  # keep what ``previous`` learnt if it fits
 
+    @property
+    def engine_stats_interval_s(self) -> float | None:
+        """How often its strategy wants the engines' queues and KV usage polled (None: never;
+        ``gateway.engine_stats``)."""
+        ...
+
 
 RouterFactory = Callable[[RoutingConfig, random.Random], RouterLike]
 

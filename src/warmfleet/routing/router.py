@@ -6,7 +6,13 @@ import random
 from collections.abc import Sequence
 
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
-from warmfleet.routing.base import KvEventSink, LearnsFromRouting, Strategy, kv_event_sink_of
+from warmfleet.routing.base import (
+    KvEventSink,
+    LearnsFromRouting,
+    Strategy,
+    engine_stats_interval_of,
+    kv_event_sink_of,
+)
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.factory import build_strategy
 from warmfleet.routing.key_modes import KeyBuilder, key_builder
@@ -68,3 +74,9 @@ class Router:
     def kv_event_sink(self) -> KvEventSink | None:
         """Where engine KV events go, if the strategy can use exact cache knowledge."""
         return kv_event_sink_of(self.strategy)
+
+    @property
+    def engine_stats_interval_s(self) -> float | None:
+        """How often the strategy wants the engines' queues and KV usage read from their
+        metrics (``routing.base.engine_stats_interval_of``; None: never)."""
+        return engine_stats_interval_of(self.strategy)

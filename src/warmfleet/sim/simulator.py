@@ -1,14 +1,11 @@
-"""Discrete-event, virtual-time fleet simulator (pure, deterministic for a given seed;
-docs/simulator.md).
+"""Discrete-event, virtual-time fleet simulator (pure, deterministic per seed; docs/simulator.md).
 
 N instances sit behind ONE ``Strategy`` object (the same classes the gateway runs), or behind
 several gateway replicas exchanging notes with a delay (``sim.gateways``). A request arrives,
 the strategy chooses an instance from a ``FleetSnapshot`` (in-flight load as its replica sees
-it; capacity, queue and KV usage read from the instances, the last two as last polled for a
-strategy that polls the engines' metrics: ``sim.fleet.EnginePolls``), the request reaches the
-instance ``router_overhead_s`` later, which reports its first token and its end.
-``placements`` (request index -> instance id, ``sim.placements``) replay a request's instance
-while it is routable.
+it; queue, KV usage and capacity read from the instances, polled: ``sim.fleet.EnginePolls``),
+the request reaches the instance ``router_overhead_s`` later, which reports its first token and
+its end. ``placements`` (index -> instance id, ``sim.placements``) replay it while routable.
 
 Scale events add an instance (empty cache) or remove one, which **drains** (no request is
 rerouted or lost). A ``FleetController`` (an autoscaler), called every ``period_s``, starts
@@ -56,8 +53,15 @@ from warmfleet.sim.records import (
 )
 from warmfleet.sim.workloads.base import WorkloadRequest
 
-__all__ = ["RequestRecord", "ScaleEvent", "ScaleRecord", "SimConfig", "SimResult", "Simulator"]
-__all__ += ["continuation_blocks"]
+__all__ = [
+    "RequestRecord",
+    "ScaleEvent",
+    "ScaleRecord",
+    "SimConfig",
+    "SimResult",
+    "Simulator",
+    "continuation_blocks",
+]
 
 _ARRIVAL, _SUBMIT, _SCALE, _TICK, _READY, _SYNC, _FLOW, _KV = 0, 1, 2, 3, 4, 5, 6, 7
 
@@ -294,14 +298,9 @@ class Simulator:
         self._push(self._now_s + self._config.router_overhead_s, _SUBMIT, index, chosen)
 
     def _submit(self, index: int, instance_id: InstanceId) -> None:
-        key = self._keys[index]
-        req = self._requests[index]
+        req, hashes = self._requests[index], self._keys[index].block_hashes
         engine_req = EngineRequest(
-            index,
-            key.block_hashes,
-            req.prompt_tokens,
-            req.output_tokens,
-            self._output_hashes[index],
+            index, hashes, req.prompt_tokens, req.output_tokens, self._output_hashes[index]
         )
         self._engines[instance_id].submit(engine_req, self._now_s)
 

@@ -73,6 +73,10 @@ class ExactModeRouter:
     def adopt(self, previous: object) -> None:
         self.router.adopt(previous.router if isinstance(previous, ExactModeRouter) else previous)
 
+    @property
+    def engine_stats_interval_s(self) -> float | None:
+        return self.router.engine_stats_interval_s
+
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self._feed.activate(self)  # in service (a no-op once it is the feed's target)
         self.router.on_instances_changed(instance_ids)
