@@ -8,8 +8,10 @@ import random
 import aiohttp
 import pytest
 from gateway_support import backends_running, chat, gateway_config, gateway_running
+from replica_sync_support import hears, stub_doc, sync_ports, sync_section
 
 from support.waiting import wait_until
+from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.engine_stats import (
     STALE_MIN_S,
     EngineStatsProbe,
@@ -159,3 +161,53 @@ async def test_llmd_approx_routes_away_from_a_long_engine_queue_live() -> None:
                 async with client.post(gw.url + "/v1/chat/completions", json=body) as r:
                     assert r.status == 200
                     assert r.headers["x-warmfleet-instance"] == "b"
+
+
+async def test_llmd_approx_over_synced_replicas_reads_both_the_queues_and_the_peer() -> None:
+    """Two synced replicas route with ``llmd_approx``: each polls the engines itself, and a
+    conversation's next turn reaching the other replica goes where its peer sent the first,
+    though that engine now queues 2 requests and the other none (prefix 3 x ~0.9 against
+    queue 2 x 1). Without the peer's note it would score no prefix and follow the queues, as
+    a prompt nobody has seen does."""
+    async with backends_running("x", "y") as backends:
+        for backend in backends:
+            backend.metrics_text = VLLM % ("0", "0.1")
+        port_a, port_b = sync_ports(2)
+        docs = [
+            stub_doc(backends, sync_section(name, port, [peer]), "llmd_approx")
+            for name, port, peer in (("a", port_a, port_b), ("b", port_b, port_a))
+        ]
+        async with (
+            gateway_running(parse_gateway_config(docs[0])) as a,
+            gateway_running(parse_gateway_config(docs[1])) as b,
+            aiohttp.ClientSession() as client,
+        ):
+            sync_a, sync_b = a.gateway.replica_sync, b.gateway.replica_sync
+            assert sync_a is not None
+            assert sync_b is not None
+            await wait_until(lambda: hears(sync_b, sync_a), what="b hears a")
+            first = [
+                {"role": "system", "content": "a long shared context of the agent " * 100},
+                {"role": "user", "content": "the first question"},
+            ]
+            url = "/v1/chat/completions"
+            async with client.post(a.url + url, json=chat(first)) as r:
+                assert r.status == 200
+                routed = r.headers["x-warmfleet-instance"]
+            other = "y" if routed == "x" else "x"
+            busy = next(backend for backend in backends if backend.name == routed)
+            busy.metrics_text = VLLM % ("2", "0.1")
+            view_b = b.gateway.state.endpoints["main"].variants["v1"]
+            await wait_until(
+                lambda: view_b.instances[routed].state.waiting_requests == 2,
+                what="b polled the busy engine's queue",
+            )
+            await wait_until(lambda: sync_b.metrics.received.value >= 2, what="a's notes")
+            turn = [*first, {"role": "assistant", "content": "an answer"},
+                    {"role": "user", "content": "the next question"}]  # fmt: skip
+            async with client.post(b.url + url, json=chat(turn)) as r:
+                assert r.status == 200
+                assert r.headers["x-warmfleet-instance"] == routed
+            fresh = [{"role": "user", "content": "a question nobody asked before " * 40}]
+            async with client.post(b.url + url, json=chat(fresh)) as r:
+                assert r.headers["x-warmfleet-instance"] == other

@@ -18,7 +18,14 @@ from warmfleet.core.errors import ConfigError
 from warmfleet.edge import resolve_traces_dir
 from warmfleet.routing.factory import strategy_config
 from warmfleet.sim import doctor
-from warmfleet.sim.doctor_sweeps import Chosen, parse_target, sweep_knob
+from warmfleet.sim.doctor_sweeps import (
+    Chosen,
+    best_of,
+    objective_for,
+    parse_objective,
+    parse_target,
+    sweep_knob,
+)
 from warmfleet.sim.metrics import RunMetrics
 from warmfleet.sim.runner import StrategyRun
 from warmfleet.sim.workloads.traces import DEFAULT_TRACES
@@ -133,13 +140,86 @@ def test_a_captured_best_is_swept_and_sized_with_its_own_parameters() -> None:
         calls.append((name, cfg, label))
         return best
 
-    knob = sweep_knob(Chosen(best, "prefix_hash", config), run)
+    knob = sweep_knob(Chosen(best, "prefix_hash", config), run, "hit_rate")
     assert knob is not None
     assert knob["default"] == 7
     assert [v["value"] for v in knob["sweep"]] == [2, 5, 7, 10, 20, 50]  # type: ignore[attr-defined]
     assert {name for name, _, _ in calls} == {"prefix_hash"}
     assert all(cfg.prefix_length == 2048 for _, cfg, _ in calls)  # type: ignore[attr-defined]
     assert "prefix_hash (captured) concurrency_threshold=2" in [label for _, _, label in calls]
+
+
+def _run(name: str, hit_rate: float, p95_ms: float) -> StrategyRun:
+    """A replay whose P95 TTFT is ``p95_ms`` (20 TTFTs: the 95th percentile is the largest)."""
+    ttft_s = [p95_ms / 2000.0] * 19 + [p95_ms / 1000.0]
+    metrics = RunMetrics(ttft_s, ttft_s, 20, 0, 20, 1.0, 1.0, hit_rate, {}, {}, 0, {})
+    return StrategyRun(name, metrics, 0.0, True, True)
+
+
+def test_the_best_replay_for_each_objective() -> None:
+    """The lowest P95 TTFT, its near-ties (1 %) broken by the hit rate; or the highest hit rate,
+    its ties broken by the P95. A hit rate bought with a longer queue is not the best replay."""
+    reuse, fast = _run("reuse", 0.30, 3000), _run("fast", 0.28, 2400)
+    near, slower = _run("near", 0.281, 2410), _run("slower", 0.29, 2500)
+    runs = [reuse, fast, near, slower]
+    assert best_of(runs, "p95_ttft_ms") is near
+    assert best_of([reuse, fast, slower], "p95_ttft_ms") is fast
+    assert best_of(runs, "hit_rate") is reuse
+    assert best_of([fast, _run("tie", 0.28, 2300)], "hit_rate").name == "tie"
+    assert objective_for(None) == "p95_ttft_ms"
+    assert objective_for(parse_target("hit_rate=0.5")) == "hit_rate"
+    assert objective_for(parse_target("p95_ttft_ms=900")) == "p95_ttft_ms"
+    assert parse_objective("hit_rate") == "hit_rate"
+    with pytest.raises(ConfigError, match="--objective"):
+        parse_objective("speed")
+
+
+def test_the_knob_takes_the_objective_s_best_value() -> None:
+    """Each value's replay differs: the hit rate and the P95 pick different values."""
+    config = strategy_config("prefix_hash")
+    by_value = {2: _run("a", 0.20, 900), 5: _run("b", 0.25, 1500), 10: _run("c", 0.22, 1000),
+                20: _run("d", 0.21, 1100), 50: _run("e", 0.19, 1200)}  # fmt: skip
+
+    def run(name: str, cfg: object = None, label: str = "", *_: object) -> StrategyRun:
+        return by_value[int(getattr(cfg, "concurrency_threshold"))]  # noqa: B009
+
+    best = Chosen(by_value[10], "prefix_hash", config)
+    assert getattr(config, "concurrency_threshold") == 10  # noqa: B009
+    fast = sweep_knob(best, run, "p95_ttft_ms")
+    reuse = sweep_knob(best, run, "hit_rate")
+    assert fast is not None
+    assert reuse is not None
+    assert (fast["value"], reuse["value"]) == (2, 5)
+    by_value[2] = _run("as good as the default", 0.22, 1000)
+    tied = sweep_knob(best, run, "p95_ttft_ms")
+    assert tied is not None
+    assert tied["value"] == 10  # a value no better than the default is not recommended
+
+
+def test_the_recommendation_follows_the_objective(tmp_path: Path) -> None:
+    trace = tmp_path / "capture.jsonl"
+    write_capture(trace, capture_lines(200, rate_rps=2.0))
+    for args, objective in (([], "p95_ttft_ms"), (["--target", "hit_rate=0.99"], "hit_rate"),
+                            (["--objective", "hit_rate"], "hit_rate")):  # fmt: skip
+        code, output, doc = _doctor([str(trace), "--instances", "3", *args])
+        assert code == 0, output
+        assert doc["objective"] == objective
+        strategies = doc["strategies"]
+        best = strategies[doc["best_strategy"]]
+        reuse = strategies[doc["best_replay_strategy"]]
+        assert reuse["hit_rate"] == doc["waterfall"]["best_replay"]
+        assert reuse["hit_rate"] == max(s["hit_rate"] for s in strategies.values())
+        lowest_p95 = min(s["ttft_ms"]["p95"] for s in strategies.values())
+        if objective == "p95_ttft_ms":
+            assert best["ttft_ms"]["p95"] <= lowest_p95 * 1.01
+        else:
+            assert best["hit_rate"] == reuse["hit_rate"]
+        first = doc["recommendations"][0]
+        assert (first["strategy"], first["objective"]) == (doc["best_strategy"], objective)
+    bad = CliRunner().invoke(app, ["doctor", str(trace), "--objective", "speed"])
+    assert bad.exit_code == 2
+    assert len(bad.output.strip().splitlines()) == 1
+    assert "--objective" in bad.output
 
 
 def test_largest_loss_skips_steps_not_measured() -> None:

@@ -23,7 +23,7 @@ from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console,
 from warmfleet.edge import read_text_file
 from warmfleet.sim.doctor import churn_of
 from warmfleet.sim.doctor_run import DoctorResult, run_doctor
-from warmfleet.sim.doctor_sweeps import parse_target
+from warmfleet.sim.doctor_sweeps import parse_objective, parse_target
 from warmfleet.sim.gateways import GatewaySync
 from warmfleet.sim.trace_fleet import trace_scenario
 from warmfleet.sim.workloads.traces import Trace, parse_trace_text
@@ -48,8 +48,10 @@ def _diagnose(
     *,
     gateways: GatewaySync | None,
     kv_events_delay_ms: float | None = None,
+    objective: str | None = None,
 ) -> DoctorResult:
     goal = parse_target(target) if target is not None else None
+    aim = parse_objective(objective) if objective is not None else None
     data = Trace(read_text_file(trace), str(trace))
     parsed = parse_trace_text(data)
     churn = churn_of(parsed.records)
@@ -60,7 +62,7 @@ def _diagnose(
     spec = with_kv_events(spec, kv_events_delay_ms)
     with activity_for(fmt) as activity:
         progress = PhasedProgress(activity)
-        result = run_doctor(spec, data, parsed, goal, progress, gateways=gateways)
+        result = run_doctor(spec, data, parsed, goal, progress, gateways=gateways, objective=aim)
         progress.close()
     return result
 
@@ -79,6 +81,13 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
     ] = None,
     target: Annotated[
         str | None, typer.Option(help="hit_rate=0.6 or p95_ttft_ms=800: size the fleet for it")
+    ] = None,
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            help="what the recommended strategy is best at: p95_ttft_ms (the lowest P95 TTFT) or "
+            "hit_rate (default: the target's metric, else p95_ttft_ms)"
+        ),
     ] = None,
     gateway_replicas: Annotated[
         int, typer.Option(min=1, help="gateway replicas, each request reaching a random one")
@@ -107,7 +116,7 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
     try:
         result = _diagnose(
             trace, instances, preset, target, fmt, gateways=gateways,
-            kv_events_delay_ms=kv_events_delay_ms,
+            kv_events_delay_ms=kv_events_delay_ms, objective=objective,
         )  # fmt: skip
     except WarmfleetError as err:
         typer.echo(f"error: {one_line(str(err))}", err=True)  # one line, never wrapped

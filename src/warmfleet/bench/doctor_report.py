@@ -18,16 +18,17 @@ if TYPE_CHECKING:
 STEP_TITLES = {
     "ideal": "ideal (infinite cache)",
     "fleet_ceiling": "fleet ceiling (one LRU of the fleet's KV)",
-    "best_replay": "best strategy in replay",
+    "best_replay": "highest-reuse strategy in replay",
     "captured_replay": "captured strategy in replay",
     "delivered": "delivered live (engine-reported)",
 }
 
+OBJECTIVE_TITLES = {"p95_ttft_ms": "the lowest P95 TTFT", "hit_rate": "the highest hit rate"}
 
 TICKS = {
     "ideal": "ideal\n(infinite cache)",
     "fleet_ceiling": "fleet ceiling\n(one LRU of all KV)",
-    "best_replay": "best strategy\nin replay",
+    "best_replay": "highest-reuse\nstrategy in replay",
     "captured_replay": "captured strategy\nin replay",
     "delivered": "delivered live\n(engine-reported)",
 }
@@ -89,8 +90,14 @@ def _recommendation(rec: Mapping[str, Any]) -> str:
     kind = rec["kind"]
     if kind == "strategy":
         return (
-            f"strategy: {rec['strategy']} (replay: hit rate {pct(rec['hit_rate'])}, "
-            f"TTFT P95 {fixed(rec['ttft_ms']['p95'], 0)} ms)"
+            f"strategy: {rec['strategy']} ({OBJECTIVE_TITLES[rec['objective']]} in replay: hit "
+            f"rate {pct(rec['hit_rate'])}, TTFT P95 {fixed(rec['ttft_ms']['p95'], 0)} ms)"
+        )
+    if kind == "parameter" and rec["value"] == rec["default"]:
+        tried = ", ".join(f"{v['value']:g}" for v in rec["sweep"])
+        return (
+            f"parameter: {rec['strategy']} {rec['parameter']}: keep the default "
+            f"{rec['default']:g} (none of {tried} did better in replay)"
         )
     if kind == "parameter":
         return (
@@ -100,7 +107,7 @@ def _recommendation(rec: Mapping[str, Any]) -> str:
         )
     goal = ", ".join(f"{k}={v:g}" for k, v in rec["target"].items())
     if kind == "target" and rec["reached_now"]:
-        return f"target {goal}: reached already by the best strategy"
+        return f"target {goal}: reached already by the recommended strategy"
     if kind == "target":
         return f"target {goal}: {rec['reason']}"
     last = rec["sweep"][-1]
@@ -219,7 +226,8 @@ def waterfall_figure(doc: Mapping[str, Any]) -> Figure:
     ax.tick_params(axis="x", labelsize="small")
     fig.suptitle(
         f"KV reuse waterfall (warmfleet doctor, simulated replay): {_trace_name(doc)}\n"
-        f"{doc['requests']} requests, {_fleet(doc)}, best strategy {doc['best_strategy']}"
+        f"{doc['requests']} requests, {_fleet(doc)}, recommended {doc['best_strategy']} "
+        f"({OBJECTIVE_TITLES[doc['objective']]})"
     )
     return fig
 

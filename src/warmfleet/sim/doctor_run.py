@@ -25,10 +25,12 @@ from warmfleet.routing.key_spec import DEFAULT_PREFIX_LENGTH
 from warmfleet.sim import doctor
 from warmfleet.sim.doctor_sweeps import (
     Chosen,
+    Objective,
     RunFn,
     Target,
+    best_of,
     figures,
-    p95_ms,
+    objective_for,
     sizing,
     sweep_knob,
 )
@@ -60,7 +62,9 @@ class DoctorResult:
     churn: doctor.Churn
     waterfall: dict[str, float | None]
     captured: str | None
-    best: str
+    best: str  # the recommended replay's name: the best for ``objective``
+    objective: Objective
+    best_reuse: str  # the waterfall's ``best_replay``: the highest hit rate's name
     sync: SyncTraffic  # the replica-sync notes' traffic behind the replicas
     knob: dict[str, object] | None = None
     sizing: list[dict[str, object]] = field(default_factory=list)
@@ -101,7 +105,9 @@ class DoctorResult:
             "waterfall": dict(self.waterfall),
             "largest_loss": loss.as_report() if loss is not None else None,
             "captured": self._captured_report(),
+            "objective": self.objective,
             "best_strategy": self.best,
+            "best_replay_strategy": self.best_reuse,
             "strategies": {r.name: figures(r) for r in c.runs},
             "scale_out": self._scale_out(),
             "unprepared": self._unprepared(),
@@ -155,8 +161,9 @@ class DoctorResult:
     def _recommendations(self) -> list[dict[str, object]]:
         best = self.run(self.best)
         out: list[dict[str, object]] = [
-            {"kind": "strategy", "strategy": self.best, **figures(best)}
-        ]
+            {"kind": "strategy", "strategy": self.best, "objective": self.objective,
+             **figures(best)}
+        ]  # fmt: skip
         if self.knob is not None:
             out.append({"kind": "parameter", "strategy": self.best, **self.knob})
         out.extend(self.sizing)
@@ -188,10 +195,13 @@ def run_doctor(
     progress: RunProgress | None = None,
     *,
     gateways: GatewaySync | None = None,
+    objective: Objective | None = None,
 ) -> DoctorResult:
     """Replay ``trace`` (already parsed: ``parsed``) on ``scenario``'s fleet under every
     strategy, then sweep as the module docstring says; ``gateways``: the replicas every run
-    but the captured placements' has (None: one gateway)."""
+    but the captured placements' has (None: one gateway). The recommended strategy, its knob's
+    value and the sizing's strategy are the best for ``objective`` (None: ``objective_for``)."""
+    objective = objective or objective_for(target)
     progress = progress or NoProgress()
     churn = doctor.churn_of(parsed.records)
     sessions = doctor.session_count(parsed.records)
@@ -222,20 +232,22 @@ def run_doctor(
     if captured is not None and captured_name is not None:
         configs[captured_name] = captured
     ideal, ceiling = doctor.reuse_bounds(prepared, spec.capacity_blocks * scenario.instances)
-    best = max(comparison.runs, key=lambda r: (r.metrics.hit_rate, -p95_ms(r)))
+    reuse = best_of(comparison.runs, "hit_rate")
+    best = best_of(comparison.runs, objective)
     chosen = Chosen(best, *configs[best.name])
     fresh = None if captured_name is None else comparison_run(comparison, captured_name)
     replayed = placed or fresh
     waterfall: dict[str, float | None] = {
         "ideal": ideal,
         "fleet_ceiling": ceiling,
-        "best_replay": best.metrics.hit_rate,
+        "best_replay": reuse.metrics.hit_rate,
         "captured_replay": None if replayed is None else replayed.metrics.hit_rate,
         "delivered": doctor.delivered(parsed.records),
     }
     result = DoctorResult(
         comparison, parsed, churn, waterfall, captured_name, best.name,
-        gateways=gateways, sessions=sessions, placed=placed,
+        gateways=gateways, sessions=sessions, placed=placed, objective=objective,
+        best_reuse=reuse.name,
         sync=sync_traffic(
             workload.requests,
             routing_keys(prepared, DEFAULT_PREFIX_LENGTH, sessions=sessions > 0),
@@ -243,7 +255,7 @@ def run_doctor(
             reuse=_hit_reuse(prepared, best),
         ),
     )  # fmt: skip
-    result.knob = sweep_knob(chosen, run)
+    result.knob = sweep_knob(chosen, run, objective)
     if target is not None:
         result.target = target
         result.sizing = sizing(

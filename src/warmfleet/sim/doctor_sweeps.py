@@ -1,11 +1,11 @@
-"""``warmfleet doctor``'s sweeps (pure): the best strategy's key parameter and, with a target,
-the instance count and the KV per instance that reach it. ``run_doctor`` (``doctor_run``)
-calls them with its ``RunFn``."""
+"""``warmfleet doctor``'s sweeps (pure): which replay is best for an objective (``best_of``), the
+best strategy's key parameter and, with a target, the instance count and the KV per instance
+that reach it. ``run_doctor`` (``doctor_run``) calls them with its ``RunFn``."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +26,12 @@ KNOB_VALUES: dict[str, tuple[str, tuple[float, ...]]] = {
 }
 SCALE_FACTORS = (1.5, 2.0, 3.0, 4.0)  # instances / KV per instance tried for a target
 TargetMetric = Literal["hit_rate", "p95_ttft_ms"]
+# What "best" means for the recommendations: the highest hit rate, or the lowest P95 TTFT
+Objective = TargetMetric
+OBJECTIVES: tuple[Objective, ...] = ("p95_ttft_ms", "hit_rate")
+# P95 TTFTs within this fraction of the lowest are a tie, which the higher hit rate breaks: a
+# replay's tail moves by about this much with its seed, its reuse does not
+P95_TIE_FRAC = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,29 @@ class Target:
         if self.metric == "hit_rate":
             return run.metrics.hit_rate >= self.value
         return p95_ms(run) <= self.value
+
+
+def best_of(runs: Sequence[StrategyRun], objective: Objective) -> StrategyRun:
+    """The best of ``runs`` (not empty) for ``objective``: the highest hit rate (ties: the lower
+    P95 TTFT), or the lowest P95 TTFT (within ``P95_TIE_FRAC``: the higher hit rate). The
+    first of equals wins."""
+    if objective == "p95_ttft_ms":
+        bound_ms = min(p95_ms(r) for r in runs) * (1.0 + P95_TIE_FRAC)
+        runs = [r for r in runs if p95_ms(r) <= bound_ms]
+    return max(runs, key=lambda r: (r.metrics.hit_rate, -p95_ms(r)))
+
+
+def objective_for(target: Target | None) -> Objective:
+    """The objective when none is given: the target's metric, else the lowest P95 TTFT (what
+    the fleet's users feel; a higher hit rate that queues more is not better)."""
+    return "p95_ttft_ms" if target is None else target.metric
+
+
+def parse_objective(text: str) -> Objective:
+    for objective in OBJECTIVES:
+        if text == objective:
+            return objective
+    raise ConfigError(f"--objective: one of {', '.join(OBJECTIVES)}, got {text!r}")
 
 
 def parse_target(text: str) -> Target:
@@ -79,10 +108,11 @@ class Chosen:
     config: StrategyConfig
 
 
-def sweep_knob(best: Chosen, run: RunFn) -> dict[str, object] | None:
+def sweep_knob(best: Chosen, run: RunFn, objective: Objective) -> dict[str, object] | None:
     """The best strategy's key parameter over ``KNOB_VALUES`` (its other parameters kept):
-    each value's replayed figures and the value to set (the highest hit rate, then the lowest
-    P95 TTFT); ``default`` is the value the best replay ran with."""
+    each value's replayed figures and the value to set (the best for ``objective``,
+    ``best_of``; the default when none is better); ``default`` is the value the best replay
+    ran with."""
     name = best.name
     if name not in KNOB_VALUES:
         return None
@@ -95,7 +125,9 @@ def sweep_knob(best: Chosen, run: RunFn) -> dict[str, object] | None:
             config = strategy_config(name, **{**params, knob: value})
             sweep.append((value, run(name, config, f"{best.run.name} {knob}={value:g}")))
     sweep.sort(key=lambda vr: vr[0])
-    value, chosen = max(sweep, key=lambda vr: (vr[1].metrics.hit_rate, -p95_ms(vr[1])))
+    # the default first: a value no better than it (a tie) is not worth changing the setting
+    chosen = best_of([best.run, *(r for _, r in sweep if r is not best.run)], objective)
+    value = next(v for v, r in sweep if r is chosen)
     return {
         "parameter": knob,
         "value": value,
