@@ -321,9 +321,7 @@ class Simulator:
         self._release_next(event.request_id)
         if self._on_finished is not None:
             self._on_finished()
-        if instance_id not in self._active and self._in_flight_requests[instance_id] == 0:
-            del self._engines[instance_id]  # drained
-            self._fleet_version += 1
+        self._drop_if_drained(instance_id)
         if self._flow is not None:
             self._flow.gate.on_finished(event.request_id, event.time_s)
             self._drain_flow()
@@ -351,10 +349,13 @@ class Simulator:
             if victim is None or victim not in self._active or len(self._active) == 1:
                 return  # never remove the last instance
             self._active.remove(victim)
-            if self._in_flight_requests[victim] == 0:
-                del self._engines[victim]
-                self._fleet_version += 1
+            self._drop_if_drained(victim)
         self._changed(before)
+
+    def _drop_if_drained(self, instance_id: InstanceId) -> None:
+        if instance_id not in self._active and self._in_flight_requests[instance_id] == 0:
+            del self._engines[instance_id]  # removed, and its last request done
+            self._fleet_version += 1
 
     def _changed(self, before: tuple[InstanceId, ...]) -> None:
         self._gateways.on_instances_changed(list(self._active))
