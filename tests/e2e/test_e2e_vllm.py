@@ -110,6 +110,10 @@ def test_prefix_routing_on_real_vllm() -> None:
         for key in ("hit_rate", "ideal_reuse"):
             assert 0.0 <= pa[key] <= 1.0
         assert pa["ttft_ms"]["p50"] <= pa["ttft_ms"]["p90"]
+    llmd = out["strategies"]["llmd_approx"]["approximate"]  # its poller read real vLLM's figures
+    assert llmd["engine_stats_read"] == [True], llmd
+    assert 0.0 <= llmd["hit_rate"] <= 1.0
+    assert out["strategies"]["prefix_affinity"]["approximate"]["engine_stats_read"] == [False]
     conf = out["conformance"]
     block = out["engine"]["block_size"]
     assert abs(conf["predicted_cached_tokens"] - conf["engine_cached_tokens"]) <= block

@@ -277,3 +277,17 @@ def kv_capacities(replicas: Sequence[Replica]) -> list[int]:
             for inst in variant.instances.values()
         }
     )
+
+
+def engine_stats_read(replicas: Sequence[Replica]) -> list[bool]:
+    """Whether the replicas read each instance's queue and KV usage from its metrics (the
+    distinct answers: ``[True]`` when every instance's were read, ``[False]`` when none were, as
+    for a strategy that does not ask for them)."""
+    return sorted(
+        {
+            inst.engine_stats_read_s > 0
+            for replica in replicas
+            for variant in replica.gateway.state.variants()
+            for inst in variant.instances.values()
+        }
+    )

@@ -38,6 +38,7 @@ from vllm_harness.gateways import (
     LoopLag,
     Replica,
     decision_reasons,
+    engine_stats_read,
     kv_capacities,
     kv_event_delays_ms,
     replica_sync_sections,
@@ -67,6 +68,8 @@ CASES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("random", "default", {"type": "random"}),
     ("prefix_affinity", "approximate", {"type": "prefix_affinity", "useExactIndex": False}),
     ("prefix_affinity", "exact", {"type": "prefix_affinity"}),
+    # the reproduction of llm-d's scorer: its queue and KV-usage terms from vLLM's /metrics
+    ("llmd_approx", "approximate", {"type": "llmd_approx"}),
 )
 
 
@@ -129,6 +132,7 @@ class E2E:
             result["replicas"] = replicas
             result["reasons"] = decision_reasons(started)
             result["kv_capacity_tokens"] = kv_capacities(started)  # read from vLLM's /metrics
+            result["engine_stats_read"] = engine_stats_read(started)  # the same, for llmd_approx
             if exact:
                 result["kv_event_sync_s"] = round(sync_s, 2)
                 result["kv_events"] = [r.feed.describe() for r in started if r.feed]
@@ -296,6 +300,9 @@ def check(out: dict[str, Any]) -> list[str]:
                 f"random hit rate {rnd['hit_rate']} is not {MIN_GAP} below "
                 f"prefix_affinity/{mode} ({result['hit_rate']})"
             )
+    read = out["strategies"]["llmd_approx"]["approximate"]["engine_stats_read"]
+    if read != [True]:  # vLLM's series names are the ones gateway.engine_stats reads
+        failures.append(f"llmd_approx: not every engine's queue and KV usage were read: {read}")
     conf = out["conformance"]
     if not conf["ok"]:
         failures.append(f"conformance failed: {conf['causes']} {conf['turns']}")
