@@ -30,7 +30,7 @@ TargetMetric = Literal["hit_rate", "p95_ttft_ms"]
 Objective = TargetMetric
 OBJECTIVES: tuple[Objective, ...] = ("p95_ttft_ms", "hit_rate")
 # P95 TTFTs within this fraction of the lowest are a tie, which the higher hit rate breaks: a
-# replay's tail moves by about this much with its seed, its reuse does not
+# tail 1 % shorter is not worth reuse given up (a judgment; a replay of a trace is deterministic)
 P95_TIE_FRAC = 0.01
 
 
