@@ -3,7 +3,10 @@
 Overhead points run against ONE fast emulated fleet (engine time ~0, so the router is what is
 measured), each router started fresh in front of it in turn; "added" latency is the router's
 minus direct's (client round robin) at the same load point in the same run, and router CPU is
-the router process tree's CPU time over the measured requests. Quality points run against a
+the router process tree's CPU time over the measured requests. The switchback part runs the
+routers of issue 22's lines at once in front of one fast fleet, the load rotating between them
+slice by slice (``peers_switchback``): the same lines, measured under the same machine, with
+95 % intervals. Quality points run against a
 fresh slow fleet per router (cold caches, KV smaller than the shared prefixes) so hit rate, TTFT
 and balance reflect placement. Every child is stopped by PID on every exit path.
 
@@ -24,14 +27,10 @@ from typing import Annotated, Any
 
 import typer
 
+from warmfleet.bench.cpu_probe import CpuProbe
 from warmfleet.bench.live_demo import DemoConfig, demo_workload, kv_capacity_tokens
 from warmfleet.bench.live_fleet import FleetHandle, start_fleet
-from warmfleet.bench.live_procs import (
-    ProcessSet,
-    machine_cpu_s,
-    terminate_on_sigterm,
-    tree_cpu_s,
-)
+from warmfleet.bench.live_procs import ProcessSet, terminate_on_sigterm
 from warmfleet.bench.loadgen import LoadSpec, run_load
 from warmfleet.bench.loadgen_metrics import measure
 from warmfleet.bench.peers_report import (
@@ -54,6 +53,8 @@ from warmfleet.bench.peers_routers import (
     RunningRouter,
     start_router,
 )
+from warmfleet.bench.peers_switchback import switchback_part
+from warmfleet.bench.peers_switchback_report import switch_acceptance_table, switch_table
 from warmfleet.bench.report import write_json
 from warmfleet.bench.terminal import progress_bar, run_async
 from warmfleet.display import WideOpt, emit, output_console
@@ -111,6 +112,7 @@ ROUTERS = (
     RouterSpec("vllm-router", "cache_aware"),
 )
 FAST_FLEET = {"preset": "tiny-cpu", "speedup": 10_000.0, "seed": 0}
+SWITCH_REQUESTS = 4000  # the switchback's requests, sent round and round
 QUALITY = DemoConfig(instances=INSTANCES, concurrency=16, requests=480)
 
 
@@ -125,51 +127,6 @@ def overhead_workload(count: int, seed: int = 7) -> tuple[WorkloadRequest, ...]:
         question_tokens=question, output_tokens=16,
     )  # fmt: skip
     return gsp(config, seed)[:count]
-
-
-@dataclass
-class CpuProbe:
-    """CPU seconds, between ``start`` and ``stop``, of the router trees (a router with replica
-    sync: both replicas, the one routing and the peer applying its notes), the fleet tree, this
-    whole process tree (client, fleet, router) and the machine (busy, and wall x CPUs)."""
-
-    router_pids: tuple[int, ...]
-    fleet_pid: int
-    deltas: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0)
-
-    def _sample(self) -> tuple[float, ...]:
-        router = sum(tree_cpu_s(pid) for pid in self.router_pids)
-        return (router, tree_cpu_s(self.fleet_pid), tree_cpu_s(os.getpid()), *machine_cpu_s())
-
-    def start(self) -> None:
-        self.deltas = self._sample()
-
-    def stop(self) -> None:
-        self.deltas = tuple(a - b for a, b in zip(self._sample(), self.deltas, strict=True))
-
-    @property
-    def router_s(self) -> float | None:
-        return self.deltas[0] if self.router_pids else None
-
-    @property
-    def fleet_s(self) -> float:
-        return self.deltas[1]
-
-    @property
-    def client_s(self) -> float:
-        """This process (the load generator): the tree minus the router's and the fleet's."""
-        return max(self.deltas[2] - (self.router_s or 0.0) - self.fleet_s, 0.0)
-
-    @property
-    def busy_frac(self) -> float | None:
-        busy_s, total_s = self.deltas[3:]
-        return busy_s / total_s if total_s > 0 else None
-
-    @property
-    def foreign_frac(self) -> float | None:
-        """Share of the machine's CPU used by processes outside this benchmark."""
-        own_s, busy_s, total_s = self.deltas[2:]
-        return max(busy_s - own_s, 0.0) / total_s if total_s > 0 else None
 
 
 def _load_spec(router: RunningRouter, fleet: FleetHandle, point: LoadPoint) -> LoadSpec:
@@ -296,7 +253,7 @@ async def run_peers(
     routers: Sequence[RouterSpec] = ROUTERS,
     scale: float = 1.0,
     log_dir: Path | None = None,
-    parts: Sequence[str] = ("overhead", "quality"),
+    parts: Sequence[str] = ("overhead", "switchback", "quality"),
     rounds: int = ROUNDS,
 ) -> dict[str, Any]:
     """Every router x load point; writes ``out`` and returns the document. Every row is the
@@ -309,8 +266,14 @@ async def run_peers(
     try:
         overhead: list[list[RowInput]] = []
         quality: list[list[RowInput]] = []
+        switchback: dict[str, Any] | None = None
         if "overhead" in parts:
             overhead = await run_overhead(procs, paths, wanted, scale, rounds)
+        if "switchback" in parts:
+            switchback = await switchback_part(
+                procs, paths, wanted, overhead_workload(SWITCH_REQUESTS),
+                fleet_spec=FAST_FLEET, instances=INSTANCES, scale=scale,
+            )  # fmt: skip
         if "quality" in parts:
             judged = [r for r in wanted if r.policy not in OVERHEAD_ONLY]
             quality = await run_quality(procs, paths, judged, scale, rounds)
@@ -330,6 +293,7 @@ async def run_peers(
         "wall_s": time.perf_counter() - started,
         "rows": rows,
         "acceptance": acceptance(rows),
+        "switchback": switchback,
         "logs": str(logs),
     }
     write_json(document, out)
@@ -348,7 +312,9 @@ def peers_command(  # noqa: PLR0917 (one parameter per CLI option)
     vllm_router: Annotated[Path | None, typer.Option(help="the vllm-router binary")] = None,
     scale: Annotated[float, typer.Option(help="shrink request counts (<1)")] = 1.0,
     routers: Annotated[str, typer.Option(help="comma-separated labels to keep")] = "",
-    parts: Annotated[str, typer.Option(help="overhead and/or quality")] = "overhead,quality",
+    parts: Annotated[
+        str, typer.Option(help="overhead, switchback and/or quality")
+    ] = "overhead,switchback,quality",
     rounds: Annotated[int, typer.Option(help="runs of each part (medians kept)")] = ROUNDS,
     wide: WideOpt = False,
 ) -> None:
@@ -370,7 +336,11 @@ def peers_command(  # noqa: PLR0917 (one parameter per CLI option)
         )
         document = run_async(main_run)
     term = output_console()
-    emit([rows_table(document["rows"]), acceptance_table(document["acceptance"])], wide=wide)
+    grids = [rows_table(document["rows"]), acceptance_table(document["acceptance"])]
+    if document["switchback"] is not None:
+        switch = document["switchback"]
+        grids += [switch_table(switch["rows"]), switch_acceptance_table(switch["acceptance"])]
+    emit(grids, wide=wide)
     noisy = sum(1 for row in document["rows"] if row["noisy"])
     if noisy:
         term.print(
