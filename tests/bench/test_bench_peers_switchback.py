@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +124,15 @@ async def test_a_short_switchback_measures_every_router_and_stops_them(tmp_path:
         assert row["added_p50_ms"] is not None
         assert row["router_cpu_ms_per_request"] > 0
     assert procs.children == []  # each stopped (by PID) and let go
+
+
+def test_an_unknown_part_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    out = tmp_path / "peers.json"
+    argv = [sys.executable, "-m", "warmfleet.bench.peers", "--parts", "overhead,switchbak"]
+    done = subprocess.run(
+        [*argv, "--out", str(out)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    message = "error: --parts: switchbak: not one of overhead, switchback, quality\n"
+    assert done.stderr == message  # one line
+    assert not out.exists()

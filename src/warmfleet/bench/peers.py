@@ -6,9 +6,9 @@ minus direct's (client round robin) at the same load point in the same run, and 
 the router process tree's CPU time over the measured requests. The switchback part runs the
 routers of issue 22's lines at once in front of one fast fleet, the load rotating between them
 slice by slice (``peers_switchback``): the same lines, measured under the same machine, with
-95 % intervals. Quality points run against a
-fresh slow fleet per router (cold caches, KV smaller than the shared prefixes) so hit rate, TTFT
-and balance reflect placement. Every child is stopped by PID on every exit path.
+95 % intervals. Quality points run against a fresh slow fleet per router (cold caches, KV
+smaller than the shared prefixes) so hit rate, TTFT and balance reflect placement. Every child
+is stopped by PID on every exit path.
 
     python -m warmfleet.bench.peers --out bench-results/peers.json \\
         --sglang-python .venv-peers-sglang/bin/python --vllm-router .venv-peers-vllm/bin/vllm-router
@@ -113,6 +113,7 @@ ROUTERS = (
 )
 FAST_FLEET = {"preset": "tiny-cpu", "speedup": 10_000.0, "seed": 0}
 SWITCH_REQUESTS = 4000  # the switchback's requests, sent round and round
+PARTS = ("overhead", "switchback", "quality")
 QUALITY = DemoConfig(instances=INSTANCES, concurrency=16, requests=480)
 
 
@@ -253,7 +254,7 @@ async def run_peers(
     routers: Sequence[RouterSpec] = ROUTERS,
     scale: float = 1.0,
     log_dir: Path | None = None,
-    parts: Sequence[str] = ("overhead", "switchback", "quality"),
+    parts: Sequence[str] = PARTS,
     rounds: int = ROUNDS,
 ) -> dict[str, Any]:
     """Every router x load point; writes ``out`` and returns the document. Every row is the
@@ -319,6 +320,12 @@ def peers_command(  # noqa: PLR0917 (one parameter per CLI option)
     wide: WideOpt = False,
 ) -> None:
     """warmfleet beside sglang-router and vllm-router, same fleet, one run."""
+    chosen = parts.split(",")
+    unknown = sorted(set(chosen) - set(PARTS))
+    if unknown:
+        listed = f"{', '.join(unknown)}: not one of {', '.join(PARTS)}"
+        typer.echo(f"error: --parts: {listed}", err=True)  # one line, never wrapped
+        raise typer.Exit(2)
     kept: tuple[RouterSpec, ...] = ROUTERS
     if routers:
         keep = set(routers.split(","))
@@ -331,7 +338,7 @@ def peers_command(  # noqa: PLR0917 (one parameter per CLI option)
             paths,
             routers=kept,
             scale=scale,
-            parts=parts.split(","),
+            parts=chosen,
             rounds=max(1, rounds),
         )
         document = run_async(main_run)
