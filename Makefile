@@ -40,7 +40,7 @@ help:
 	  'make bench-replicas hit rate, gateway replicas x sync delay (sim), then with KV events -> bench-results/replicas.json, replicas-kv-events.json' \
 	  'make bench-doctor   doctor calibration, live vs replay -> bench-results/doctor.json' \
 	  'make bench-flow     flow control: noisy neighbour, priorities, wait-vs-spill (sim) -> bench-results/flow.json' \
-	  'make bench-peers    ours beside sglang-router and vllm-router, one run (~25 min)' \
+	  'make bench-peers    ours beside sglang-router and vllm-router, one run (~21 min)' \
 	  'make bench-capture  the traffic capture'"'"'s CPU per request, on vs off in one process -> bench-results/capture-cost.json' \
 	  'make peers-venvs    the peer routers, each in its own venv' \
 	  'make bench-cache    model/image cache throughput, fault matrix -> bench-results/cache.json' \
