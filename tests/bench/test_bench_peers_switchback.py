@@ -119,6 +119,8 @@ async def test_a_short_switchback_measures_every_router_and_stops_them(tmp_path:
         assert row["requests"] > 8
         assert row["stream"] is True
         assert row["p50_ms"] > 0
+        assert 0.0 <= row["foreign_cpu_frac"] <= 1.0
+        assert row["noisy"] is (row["foreign_cpu_frac"] > 0.15)
     assert rows[0]["router_cpu_ms_per_request"] is None
     for row in rows[1:]:
         assert row["added_p50_ms"] is not None

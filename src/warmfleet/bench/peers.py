@@ -348,10 +348,11 @@ def peers_command(  # noqa: PLR0917 (one parameter per CLI option)
         switch = document["switchback"]
         grids += [switch_table(switch["rows"]), switch_acceptance_table(switch["acceptance"])]
     emit(grids, wide=wide)
-    noisy = sum(1 for row in document["rows"] if row["noisy"])
+    rows = [*document["rows"], *(document["switchback"] or {}).get("rows", [])]
+    noisy = sum(1 for row in rows if row["noisy"])
     if noisy:
         term.print(
-            f"[red]{noisy} of {len(document['rows'])} rows are noisy: unrelated processes used "
+            f"[red]{noisy} of {len(rows)} rows are noisy: unrelated processes used "
             "> 15 % of the machine's CPU during them; re-run on an idle machine.[/red]"
         )
     if document["skipped"]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from warmfleet.bench.cpu_probe import CpuProbe
 from warmfleet.bench.live_fleet import FleetHandle, start_fleet
 from warmfleet.bench.live_procs import Child, ProcessSet, tree_cpu_s
 from warmfleet.bench.loadgen import (
@@ -34,6 +35,7 @@ from warmfleet.bench.loadgen import (
     prepare_requests,
     send_one,
 )
+from warmfleet.bench.peers_report import NOISY_FRAC
 from warmfleet.bench.peers_routers import (
     PROTOCOL_PASSTHROUGH,
     SYNCED_PREFIX_AFFINITY,
@@ -153,6 +155,7 @@ async def run_point(
     *,
     rng: random.Random,
     activity: Activity,
+    fleet_pid: int,
 ) -> list[dict[str, Any]]:
     """Warm every target up, then ``point.cycles`` cycles; one row per target."""
     spec = LoadSpec(
@@ -164,18 +167,24 @@ async def run_point(
     for target in targets:
         await run_slice(target, cursor, spec, -1, WARMUP_S)
     slices: dict[str, list[SliceResult]] = {label: [] for label in by_label}
+    machine = CpuProbe((), fleet_pid)  # for the CPU used outside this process tree
+    machine.start()
     for cycle, order in enumerate(cycle_orders(list(by_label), point.cycles, rng)):
         for label in order:
             result = await run_slice(by_label[label], cursor, spec, cycle, point.slice_s)
             slices[label].append(result)
         if (cycle + 1) % 5 == 0 or cycle + 1 == point.cycles:
             activity.log(f"switchback {point.name}: cycle {cycle + 1} of {point.cycles}")
+    machine.stop()
     direct = slices.get(DIRECT, [])
     shape = {"name": point.name, "concurrency": point.concurrency, "stream": point.stream}
+    foreign = machine.foreign_frac
+    noisy = {"foreign_cpu_frac": foreign, "noisy": foreign is not None and foreign > NOISY_FRAC}
     return [
-        switch_row((t.spec.router, t.spec.policy), shape, slices[t.spec.label], direct, rng)
+        {**switch_row((t.spec.router, t.spec.policy), shape, slices[t.spec.label], direct, rng),
+         **noisy}
         for t in targets
-    ]
+    ]  # fmt: skip
 
 
 async def _start_targets(
@@ -222,8 +231,9 @@ async def run_switchback(
         with Activity() as activity:
             for point in points:
                 rows += await run_point(
-                    targets, point, requests, fleet.model, rng=rng, activity=activity
-                )
+                    targets, point, requests, fleet.model,
+                    rng=rng, activity=activity, fleet_pid=fleet.child.pid,
+                )  # fmt: skip
     finally:
         for target in targets:
             await target.session.close()
