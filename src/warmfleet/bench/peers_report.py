@@ -232,30 +232,38 @@ CHECKS: tuple[tuple[str, Ref, float | tuple[Ref, float], str], ...] = (
 )  # fmt: skip
 
 
+def find_row(
+    rows: Sequence[Mapping[str, Any]], router: str, policy: str, point: str
+) -> Mapping[str, Any] | None:
+    """The row of ``router`` x ``policy`` at load point ``point`` (None: not measured)."""
+    for row in rows:
+        if (row["router"], row["policy"], row["load_point"]) == (router, policy, point):
+            return row
+    return None
+
+
 def _spread(rows: Sequence[Mapping[str, Any]], ref: Ref) -> list[float] | None:
     """[min, max] of ``ref``'s value over the rounds (None: one round, or not measured)."""
     router, policy, point, field, sub = ref
-    for row in rows:
-        if (row["router"], row["policy"], row["load_point"]) == (router, policy, point):
-            per_round = (row.get("rounds") or {}).get(field) or []
-            values = [v if sub is None else v.get(sub) for v in per_round if v is not None]
-            values = [float(v) for v in values if v is not None]
-            return [min(values), max(values)] if len(values) > 1 else None
-    return None
+    row = find_row(rows, router, policy, point)
+    if row is None:
+        return None
+    per_round = (row.get("rounds") or {}).get(field) or []
+    values = [v if sub is None else v.get(sub) for v in per_round if v is not None]
+    values = [float(v) for v in values if v is not None]
+    return [min(values), max(values)] if len(values) > 1 else None
 
 
 def _value(rows: Sequence[Mapping[str, Any]], ref: Ref) -> float | None:
     router, policy, point, field, sub = ref
-    for row in rows:
-        if (row["router"], row["policy"], row["load_point"]) == (router, policy, point):
-            value = row.get(field)
-            if value is not None and sub is not None:
-                value = value.get(sub)
-            return None if value is None else float(value)
-    return None
+    row = find_row(rows, router, policy, point)
+    value = None if row is None else row.get(field)
+    if value is not None and sub is not None:
+        value = value.get(sub)
+    return None if value is None else float(value)
 
 
-def _verdict(value: float | None, limit: float | None, op: str) -> bool | None:
+def verdict(value: float | None, limit: float | None, op: str) -> bool | None:
     """``value`` against ``limit``, both rounded to 9 decimals: a figure computed as, say,
     90 CPU ticks over 3,000 requests is 0.30000000000000004 in floating point, which is 0.30
     and must not fail "<= 0.30"."""
@@ -283,12 +291,12 @@ def acceptance(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             limit = limit_spec
         out.append({
             "check": name, "value": value, "spread": _spread(rows, ref), "limit": limit,
-            "pass": _verdict(value, limit, op),
+            "pass": verdict(value, limit, op),
         })  # fmt: skip
     return out
 
 
-def _fmt(value: Any, digits: int = 2) -> str:
+def fmt_cell(value: Any, digits: int = 2) -> str:
     if isinstance(value, float):
         return fixed(value, digits)
     return NA if value is None else str(value)
@@ -308,12 +316,14 @@ def rows_table(rows: Sequence[Mapping[str, Any]]) -> Grid:
     grid = Grid("warmfleet vs peer routers (same run, same emulated fleet)", PEER_COLUMNS)
     for r in rows:
         grid.add(
-            r["router"], r["policy"], r["load_point"], _fmt(r["added_p50_ms"]),
-            _fmt(r["added_p99_ms"]), _fmt(r["ttft_added_p50_ms"]),
-            _fmt(r["router_cpu_ms_per_request"], 3), _fmt(r["fleet_cpu_ms_per_request"], 2),
-            _fmt(r["client_cpu_ms_per_request"], 2), _fmt(r["throughput_vs_direct"]),
-            _fmt(r["throughput_rps"], 0), _fmt(r["hit_rate"], 3), _fmt(r["busiest_share"]),
-            _fmt(r["ttft_ms"]["p50"], 1), _fmt(r["ttft_ms"]["p90"], 1), str(r["errors"]),
+            r["router"], r["policy"], r["load_point"], fmt_cell(r["added_p50_ms"]),
+            fmt_cell(r["added_p99_ms"]), fmt_cell(r["ttft_added_p50_ms"]),
+            fmt_cell(r["router_cpu_ms_per_request"], 3),
+            fmt_cell(r["fleet_cpu_ms_per_request"], 2),
+            fmt_cell(r["client_cpu_ms_per_request"], 2), fmt_cell(r["throughput_vs_direct"]),
+            fmt_cell(r["throughput_rps"], 0), fmt_cell(r["hit_rate"], 3),
+            fmt_cell(r["busiest_share"]), fmt_cell(r["ttft_ms"]["p50"], 1),
+            fmt_cell(r["ttft_ms"]["p90"], 1), str(r["errors"]),
             pct(r["machine_busy_frac"], 0), _noisy(r["foreign_cpu_frac"]),
         )  # fmt: skip
     return grid
@@ -324,6 +334,10 @@ def _noisy(frac: float | None) -> str:
     return f"[red]{text}[/red]" if frac is not None and frac > NOISY_FRAC else text
 
 
+def verdict_cell(passed: bool | None) -> str:
+    return {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: "n/a"}[passed]
+
+
 def acceptance_table(checks: Sequence[Mapping[str, Any]]) -> Grid:
     columns = (
         Column("check", left=True, wrap=True), Column("median"), Column("rounds min-max"),
@@ -331,8 +345,8 @@ def acceptance_table(checks: Sequence[Mapping[str, Any]]) -> Grid:
     )  # fmt: skip
     grid = Grid("acceptance (issues 3 and 22), medians of rounds in this run", columns)
     for c in checks:
-        verdict = {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: "n/a"}[c["pass"]]
         spread = c.get("spread")
-        low_high = "-" if not spread else f"{_fmt(spread[0], 3)}-{_fmt(spread[1], 3)}"
-        grid.add(c["check"], _fmt(c["value"], 3), low_high, _fmt(c["limit"], 3), verdict)
+        low_high = "-" if not spread else f"{fmt_cell(spread[0], 3)}-{fmt_cell(spread[1], 3)}"
+        cells = (fmt_cell(c["value"], 3), low_high, fmt_cell(c["limit"], 3))
+        grid.add(c["check"], *cells, verdict_cell(c["pass"]))
     return grid

@@ -16,9 +16,10 @@ the requests it was sent. Both come with bootstrap 95 % intervals over cycles
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -89,19 +90,6 @@ class Target:
     session: aiohttp.ClientSession
 
 
-class Cursor:
-    """The next prepared request, round and round (every router is sent the same mix)."""
-
-    def __init__(self, prepared: Sequence[PreparedRequest]) -> None:
-        self._prepared = prepared
-        self._next = 0
-
-    def take(self) -> PreparedRequest:
-        item = self._prepared[self._next]
-        self._next = (self._next + 1) % len(self._prepared)
-        return item
-
-
 def cycle_orders(labels: Sequence[str], cycles: int, rng: random.Random) -> list[list[str]]:
     """One shuffled order of ``labels`` per cycle."""
     orders = []
@@ -113,7 +101,7 @@ def cycle_orders(labels: Sequence[str], cycles: int, rng: random.Random) -> list
 
 
 async def run_slice(
-    target: Target, cursor: Cursor, spec: LoadSpec, cycle: int, slice_s: float
+    target: Target, cursor: Iterator[PreparedRequest], spec: LoadSpec, cycle: int, slice_s: float
 ) -> SliceResult:
     """A closed loop of ``spec.concurrency`` workers against ``target`` for ``slice_s``; it
     returns once every request it started has ended (the barrier)."""
@@ -126,7 +114,7 @@ async def run_slice(
     async def worker() -> None:
         nonlocal started
         while time.perf_counter() < deadline:
-            prepared = cursor.take()
+            prepared = next(cursor)
             order, started = started, started + 1
             result = RequestResult(prepared.request.request_id, 0.0)
             url = target.urls[order % len(target.urls)]
@@ -162,7 +150,7 @@ async def run_point(
         urls=("unused",), model=model, stream=point.stream, concurrency=point.concurrency,
         request_timeout_s=REQUEST_TIMEOUT_S, ignore_eos=True, max_output_tokens=16,
     )  # fmt: skip
-    cursor = Cursor(prepare_requests(requests, spec))
+    cursor = itertools.cycle(prepare_requests(requests, spec))  # the same mix for every router
     by_label = {t.spec.label: t for t in targets}
     for target in targets:
         await run_slice(target, cursor, spec, -1, WARMUP_S)

@@ -8,9 +8,11 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import median
 from typing import Any
 
-from warmfleet.display import NA, Column, Grid, fixed
+from warmfleet.bench.peers_report import find_row, fmt_cell, verdict, verdict_cell
+from warmfleet.display import Column, Grid, fixed
 
 DIRECT = "direct"
 RESAMPLES = 2000
@@ -29,12 +31,6 @@ class SliceResult:
     cpu_s: float | None
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def bootstrap_ci(
     items: Sequence[Any], statistic: Callable[[Sequence[Any]], float], rng: random.Random
 ) -> tuple[float, float]:
@@ -48,7 +44,7 @@ def bootstrap_ci(
 
 
 def slice_p50(result: SliceResult) -> float:
-    return _median(result.latencies_ms) if result.latencies_ms else math.nan
+    return median(result.latencies_ms) if result.latencies_ms else math.nan
 
 
 def paired_added(router: Sequence[SliceResult], direct: Sequence[SliceResult]) -> list[float]:
@@ -83,15 +79,15 @@ def switch_row(
         "concurrency": point["concurrency"], "stream": point["stream"],
         "cycles": len(slices), "requests": sum(s.sent for s in slices),
         "errors": sum(s.errors for s in slices),
-        "p50_ms": _median(kept) if kept else None,
+        "p50_ms": median(kept) if kept else None,
         "added_p50_ms": None, "added_ci_ms": None,
         "router_cpu_ms_per_request": None, "router_cpu_ci_ms": None,
     }  # fmt: skip
     if label[0] != DIRECT:
         diffs = paired_added(slices, direct)
         if diffs:
-            row["added_p50_ms"] = _median(diffs)
-            row["added_ci_ms"] = list(bootstrap_ci(diffs, _median, rng))
+            row["added_p50_ms"] = median(diffs)
+            row["added_ci_ms"] = list(bootstrap_ci(diffs, median, rng))
         if all(s.cpu_s is not None for s in slices) and slices:
             row["router_cpu_ms_per_request"] = _cpu_per_request_ms(slices)
             row["router_cpu_ci_ms"] = list(bootstrap_ci(slices, _cpu_per_request_ms, rng))
@@ -111,36 +107,24 @@ SWITCH_CHECKS = (
 )  # fmt: skip
 
 
-def _find(rows: Sequence[Mapping[str, Any]], who: tuple[str, str], point: str) -> Any:
-    for row in rows:
-        if (row["router"], row["policy"], row["load_point"]) == (*who, point):
-            return row
-    return None
-
-
 def switch_acceptance(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each line: ours (sync) against vllm-router's value in the same slices' run; ``apart``
     says whether the two intervals do not overlap (False: the verdict is within the noise)."""
     out = []
     for name, point, field, ci_field in SWITCH_CHECKS:
-        ours, peer = _find(rows, SYNC, point), _find(rows, VLLM_RR, point)
+        ours, peer = find_row(rows, *SYNC, point), find_row(rows, *VLLM_RR, point)
         value = None if ours is None else ours.get(field)
         limit = None if peer is None else peer.get(field)
         ci = None if ours is None else ours.get(ci_field)
         limit_ci = None if peer is None else peer.get(ci_field)
-        verdict = None if value is None or limit is None else round(value, 9) <= round(limit, 9)
         apart = None
         if ci is not None and limit_ci is not None:
             apart = ci[1] < limit_ci[0] or limit_ci[1] < ci[0]
         out.append({
             "check": name, "value": value, "ci": ci, "limit": limit, "limit_ci": limit_ci,
-            "pass": verdict, "apart": apart,
+            "pass": verdict(value, limit, "le"), "apart": apart,
         })  # fmt: skip
     return out
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    return fixed(value, digits) if isinstance(value, float) else NA if value is None else str(value)
 
 
 def _interval(ci: Sequence[float] | None, digits: int = 3) -> str:
@@ -157,9 +141,9 @@ def switch_table(rows: Sequence[Mapping[str, Any]]) -> Grid:
     grid = Grid("switchback: routers side by side, slices rotating (paired with direct)", columns)
     for r in rows:
         grid.add(
-            r["router"], r["policy"], r["load_point"], _fmt(r["p50_ms"], 2),
-            _fmt(r["added_p50_ms"], 2), _interval(r["added_ci_ms"], 2),
-            _fmt(r["router_cpu_ms_per_request"]), _interval(r["router_cpu_ci_ms"]),
+            r["router"], r["policy"], r["load_point"], fmt_cell(r["p50_ms"], 2),
+            fmt_cell(r["added_p50_ms"], 2), _interval(r["added_ci_ms"], 2),
+            fmt_cell(r["router_cpu_ms_per_request"], 3), _interval(r["router_cpu_ci_ms"]),
             str(r["requests"]), str(r["errors"]),
         )  # fmt: skip
     return grid
@@ -174,11 +158,11 @@ def switch_acceptance_table(checks: Sequence[Mapping[str, Any]]) -> Grid:
     title = "issue 22, switchback: prefix_affinity + sync <= vllm-router round_robin"
     grid = Grid(title, columns)
     for c in checks:
-        verdict = {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: "n/a"}[c["pass"]]
+        result = verdict_cell(c["pass"])
         if c["apart"] is False:
-            verdict += " (intervals overlap)"
+            result += " (intervals overlap)"
         grid.add(
-            c["check"], _fmt(c["value"]), _interval(c["ci"]), _fmt(c["limit"]),
-            _interval(c["limit_ci"]), verdict,
+            c["check"], fmt_cell(c["value"], 3), _interval(c["ci"]), fmt_cell(c["limit"], 3),
+            _interval(c["limit_ci"]), result,
         )  # fmt: skip
     return grid
