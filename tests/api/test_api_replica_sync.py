@@ -161,6 +161,16 @@ def test_what_cannot_be_sent_or_read_is_named() -> None:
         decode_batch(msgpack.packb([VERSION, [routed]], use_bin_type=True))
 
 
+def test_a_note_that_cannot_be_encoded_does_not_take_its_batch_with_it() -> None:
+    too_wide = RoutingKey((1 << 64,), 16, 16, 16, 0)
+    bad = routed_note("r0", "v", 2, too_wide, Decision("i", Reason.RANDOM))
+    good: list[SyncNote] = [_note_with_session(), FinishedNote("r0", "v", 1, "i", 5)]
+    payload, left_out = BatchEncoder().encode_valid([good[0], bad, good[1]])
+    assert left_out == 1
+    assert decode_batch(payload) == tuple(good)
+    assert BatchEncoder().encode_valid(good) == (BatchEncoder().encode(good), 0)
+
+
 def _note_with_session() -> RoutedNote:
     key = RoutingKey((1, 2), 16, 32, 32, 5, 0, 9, session=77)
     return routed_note("r0", "v", 1, key, Decision("i", Reason.SESSION))

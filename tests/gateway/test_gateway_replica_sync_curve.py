@@ -19,7 +19,7 @@ from warmfleet.cli import app
 from warmfleet.core.errors import ConfigError
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.replica_sync.curve import CurveKey, new_secret
-from warmfleet.gateway.replica_sync.transport import Sockets, batch_message
+from warmfleet.gateway.replica_sync.transport import AnswerBudget, Sockets, batch_message
 from warmfleet.routing.replica_notes import FinishedNote
 
 FLEET_ENV, OTHER_ENV = "WF_TEST_SYNC_KEY", "WF_TEST_OTHER_SYNC_KEY"
@@ -56,7 +56,9 @@ async def test_only_the_fleets_key_hears_and_catches_up(other: str) -> None:
     c = Sockets(_endpoint(port_c), curve=c_key)
     frames = [b"wf-sync-log", b"a#1"]
     serving = [asyncio.create_task(s.serve_zap()) for s in (a, b, c)]
-    serving.append(asyncio.create_task(a.serve_log_requests(lambda: frames, lambda: None)))
+    budget, dropped = AnswerBudget(time.monotonic, 4, 1.0), list[str]()
+    serve = a.serve_log_requests(lambda: frames, budget, dropped.append)
+    serving.append(asyncio.create_task(serve))
     try:
         b.set_peers([a.endpoint])
         c.set_peers([a.endpoint])

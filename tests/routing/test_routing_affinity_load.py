@@ -162,6 +162,29 @@ def test_work_ledger_counts_hits_as_less_work_and_forgets_finished_requests() ->
     assert s.in_flight_work(tracker.snapshot())[pod] == BLOCK + 5 + 10 + 1000
 
 
+def test_a_snapshot_without_an_instance_keeps_its_ledger_entries() -> None:
+    """A retry's snapshot leaves out the instance that failed: the hits in flight there still
+    count as the little work they are when the next snapshot has it again (they were forgotten,
+    and its in-flight tokens then counted in full); an instance that leaves the fleet goes."""
+    s = affinity()
+    tracker = LoadTracker(3)
+    s.on_instances_changed(tracker.ids)
+    rng = random.Random(23)
+    doc = chain(rng, 40)
+    first = tracker.route(s, key(doc + chain(rng, 1), output=10))
+    for _ in range(3):
+        assert tracker.route(s, key(doc + chain(rng, 1), output=10)).reason is Reason.PREFIX_HIT
+    pod = tracker.ids.index(first.instance_id)
+    before = s.in_flight_work(tracker.snapshot())[pod]
+    assert before < tracker.tokens[first.instance_id]  # hits: less work than their tokens
+    others = tuple(st for st in tracker.snapshot().instances if st.instance_id != first.instance_id)
+    s.in_flight_work(FleetSnapshot(others))
+    assert s.in_flight_work(tracker.snapshot())[pod] == before
+    s.on_instances_changed([i for i in tracker.ids if i != first.instance_id])
+    s.on_instances_changed(tracker.ids)  # left, and came back with the same requests in flight
+    assert s.in_flight_work(tracker.snapshot())[pod] == tracker.tokens[first.instance_id]
+
+
 def test_conversation_is_followed_past_the_load_bound_but_a_shared_prefix_is_not() -> None:
     s = affinity(epsilon=0.1, load_floor_requests=0.0)
     tracker = LoadTracker(4)

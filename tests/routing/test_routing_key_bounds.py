@@ -19,7 +19,13 @@ from warmfleet.routing.canonical import render_chat_text
 from warmfleet.routing.config import RoutingConfig
 from warmfleet.routing.key_spec import CHARS_PER_TOKEN, KeySpec
 from warmfleet.routing.keys import KeyHasher
-from warmfleet.routing.parse import output_hint, parse_chat, parse_completions
+from warmfleet.routing.parse import (
+    MAX_OUTPUT_HINT,
+    output_hint,
+    parse_chat,
+    parse_completions,
+    parse_responses,
+)
 from warmfleet.routing.router import Router
 
 
@@ -105,6 +111,20 @@ def test_a_count_past_64_bits_is_a_bad_request_naming_it(field: str) -> None:
     assert raised.value.param == field
     body[field] = (1 << 63) - 1
     assert output_hint({**body, "max_tokens": 5} if field == "n" else body) > 0
+
+
+def test_the_output_hint_is_capped_so_that_a_note_stays_a_64_bit_count() -> None:
+    """``n`` x ``max_tokens``, each accepted up to 2**63 - 1, and with the prompt's tokens on
+    the replica-sync wire: a hostile body must not make a note its peers refuse."""
+    chat: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert output_hint({**chat, "max_tokens": (1 << 63) - 1, "n": 1 << 40}) == MAX_OUTPUT_HINT
+    assert output_hint({**chat, "max_tokens": 100, "n": 2}) == 200
+    completions = {"model": "m", "prompt": ["a", "b"], "max_tokens": (1 << 63) - 1, "n": 3}
+    assert parse_completions(completions).output_tokens_hint == MAX_OUTPUT_HINT
+    request = parse_chat({**chat, "max_completion_tokens": (1 << 63) - 1})
+    assert request.output_tokens_hint == MAX_OUTPUT_HINT
+    responses = {"model": "m", "input": "hi", "max_output_tokens": (1 << 63) - 1}
+    assert parse_responses(responses).output_tokens_hint == MAX_OUTPUT_HINT
 
 
 @settings(max_examples=60, deadline=None)

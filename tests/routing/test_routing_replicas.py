@@ -152,13 +152,69 @@ def test_forgetting_a_peer_drops_its_open_requests_but_not_what_was_learnt() -> 
     assert view.apply(finished_note(notes[0])) is False
 
 
+def test_a_forgotten_origin_relayed_stays_forgotten_and_counts_nothing() -> None:
+    """A dead peer's notes replayed from another peer's log (a duplicate, or one this replica
+    missed) are learnt once but never count, and the origin's state still goes in time."""
+    view, recorder = _view()
+    notes = _peer_notes("dead", 4)
+    for note in notes[:3]:  # the 4th was lost on the wire
+        view.apply(note)
+    view.forget_origin("dead")
+    assert view.apply(notes[0]) is False  # a relayed duplicate
+    assert view.apply(notes[3]) is True  # relayed, missed before: learnt...
+    assert len(recorder.routed) == 4
+    assert sum(view.in_flight_requests.values()) == 0  # ...and not counted
+    assert view.open_requests()["dead"] == 0
+    for run in range(FORGOTTEN_ORIGINS):
+        view.apply(_peer_notes(f"r#{run}", 1)[0])
+        view.forget_origin(f"r#{run}")
+    assert "dead" not in view.open_requests()  # not revived by the relayed notes: evicted
+
+
+def test_an_end_heard_before_its_routing_survives_forgetting_its_origin() -> None:
+    view, _ = _view()
+    (note,) = _peer_notes("p", 1)
+    view.apply(finished_note(note))  # the end first (live), the routing to come (a replay)
+    view.forget_origin("p")
+    view.revive("p")
+    assert view.apply(note) is True  # learnt...
+    assert sum(view.in_flight_requests.values()) == 0  # ...but it ended: not counted
+    assert view.open_requests()["p"] == 0
+
+
+def test_a_revived_origin_counts_its_requests_still_open_again() -> None:
+    """Forgotten while its requests ran (a partition), heard again: those its catch-up answer
+    lists as open count again; one that ended meanwhile does not; a later end balances."""
+    view, recorder = _view()
+    notes = _peer_notes("p", 3)
+    for note in notes:
+        view.apply(note)
+    counted = dict(view.in_flight_requests)
+    view.forget_origin("p")
+    assert sum(view.in_flight_requests.values()) == 0
+    assert view.apply(notes[0]) is False  # relayed while forgotten: stays dormant
+    view.revive("p")
+    assert view.apply(finished_note(notes[1])) is False  # ended during the partition
+    assert view.apply(notes[0]) is True  # listed as open
+    assert view.apply(notes[2]) is True
+    assert view.apply(notes[1]) is False  # its routing replayed after its end: nothing
+    expected = Counter(counted)
+    expected[notes[1].instance_id] -= 1
+    assert view.in_flight_requests == dict(expected)
+    assert len(recorder.routed) == 3  # learnt once each
+    for note in (notes[0], notes[2]):
+        assert view.apply(finished_note(note)) is True
+    assert sum(view.in_flight_requests.values()) == 0
+
+
 def test_state_of_forgotten_origins_is_bounded_over_any_number_of_restarts() -> None:
     """Each restart of a peer is a new origin: once more than FORGOTTEN_ORIGINS were forgotten,
     the oldest one's state goes whole; one heard again (a healed partition) is kept."""
     view, _ = _view()
     view.apply(_peer_notes("healed", 1)[0])
     view.forget_origin("healed")
-    view.apply(_peer_notes("healed", 2)[1])  # heard again: alive
+    view.revive("healed")  # heard again: alive
+    view.apply(_peer_notes("healed", 2)[1])
     for run in range(FORGOTTEN_ORIGINS + 10):
         origin = f"r1#{run}"
         view.apply(_peer_notes(origin, 1)[0])

@@ -125,6 +125,22 @@ class BatchEncoder:
             raise ReplicaSyncError(f"note: cannot encode: {err}") from err
         return payload
 
+    def encode_valid(self, notes: Sequence[SyncNote]) -> tuple[bytes, int]:
+        """One payload of the notes that can be encoded (a note that cannot, a bug, must not
+        take the others with it), and how many were left out."""
+        try:
+            return self.encode(notes), 0
+        except ReplicaSyncError:
+            good = [n for n in notes if self._encodes(n)]
+            return self.encode(good), len(notes) - len(good)
+
+    def _encodes(self, note: SyncNote) -> bool:
+        try:
+            self.encode((note,))
+        except ReplicaSyncError:
+            return False
+        return True
+
 
 def _int(value: object, name: str, low: int = 0, high: int = _I64[1]) -> int:
     if type(value) is not int or not low <= value <= high:

@@ -7,7 +7,7 @@ instance, reconciled against the caller's in-flight counts at every decision.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from operator import sub
 
 from warmfleet.core.types import InstanceId, InstanceState
@@ -48,11 +48,10 @@ class WorkLedger:
         self._loads: list[int] | None = None
 
     def set_order(self, instance_ids: Sequence[InstanceId]) -> None:
-        """The fleet's instance order (as in the snapshots); forget instances not in it."""
+        """The snapshots' instance order. An instance missing from it (a retry's snapshot
+        leaves out the instance that failed) keeps its entries until ``retain`` drops it."""
         self._ids = list(instance_ids)
         self._pos = {iid: i for i, iid in enumerate(self._ids)}
-        for iid in [i for i in self._entries if i not in self._pos]:
-            del self._entries[iid]
         self._count = [0] * len(self._ids)
         self._tokens = [0] * len(self._ids)
         self._work = [0] * len(self._ids)
@@ -60,10 +59,18 @@ class WorkLedger:
         self._last_tokens = ()
         self._loads = None
         for iid, entries in self._entries.items():
-            pos = self._pos[iid]
+            pos = self._pos.get(iid)
+            if pos is None:
+                continue
             self._count[pos] = len(entries)
             self._tokens[pos] = sum(e[0] for e in entries)
             self._work[pos] = sum(e[1] for e in entries)
+
+    def retain(self, instance_ids: Iterable[InstanceId]) -> None:
+        """The fleet's instances are now ``instance_ids``: forget the others' entries."""
+        keep = set(instance_ids)
+        for iid in [i for i in self._entries if i not in keep]:
+            del self._entries[iid]
 
     def add(self, instance_id: InstanceId, tokens: int, work: int) -> None:
         pos = self._pos.get(instance_id)

@@ -31,6 +31,9 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # The largest token count or ``n`` accepted (a signed 64-bit integer, as the engines hold them):
 # a larger one (a JSON integer of hundreds of digits) overflows the strategies' float arithmetic.
 MAX_COUNT = (1 << 63) - 1
+# The output hint's cap (longer than any context): ``n`` x ``max_tokens`` of any accepted size
+# (up to 2**126) stays a 64-bit count, with the prompt's tokens, on the replica-sync wire.
+MAX_OUTPUT_HINT = 1 << 32
 _MASK64 = (1 << 64) - 1
 # Content-part types vLLM reads as plain text (``vllm.renderers.chat_utils.TEXT_PART_TYPES``).
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
@@ -108,7 +111,7 @@ def parse_responses(
     hint; ``tenant`` as for ``parse_chat`` (the Responses API has ``prompt_cache_key`` too)."""
     fields = _object(body)
     tenant_key, model, salt, session = _chain_fields(fields, tenant, tenant_header, session)
-    hint = _max_tokens(fields, "max_output_tokens") or 0
+    hint = min(_max_tokens(fields, "max_output_tokens") or 0, MAX_OUTPUT_HINT)
     messages = responses_messages(fields)
     tools = fields.get("tools")
     if tools is not None and not isinstance(tools, list):
@@ -241,7 +244,7 @@ def _choices(body: Mapping[str, Any]) -> int:
 
 def output_hint(body: Mapping[str, Any]) -> int:
     """Chat: ``n`` x (``max_completion_tokens``, else ``max_tokens``); 0 (unknown) if neither,
-    as vLLM then generates up to the context length."""
+    as vLLM then generates up to the context length; at most ``MAX_OUTPUT_HINT``."""
     name = "max_completion_tokens"
     limit = body.get(name)
     if limit is None:
@@ -249,16 +252,17 @@ def output_hint(body: Mapping[str, Any]) -> int:
         limit = body.get(name)
     if limit is not None and (type(limit) is not int or not 0 <= limit <= MAX_COUNT):
         limit = _max_tokens(body, name)  # raises, unless an int subclass
-    return (limit or 0) * _choices(body)
+    return min((limit or 0) * _choices(body), MAX_OUTPUT_HINT)
 
 
 def completions_output_hint(body: Mapping[str, Any], prompts: int) -> int:
     """Completions: ``prompts`` x ``n`` x ``max_tokens`` (absent or null: 16, as in the OpenAI
-    API and vLLM; ``max_completion_tokens`` is not a completions parameter and is ignored)."""
+    API and vLLM; ``max_completion_tokens`` is not a completions parameter and is ignored); at
+    most ``MAX_OUTPUT_HINT``."""
     limit = _max_tokens(body, "max_tokens")
     if limit is None:
         limit = COMPLETIONS_DEFAULT_MAX_TOKENS
-    return limit * _choices(body) * prompts
+    return min(limit * _choices(body) * prompts, MAX_OUTPUT_HINT)
 
 
 def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:

@@ -13,6 +13,12 @@ the counts: a ``FinishedNote`` that arrives before its ``RoutedNote`` is remembe
 routed note then teaches the strategy but counts nothing. A peer's note about an instance this
 replica does not route to (it left the variant, or this replica has not discovered it yet) is
 counted, so its end balances, but not learnt. Counts are sums of open requests, never negative.
+
+An origin gone silent is forgotten (``forget_origin``): its open requests stop counting and are
+kept aside as *dormant*. Only ``revive`` (its own batches heard again) brings it back, never a
+note of it relayed through a peer's log (a dead replica's old notes are learnt, not counted); a
+dormant request counts again when a note of it arrives after the revival (the returning
+replica's catch-up answer lists its open requests first), and its end drops it.
 """
 
 from __future__ import annotations
@@ -71,14 +77,16 @@ class SeqWindow:
 
 class _Origin:
     """What one origin replica reported: routed numbers seen, requests open (seq -> instance,
-    tokens; oldest first) and ends that came before their routings."""
+    tokens; oldest first), ends that came before their routings, and the requests that were
+    open when it was forgotten (``dormant``: not counted)."""
 
-    __slots__ = ("early", "open", "seen")
+    __slots__ = ("dormant", "early", "open", "seen")
 
     def __init__(self, window: int) -> None:
         self.seen = SeqWindow(window)
         self.open: dict[int, tuple[InstanceId, int]] = {}
         self.early: dict[int, None] = {}
+        self.dormant: dict[int, tuple[InstanceId, int]] = {}
 
 
 class ReplicaView:
@@ -136,22 +144,29 @@ class ReplicaView:
 
     def forget_origin(self, origin: str) -> None:
         """Origin ``origin`` is gone (stopped, or its notes can no longer arrive): its open
-        requests stop counting. What the strategy learnt from it stays (the engines still hold
-        those prefixes), and so do the numbers seen: a note of it that arrives later is still
-        applied once at most, unless more than ``FORGOTTEN_ORIGINS`` origins were forgotten
-        since (then its state is gone whole: memory stays bounded over any number of restarts)."""
+        requests stop counting (kept dormant until ``revive``). What the strategy learnt from
+        it stays (the engines still hold those prefixes), and so do the numbers seen and the
+        ends that came before their routings: a note of it that arrives later is still applied
+        once at most, and counts nothing until it is revived. With more than
+        ``FORGOTTEN_ORIGINS`` origins forgotten since, its state goes whole (memory stays
+        bounded over any number of restarts)."""
         state = self._origins.get(origin)
-        if state is not None:
-            for instance_id, tokens in state.open.values():
-                self._count(instance_id, -1, -tokens)
-            state.open.clear()
-            state.early.clear()
-            self._forgotten[origin] = None
-            self._forgotten.move_to_end(origin)
-            if len(self._forgotten) > FORGOTTEN_ORIGINS:
-                oldest, _ = self._forgotten.popitem(last=False)
-                if not self._origins[oldest].open:  # it came back and routes: keep it
-                    del self._origins[oldest]
+        if state is None or origin == self.replica_id:
+            return
+        for instance_id, tokens in state.open.values():
+            self._count(instance_id, -1, -tokens)
+        self._sleep(state, state.open)
+        state.open.clear()  # (early ends stay: a routing of one that comes later counts nothing)
+        self._forgotten[origin] = None
+        self._forgotten.move_to_end(origin)
+        if len(self._forgotten) > FORGOTTEN_ORIGINS:
+            oldest, _ = self._forgotten.popitem(last=False)
+            del self._origins[oldest]
+
+    def revive(self, origin: str) -> None:
+        """Origin ``origin`` is heard again (its own batches: a healed partition): its notes
+        count again, and so does each dormant request a note of it then arrives for."""
+        self._forgotten.pop(origin, None)
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         """The variant's routable instances are now ``instance_ids``."""
@@ -171,27 +186,45 @@ class ReplicaView:
         state = self._origins.get(origin)
         if state is None:
             state = self._origins[origin] = _Origin(self._window)
-        elif origin in self._forgotten and origin != self.replica_id:
-            del self._forgotten[origin]  # heard again (a healed partition): alive
         return state
 
     def _apply_routed(self, note: RoutedNote) -> bool:
         state = self._origin(note.origin)
-        if note.seq < 1 or note.seq in state.seen:
+        seq = note.seq
+        if seq < 1 or seq in state.seen:
+            if state.dormant and seq in state.dormant and note.origin not in self._forgotten:
+                self._reopen(state, seq)  # still open on a replica heard again
+                return True
             return False
         if note.instance_id in self._instances:
             self.strategy.on_routed(note.key, note.decision)
-        if note.seq in state.early:  # it already ended: learnt, not counted
-            del state.early[note.seq]
-            state.seen.add(note.seq)
-            return True
-        self._open(state, note)
+        if seq in state.early:  # it already ended: learnt, not counted
+            del state.early[seq]
+            state.seen.add(seq)
+        elif self._forgotten and note.origin in self._forgotten:  # relayed: learnt, dormant
+            state.seen.add(seq)
+            self._sleep(state, {seq: (note.instance_id, note.tokens)})
+        else:
+            self._open(state, note)
         return True
+
+    def _sleep(self, state: _Origin, entries: Mapping[int, tuple[InstanceId, int]]) -> None:
+        """Keep ``entries`` dormant (not counted); the oldest go past ``window``."""
+        dormant = state.dormant
+        dormant.update(entries)
+        while len(dormant) > self._window:
+            del dormant[next(iter(dormant))]
+
+    def _reopen(self, state: _Origin, seq: int) -> None:
+        self._add_open(state, seq, state.dormant.pop(seq))
 
     def _open(self, state: _Origin, note: RoutedNote) -> None:
         state.seen.add(note.seq)
-        state.open[note.seq] = (note.instance_id, note.tokens)
-        self._count(note.instance_id, 1, note.tokens)
+        self._add_open(state, note.seq, (note.instance_id, note.tokens))
+
+    def _add_open(self, state: _Origin, seq: int, entry: tuple[InstanceId, int]) -> None:
+        state.open[seq] = entry
+        self._count(entry[0], 1, entry[1])
         if len(state.open) > self._window:  # its end was lost: stop counting the oldest
             oldest = next(iter(state.open))
             instance_id, tokens = state.open.pop(oldest)
@@ -203,6 +236,8 @@ class ReplicaView:
         if entry is not None:
             self._count(entry[0], -1, -entry[1])
             return True
+        if state.dormant and state.dormant.pop(note.seq, None) is not None:
+            return False  # it ended while its replica was forgotten: never counted again
         if note.seq < 1 or note.seq in state.seen or note.seq in state.early:
             return False  # already ended (a duplicate), or too old to matter
         state.early[note.seq] = None

@@ -1,8 +1,10 @@
 """Replica-sync metrics, on the gateway's registry (all ``warmfleet_gateway_replica_sync_``):
 
 - ``notes_sent_total``, ``notes_received_total`` (applied or not), ``notes_dropped_total{reason}``
-  (``bad_frame``: a message that is not a batch, counted once; ``send_full``: a batch the PUB
-  socket dropped at its high-water mark; ``catch_up_bad_frame``);
+  (``bad_frame``: a message that is not a batch, counted once; ``catch_up_bad_frame``: a
+  catch-up answer or a batch in it that is not one; ``encode``: a batch this replica could not
+  encode. A batch the PUB socket drops at a slow peer's high-water mark is not seen here:
+  ZeroMQ drops it silently, and that peer counts the gap in ``batches_missed_total``);
 - ``batches_sent_total``, ``batches_missed_total`` (a peer's batch numbers skipped: its logs
   are replayed), ``peers`` (endpoints subscribed to), ``peers_connected`` (origins heard
   within ``peer_timeout_s``), ``origins_forgotten_total`` (peers gone silent: their open requests
@@ -88,6 +90,10 @@ class SyncMetrics:
             "Connections to the sync sockets refused: no CURVE key, or not the fleet's",
             registry=registry,
         )
+
+    def drop(self, reason: str) -> None:
+        """A message, batch or request dropped for ``reason`` (``notes_dropped_total``)."""
+        self.dropped.labels(reason).inc()
 
     def batch_sent(self, notes: int, size_bytes: int) -> None:
         self.batches.inc()

@@ -1,5 +1,6 @@
 """The live gateway's side of a ``ReplicaView``: the variant's router of the moment
-(``CurrentRouter``) and the restart-on-bug wrapper of the sync's tasks (``kept``)."""
+(``CurrentRouter``), the strategy of a view whose variant was removed (``Detached``) and the
+restart-on-bug wrapper of the sync's tasks (``kept``)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,21 @@ class CurrentRouter:
 
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self.variant.router.on_instances_changed(instance_ids)
+
+
+class Detached:
+    """The strategy of a view whose variant a reload removed: it learns nothing (the variant's
+    router and index are let go). The view itself stays: its sequence numbers go on if the
+    variant comes back, and its peers' notes are still counted so that their ends balance."""
+
+    name = "detached"
+    reads_block_hashes = False
+
+    def choose(self, key: RoutingKey, fleet: FleetSnapshot) -> Decision:  # noqa: ARG002
+        raise RuntimeError("a detached replica view routes nothing")
+
+    def on_routed(self, key: RoutingKey, decision: Decision) -> None:
+        pass
+
+    def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
+        pass

@@ -33,11 +33,13 @@ from warmfleet.gateway.replica_sync.curve import CurveKey
 from warmfleet.gateway.replica_sync.inbound import Inbound
 from warmfleet.gateway.replica_sync.metrics import SyncMetrics
 from warmfleet.gateway.replica_sync.peers import PeerWatch
-from warmfleet.gateway.replica_sync.router import CurrentRouter, kept
+from warmfleet.gateway.replica_sync.router import CurrentRouter, Detached, kept
 from warmfleet.gateway.replica_sync.transport import (
+    AnswerBudget,
     PayloadLog,
     Sockets,
     batch_message,
+    decoded_batches,
     log_frames,
     parse_batch,
     parse_log,
@@ -84,6 +86,7 @@ class ReplicaSync:
         self._batches = 0  # numbered from 1
         self._last_batch: dict[str, int] = {}  # origin -> number of its last batch heard
         self._resync = asyncio.Event()
+        self._ready = asyncio.Event()  # the start's catch-up is over (``caught_up``)
         self._log, self._encoder = PayloadLog(config.log_bytes), BatchEncoder()
         self._own_open: dict[tuple[str, int], RoutedNote] = {}
         self._unsent_routed: set[tuple[str, int]] = set()  # routed notes in ``_pending``
@@ -105,9 +108,13 @@ class ReplicaSync:
         self._inbound = Inbound(self._sockets, self.receive, delay_s, self._wall)
 
     def attach(self, state: GatewayState) -> None:
-        """Give every variant of ``state`` its view (after each applied config)."""
-        for variant in state.variants():
-            key = f"{variant.endpoint}/{variant.name}"
+        """Give every variant of ``state`` its view (after each applied config); a removed
+        variant's view is ``Detached`` from its router."""
+        variants = {f"{v.endpoint}/{v.name}": v for v in state.variants()}
+        for key in self.views.keys() - variants.keys():
+            self.views[key].strategy = Detached()
+            self.views[key].on_instances_changed(())
+        for key, variant in variants.items():
             view = self.views.get(key)
             if view is None:
                 view = self.views[key] = ReplicaView(self.origin, key, CurrentRouter(variant))
@@ -216,20 +223,16 @@ class ReplicaSync:
         sockets = self._sockets
         if sockets is None:
             return
-        try:
-            payload = self._encoder.encode(notes)
-        except ReplicaSyncError as err:  # a bug: never a reason to stop routing
-            log.error("replica sync: a batch of %d notes not encoded: %s", len(notes), err)
-            self.metrics.dropped.labels("encode").inc()
-            return
+        payload, bad = self._encoder.encode_valid(notes)
+        if bad:  # a bug: never a reason to stop routing, nor to lose the other notes
+            log.error("replica sync: %d of a batch's %d notes not encoded", bad, len(notes))
+            self.metrics.dropped.labels("encode").inc(bad)
         self._last_sent_s = self._clock()
         self._batches += 1
         if notes:
             self._log.add(payload)
         message = batch_message(self.origin, self._oldest_s, self._batches, payload)
-        if not sockets.send(message):
-            self.metrics.dropped.labels("send_full").inc()
-            return
+        sockets.send(message)
         self.metrics.batch_sent(len(notes), len(message))
 
     def _flush_due(self) -> None:
@@ -288,6 +291,10 @@ class ReplicaSync:
         return changed
 
     def _hear(self, origin: str) -> None:
+        """``origin``'s own batches (or catch-up answer) arrived: it is alive."""
+        if origin in self._gone or origin not in self._heard:
+            for view in self.views.values():  # (a relayed note of it never revives it)
+                view.revive(origin)
         if origin in self._gone:
             self._gone.discard(origin)
             self._resync.set()
@@ -325,17 +332,13 @@ class ReplicaSync:
     async def _serve_sockets(self) -> None:
         """Answer catch-up requests and the CURVE handshakes' ZAP requests."""
         if (sockets := self._sockets) is not None:
-            bad = self.metrics.dropped.labels("bad_frame").inc
+            budget, drop = AnswerBudget(self._clock), self.metrics.drop
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(sockets.serve_zap())
-                tasks.create_task(sockets.serve_log_requests(self._log_answer, bad))
+                tasks.create_task(sockets.serve_log_requests(self._log_answer, budget, drop))
 
-    def _log_answer(self) -> list[bytes] | None:
-        try:
-            return log_frames(self.origin, list(self._own_open.values()), self._log)
-        except ReplicaSyncError as err:
-            log.error("replica sync: log not encoded: %s", err)
-            return None
+    def _log_answer(self) -> list[bytes]:
+        return log_frames(self.origin, list(self._own_open.values()), self._log)
 
     async def catch_up(self, endpoints: Iterable[str], timeout_s: float) -> int:
         """Replay the logs of the peers at ``endpoints``; how many answered in time."""
@@ -354,18 +357,19 @@ class ReplicaSync:
             frames = await sockets.fetch_log(endpoint, timeout_s)
             origin, payloads = parse_log(frames)
         except ReplicaSyncError as err:
-            self.metrics.dropped.labels("catch_up_bad_frame").inc()
+            self.metrics.drop("catch_up_bad_frame")
             log.warning("replica sync: bad catch-up answer from %s: %s", endpoint, err)
             return False
         except (TimeoutError, zmq.ZMQError) as silent:
             log.warning("replica sync: no catch-up answer from %s: %r", endpoint, silent)
             return False
-        self.metrics.catch_up_notes.inc(sum(len(notes) for _, notes in payloads))
-        if origin != self.origin:
-            self._hear(origin)
-            for _payload, notes in payloads:  # a batch at a time: requests run in between
-                self.apply(notes)  # not logged again: a newcomer asks that peer itself
-                await asyncio.sleep(0)
+        if origin == self.origin:
+            return True
+        self._hear(origin)
+        for notes in decoded_batches(payloads, self.metrics.drop):  # requests run in between
+            self.metrics.catch_up_notes.inc(len(notes))
+            self.apply(notes)  # not logged again: a newcomer asks that peer itself
+            await asyncio.sleep(0)
         return True
 
     async def _catch_up_at_start(self) -> None:
@@ -387,9 +391,11 @@ class ReplicaSync:
             why = f"{answered} of {len(peers)} peers answered, {len(heard)} heard, in"
             log.warning("replica sync: %s catchUpTimeoutS: ready with a partial view", why)
         self.caught_up = True
+        self._ready.set()
         self.metrics.caught_up.set(1)
 
     async def _resync_on_return(self) -> None:
+        await self._ready.wait()  # a gap or late join heard before: the start's catch-up
         while True:
             await self._resync.wait()
             self._resync.clear()

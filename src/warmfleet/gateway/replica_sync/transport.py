@@ -28,7 +28,7 @@ import logging
 import math
 import struct
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,10 @@ MAX_ORIGIN_BYTES = 512
 CATCH_UP_ANSWERS_QUEUED = 2  # per requester connection
 MAX_LOG_REQUEST_BYTES = 1024
 RECEIVE_BURST = 256  # batches read at most in a row before the event loop runs other work
+# Catch-up answers given at most: a burst (every peer of a 16-replica fleet resyncing at once,
+# twice) then a few a second. Each copies the whole log into ZeroMQ on the event loop (~20 ms
+# at the default 32 MiB): a flood of 11-byte requests must not be answered at its own rate.
+ANSWERS_BURST, ANSWERS_PER_S = 32, 4.0
 # plain ints: pyzmq's constants are Python ``IntFlag``s (``int & zmq.POLLIN`` ~490 ns, ~10 ns so)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 log = logging.getLogger(__name__)
@@ -127,17 +131,52 @@ class PayloadLog:
 def log_frames(origin: str, open_notes: Sequence[SyncNote], log: PayloadLog) -> list[bytes]:
     """The answer to a catch-up request (without the ROUTER's identity frame): the replica's
     open requests, then its log."""
-    step, encode = CATCH_UP_NOTES_PER_FRAME, BatchEncoder().encode
-    chunks = [encode(open_notes[i : i + step]) for i in range(0, len(open_notes), step)]
+    step, encode = CATCH_UP_NOTES_PER_FRAME, BatchEncoder().encode_valid
+    chunks = [encode(open_notes[i : i + step])[0] for i in range(0, len(open_notes), step)]
     return [LOG_REQUEST, origin.encode(), *chunks, *log.payloads]
 
 
-def parse_log(frames: Sequence[bytes]) -> tuple[str, list[tuple[bytes, tuple[SyncNote, ...]]]]:
-    """The origin of a catch-up answer and its payloads, each with its notes."""
+def parse_log(frames: Sequence[bytes]) -> tuple[str, Sequence[bytes]]:
+    """The origin of a catch-up answer and its payloads, not decoded yet (``decode_batch``
+    each in turn: a whole log at once would hold the event loop for up to a second)."""
     if len(frames) < 2 or frames[0] != LOG_REQUEST:
         raise ReplicaSyncError("catch-up answer: expected [request, origin, payload, ...]")
-    origin = _origin(frames[1])
-    return origin, [(payload, decode_batch(payload)) for payload in frames[2:]]
+    return _origin(frames[1]), frames[2:]
+
+
+def decoded_batches(
+    payloads: Iterable[bytes], on_bad: Callable[[str], None]
+) -> Iterator[tuple[SyncNote, ...]]:
+    """The notes of each payload of a catch-up answer in turn; one that does not decode is
+    skipped (``on_bad("catch_up_bad_frame")``): the rest of the log still counts."""
+    for payload in payloads:
+        try:
+            notes = decode_batch(payload)
+        except ReplicaSyncError as err:
+            on_bad("catch_up_bad_frame")
+            log.warning("replica sync: a bad batch in a catch-up answer: %s", err)
+            continue
+        yield notes
+
+
+class AnswerBudget:
+    """A token bucket of catch-up answers: ``burst`` at once, refilled at ``per_s``."""
+
+    def __init__(
+        self, clock: Callable[[], float], burst: int = ANSWERS_BURST, per_s: float = ANSWERS_PER_S
+    ) -> None:
+        self._clock, self.burst, self.per_s = clock, burst, per_s
+        self._tokens, self._at = float(burst), clock()
+
+    def take(self) -> bool:
+        """Whether an answer may be given now (it is counted if so)."""
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 class Sockets:
@@ -191,13 +230,11 @@ class Sockets:
             raise
         self.connected: set[str] = set()
 
-    def send(self, message: bytes) -> bool:
-        """False if the message was dropped (every peer's queue full)."""
-        try:
-            self.pub.send(message, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return False
-        return True
+    def send(self, message: bytes) -> None:
+        """Publish ``message`` to every peer, never waiting: past a peer's high-water mark a
+        PUB socket drops it silently (no ``zmq.Again``), and that peer sees a gap in the batch
+        numbers."""
+        self.pub.send(message, flags=zmq.NOBLOCK)
 
     @property
     def sub_fd(self) -> int:
@@ -219,16 +256,24 @@ class Sockets:
         return out
 
     async def serve_log_requests(
-        self, answer: Callable[[], list[bytes] | None], on_bad: Callable[[], None]
+        self,
+        answer: Callable[[], list[bytes]],
+        budget: AnswerBudget,
+        on_dropped: Callable[[str], None],
     ) -> None:
-        """Answer each catch-up request on the ROUTER with ``answer()`` (nothing if it gives
-        ``None``; ``on_bad()`` for a message that is no request), until the sockets close."""
+        """Answer each catch-up request on the ROUTER with ``answer()`` while ``budget``
+        allows (``on_dropped("catch_up_limited")`` past it: the requester times out;
+        ``on_dropped("bad_frame")`` for a message that is no request), until the sockets
+        close."""
         router = self.router
         while not self._closed:
             frames = await router.recv_multipart()
             if len(frames) != 2 or frames[1] != LOG_REQUEST:
-                on_bad()
-            elif (frames_out := answer()) is not None:
+                on_dropped("bad_frame")
+            elif not budget.take():
+                on_dropped("catch_up_limited")
+            else:
+                frames_out = answer()
                 try:  # a ROUTER drops what it cannot deliver: this never waits in practice
                     await asyncio.wait_for(router.send_multipart([frames[0], *frames_out]), 5.0)
                 except TimeoutError:

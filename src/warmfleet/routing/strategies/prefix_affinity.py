@@ -192,6 +192,7 @@ class PrefixAffinityStrategy:
     def on_instances_changed(self, instance_ids: Sequence[InstanceId]) -> None:
         self.index.retain(instance_ids)
         self.exact_index.retain(instance_ids)
+        self.ledger.retain(instance_ids)
         self.ring.set_instances(instance_ids)
         keep = set(instance_ids)
         self._last_cold = {iid: n for iid, n in self._last_cold.items() if iid in keep}
