@@ -7,11 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import pytest
 from gateway_support import MODEL, backends_running
+from prometheus_client import CollectorRegistry
 from replica_sync_support import endpoint, hears, stub_pair, sync_ports
 from test_gateway_kube_discovery import NS, SLICES, declare
 
 from support.waiting import wait_until
+from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
+from warmfleet.gateway.replica_sync.peers import peers_from_slices
 from warmfleet.gateway.replica_sync.service import ReplicaSync
 from warmfleet.gateway.server import StartedApp
 
@@ -79,3 +83,20 @@ async def test_peers_are_the_ready_endpoints_of_the_gateways_service(
         async with session.post(a.url + "/v1/chat/completions", json=body) as resp:
             assert resp.status == 200
         await wait_until(lambda: _replica(b).metrics.received.value == 2)
+
+
+def test_a_replica_named_apart_from_its_pod_still_leaves_its_pod_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``replicaId`` set explicitly: the Service's endpoints still name the replica by its pod,
+    which must not become its own peer (it would wait to hear itself at every start)."""
+    monkeypatch.setenv("POD_NAME", "gw-0")
+    config = ReplicaSyncConfig.model_validate(
+        {"replica_id": "edge-a", "peers": {"type": "kubernetes", "service": "gw", "port": "sync"}}
+    )
+    sync = ReplicaSync(config, CollectorRegistry())
+    assert sync.replica_id == "edge-a"
+    slices = [_slice("gw-0", 9470, True), _slice("gw-1", 9470, True)]
+    slices[1]["endpoints"][0]["addresses"] = ["127.0.0.2"]
+    sync.peers.publish(peers_from_slices(slices, "sync", sync.peers.own_id))
+    assert sync.peers.current == frozenset({"tcp://127.0.0.2:9470"})

@@ -154,4 +154,10 @@ class ReplicaSyncConfig(StrictModel):
 
     def resolved_replica_id(self) -> str:
         """``replica_id``, else ``$POD_NAME``, else the host name."""
-        return self.replica_id or os.environ.get("POD_NAME") or socket.gethostname()
+        return self.replica_id or pod_name()
+
+
+def pod_name() -> str:
+    """This process's pod (``$POD_NAME``, else the host name, which Kubernetes sets to it): how
+    the gateway's Service's endpoints name it, whatever ``replicaId`` says."""
+    return os.environ.get("POD_NAME") or socket.gethostname()

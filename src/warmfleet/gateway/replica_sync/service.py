@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from warmfleet.api.replica_sync import BatchEncoder, ReplicaSyncError
 from warmfleet.core.errors import ConfigError
-from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
+from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig, pod_name
 from warmfleet.gateway.replica_sync.curve import CurveKey
 from warmfleet.gateway.replica_sync.inbound import Inbound
 from warmfleet.gateway.replica_sync.metrics import SyncMetrics
@@ -42,7 +42,6 @@ from warmfleet.gateway.replica_sync.transport import (
     decoded_batches,
     log_frames,
     parse_batch,
-    parse_log,
 )
 from warmfleet.gateway.world import GatewayState
 from warmfleet.routing.replica_notes import RoutedNote, SyncNote
@@ -71,7 +70,7 @@ class ReplicaSync:
         self.views: dict[str, ReplicaView] = {}  # by "endpoint/variant"; kept across reloads
         self.caught_up = False
         self.catch_up_s: float | None = None
-        self.peers = PeerWatch(config.peers, self.endpoint, self.replica_id, self._set_peers)
+        self.peers = PeerWatch(config.peers, self.endpoint, pod_name(), self._set_peers)
         self._clock = clock
         self._wall = wall
         self._sockets: Sockets | None = None
@@ -353,23 +352,16 @@ class ReplicaSync:
     async def _fetch_one(self, endpoint: str, timeout_s: float) -> bool:
         if (sockets := self._sockets) is None:
             return False
-        try:
-            frames = await sockets.fetch_log(endpoint, timeout_s)
-            origin, payloads = parse_log(frames)
-        except ReplicaSyncError as err:
-            self.metrics.drop("catch_up_bad_frame")
-            log.warning("replica sync: bad catch-up answer from %s: %s", endpoint, err)
+        answer = await sockets.fetch_answer(endpoint, timeout_s, self.metrics.drop)
+        if answer is None:
             return False
-        except (TimeoutError, zmq.ZMQError) as silent:
-            log.warning("replica sync: no catch-up answer from %s: %r", endpoint, silent)
-            return False
-        if origin == self.origin:
-            return True
-        self._hear(origin)
-        for notes in decoded_batches(payloads, self.metrics.drop):  # requests run in between
-            self.metrics.catch_up_notes.inc(len(notes))
-            self.apply(notes)  # not logged again: a newcomer asks that peer itself
-            await asyncio.sleep(0)
+        origin, payloads = answer
+        if origin != self.origin:
+            self._hear(origin)
+            for notes in decoded_batches(payloads, self.metrics.drop):  # requests run between
+                self.metrics.catch_up_notes.inc(len(notes))
+                self.apply(notes)  # not logged again: a newcomer asks that peer itself
+                await asyncio.sleep(0)
         return True
 
     async def _catch_up_at_start(self) -> None:

@@ -48,6 +48,7 @@ CATCH_UP_NOTES_PER_FRAME = 1024
 MAX_ORIGIN_BYTES = 512
 CATCH_UP_ANSWERS_QUEUED = 2  # per requester connection
 MAX_LOG_REQUEST_BYTES = 1024
+CLOSE_LINGER_MS = 200  # the longest closing waits for the last batches to reach the peers
 RECEIVE_BURST = 256  # batches read at most in a row before the event loop runs other work
 # Catch-up answers given at most: a burst (every peer of a 16-replica fleet resyncing at once,
 # twice) then a few a second. Each copies the whole log into ZeroMQ on the event loop (~20 ms
@@ -313,7 +314,23 @@ class Sockets:
         finally:
             sock.close(linger=0)
 
+    async def fetch_answer(
+        self, endpoint: str, timeout_s: float, on_bad: Callable[[str], None]
+    ) -> tuple[str, Sequence[bytes]] | None:
+        """The peer's catch-up answer (``fetch_log``), parsed; None if it gave none in time or
+        one that is not an answer (``on_bad("catch_up_bad_frame")``)."""
+        try:
+            return parse_log(await self.fetch_log(endpoint, timeout_s))
+        except ReplicaSyncError as err:
+            on_bad("catch_up_bad_frame")
+            log.warning("replica sync: bad catch-up answer from %s: %s", endpoint, err)
+        except (TimeoutError, zmq.ZMQError) as silent:
+            log.warning("replica sync: no catch-up answer from %s: %r", endpoint, silent)
+        return None
+
     def close(self) -> None:
+        """Close every socket: the PUB's last batches (a graceful stop's ends) get
+        ``CLOSE_LINGER_MS`` to leave, the rest is dropped at once."""
         if self._closed:
             return
         self._closed = True
@@ -321,7 +338,7 @@ class Sockets:
             sock: Any = getattr(self, name, None)
             if sock is not None:
                 with contextlib.suppress(zmq.ZMQError):
-                    sock.close(linger=0)
+                    sock.close(linger=CLOSE_LINGER_MS if name == "pub" else 0)
         if self._guard is not None:
             self._guard.close()
         self.ctx.term()
