@@ -1,5 +1,6 @@
 """KV events as vLLM 0.32 really sends them beyond the simple case: malformed payloads, offload
-tiers (``medium``), LoRA and extra-key blocks."""
+tiers (``medium``), LoRA and extra-key blocks; a silence that lost nothing; topics that name no
+routed instance."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from warmfleet.gateway.kv_events import (
     router_block_hashes,
 )
 from warmfleet.gateway.kv_events import view as view_module
+from warmfleet.gateway.kv_events.translator import MAX_UNROUTED_VIEWS
 from warmfleet.gateway.kv_events.view import ReplayRequest
 from warmfleet.routing.exact_index import ExactPrefixIndex
 
@@ -66,6 +68,10 @@ def test_malformed_payloads_are_decode_errors(payload: bytes) -> None:
 def make() -> tuple[ExactPrefixIndex, KvEventTranslator]:
     index = ExactPrefixIndex()
     return index, KvEventTranslator(index, SEED, BS, resync_batches=2, silence_timeout_s=5.0)
+
+
+def batch(*events: BlockStored) -> EventBatch:
+    return EventBatch(0.0, events)
 
 
 def test_the_subscriber_survives_every_malformed_payload() -> None:
@@ -308,3 +314,43 @@ def test_decoding_keeps_lora_name_and_extra_keys() -> None:
     plain = {**stored_map(), "lora_name": None, "extra_keys": [None]}
     _topic, _seq, decoded = decode_frames(frame(msgpack.packb([1.0, [plain], 0])))
     assert decoded.events == (BlockStored((1,), None, (1, 2, 3, 4), BS, None, "GPU"),)
+
+
+def test_a_silence_keeps_the_view_and_the_next_batch_in_sequence_restores_it() -> None:
+    """A routed request that stored nothing (refused, cancelled, already cached) is no loss:
+    the engine never reports a held prefix again, so its view is kept whole and the next batch
+    in sequence brings the instance back to exact with it; a gap after a silence clears it."""
+    index, tr = make()
+    system = list(range(100, 108))  # two blocks stored once, hit ever after
+    tr.apply("a", 0, batch(BlockStored((11, 12), None, tuple(system), BS)), 0.0)
+    whole = router_block_hashes(system, BS, SEED)
+    tr.expect_events("a", 1.0)
+    assert tr.check_silence(12.0) == ["a"]
+    assert tr.mode("a") == "approximate"
+    assert not index.knows("a")
+    turn = [201] * BS
+    tr.apply("a", 1, batch(BlockStored((21,), 12, tuple(turn), BS)), 13.0)
+    assert tr.mode("a") == "exact"
+    assert index.match(router_block_hashes(system + turn, BS, SEED)) == {"a": 3}
+    tr.expect_events("a", 20.0)
+    tr.check_silence(31.0)
+    tr.apply("a", 3, batch(BlockStored((22,), 12, tuple(turn), BS)), 32.0)  # batch 2 lost
+    assert tr.mode("a") == "approximate"
+    assert tr.describe()["instances"]["a"]["held_blocks"] == 1  # only what came after the gap
+    assert index.match(whole) == {}
+
+
+def test_topics_of_no_routed_instance_are_followed_up_to_a_bound() -> None:
+    """One another replica routes to before this one discovers it is followed (and kept if it
+    joins the fleet); past MAX_UNROUTED_VIEWS such topics, batches are ignored and counted."""
+    _, tr = make()
+    tr.retain(["a"])
+    for n in range(MAX_UNROUTED_VIEWS + 5):
+        tr.apply(f"stray-{n}", 0, batch(BlockStored((n + 1,), None, tuple(range(4)), BS)), 0.0)
+    assert len(tr.modes()) == MAX_UNROUTED_VIEWS
+    assert tr.stats.unrouted_batches == 5
+    tr.apply("a", 0, batch(), 0.0)  # a routed instance is always followed
+    assert tr.mode("a") == "exact"
+    tr.retain(["a", "stray-0"])  # discovered now: its view goes on
+    assert set(tr.modes()) == {"a", "stray-0"}
+    assert tr.mode("stray-0") == "exact"

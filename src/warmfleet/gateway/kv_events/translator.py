@@ -32,6 +32,9 @@ _h64 = xxhash.xxh3_64_intdigest
 # ``translate`` value of an engine block the router's keys cannot name: stored for a LoRA
 # adapter, with extra hash keys (multimodal, cache salt, prompt embeddings), or a child of one.
 _FOREIGN = -1
+# Topics of no routed instance followed at once (an instance another gateway replica routes to
+# before this one discovers it, a data-parallel rank's own topic); past it they are ignored.
+MAX_UNROUTED_VIEWS = 64
 
 
 def router_block_hashes(token_ids: Sequence[int], block_size: int, parent: int) -> list[int]:
@@ -111,6 +114,8 @@ class KvEventTranslator:
         self.silence_timeout_s = silence_timeout_s
         self.stats = TranslatorStats()
         self._views: dict[InstanceId, InstanceView] = {}
+        self.routed: frozenset[InstanceId] | None = None  # None: not told yet (``retain``)
+        self._unrouted = 0  # views of instances not in ``routed``, since it was set
 
     def mode(self, instance_id: InstanceId) -> Mode:
         view = self._views.get(instance_id)
@@ -121,22 +126,19 @@ class KvEventTranslator:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "instances": {
-                iid: {
-                    "mode": v.mode,
-                    "last_seq": v.last_seq,
-                    "cause": v.cause,
-                    "held_blocks": len(v.held),
-                    "translations": len(v.translate),
-                    "kv_cache_group": v.primary_group,
-                }
-                for iid, v in self._views.items()
-            },
+            "instances": {iid: v.describe() for iid, v in self._views.items()},
             "stats": vars(self.stats).copy(),
         }
 
     def apply(self, instance_id: InstanceId, seq: int, batch: EventBatch, now_s: float) -> None:
-        view = self._views.setdefault(instance_id, InstanceView())
+        view = self._views.get(instance_id)
+        if view is None:
+            if self.routed is not None and instance_id not in self.routed:
+                if self._unrouted >= MAX_UNROUTED_VIEWS:
+                    self.stats.unrouted_batches += 1
+                    return
+                self._unrouted += 1
+            view = self._views[instance_id] = InstanceView()
         if view.stash is not None:
             if seq != 0:
                 view.stash.append((seq, batch))  # applied in order once the replay is in
@@ -226,6 +228,8 @@ class KvEventTranslator:
         elif seq != expected:
             self.stats.gaps += 1
             self._fall_back(instance_id, view, f"sequence gap: expected {expected}, got {seq}")
+        elif view.silent:  # the batch after a silence, in sequence: nothing was lost
+            self._enter_exact(instance_id, view)
         clean = True
         for event in batch.events:
             clean = self._apply_event(instance_id, view, event) and clean
@@ -304,18 +308,25 @@ class KvEventTranslator:
             self.index.on_blocks_stored(instance_id, ours)
         return True
 
-    def _fall_back(self, instance_id: InstanceId, view: InstanceView, cause: str) -> None:
+    def _fall_back(
+        self, instance_id: InstanceId, view: InstanceView, cause: str, *, silence: bool = False
+    ) -> None:
+        """Approximate until resynced; ``silence``: nothing is known to be lost yet, so what
+        was held stays (whole if the view was, ``InstanceView.silent``)."""
+        view.silent = silence and (view.mode == "exact" or view.silent)
         if view.mode == "exact":
             log.warning("kv events for %s: %s; approximate until resynced", instance_id, cause)
             self.index.remove_instance(instance_id)
         view.mode = "approximate"
-        view.held.clear()  # what was held is no longer known; translations stay valid
+        if not view.silent:
+            view.held.clear()  # what was held is no longer known; translations stay valid
         view.clean_batches = 0
         view.cause = cause
 
     def _enter_exact(self, instance_id: InstanceId, view: InstanceView) -> None:
         """Back to exact: the index gets the blocks seen since the sync point (after a gap a
         subset of the truth: missed hits at worst, never a predicted hit that is not there)."""
+        view.silent = False
         if view.mode == "exact":
             return
         view.mode = "exact"
@@ -343,9 +354,18 @@ class KvEventTranslator:
             if view.expect_by_s is not None and now_s > view.expect_by_s:
                 view.expect_by_s = None
                 self.stats.silences += 1
-                self._fall_back(iid, view, "no events after a routed request (silence)")
+                self._fall_back(
+                    iid, view, "no events after a routed request (silence)", silence=True
+                )
                 silent.append(iid)
         return silent
+
+    def retain(self, instance_ids: Iterable[InstanceId]) -> None:
+        """The routed instances are now ``instance_ids``: the others' views go, and at most
+        ``MAX_UNROUTED_VIEWS`` topics of no routed instance are followed until the next call."""
+        self.routed = frozenset(instance_ids)
+        self.forget([i for i in self._views if i not in self.routed])
+        self._unrouted = 0
 
     def forget(self, instance_ids: Iterable[InstanceId]) -> None:
         for iid in instance_ids:

@@ -38,7 +38,22 @@ class InstanceView:
     replay_serial: int = 0
     last_batch_s: float = 0.0
     expect_by_s: float | None = None
+    # Approximate for a silence only: ``held`` is still whole, so the next batch in sequence
+    # (nothing was lost) brings the instance back to exact at once. vLLM reports a block when
+    # it stores it, never again on a hit: a view rebuilt from later batches would miss a hot
+    # prefix stored before for as long as it stays cached.
+    silent: bool = False
     cause: str = "no events yet"
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "last_seq": self.last_seq,
+            "cause": self.cause,
+            "held_blocks": len(self.held),
+            "translations": len(self.translate),
+            "kv_cache_group": self.primary_group,
+        }
 
 
 def follows_group(view: InstanceView, group: int | None, kind: str | None) -> tuple[bool, bool]:
@@ -102,3 +117,4 @@ class TranslatorStats:
     replays: int = 0  # replays asked for (gaps and late joins, with ``replay`` on)
     replays_recovered: int = 0  # ... that delivered every missed batch (no fall-back)
     pruned_translations: int = 0  # untracked translations dropped (UNTRACKED_TRANSLATIONS)
+    unrouted_batches: int = 0  # batches of a topic past MAX_UNROUTED_VIEWS: ignored

@@ -107,6 +107,7 @@ class KvEventFeed:
         self.translator: KvEventTranslator | None = None
         self._active: ExactModeRouter | None = None
         self._instances: tuple[InstanceId, ...] = ()  # the routed instances (shown even if silent)
+        self._retained = False  # ``retain`` was called: ``_instances`` is the fleet
         self._delay: FastHistogramChild | None = None  # set by ``register_metrics``
         self.recent_delays_s: deque[float] = deque(maxlen=4096)  # the last ones, for reports
 
@@ -140,6 +141,8 @@ class KvEventFeed:
             silence_timeout_s=self.silence_timeout_s,
             replay=self.replay,
         )
+        if self._retained:
+            self.translator.retain(self._instances)
 
     def apply(self, instance_id: InstanceId, seq: int, batch: EventBatch, now_s: float) -> None:
         if self.translator is not None:
@@ -165,10 +168,9 @@ class KvEventFeed:
             self.translator.expect_events(instance_id, self.clock())
 
     def retain(self, instance_ids: Sequence[InstanceId]) -> None:
-        self._instances = tuple(instance_ids)
+        self._instances, self._retained = tuple(instance_ids), True
         if self.translator is not None:
-            keep = set(instance_ids)
-            self.translator.forget([i for i in self.translator.modes() if i not in keep])
+            self.translator.retain(instance_ids)
 
     def modes(self) -> dict[InstanceId, str]:
         """Every routed instance (``approximate`` until its events are in sync) and every
