@@ -119,6 +119,10 @@ async def test_admin_api_auth_validation_and_reads() -> None:
             async with client.put(gw.url + VARIANT + "/routing", data=infinite, headers=AUTH) as r:
                 assert r.status == 400  # a weight that is not finite breaks the scores
                 assert (await r.json())["error"]["param"] == "strategy.llmd_approx.prefixWeight"
+            preset = {"strategy": {"type": "round_robin"}, "flow": {"enginePreset": "gpt-9"}}
+            async with client.put(gw.url + VARIANT + "/routing", json=preset, headers=AUTH) as r:
+                assert r.status == 400  # (accepted, it made every request to the variant a 500)
+                assert "enginePreset" in (await r.json())["error"]["message"]
             async with client.put(gw.url + VARIANT + "/routing", json=[], headers=AUTH) as r:
                 assert r.status == 400
                 assert (await r.json())["error"]["param"] is None  # no field to name

@@ -32,6 +32,7 @@ from warmfleet.flow.model import (
     retry_after_s,
 )
 from warmfleet.flow.queue import FlowQueues, Queued
+from warmfleet.flow.tenants import TenantStates, limited
 from warmfleet.routing.flow_config import FlowControlConfig, TenantLimits
 
 Choose = Callable[[RoutingKey, FleetSnapshot], Decision]
@@ -46,14 +47,6 @@ class _Running:
     prefill_s: float
     predicted_ttft_s: float
     first_token: bool = False
-
-
-@dataclass(slots=True)
-class _TenantState:
-    limits: TenantLimits
-    running: int = 0
-    bucket_tokens: float = 0.0
-    refilled_s: float = 0.0
 
 
 class FlowGate:
@@ -76,7 +69,7 @@ class FlowGate:
         self._in_flight: dict[InstanceId, int] = {}
         self._pending_prefill_s: dict[InstanceId, float] = {}
         self._busy_since_s: dict[InstanceId, float] = {}  # pending prefill since (> 0)
-        self._tenants: dict[str, _TenantState] = {}
+        self._tenants = TenantStates()
         self.service_s = 1.0  # smoothed dispatch-to-finish time of a request
         self.shed_count: dict[tuple[str, str, Reason], int] = {}  # (band, tenant, reason)
         self.served_tokens: dict[tuple[str, str], int] = {}  # (band, tenant) -> tokens
@@ -285,10 +278,9 @@ class FlowGate:
         self._pending_prefill_s[iid] = pending_s + prefill_s
         tokens = (prompt - cached) + self.config.output_token_weight * key.output_tokens_hint
         limits = self._limits(request.tenant)
-        if _limited(limits):
-            tenant = self._tenant(request.tenant)
-            tenant.running += 1
-            tenant.bucket_tokens -= prompt + key.output_tokens_hint
+        if limited(limits):
+            state = self._tenants.state(request.tenant, limits, now_s)
+            state.start(prompt + key.output_tokens_hint)
         self.queues.charge(request.tenant, tokens / limits.weight)
         flow = (self._bands[self.band_of(request.priority)].name, self.tenant_label(request.tenant))
         self.served_tokens[flow] = self.served_tokens.get(flow, 0) + prompt
@@ -355,38 +347,13 @@ class FlowGate:
     def _limits(self, tenant: str) -> TenantLimits:
         return self.config.tenants.get(tenant, self.config.default_tenant)
 
-    def _tenant(self, tenant: str) -> _TenantState:
-        state = self._tenants.get(tenant)
-        if state is None:
-            limits = self._limits(tenant)
-            state = self._tenants[tenant] = _TenantState(
-                limits, bucket_tokens=float(limits.tokens_per_minute or 0)
-            )
-        return state
-
     def tenant_label(self, tenant: str) -> str:
         """A tenant's name in figures and metric labels: configured tenants by name, the rest
         as ``other`` (bounded label sets)."""
         return tenant if tenant in self.config.tenants else "other"
 
     def _tenant_allows(self, request: FlowRequest, now_s: float) -> bool:
-        if not _limited(self._limits(request.tenant)):
+        limits = self._limits(request.tenant)
+        if not limited(limits):
             return True
-        state = self._tenant(request.tenant)
-        limits = state.limits
-        if (
-            limits.max_concurrent_requests is not None
-            and state.running >= limits.max_concurrent_requests
-        ):
-            return False
-        tpm = limits.tokens_per_minute
-        if tpm is None:
-            return True
-        elapsed_s = max(0.0, now_s - state.refilled_s)
-        state.bucket_tokens = min(float(tpm), state.bucket_tokens + elapsed_s * tpm / 60.0)
-        state.refilled_s = now_s
-        return state.bucket_tokens > 0
-
-
-def _limited(limits: TenantLimits) -> bool:
-    return limits.max_concurrent_requests is not None or limits.tokens_per_minute is not None
+        return self._tenants.state(request.tenant, limits, now_s).allows(now_s)

@@ -109,7 +109,8 @@ class FlowQueues:
             waiting[target] = waiting.get(target, 0) + 1
 
     def remove(self, entry: Queued) -> None:
-        """Take ``entry`` out (dispatched or shed); lazily dropped from the deadline heap."""
+        """Take ``entry`` out (dispatched or shed); lazily dropped from the deadline heap (which
+        is rebuilt when most of it is such slots)."""
         band = self._bands[entry.band]
         tenant = entry.request.tenant
         flow = band.flows[tenant]
@@ -124,6 +125,10 @@ class FlowQueues:
         self.entries.pop(entry.request.request_id, None)
         entry.active = False
         self.retarget(entry, None)
+        heap = self._deadlines
+        if len(heap) > 2 * self.queued + 64:  # removed entries' slots: rebuilt, amortised O(1)
+            self._deadlines = [item for item in heap if item[2].active]
+            heapq.heapify(self._deadlines)
 
     def _lift(self, band: _Band, tenant: str) -> None:
         """A newly backlogged tenant starts no lower than the band's smallest backlogged
@@ -132,13 +137,20 @@ class FlowQueues:
         floor = min(others) if others else max(self.counters.values(), default=0.0)
         if self.counters.get(tenant, 0.0) < floor:
             self.counters[tenant] = floor
+            self._bound_counters(tenant)
 
     def charge(self, tenant: str, cost: float) -> None:
         counters = self.counters
         counters[tenant] = counters.get(tenant, 0.0) + cost
-        if len(counters) > MAX_COUNTERS:  # forget idle tenants (memory stays bounded)
+        self._bound_counters(tenant)
+
+    def _bound_counters(self, keep: str) -> None:
+        """Forget idle tenants' counters past ``MAX_COUNTERS`` (memory stays bounded; amortised:
+        the backlogged ones, at most one a queued request, stay)."""
+        counters = self.counters
+        if len(counters) > max(MAX_COUNTERS, 2 * self.queued):
             backlogged = {t for band in self._bands for t in band.flows}
-            for name in [t for t in counters if t not in backlogged and t != tenant]:
+            for name in [t for t in counters if t not in backlogged and t != keep]:
                 del counters[name]
 
     def heads(self) -> list[Queued]:

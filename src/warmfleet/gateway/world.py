@@ -207,21 +207,23 @@ class GatewayState:
 
 
 def build_router_or_raise(factory: RouterFactory, routing: RoutingConfig, where: str) -> None:
-    """Build a throwaway router so a config that validates but cannot run is rejected early."""
+    """Build a throwaway router so a config that validates but cannot run is rejected early
+    (on load, reload and the admin API alike), its flow control's engine preset too."""
     try:
         factory(routing, random.Random(0))
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{where}: {err}") from err
+    flow = routing.flow
+    if flow is not None and flow.engine_preset not in preset_names():
+        raise ConfigError(
+            f"{where}.flow.enginePreset: {flow.engine_preset!r} is not one of "
+            f"{', '.join(preset_names())}"
+        )
 
 
 def check_routers(config: GatewayConfig, factory: RouterFactory) -> None:
     for i, endpoint in enumerate(config.spec.endpoints):
         for j, variant in enumerate(endpoint.variants):
-            where = f"spec.endpoints.{i}.variants.{j}.routing"
-            build_router_or_raise(factory, variant.routing, where)
-            flow = variant.routing.flow
-            if flow is not None and flow.engine_preset not in preset_names():
-                raise ConfigError(
-                    f"{where}.flow.enginePreset: {flow.engine_preset!r} is not one of "
-                    f"{', '.join(preset_names())}"
-                )
+            build_router_or_raise(
+                factory, variant.routing, f"spec.endpoints.{i}.variants.{j}.routing"
+            )
