@@ -340,3 +340,33 @@ async def test_a_file_replaced_by_a_fifo_fails_the_copy_and_does_not_hang(tmp_pa
         os.mkfifo(src / "w.bin")
         with pytest.raises(SourceChangedError, match="no longer a regular file"):
             await asyncio.wait_for(m.ensure(manifest, "m"), 30)
+
+
+async def test_a_file_swapped_for_a_link_after_the_walk_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk checked a regular file; a tenant swaps it for a link out of the tree before
+    its entry is made: the entry resolves it again and refuses it (it read the target)."""
+    from warmfleet.agent.sources import local  # noqa: PLC0415 - the module whose walk races
+
+    src, secret = tmp_path / "model", tmp_path / "secret"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"weights")
+    secret.write_bytes(b"TOP-SECRET")
+    walk = local._walk_files
+
+    def racing_walk(root: Path, trees: tuple[str, ...]) -> list[tuple[str, Path]]:
+        found = walk(root, trees)
+        (src / "w.bin").unlink()
+        (src / "w.bin").symlink_to(secret)
+        return found
+
+    monkeypatch.setattr(local, "_walk_files", racing_walk)
+    async with manager_for(tmp_path / "cache") as m:
+        with pytest.raises(SourceError, match="outside the source tree"):
+            await m.prefetch(str(src))
+    assert not [
+        p
+        for p in (tmp_path / "cache").rglob("*")
+        if p.is_file() and p.read_bytes() == b"TOP-SECRET"
+    ]

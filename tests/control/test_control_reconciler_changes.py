@@ -158,6 +158,10 @@ def test_signing_a_presigned_source_again_updates_the_cache_without_a_rollover()
     assert set(world.deployments) == deployments
     assert set(world.model_caches) == {cache}
     assert world.model_caches[cache].spec.model_source.uri == second
+    # and the nodes are told the new signature (they compared cache names only before)
+    told = [t for node in world.nodes.values() for t in node.told]
+    assert told
+    assert {t[1] for t in told} == {second}
     assert not any(isinstance(a, DeleteModelCache | DeleteDeployment) for _, a in trace.all())
     # A different object (another path) is a new model: a new cache.
     assert names.model_cache_name("e", spec(uri=signed.replace("w.bin", "v.bin"))) != cache
@@ -172,7 +176,9 @@ def test_moving_to_other_nodes_waits_for_the_weights_there() -> None:
     world.put_endpoint(endpoint("e", spec(selector={"zone": "a"})))
     end = run(world)
     (old,) = world.deployments
+    old_cache = names.model_cache_name("e", spec(selector={"zone": "a"}))
     cache = names.model_cache_name("e", spec(selector={"zone": "b"}))
+    assert cache != old_cache  # other nodes, another cache: the old nodes keep theirs
     world.put_endpoint(endpoint("e", spec(selector={"zone": "b"})))
 
     def slow(node: str, name: str) -> NodeCacheReport:
@@ -186,6 +192,9 @@ def test_moving_to_other_nodes_waits_for_the_weights_there() -> None:
         assert not any(isinstance(a, ApplyDeployment) and a.plan.name != old for a in actions)
         assert not any(isinstance(a, DeleteDeployment) for a in actions)
         world.apply(actions, end + step)
+        for name in ("n0", "n1"):  # the serving revision's nodes keep their weights
+            assert world.nodes[name].assigned == {old_cache}
+            assert world.nodes[name].labels.get(names.weights_label(old_cache)) == "ready"
     assert world.deployments[old].ready_replicas == 2
     for name in ("n2", "n3"):  # the downloads finish
         world.nodes[name] = replace(world.nodes[name], weights={cache: READY})

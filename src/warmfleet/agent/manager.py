@@ -383,7 +383,8 @@ class CacheManager:
 
     def recover(self) -> None:
         """After a restart: downloads nobody holds a lock for (or that were cancelled by a
-        stop) go back to pending."""
+        stop) go back to pending; what interrupted deletions left is removed."""
+        self.store.sweep_deleting()
         with self.store.index_txn() as idx:
             for rec in list(idx):
                 stopped = rec.state == ArtifactState.FAILED and rec.reason == CANCELLED

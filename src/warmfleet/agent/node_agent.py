@@ -126,7 +126,10 @@ class NodeAgent:
 
     async def _reconcile_loop(self, manager: CacheManager) -> None:
         while not self.stop_event.is_set():
-            await self.reconcile_once(manager)
+            try:
+                await self.reconcile_once(manager)
+            except Exception:  # a bug or a disk error: the next pass tries again
+                log.exception("node agent: a reconcile pass failed")
             try:
                 await asyncio.wait_for(self.stop_event.wait(), self.spec.reconcile_interval_s)
             except TimeoutError:

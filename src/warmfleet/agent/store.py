@@ -44,6 +44,9 @@ class VerifyResult:
     reason: str = ""
 
 
+DELETING = ".deleting-"  # an object being deleted, renamed out of the published names
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -188,9 +191,14 @@ class Store:
         target = self.object_dir(key)
         if not target.exists():
             return
-        doomed = self.objects / f".deleting-{key}"
-        os.rename(target, doomed)
+        doomed = self.objects / f"{DELETING}{key}-{os.urandom(4).hex()}"  # (one left by a crash
+        os.rename(target, doomed)  # must not block this rename: ``sweep_deleting`` clears those)
         shutil.rmtree(doomed, ignore_errors=True)
+
+    def sweep_deleting(self) -> None:
+        """Remove what deletions interrupted by a crash left (unpublished already)."""
+        for doomed in self.objects.glob(f"{DELETING}*"):
+            shutil.rmtree(doomed, ignore_errors=True)
 
     # ----- verification of published artifacts ---------------------------------------------
     def verify_published(self, key: str, *, full: bool) -> VerifyResult:
@@ -216,10 +224,14 @@ class Store:
         return sorted(p.name for p in self.objects.iterdir() if not p.name.startswith("."))
 
     def staged_bytes(self, key: str) -> int:
-        staging = self.staging_dir(key)
-        if not staging.exists():
-            return 0
-        return sum(p.stat().st_blocks * 512 for p in staging.rglob("*") if p.is_file())
+        total = 0
+        for top, _dirs, names in os.walk(self.staging_dir(key)):
+            for name in names:
+                try:
+                    total += os.lstat(os.path.join(top, name)).st_blocks * 512
+                except FileNotFoundError:  # a progress file renamed over its old one meanwhile
+                    continue
+        return total
 
     def planning_view(self, idx: CacheIndex) -> tuple[list[ArtifactRecord], dict[str, int]]:
         """The records the capacity planners may act on, and what failed downloads staged. A

@@ -50,9 +50,14 @@ def revision(spec: InferenceEndpointSpec) -> str:
 
 
 def model_cache_name(endpoint: str, spec: InferenceEndpointSpec) -> str:
-    """One weights cache per endpoint revision (AWS: one weights cache per parent)."""
+    """One weights cache per endpoint revision (AWS: one weights cache per parent). Other nodes
+    (a new node selector) are another cache: the running revision's nodes keep theirs (and
+    their ready labels) until the rollover ends, and the new one's gate starts from zero."""
     weights = spec.model_cache_config.weights_cache
-    return f"{endpoint}-w-{source_key(spec.model_source, weights.host_path)}"
+    key = source_key(spec.model_source, weights.host_path)
+    if spec.node_selector:  # (none: the name caches had before the selector counted)
+        key = short_hash(key, ",".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items())))
+    return f"{endpoint}-w-{key}"
 
 
 def image_cache_name(image: str, node_selector: dict[str, str]) -> str:

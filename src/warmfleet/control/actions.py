@@ -82,6 +82,10 @@ class NodeCacheAssignment:
     source: ModelSource
     host_path: str
 
+    def key(self) -> tuple[str, str, str, str]:
+        """What the node is told (``ObservedNode.told``): any change is told again."""
+        return (self.cache, self.source.uri, self.source.revision, self.host_path)
+
 
 @dataclass(frozen=True, slots=True)
 class ApplyModelCache:

@@ -120,7 +120,9 @@ class World:
             node = self.nodes.get(action.node)
             if node is not None:
                 self.nodes[node.name] = replace(
-                    node, assigned=frozenset(a.cache for a in action.caches)
+                    node,
+                    assigned=frozenset(a.cache for a in action.caches),
+                    told=frozenset(a.key() for a in action.caches),
                 )
         elif isinstance(action, SetNodeLabels):
             self._set_labels(action)

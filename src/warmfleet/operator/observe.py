@@ -152,12 +152,15 @@ def _reports(node: str, raw: str | None) -> dict[str, NodeCacheReport]:
     return out
 
 
-def _assigned(node: str, raw: str | None) -> frozenset[str]:
-    """The caches the operator last assigned (``[]`` when unreadable: re-assigned this pass)."""
+def _told(node: str, raw: str | None) -> frozenset[tuple[str, str, str, str]]:
+    """What the operator last assigned (``ObservedNode.told``; nothing when unreadable:
+    re-assigned this pass)."""
     try:
-        entries = json.loads(raw or "[]")
-        return frozenset(str(a["cache"]) for a in entries)
-    except (ValueError, TypeError, KeyError):
+        return frozenset(
+            (str(a["cache"]), str(a.get("uri")), str(a.get("revision")), str(a.get("hostPath")))
+            for a in json.loads(raw or "[]")
+        )
+    except (ValueError, TypeError, KeyError, AttributeError):
         log.warning("node %s: unreadable %s annotation", node, render.ANN_ASSIGNED)
         return frozenset()
 
@@ -197,12 +200,14 @@ def _nodes(snapshot: Snapshot) -> tuple[ObservedNode, ...]:
         ready_conds = [c for c in conditions if c.get("type") == "Ready"]
         ready = not ready_conds or ready_conds[0].get("status") == "True"
         name, annotations = meta["name"], _annotations(obj)
+        told = _told(name, annotations.get(render.ANN_ASSIGNED))
         nodes.append(
             ObservedNode(
                 name=name,
                 labels=dict(meta.get("labels") or {}),
                 ready=ready and not (obj.get("spec") or {}).get("unschedulable", False),
-                assigned=_assigned(name, annotations.get(render.ANN_ASSIGNED)),
+                assigned=frozenset(t[0] for t in told),
+                told=told,
                 weights=_reports(name, annotations.get(render.ANN_CACHE_STATUS)),
                 images=images.get(meta["name"], {}),
             )

@@ -49,6 +49,7 @@ class LocalSource:
         root = Path(parsed.location)
         if not root.exists():
             raise NotFoundError(f"local source does not exist: {root}")
+        inside: tuple[str, ...] | None = None  # a file named as the source: no tree to stay in
         if root.is_file():
             files = [(root.name, root)]
         else:
@@ -56,7 +57,7 @@ class LocalSource:
             files = sorted(await asyncio.to_thread(_walk_files, root, inside))
             if not files:
                 raise SourceError(f"local source directory is empty: {root}")
-        entries = await asyncio.to_thread(lambda: [_entry(rel, p) for rel, p in files])
+        entries = await asyncio.to_thread(lambda: [_entry(rel, p, inside) for rel, p in files])
         return Manifest(SourceKind.LOCAL, parsed.uri, tuple(entries), revision=None)
 
     def supports_ranges(self, manifest: Manifest) -> bool:  # noqa: ARG002
@@ -172,8 +173,12 @@ def _raise_walk_error(err: OSError) -> None:
     raise SourceError(f"cannot list local source: {err}") from err
 
 
-def _entry(rel: str, path: Path) -> FileEntry:
+def _entry(rel: str, path: Path, trees: tuple[str, ...] | None) -> FileEntry:
+    """``path``'s entry, its link resolved again and checked again: a file swapped for a link
+    out of ``trees`` after the walk checked it must not be read."""
     real = os.path.realpath(path)
+    if trees is not None and not _inside(real, trees):
+        raise SourceError(f"local source: {path} now resolves to {real}, outside the source tree")
     st = os.stat(real)
     return FileEntry(
         path=rel,
