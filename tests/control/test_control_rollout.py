@@ -204,3 +204,51 @@ def test_the_rollout_bounds_are_the_deployments_update_strategy() -> None:
     assert deployment_plan(world.endpoints["e"], world.endpoints["e"].spec.variants[0]) == (
         apply.plan
     )
+
+
+@pytest.mark.parametrize(("surge", "unavailable", "floor"), [(0, 1, 9), ("25%", "25%", 8)])
+def test_an_autoscaled_variant_keeps_its_capacity_through_a_rolling_rollout(
+    surge: int | str, unavailable: int | str, floor: int
+) -> None:
+    """Load that needs 10 replicas, steady through the rollover: the decision stays 10 and ready
+    replicas never fall below what the policy allows. The autoscaler used to start from the new
+    revision's partial step (0-3 replicas), scale up from there under its step limit, and the
+    rolling step then shrank the old revision to match (10 -> 3 ready with 0/1)."""
+    from warmfleet.api.resources import AutoscalingSpec, ProductionVariant  # noqa: PLC0415
+    from warmfleet.control.load import autoscale  # noqa: PLC0415
+
+    def endpoint_spec(rev: str) -> InferenceEndpointSpec:
+        autoscaling = AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=20)
+        variant = ProductionVariant(name="main", replicas=10, autoscaling=autoscaling)
+        base = spec(revision=rev, images=False, replicas=10)
+        update = {"variants": (variant,), "rollout": rolling(surge, unavailable)}
+        return base.model_copy(update=update)
+
+    world = World(nodes(12))
+    world.put_endpoint(
+        replace(endpoint("e", endpoint_spec("v1")), autoscaled_replicas={"main": 10})
+    )
+    states: dict[tuple[str, str], object] = {}
+    ready: list[int] = []
+    for step in range(40):
+        now_s = step * 10.0
+        if step == 8:
+            previous = world.endpoints["e"].autoscaled_replicas
+            world.put_endpoint(
+                replace(endpoint("e", endpoint_spec("v2")), autoscaled_replicas=previous)
+            )
+        world.agents_step()
+        world.schedule(now_s)
+        world.mark_ready(now_s)
+        load = {("e", "main"): 160.0}  # 10 replicas' worth at the default target
+        decisions, states = autoscale(
+            world.desired(), world.observed(now_s).deployments, load, now_s, states
+        )  # type: ignore[arg-type]
+        assert decisions["e"]["main"] == 10
+        world.endpoints["e"] = replace(world.endpoints["e"], autoscaled_replicas=decisions["e"])
+        world.apply(plan(world.desired(), world.observed(now_s)), now_s)
+        ready.append(sum(d.ready_replicas for d in world.deployments.values()))
+    assert min(ready[9:]) >= floor
+    (final,) = world.deployments.values()
+    assert final.revision == names.revision(endpoint_spec("v2"))
+    assert final.ready_replicas == 10

@@ -99,8 +99,14 @@ def autoscale(
 def _current(
     endpoint: DesiredEndpoint, variant: str, default: int, deployments: Sequence[ObservedDeployment]
 ) -> int:
+    """The variant's replicas the autoscaler starts from: its Deployment's; during a rollover
+    the last decision (the new revision's Deployment holds only a rolling step, and scaling
+    from that shrank the old one with it), else the largest Deployment's."""
     mine = [d for d in deployments if d.endpoint == endpoint.name and d.variant == variant]
-    newest = [d for d in mine if d.revision == names.revision(endpoint.spec)]
-    if newest or mine:
-        return max(d.replicas for d in newest or mine)
+    rev = names.revision(endpoint.spec)
+    if any(d.revision != rev for d in mine):
+        last = endpoint.autoscaled_replicas.get(variant)
+        return last if last is not None else max(d.replicas for d in mine)
+    if mine:
+        return max(d.replicas for d in mine)
     return endpoint.autoscaled_replicas.get(variant, default)
