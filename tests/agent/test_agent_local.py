@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from cache_support import manager_for
 
+from warmfleet.agent.sources import local
 from warmfleet.agent.sources.base import SourceChangedError, SourceError
 from warmfleet.cache.config import SourcesSpec
 
@@ -347,8 +348,6 @@ async def test_a_file_swapped_for_a_link_after_the_walk_is_refused(
 ) -> None:
     """The walk checked a regular file; a tenant swaps it for a link out of the tree before
     its entry is made: the entry resolves it again and refuses it (it read the target)."""
-    from warmfleet.agent.sources import local  # noqa: PLC0415 - the module whose walk races
-
     src, secret = tmp_path / "model", tmp_path / "secret"
     src.mkdir()
     (src / "w.bin").write_bytes(b"weights")

@@ -12,12 +12,19 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from warmfleet.api import names
-from warmfleet.api.resources import InferenceEndpointSpec, RolloutPolicy
+from warmfleet.api.resources import (
+    AutoscalingSpec,
+    InferenceEndpointSpec,
+    ProductionVariant,
+    RolloutPolicy,
+)
 from warmfleet.control.actions import (
     ApplyDeployment,
     DeleteDeployment,
     ScaleDeployment,
 )
+from warmfleet.control.autoscaler import AutoscalerState
+from warmfleet.control.load import autoscale
 from warmfleet.control.observed import ObservedDeployment, ObservedReplica
 from warmfleet.control.reconciler import deployment_plan, plan
 from warmfleet.control.rollout import bounds, rolling_step
@@ -214,8 +221,6 @@ def test_an_autoscaled_variant_keeps_its_capacity_through_a_rolling_rollout(
     replicas never fall below what the policy allows. The autoscaler used to start from the new
     revision's partial step (0-3 replicas), scale up from there under its step limit, and the
     rolling step then shrank the old revision to match (10 -> 3 ready with 0/1)."""
-    from warmfleet.api.resources import AutoscalingSpec, ProductionVariant  # noqa: PLC0415
-    from warmfleet.control.load import autoscale  # noqa: PLC0415
 
     def endpoint_spec(rev: str) -> InferenceEndpointSpec:
         autoscaling = AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=20)
@@ -228,7 +233,7 @@ def test_an_autoscaled_variant_keeps_its_capacity_through_a_rolling_rollout(
     world.put_endpoint(
         replace(endpoint("e", endpoint_spec("v1")), autoscaled_replicas={"main": 10})
     )
-    states: dict[tuple[str, str], object] = {}
+    states: dict[tuple[str, str], AutoscalerState] = {}
     ready: list[int] = []
     for step in range(40):
         now_s = step * 10.0
@@ -243,7 +248,7 @@ def test_an_autoscaled_variant_keeps_its_capacity_through_a_rolling_rollout(
         load = {("e", "main"): 160.0}  # 10 replicas' worth at the default target
         decisions, states = autoscale(
             world.desired(), world.observed(now_s).deployments, load, now_s, states
-        )  # type: ignore[arg-type]
+        )
         assert decisions["e"]["main"] == 10
         world.endpoints["e"] = replace(world.endpoints["e"], autoscaled_replicas=decisions["e"])
         world.apply(plan(world.desired(), world.observed(now_s)), now_s)
