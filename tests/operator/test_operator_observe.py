@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from warmfleet.control.actions import ReleaseEndpoint
 from warmfleet.control.observed import NodeCacheState
+from warmfleet.control.reconciler import plan
 from warmfleet.operator import render
 from warmfleet.operator.observe import ANN_AUTOSCALED, Snapshot, desired_endpoints, observed_state
 
@@ -60,3 +62,24 @@ def test_an_unreadable_autoscaled_annotation_counts_as_absent(
     assert by_name["good"].autoscaled_replicas == {"main": 5}
     warned = [r.getMessage() for r in caplog.records if ANN_AUTOSCALED in r.getMessage()]
     assert len(warned) == len(bad)
+
+
+def test_a_deleting_endpoint_whose_spec_no_longer_validates_is_still_released() -> None:
+    """The CRD schema accepts ``gate: {mode: minReady}`` without its threshold; the operator
+    does not. Such an endpoint is skipped while it lives, but its deletion must collect what it
+    owns and release it (skipped, its finalizer stayed for good)."""
+    spec: dict[str, Any] = {
+        "modelSource": {"uri": "s3://m/x"},
+        "image": "vllm:1",
+        "variants": [{"name": "main"}],
+        "modelCacheConfig": {"weightsCache": {"enabled": True, "gate": {"mode": "minReady"}}},
+    }
+    meta = {"name": "e", "namespace": "default", "uid": "u1"}
+    live: dict[str, Any] = {"metadata": meta, "spec": spec}
+    assert desired_endpoints(Snapshot([live], [], [], [], [], [], [])) == []
+    gone = {**meta, "deletionTimestamp": "2026-12-07T00:00:00Z"}
+    deleting: dict[str, Any] = {"metadata": gone, "spec": spec}
+    snapshot = Snapshot([deleting], [], [], [], [], [], [])
+    (endpoint,) = desired_endpoints(snapshot)
+    assert endpoint.deleting
+    assert ReleaseEndpoint("e") in plan([endpoint], observed_state(snapshot, 0.0))

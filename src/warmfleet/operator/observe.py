@@ -74,6 +74,19 @@ def _optional(model: type[M], data: Any) -> M | None:
         return None
 
 
+def _deleting_spec(obj: Obj) -> InferenceEndpointSpec | None:
+    """A deleting endpoint whose spec fails a check the CRD schema cannot make (a gate mode
+    without its threshold): its model, image and variants alone, enough to collect what it
+    owns (Deployments by name, caches by owner) and remove its finalizer. Skipped, it was never
+    released and its deletion hung for good. None if even those do not validate."""
+    raw = obj.get("spec") or {}
+    core = {k: raw[k] for k in ("modelSource", "image", "variants") if k in raw}
+    try:
+        return InferenceEndpointSpec.model_validate(core)
+    except ValidationError:
+        return None
+
+
 def desired_endpoints(snapshot: Snapshot) -> list[DesiredEndpoint]:
     result = []
     for obj in snapshot.endpoints:
@@ -81,8 +94,11 @@ def desired_endpoints(snapshot: Snapshot) -> list[DesiredEndpoint]:
         try:
             spec = InferenceEndpointSpec.model_validate(obj.get("spec") or {})
         except ValidationError as err:
-            log.warning("InferenceEndpoint %s: invalid spec, skipped: %s", meta.get("name"), err)
-            continue
+            collected = _deleting_spec(obj) if meta.get("deletionTimestamp") else None
+            if collected is None:
+                log.warning("InferenceEndpoint %s: invalid spec, skipped: %s", meta.get("name"), err)
+                continue
+            spec = collected
         scaled = _autoscaled(meta.get("name"), _annotations(obj).get(ANN_AUTOSCALED))
         result.append(
             DesiredEndpoint(
