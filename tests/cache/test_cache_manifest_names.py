@@ -4,7 +4,9 @@ checked when the manifest is built (at resolve, before admission)."""
 from __future__ import annotations
 
 import pytest
+from aiohttp import web
 
+from warmfleet.agent.peer_serve import _safe_rel
 from warmfleet.cache.manifest import FileEntry, Manifest, ManifestError, SourceKind
 
 
@@ -29,6 +31,8 @@ def _manifest(*paths: str, mode: int | None = None) -> Manifest:
         "a/../../x",
         "a\\b",
         "sub/.warmfleet-complete.json",
+        ".warmfleet-complete.json/x",  # a directory clashing with the store's marker
+        "a/.warmfleet-progress.json/b",
         "\udcff",  # not UTF-8 (a surrogate from a non-UTF-8 file name)
     ],
 )
@@ -49,6 +53,20 @@ def test_a_name_that_is_both_file_and_directory_is_refused(paths: tuple[str, ...
 def test_usable_names_pass() -> None:
     names = ("x" * 255, "d/" + "é" * 127, "a/b", "a/c/d", "ab", "a.b/c", ".gitattributes")
     assert len(_manifest(*names).files) == len(names)
+
+
+@pytest.mark.parametrize("path", ["..data/w.bin", "a/..b", "x.warmfleet", "ok/w.bin"])
+def test_a_peer_serves_every_name_a_manifest_allows(path: str) -> None:
+    """A peer refused some names manifests allow (``..data``): the node asking dropped that
+    peer for its whole fill. Both now apply ``check_relpath``."""
+    _manifest(path)
+    assert _safe_rel(path) == path
+
+
+@pytest.mark.parametrize("path", ["../x", ".warmfleet-complete.json", "a/.warmfleet-x/b", "w\0"])
+def test_a_peer_refuses_what_no_manifest_names(path: str) -> None:
+    with pytest.raises(web.HTTPNotFound):
+        _safe_rel(path)
 
 
 def test_mode_is_identity_when_known_and_checked() -> None:

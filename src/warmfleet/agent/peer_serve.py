@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from warmfleet.agent.api_auth import bearer_matches
 from warmfleet.agent.store import Store
+from warmfleet.cache.manifest import ManifestError, check_relpath
 from warmfleet.cache.transfer import TokenBucket
 from warmfleet.core.clock import MonotonicClock
 
@@ -121,15 +121,12 @@ def _parse_range(header: str) -> tuple[int, int]:
 
 
 def _safe_rel(path: str) -> str:
-    norm = posixpath.normpath(path)
-    if (
-        norm != path
-        or path.startswith(("/", ".."))
-        or "/../" in path
-        or ".warmfleet" in path
-        or "\x00" in path  # os.stat would raise ValueError: a 500
-    ):
-        raise web.HTTPNotFound()
+    """``path`` if a manifest may name it (``check_relpath``: the same rule, so a peer never
+    refuses a file of a model it holds), else 404."""
+    try:
+        check_relpath(path)
+    except ManifestError:
+        raise web.HTTPNotFound() from None
     return path
 
 

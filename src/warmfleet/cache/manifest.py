@@ -78,7 +78,7 @@ class Manifest:
         seen: set[str] = set()
         dirs: set[str] = set()
         for entry in self.files:
-            _check_relpath(entry.path)
+            check_relpath(entry.path)
             if entry.path in seen:
                 raise ManifestError(f"duplicate file {entry.path!r} in manifest of {self.uri}")
             if entry.size_bytes < 0:
@@ -126,10 +126,11 @@ class Manifest:
             raise ManifestError(f"malformed manifest document: {err}") from err
 
 
-def _check_relpath(path: str) -> None:
+def check_relpath(path: str) -> None:
     """A relative, normalised posix path the store can create: no NUL, no empty, ``.`` or
     ``..`` component, no component over NAME_MAX_BYTES and the whole at most PATH_MAX_BYTES
-    (UTF-8), not one of the store's own ``.warmfleet*`` files."""
+    (UTF-8), no component named like the store's own ``.warmfleet*`` files (a directory of
+    that name clashed with them at publish). The peer server refuses the same paths."""
     if "\0" in path:
         raise ManifestError(f"file path with a NUL byte in manifest: {path!r}")
     try:
@@ -152,7 +153,7 @@ def _check_relpath(path: str) -> None:
         or norm.startswith("../")
         or norm == ".."
         or "\\" in path
-        or path.rsplit("/", maxsplit=1)[-1].startswith(".warmfleet")
+        or any(part.startswith(".warmfleet") for part in path.split("/"))
     ):
         raise ManifestError(f"unsafe or non-normalised file path in manifest: {path!r}")
 

@@ -96,7 +96,9 @@ def desired_endpoints(snapshot: Snapshot) -> list[DesiredEndpoint]:
         except ValidationError as err:
             collected = _deleting_spec(obj) if meta.get("deletionTimestamp") else None
             if collected is None:
-                log.warning("InferenceEndpoint %s: invalid spec, skipped: %s", meta.get("name"), err)
+                log.warning(
+                    "InferenceEndpoint %s: invalid spec, skipped: %s", meta.get("name"), err
+                )
                 continue
             spec = collected
         scaled = _autoscaled(meta.get("name"), _annotations(obj).get(ANN_AUTOSCALED))

@@ -26,10 +26,13 @@ from warmfleet.core.types import InstanceId
 from warmfleet.gateway.kv_events.translator import BatchConsumer
 from warmfleet.gateway.kv_events.view import ReplayRequest
 
-log = logging.getLogger(__name__)
-# vLLM's replay socket ends an answer with this sequence number (and an empty topic)
+# The largest frame read from an engine (a step's batch of a 128k-token prefill is ~1 MB): a
+# larger one drops that connection (ZeroMQ's MAXMSGSIZE) instead of being read into memory and
+# decoded on the event loop; the engine reconnects and the lost batch is a gap.
+MAX_MESSAGE_BYTES = 64 << 20
 MAX_REPLAY_BATCHES = 100_000  # vLLM keeps 10,000 by default (``buffer_steps``)
 REPLAY_SLICE_BATCHES = 64  # ~1 ms of translation between two chances for requests to run
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class KvEventSubscriber:
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._sock.setsockopt(zmq.SUBSCRIBE, topic_prefix.encode())
         try:
             if bind:
@@ -157,6 +161,7 @@ class KvEventSubscriber:
         the batches from ``request.from_seq`` on."""
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         try:
             sock.connect(endpoint)
             await sock.send_multipart([b"", seq_bytes(request.from_seq)])
