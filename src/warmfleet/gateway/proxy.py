@@ -237,7 +237,9 @@ class Proxy:
         log.warning("instance %s failed mid-stream: %r", call.inst.instance_id, err)
         name = type(err).__name__
         message = f"instance {call.inst.instance_id!r} failed mid-stream: {name}"
-        if relay.length is not None:  # a declared length: only a cut tells the client
+        if relay.length is not None or relay.framer is None:  # only a cut tells the client
+            # (a declared length, or a body that is not an event stream: an SSE error event
+            # and a clean end would make it look whole)
             call.count("stream_error")
             if relay.conn.transport is not None:
                 relay.conn.transport.abort()

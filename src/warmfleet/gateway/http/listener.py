@@ -82,7 +82,10 @@ class HttpServer:
             self.refused_connections += 1
             return False
         oldest = min(idle, key=lambda c: c.idle_since)
-        oldest.close()
+        transport = oldest.transport
+        if transport is not None and transport.get_write_buffer_size():
+            transport.abort()  # output its client never reads: close() would wait for it, and
+        oldest.close()  # an evicted connection is no longer one the ticker drops in time
         connections.discard(oldest)  # closing: no longer counts, its FIN is on its way
         connections.add(conn)
         return True

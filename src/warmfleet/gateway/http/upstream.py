@@ -123,6 +123,11 @@ def _fail(
         fut.exception()  # mark retrieved: the awaiting side may be gone (cancelled)
 
 
+# An answer's status line and headers at most (httptools sets no bound, and every byte restarts
+# the read timeout: a head that never ends was held whole until the total timeout).
+MAX_ANSWER_HEAD_BYTES = 64 << 10
+
+
 class UpstreamConnection(asyncio.Protocol):
     def __init__(self, pool: ConnectionPool, addr: Addr) -> None:
         self.pool = pool
@@ -137,6 +142,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._deadline = 0.0
         self._read_timeout_s = 0.0
         self._paused = False  # the client takes the answer slower than the instance sends it
+        self._head_bytes = 0  # read while the answer's head was not complete
         self._stray = False  # bytes beyond the answer: the connection is never reused
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
@@ -159,6 +165,11 @@ class UpstreamConnection(asyncio.Protocol):
             self._broken(UpstreamClosedError(f"malformed answer from {self.addr}: {err}"))
         except httptools.HttpParserUpgrade:  # not an HttpParserError; never asked for
             self._broken(UpstreamClosedError(f"unrequested protocol switch from {self.addr}"))
+        if not ex.status and self.exchange is ex:  # its head still not complete: bounded
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_ANSWER_HEAD_BYTES:
+                self._broken(UpstreamClosedError(f"answer head over 64 KiB from {self.addr}"))
+                return
         if ex.sink is not None:
             ex.sink.flush()
         if self._stray:  # the same read went on past the answer: the next one would get it
@@ -240,6 +251,9 @@ class UpstreamConnection(asyncio.Protocol):
             ex.head.set_result(ex.status)
         if not ex.done.done():
             ex.done.set_result(b"".join(ex.body))
+        if self._paused and not self.closed and self.transport is not None:
+            self._paused = False  # the client fell behind at the end: idle, the pooled
+            self.transport.resume_reading()  # connection must see the instance close it
         if self.parser.should_keep_alive():
             self.pool.release(self)
         else:
@@ -266,6 +280,7 @@ class UpstreamConnection(asyncio.Protocol):
         ex = Exchange(loop)
         ex.sink = sink
         self.exchange = ex
+        self._head_bytes = 0
         now = monotonic()
         self._last_data = now
         self._deadline = now + total_timeout_s

@@ -1,9 +1,9 @@
 """The gateway's HTTP/1.1 server connection: an asyncio protocol over the httptools (llhttp)
 parser (why not a framework: ``docs/gateway.md``, 4x the CPU on the same work). Keep-alive,
 pipelined requests answered in order, ``Expect: 100-continue``, chunked request bodies, limits
-(413 body, 431 head, 408 slow senders, the server's body budget), malformed requests (400),
-idle timeouts, cancellation of the handler on disconnect, back-pressure, graceful shutdown.
-Answers are written (and connections closed) by ``answers.AnswerWriter``.
+(413 body, 431 head, 408 slow senders, the server's body budget, in which each piece of a body
+counts ``PIECE_BYTES`` more), malformed requests (400), idle timeouts, cancellation of the
+handler on disconnect, back-pressure, graceful shutdown; ``answers.AnswerWriter`` answers.
 
 A handler gets a :class:`Request` whose body has been read in full and returns a
 :class:`Response`, or ``None`` after streaming its answer through ``request.conn``. The module
@@ -27,6 +27,7 @@ from warmfleet.gateway.http.answers import AnswerWriter
 from warmfleet.gateway.http.messages import ErrorFactory, Handler, Reject, Request, ServerLimits
 
 log = logging.getLogger(__name__)
+PIECE_BYTES = 48  # a bytes object and its list slot: 2-byte chunks were ~20x their data
 
 
 class ConnectionOwner(Protocol):
@@ -111,12 +112,11 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
                 self._count_overhead(len(data))
 
     def _count_overhead(self, size: int) -> None:
-        """Bound what a request sends beyond its body data: its head (llhttp has no limit, and
-        httptools copies a growing header value at every read: quadratic), chunk framing and
-        trailers. The read in which a request begins counts its body and the head parsed so
-        far (part of that read may be the previous request's); the parser's callbacks count
-        the head too (``_add_head``), so a head over the limit is refused whatever the read
-        boundaries."""
+        """Bound what a request sends beyond its body data: its head (llhttp has no limit;
+        httptools copies a growing header value at every read), chunk framing and trailers.
+        The read in which a request begins counts its body and the head parsed so far; the
+        parser's callbacks count the head too (``_add_head``): a head over the limit is
+        refused whatever the read boundaries."""
         fed = self._fed
         fed = fed + size if fed >= 0 else self._size + self._head_size
         self._fed = fed
@@ -207,12 +207,9 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
             # e.g. "gzip, chunked": the body would be relayed still encoded (RFC 9112 6.1)
             raise Reject(400, f"transfer coding {coding!r} is not supported (only chunked)")
         declared = self._headers.get("content-length")
-        if (
-            declared is not None
-            and declared.isdigit()
-            and int(declared) > self.limits.max_body_bytes
-        ):
-            raise Reject.too_large(self.limits.max_body_bytes, int(declared))
+        limit = self.limits.max_body_bytes
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise Reject.too_large(limit, int(declared))
         if self._headers.get("expect", "").lower() == "100-continue" and self.transport:
             if self._task is None:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -226,9 +223,9 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
         if self._size > limits.max_body_bytes:
             raise Reject.too_large(limits.max_body_bytes, None)
         self._body.append(body)
-        self._counted += size
+        self._counted += size + PIECE_BYTES
         server = self.server
-        server.buffered_body_bytes += size
+        server.buffered_body_bytes += size + PIECE_BYTES
         if server.buffered_body_bytes > limits.max_buffered_body_bytes and not self._held:
             self._hold()
 
@@ -334,7 +331,8 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
             if self._continue_due and self._reading:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self._continue_due = False
-            self.transport.resume_reading()
+            if not self._held:  # (held: the body budget resumes it)
+                self.transport.resume_reading()
 
     def _log(self, request: Request, status: int, t_start: float) -> None:
         """The request's access-log line (``spec.access_log``), if on."""

@@ -102,6 +102,9 @@ def _check_chat(body: dict[str, Any], name: str, size_bytes: int, limits: Limits
             content = message.get("content")
             if type(content) is list:
                 parts += len(content)
+            output = message.get("output")  # a Responses function_call_output's parts
+            if type(output) is list:
+                parts += len(output)
     if parts > max_parts:
         raise BadRequestError(
             f"'{name}' has {parts} content parts in all, over limits.max_content_parts "
