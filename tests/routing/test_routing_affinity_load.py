@@ -139,12 +139,19 @@ def test_bounded_load_holds_in_a_closed_loop(seed: int, epsilon: float, floor: f
             tracker.add(victim, -tokens, -1)
 
 
-def test_work_ledger_counts_hits_as_less_work_and_forgets_finished_requests() -> None:
+def _one_document(
+    instances: int, seed: int
+) -> tuple[PrefixAffinityStrategy, LoadTracker, random.Random, tuple[int, ...]]:
+    """``prefix_affinity`` over ``instances``, its caller's tracker, and a 40-block document."""
     s = affinity()
-    tracker = LoadTracker(2)
+    tracker = LoadTracker(instances)
     s.on_instances_changed(tracker.ids)
-    rng = random.Random(21)
-    doc = chain(rng, 40)
+    rng = random.Random(seed)
+    return s, tracker, rng, chain(rng, 40)
+
+
+def test_work_ledger_counts_hits_as_less_work_and_forgets_finished_requests() -> None:
+    s, tracker, rng, doc = _one_document(2, 21)
     cold = tracker.route(s, key(doc + chain(rng, 1), output=10))
     hit = tracker.route(s, key(doc + chain(rng, 1), output=10))
     assert hit.reason is Reason.PREFIX_HIT
@@ -166,11 +173,7 @@ def test_a_snapshot_without_an_instance_keeps_its_ledger_entries() -> None:
     """A retry's snapshot leaves out the instance that failed: the hits in flight there still
     count as the little work they are when the next snapshot has it again (they were forgotten,
     and its in-flight tokens then counted in full); an instance that leaves the fleet goes."""
-    s = affinity()
-    tracker = LoadTracker(3)
-    s.on_instances_changed(tracker.ids)
-    rng = random.Random(23)
-    doc = chain(rng, 40)
+    s, tracker, rng, doc = _one_document(3, 23)
     first = tracker.route(s, key(doc + chain(rng, 1), output=10))
     for _ in range(3):
         assert tracker.route(s, key(doc + chain(rng, 1), output=10)).reason is Reason.PREFIX_HIT
