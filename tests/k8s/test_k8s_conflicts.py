@@ -48,11 +48,14 @@ class ChangedAfterRead(kube.KubeClient):
         return obj
 
 
-def endpoint(zone: str) -> Obj:
+SIGNED = "https://b.s3.amazonaws.com/w.bin?X-Amz-Date={0}&X-Amz-Expires=3600&X-Amz-Signature={0}"
+
+
+def endpoint(signature: str) -> Obj:
     return inference_endpoint(
         "gamma",
         NS,
-        nodeSelector={"e2e.warmfleet.dev/zone": zone},
+        modelSource={"uri": SIGNED.format(signature), "revision": "r1"},
         modelCacheConfig={"weightsCache": {"enabled": True, "gate": {"mode": "none"}}},
     )
 
@@ -66,7 +69,7 @@ async def test_conflicts_are_retried(
     )
     assert status == 201, body
     path = f"/apis/warmfleet.dev/v1alpha1/namespaces/{NS}/inferenceendpoints"
-    status, body = plane.request("POST", path, endpoint("a"))
+    status, body = plane.request("POST", path, endpoint("1"))
     assert status == 201, body
     context = ssl.create_default_context(cafile=str(plane.ca_path))
     try:
@@ -75,8 +78,9 @@ async def test_conflicts_are_retried(
             controller = Controller(client, NS, time.time)
             await controller.reconcile()  # creates the ModelCache, Deployment and Services
             assert len(await client.list(kube.MODEL_CACHES, NS)) == 1
-            # a new node selector: the cache's spec is re-applied (read, merge patch, write)
-            patch = {"spec": {"nodeSelector": {"e2e.warmfleet.dev/zone": "b"}}}
+            # the source signed again: the same cache (a new node selector is a new one), its
+            # spec re-applied (read, merge patch, write)
+            patch = {"spec": {"modelSource": {"uri": SIGNED.format("2"), "revision": "r1"}}}
             status, body = plane.request("PATCH", f"{path}/gamma", patch)
             assert status == 200, body
             client.kinds = {"modelcaches"}
@@ -88,8 +92,8 @@ async def test_conflicts_are_retried(
     results.record(conflicts_retried=client.conflicts_retried, conflicts_forced=client.changed)
     assert client.changed
     assert client.conflicts_retried >= 1
-    # the retried write was computed from the fresh object: the new selector is there and the
+    # the retried write was computed from the fresh object: the new signature is there and the
     # other writer's change was kept
     (cache,) = caches
-    assert cache["spec"]["nodeSelector"] == {"e2e.warmfleet.dev/zone": "b"}
+    assert cache["spec"]["modelSource"]["uri"] == SIGNED.format("2")
     assert cache["metadata"]["annotations"].get("e2e.warmfleet.dev/other-writer") == "1"
