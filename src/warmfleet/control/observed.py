@@ -54,7 +54,7 @@ class ObservedNode:
 
     ``weights`` is keyed by ModelCache name; ``images`` by ImageCache name (reported by the image
     puller on that node). ``assigned`` is the set of ModelCache names the backend last told the
-    node to hold (the agent fills assigned caches and evicts the others); ``told`` the
+    node to hold (the agent fills assigned caches and evicts the others), from ``told``: the
     assignments themselves (``NodeCacheAssignment.key``: a source re-signed in place is told
     again).
     """
@@ -62,10 +62,13 @@ class ObservedNode:
     name: str
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     ready: bool = True
-    assigned: frozenset[str] = frozenset()
     told: frozenset[tuple[str, str, str, str]] = frozenset()
     weights: Mapping[str, NodeCacheReport] = field(default_factory=dict)
     images: Mapping[str, NodeCacheReport] = field(default_factory=dict)
+
+    @property
+    def assigned(self) -> frozenset[str]:
+        return frozenset(cache for cache, _uri, _revision, _path in self.told)
 
     def matches(self, selector: Mapping[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in selector.items())

@@ -182,8 +182,7 @@ def _assignments(wanted: _Wanted, observed: ObservedState) -> list[Action]:
             for name, spec in sorted(wanted.model_caches.items())
             if spec.enabled and node.matches(spec.node_selector)
         )
-        told = frozenset(a.key() for a in caches)  # names, and sources re-signed in place
-        if frozenset(a.cache for a in caches) != node.assigned or told != node.told:
+        if frozenset(a.key() for a in caches) != node.told:  # sources re-signed in place too
             actions.append(AssignNodeCaches(node.name, caches))
     return actions
 

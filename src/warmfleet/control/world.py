@@ -119,11 +119,8 @@ class World:
         elif isinstance(action, AssignNodeCaches):
             node = self.nodes.get(action.node)
             if node is not None:
-                self.nodes[node.name] = replace(
-                    node,
-                    assigned=frozenset(a.cache for a in action.caches),
-                    told=frozenset(a.key() for a in action.caches),
-                )
+                told = frozenset(a.key() for a in action.caches)
+                self.nodes[node.name] = replace(node, told=told)
         elif isinstance(action, SetNodeLabels):
             self._set_labels(action)
         elif isinstance(action, ApplyDeployment):

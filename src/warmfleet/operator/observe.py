@@ -224,7 +224,6 @@ def _nodes(snapshot: Snapshot) -> tuple[ObservedNode, ...]:
                 name=name,
                 labels=dict(meta.get("labels") or {}),
                 ready=ready and not (obj.get("spec") or {}).get("unschedulable", False),
-                assigned=frozenset(t[0] for t in told),
                 told=told,
                 weights=_reports(name, annotations.get(render.ANN_CACHE_STATUS)),
                 images=images.get(meta["name"], {}),

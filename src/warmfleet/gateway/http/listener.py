@@ -82,10 +82,12 @@ class HttpServer:
             self.refused_connections += 1
             return False
         oldest = min(idle, key=lambda c: c.idle_since)
+        # Output its client never reads would keep it open (``close`` waits for it to drain),
+        # and an evicted connection is not one the ticker drops in time: abort it.
         transport = oldest.transport
         if transport is not None and transport.get_write_buffer_size():
-            transport.abort()  # output its client never reads: close() would wait for it, and
-        oldest.close()  # an evicted connection is no longer one the ticker drops in time
+            transport.abort()
+        oldest.close()
         connections.discard(oldest)  # closing: no longer counts, its FIN is on its way
         connections.add(conn)
         return True

@@ -106,8 +106,8 @@ class KvEventFeed:
         self.clock = clock
         self.translator: KvEventTranslator | None = None
         self._active: ExactModeRouter | None = None
-        self._instances: tuple[InstanceId, ...] = ()  # the routed instances (shown even if silent)
-        self._retained = False  # ``retain`` was called: ``_instances`` is the fleet
+        # the routed instances (shown even if silent); None until ``retain`` is first called
+        self._instances: tuple[InstanceId, ...] | None = None
         self._delay: FastHistogramChild | None = None  # set by ``register_metrics``
         self.recent_delays_s: deque[float] = deque(maxlen=4096)  # the last ones, for reports
 
@@ -141,7 +141,7 @@ class KvEventFeed:
             silence_timeout_s=self.silence_timeout_s,
             replay=self.replay,
         )
-        if self._retained:
+        if self._instances is not None:
             self.translator.retain(self._instances)
 
     def apply(self, instance_id: InstanceId, seq: int, batch: EventBatch, now_s: float) -> None:
@@ -168,14 +168,14 @@ class KvEventFeed:
             self.translator.expect_events(instance_id, self.clock())
 
     def retain(self, instance_ids: Sequence[InstanceId]) -> None:
-        self._instances, self._retained = tuple(instance_ids), True
+        self._instances = tuple(instance_ids)
         if self.translator is not None:
             self.translator.retain(instance_ids)
 
     def modes(self) -> dict[InstanceId, str]:
         """Every routed instance (``approximate`` until its events are in sync) and every
         instance the events named."""
-        out: dict[InstanceId, str] = dict.fromkeys(self._instances, "approximate")
+        out: dict[InstanceId, str] = dict.fromkeys(self._instances or (), "approximate")
         if self.translator is not None:
             out.update(self.translator.modes())
         return out
