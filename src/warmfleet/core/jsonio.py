@@ -63,6 +63,22 @@ def loads_body_yielding(raw: bytes) -> Any:
     return _decoded(lambda: decoder.decode(text))
 
 
+def loads_text_yielding(text: str) -> Any:
+    """``json.loads(text)`` (its value and its ``ValueError``s), without holding the GIL for
+    long when ``text`` may hold more than ``FAST_PARSE_MAX_VALUES`` values (a JSON string
+    inside a body, such as a tool call's arguments)."""
+    bound = 1
+    for start in range(0, len(text), COUNT_STEP_BYTES):  # (in steps: see ``value_bound``)
+        end = start + COUNT_STEP_BYTES
+        bound += text.count(",", start, end) + text.count("{", start, end)
+        bound += text.count("[", start, end)
+    if bound <= FAST_PARSE_MAX_VALUES:
+        return json.loads(text)
+    decoder = json.JSONDecoder()  # one per call, as above
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    return decoder.decode(text)
+
+
 def _utf8(raw: bytes) -> str:
     if not raw:
         raise BadRequestError("request body is empty; expected a JSON object", param="body")

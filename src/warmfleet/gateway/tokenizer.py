@@ -126,7 +126,10 @@ def cut_after_final_message(rendered: str, final: str) -> str:
     with its leading whitespace stripped, or stripped on both sides when the template trimmed
     its trailing whitespace)."""
     core = final.strip()
-    at = rendered.rfind(core)
+    # ``rfind`` is quadratic at worst on crafted texts (CPython searches backwards naively);
+    # ``find`` over both reversed is linear (two-way search) and finds the same occurrence.
+    found = rendered[::-1].find(core[::-1])
+    at = -1 if found < 0 else len(rendered) - found - len(core)
     if at < 0:
         raise BadRequestError(
             "continue_final_message: the template drops the final message's content",

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from warmfleet.core.jsonio import loads_text_yielding
 from warmfleet.routing.parse import TEXT_PARTS, bad_request
 from warmfleet.routing.request import ChatRequest
 
@@ -22,28 +23,53 @@ from warmfleet.routing.request import ChatRequest
 _MSG = "\x1e"
 _FIELD = "\x1f"
 _PART = "\x1d"
-# Canonical JSON (stateless between calls: safe from several threads); arrays longer than
-# _SPLIT_ITEMS are encoded element by element.
+# Canonical JSON (stateless between calls: safe from several threads). A container longer than
+# _SPLIT_ITEMS, or holding another container, is encoded element by element; the rest (scalars
+# and short flat containers) in one C call.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _SPLIT_ITEMS = 16
+# Tool-call arguments longer than this are parsed by the yielding scanner when they may hold
+# many values (``jsonio.loads_text_yielding``); shorter ones cannot hold enough to matter.
+_ARGS_YIELD_CHARS = 64 << 10
 
 
 def _canonical_json(value: object, param: str) -> str:
-    """``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``. A long
-    array is encoded one element per call (the same text): a single C call holds the GIL, and
-    the gateway computes big bodies' keys on a thread while its event loop serves."""
+    """``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, the
+    same text. A single C call holds the GIL, and the gateway computes big bodies' keys on a
+    thread while its event loop serves: nested or long containers are encoded one element per
+    call (``_encode``), so no call covers more than a short flat container or one scalar."""
     try:
-        if type(value) is list and len(value) > _SPLIT_ITEMS:
-            return "[" + ",".join([_CANONICAL.encode(item) for item in value]) + "]"
-        return _CANONICAL.encode(value)
+        return _encode(value)
     except (TypeError, ValueError, RecursionError) as err:
         raise bad_request(f"'{param}' is not JSON-serializable", param) from err
+
+
+def _flat(items: Sequence[object]) -> bool:
+    if len(items) > _SPLIT_ITEMS:
+        return False
+    return not [item for item in items if type(item) is list or type(item) is dict]
+
+
+def _encode(value: object) -> str:
+    encode = _CANONICAL.encode
+    if type(value) is list:
+        if _flat(value):
+            return encode(value)
+        return "[" + ",".join([_encode(item) for item in value]) + "]"
+    if type(value) is dict:
+        if _flat(list(value.values())):
+            return encode(value)
+        if not all(type(k) is str for k in value):  # what json does with other keys
+            return encode(value)
+        pairs = sorted(value.items())
+        return "{" + ",".join([encode(k) + ":" + _encode(v) for k, v in pairs]) + "}"
+    return encode(value)
 
 
 def _tool_arguments(args: str, param: str) -> str:
     """Tool-call arguments are a JSON string: re-serialize it canonically when it parses."""
     try:
-        parsed = json.loads(args)
+        parsed = loads_text_yielding(args) if len(args) > _ARGS_YIELD_CHARS else json.loads(args)
     except (ValueError, RecursionError):
         return args
     return _canonical_json(parsed, param)

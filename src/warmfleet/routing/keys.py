@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from warmfleet.core.hashing import chain_blocks, chain_seed
+from warmfleet.core.hashing import chain_blocks, chain_seed, hash_str
 from warmfleet.core.types import RoutingKey
 from warmfleet.routing.chains import SpanMemo
 from warmfleet.routing.chat_options import ChatTemplateOptions
@@ -32,6 +32,8 @@ from warmfleet.routing.sessions import session_hash
 
 _PREFIX_SALT = 0x5F5F
 _SEED_CACHE_ENTRIES = 4096
+# Seeds are memoised only for names this short in all (longer ones come from odd clients).
+_SEED_MEMO_CHARS = 1024
 _h64 = xxhash.xxh3_64_intdigest
 _CACHE_SALT_TAG = "cache_salt:"
 
@@ -92,7 +94,7 @@ class KeyHasher:
         self.max_blocks = min(spec.max_units // self.block_size, spec.max_blocks)
         # the characters of an ASCII text that its blocks and prefix hash read (``from_chars``)
         self._read_chars = max(self.max_blocks * self.block_size, self.prefix_length)
-        self._seeds: dict[tuple[str, str | None, str | None, str | None], int] = {}
+        self._seeds: dict[tuple[str, str | None, str | None], int] = {}
         self.spans = SpanMemo()
 
     def seed(
@@ -104,16 +106,19 @@ class KeyHasher:
     ) -> int:
         """Start of the chain for (model, adapter, tenant[, vLLM cache_salt]), memoised in a
         bounded map. Without a cache salt the seed is the unsalted one (KV-event translation
-        starts its chains there)."""
+        starts its chains there); with one, the salt is chained onto it per request (a client's
+        salt, of any length, is never kept)."""
         cache = self._seeds
-        memo = (model, lora_adapter, tenant, cache_salt)
+        memo = (model, lora_adapter, tenant)
         seed = cache.get(memo)
         if seed is None:
-            if len(cache) >= _SEED_CACHE_ENTRIES:
-                cache.clear()
-            parts = (model, lora_adapter, tenant)
-            salted = parts if cache_salt is None else (*parts, _CACHE_SALT_TAG + cache_salt)
-            seed = cache[memo] = chain_seed(self.spec.salt, *salted)
+            seed = chain_seed(self.spec.salt, model, lora_adapter, tenant)
+            if len(model) + len(lora_adapter or "") + len(tenant or "") <= _SEED_MEMO_CHARS:
+                if len(cache) >= _SEED_CACHE_ENTRIES:
+                    cache.clear()
+                cache[memo] = seed
+        if cache_salt is not None:  # = chain_seed(salt, model, adapter, tenant, tag + salt)
+            seed = hash_str(_CACHE_SALT_TAG + cache_salt, seed)
         return seed
 
     def from_chars(self, text: str, seed: int, hint: int) -> RoutingKey:

@@ -12,7 +12,8 @@ conversation whichever API sent it. The items become chat messages:
 - ``function_call``: an assistant message with one tool call (``call_id``, ``name``,
   ``arguments``); ``function_call_output``: a tool message answering ``call_id``;
 - any other item (``reasoning``, ``item_reference``, ...): a message whose role is the item's
-  type and whose one content part is the item (keyed by its canonical JSON).
+  type and whose one content part is the item, checked and converted as a content part is
+  (keyed by its canonical JSON, or its text for a text item).
 
 Every shape is checked here, each fault a ``BadRequestError`` naming the body's own param
 (``input[2].content[0].text``), so the messages need no further check.
@@ -97,7 +98,7 @@ def _message(item: Mapping[str, Any], where: str) -> dict[str, Any]:
         }
     if not isinstance(kind, str) or not kind:
         raise _bad(f"'{where}.type' must be a non-empty string", f"{where}.type")
-    return {"role": kind, "content": [item]}
+    return {"role": kind, "content": [_part(item, where)]}  # (a text or image item checked too)
 
 
 def responses_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
