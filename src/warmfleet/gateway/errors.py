@@ -46,6 +46,11 @@ class OverloadedError(WarmfleetError):
     """Flow control shed the request: overload, or a deadline it cannot meet (HTTP 429)."""
 
 
+class UpstreamBusyError(WarmfleetError):
+    """Every upstream connection the gateway may open (``maxUpstreamConnections``) stayed busy
+    for the connect timeout (HTTP 503)."""
+
+
 # (status, OpenAI error type), most specific class first.
 _MAPPING: tuple[tuple[type[WarmfleetError], int, str], ...] = (
     (RequestTooLargeError, 413, "invalid_request_error"),
@@ -55,6 +60,7 @@ _MAPPING: tuple[tuple[type[WarmfleetError], int, str], ...] = (
     (UnauthorizedError, 401, "authentication_error"),
     (ConflictError, 409, "conflict_error"),
     (NoInstanceAvailableError, 503, "service_unavailable_error"),
+    (UpstreamBusyError, 503, "service_unavailable_error"),
     (OverloadedError, 429, "rate_limit_error"),
     (UpstreamTimeoutError, 504, "upstream_timeout_error"),
     (UpstreamError, 502, "upstream_error"),

@@ -6,6 +6,9 @@
   arrives, so an error event can never be glued onto half an event.
 - Retries go to another instance, and only before any byte reached the client: a refused or
   dropped connection, and a timeout waiting for the answer (a wedged instance).
+- With ``maxUpstreamConnections``, a request waits for a free connection at most the connect
+  timeout, then gets 503 with ``Retry-After`` (reason ``pool_timeout``; not the instance's
+  failure, so not retried).
 - Every attempt's outcome feeds passive outlier detection (``gateway.outlier``): gateway
   failures eject an instance, and a probation instance gets one request at a time.
 - In-flight requests and tokens per instance are counted here and fed to the strategy (with
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from time import perf_counter
 
 from warmfleet.core.errors import NoInstanceAvailableError, WarmfleetError
@@ -23,6 +27,7 @@ from warmfleet.core.types import Decision, RoutingKey
 from warmfleet.gateway.capture import Capture
 from warmfleet.gateway.errors import (
     InternalError,
+    UpstreamBusyError,
     error_response,
     sse_error_event,
     status_and_type,
@@ -34,9 +39,10 @@ from warmfleet.gateway.http.upstream import (
     Origin,
     UpstreamClosedError,
     UpstreamConnectError,
+    UpstreamConnection,
     UpstreamTimeout,
 )
-from warmfleet.gateway.http.upstream_pool import UpstreamPool
+from warmfleet.gateway.http.upstream_pool import UpstreamPool, UpstreamPoolTimeout
 from warmfleet.gateway.outlier import IN, PROBATION, FailureCause
 from warmfleet.gateway.relay import ATTEMPTS_HEADER, Attempt, Relay, Retry, prompt_id
 from warmfleet.gateway.variant import RouterLike, VariantRuntime
@@ -175,13 +181,11 @@ class Proxy:
         inst = call.inst
         origin = inst.origin
         up = self.pool.take_idle(origin.addr)
-        if up is None:  # the next decision, made while this one waits, must know of it
-            if (failure := _learn(call)) is not None:
-                return _unavailable(call.variant, failure, 0)
-            try:
-                up = await self.pool.acquire(origin.addr)
-            except UpstreamConnectError as err:
-                call.failed(FailureCause.CONNECT, "unreachable", err)
+        if up is None:
+            opened = await self._acquire(call)
+            if isinstance(opened, Response):
+                return opened
+            up = opened
         limits = self.state.limits
         call.variant.m_overhead.observe(perf_counter() - call.t_start)
         relay = Relay(call)
@@ -230,6 +234,25 @@ class Proxy:
         if self.capture is not None:
             self.capture.offer(call, relay, status)
         return None
+
+    async def _acquire(self, call: Attempt) -> UpstreamConnection | Response:
+        """A new or freed connection to the call's instance (none was idle), or the answer:
+        the router learns the decision first (the next decision, made while this one waits,
+        must know of it); every connection busy for the connect timeout is a 503 (the
+        gateway's limit, not the instance's failure: reason ``pool_timeout``)."""
+        if (failure := _learn(call)) is not None:
+            return _unavailable(call.variant, failure, 0)
+        pool = self.pool
+        try:
+            return await pool.acquire(call.inst.origin.addr)
+        except UpstreamConnectError as err:
+            call.failed(FailureCause.CONNECT, "unreachable", err)
+        except UpstreamPoolTimeout as busy:
+            call.variant.request_counter("none", "pool_timeout", "503").inc()
+            retry_after = str(max(1, math.ceil(pool.connect_timeout_s)))
+            error = UpstreamBusyError(f"{busy}; retry after {retry_after} s")
+            headers = {"Retry-After": retry_after}
+            return error_response(error, reason="pool_timeout", extra_headers=headers)
 
     def _mid_stream_failure(self, call: Attempt, relay: Relay, err: Exception) -> None:
         timed_out = isinstance(err, UpstreamTimeout)

@@ -145,10 +145,12 @@ class Relay:
         "conn",
         "content_type",
         "framer",
+        "head_only",
         "headers",
         "last",
         "length",
         "pending",
+        "size",
         "started",
         "status",
         "t_first",
@@ -170,11 +172,17 @@ class Relay:
         # where the answer's usage is: its last piece (buffered: all of it) and the one before
         self.last = b""
         self.tail = b""
+        # A HEAD request (relayed as a GET: ``/version``): answered whole at the end with the
+        # GET answer's length (counted in ``size``) and no body, however the instance framed it.
+        self.head_only = call.request.method == "HEAD"
+        self.size = 0
 
     def head(self, ex: Exchange) -> None:
         self.status = ex.status
         self.content_type = ex.content_type
         self.headers = response_headers(ex, self.call)
+        if self.head_only:  # counted, answered whole (``end``)
+            return
         self.buffered = not ex.chunked
         if self.buffered:
             declared = ex.headers.get("content-length", "").strip()
@@ -185,6 +193,9 @@ class Relay:
             self.framer = SseFramer()
 
     def data(self, chunk: bytes) -> None:
+        if self.head_only:
+            self.size += len(chunk)
+            return
         if self.framer is not None:
             chunk = self.framer.feed(chunk)
         if chunk:
@@ -212,8 +223,8 @@ class Relay:
             request = call.request
             answer = Response(ex.status, b"".join(self.pending), self.content_type, self.headers)
             self.last = answer.body
-            head_only = request.method == "HEAD"  # relayed as a GET (``/version``)
-            self.conn.write_response(answer, request.keep_alive, request.http10, head_only)
+            head_only, length = self.head_only, self.size if self.head_only else -1
+            self.conn.write_response(answer, request.keep_alive, request.http10, head_only, length)
             return
         if self.framer is not None and (tail := self.framer.flush()):
             self.pending.append(tail)

@@ -36,6 +36,8 @@ class KeyBodyLimits(StrictModel):
 class LimitsConfig(StrictModel):
     """Per-request limits. ``body_read_timeout_s`` bounds how long a client may take to send its
     body (slow senders get 408); the upstream timeouts bound every outbound call.
+    ``upstream_connect_timeout_s`` also bounds the wait for a free upstream connection at
+    ``max_upstream_connections`` (then 503 with ``Retry-After``, reason ``pool_timeout``).
 
     The work a body costs is bounded (400 naming the param over a limit): JSON nesting depth,
     messages and content parts of a chat, prompts of a completions batch, body size per key

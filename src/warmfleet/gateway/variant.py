@@ -193,13 +193,13 @@ class VariantRuntime:
     def _refresh_healthy(self, *, gauges: bool = False) -> None:
         """Recompute the healthy and routable sets; the router learns of every change of the
         healthy set (it purges the state of instances that left: a readmitted instance
-        restarts with an empty cache)."""
+        restarts with an empty cache), and only then are the requests waiting for a routable
+        instance let go (``on_routable``: flow control drains its queue at once, through the
+        router, so the router must already know the instances it drains to)."""
         instances = self.instances.values()
         healthy = tuple(i for i in instances if i.takes_traffic)
         before = self.routable
         self.routable = tuple(i for i in healthy if i.outlier.routable)
-        if self.routable and self.routable != before and self.on_routable is not None:
-            self.on_routable(self)
         changed = healthy != self.healthy
         self.healthy = healthy
         if changed:
@@ -208,6 +208,8 @@ class VariantRuntime:
         if changed or gauges:
             for inst in instances:
                 self._gauges(inst)
+        if self.routable and self.routable != before and self.on_routable is not None:
+            self.on_routable(self)
 
     def _gauges(self, inst: InstanceRuntime) -> None:
         labels = (self.endpoint, self.name, inst.instance_id)

@@ -38,8 +38,10 @@ class AnswerWriter:
         keep_alive: bool = True,
         http10: bool = False,
         head_only: bool = False,
+        length: int = -1,
     ) -> None:
-        """``head_only``: the answer to a HEAD request (its length, not its body)."""
+        """``head_only``: the answer to a HEAD request (its length, not its body); ``length``:
+        that length when the body was not kept (-1: the body's)."""
         if self.transport is None or self.closed:
             return
         body = response.body
@@ -53,7 +55,8 @@ class AnswerWriter:
             tail = connection + b"\r\n"
             body = b""
         else:
-            tail = b"Content-Length: %d\r\n%s\r\n" % (len(body), connection)
+            size = len(body) if length < 0 else length
+            tail = b"Content-Length: %d\r\n%s\r\n" % (size, connection)
             if head_only:
                 body = b""
         head = head_bytes(status, response.content_type, response.headers, tail)

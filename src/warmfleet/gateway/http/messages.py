@@ -33,6 +33,7 @@ class ClientConnection(Protocol):
         keep_alive: bool = True,
         http10: bool = False,
         head_only: bool = False,
+        length: int = -1,
     ) -> None: ...
 
     def start_stream(

@@ -1,5 +1,6 @@
 """Pooled upstream connections (``upstream.UpstreamConnection``) per instance address: at most
-``max_connections`` open, idle ones reused most recently used first and swept after
+``max_connections`` open (a request waits for a free one at most ``connect_timeout_s``, then
+``UpstreamPoolTimeout``), idle ones reused most recently used first and swept after
 ``keepalive_s``, one ticker for every exchange's timeouts."""
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from warmfleet.gateway.http.upstream import (
     UpstreamConnectError,
     UpstreamConnection,
 )
+
+
+class UpstreamPoolTimeout(Exception):
+    """No connection came free within the connect timeout: all ``max_connections`` are busy
+    (the gateway's own limit, not a failure of the instance)."""
 
 
 class UpstreamPool:
@@ -74,17 +80,41 @@ class UpstreamPool:
         return None
 
     async def acquire(self, addr: Addr) -> UpstreamConnection:
+        """An idle connection to ``addr``, else a new one; at ``max_connections``, the first
+        to come free (waited for at most ``connect_timeout_s``: ``UpstreamPoolTimeout``), and
+        the connect is bounded by ``connect_timeout_s`` too (``UpstreamConnectError``)."""
         conn = self.take_idle(addr)
         if conn is not None:
             return conn
-        while self.max_connections and len(self.open) + self._connecting >= self.max_connections:
+        if self._full():
+            wait_s = self.connect_timeout_s
+            try:
+                async with asyncio.timeout(wait_s):
+                    conn = await self._wait_for_room(addr)
+            except TimeoutError as err:
+                limit = self.max_connections
+                raise UpstreamPoolTimeout(
+                    f"all {limit} upstream connections (maxUpstreamConnections) stayed busy "
+                    f"for {wait_s:g} s"
+                ) from err
+            if conn is not None:
+                return conn
+        return await self._connect(addr)
+
+    def _full(self) -> bool:
+        limit = self.max_connections
+        return bool(limit) and len(self.open) + self._connecting >= limit
+
+    async def _wait_for_room(self, addr: Addr) -> UpstreamConnection | None:
+        """Until a connection to ``addr`` is idle (it) or one may be opened (``None``)."""
+        while self._full():
             if self._evict_idle():
                 continue
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
                 await waiter
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # the client left, or the wait timed out
                 if waiter.done() and not waiter.cancelled():
                     self._wake()  # woken, then cancelled: pass the wake-up on
                 else:
@@ -93,7 +123,7 @@ class UpstreamPool:
             conn = self.take_idle(addr)
             if conn is not None:
                 return conn
-        return await self._connect(addr)
+        return None
 
     async def _connect(self, addr: Addr) -> UpstreamConnection:
         loop = asyncio.get_running_loop()

@@ -394,5 +394,6 @@ class ServerConnection(AnswerWriter, asyncio.Protocol):
             if self.transport is not None:
                 self.transport.pause_reading()
             return
-        self.write_response(self.server.error(status, message), keep_alive=False)
+        head = self._reading and bool(self._url) and self.parser.get_method() == b"HEAD"
+        self.write_response(self.server.error(status, message), False, False, head)
         self._linger()
