@@ -1,12 +1,14 @@
 """Reaching the API server as ``KubeApiSpec`` says: its URL, the bearer token (re-read on every
 call: projected service-account tokens rotate) and TLS trust; in a pod from the service account,
-outside one from a kubeconfig file (its current context, or ``context``)."""
+outside one from a kubeconfig file (its current context, or ``context``). ``api_loop`` calls the
+server forever, retrying errors after a capped, jittered backoff (``Backoff``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import random
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,6 +21,9 @@ from warmfleet.core.errors import ConfigError, WarmfleetError
 from warmfleet.core.kubeapi import KubeApiSpec
 from warmfleet.core.kubeconfig import KubeContext, kube_context
 from warmfleet.kube.endpointslices import served_versions
+
+RETRY_CAP_S = 30.0  # the longest wait between retries (before jitter), unless the first is longer
+JITTER = 0.25  # each wait is stretched by up to this fraction, at random
 
 
 class KubeAccessError(WarmfleetError):
@@ -84,22 +89,23 @@ class KubeAccess:
     def tls(self) -> ssl.SSLContext | bool:
         """With a kubeconfig, its context's CA (data or file; no verification if it says
         ``insecure-skip-tls-verify``); else the cluster CA when its file exists; else the
-        system's trust store (``True``)."""
+        system's trust store (``True``). ``KubeAccessError`` if the CA cannot be used."""
         context = self.kubeconfig_context()
-        if context is None:
-            ca_path = self.spec.ca_path
-            return ssl.create_default_context(cafile=ca_path) if Path(ca_path).exists() else True
-        if context.insecure:
+        if context is not None and context.insecure:
             return False
         try:
+            if context is None:
+                ca_path = self.spec.ca_path
+                return (
+                    ssl.create_default_context(cafile=ca_path) if Path(ca_path).exists() else True
+                )
             if context.ca_pem is not None:
                 return ssl.create_default_context(cadata=context.ca_pem)
             if context.ca_path is not None:
                 return ssl.create_default_context(cafile=context.ca_path)
         except (OSError, ssl.SSLError) as err:
-            raise KubeAccessError(
-                f"kubeconfig {self.spec.kubeconfig}: the cluster CA: {err}"
-            ) from err
+            where = self.spec.ca_path if context is None else f"kubeconfig {self.spec.kubeconfig}"
+            raise KubeAccessError(f"{where}: the cluster CA: {err}") from err
         return True
 
     def session(self) -> aiohttp.ClientSession:
@@ -151,6 +157,27 @@ async def served_versions_of(
         return served_versions(await json_or_raise(resp))
 
 
+class Backoff:
+    """The waits between the retries of one streak of errors: ``first_s``, doubling up to
+    ``cap_s`` (never below ``first_s``), each stretched by up to ``JITTER`` at random (``rng``:
+    seeded in tests) so that clients failing together do not retry in step. ``reset`` when a
+    call succeeds; ``failures``: the streak so far."""
+
+    def __init__(self, first_s: float, cap_s: float, rng: random.Random) -> None:
+        self.first_s = first_s
+        self.cap_s = max(cap_s, first_s)
+        self.rng = rng
+        self.failures = 0
+
+    def next(self) -> float:
+        base = min(self.cap_s, self.first_s * 2.0 ** min(self.failures, 30))
+        self.failures += 1
+        return base * (1.0 + JITTER * self.rng.random())
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
 async def api_loop(
     access: KubeAccess,
     step: Callable[[aiohttp.ClientSession], Awaitable[None]],
@@ -159,17 +186,22 @@ async def api_loop(
     retried: tuple[type[BaseException], ...],
     retry_interval_s: float,
     interval_s: float = 0.0,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    rng: random.Random | None = None,
 ) -> None:
-    """Run ``step`` forever on one session to the API server: ``interval_s`` after a success,
-    ``retry_interval_s`` after an error in ``retried`` (passed to ``on_error`` with ``first``:
-    the first of a streak). Anything else is a bug and ends the loop."""
-    failing = False
-    async with access.session() as http:
-        while True:
-            try:
-                await step(http)
-                failing, delay_s = False, interval_s
-            except retried as err:
-                on_error(err, not failing)
-                failing, delay_s = True, retry_interval_s
-            await asyncio.sleep(delay_s)
+    """Run ``step`` forever on a session to the API server, ``interval_s`` after a success.
+    An error in ``retried`` (opening the session included: a kubeconfig or CA that cannot be
+    used) is passed to ``on_error`` (with ``first``: the first of a streak) and retried after
+    ``Backoff(retry_interval_s, RETRY_CAP_S)``, on a new session (its TLS trust read again).
+    Anything else is a bug and ends the loop. ``sleep`` and ``rng``: injected by tests."""
+    backoff = Backoff(retry_interval_s, RETRY_CAP_S, rng or random.Random())
+    while True:
+        try:
+            async with access.session() as http:
+                while True:
+                    await step(http)
+                    backoff.reset()
+                    await sleep(interval_s)
+        except retried as err:
+            on_error(err, backoff.failures == 0)
+            await sleep(backoff.next())
