@@ -24,8 +24,9 @@ from harness.origin import Blob, Origin
 from warmfleet.agent.direct_io import BLOCK_BYTES, DirectFile, aligned_buffer
 from warmfleet.agent.front_hash import FrontHash
 from warmfleet.agent.manager import CacheManager
-from warmfleet.agent.peer_fill import PeerConfig, PeerFill, _Run
+from warmfleet.agent.peer_fill import PeerFill
 from warmfleet.agent.peer_node import Peers
+from warmfleet.agent.peer_run import PeerConfig, Run
 from warmfleet.agent.sources.base import Source
 from warmfleet.agent.staged_files import StagedFiles
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
@@ -182,7 +183,7 @@ async def test_an_unanswered_plan_goes_alone_then_asks_the_tracker_again(tmp_pat
     files = StagedFiles(tmp_path, 4)
     for retry_s, asks in ((0.0, 2), (3600.0, 1)):
         tracker = _Tracker(silent=1, retry_s=retry_s)
-        run = _Run(cast("PeerFill", tracker), cast("Source", None), manifest, pieces, files,
+        run = Run(cast("PeerFill", tracker), cast("Source", None), manifest, pieces, files,
                    lambda _n: None)  # fmt: skip
         alone = await run._plan("k", 2)
         assert [j.piece.index for j in alone] == [0, 1]  # origin only, in order

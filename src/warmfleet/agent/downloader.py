@@ -292,7 +292,7 @@ class Downloader:
         stream = aiter(source.open_range(entry, chunk.start, chunk.end))
         guard = self._low_speed_guard()
         try:
-            while (block := await self._next_block(stream, guard, entry)) is not None:
+            while (block := await next_block(stream, guard, entry)) is not None:
                 if pos + pending + len(block) > chunk.end:
                     raise TransientSourceError(f"{entry.path}: origin sent more than asked")
                 blocks.append(block)
@@ -320,32 +320,6 @@ class Downloader:
         rate = self._spec.min_download_rate_bytes_per_s
         return LowSpeedGuard(rate, self._spec.low_speed_time_s) if rate > 0 else None
 
-    async def _next_block(
-        self, stream: AsyncIterator[bytes], guard: LowSpeedGuard | None, entry: FileEntry
-    ) -> bytes | None:
-        """The next block of the body (None at its end); with a guard, a body slower than
-        the minimum rate is a TooSlowError (the wait is cut short once that is certain)."""
-        if guard is None:
-            return await anext(stream, None)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        try:
-            async with asyncio.timeout(guard.wait_budget_s()) as deadline:
-                block = await anext(stream, None)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            block, ok = None, False
-        else:
-            ok = block is None or guard.record(len(block), loop.time() - started)
-        if not ok:
-            raise TooSlowError(
-                f"{entry.path}: the origin sent less than {guard.min_rate_bps:g} bytes/s over "
-                f"{guard.window_s:g} s (download.min_download_rate_bytes_per_s, "
-                f"low_speed_time_s)"
-            )
-        return block
-
     async def _write(self, files: StagedFiles, rel: str, blocks: list[bytes], offset: int) -> int:
         size = sum(len(b) for b in blocks)
         if self._limiter is not None:
@@ -360,3 +334,30 @@ class Downloader:
             _raise_os(err, "writing the staged artifact")
         self._on_bytes(size)
         return size
+
+
+async def next_block(
+    stream: AsyncIterator[bytes], guard: LowSpeedGuard | None, entry: FileEntry
+) -> bytes | None:
+    """The next block of the body (None at its end); with a guard, a body slower than
+    the minimum rate is a TooSlowError (the wait is cut short once that is certain)."""
+    if guard is None:
+        return await anext(stream, None)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        async with asyncio.timeout(guard.wait_budget_s()) as deadline:
+            block = await anext(stream, None)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        block, ok = None, False
+    else:
+        ok = block is None or guard.record(len(block), loop.time() - started)
+    if not ok:
+        raise TooSlowError(
+            f"{entry.path}: the origin sent less than {guard.min_rate_bps:g} bytes/s over "
+            f"{guard.window_s:g} s (download.min_download_rate_bytes_per_s, "
+            f"low_speed_time_s)"
+        )
+    return block

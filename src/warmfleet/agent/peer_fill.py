@@ -8,8 +8,18 @@ origin. A peer piece is fetched with the fleet's token, hashed and compared with
 *before* it is written; a short, failed, stalled (no byte for ``stall_s``) or bad piece drops
 that peer for the rest of the fill and the piece is planned again (origin last). An origin piece
 is hashed on arrival and its hash reported, which builds the piece table. Every piece written is
-served to other peers at once (``PeerHoldings``). The manager then verifies the whole files
-against the manifest and publishes atomically exactly as after an ordinary download.
+served to other peers at once (``PeerHoldings``; a file taken from the origin only, once it
+matches). Each file is checked against the manifest as soon as its last piece lands; one that
+fails ends the fill, which then stops serving its pieces and leaves the tracker (a new, empty
+session: it forgets what this node held), and the next fill of that version takes the file from
+the origin only (``peer_run``). The manager then verifies the whole files against the manifest
+and publishes atomically exactly as after an ordinary download, retrying a failed one
+``verify_attempts`` times.
+
+An origin piece is fetched under the plain downloader's guard (``next_block``): an attempt
+slower than ``origin_min_bps`` over ``origin_low_speed_s`` of waiting fails (``TooSlowError``)
+and is tried again, ``ORIGIN_ATTEMPTS`` in all, so a trickling origin cannot hold a piece, and
+the fill, for ever (the piece is fetched once: ``peer_run``).
 
 A piece's bytes land in a page-aligned buffer the fill reuses (received into it by
 ``peer_wire``, or copied into it from the origin's chunks); one worker thread then hashes them
@@ -26,91 +36,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from warmfleet.agent.direct_io import BLOCK_BYTES, DirectFile, aligned_buffer, direct_ranges
-from warmfleet.agent.front_hash import FrontHash
+from warmfleet.agent.downloader import next_block
+from warmfleet.agent.peer_run import (
+    Digests,
+    FileCheckError,
+    Job,
+    PeerConfig,
+    Report,
+    Run,
+)
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
 from warmfleet.agent.peer_wire import PeerFailedError, RangeGet, get_into
 from warmfleet.agent.sources.base import Source, SourceError, TransientSourceError
 from warmfleet.agent.staged_files import StagedFiles, staging_mode
 from warmfleet.cache.manifest import FileEntry, Manifest
-from warmfleet.cache.pieces import DEFAULT_PIECE_BYTES, Piece, piece_digest, plan_pieces
+from warmfleet.cache.pieces import Piece, plan_pieces
+from warmfleet.cache.transfer import LowSpeedGuard
 from warmfleet.core.errors import CacheError
 
 log = logging.getLogger("warmfleet.agent.peers")
 ORIGIN_ATTEMPTS = 3
-DEFAULT_STALL_S = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class PeerConfig:
-    tracker_url: str
-    node: str
-    self_url: str
-    token: str
-    piece_bytes: int = DEFAULT_PIECE_BYTES
-    concurrency: int = 10
-    piece_timeout_s: float = 60.0
-    stall_s: float = DEFAULT_STALL_S
-    idle_wait_s: float = 0.05
-    plan_timeout_s: float = 2.0
-    tracker_retry_s: float = 5.0  # after an unanswered plan: origin only for this long
-
-
-@dataclass
-class _Report:
-    have: list[int] = field(default_factory=list)
-    hashes: dict[int, str] = field(default_factory=dict)
-    failed: set[str] = field(default_factory=set)
-    released: list[int] = field(default_factory=list)
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "have": self.have,
-            "hashes": {str(k): v for k, v in self.hashes.items()},
-            "failedPeers": sorted(self.failed),
-            "released": self.released,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class _Job:
-    piece: Piece
-    peer: str  # "" = origin
-    url: str
-    digest: str | None
-
-
-Digests = dict[str, dict[str, str]]
-
-
-class _Buffers:
-    """Piece buffers a fill reuses (one per piece being received from a peer): the bytes land
-    in memory already touched, not in a fresh allocation per piece."""
-
-    def __init__(self, size_bytes: int) -> None:
-        self._size_bytes = size_bytes
-        self._free: list[memoryview] = []
-
-    def take(self) -> memoryview:
-        """A buffer for a piece, with room to read it back aligned (``DirectFile.read_into``)."""
-        if self._free:
-            return self._free.pop()
-        return aligned_buffer(self._size_bytes + 2 * BLOCK_BYTES)
-
-    def give(self, buf: memoryview) -> None:
-        self._free.append(buf)
-
-
-def _nothing(_fd: int) -> None:
-    """Marks a staged file written (``StagedFiles.sync`` fsyncs it) without touching it."""
 
 
 class PeerFill:
@@ -128,6 +79,7 @@ class PeerFill:
         self._session = session
         self._holdings = holdings
         self._counters = counters
+        self._origin_only: dict[str, set[str]] = {}  # key -> files that failed their digests
 
     def hook(
         self, manifest: Manifest, on_bytes: Callable[[int], None]
@@ -149,20 +101,34 @@ class PeerFill:
         pieces = plan_pieces(manifest, self.config.piece_bytes)
         self._holdings.forget(key)
         files = StagedFiles(staging, 64)
+        origin_only = frozenset(self._origin_only.get(key, ()))
+        run = Run(self, source, manifest, pieces, files, on_bytes, origin_only)
         try:
             await asyncio.to_thread(_create_all, files, manifest)
-            run = _Run(self, source, manifest, pieces, files, on_bytes)
             await run.run(key)
             await asyncio.to_thread(files.sync)
-            return run.digests()
-        except OSError as err:
-            raise CacheError(f"peer fill of {key[:16]}: {err}") from err
+        except BaseException as err:
+            self._holdings.forget(key)  # what it staged is going away: no longer served
+            if isinstance(err, Exception):
+                await self._leave(key, len(pieces), err)
+            if isinstance(err, OSError):
+                raise CacheError(f"peer fill of {key[:16]}: {err}") from err
+            raise
         finally:
             files.close()
+        self._origin_only.pop(key, None)
+        return run.digests()
+
+    async def _leave(self, key: str, pieces: int, err: Exception) -> None:
+        """After a failed fill: the tracker forgets what this node held (a new session that
+        holds nothing), and a file that failed its digests comes from the origin next time."""
+        if isinstance(err, FileCheckError):
+            self._origin_only.setdefault(key, set()).add(err.path)
+        await self.ask(key, pieces, secrets.token_hex(8), Report(), 0)
 
     # ----- the wire ----------------------------------------------------------------------
     async def ask(
-        self, key: str, pieces: int, session_id: str, report: _Report, want: int
+        self, key: str, pieces: int, session_id: str, report: Report, want: int
     ) -> dict[str, Any] | None:
         body = {
             "node": self.config.node,
@@ -186,7 +152,7 @@ class PeerFill:
             return None
         return doc if isinstance(doc, dict) else None
 
-    async def fetch_peer(self, key: str, job: _Job, buf: memoryview) -> memoryview:
+    async def fetch_peer(self, key: str, job: Job, buf: memoryview) -> memoryview:
         """The piece's bytes from ``job.peer``, received into ``buf`` (not yet checked)."""
         piece = job.piece
         view = buf[: piece.size_bytes]
@@ -203,28 +169,46 @@ class PeerFill:
     async def fetch_origin(
         self, source: Source, entry: FileEntry, piece: Piece, buf: memoryview
     ) -> memoryview:
-        """The piece's bytes from the origin, copied into ``buf`` as they arrive."""
+        """The piece's bytes from the origin, copied into ``buf`` as they arrive; a failed
+        attempt (a slow one too) is tried again, ``ORIGIN_ATTEMPTS`` in all."""
         for attempt in range(1, ORIGIN_ATTEMPTS + 1):
-            got = 0
             try:
-                async for block in source.open_range(entry, piece.start, piece.end):
-                    if got + len(block) > piece.size_bytes:
-                        raise TransientSourceError(f"{entry.path}: long piece from the origin")
-                    buf[got : got + len(block)] = block
-                    got += len(block)
+                return await self._origin_attempt(source, entry, piece, buf)
             except TransientSourceError:
                 if attempt == ORIGIN_ATTEMPTS:
                     raise
                 await asyncio.sleep(0.5 * attempt)
-                continue
-            if got != piece.size_bytes:
-                raise TransientSourceError(f"{entry.path}: short piece from the origin")
-            return buf[:got]
         raise SourceError("unreachable")  # the loop returns or raises
 
-    def written(self, key: str, piece: Piece, size_bytes: int, *, from_origin: bool) -> None:
-        self._holdings.add(key, piece.path, piece.start, piece.end)
+    async def _origin_attempt(
+        self, source: Source, entry: FileEntry, piece: Piece, buf: memoryview
+    ) -> memoryview:
+        cfg = self.config
+        guard = None
+        if cfg.origin_min_bps > 0:
+            guard = LowSpeedGuard(cfg.origin_min_bps, cfg.origin_low_speed_s)
+        stream = aiter(source.open_range(entry, piece.start, piece.end))
+        got = 0
+        try:
+            while (block := await next_block(stream, guard, entry)) is not None:
+                if got + len(block) > piece.size_bytes:
+                    raise TransientSourceError(f"{entry.path}: long piece from the origin")
+                buf[got : got + len(block)] = block
+                got += len(block)
+        finally:  # a body left early releases its connection now, not when collected
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
+        if got != piece.size_bytes:
+            raise TransientSourceError(f"{entry.path}: short piece from the origin")
+        return buf[:got]
+
+    def written(self, size_bytes: int, *, from_origin: bool) -> None:
         self._counters.fetched(size_bytes, from_origin=from_origin)
+
+    def hold(self, key: str, piece: Piece) -> None:
+        """Serve ``piece`` (verified and written) to peers from now on."""
+        self._holdings.add(key, piece.path, piece.start, piece.end)
 
     def dropped(self, err: PeerFailedError) -> None:
         if err.rejected:
@@ -236,133 +220,3 @@ class PeerFill:
 def _create_all(files: StagedFiles, manifest: Manifest) -> None:
     for entry in manifest.files:
         files.create(entry.path, entry.size_bytes, mode=staging_mode(entry.mode), preallocate=False)
-
-
-class _Run:
-    """The state of one fill: tasks under way, what to tell the tracker next."""
-
-    def __init__(  # noqa: PLR0917
-        self,
-        fill: PeerFill,
-        source: Source,
-        manifest: Manifest,
-        pieces: tuple[Piece, ...],
-        files: StagedFiles,
-        on_bytes: Callable[[int], None],
-    ) -> None:
-        self.fill, self.source, self.pieces, self.files = fill, source, pieces, files
-        self.entries = {e.path: e for e in manifest.files}
-        self.on_bytes = on_bytes
-        self.session_id = secrets.token_hex(8)
-        self.report = _Report()
-        self.have: set[int] = set()
-        self.tasks: dict[asyncio.Task[str | None], _Job] = {}
-        self.hashes = {e.path: FrontHash(e) for e in manifest.files}
-        self.buffers = _Buffers(max((p.size_bytes for p in pieces), default=0))
-        self.staging = files.staging
-        self.direct = direct_ranges(fill.config.piece_bytes)
-        self.alone_until_s = 0.0  # monotonic; before it (the tracker did not answer): origin only
-
-    async def run(self, key: str) -> None:
-        cfg = self.fill.config
-        try:
-            while len(self.have) < len(self.pieces):
-                want = cfg.concurrency - len(self.tasks)
-                if want > 0:
-                    self._start(key, await self._plan(key, want))
-                if not self.tasks:
-                    await asyncio.sleep(cfg.idle_wait_s)
-                    continue
-                wait_s = cfg.idle_wait_s if len(self.tasks) < cfg.concurrency else None
-                done, _ = await asyncio.wait(
-                    self.tasks, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
-                )
-                for task in done:
-                    self._finish(key, task, self.tasks.pop(task))
-            await self.fill.ask(key, len(self.pieces), self.session_id, self.report, 0)
-        finally:
-            for task in self.tasks:
-                task.cancel()
-            await asyncio.gather(*self.tasks, return_exceptions=True)
-
-    async def _plan(self, key: str, want: int) -> list[_Job]:
-        doc = None
-        if time.monotonic() >= self.alone_until_s:
-            doc = await self.fill.ask(key, len(self.pieces), self.session_id, self.report, want)
-            if doc is None:
-                self.alone_until_s = time.monotonic() + self.fill.config.tracker_retry_s
-        if doc is None:  # alone: the next missing pieces from the origin
-            busy = {j.piece.index for j in self.tasks.values()}
-            todo = [p for p in self.pieces if p.index not in self.have and p.index not in busy]
-            return [_Job(p, "", "", None) for p in todo[:want]]
-        self.report = _Report()
-        hashes = {int(k): str(v) for k, v in (doc.get("hashes") or {}).items()}
-        jobs = []
-        for a in doc.get("assignments") or []:
-            index = int(a["piece"])
-            if 0 <= index < len(self.pieces) and index not in self.have:
-                peer = str(a.get("peer") or "")
-                jobs.append(_Job(self.pieces[index], peer, str(a.get("url") or ""),
-                                 hashes.get(index)))  # fmt: skip
-        return jobs
-
-    def _start(self, key: str, jobs: list[_Job]) -> None:
-        for job in jobs:
-            if job.peer and job.digest is None:  # never write a peer piece unchecked
-                self.report.released.append(job.piece.index)
-                continue
-            self.tasks[asyncio.create_task(self._piece(key, job))] = job
-
-    async def _piece(self, key: str, job: _Job) -> str | None:
-        """Fetch, check and write one piece; its sha256 when it came from the origin."""
-        piece = job.piece
-        buf = self.buffers.take()
-        try:
-            if not job.peer:
-                entry = self.entries[piece.path]
-                data = await self.fill.fetch_origin(self.source, entry, piece, buf)
-                return await asyncio.to_thread(self._land, piece, data, buf, None)
-            data = await self.fill.fetch_peer(key, job, buf)
-            if await asyncio.to_thread(self._land, piece, data, buf, job.digest) is None:
-                raise PeerFailedError(f"{job.peer}: piece {piece.index} fails its hash",
-                                      rejected=True)  # fmt: skip
-        finally:
-            self.buffers.give(buf)
-        return None
-
-    def _land(
-        self, piece: Piece, data: memoryview, buf: memoryview, expected: str | None
-    ) -> str | None:
-        """(Worker thread.) Hash ``data`` (in ``buf``); unless ``expected`` is given and
-        differs, write it into staging (``O_DIRECT`` where possible: ``direct_io``) and feed
-        the file's digests. Returns the hash, None if it was refused (nothing written)."""
-        digest = piece_digest(data)
-        if expected is not None and digest != expected:
-            return None
-        with DirectFile(self.staging / piece.path, direct=self.direct) as out:
-            out.write(data, piece.start)
-            self.files.run(piece.path, _nothing, write=True)  # fsynced with the others
-            self.hashes[piece.path].advance(
-                piece, data, lambda start, end: out.read_into(buf, start, end)
-            )
-        return digest
-
-    def _finish(self, key: str, task: asyncio.Task[str | None], job: _Job) -> None:
-        piece = job.piece
-        try:
-            digest = task.result()
-        except PeerFailedError as err:
-            self.report.failed.add(job.peer)
-            self.report.released.append(piece.index)
-            self.fill.dropped(err)
-            return
-        self.have.add(piece.index)
-        self.report.have.append(piece.index)
-        if digest is not None:
-            self.report.hashes[piece.index] = digest
-        self.fill.written(key, piece, piece.size_bytes, from_origin=not job.peer)
-        self.on_bytes(piece.size_bytes)
-
-    def digests(self) -> Digests:
-        out = {path: h.digests() for path, h in self.hashes.items()}
-        return {path: d for path, d in out.items() if d is not None}

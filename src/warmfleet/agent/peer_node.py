@@ -14,7 +14,8 @@ import aiohttp
 
 from warmfleet.agent.api_auth import ApiAuth
 from warmfleet.agent.manager import CacheManager
-from warmfleet.agent.peer_fill import DEFAULT_STALL_S, PeerConfig, PeerFill
+from warmfleet.agent.peer_fill import PeerFill
+from warmfleet.agent.peer_run import DEFAULT_STALL_S, PeerConfig
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings, PeerServer, ServeLimits
 from warmfleet.cache.pieces import DEFAULT_PIECE_BYTES
 
@@ -54,6 +55,7 @@ class Peers:
     def _parse(self, doc: Any) -> PeerConfig | None:
         if not isinstance(doc, dict) or not doc.get("tracker") or self._token is None:
             return None
+        download = self._manager.spec.download  # an origin piece's slow-body guard
         return PeerConfig(
             tracker_url=str(doc["tracker"]),
             node=str(doc["node"]),
@@ -61,6 +63,8 @@ class Peers:
             token=self._token,
             piece_bytes=int(doc.get("pieceBytes") or DEFAULT_PIECE_BYTES),
             stall_s=float(doc.get("stallS") or DEFAULT_STALL_S),
+            origin_min_bps=float(download.min_download_rate_bytes_per_s),
+            origin_low_speed_s=download.low_speed_time_s,
         )
 
     async def aclose(self) -> None:
