@@ -1,4 +1,11 @@
-"""Deterministic names and label keys derived from specs (so planning is idempotent)."""
+"""Deterministic names and label keys derived from specs (so planning is idempotent).
+
+Names joined with ``-`` from an endpoint's and its variants' names can collide across endpoints
+(endpoint ``chat`` variant ``prod`` and endpoint ``chat-prod`` both name a Service
+``chat-prod``): ``derived_names`` lists those an endpoint needs, and ``control.claims`` decides
+which endpoint a contested name belongs to (the names are kept: renaming them would replace
+every Deployment and Service of a running fleet).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,9 @@ LABEL_VARIANT = "warmfleet.dev/variant"
 LABEL_REVISION = "warmfleet.dev/revision"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "warmfleet"
+ENDPOINT_KIND = "InferenceEndpoint"
+DEPLOYMENT = "Deployment"
+SERVICE = "Service"
 # The node protocol (operator <-> node agent), as Node annotations: the caches a node must hold
 # (JSON list of {cache, uri, revision, hostPath}) and what it holds (JSON map cache -> report).
 ANN_ASSIGNED = "warmfleet.dev/assigned-caches"
@@ -73,6 +83,17 @@ def deployment_name(endpoint: str, variant: str, rev: str) -> str:
 def service_name(endpoint: str, variant: str | None = None) -> str:
     """The endpoint's Service (all its engines), or one variant's."""
     return endpoint if variant is None else f"{endpoint}-{variant}"
+
+
+def derived_names(endpoint: str, spec: InferenceEndpointSpec) -> list[tuple[str, str]]:
+    """(kind, name) of the objects the endpoint's current revision needs whose names another
+    endpoint's may share: a Deployment per variant, its Service and each variant's. (Its weights
+    cache's name cannot be shared: it ends in a fixed-length hash after ``-w-``.)"""
+    rev = revision(spec)
+    found = [(DEPLOYMENT, deployment_name(endpoint, v.name, rev)) for v in spec.variants]
+    found.append((SERVICE, service_name(endpoint)))
+    found += [(SERVICE, service_name(endpoint, v.name)) for v in spec.variants]
+    return found
 
 
 def weights_label(cache_name: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from warmfleet.api import names
 from warmfleet.api.resources import (
     CacheState,
@@ -12,7 +14,13 @@ from warmfleet.api.resources import (
     ProductionVariant,
     ReplicaStatus,
 )
-from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment, ObservedState
+from warmfleet.control.claims import NameConflict, conflict_condition
+from warmfleet.control.observed import (
+    DesiredEndpoint,
+    ObservedDeployment,
+    ObservedReplica,
+    ObservedState,
+)
 from warmfleet.control.placement import unprepared_share
 from warmfleet.control.status import cache_state, count, target_nodes
 
@@ -72,9 +80,27 @@ def _phase(
     return EndpointPhase.READY if all_ready else EndpointPhase.DEPLOYING
 
 
+def _replica_status(pods: Sequence[ObservedReplica], rev: str) -> tuple[ReplicaStatus, ...]:
+    return tuple(
+        ReplicaStatus(
+            name=p.name,
+            node=p.node,
+            revision=rev,
+            prepared=p.prepared,
+            ready=p.ready,
+            time_to_ready_s=None if p.ready_s is None else round(p.ready_s - p.started_s, 3),
+        )
+        for p in pods
+    )
+
+
 def endpoint_status(
-    endpoint: DesiredEndpoint, observed: ObservedState, gate: tuple[bool, str, str]
+    endpoint: DesiredEndpoint,
+    observed: ObservedState,
+    gate: tuple[bool, str, str],
+    conflicts: Sequence[NameConflict] = (),
 ) -> EndpointStatus:
+    """``conflicts``: names it needs that are held elsewhere (``control.claims``)."""
     rev = names.revision(endpoint.spec)
     mine = [d for d in observed.deployments if d.endpoint == endpoint.name]
     current = [d for d in mine if d.revision == rev]
@@ -88,7 +114,7 @@ def endpoint_status(
     gated = not gate_open and (not current or _switching_cache(endpoint, current))
     rolling = any(d.revision != rev for d in mine)
     phase = _phase(endpoint.deleting, gated, bool(current), rolling, ready >= wanted)
-    conditions = (
+    conditions = [
         Condition(
             type="WeightsGateOpen",
             status="False" if gated else "True",
@@ -101,18 +127,10 @@ def endpoint_status(
             reason=phase.value,
             message=f"{serving} replicas serving; {ready}/{wanted} of revision {rev} ready",
         ),
-    )
-    replica_status = tuple(
-        ReplicaStatus(
-            name=p.name,
-            node=p.node,
-            revision=rev,
-            prepared=p.prepared,
-            ready=p.ready,
-            time_to_ready_s=None if p.ready_s is None else round(p.ready_s - p.started_s, 3),
-        )
-        for p in pods
-    )
+    ]
+    conflict = conflict_condition(conflicts)
+    if conflict is not None:
+        conditions.append(conflict)
     return EndpointStatus(
         phase=phase,
         revision=rev,
@@ -121,6 +139,6 @@ def endpoint_status(
         replicas=wanted,
         ready_replicas=ready,
         unprepared_replica_share=round(unprepared_share([p.prepared for p in pods]), 6),
-        replica_status=replica_status,
-        conditions=conditions,
+        replica_status=_replica_status(pods, rev),
+        conditions=tuple(conditions),
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from warmfleet.api import names
 from warmfleet.api.resources import (
     CacheStatus,
     EndpointStatus,
@@ -140,12 +141,43 @@ class DesiredEndpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldName:
+    """An existing object with a name endpoints derive (``names.derived_names``) and who holds
+    it: the endpoint that controls it (``uid`` empty: known by name only), or ``endpoint``
+    ``None`` and ``owner`` saying what it is (an object warmfleet does not manage)."""
+
+    kind: str
+    name: str
+    endpoint: str | None
+    uid: str = ""
+    owner: str = ""
+
+    def owned_by(self, endpoint: str, uid: str) -> bool:
+        return self.endpoint == endpoint and (not self.uid or not uid or self.uid == uid)
+
+    def holder(self, claimant: str) -> str:
+        """Who holds it, for people (``claimant``: the endpoint it was refused to; empty: no
+        owner, an object warmfleet does not manage)."""
+        if self.endpoint is None:
+            return self.owner
+        if self.endpoint == claimant:  # a deleted endpoint's of the same name, not yet collected
+            return f"an earlier InferenceEndpoint {self.endpoint} (uid {self.uid})"
+        return f"InferenceEndpoint {self.endpoint}"
+
+
+@dataclass(frozen=True, slots=True)
 class ObservedState:
+    """``held``: existing objects beyond ``deployments`` (a backend's Services, objects it does
+    not manage) whose names endpoints derive; ``named_kinds``: the kinds of the objects the
+    backend names after endpoints (``names.derived_names``), those two endpoints may contest."""
+
     now_s: float
     nodes: tuple[ObservedNode, ...] = ()
     model_caches: tuple[ObservedModelCache, ...] = ()
     image_caches: tuple[ObservedImageCache, ...] = ()
     deployments: tuple[ObservedDeployment, ...] = ()
+    held: tuple[HeldName, ...] = ()
+    named_kinds: frozenset[str] = frozenset({names.DEPLOYMENT})
 
     def node(self, name: str) -> ObservedNode | None:
         return next((n for n in self.nodes if n.name == name), None)

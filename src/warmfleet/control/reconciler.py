@@ -48,6 +48,7 @@ from warmfleet.control.actions import (
     UpdateEndpointStatus,
 )
 from warmfleet.control.cache_status import cache_status_actions
+from warmfleet.control.claims import Conflicts, blocked, name_conflicts
 from warmfleet.control.endpoint_status import endpoint_status, variant_replicas
 from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment, ObservedState
 from warmfleet.control.placement import preferences
@@ -77,15 +78,17 @@ def plan(desired: Sequence[DesiredEndpoint], observed: ObservedState) -> list[Ac
     endpoints = sorted(desired, key=lambda e: e.name)
     observed = _by_name(observed)
     wanted = _wanted(endpoints, observed)
+    conflicts = name_conflicts(endpoints, observed)  # names held elsewhere are left alone
     actions: list[Action] = []
     actions += _model_cache_objects(wanted, observed)
     actions += _image_cache_objects(wanted, observed)
     actions += _assignments(wanted, observed)
     actions += _labels(wanted, observed)
     for endpoint in endpoints:
-        actions += _deployments(endpoint, observed)
+        taken = blocked(conflicts.get(endpoint.name, ()), names.DEPLOYMENT)
+        actions += _deployments(endpoint, observed, taken)
     actions += _collect_garbage(wanted, observed)
-    actions += _statuses(endpoints, wanted, observed)
+    actions += _statuses(endpoints, wanted, observed, conflicts)
     actions += _releases(endpoints, observed)
     return actions
 
@@ -258,7 +261,9 @@ def gate_is_open(endpoint: DesiredEndpoint, observed: ObservedState) -> tuple[bo
     return decision.open, decision.reason, decision.message
 
 
-def _deployments(endpoint: DesiredEndpoint, observed: ObservedState) -> list[Action]:
+def _deployments(
+    endpoint: DesiredEndpoint, observed: ObservedState, taken: frozenset[str]
+) -> list[Action]:
     mine = [d for d in observed.deployments if d.endpoint == endpoint.name]
     if endpoint.deleting:
         return [DeleteDeployment(d.name) for d in sorted(mine, key=lambda d: d.name)]
@@ -271,6 +276,8 @@ def _deployments(endpoint: DesiredEndpoint, observed: ObservedState) -> list[Act
     retired: set[str] = set()
     if current or gate_open:
         for p in plans:
+            if p.name in taken:  # held elsewhere: the variant keeps its older revision
+                continue
             have = current.get(p.variant)
             if have is not None and not gate_open:
                 p = _keep_cache(p, have)
@@ -363,11 +370,12 @@ def _collect_garbage(wanted: _Wanted, observed: ObservedState) -> list[Action]:
 
 
 def _statuses(
-    endpoints: Sequence[DesiredEndpoint], wanted: _Wanted, observed: ObservedState
+    endpoints: Sequence[DesiredEndpoint], wanted: _Wanted, observed: ObservedState, c: Conflicts
 ) -> list[Action]:
     actions = cache_status_actions(set(wanted.model_caches), set(wanted.image_images), observed)
     for endpoint in endpoints:
-        status = endpoint_status(endpoint, observed, gate_is_open(endpoint, observed))
+        gate = gate_is_open(endpoint, observed)
+        status = endpoint_status(endpoint, observed, gate, c.get(endpoint.name, ()))
         if status != endpoint.status:
             actions.append(UpdateEndpointStatus(endpoint.name, status))
     return actions

@@ -29,11 +29,12 @@ from warmfleet.control.actions import (
     UpdateModelCacheStatus,
 )
 from warmfleet.control.autoscaler import AutoscalerState
+from warmfleet.control.claims import Conflicts, blocked, name_conflicts
 from warmfleet.control.load import VariantKey, autoscale, in_flight_by_variant
 from warmfleet.control.observed import DesiredEndpoint, ObservedState
 from warmfleet.control.reconciler import plan
 from warmfleet.kube import client as kube
-from warmfleet.operator import render
+from warmfleet.operator import ownership, render
 from warmfleet.operator.observe import ANN_AUTOSCALED, Snapshot, desired_endpoints, observed_state
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class Controller:
         self._clock = clock
         self._metrics = metrics
         self._scale_states: dict[VariantKey, AutoscalerState] = {}
+        self._conflicts: Conflicts = {}  # this pass's (control.claims)
         self._lock = asyncio.Lock()
 
     async def snapshot(self) -> Snapshot:
@@ -82,9 +84,10 @@ class Controller:
             nodes=await c.list(kube.NODES, None),
             model_caches=await c.list(kube.MODEL_CACHES, ns),
             image_caches=await c.list(kube.IMAGE_CACHES, ns),
-            deployments=await c.list(kube.DEPLOYMENTS, ns, {names.LABEL_MANAGED_BY: names.MANAGER}),
+            deployments=await c.list(kube.DEPLOYMENTS, ns),
             daemonsets=await c.list(kube.DAEMONSETS, ns, {names.LABEL_MANAGED_BY: names.MANAGER}),
             pods=await c.list(kube.PODS, ns),
+            services=await c.list(kube.SERVICES, ns),
         )
 
     async def reconcile(self) -> PassResult:
@@ -96,8 +99,10 @@ class Controller:
             desired = await self._autoscale(desired, observed, now_s)
             await self._mark_prepared(snap, observed)
             actions = plan(desired, observed)
+            self._conflicts = name_conflicts(desired, observed)  # as the plan found them
             result = PassResult(actions=actions)
             uids = {e.name: e for e in desired}
+            ownership.report_conflicts(actions, uids)
             for action in actions:
                 await self._execute(action, uids, now_s, result)
             await self._sync_services(desired, snap.deployments)
@@ -111,8 +116,7 @@ class Controller:
         business)."""
         live = {e.name: e for e in desired if not e.deleting}
         variants = {name: {v.name for v in e.spec.variants} for name, e in live.items()}
-        managed = {names.LABEL_MANAGED_BY: names.MANAGER}
-        services = await self._client.list(kube.SERVICES, self._ns, managed)
+        services = await self._client.list(kube.SERVICES, self._ns)  # a name anyone holds
         have = {(s.get("metadata") or {}).get("name") for s in services}
         for endpoint, variant in sorted(_deployed_variants(deployments)):
             wanted = live.get(endpoint)
@@ -120,15 +124,27 @@ class Controller:
                 continue
             for part in (None, variant):
                 if names.service_name(endpoint, part) not in have:
-                    body = render.service(endpoint, wanted.spec.port, self._ns, wanted.uid, part)
-                    await self._client.apply(kube.SERVICES, self._ns, body)
+                    await self._apply_service(wanted, wanted.spec.port, part)
                     have.add(names.service_name(endpoint, part))
         for service in services:
             meta = service.get("metadata") or {}
             labels = meta.get("labels") or {}
-            owner, part = labels.get(names.LABEL_ENDPOINT), labels.get(names.LABEL_VARIANT)
-            if part is not None and owner in variants and part not in variants[owner]:
+            owner = live.get(str(labels.get(names.LABEL_ENDPOINT)))
+            part = labels.get(names.LABEL_VARIANT)
+            if owner is None or part is None or part in variants[owner.name]:
+                continue
+            if ownership.owned(names.SERVICE, service, owner):  # not another's of that name
                 await self._client.delete(kube.SERVICES, self._ns, meta["name"])
+
+    async def _apply_service(
+        self, endpoint: DesiredEndpoint, port: int, variant: str | None
+    ) -> None:
+        """The endpoint's Service (``variant`` None) or a variant's, unless another holds it."""
+        name = names.service_name(endpoint.name, variant)
+        if name in blocked(self._conflicts.get(endpoint.name, ()), names.SERVICE):
+            return  # in its status already
+        body = render.service(endpoint.name, port, self._ns, endpoint.uid, variant)
+        await ownership.apply_owned(self._client, kube.SERVICES, names.SERVICE, body, endpoint)
 
     async def _autoscale(
         self, desired: list[DesiredEndpoint], observed: ObservedState, now_s: float
@@ -248,13 +264,14 @@ class Controller:
     ) -> None:
         c, ns = self._client, self._ns
         if isinstance(action, ApplyDeployment):
-            plan = action.plan
-            owner_uid = endpoints[plan.endpoint].uid
-            body = render.deployment(plan, ns, owner_uid)
-            await c.apply(kube.DEPLOYMENTS, ns, body, exact=render.DEPLOYMENT_EXACT_PATHS)
-            for variant in (None, plan.variant):
-                service = render.service(plan.endpoint, plan.port, ns, owner_uid, variant)
-                await c.apply(kube.SERVICES, ns, service)
+            plan, owner = action.plan, endpoints[action.plan.endpoint]
+            body = render.deployment(plan, ns, owner.uid)
+            exact = render.DEPLOYMENT_EXACT_PATHS
+            if await ownership.apply_owned(
+                c, kube.DEPLOYMENTS, names.DEPLOYMENT, body, owner, exact=exact
+            ):
+                for variant in (None, plan.variant):
+                    await self._apply_service(owner, plan.port, variant)
         elif isinstance(action, ScaleDeployment):
             await c.patch(
                 kube.DEPLOYMENTS, ns, action.name, {"spec": {"replicas": action.replicas}}
@@ -263,8 +280,10 @@ class Controller:
             await c.delete(kube.DEPLOYMENTS, ns, action.name)
         else:
             # its Service and its variants' (ownerReferences would do it; kmock has no GC)
+            endpoint = endpoints[action.name]
             for service in await c.list(kube.SERVICES, ns, {names.LABEL_ENDPOINT: action.name}):
-                await c.delete(kube.SERVICES, ns, service["metadata"]["name"])
+                if ownership.owned(names.SERVICE, service, endpoint):
+                    await c.delete(kube.SERVICES, ns, service["metadata"]["name"])
             result.released.add(action.name)
 
     async def _status(self, action: Action) -> None:
@@ -326,6 +345,8 @@ def _deployed_variants(deployments: list[Obj]) -> set[tuple[str, str]]:
     found = set()
     for deployment in deployments:
         labels = (deployment.get("metadata") or {}).get("labels") or {}
+        if labels.get(names.LABEL_MANAGED_BY) != names.MANAGER:
+            continue
         endpoint, variant = labels.get(names.LABEL_ENDPOINT), labels.get(names.LABEL_VARIANT)
         if isinstance(endpoint, str) and isinstance(variant, str):
             found.add((endpoint, variant))

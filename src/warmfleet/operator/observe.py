@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ from warmfleet.control.observed import (
     ObservedState,
 )
 from warmfleet.operator import render
+from warmfleet.operator.ownership import held_names
 
 log = logging.getLogger(__name__)
 ANN_AUTOSCALED = "warmfleet.dev/autoscaled-replicas"
@@ -41,6 +42,9 @@ M = TypeVar("M", bound=BaseModel)
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    """What one pass reads. ``deployments`` and ``services``: all of the namespace's (those
+    warmfleet does not manage hold names too, ``ownership``)."""
+
     endpoints: list[Obj]
     nodes: list[Obj]
     model_caches: list[Obj]
@@ -48,6 +52,7 @@ class Snapshot:
     deployments: list[Obj]
     daemonsets: list[Obj]
     pods: list[Obj]
+    services: list[Obj] = field(default_factory=list)
 
 
 def _meta(obj: Obj) -> Obj:
@@ -338,4 +343,6 @@ def observed_state(snapshot: Snapshot, now_s: float) -> ObservedState:
         model_caches=models,
         image_caches=images,
         deployments=_deployments(snapshot),
+        held=held_names(snapshot.deployments, snapshot.services),
+        named_kinds=frozenset({names.DEPLOYMENT, names.SERVICE}),
     )

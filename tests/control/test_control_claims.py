@@ -1,0 +1,119 @@
+"""Names two endpoints both derive (endpoint ``chat`` variant ``prod-a`` and endpoint
+``chat-prod`` variant ``a`` name the same Deployment): the first to hold one keeps it, the
+other reports a ``NameConflict`` condition, keeps serving what it has, and takes the name once
+it is free; a backend's other objects (Services, objects it does not manage) count too."""
+
+from __future__ import annotations
+
+from control_support import endpoint, nodes, run, spec
+
+from warmfleet.api import names
+from warmfleet.api.resources import Condition, InferenceEndpointSpec, ProductionVariant
+from warmfleet.control.actions import ApplyDeployment, DeleteDeployment, ScaleDeployment
+from warmfleet.control.claims import CONDITION, NameConflict, name_conflicts
+from warmfleet.control.observed import DesiredEndpoint, HeldName, ObservedState
+from warmfleet.control.reconciler import plan
+from warmfleet.control.world import World
+
+SHARED = "chat-prod-a"  # chat + prod-a, and chat-prod + a
+
+
+def _variant(name: str, uri: str = "s3://models/llama") -> InferenceEndpointSpec:
+    variants = (ProductionVariant(name=name, replicas=1),)
+    return spec(uri=uri).model_copy(update={"variants": variants})
+
+
+def _conflict(world: World, name: str) -> Condition | None:
+    status = world.endpoints[name].status
+    assert status is not None
+    return next((c for c in status.conditions if c.type == CONDITION), None)
+
+
+def test_the_first_endpoint_by_name_gets_a_contested_deployment_the_other_waits() -> None:
+    world = World(nodes(2))
+    world.put_endpoint(endpoint("chat-prod", _variant("a")))
+    world.put_endpoint(endpoint("chat", _variant("prod-a")))
+    end = run(world)
+    (dep,) = world.deployments.values()
+    assert dep.name == f"{SHARED}-{names.revision(_variant('a'))}"
+    assert (dep.endpoint, dep.variant) == ("chat", "prod-a")
+    assert _conflict(world, "chat") is None
+    conflict = _conflict(world, "chat-prod")
+    assert conflict is not None
+    assert conflict.status == "True"
+    assert f"Deployment {dep.name} belongs to InferenceEndpoint chat" in conflict.message
+
+    world.delete_endpoint("chat")  # the name is free once chat's Deployment is gone
+    run(world, start_s=end)
+    (dep,) = world.deployments.values()
+    assert (dep.endpoint, dep.variant) == ("chat-prod", "a")
+    assert _conflict(world, "chat-prod") is None
+
+
+def test_a_held_name_stays_with_its_holder_whatever_the_names_order() -> None:
+    world = World(nodes(2))
+    world.put_endpoint(endpoint("chat-prod", _variant("a")))
+    end = run(world)
+    (before,) = world.deployments.values()
+    world.put_endpoint(endpoint("chat", _variant("prod-a")))
+    actions = plan(world.desired(), world.observed(end))
+    touched = (ApplyDeployment, ScaleDeployment, DeleteDeployment)
+    assert not [a for a in actions if isinstance(a, touched)]
+    run(world, start_s=end)
+    assert list(world.deployments.values()) == [before]  # same pods: never re-applied
+    conflict = _conflict(world, "chat")
+    assert conflict is not None
+    assert "belongs to InferenceEndpoint chat-prod" in conflict.message
+
+
+def test_a_revision_whose_name_is_held_keeps_the_running_one() -> None:
+    world = World(nodes(2))
+    world.put_endpoint(endpoint("chat-prod", _variant("a")))
+    world.put_endpoint(endpoint("chat", _variant("prod-a", uri="s3://models/other")))
+    end = run(world)
+    assert len(world.deployments) == 2  # different models: different revisions, no conflict
+    old = next(d for d in world.deployments.values() if d.endpoint == "chat")
+    # chat moves to chat-prod's model: its new Deployment's name is chat-prod's
+    world.put_endpoint(endpoint("chat", _variant("prod-a")))
+    run(world, start_s=end)
+    mine = [d for d in world.deployments.values() if d.endpoint == "chat"]
+    assert [d.name for d in mine] == [old.name]  # not rolled over: still serving
+    assert all(p.ready for p in mine[0].pods)
+    assert _conflict(world, "chat") is not None
+
+
+def _held(kind: str, name: str, endpoint: str | None, uid: str = "") -> HeldName:
+    return HeldName(kind, name, endpoint, uid, owner="" if endpoint else "Rollout r")
+
+
+def test_services_and_objects_it_does_not_manage_are_contested_as_the_backend_reports() -> None:
+    chat = DesiredEndpoint("chat", _variant("prod"), uid="u-chat")
+    other = DesiredEndpoint("chat-prod", _variant("main"), uid="u-chat-prod")
+    dep = names.deployment_name("chat-prod", "main", names.revision(other.spec))
+    kinds = frozenset({names.DEPLOYMENT, names.SERVICE})
+    observed = ObservedState(0.0, named_kinds=kinds)
+    # nothing exists: the Service chat-prod goes to chat (first by name)
+    assert name_conflicts([other, chat], observed) == {
+        "chat-prod": (NameConflict(names.SERVICE, "chat-prod", "InferenceEndpoint chat"),)
+    }
+    held = (
+        _held(names.SERVICE, "chat-prod", "chat-prod", "u-chat-prod"),
+        _held(names.DEPLOYMENT, dep, None),
+        _held(names.SERVICE, "chat", "chat", "u-old-chat"),  # a deleted chat's, not collected
+    )
+    observed = ObservedState(0.0, held=held, named_kinds=kinds)
+    assert name_conflicts([other, chat], observed) == {
+        "chat": (
+            NameConflict(
+                names.SERVICE, "chat", "an earlier InferenceEndpoint chat (uid u-old-chat)"
+            ),
+            NameConflict(names.SERVICE, "chat-prod", "InferenceEndpoint chat-prod"),
+        ),
+        "chat-prod": (NameConflict(names.DEPLOYMENT, dep, "Rollout r"),),
+    }
+    unmanaged = NameConflict(names.SERVICE, "chat", "")  # no owner at all
+    assert unmanaged.message() == "Service chat exists and is not managed by warmfleet"
+    # a backend without Services (the default) contests Deployments only
+    assert name_conflicts([other, chat], ObservedState(0.0, held=held)) == {
+        "chat-prod": (NameConflict(names.DEPLOYMENT, dep, "Rollout r"),)
+    }
