@@ -149,7 +149,8 @@ class _HeldOrigin:
 class _InProcessTracker:
     """``PeerFill.ask`` answered by a real ``VersionTracker`` on a manual clock: once the held
     origin fetch has started, the clock passes the tracker's stall bound (60 s) at the next plan
-    (the tracker releases the piece and hands it out again); the plan after that lets the
+    (the tracker releases the piece and hands it out again: it plays one that predates the
+    renewal of ``fetching`` assignments, which it is not shown); the plan after that lets the
     origin answer."""
 
     def __init__(self, pieces: int, held: _HeldOrigin) -> None:
@@ -168,6 +169,7 @@ class _InProcessTracker:
             self.stalled = True
         body = {"node": "n", "url": "http://n", "session": session, "pieces": pieces,
                 "want": want, **report.body()}  # fmt: skip
+        body.pop("fetching", None)
         _, req = parse_request(body)
         plan = self.tracker.plan(req)
         return {

@@ -11,10 +11,10 @@ is hashed on arrival and its hash reported, which builds the piece table. Every 
 served to other peers at once (``PeerHoldings``; a file taken from the origin only, once it
 matches). Each file is checked against the manifest as soon as its last piece lands; one that
 fails ends the fill, which then stops serving its pieces and leaves the tracker (a new, empty
-session: it forgets what this node held), and the next fill of that version takes the file from
-the origin only (``peer_run``). The manager then verifies the whole files against the manifest
-and publishes atomically exactly as after an ordinary download, retrying a failed one
-``verify_attempts`` times.
+session: it forgets what this node held), withdrawing the hashes it reported for that file's
+pieces, and the next fill of that version takes the file from the origin only (``peer_run``).
+The manager then verifies the whole files against the manifest and publishes atomically exactly
+as after an ordinary download, retrying a failed one ``verify_attempts`` times.
 
 An origin piece is fetched under the plain downloader's guard (``next_block``): an attempt
 slower than ``origin_min_bps`` over ``origin_low_speed_s`` of waiting fails (``TooSlowError``)
@@ -62,6 +62,7 @@ from warmfleet.core.errors import CacheError
 
 log = logging.getLogger("warmfleet.agent.peers")
 ORIGIN_ATTEMPTS = 3
+WITHDRAWN_PER_REPORT = 1 << 16  # the tracker's bound on a report's ``withdrawn``
 
 
 class PeerFill:
@@ -121,10 +122,16 @@ class PeerFill:
 
     async def _leave(self, key: str, pieces: int, err: Exception) -> None:
         """After a failed fill: the tracker forgets what this node held (a new session that
-        holds nothing), and a file that failed its digests comes from the origin next time."""
+        holds nothing); a file that failed its digests has the hashes this node reported for
+        its pieces withdrawn, and comes from the origin next time."""
+        withdrawn: list[int] = []
         if isinstance(err, FileCheckError):
             self._origin_only.setdefault(key, set()).add(err.path)
-        await self.ask(key, pieces, secrets.token_hex(8), Report(), 0)
+            withdrawn = list(err.withdrawn)
+        session = secrets.token_hex(8)
+        for start in range(0, max(len(withdrawn), 1), WITHDRAWN_PER_REPORT):
+            batch = withdrawn[start : start + WITHDRAWN_PER_REPORT]
+            await self.ask(key, pieces, session, Report(withdrawn=batch), 0)
 
     # ----- the wire ----------------------------------------------------------------------
     async def ask(

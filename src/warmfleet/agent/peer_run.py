@@ -1,11 +1,14 @@
 """One peer fill under way (``PeerFill.download``): plan, fetch, check, write and report pieces.
 
-Each piece is fetched by a task of the fill's ``TaskGroup``, at most one per piece: the tracker
+Each piece is fetched by a task of the fill's ``TaskGroup``, at most one per piece. The tracker
 hands an assignment out again once it has gone unreported for its stall bound (it takes the
-node for dead), and it may hand it to this node, whose fetch of it is still under way (a slow
-origin piece); that assignment is ignored, the fetch under way answers for it (its ``have`` or
-its release). A task returns what went wrong instead of raising it, so a failed peer costs its
-piece, not the fill; anything else ends the fill, its other tasks cancelled first.
+node for dead), so every report lists the pieces still being fetched (``fetching``: the tracker
+renews them), and with every slot busy the run still reports every ``renew_s``. A tracker that
+does not read ``fetching`` (or a report that does not reach it) may still hand a piece back to
+this node while its fetch runs: that assignment is ignored, the fetch under way answers for it
+(its ``have`` or its release). A task returns what went wrong instead of raising it, so a
+failed peer costs its piece, not the fill; anything else ends the fill, its other tasks
+cancelled first.
 
 A file is checked against the manifest's digests as soon as its last piece lands (``FrontHash``
 has them then), not only by the manager after the fill: a file that fails ends the fill at once
@@ -14,10 +17,12 @@ the tracker's piece table, which keeps the first hash reported for a piece: an o
 hash is reported as it lands, because the tracker offers no peer a piece before its hash is in
 the table, and the origin pieces of one file are spread over several nodes (``originStreams``
 above a node's ``concurrency``), so hashes held back until each node's file matched would wait
-for one another for ever. A retry must therefore not take that file from peers, whose copies
-may match a hash of corrupt bytes: the fill that follows takes the files named in
-``origin_only`` from the origin, whatever the plan says, and reports their pieces (held, hashed,
-served) only once the file matches.
+for one another for ever. The error names the pieces of that file whose hashes this run
+reported, and the fill's leave withdraws them (``Report.withdrawn``: the tracker drops an entry
+only for the node that reported it, and takes the next hash reported). A retry still does not
+take that file from peers, whose copies may match a hash of corrupt bytes another node reported:
+the fill that follows takes the files named in ``origin_only`` from the origin, whatever the
+plan says, and reports their pieces (held, hashed, served) only once the file matches.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ class PeerConfig:
     # again): the node's download.minDownloadRateBytesPerS / lowSpeedTimeS. 0 turns it off.
     origin_min_bps: float = 16 * 2**10
     origin_low_speed_s: float = 30.0
+    # With every slot busy, a report at least this often (it renews the fetches under way):
+    # well under the tracker's stall bound (local tracker host: max(30 s, 10 x stallS)).
+    renew_s: float = 10.0
 
 
 class FillShell(Protocol):
@@ -85,11 +93,13 @@ class FillShell(Protocol):
 
 
 class FileCheckError(IntegrityError):
-    """A staged file's digests, complete, differ from the manifest's."""
+    """A staged file's digests, complete, differ from the manifest's; ``withdrawn``: the pieces
+    of that file whose hashes the fill reported (to be taken back)."""
 
-    def __init__(self, message: str, path: str) -> None:
+    def __init__(self, message: str, path: str, withdrawn: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.path = path
+        self.withdrawn = withdrawn
 
 
 @dataclass
@@ -98,13 +108,18 @@ class Report:
     hashes: dict[int, str] = field(default_factory=dict)
     failed: set[str] = field(default_factory=set)
     released: list[int] = field(default_factory=list)
+    withdrawn: list[int] = field(default_factory=list)  # hashes reported, taken back
+    fetching: list[int] = field(default_factory=list)  # assignments still under way
 
     def body(self) -> dict[str, Any]:
+        """The wire form; a tracker that predates ``withdrawn``/``fetching`` ignores them."""
         return {
             "have": self.have,
             "hashes": {str(k): v for k, v in self.hashes.items()},
             "failedPeers": sorted(self.failed),
             "released": self.released,
+            "withdrawn": self.withdrawn,
+            "fetching": self.fetching,
         }
 
 
@@ -162,11 +177,13 @@ class Run:
         self.busy: set[int] = set()  # the pieces of ``tasks``
         self.withheld: dict[str, list[tuple[Piece, str | None]]] = {}  # until the file matches
         self.checked: set[str] = set()  # files whose digests matched
+        self.hashed: dict[str, list[int]] = {}  # path -> pieces whose hashes were reported
         self.hashes = {e.path: FrontHash(e) for e in manifest.files}
         self.buffers = _Buffers(max((p.size_bytes for p in pieces), default=0))
         self.staging = files.staging
         self.direct = direct_ranges(fill.config.piece_bytes)
         self.alone_until_s = 0.0  # monotonic; before it (the tracker did not answer): origin only
+        self.asked_s = time.monotonic()  # the last report (the next renews after renew_s)
 
     async def run(self, key: str) -> None:
         failure: Exception | None = None
@@ -184,12 +201,14 @@ class Run:
         cfg = self.fill.config
         while len(self.have) < len(self.pieces):
             want = cfg.concurrency - len(self.tasks)
-            if want > 0:
+            if want > 0 or self._renew_in_s() <= 0:
                 self._start(key, await self._plan(key, want), tg)
             if not self.tasks:
                 await asyncio.sleep(cfg.idle_wait_s)
                 continue
-            wait_s = cfg.idle_wait_s if len(self.tasks) < cfg.concurrency else None
+            wait_s = cfg.idle_wait_s
+            if len(self.tasks) >= cfg.concurrency:
+                wait_s = max(self._renew_in_s(), 0.0)
             done, _ = await asyncio.wait(
                 self.tasks, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
             )
@@ -197,9 +216,16 @@ class Run:
                 self._finish(key, self.tasks.pop(task), task.result())
         await self.fill.ask(key, len(self.pieces), self.session_id, self.report, 0)
 
+    def _renew_in_s(self) -> float:
+        """Until the next report is due with every slot busy (it renews the fetches)."""
+        due = max(self.asked_s + self.fill.config.renew_s, self.alone_until_s)
+        return due - time.monotonic()
+
     async def _plan(self, key: str, want: int) -> list[Job]:
         doc = None
         if time.monotonic() >= self.alone_until_s:
+            self.report.fetching = sorted(self.busy)
+            self.asked_s = time.monotonic()
             doc = await self.fill.ask(key, len(self.pieces), self.session_id, self.report, want)
             if doc is None:
                 self.alone_until_s = time.monotonic() + self.fill.config.tracker_retry_s
@@ -294,6 +320,7 @@ class Run:
         self.report.have.append(piece.index)
         if digest is not None:
             self.report.hashes[piece.index] = digest
+            self.hashed.setdefault(piece.path, []).append(piece.index)
         self.fill.hold(key, piece)
 
     def _check_file(self, key: str, path: str) -> None:
@@ -308,7 +335,8 @@ class Run:
         except IntegrityError as err:
             how = "taken from the origin only" if path in self.origin_only else (
                 "a retry takes this file from the origin only")  # fmt: skip
-            raise FileCheckError(f"{err} (peer fill: {how})", path) from err
+            withdrawn = tuple(self.hashed.pop(path, ()))
+            raise FileCheckError(f"{err} (peer fill: {how})", path, withdrawn) from err
         self.checked.add(path)
         for piece, digest in self.withheld.pop(path, []):
             self._advertise(key, piece, digest)

@@ -16,10 +16,17 @@ gets back that many assignments, each a peer that holds the piece or the origin:
   node again during the same fill;
 - origin last: a piece with no holder the node may use and no fetch of it under way anywhere
   goes to the origin even past ``k`` (counted as a fallback);
-- an assignment not reported within ``stall_s`` is released (its node died) and handed out again.
+- an assignment not reported within ``stall_s`` is released (its node died) and handed out again;
+  a node renews the assignments it is still fetching by listing them in each report
+  (``fetching``), so a slow fetch of a live node is not handed to a second one.
 
 A peer is offered for a piece only once the piece table has the piece's hash, so every peer
-piece is checked before it is written. Injected clock and seeded random; no I/O.
+piece is checked before it is written. The table keeps the first hash reported for a piece and
+who reported it: a node whose file failed its digests withdraws the hashes it reported for that
+file's pieces (``withdrawn``); the tracker drops a hash only for the node that reported it (a
+node cannot erase another's), hands the piece to the origin again and takes the next hash
+reported for it. Reports without ``withdrawn`` or ``fetching`` (older agents) mean what they did.
+Injected clock and seeded random; no I/O.
 """
 
 from __future__ import annotations
@@ -27,11 +34,27 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from warmfleet.core.clock import Clock
 from warmfleet.core.errors import BadRequestError
 
 ORIGIN = ""  # the source name of the origin in an assignment
+MAX_LISTED = 1 << 16  # entries in a report's ``withdrawn`` or ``fetching`` list
+
+
+def listed_pieces(body: dict[str, Any], name: str) -> tuple[int, ...]:
+    """A report's ``withdrawn`` or ``fetching`` (wire form): absent or null is none; otherwise
+    a list of at most ``MAX_LISTED`` JSON integers (``VersionTracker.plan`` checks the range).
+    For the tracker's HTTP host; BadRequestError names what is wrong."""
+    value = body.get(name)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_LISTED:
+        raise BadRequestError(f"{name} must be a list of at most {MAX_LISTED} piece indexes")
+    if not all(isinstance(p, int) and not isinstance(p, bool) for p in value):
+        raise BadRequestError(f"{name} must hold piece indexes (integers)")
+    return tuple(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +74,13 @@ class PlanRequest:
     url: str  # where this node serves pieces
     session: str  # one fill; a new session forgets what the node held
     have: tuple[int, ...] = ()  # pieces verified and written since the last call
-    hashes: tuple[tuple[int, str], ...] = ()  # sha256 of pieces fetched from the origin
+    hashes: tuple[tuple[int, str], ...] = ()  # BLAKE3 of pieces fetched from the origin
     failed_peers: tuple[str, ...] = ()
     released: tuple[int, ...] = ()  # assignments given up (to be planned again)
     want: int = 0
+    # Hashes this node reported and takes back (its file failed the manifest's digests).
+    withdrawn: tuple[int, ...] = ()
+    fetching: tuple[int, ...] = ()  # assignments still under way here (renewed, not released)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +105,7 @@ class TrackerStats:
     origin_fallbacks: int
     peer_assignments: int
     released: int
+    withdrawn: int = 0  # piece table entries withdrawn by their reporter
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,14 +134,15 @@ class VersionTracker:
         self._origin_streams = options.origin_streams
         self._stall_s = options.stall_s
         self.nodes: dict[str, _Node] = {}
-        self.table: dict[int, str] = {}  # piece -> sha256, from origin fetches
+        self.table: dict[int, str] = {}  # piece -> BLAKE3, from origin fetches
+        self.reporter: dict[int, str] = {}  # piece -> the node that reported its table entry
         self._origin_count = [0] * pieces
-        self._stats = {"origin": 0, "fallback": 0, "peer": 0, "released": 0}
+        self._stats = {"origin": 0, "fallback": 0, "peer": 0, "released": 0, "withdrawn": 0}
 
     # ----- queries ---------------------------------------------------------------------
     def stats(self) -> TrackerStats:
         s = self._stats
-        return TrackerStats(s["origin"], s["fallback"], s["peer"], s["released"])
+        return TrackerStats(s["origin"], s["fallback"], s["peer"], s["released"], s["withdrawn"])
 
     def holders(self, piece: int) -> list[str]:
         return sorted(n for n, node in self.nodes.items() if piece in node.have)
@@ -124,6 +152,9 @@ class VersionTracker:
 
     # ----- the one entry point ------------------------------------------------------------
     def plan(self, req: PlanRequest) -> Plan:
+        """BadRequestError (nothing learnt) if ``withdrawn`` or ``fetching`` is too long or
+        names a piece out of range."""
+        self._check_listed(req)
         node = self._learn(req)
         self._release_stalled()
         slots = max(req.want, 0)
@@ -136,6 +167,13 @@ class VersionTracker:
         hashes = {a.piece: self.table[a.piece] for a in out if not a.from_origin}
         return Plan(tuple(out), hashes, len(node.have) == self.pieces)
 
+    def _check_listed(self, req: PlanRequest) -> None:
+        for name, listed in (("withdrawn", req.withdrawn), ("fetching", req.fetching)):
+            if len(listed) > MAX_LISTED:
+                raise BadRequestError(f"{name} lists more than {MAX_LISTED} pieces")
+            if any(not 0 <= p < self.pieces for p in listed):
+                raise BadRequestError(f"{name} names a piece out of range (0..{self.pieces - 1})")
+
     def _learn(self, req: PlanRequest) -> _Node:
         node = self.nodes.get(req.node)
         if node is None or node.session != req.session:  # a new fill: what it held is gone
@@ -143,9 +181,15 @@ class VersionTracker:
                 self._forget_in_flight(node)
             node = self.nodes[req.node] = _Node(req.url, req.session)
         node.url = req.url
+        self._withdraw(req.node, node, req.withdrawn)  # before its hashes: it may report anew
         for piece, digest in req.hashes:
-            if 0 <= piece < self.pieces:
-                self.table.setdefault(piece, digest)
+            if 0 <= piece < self.pieces and piece not in self.table:
+                self.table[piece] = digest
+                self.reporter[piece] = req.node
+        now = self._clock.now_s()
+        for piece in req.fetching:
+            if piece in node.in_flight:
+                node.in_flight[piece] = (node.in_flight[piece][0], now)
         for piece in req.have:
             if 0 <= piece < self.pieces:
                 node.have.add(piece)
@@ -155,6 +199,19 @@ class VersionTracker:
             if piece in node.in_flight:
                 self._release(node, piece)
         return node
+
+    def _withdraw(self, name: str, node: _Node, pieces: Iterable[int]) -> None:
+        """``name`` takes back the hashes it reported for ``pieces`` (its copy failed): each
+        entry it reported leaves the table, and the piece may be fetched from the origin again
+        (its holders cannot be offered without a hash, and a new origin fetch brings one)."""
+        for piece in pieces:
+            node.have.discard(piece)
+            if self.reporter.get(piece) != name:
+                continue  # reported by another node, or not at all: not this node's to take
+            del self.table[piece], self.reporter[piece]
+            if self._origin_count[piece] > 0:
+                self._origin_count[piece] -= 1
+            self._stats["withdrawn"] += 1
 
     def _release(self, node: _Node, piece: int) -> None:
         source, _ = node.in_flight.pop(piece)

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from warmfleet.control.tracker import PlanRequest, Tracker, TrackerOptions
+from warmfleet.control.tracker import PlanRequest, Tracker, TrackerOptions, listed_pieces
 from warmfleet.core.clock import MonotonicClock
 from warmfleet.core.errors import BadRequestError
 from warmfleet.local.config import PeersConfig
@@ -35,6 +35,8 @@ def parse_request(body: Any) -> tuple[int, PlanRequest]:
             failed_peers=tuple(str(p) for p in body.get("failedPeers") or ()),
             released=tuple(int(p) for p in body.get("released") or ()),
             want=max(0, min(int(body.get("want") or 0), 64)),
+            withdrawn=listed_pieces(body, "withdrawn"),
+            fetching=listed_pieces(body, "fetching"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise BadRequestError(f"bad plan request: {err!r}") from err

@@ -1,0 +1,208 @@
+"""What a peer fill tells the tracker besides ``have``: the hashes it takes back when a file fails
+the manifest's digests (``withdrawn``, sent with its leave), and the pieces it is still fetching
+(``fetching``, every report, and every ``renew_s`` with every slot busy), so a slow fetch is
+not handed to a second node. Against a real ``VersionTracker`` on a manual clock."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import os
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from warmfleet.agent import peer_fill
+from warmfleet.agent.peer_fill import PeerFill
+from warmfleet.agent.peer_run import FileCheckError, PeerConfig, Report
+from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
+from warmfleet.agent.sources.base import Source
+from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
+from warmfleet.cache.pieces import piece_digest
+from warmfleet.control.tracker import PlanRequest, TrackerOptions, VersionTracker, listed_pieces
+from warmfleet.core.clock import ManualClock
+from warmfleet.local.tracker_host import parse_request
+
+PIECE = 4096
+
+
+class _InProcessTracker:
+    """``PeerFill.ask`` answered by a ``VersionTracker``; the body goes through the wire parser
+    (``parse_request``, plus ``listed_pieces`` for the new fields). ``before`` runs first."""
+
+    def __init__(self, pieces: int, before: Callable[[dict[str, Any]], None]) -> None:
+        self.clock = ManualClock()
+        self.tracker = VersionTracker(pieces, self.clock, random.Random(0), TrackerOptions())
+        self.before = before
+        self.bodies: list[dict[str, Any]] = []
+
+    async def ask(
+        self, _key: str, pieces: int, session: str, report: Report, want: int
+    ) -> dict[str, Any]:
+        body = {"node": "n", "url": "http://n", "session": session, "pieces": pieces,
+                "want": want, **report.body()}  # fmt: skip
+        self.bodies.append(body)
+        self.before(body)
+        _, req = parse_request(body)
+        req = dataclasses.replace(
+            req,
+            withdrawn=listed_pieces(body, "withdrawn"),
+            fetching=listed_pieces(body, "fetching"),
+        )
+        plan = self.tracker.plan(req)
+        return {
+            "assignments": [{"piece": a.piece, "peer": a.peer} for a in plan.assignments],
+            "hashes": {str(k): v for k, v in plan.hashes.items()},
+        }
+
+
+def _fill(ask: Callable[..., Any], **config: Any) -> PeerFill:
+    cfg = PeerConfig("http://t", "n", "http://n", "token", piece_bytes=PIECE, **config)
+    fill = PeerFill(
+        dataclasses.replace(cfg, idle_wait_s=0.001),
+        cast("aiohttp.ClientSession", None),  # every call that would use it is replaced
+        PeerHoldings(),
+        PeerCounters(CollectorRegistry()),
+    )
+    fill.ask = ask  # type: ignore[method-assign]  # the tracker's answers
+    return fill
+
+
+class _Origin:
+    """Serves ``data`` with piece 0's first byte flipped; the last piece waits for ``release``."""
+
+    kind = SourceKind.HTTP
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.opened = 0
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def open_range(self, entry: FileEntry, start: int, end: int) -> AsyncIterator[bytes]:
+        self.opened += 1
+        body = bytearray(self.data[start:end])
+        if start == 0:
+            body[0] ^= 0xFF
+        if end == len(self.data):
+            self.started.set()
+            await self.release.wait()
+        yield bytes(body)
+
+
+def _manifest(data: bytes) -> Manifest:
+    entry = FileEntry("f.bin", len(data), "/x", sha256=hashlib.sha256(data).hexdigest())
+    return Manifest(SourceKind.HTTP, "http://o/f", (entry,))
+
+
+async def test_a_file_that_fails_its_digest_withdraws_the_hashes_it_reported(
+    tmp_path: Path,
+) -> None:
+    """Pieces 0 (corrupt) and 1 are reported before the last piece lands and the file fails:
+    the leave takes their hashes back, so the good copy's hash is the one the table keeps."""
+    data = os.urandom(3 * PIECE)
+    origin = _Origin(data)
+
+    def before(_body: dict[str, Any]) -> None:
+        if {0, 1} <= tracker.tracker.table.keys():
+            origin.release.set()  # both hashes are in: now the last piece, and the check
+
+    tracker = _InProcessTracker(3, before)
+    fill = _fill(tracker.ask)
+    (tmp_path / "staging").mkdir()
+    landed: list[int] = []
+    with pytest.raises(FileCheckError):
+        await fill.download(cast("Source", origin), _manifest(data), tmp_path / "staging",
+                            landed.append)  # fmt: skip
+    vt = tracker.tracker
+    assert vt.table == {}
+    leave = tracker.bodies[-1]
+    assert sorted(leave["withdrawn"]) == [0, 1, 2]  # 2's hash was never sent: a no-op
+    assert vt.stats().withdrawn == 2
+    assert [vt.holders(i) for i in range(3)] == [[], [], []]
+    good = piece_digest(data[:PIECE])
+    vt.plan(PlanRequest("m", "http://m", "s", have=(0,), hashes=((0, good),)))  # a good copy
+    assert vt.table == {0: good}
+
+
+class _HeldOrigin:
+    kind = SourceKind.HTTP
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.opened = 0
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def open_range(self, entry: FileEntry, start: int, end: int) -> AsyncIterator[bytes]:
+        self.opened += 1
+        self.started.set()
+        await self.release.wait()
+        yield self.data[start:end]
+
+
+async def _slow_origin_fill(tmp_path: Path, **config: Any) -> _InProcessTracker:
+    """One piece whose origin fetch spans three asks, each 61 s (past the tracker's 60 s
+    stall bound) after the one before."""
+    data = os.urandom(3000)
+    held = _HeldOrigin(data)
+    stalled = 0
+
+    def before(_body: dict[str, Any]) -> None:
+        nonlocal stalled
+        if stalled == 3:
+            held.release.set()
+        elif held.started.is_set():
+            tracker.clock.advance(61.0)
+            stalled += 1
+
+    tracker = _InProcessTracker(1, before)
+    fill = _fill(tracker.ask, **config)
+    (tmp_path / "staging").mkdir()
+    manifest = Manifest(SourceKind.HTTP, "http://o/f", (FileEntry("f.bin", len(data), "/x"),))
+    async with asyncio.timeout(60):  # a hang guard, not a measure
+        await fill.download(cast("Source", held), manifest, tmp_path / "staging", lambda _n: None)
+    assert held.opened == 1
+    assert (tmp_path / "staging" / "f.bin").read_bytes() == data
+    return tracker
+
+
+async def test_a_slow_origin_piece_is_renewed_not_handed_out_again(tmp_path: Path) -> None:
+    tracker = await _slow_origin_fill(tmp_path, concurrency=2)
+    assert tracker.tracker.stats().released == 0
+    assert tracker.tracker.stats().origin_assignments == 1
+    assert any(body["fetching"] == [0] for body in tracker.bodies)
+
+
+async def test_with_every_slot_busy_the_fill_still_renews(tmp_path: Path) -> None:
+    """``concurrency=1``: no slot is free while the piece is fetched, so only the renewal
+    reports (``renew_s=0``: at every turn); the old loop waited for the fetch, unreported."""
+    tracker = await _slow_origin_fill(tmp_path, concurrency=1, renew_s=0.0)
+    assert tracker.tracker.stats().released == 0
+    renewals = [b for b in tracker.bodies if b["want"] == 0 and b["fetching"] == [0]]
+    assert len(renewals) >= 3
+
+
+async def test_a_long_withdrawal_is_sent_in_batches_under_one_leave_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(peer_fill, "WITHDRAWN_PER_REPORT", 2)
+    asked: list[tuple[str, list[int], int]] = []
+
+    async def ask(_key: str, _pieces: int, session: str, report: Report, want: int) -> None:
+        asked.append((session, report.withdrawn, want))
+
+    fill = _fill(ask)
+    await fill._leave("k", 9, FileCheckError("bad", "f.bin", (0, 1, 2, 3, 4)))
+    assert [w for _, w, _ in asked] == [[0, 1], [2, 3], [4]]
+    assert len({s for s, _, _ in asked}) == 1
+    assert {want for _, _, want in asked} == {0}
+    asked.clear()
+    await fill._leave("k", 9, RuntimeError("not a digest"))
+    assert [w for _, w, _ in asked] == [[]]
