@@ -11,8 +11,10 @@
     POST   /admin/v1/reload                                              re-read the config file
 
 Changes apply to the next request; in-flight requests keep their instance. An invalid body is
-rejected with 400 naming the field, and the old setting stays. Admin changes last until the
-next reload from the file (the file stays the source of truth); a change of the
+rejected with 400 naming the field, and the old setting stays; so is a routing change after
+which the whole document would no longer validate (``kvEvents`` needs exactly one variant in
+``tokens`` key mode: the message names the rule, ``param`` is ``routing``). Admin changes last
+until the next reload from the file (the file stays the source of truth); a change of the
 InferenceEndpoints (``spec.inference_endpoints``) leaves them alone. The endpoints derived from
 InferenceEndpoints are changed through the objects: their routing and instances answer 409.
 """
@@ -119,6 +121,10 @@ class AdminApi:
         routing = validate(RoutingConfig, await self._body(request), "routing")
         try:
             build_router_or_raise(self.gw.state.factory, routing, "routing")
+            # the whole document with it (kvEvents: exactly one tokens-mode variant), as
+            # what is in force and what a change of the InferenceEndpoints re-applies
+            changed = variant.config.model_copy(update={"routing": routing})
+            self.gw.check_variant(variant.endpoint, changed)
         except ConfigError as err:
             raise BadRequestError(str(err), param="routing") from err
         variant.set_routing(routing)

@@ -18,6 +18,7 @@ from warmfleet.core.errors import ConfigError
 from warmfleet.edge import load_yaml_file
 from warmfleet.gateway.capture_config import CaptureConfig
 from warmfleet.gateway.hold_config import HoldConfig
+from warmfleet.gateway.http.upstream import Origin
 from warmfleet.gateway.kube_watch_config import DNS_LABEL, KubeWatchSpec
 from warmfleet.gateway.kv_config import KvEventsConfig
 from warmfleet.gateway.replica_sync.config import ReplicaSyncConfig
@@ -58,7 +59,19 @@ class InstanceSpec(StrictModel):
             raise ValueError("must not contain spaces or control characters")
         if url.query_string or url.fragment:
             raise ValueError("must not have a query or fragment")
-        return str(url).rstrip("/")
+        normalized = str(url).rstrip("/")
+        check_origin(normalized)
+        return normalized
+
+
+def check_origin(url: str) -> None:
+    """``ValueError`` unless the gateway can send requests to ``url`` (``Origin`` parses it as
+    every request does: a host with an empty label, ``a..b``, or one over 63 characters cannot
+    be IDNA-encoded into the Host header)."""
+    try:
+        Origin(url)
+    except ValueError as err:  # UnicodeError included
+        raise ValueError(f"host {URL(url).host!r} is not a valid host name ({err})") from err
 
 
 def redacted_url(url: str) -> str:

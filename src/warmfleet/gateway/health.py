@@ -1,15 +1,19 @@
 """Active health checking: poll every instance's health path once per ``interval_s``.
 
-A round probes all instances concurrently (each probe bounded by ``timeout_s``); rounds start
-``interval_s`` apart. An instance is ejected after ``unhealthy_threshold`` consecutive failed
-probes (with the default of 2, within two intervals of dying) and readmitted after
-``healthy_threshold`` consecutive successes. Settings are re-read every round, so a reload
-applies at the next round.
+A round probes all instances concurrently, at most ``MAX_CONCURRENT_PROBES`` at once (and never
+more than the session's pool holds); rounds start ``interval_s`` apart. A probe's ``timeout_s``
+starts once it has its slot: it covers the probe's own exchange only, so a round in which many
+wedged instances hold every slot for their timeout delays the other probes but never fails
+them (waiting for a slot is not the instance's failure). An instance is ejected after
+``unhealthy_threshold`` consecutive failed probes (with the default of 2, within two intervals
+of dying) and readmitted after ``healthy_threshold`` consecutive successes. Settings are re-read
+every round, so a reload applies at the next round.
 
 A probe never ends a *passive* ejection (``gateway.outlier``: an instance whose completions
 hang may answer its health path all along); only real requests do, on probation. Each round
 moves the passive ejections whose time has passed to probation (requests do that too), so
-the admin view and the gauges stay current without traffic.
+the admin view and the gauges stay current without traffic. It also forgets the metric series
+of the instances that left once their last request ended (``gateway.departures``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,16 @@ from warmfleet.gateway.variant import VariantRuntime
 from warmfleet.gateway.world import GatewayState
 
 log = logging.getLogger(__name__)
+# Probes in flight at once: a bound on the sockets a round opens, well above the fleets the
+# probes' own pool serves at once (the runtime gives them a pool of their own, unlimited).
+MAX_CONCURRENT_PROBES = 256
+
+
+def probe_slots(session: ClientSession) -> int:
+    """How many probes may be in flight at once on ``session``: never more than its connector
+    holds (a probe would wait for a connection inside its timeout)."""
+    limit = session.connector.limit if session.connector is not None else 0
+    return min(limit, MAX_CONCURRENT_PROBES) if limit > 0 else MAX_CONCURRENT_PROBES
 
 
 class HealthMonitor:
@@ -33,6 +47,7 @@ class HealthMonitor:
     def __init__(self, state: GatewayState, session: ClientSession) -> None:
         self.state = state
         self.session = session
+        self._slots = asyncio.Semaphore(probe_slots(session))
         self.rounds_completed = 0
         self._round_done = asyncio.Event()
 
@@ -54,6 +69,7 @@ class HealthMonitor:
             await asyncio.gather(*probes)
         for variant in self.state.variants():
             variant.expire_ejections()
+        self.state.forget_departed()  # the series of departed instances whose requests ended
         self.rounds_completed += 1
         self._round_done.set()
         self._round_done = asyncio.Event()
@@ -74,10 +90,13 @@ class HealthMonitor:
             variant.record_failure(inst, health.unhealthy_threshold, "active")
 
     async def check(self, url: str, timeout_s: float) -> bool:
-        try:
-            async with self.session.get(url, timeout=ClientTimeout(total=timeout_s)) as resp:
-                await resp.read()
-                return resp.status == 200
-        except (ClientError, TimeoutError, OSError) as err:
-            log.debug("health probe %s failed: %r", url, err)
-            return False
+        """Whether ``url`` answers 200 within ``timeout_s``, counted from when the probe has its
+        slot (the wait for one is not the instance's time)."""
+        async with self._slots:
+            try:
+                async with self.session.get(url, timeout=ClientTimeout(total=timeout_s)) as resp:
+                    await resp.read()
+                    return resp.status == 200
+            except (ClientError, TimeoutError, OSError) as err:
+                log.debug("health probe %s failed: %r", url, err)
+                return False

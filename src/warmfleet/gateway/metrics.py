@@ -29,6 +29,9 @@ Names (all prefixed ``warmfleet_gateway_``; the engine instance is ``instance_id
   ``ejections_overflow_total{endpoint,variant,instance_id}`` (refused by
   ``max_ejection_percent``), ``instance_ejected`` and ``instance_on_probation`` (gauges).
 
+Every series with an ``instance_id`` goes when its instance leaves its variant: the gauges at
+once, the counters once no request is in flight to it (``gateway.departures``).
+
 The metrics updated on every proxied request (requests, in-flight, decision/overhead/TTFT
 histograms, predicted hits, retries) are ``FastCounter`` / ``FastGauge`` / ``FastHistogram``:
 plain attributes updated without a lock (every update happens on the event loop, and so does
@@ -138,6 +141,9 @@ class _FastFamily(Generic[C]):
 
     def remove(self, *values: str) -> None:
         del self._children[tuple(str(v) for v in values)]
+
+    def label_sets(self) -> list[tuple[str, ...]]:
+        return list(self._children)
 
     def describe(self) -> list[Metric]:
         return [self._family()]
@@ -333,7 +339,33 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
     def forget_instance(self, endpoint: str, variant: str, instance: str) -> None:
-        """Drop the per-instance gauges of a removed instance (counters keep their history)."""
+        """Drop the per-instance gauges of a removed instance (its counters go once no request
+        is in flight to it: ``forget_counters``, ``gateway.departures``)."""
         for gauge in (self.in_flight, self.healthy, self.kv_capacity, self.ejected, self.probation):
             with contextlib.suppress(KeyError):
                 gauge.remove(endpoint, variant, instance)
+
+    def forget_counters(self, endpoint: str, variant: str, instances: set[str]) -> None:
+        """Drop every per-instance counter series of ``instances`` (removed, and no request in
+        flight to them any more)."""
+        for key in self.requests.label_sets():
+            if key[0] == endpoint and key[1] == variant and key[2] in instances:
+                self.requests.remove(*key)
+        for counter in (self.spills, self.readmissions, self.ejections_overflow):
+            for instance in instances:
+                with contextlib.suppress(KeyError):  # never counted (before 0.21: KeyError)
+                    counter.remove(endpoint, variant, instance)
+        for by_cause in (self.ejections, self.attempt_failures):
+            for labels in _label_sets(by_cause, ("endpoint", "variant", "instance_id", "cause")):
+                if labels[0] == endpoint and labels[1] == variant and labels[2] in instances:
+                    by_cause.remove(*labels)
+
+
+def _label_sets(counter: Counter, names: tuple[str, ...]) -> set[tuple[str, ...]]:
+    """The label values of each child of ``counter`` (labels ``names``), read from its samples
+    (``remove_by_labels`` needs prometheus-client 0.22)."""
+    found: set[tuple[str, ...]] = set()
+    for family in counter.collect():
+        for sample in family.samples:
+            found.add(tuple(sample.labels[name] for name in names))
+    return found

@@ -26,6 +26,7 @@ from warmfleet.gateway.config import (
     EndpointConfig,
     GatewayConfig,
     InferenceEndpointsSource,
+    VariantConfig,
     load_gateway_config,
 )
 from warmfleet.gateway.discovery.files import FileDiscovery
@@ -34,6 +35,7 @@ from warmfleet.gateway.discovery.inference_endpoints import (
     derive_endpoints,
 )
 from warmfleet.gateway.discovery.kubernetes import KubeDiscovery
+from warmfleet.gateway.documents import live_document, revalidated
 from warmfleet.gateway.engine_stats import EngineStatsProbe
 from warmfleet.gateway.flow import GatewayFlow
 from warmfleet.gateway.health import HealthMonitor
@@ -158,17 +160,18 @@ class Gateway:
         self._pool = UpstreamPool(
             limits.upstream_connect_timeout_s, limits.max_upstream_connections, keepalive_s=60.0
         )
-        control = ClientSession(
-            connector=TCPConnector(limit=64, keepalive_timeout=60.0), cookie_jar=DummyCookieJar()
-        )
-        self._sessions = [control]
+        control = _session(limit=64)
+        # the health probes' own pool, unlimited (the monitor bounds them, and times each one
+        # from when it has its slot): other reads never make a probe wait, nor probes them
+        probes = _session(limit=0)
+        self._sessions = [control, probes]
         self.body_worker.start()
         self._proxy = Proxy(self.state, self._pool)
         self._proxy.hold = self.hold
         self._proxy.flow = self.flow
         self.capture.on_switch = self._capture_switched
         self.capture.apply(self.state.spec.capture)
-        self._health = HealthMonitor(self.state, control)
+        self._health = HealthMonitor(self.state, probes)
         self._models = ModelsCache(self.state, control)
         self._kv_capacity = KvCapacityProbe(self.state, control)
         self._engine_stats = EngineStatsProbe(self.state, control)
@@ -241,8 +244,8 @@ class Gateway:
 
     def apply(self, config: GatewayConfig, source: str) -> None:
         """Apply ``config`` (plus the endpoints derived from InferenceEndpoints, if any)."""
-        merged = self._with_derived(config)
         try:
+            merged = self._with_derived(config)
             self.state.apply(merged)
         except ConfigError:
             self.metrics.reloads.labels(source, "error").inc()
@@ -301,8 +304,9 @@ class Gateway:
     def _with_derived(self, config: GatewayConfig) -> GatewayConfig:
         """``config`` plus each derived endpoint the whole document still validates with (one
         that breaks a document-wide rule, such as ``kv_events``'s, is left out and logged: the
-        objects can never make the document itself fail)."""
-        merged = config
+        objects can never make the document itself fail). ``config`` itself must validate, else
+        ``ConfigError``: nothing is applied (the derived endpoints in force stay)."""
+        merged = revalidated(config, "the document in force")
         for endpoint in self._derived(config):
             doc = merged.model_dump(mode="json", by_alias=True)
             doc["spec"]["endpoints"].append(endpoint.model_dump(mode="json", by_alias=True))
@@ -314,21 +318,12 @@ class Gateway:
                 log.warning("InferenceEndpoint %r left out of the gateway: %s", endpoint.name, err)
         return merged
 
-    def _live_base(self) -> GatewayConfig:
-        """The document in force plus the admin API's changes to its own endpoints (routing,
-        instances): what a change of the InferenceEndpoints re-applies, so that change leaves
-        them alone (only a reload from the file replaces them)."""
-        endpoints = []
-        for endpoint in self.base_config.spec.endpoints:
-            live = self.state.endpoints.get(endpoint.name)
-            live_variants = live.variants if live is not None else {}
-            variants = [
-                live_variants[v.name].config if v.name in live_variants else v
-                for v in endpoint.variants
-            ]
-            endpoints.append(endpoint.model_copy(update={"variants": variants}))
-        spec = self.base_config.spec.model_copy(update={"endpoints": endpoints})
-        return self.base_config.model_copy(update={"spec": spec})
+    def check_variant(self, endpoint: str, config: VariantConfig) -> None:
+        """``ConfigError`` unless the document in force, and the one a change of the
+        InferenceEndpoints re-applies, still validate with ``config`` for that variant (an admin
+        change: every document-wide rule, such as ``kvEvents``'s, still holds after it)."""
+        for document in (self.state.config, self.base_config):
+            revalidated(live_document(document, self.state, endpoint, config), "routing")
 
     def publish_inference_endpoints(
         self, objects: list[Mapping[str, Any]], source: InferenceEndpointsSource, namespace: str
@@ -342,7 +337,8 @@ class Gateway:
         if previous is not None and derived == self._applied_derived:
             return  # e.g. only an object's status changed: nothing for the gateway
         try:
-            self.apply(self._live_base(), "kubernetes")
+            # the document as the admin API changed its own endpoints (only a reload replaces them)
+            self.apply(live_document(self.base_config, self.state), "kubernetes")
         except ConfigError as err:
             self._endpoint_objects = previous
             self.endpoint_sync_errors += 1
@@ -382,6 +378,11 @@ class Gateway:
                 running[1].cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await running[1]
+
+
+def _session(limit: int) -> ClientSession:
+    connector = TCPConnector(limit=limit, keepalive_timeout=60.0)
+    return ClientSession(connector=connector, cookie_jar=DummyCookieJar())
 
 
 def _restart_only(config: GatewayConfig) -> tuple[str | None, ...]:

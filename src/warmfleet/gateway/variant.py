@@ -20,6 +20,7 @@ from prometheus_client import Counter
 from warmfleet.core.errors import NotFoundError
 from warmfleet.core.types import Decision, FleetSnapshot, InstanceId, RoutingKey
 from warmfleet.gateway.config import FileDiscovery, InstanceSpec, VariantConfig
+from warmfleet.gateway.departures import Departures
 from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.metrics import FastValue, GatewayMetrics
 from warmfleet.gateway.outlier import (
@@ -94,6 +95,7 @@ class VariantRuntime:
         self.routable: tuple[InstanceRuntime, ...] = ()
         self.on_routable: Callable[[VariantRuntime], None] | None = None  # hold, flow
         self._requests: dict[tuple[str, str, str], FastValue] = {}
+        self.departures = Departures(metrics, endpoint, self.name, self._requests)  # their series
         self.m_decision = metrics.decision.labels(endpoint, self.name)
         self.m_overhead = metrics.overhead.labels(endpoint, self.name)
         self.m_ttft = {s: metrics.ttft.labels(endpoint, self.name, s) for s in ("true", "false")}
@@ -161,9 +163,9 @@ class VariantRuntime:
         for iid, old in self.instances.items():
             if new.get(iid) is not old:
                 old.removed = True
-                if iid not in new:
-                    self._metrics.forget_instance(self.endpoint, self.name, iid)
+                self.departures.left(old, gone=iid not in new)
         self.instances = new
+        self.departures.sweep(new)
         self.outlier_policy.release_excess([i.outlier for i in new.values()])
         self._outliers_changed()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from warmfleet.core.errors import ConfigError, NotFoundError
 from warmfleet.engine.presets import preset_names
-from warmfleet.gateway.config import GatewayConfig, GatewaySpec
+from warmfleet.gateway.config import GatewayConfig, GatewaySpec, check_origin
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.server_config import HealthConfig, LimitsConfig
 from warmfleet.gateway.variant import RouterFactory, VariantRuntime
@@ -89,8 +89,11 @@ class GatewayState:
         self.factory = factory
         self.rng = random.Random(config.spec.seed)
         self.endpoints: dict[str, EndpointRuntime] = {}
+        # removed variants whose departed instances still have requests in flight
+        self.retired: list[VariantRuntime] = []
         self.config = config
         check_routers(config, factory)
+        check_instances(config)
         self._apply_settings(config.spec)
         self._apply_endpoints(config.spec)
 
@@ -163,8 +166,10 @@ class GatewayState:
 
     def apply(self, config: GatewayConfig) -> None:
         """Apply a validated document. Settings and routers change for the next request; the
-        objects in-flight requests hold are left alone. Listen address changes need a restart."""
+        objects in-flight requests hold are left alone. Listen address changes need a restart.
+        Everything that can refuse ``config`` is checked before anything of it is applied."""
         check_routers(config, self.factory)
+        check_instances(config)
         if config.spec.listen != self.config.spec.listen:
             log.warning("spec.listen changed; the new address applies after a restart")
         self._apply_settings(config.spec)
@@ -195,15 +200,36 @@ class GatewayState:
                 variants[v_config.name] = existing
             for name, old in endpoint.variants.items():
                 if name not in variants:
-                    old.set_instances([])  # forget its gauges; in-flight requests keep refs
+                    self._retire(old)
             endpoint.variants = variants
             endpoint.invalidate()
             endpoints[ep_config.name] = endpoint
         for name, old_ep in self.endpoints.items():
             if name not in endpoints:
                 for variant in old_ep.variants.values():
-                    variant.set_instances([])
+                    self._retire(variant)
         self.endpoints = endpoints
+
+    def _retire(self, variant: VariantRuntime) -> None:
+        """A variant removed: its instances leave (their series go once their requests have
+        ended: ``forget_departed``); in-flight requests keep their references."""
+        variant.set_instances([])
+        if variant.departures.draining:
+            self.retired.append(variant)
+
+    def forget_departed(self) -> None:
+        """Forget the series of the instances that left once their last request has ended
+        (every health round; ``gateway.departures``)."""
+        for variant in self.variants():
+            variant.departures.sweep(variant.instances)
+        retired: list[VariantRuntime] = []
+        for old in self.retired:
+            current = self.endpoints.get(old.endpoint)
+            same = current.variants.get(old.name) if current is not None else None
+            # a variant of that name added again: its instances' series are its own
+            if old.departures.sweep(same.instances if same is not None else {}):
+                retired.append(old)
+        self.retired = retired
 
 
 def build_router_or_raise(factory: RouterFactory, routing: RoutingConfig, where: str) -> None:
@@ -227,3 +253,18 @@ def check_routers(config: GatewayConfig, factory: RouterFactory) -> None:
             build_router_or_raise(
                 factory, variant.routing, f"spec.endpoints.{i}.variants.{j}.routing"
             )
+
+
+def check_instances(config: GatewayConfig) -> None:
+    """Every static instance of ``config`` can be sent to (``ConfigError`` naming its URL): a
+    document built in code was not validated, and an instance that fails half way through
+    ``apply`` would leave half of the document applied."""
+    for i, endpoint in enumerate(config.spec.endpoints):
+        for j, variant in enumerate(endpoint.variants):
+            where = "instances" if variant.instances is not None else "discovery.instances"
+            for k, spec in enumerate(variant.static_instances()):
+                try:
+                    check_origin(spec.url)
+                except ValueError as err:
+                    field = f"spec.endpoints.{i}.variants.{j}.{where}.{k}.url"
+                    raise ConfigError(f"{field}: {err}") from err

@@ -2,7 +2,10 @@
 
 One task (owned by the app lifespan) serves every variant with ``discovery: {type: file}``; it
 reads the current config each tick, so reloads that add, move or drop discovery files apply on
-the next tick. A file that cannot be read or validated is logged and the old instance set stays.
+the next tick. A file that cannot be read or validated is logged and the old instance set stays
+(it is read again once it changes). A file version counts as seen only once it has been applied
+or rejected: one whose instances failed past validation (a bug: logged and counted, the other
+files go on) is read again at the next tick.
 """
 
 from __future__ import annotations
@@ -54,7 +57,12 @@ class FileDiscovery:
                 continue
             key = (variant.endpoint, variant.name, disc.path)
             live.add(key)
-            self._scan_one(variant, key, Path(disc.path))
+            try:
+                self._scan_one(variant, key, Path(disc.path))
+            except Exception:  # a bug: logged; this file is read again, the others go on
+                self.errors += 1
+                self.state.metrics.reloads.labels("discovery", "error").inc()
+                log.exception("discovery file %s not applied; the old instances stay", disc.path)
         for stale in set(self._seen) - live:
             del self._seen[stale]
 
@@ -75,16 +83,17 @@ class FileDiscovery:
         version = (stat.st_mtime_ns, stat.st_size)
         if self._seen.get(key) == version:
             return
-        self._seen[key] = version
         try:
             text = path.read_text(encoding="utf-8")
             listing = parse_instance_list(load_yaml_text(text, str(path)), str(path))
         except (OSError, UnicodeDecodeError, ConfigError) as err:
+            self._seen[key] = version  # rejected: logged once, read again when it changes
             self.errors += 1
             self.state.metrics.reloads.labels("discovery", "error").inc()
             log.error("discovery file %s rejected, keeping the old instances: %s", path, err)
             return
         variant.set_instances(listing.instances)
+        self._seen[key] = version  # only once applied
         self.loads += 1
         self.state.metrics.reloads.labels("discovery", "ok").inc()
         log.info("discovery %s: %d instances for %s/%s", path, len(listing.instances), *key[:2])
