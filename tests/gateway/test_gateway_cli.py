@@ -147,3 +147,38 @@ def test_sighup_during_the_graceful_stop_does_not_kill_the_gateway(tmp_path: Pat
             assert stream.result(20).endswith(b"data: [DONE]\n\n")
             assert gw.proc is not None
             assert gw.proc.wait(20) == 0
+
+
+def test_serve_check_reads_a_discovery_file_that_is_there(tmp_path: Path) -> None:
+    """A discovery file ``serve`` would reject fails ``--check`` in one line naming it; one that
+    is there is counted; one not there yet is said so (the gateway waits for it)."""
+    app = typer.Typer()
+    gateway_cli.register(app)
+    listing = tmp_path / "instances.yaml"
+    doc = gateway_doc([])
+    doc["spec"]["endpoints"][0]["variants"][0].pop("instances", None)
+    doc["spec"]["endpoints"][0]["variants"][0]["discovery"] = {"type": "file", "path": str(listing)}
+    path = tmp_path / "gateway.yaml"
+    _write(path, doc)
+
+    def check() -> tuple[int, str]:
+        result = CliRunner().invoke(app, ["--config", str(path), "--check"])
+        return result.exit_code, result.output
+
+    code, out = check()
+    assert code == 0, out
+    assert "not there yet" in out
+    _write(listing, {"instances": [{"id": "a", "url": "http://127.0.0.1:9"}]})
+    code, out = check()
+    assert code == 0, out
+    assert f"1 instance(s) from {listing}" in out
+    for bad in ("instances: [", "\xff\xfe", None):
+        if bad is None:
+            listing.unlink()
+            listing.mkdir()
+        else:
+            listing.write_bytes(bad.encode("latin-1"))
+        code, out = check()
+        assert code == 2, out
+        assert str(listing) in out
+        assert len(out.strip().splitlines()) == 1, out

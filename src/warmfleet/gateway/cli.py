@@ -15,11 +15,14 @@ import typer
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.failures import DEBUG_META_KEY, EXPECTED_EXIT, expected_failure
 from warmfleet.display import LogLevel
+from warmfleet.edge import load_yaml_file
 
 
 def serve_command(
     ctx: typer.Context,
-    config: Path = typer.Option(..., "--config", "-c", help="Gateway document (kind: Gateway)."),  # noqa: B008
+    config: Path = typer.Option(  # noqa: B008  (not readable=True: one line from edge, not a box)
+        ..., "--config", "-c", readable=False, help="Gateway document (kind: Gateway)."
+    ),
     log_level: LogLevel = typer.Option(LogLevel.info, case_sensitive=False),  # noqa: B008
     check: bool = typer.Option(
         False, "--check", help="Validate the document and build every router, then exit."
@@ -70,7 +73,9 @@ def check_config(path: Path) -> str:
     for endpoint in state.endpoints.values():
         for variant in endpoint.variants.values():
             disc = variant.config.discovery
-            if isinstance(disc, FileDiscovery | KubernetesDiscovery):
+            if isinstance(disc, FileDiscovery):
+                where = _discovery_file(Path(disc.path))
+            elif isinstance(disc, KubernetesDiscovery):
                 where = f"instances from {disc.source}"
             else:
                 where = f"{len(variant.instances)} static instance(s)"
@@ -82,6 +87,18 @@ def check_config(path: Path) -> str:
         namespace = spec.inference_endpoints.namespace or "the pod's namespace"
         lines.append(f"  + one endpoint per InferenceEndpoint in {namespace}")
     return "\n".join(lines)
+
+
+def _discovery_file(path: Path) -> str:
+    """What the variant would start with from its discovery file: its instances, or none yet
+    when it is not there (the gateway waits for it); a file there that ``serve`` would reject is
+    a ``ConfigError`` naming it."""
+    from warmfleet.gateway.config import parse_instance_list  # noqa: PLC0415
+
+    if not path.exists() and not path.is_symlink():
+        return f"instances from {path} (not there yet: none until it is)"
+    listing = parse_instance_list(load_yaml_file(path), str(path))
+    return f"{len(listing.instances)} instance(s) from {path}"
 
 
 def sync_key_command() -> None:

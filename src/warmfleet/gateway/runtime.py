@@ -14,6 +14,7 @@ from aiohttp import ClientSession, DummyCookieJar, TCPConnector
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
+from warmfleet.core.failures import one_line
 from warmfleet.gateway.capture import (
     Capture,
     CaptureMetrics,
@@ -237,7 +238,8 @@ class Gateway:
                 raise
             self.apply(config, source)
         except ConfigError as err:
-            log.error("config reload (%s) rejected, keeping the old config:\n%s", source, err)
+            why = one_line(str(err), limit=8000)  # every bad field, on the log record's line
+            log.error("config reload (%s) rejected, keeping the old config: %s", source, why)
             return False
         log.info("config reloaded from %s (%s)", self.config_path, source)
         return True

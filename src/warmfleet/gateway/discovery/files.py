@@ -17,6 +17,7 @@ from pathlib import Path
 
 from warmfleet.core.config import load_yaml_text
 from warmfleet.core.errors import ConfigError
+from warmfleet.core.failures import one_line
 from warmfleet.gateway.config import parse_instance_list
 from warmfleet.gateway.variant import VariantRuntime
 from warmfleet.gateway.world import GatewayState
@@ -90,7 +91,8 @@ class FileDiscovery:
             self._seen[key] = version  # rejected: logged once, read again when it changes
             self.errors += 1
             self.state.metrics.reloads.labels("discovery", "error").inc()
-            log.error("discovery file %s rejected, keeping the old instances: %s", path, err)
+            why = one_line(str(err))
+            log.error("discovery file %s rejected, keeping the old instances: %s", path, why)
             return
         variant.set_instances(listing.instances)
         self._seen[key] = version  # only once applied
