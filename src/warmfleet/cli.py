@@ -13,7 +13,7 @@ from typing import Any
 import typer
 
 from warmfleet.agent.cli import cache_app
-from warmfleet.bench import conformance, doctor_cli, loadgen_cli, sim_cli
+from warmfleet.bench import conformance, doctor_cli, loadgen_cli, sim_cli, whatif_cli
 from warmfleet.core.failures import DEBUG_META_KEY, EXPECTED_EXIT, expected_failure
 from warmfleet.display import CommandGroup
 from warmfleet.emulator import cli as emulator_cli
@@ -97,6 +97,7 @@ loadgen_cli.register(app)
 gateway_cli.register(app)
 app.command("sync-key")(gateway_cli.sync_key_command)
 fleet_cli.register(app)
+whatif_cli.register(fleet_cli.fleet_app)  # `warmfleet fleet whatif`: bench shows progress
 local_cli.register(app)  # top-level `warmfleet up` and `warmfleet status`
 emulator_cli.register(app)
 app.add_typer(cache_app, name="cache")

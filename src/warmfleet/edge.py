@@ -4,7 +4,9 @@ The pure packages (core, api, routing, engine, sim, cache, control) parse text a
 documents; they never open a file nor guess where one lives. The CLI commands and the shells
 read configuration documents with ``read_text_file``/``load_yaml_file`` and hand the text or the
 parsed YAML in, and find the traces of trace-driven scenarios with ``resolve_traces_dir``.
-The shells that start servers on loopback pick their port with ``free_port``.
+The shells that start servers on loopback pick their port with ``free_port``. Commands that
+write a file or a directory at the end of a long run check it first (``check_output_file``,
+``check_output_dir``).
 Below every shell and CLI (import-linter layers); imports only ``warmfleet.core``.
 """
 
@@ -75,6 +77,41 @@ def read_text_file(path: Path) -> str:
 def load_yaml_file(path: Path) -> Any:
     """Read and parse a YAML (or JSON) document file; an unreadable file is a ConfigError."""
     return load_yaml_text(read_text_file(path), str(path))
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Before any work: a file can be written at ``path`` (a missing parent directory is made
+    then). A directory there, or a parent that is a file or cannot be written in, is a
+    ConfigError naming ``flag``, so a long run does not fail at its end."""
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory, not a file")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"{flag} {path}: cannot write it (permission denied)")
+        return
+    _check_creatable(path, flag)
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Before any work: ``path`` is a directory files can be written in, or can be made one."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a file, not a directory")
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"{flag} {path}: cannot write in it (permission denied)")
+        return
+    _check_creatable(path, flag)
+
+
+def _check_creatable(path: Path, flag: str) -> None:
+    """``path`` does not exist: its nearest existing ancestor is a directory one can write in."""
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{flag} {path}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: cannot write in {ancestor} (permission denied)")
 
 
 def resolve_traces_dir(explicit: Path | None = None) -> Path:

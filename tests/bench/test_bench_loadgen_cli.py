@@ -1,6 +1,7 @@
 """``warmfleet bench`` against a fake engine on its own thread: the JSON and the report it
 writes, what it says about the workload (fewer requests than asked, a synthetic equivalent), a
-table that fits 100 columns with ``--format json`` alone on stdout, and a rate it cannot run."""
+table that fits 100 columns with ``--format json`` alone on stdout, a rate it cannot run, and its
+``--metrics-url`` targets (checked before the load, a warning for one it could not scrape)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import pytest
 from bench_support import FakeEngine
 from typer.testing import CliRunner
 
+from warmfleet.bench.loadgen_metrics import MetricsTarget
+from warmfleet.bench.loadgen_preflight import PreflightError, metrics_target
 from warmfleet.cli import app
+from warmfleet.edge import free_port as closed_port  # nothing listens there
 
 
 @pytest.fixture
@@ -120,3 +124,41 @@ def test_bench_cli_rejects_a_rate_it_cannot_run(flags: list[str]) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "--rate" in result.output
+
+
+def test_bench_warns_when_a_metrics_target_cannot_be_scraped(threaded_engine: FakeEngine) -> None:
+    """A named ``--metrics-url`` that does not answer is one warning line on stderr (its counts
+    are left out), not silently skipped; the one that answers still counts."""
+    gone = f"gone=http://127.0.0.1:{closed_port()}/metrics"
+    args = [
+        "bench", "--url", threaded_engine.url, "--scenario", "gsp", "--requests", "4",
+        "--concurrency", "2", "--max-output-tokens", "4", "--format", "json",
+        "--metrics-url", f"t0={threaded_engine.url}/metrics", "--metrics-url", gone,
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, result.stderr
+    assert "no metrics from --metrics-url gone " in warnings[0]
+    run = json.loads(result.stdout)["strategies"]["run"]
+    assert run["hit_rate_source"] == "engine_metrics_partial"
+
+
+@pytest.mark.parametrize(
+    "text", ["garbage", "t0=garbage", "t0=ftp://h/metrics", "=http://h/metrics", "t0=http://h:0/"]
+)
+def test_a_metrics_url_that_is_not_http_is_refused_before_any_load(text: str) -> None:
+    with pytest.raises(PreflightError, match="--metrics-url"):
+        metrics_target(text)
+    args = ["bench", "--url", f"http://127.0.0.1:{closed_port()}", "--scenario", "gsp"]
+    result = CliRunner().invoke(app, [*args, "--metrics-url", text])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"warmfleet bench: --metrics-url {text}: "), result.output
+
+
+def test_a_metrics_url_names_its_target() -> None:
+    assert metrics_target("e0=http://h:8000/metrics") == MetricsTarget(
+        "e0", "http://h:8000/metrics"
+    )
+    bare = "http://h:8000/metrics?x=1"
+    assert metrics_target(bare) == MetricsTarget(bare, bare)

@@ -51,10 +51,15 @@ cache_app = typer.Typer(
 )
 T = TypeVar("T")
 
+# readable=False: the commands read these themselves, so a refused read is one line, not
+# click's box (click checks readability before the command runs)
 DestOpt = Annotated[
-    Path | None, typer.Option("--dest", help="Cache root (default $WARMFLEET_CACHE_ROOT)")
+    Path | None,
+    typer.Option("--dest", help="Cache root (default $WARMFLEET_CACHE_ROOT)", readable=False),
 ]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="node.yaml (NodeCacheConfig)")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="node.yaml (NodeCacheConfig)", readable=False)
+]
 BudgetOpt = Annotated[str | None, typer.Option("--budget", help="Cache budget, e.g. 200GiB")]
 ReserveOpt = Annotated[
     str | None,
@@ -75,11 +80,16 @@ def build_spec(
     config: Path | None,
     budget: str | None = None,
     reserve: str | None = None,
+    *,
+    create: bool = True,
     **download: Any,
 ) -> NodeCacheSpec:
     """From node.yaml if given, else defaults: budget = file system size, reserve = 5 % of it
     (at most 10 GiB). What the command line gives (``--dest``, ``--budget``, ``--reserve``, the
-    download options) wins over either."""
+    download options) wins over either. ``create=False`` (the commands that only look at a
+    cache: ls, verify, pin, unpin, gc): a missing cache root the user named (``--dest``, or
+    node.yaml's) is a NotFoundError (one line, exit 2), never created (a mistyped --dest would
+    become an empty cache); the default root is made, empty, as a fresh machine has none."""
     if config is not None:
         spec = load_node_config(read_text_file(config), str(config)).spec
         root = dest if dest is not None else Path(spec.root)
@@ -88,6 +98,10 @@ def build_spec(
     else:
         spec = None
         root = dest or default_root()
+    if not create and (dest is not None or config is not None) and not root.is_dir():
+        what = "not a directory" if root.exists() else "no such directory"
+        raise NotFoundError(f"no cache at {root} ({what}; `warmfleet cache prefetch` makes one)")
+    if spec is None:
         root.mkdir(parents=True, exist_ok=True)
         st = os.statvfs(root)
         total = st.f_blocks * st.f_frsize
@@ -211,7 +225,7 @@ def list_artifacts(
 ) -> None:
     """List cached artifacts with state, size, refs and pins; the key column is a short prefix
     that pin, unpin and verify accept."""
-    spec = build_spec(dest, config)
+    spec = build_spec(dest, config, create=False)
 
     async def go(manager: CacheManager) -> list[dict[str, Any]]:
         recs = {r.key: r for r in manager.records()}
@@ -268,7 +282,7 @@ def verify(
     config: ConfigOpt = None,
 ) -> None:
     """Check published artifacts (sizes + markers, or full re-hash); bad ones are unpublished."""
-    spec = build_spec(dest, config)
+    spec = build_spec(dest, config, create=False)
     index = _index(spec)
     resolved = resolve_keys(index, keys or [], "verify")
     short = short_ids(r.key for r in index)
@@ -286,7 +300,7 @@ def verify(
 
 
 def _set_pin(key: str, pinned: bool, dest: Path | None, config: Path | None) -> None:
-    spec = build_spec(dest, config)
+    spec = build_spec(dest, config, create=False)
     index = _index(spec)
     (full_key,) = resolve_keys(index, [key], "pin" if pinned else "unpin")
 
@@ -319,7 +333,7 @@ def gc(
     reserve: ReserveOpt = None,
 ) -> None:
     """Evict unreferenced, unpinned artifacts (LRU, down to the low watermark)."""
-    spec = build_spec(dest, config, budget, reserve)
+    spec = build_spec(dest, config, budget, reserve, create=False)
 
     async def go(manager: CacheManager) -> Any:
         return manager.gc(evict_all_unreferenced=evict_all)
@@ -333,7 +347,7 @@ def gc(
 
 @cache_app.command()
 def agent(
-    config: Annotated[Path, typer.Option("--config", help="node.yaml")],
+    config: Annotated[Path, typer.Option("--config", help="node.yaml", readable=False)],
     log_level: Annotated[
         LogLevel,
         typer.Option(

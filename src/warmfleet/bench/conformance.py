@@ -33,6 +33,7 @@ import aiohttp
 import typer
 
 from warmfleet.core.errors import WarmfleetError
+from warmfleet.edge import check_output_file
 from warmfleet.gateway.tokenizer import HfChatTokenizer
 from warmfleet.routing.key_modes import key_builder
 from warmfleet.routing.key_spec import KeySpec
@@ -261,10 +262,14 @@ def conformance_command(
         int | None, typer.Option(help="Gateway key block size (default: the engine's).")
     ] = None,
     turns: Annotated[int, typer.Option(min=2, max=32)] = 4,
-    out: Annotated[Path | None, typer.Option(help="Write the report as JSON.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write the report as JSON.", readable=False)
+    ] = None,
 ) -> None:
     """Check that the gateway's token keys predict the engine's cached tokens."""
     try:
+        if out is not None:
+            check_output_file(out, "--out")  # before the engine is asked anything
         report = asyncio.run(
             run_conformance(engine, gateway_tokenizer, block_size=block_size, turns=turns)
         )

@@ -13,10 +13,11 @@ from typing import Annotated
 import typer
 
 from warmfleet.api.replica_sync import DEFAULT_BATCH_INTERVAL_MS
+from warmfleet.api.trace_format import MAX_INSTANCES
 from warmfleet.bench.doctor_report import doctor_lines, doctor_tables, write_doctor_report
 from warmfleet.bench.progress import PhasedProgress, activity_for
 from warmfleet.bench.report import write_json
-from warmfleet.bench.sim_cli import sync_delays, with_kv_events
+from warmfleet.bench.sim_inputs import check_outputs, sync_delays, with_kv_events
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.core.failures import one_line
 from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console, emit
@@ -68,16 +69,22 @@ def _diagnose(
 
 
 def doctor(  # noqa: PLR0917 (one parameter per CLI option)
-    trace: Annotated[Path, typer.Argument(help="a trace in warmfleet's format (or Mooncake's)")],
+    trace: Annotated[
+        Path, typer.Argument(help="a trace in warmfleet's format (or Mooncake's)", readable=False)
+    ],
     instances: Annotated[
-        int | None, typer.Option(min=1, help="instances (else the trace header's, else 8)")
+        int | None,
+        typer.Option(min=1, max=MAX_INSTANCES, help="instances (else the trace header's, else 8)"),
     ] = None,
     preset: Annotated[
         str | None, typer.Option(help="engine preset (else the header's, else llama-3.1-70b-p5)")
     ] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write the result")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="write the result", readable=False)
+    ] = None,
     report: Annotated[
-        Path | None, typer.Option(help="directory for doctor.md, doctor.json, waterfall.png")
+        Path | None,
+        typer.Option(help="directory for doctor.md, doctor.json, waterfall.png", readable=False),
     ] = None,
     target: Annotated[
         str | None, typer.Option(help="hit_rate=0.6 or p95_ttft_ms=800: size the fleet for it")
@@ -90,7 +97,10 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
         ),
     ] = None,
     gateway_replicas: Annotated[
-        int, typer.Option(min=1, help="gateway replicas, each request reaching a random one")
+        int,
+        typer.Option(
+            min=1, max=MAX_INSTANCES, help="gateway replicas, each request reaching a random one"
+        ),
     ] = 1,
     sync_delay_ms: Annotated[
         str,
@@ -114,6 +124,7 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
     to what the fleet delivered, the largest loss and what closes it, recommendations."""
     gateways = _gateways(gateway_replicas, sync_delay_ms)
     try:
+        check_outputs(json_out, report)  # before the replays, not after them
         result = _diagnose(
             trace, instances, preset, target, fmt, gateways=gateways,
             kv_events_delay_ms=kv_events_delay_ms, objective=objective,

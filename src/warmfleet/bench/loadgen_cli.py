@@ -8,6 +8,7 @@ requests failed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,9 +17,9 @@ import typer
 from warmfleet.bench.loadgen import ApiKind, LoadSpec
 from warmfleet.bench.loadgen_errors import error_lines, too_many_errors
 from warmfleet.bench.loadgen_metrics import MetricsTarget, measure
-from warmfleet.bench.loadgen_preflight import check_base_url, preflight
+from warmfleet.bench.loadgen_preflight import check_base_url, metrics_target, preflight
 from warmfleet.bench.progress import activity_for
-from warmfleet.bench.sim_cli import read_trace
+from warmfleet.bench.sim_inputs import check_outputs, read_trace
 from warmfleet.bench.terminal import progress_bar, run_async
 from warmfleet.display import FormatOpt, OutputFormat, WideOpt, chatter_console
 from warmfleet.edge import read_text_file
@@ -80,9 +81,11 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     metrics_url: Annotated[
         list[str] | None, typer.Option(help="engine /metrics URL (ID=URL); repeat per instance")
     ] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write the JSON report")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="write the JSON report", readable=False)
+    ] = None,
     report: Annotated[
-        Path | None, typer.Option(help="directory for report.json/md and PNGs")
+        Path | None, typer.Option(help="directory for report.json/md and PNGs", readable=False)
     ] = None,
     model: Annotated[
         str | None,
@@ -109,8 +112,9 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     if api not in ("chat", "completions"):
         raise typer.BadParameter("--api must be chat or completions")
     api_kind: ApiKind = "chat" if api == "chat" else "completions"
-    targets = [MetricsTarget.parse(m) for m in metrics_url or ()]
+    targets = [metrics_target(m) for m in metrics_url or ()]
     urls = tuple(check_base_url(u) for u in url)
+    check_outputs(json_out, report)  # before the load, not after it
     spec, built = scenario_requests(
         scenario, requests, concurrency=concurrency, rate_rps=rate, preset=preset, seed=seed
     )
@@ -143,8 +147,13 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
     with activity_for(fmt) as activity:
         target = f"{', '.join(urls)} (model {load_spec.model})"
         activity.log(f"{len(workload)} requests of {spec.name} to {target}")
+        unscraped: list[str] = []
         with progress_bar(len(workload), label, activity) as on_done:
-            load, summary = run_async(measure(workload, load_spec, targets, on_done=on_done))
+            load, summary = run_async(
+                measure(
+                    workload, load_spec, targets, on_done=on_done, on_unscraped=unscraped.extend
+                )
+            )
     meta = {
         "scenario": spec.name,
         "workload": built.source,
@@ -163,12 +172,22 @@ def bench(  # noqa: PLR0917 (one parameter per CLI option)
         write_json(result, json_out)
     if report is not None:
         write_report(result, {label: load}, report, f"warmfleet bench: {spec.name}")
-    _judge_errors(summary, max_error_share)
+    _judge_errors(summary, max_error_share, unscraped)
 
 
-def _judge_errors(summary: dict[str, Any], max_error_share: float) -> None:
-    """Each error class with its count and a sample message (stderr); exit 1 when more than
-    ``max_error_share`` of the sent requests failed."""
+def _judge_errors(
+    summary: dict[str, Any], max_error_share: float, unscraped: Sequence[str] = ()
+) -> None:
+    """The ``--metrics-url`` targets that could not be scraped (one line), each error class with
+    its count and a sample message (stderr); exit 1 when more than ``max_error_share`` of the
+    sent requests failed."""
+    if unscraped:
+        typer.echo(
+            f"warmfleet bench: warning: no metrics from --metrics-url {', '.join(unscraped)} "
+            "(unreachable or not Prometheus text, before or after the run): the engine figures "
+            "leave them out",
+            err=True,
+        )
     for line in error_lines(summary):
         typer.echo(f"warmfleet bench: {line}", err=True)
     verdict = too_many_errors(summary, max_error_share)
@@ -178,7 +197,9 @@ def _judge_errors(summary: dict[str, Any], max_error_share: float) -> None:
 
 
 def demo_live(  # noqa: PLR0917 (one parameter per CLI option)
-    report: Annotated[Path, typer.Option(help="output directory")] = Path("warmfleet-report"),
+    report: Annotated[Path, typer.Option(help="output directory", readable=False)] = Path(
+        "warmfleet-report"
+    ),
     requests: Annotated[int, typer.Option(min=8, help="requests per strategy")] = 240,
     concurrency: Annotated[int, typer.Option(min=1)] = 8,
     speedup: Annotated[float, typer.Option(min=0.1, help="emulated engine speed-up")] = 2.0,
@@ -188,6 +209,7 @@ def demo_live(  # noqa: PLR0917 (one parameter per CLI option)
     """Live demo: emulated fleet + gateway, four strategies, comparison table and report."""
     from warmfleet.bench.live_demo import main_live_demo  # noqa: PLC0415 (heavy imports)
 
+    check_outputs(None, report)  # before the fleet starts, not after the runs
     main_live_demo(
         report, requests=requests, concurrency=concurrency, speedup=speedup, fmt=fmt, wide=wide
     )

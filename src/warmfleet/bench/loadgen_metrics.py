@@ -232,10 +232,15 @@ async def measure(
     instances: Sequence[str] = (),
     reuse_bounds: Mapping[str, float] | None = None,
     on_done: Callable[[RequestResult], None] | None = None,
+    on_unscraped: Callable[[Sequence[str]], None] | None = None,
 ) -> tuple[LoadResult, dict[str, object]]:
-    """Scrape ``targets``, run the load, scrape again; the load and its summary."""
+    """Scrape ``targets``, run the load, scrape again; the load and its summary.
+    ``on_unscraped`` gets the targets whose metrics could not be read before or after the run
+    (their counts are left out of the figures), when there are any."""
     before = await scrape(targets) if targets else {}
     load = await run_load(requests, spec, on_done)
     engine = engine_delta(before, await scrape(targets)) if targets else None
+    if engine is not None and engine.missing and on_unscraped is not None:
+        on_unscraped(engine.missing)
     names = list(instances) or [t.instance for t in targets]
     return load, summarize(load, engine, names, reuse_bounds)

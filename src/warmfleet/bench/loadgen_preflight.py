@@ -1,7 +1,8 @@
 """Before any load: every ``--url`` is an http(s) base URL that answers, and the model to send.
 
 ``warmfleet bench`` checks its URLs before it sends a single request: a URL without a scheme or a
-closed port is one line and exit 2, not a run of failed requests. Without ``--model`` the model
+closed port is one line and exit 2, not a run of failed requests (a ``--metrics-url`` that is not
+an http(s) URL too). Without ``--model`` the model
 is the one the servers list on ``GET /v1/models`` (vLLM, the emulator and the gateway serve it);
 when they list none, several, or cannot list, the user must name it.
 """
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from warmfleet.bench.loadgen_metrics import MetricsTarget
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.core.failures import one_line
 
@@ -42,6 +44,25 @@ def check_base_url(url: str) -> str:
     if split.query or split.fragment:
         raise PreflightError(f"--url {url}: a base URL has no query or fragment")
     return base
+
+
+def metrics_target(text: str) -> MetricsTarget:
+    """``--metrics-url ID=URL`` (a bare URL is its own id); ``PreflightError`` unless the URL is
+    ``http(s)://host[:port]/...``: checked before any load, not skipped after it."""
+    target = MetricsTarget.parse(text)
+    try:
+        split = urlsplit(target.url)
+        port_ok = split.port is None or split.port > 0
+    except ValueError as err:
+        raise PreflightError(f"--metrics-url {text}: {err}") from err
+    if split.scheme not in ("http", "https") or not split.hostname or not port_ok:
+        raise PreflightError(
+            f"--metrics-url {text}: not an http(s) URL; give e.g. "
+            "engine-0=http://127.0.0.1:8000/metrics"
+        )
+    if not target.instance:
+        raise PreflightError(f"--metrics-url {text}: an empty id before '='")
+    return target
 
 
 def model_ids(payload: Any) -> list[str] | None:

@@ -17,6 +17,7 @@ import typer
 from warmfleet.core.errors import ConfigError
 from warmfleet.core.failures import DEBUG_META_KEY, EXPECTED_EXIT, expected_failure, one_line
 from warmfleet.display import LogLevel
+from warmfleet.edge import check_output_file
 from warmfleet.emulator.config import (
     EmulatorSpec,
     build_spec,
@@ -67,9 +68,15 @@ def build_cli_spec(
 
 
 def _write_ports_file(path: Path, info: dict[str, Any]) -> None:
+    """``info`` into ``path`` at once (written beside it, then renamed); the file beside it is
+    removed when the rename fails (``--ports-file`` was checked before the start)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(info) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 async def serve_fleet(
@@ -128,8 +135,12 @@ def emulate_command(  # noqa: PLR0917
     kv_events_topic: str | None = typer.Option(
         None, help="Topic template of KV events ({name}, {index}, {port}); default kv.{name}."
     ),
-    config: Path | None = typer.Option(None, "--config", "-c", help="kind: Emulator document."),  # noqa: B008
-    ports_file: Path | None = typer.Option(None, help="Write the ready JSON here too."),  # noqa: B008
+    config: Path | None = typer.Option(  # noqa: B008 (read here: a refused read is one line)
+        None, "--config", "-c", help="kind: Emulator document.", readable=False
+    ),
+    ports_file: Path | None = typer.Option(  # noqa: B008
+        None, help="Write the ready JSON here too.", readable=False
+    ),
     log_level: LogLevel = typer.Option(LogLevel.warning, case_sensitive=False),  # noqa: B008
     load_weights_from: str | None = typer.Option(
         None, help="Read every byte of this directory or http(s) URL before becoming ready."
@@ -155,6 +166,8 @@ def emulate_command(  # noqa: PLR0917
         "die_after_requests": die_after_requests,
         "hang": hang,
     }
+    if ports_file is not None:  # before any port is bound: one line (the root command's)
+        check_output_file(ports_file, "--ports-file")
     try:
         spec = build_cli_spec(
             config=config,

@@ -21,6 +21,7 @@ from warmfleet.local.config import LocalFleet, load_fleet
 from warmfleet.local.events import FleetLog
 from warmfleet.local.fleet import EmbeddedFleet
 from warmfleet.local.state import STATE_FILE, not_running_reason, read_state, render
+from warmfleet.local.state_view import check_state
 
 log = logging.getLogger("warmfleet.embedded")
 DEFAULT_WORKDIR = Path(".warmfleet/fleet")
@@ -79,8 +80,12 @@ async def run_up(config: LocalFleet, path: Path | None) -> None:
 
 
 def up(
-    fleet_file: Annotated[Path, typer.Argument(help="kind: LocalFleet document")],
-    workdir: Annotated[Path | None, typer.Option(help="override spec.workdir")] = None,
+    fleet_file: Annotated[
+        Path, typer.Argument(help="kind: LocalFleet document", readable=False)
+    ],  # read by load_fleet: a refused read is its one line, not click's box
+    workdir: Annotated[
+        Path | None, typer.Option(help="override spec.workdir", readable=False)
+    ] = None,
 ) -> None:
     """Run the whole fleet on this machine: origin, node agents, engines, gateway, reconciler.
 
@@ -101,15 +106,19 @@ def up(
 
 
 def status(
-    fleet_file: Annotated[Path | None, typer.Argument(help="the fleet file given to `up`")] = None,
-    workdir: Annotated[Path | None, typer.Option(help="the fleet's workdir")] = None,
+    fleet_file: Annotated[
+        Path | None, typer.Argument(help="the fleet file given to `up`", readable=False)
+    ] = None,
+    workdir: Annotated[
+        Path | None, typer.Option(help="the fleet's workdir", readable=False)
+    ] = None,
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,
 ) -> None:
     """Show the running fleet's endpoints, caches, nodes and replicas.
 
     Exit 1 (one line on stderr) when the fleet is not running: no state, stopped, its process
-    gone or its gateway not listening."""
+    gone or its gateway not listening; exit 2 when its state is not what `up` writes."""
     if workdir is None:
         workdir = Path(load_fleet(fleet_file).spec.workdir) if fleet_file else DEFAULT_WORKDIR
     try:
@@ -119,6 +128,7 @@ def status(
     reason = not_running_reason(doc)
     if reason is not None:
         _not_running(f"{reason} (last state in {workdir / STATE_FILE})")
+    check_state(doc, workdir / STATE_FILE)
     render(doc, output_console(), fmt, wide)
 
 

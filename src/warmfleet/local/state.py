@@ -25,7 +25,7 @@ from warmfleet.api.names import READY_VALUE
 from warmfleet.api.resources import wire
 from warmfleet.control.placement import unprepared_share
 from warmfleet.control.world import World
-from warmfleet.core.errors import NotFoundError
+from warmfleet.core.errors import ConfigError, NotFoundError
 from warmfleet.display import NA, Column, Grid, OutputFormat, emit, fixed, num, pct, size
 from warmfleet.gateway.server import StartedApp
 from warmfleet.local.config import LocalFleetSpec
@@ -192,7 +192,9 @@ def read_state(workdir: Path) -> dict[str, Any]:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise NotFoundError(f"no state at {path} (start it with `warmfleet up`)") from err
-    return doc if isinstance(doc, dict) else {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: not the state `warmfleet up` writes (not a JSON object)")
+    return doc
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,11 +1,11 @@
-"""`warmfleet fleet ...`: the scale-out what-if, manifest rendering and the Kubernetes operator.
+"""`warmfleet fleet ...`: manifest rendering and the Kubernetes operator (the scale-out what-if,
+`warmfleet fleet whatif`, is ``bench.whatif_cli``: the root command adds it to this group).
 
 kopf is imported only by `warmfleet fleet operator`, so the other commands start fast.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -13,12 +13,8 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from warmfleet.core.config import parse_document
-from warmfleet.core.errors import ConfigError
-from warmfleet.core.failures import one_line
 from warmfleet.core.kubeapi import KubeApiSpec
 from warmfleet.display import CommandGroup
-from warmfleet.edge import load_yaml_file
 
 fleet_app = typer.Typer(
     cls=CommandGroup,
@@ -27,61 +23,9 @@ fleet_app = typer.Typer(
 )
 
 
-@fleet_app.command("whatif")
-def whatif(
-    out: Annotated[Path, typer.Option(help="JSON report path")] = Path("bench-results/fleet.json"),
-    params: Annotated[Path | None, typer.Option(help="YAML overriding WhatIfParams")] = None,
-) -> None:
-    """Traffic burst with autoscaling: cold vs weights cached vs weights+image cached; peer
-    distribution: origin egress and time to capacity with and without peers."""
-    from warmfleet.sim.whatif import WhatIfParams, run_whatif  # noqa: PLC0415
-
-    try:
-        data = load_yaml_file(params) if params else {}
-        p = parse_document(WhatIfParams, data or {}, str(params or "defaults"))
-    except ConfigError as err:
-        typer.echo(
-            f"warmfleet fleet whatif: invalid what-if parameters: {one_line(str(err))}", err=True
-        )
-        raise typer.Exit(2) from err
-    existing: dict[str, object] = {}
-    if out.exists():  # checked before the run (seconds of work)
-        try:
-            existing = json.loads(out.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ConfigError(f"{out}: not JSON: {err}") from err
-        if not isinstance(existing, dict):
-            raise ConfigError(f"{out}: not a JSON object (whatif adds its report to it)")
-    report = run_whatif(p)
-    existing["whatif"] = report
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")
-    for name, result in report["scenarios"].items():  # type: ignore[attr-defined]
-        typer.echo(
-            f"{name:14s} capacity in {result['time_to_capacity_s']} s, "
-            f"TTFT p95 {result['ttft_p95_ms'] / 1000:.1f} s "
-            f"p99 {result['ttft_p99_ms'] / 1000:.1f} s, "
-            f"unprepared requests {result['unprepared_request_share']:.1%}"
-        )
-    _echo_peers(report["peer_distribution"])  # type: ignore[arg-type]
-    typer.echo(f"wrote {out}")
-
-
-def _echo_peers(peers: dict[str, dict[str, dict[str, float]]]) -> None:
-    for origin in ("shared_link", "per_node_origin"):
-        for nodes, c in peers[origin].items():
-            typer.echo(
-                f"peers {origin:15s} {nodes:>3s} nodes: origin egress "
-                f"{c['origin_egress_bytes_without_peers'] / 1e9:,.0f} -> "
-                f"{c['origin_egress_bytes_with_peers'] / 1e9:,.0f} GB, capacity in "
-                f"{c['time_to_capacity_s_without_peers']:,.0f} -> "
-                f"{c['time_to_capacity_s_with_peers']:,.0f} s"
-            )
-
-
 @fleet_app.command("render")
 def render(
-    out: Annotated[Path, typer.Option(help="deploy directory")] = Path("deploy"),
+    out: Annotated[Path, typer.Option(help="deploy directory", readable=False)] = Path("deploy"),
     force: Annotated[bool, typer.Option("--force", help="overwrite files that differ")] = False,
 ) -> None:
     """Write the CRDs, the plain manifests and the Helm chart generated from the resource model.
@@ -122,6 +66,7 @@ def operator(
         Path | None,
         typer.Option(
             envvar="KUBECONFIG",
+            readable=False,  # read by the kube client: a refused read is its one-line error
             help="kubeconfig file (out of cluster): its current context's server, bearer token "
             "and CA. Default: in a pod its service account, else ~/.kube/config if present",
         ),

@@ -19,24 +19,32 @@ node), local NVMe ~7 GB/s, image pull 5-7 min (6 min) and "up to 97 %" less with
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from warmfleet.api.names import READY_VALUE, image_label, weights_label
 from warmfleet.api.resources import AutoscalingSpec
+from warmfleet.api.trace_format import MAX_INSTANCES, MAX_TOKENS
 from warmfleet.control.autoscaler import AutoscalerState, recommend
 from warmfleet.control.observed import ObservedNode
 from warmfleet.control.placement import choose_nodes, preferences
 from warmfleet.core.config import StrictModel
 from warmfleet.sim.fleet import FleetView, Join
+from warmfleet.sim.workloads.synthetic import MAX_REQUESTS
 
 Scenario = Literal["cold", "weights", "weights+image"]
 SCENARIOS: tuple[Scenario, ...] = ("cold", "weights", "weights+image")
 _CACHE = "whatif"
+MAX_RATE_RPS = 10_000.0  # the burst's requests are all built up front
+MAX_CALIBRATION_REQUESTS = 10_000
+FleetSize = Annotated[int, Field(ge=1, le=1_000_000)]  # nodes of a peer-distribution case
 
 
 class WhatIfParams(StrictModel):
+    """The what-if's parameters (``fleet whatif --params``: a YAML mapping of these, camelCase).
+    Counts and rates have upper bounds, so a typo cannot build millions of requests."""
+
     model_bytes: float = Field(145e9, gt=0)
     origin_reference_s: float = Field(1200.0, gt=0, description="AWS: 145 GB from S3 '20+ min'")
     origin_reference_bytes: float = Field(145e9, gt=0)
@@ -44,16 +52,16 @@ class WhatIfParams(StrictModel):
     image_pull_cold_s: float = Field(360.0, ge=0, description="AWS: 5-7 min")
     image_pull_reduction: float = Field(0.97, ge=0, le=1, description="AWS: up to 97 %")
     engine_init_s: float = Field(30.0, ge=0)
-    nodes_total: int = Field(12, ge=1, le=10_000)
-    warm_nodes: int = Field(6, ge=0)
+    nodes_total: int = Field(12, ge=1, le=MAX_INSTANCES)
+    warm_nodes: int = Field(6, ge=0, le=MAX_INSTANCES, validate_default=True)
     engine_preset: str = "llama-3.1-70b-p5"
-    base_rate_rps: float = Field(6.0, gt=0)
-    burst_rate_rps: float = Field(30.0, gt=0)
+    base_rate_rps: float = Field(6.0, gt=0, le=MAX_RATE_RPS)
+    burst_rate_rps: float = Field(30.0, gt=0, le=MAX_RATE_RPS)
     burst_start_s: float = Field(120.0, ge=0, le=86_400)  # bounds the simulated time
-    burst_duration_s: float = Field(1800.0, gt=0, le=86_400)
-    prompt_tokens: int = Field(2048, ge=16)
-    output_tokens: int = Field(512, ge=1)
-    sync_period_s: float = Field(15.0, gt=0)
+    burst_duration_s: float = Field(1800.0, gt=0, le=86_400, validate_default=True)
+    prompt_tokens: int = Field(2048, ge=16, le=MAX_TOKENS)
+    output_tokens: int = Field(512, ge=1, le=MAX_TOKENS)
+    sync_period_s: float = Field(15.0, ge=1.0, le=3600)
     autoscaling: AutoscalingSpec = Field(
         default_factory=lambda: AutoscalingSpec(
             enabled=True, min_replicas=2, max_replicas=12, target_in_flight_per_replica=48.0
@@ -62,20 +70,46 @@ class WhatIfParams(StrictModel):
     target_utilization: float | None = Field(
         0.8, gt=0, le=1, description="autoscaler target in flight = this x replica slots"
     )
-    calibration_requests: int = Field(400, ge=10)
+    calibration_requests: int = Field(400, ge=10, le=MAX_CALIBRATION_REQUESTS)
     seed: int = 0
     # peer distribution (sim.peer_model)
-    fleet_sizes: tuple[int, ...] = Field((4, 20, 100), min_length=1)
+    fleet_sizes: tuple[FleetSize, ...] = Field((4, 20, 100), min_length=1, max_length=64)
     peer_serve_bytes_per_s: float = Field(
         1.25e9, gt=0, description="upload a node gives its peers (10 Gb/s of its NIC)"
     )
-    origin_fetches: int = Field(1, ge=1, description="k: origin copies of each piece")
+    origin_fetches: int = Field(
+        1, ge=1, le=MAX_INSTANCES, description="k: origin copies of each piece"
+    )
 
     @model_validator(mode="after")
     def _at_least_one_replica(self) -> WhatIfParams:
         if self.autoscaling.min_replicas < 1:
             raise ValueError("autoscaling.minReplicas must be >= 1 (someone has to take traffic)")
         return self
+
+    @field_validator("warm_nodes")
+    @classmethod
+    def _warm_within_total(cls, warm: int, info: ValidationInfo) -> int:
+        total = info.data.get("nodes_total")
+        if total is not None and warm > total:
+            raise ValueError(f"{warm} warm nodes, more than nodesTotal ({total})")
+        return warm
+
+    @field_validator("burst_duration_s")
+    @classmethod
+    def _bounded_requests(cls, duration_s: float, info: ValidationInfo) -> float:
+        base = info.data.get("base_rate_rps")
+        burst = info.data.get("burst_rate_rps")
+        start_s = info.data.get("burst_start_s")
+        if base is None or burst is None or start_s is None:
+            return duration_s  # a bad rate or start is reported on its own
+        expected = float(base) * float(start_s) + float(burst) * duration_s
+        if expected > MAX_REQUESTS:
+            raise ValueError(
+                f"about {expected:,.0f} requests (burstRateRps x burstDurationS + baseRateRps x "
+                f"burstStartS), more than {MAX_REQUESTS:,}"
+            )
+        return duration_s
 
     @property
     def origin_bytes_per_s(self) -> float:

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from warmfleet.api.trace_format import MAX_INSTANCES
 from warmfleet.core.config import StrictModel, load_yaml_text, parse_document, validate_fields
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
@@ -100,7 +101,7 @@ class ScenarioSpec(StrictModel):
     name: str
     workload: WorkloadConfig
     arrival: ArrivalConfig | None = None  # None: the workload's own (see DEFAULT_ARRIVALS)
-    instances: int = Field(8, ge=1)
+    instances: int = Field(8, ge=1, le=MAX_INSTANCES)
     preset: str = "llama-3.1-70b-p5"
     engine: EngineOverrides = Field(default_factory=EngineOverrides)
     router_overhead_ms: float = Field(1.5, ge=0.0)
@@ -227,13 +228,13 @@ def _generated_requests(
     scenario: ScenarioSpec, spec: EngineSpec, trace: Trace | None
 ) -> tuple[WorkloadRequest, ...]:
     workload = scenario.workload
-    seed = scenario.seed
+    seed, limit = scenario.seed, scenario.requests  # only the requests kept are built
     if isinstance(workload, AwsLongContextConfig):
-        return aws_long_context(workload, spec.kv_capacity_tokens, seed)
+        return aws_long_context(workload, spec.kv_capacity_tokens, seed, limit)
     if isinstance(workload, GspConfig):
-        return gsp(workload, seed)
+        return gsp(workload, seed, limit)
     if isinstance(workload, MultiRoundQaConfig):
-        return multi_round_qa(workload, seed)
+        return multi_round_qa(workload, seed, limit)
     if isinstance(workload, AzureConfig):
         return azure(trace, seed) if trace is not None else azure_equivalent(seed)
     if not isinstance(workload, ShareGptReplayConfig):

@@ -17,10 +17,12 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from warmfleet.core.errors import ConfigError
 from warmfleet.core.hashing import hash_str
+from warmfleet.core.progress import NoProgress, RunProgress
 from warmfleet.core.types import RoutingKey
 from warmfleet.engine.presets import get_preset
 from warmfleet.engine.spec import EngineSpec
@@ -104,7 +106,11 @@ def _key(hashes: tuple[int, ...], block_tokens: int, index: int, p: WhatIfParams
 
 
 def _engine_run(
-    spec: EngineSpec, arrivals: Sequence[float], rng: random.Random, p: WhatIfParams
+    spec: EngineSpec,
+    arrivals: Sequence[float],
+    rng: random.Random,
+    p: WhatIfParams,
+    on_finished: Callable[[], None] | None = None,
 ) -> list[RequestRecord]:
     """One engine, one request per arrival time (unique prompts): the finished records."""
     blocks = p.prompt_tokens // spec.block_tokens
@@ -116,13 +122,31 @@ def _engine_run(
         requests.append(WorkloadRequest(index, at_s, segments, p.output_tokens))
         keys.append(_key(hashes, spec.block_tokens, index, p))
     config = SimConfig(instances=1, engine=spec, router_overhead_s=0.0)
-    result = Simulator(config, _strategy(ROUTING, p.seed), requests, keys).run()
+    simulator = Simulator(
+        config, _strategy(ROUTING, p.seed), requests, keys, on_finished=on_finished
+    )
+    result = simulator.run()
     return [r for r in result.records if r.done and not r.rejected]
 
 
-def calibrate(params: WhatIfParams) -> ReplicaModel:
-    """Saturated throughput and loaded TTFTs of one replica, from the engine model."""
+def _fitting_spec(params: WhatIfParams) -> EngineSpec:
+    """The preset's engine, when one request of ``params`` fits it (else nothing completes)."""
     spec = get_preset(params.engine_preset)
+    total = params.prompt_tokens + params.output_tokens
+    limit = min(spec.max_model_len, spec.kv_capacity_tokens)
+    if total > limit:
+        raise ConfigError(
+            f"promptTokens + outputTokens: {total} tokens, more than one request of "
+            f"{params.engine_preset} holds ({limit}: its max_model_len and KV capacity)"
+        )
+    return spec
+
+
+def calibrate(params: WhatIfParams, progress: RunProgress | None = None) -> ReplicaModel:
+    """Saturated throughput and loaded TTFTs of one replica, from the engine model
+    (``progress``: one phase, a unit per calibration request)."""
+    spec = _fitting_spec(params)
+    progress = progress or NoProgress()
     rng = random.Random(params.seed)
     slots = max(
         1,
@@ -132,14 +156,15 @@ def calibrate(params: WhatIfParams) -> ReplicaModel:
         ),
     )
     total = 3 * slots
-    done = _engine_run(spec, [0.0] * total, rng, params)
+    progress.phase("calibrating one replica", total + params.calibration_requests)
+    done = _engine_run(spec, [0.0] * total, rng, params, progress.advance)
     finishes = sorted(r.finish_s for r in done)
     capacity = (total - slots) / (finishes[-1] - finishes[slots - 1])
     arrivals, t = [], 0.0
     for _ in range(params.calibration_requests):
         t += rng.expovariate(0.7 * capacity)
         arrivals.append(t)
-    loaded = _engine_run(spec, arrivals, rng, params)
+    loaded = _engine_run(spec, arrivals, rng, params, progress.advance)
     samples = tuple(sorted(r.first_token_s - r.arrival_s for r in loaded))
     return ReplicaModel(slots=slots, capacity_rps=capacity, ttft_samples_s=samples)
 
@@ -214,9 +239,12 @@ def run_scenario(
     model: ReplicaModel | None = None,
     *,
     routing: str = ROUTING,
+    progress: RunProgress | None = None,
 ) -> ScenarioResult:
-    """One scenario on the simulator kernel; ``routing`` names its strategy (routing.factory)."""
-    model = model or calibrate(params)
+    """One scenario on the simulator kernel; ``routing`` names its strategy (routing.factory);
+    ``progress``: a phase named after the scenario, a unit per finished request."""
+    progress = progress or NoProgress()
+    model = model or calibrate(params, progress)
     if params.target_utilization is not None:
         target = max(1.0, params.target_utilization * model.slots)
         scaling = params.autoscaling.model_copy(update={"target_in_flight_per_replica": target})
@@ -225,6 +253,7 @@ def run_scenario(
     requests, keys = _burst_requests(params, spec.block_tokens)
     ttft_rng = random.Random(hash_str("whatif-ttft", params.seed))
     fleet = ScaleOut(params, scenario)
+    progress.phase(f"what-if {scenario}", len(requests))
     simulator = Simulator(
         SimConfig(instances=0, engine=spec, router_overhead_s=0.0),
         _strategy(routing, params.seed),
@@ -232,16 +261,20 @@ def run_scenario(
         keys,
         servers=lambda: SlotServer(model, ttft_rng),
         controller=fleet,
+        on_finished=progress.advance,
     )
     return _result(params, scenario, model, fleet, simulator.run())
 
 
 def run_whatif(
-    params: WhatIfParams, scenarios: Sequence[Scenario] = SCENARIOS
+    params: WhatIfParams,
+    scenarios: Sequence[Scenario] = SCENARIOS,
+    progress: RunProgress | None = None,
 ) -> dict[str, object]:
-    """All scenarios with one calibration and seed: the JSON that bench-results/fleet.json holds."""
-    model = calibrate(params)
-    results = {s: run_scenario(params, s, model) for s in scenarios}
+    """All scenarios with one calibration and seed: the JSON that bench-results/fleet.json holds
+    (``progress``: the calibration, then a phase per scenario)."""
+    model = calibrate(params, progress)
+    results = {s: run_scenario(params, s, model, progress=progress) for s in scenarios}
     return {
         "params": params.model_dump(mode="json"),
         "replica_model": {

@@ -221,14 +221,20 @@ def _parse_azure_time(text: str) -> float:
 
 
 def _azure_row(source: str, line_no: int, row: dict[str, str]) -> tuple[float, int, int]:
+    """(arrival s, prompt tokens, output tokens) of one CSV row; a token count outside 0 to
+    ``MAX_TOKENS`` is an error naming the line and the column (0 counts as 1 token)."""
     try:
-        return (
-            _parse_azure_time(row["TIMESTAMP"]),
-            max(1, int(row["ContextTokens"])),
-            max(1, int(row["GeneratedTokens"])),
-        )
+        stamp = _parse_azure_time(row["TIMESTAMP"])
+        prompt, output = int(row["ContextTokens"]), int(row["GeneratedTokens"])
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"trace: {source}:{line_no}: not an Azure LLM trace row: {err}") from err
+    for name, value in (("ContextTokens", prompt), ("GeneratedTokens", output)):
+        if not 0 <= value <= trace_format.MAX_TOKENS:
+            raise ConfigError(
+                f"trace: {source}:{line_no}: {name}: {value} is out of range "
+                f"(0 to {trace_format.MAX_TOKENS})"
+            )
+    return stamp, max(1, prompt), max(1, output)
 
 
 def azure(trace: Trace, seed: int) -> tuple[WorkloadRequest, ...]:
@@ -281,19 +287,43 @@ def text_segments(
     return tuple(out)
 
 
+def _sharegpt_item(source: str, index: int, item: object) -> tuple[str, int]:
+    """(input text, output tokens) of one item: ``{"input": "...", "output_length": N}``, N an
+    integer from 0 to ``MAX_TOKENS`` (0 counts as 1 token); otherwise a ConfigError naming it."""
+    where = f"trace: {source}: item {index}"
+    if not isinstance(item, dict):
+        raise ConfigError(f"{where}: not an object with input and output_length")
+    missing = [key for key in ("input", "output_length") if key not in item]
+    if missing:
+        raise ConfigError(f"{where}: no {' or '.join(missing)}")
+    text, output = item["input"], item["output_length"]
+    if not isinstance(text, str):
+        raise ConfigError(f"{where}: input: not a string: {type(text).__name__}")
+    if type(output) is not int:
+        raise ConfigError(f"{where}: output_length: not an integer: {output!r:.40}")
+    if not 0 <= output <= trace_format.MAX_TOKENS:
+        raise ConfigError(f"{where}: output_length: {output} is out of range")
+    return text, max(1, output)
+
+
 def sharegpt_replay(
     trace: Trace, config: ShareGptReplayConfig, seed: int
 ) -> tuple[WorkloadRequest, ...]:
+    """The requests of an LMBenchmark ShareGPT run: a JSON list of ``{"input", "output_length"}``
+    items (a malformed one is a ConfigError naming its index)."""
     try:
         items = json.loads(trace.text)
     except json.JSONDecodeError as err:
         raise ConfigError(f"trace: {trace.source}: not JSON: {err}") from err
+    except RecursionError as err:
+        raise ConfigError(f"trace: {trace.source}: not JSON: nested too deeply") from err
+    if not isinstance(items, list):
+        raise ConfigError(f"trace: {trace.source}: not a JSON list of items")
     sessions: dict[str, int] = {}
     out = []
     for index, item in enumerate(items):
-        text = str(item["input"])
+        text, output = _sharegpt_item(trace.source, index, item)
         session = sessions.setdefault(text[: config.session_prefix_chars], len(sessions))
         segments = text_segments(text, config.chars_per_token, config.chunk_tokens, seed)
-        output = max(1, int(str(item["output_length"])))
         out.append(WorkloadRequest(index, 0.0, segments, output, session_id=session))
     return tuple(out)
