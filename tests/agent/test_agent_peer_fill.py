@@ -5,10 +5,8 @@ the piece route needs the fleet's token and serves only verified pieces."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import cast
@@ -16,16 +14,14 @@ from typing import cast
 import aiohttp
 import pytest
 import yarl
-from aiohttp import web
 from cache_support import manager_for
+from peer_support import PIECE, TOKEN, join, serving
 
 from harness.bad_peers import BadPeer, advertise
 from harness.origin import Blob, Origin
 from warmfleet.agent.direct_io import BLOCK_BYTES, DirectFile, aligned_buffer
 from warmfleet.agent.front_hash import FrontHash
-from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.peer_fill import PeerFill
-from warmfleet.agent.peer_node import Peers
 from warmfleet.agent.peer_run import PeerConfig, Run
 from warmfleet.agent.sources.base import Source
 from warmfleet.agent.staged_files import StagedFiles
@@ -33,30 +29,6 @@ from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
 from warmfleet.cache.pieces import plan_pieces
 from warmfleet.local.config import PeersConfig
 from warmfleet.local.tracker_host import TrackerHost
-
-TOKEN = "fleet-token-for-peers"
-PIECE = 256 * 1024
-
-
-@contextlib.asynccontextmanager
-async def _serving(manager: CacheManager) -> AsyncIterator[tuple[Peers, str]]:
-    peers = Peers(manager)
-    app = web.Application()
-    peers.server.add_routes(app)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield peers, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
-        await peers.aclose()
-
-
-def _join(peers: Peers, host: TrackerHost, node: str, url: str) -> None:
-    peers.configure(
-        {"tracker": host.url, "node": node, "url": url, "pieceBytes": PIECE, "stallS": 1.0}
-    )
 
 
 async def test_second_node_fills_from_the_first_and_rejects_a_flipping_peer(
@@ -79,15 +51,15 @@ async def test_second_node_fills_from_the_first_and_rejects_a_flipping_peer(
         async with (
             manager_for(tmp_path / "a") as a,
             manager_for(tmp_path / "b") as b,
-            _serving(a) as (peers_a, url_a),
-            _serving(b) as (peers_b, url_b),
+            serving(a) as (peers_a, url_a),
+            serving(b) as (peers_b, url_b),
         ):
-            _join(peers_a, host, "a", url_a)
+            join(peers_a, host, "a", url_a)
             rec_a = await a.prefetch(f"{base}/files/w.bin", name="w")
             assert peers_a.figures["bytesFromOrigin"] == len(data)
             assert org.bytes_served == len(data)
             assert advertise(host.tracker, [bad]) == 1
-            _join(peers_b, host, "b", url_b)
+            join(peers_b, host, "b", url_b)
             rec_b = await b.prefetch(f"{base}/files/w.bin", name="w")
             assert rec_b.key == rec_a.key
             assert org.bytes_served == len(data)  # the origin served the model once

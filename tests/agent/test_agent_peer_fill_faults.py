@@ -7,7 +7,6 @@ bound while this node still fetches it is not fetched twice; an origin piece tha
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import re
@@ -17,16 +16,14 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
-from aiohttp import web
 from cache_support import manager_for
+from peer_support import PIECE, TOKEN, HeldOrigin, join, serving
 from prometheus_client import CollectorRegistry
 
 from harness.bad_peers import BadPeer
 from harness.origin import Blob, Origin
 from warmfleet.agent.direct_io import aligned_buffer
-from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.peer_fill import PeerFill
-from warmfleet.agent.peer_node import Peers
 from warmfleet.agent.peer_run import PeerConfig
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
 from warmfleet.agent.sources.base import Source, TooSlowError
@@ -37,30 +34,6 @@ from warmfleet.core.clock import ManualClock
 from warmfleet.core.errors import IntegrityError
 from warmfleet.local.config import PeersConfig
 from warmfleet.local.tracker_host import TrackerHost, parse_request
-
-TOKEN = "fleet-token-for-peers"
-PIECE = 256 * 1024
-
-
-@contextlib.asynccontextmanager
-async def _serving(manager: CacheManager) -> AsyncIterator[tuple[Peers, str]]:
-    peers = Peers(manager)
-    app = web.Application()
-    peers.server.add_routes(app)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield peers, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
-        await peers.aclose()
-
-
-def _join(peers: Peers, host: TrackerHost, node: str, url: str) -> None:
-    peers.configure(
-        {"tracker": host.url, "node": node, "url": url, "pieceBytes": PIECE, "stallS": 1.0}
-    )
 
 
 async def test_a_file_that_fails_its_digest_leaves_the_tracker_and_says_so(
@@ -76,8 +49,8 @@ async def test_a_file_that_fails_its_digest_leaves_the_tracker_and_says_so(
     host = TrackerHost(PeersConfig(enabled=True, piece_bytes=PIECE), TOKEN)
     await host.start()
     try:
-        async with manager_for(tmp_path / "a") as a, _serving(a) as (peers_a, url_a):
-            _join(peers_a, host, "a", url_a)
+        async with manager_for(tmp_path / "a") as a, serving(a) as (peers_a, url_a):
+            join(peers_a, host, "a", url_a)
             with pytest.raises(IntegrityError) as failed:
                 await a.prefetch(f"{base}/files/w.bin", name="w")
             (key,) = host.tracker.versions
@@ -107,7 +80,7 @@ async def test_a_retry_takes_a_bad_file_from_the_origin_not_from_matching_peers(
     bad = BadPeer("bad-flip", "flip", tmp_path / "files")
     await bad.start()
     try:
-        async with manager_for(tmp_path / "b") as b, _serving(b) as (peers_b, url_b):
+        async with manager_for(tmp_path / "b") as b, serving(b) as (peers_b, url_b):
             uri = f"{base}/files/w.bin"
             manifest = await b.resolve(uri, None)
             pieces = plan_pieces(manifest, PIECE)
@@ -119,31 +92,13 @@ async def test_a_retry_takes_a_bad_file_from_the_origin_not_from_matching_peers(
             everything = tuple(range(len(pieces)))
             host.tracker.plan(manifest.key(), len(pieces), PlanRequest(
                 bad.name, bad.url, bad.name, have=everything, hashes=tuple(flipped)))  # fmt: skip
-            _join(peers_b, host, "b", url_b)
+            join(peers_b, host, "b", url_b)
             rec = await b.prefetch(uri, name="w")
             assert bad.requests >= 1  # the first attempt took its pieces
             assert (b.store.object_dir(rec.key) / "w.bin").read_bytes() == data
     finally:
         await bad.stop()
         await host.stop()
-
-
-class _HeldOrigin:
-    """An origin whose bodies wait for ``release``; counts the GETs (``opened``)."""
-
-    kind = SourceKind.HTTP
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.opened = 0
-        self.started = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def open_range(self, entry: FileEntry, start: int, end: int) -> AsyncIterator[bytes]:
-        self.opened += 1
-        self.started.set()
-        await self.release.wait()
-        yield self.data[start:end]
 
 
 class _InProcessTracker:
@@ -153,7 +108,7 @@ class _InProcessTracker:
     renewal of ``fetching`` assignments, which it is not shown); the plan after that lets the
     origin answer."""
 
-    def __init__(self, pieces: int, held: _HeldOrigin) -> None:
+    def __init__(self, pieces: int, held: HeldOrigin) -> None:
         self.clock = ManualClock()
         self.tracker = VersionTracker(pieces, self.clock, random.Random(0), TrackerOptions())
         self.held = held
@@ -192,7 +147,7 @@ async def test_a_piece_handed_out_again_after_the_stall_bound_is_fetched_once(
 ) -> None:
     data = os.urandom(3000)
     manifest = Manifest(SourceKind.HTTP, "http://o/f", (FileEntry("f.bin", len(data), "/x"),))
-    held = _HeldOrigin(data)
+    held = HeldOrigin(data)
     tracker = _InProcessTracker(1, held)
     fill = _fill(piece_bytes=4096, idle_wait_s=0.001)
     monkeypatch.setattr(fill, "ask", tracker.ask)

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
+from peer_support import HeldOrigin
 from prometheus_client import CollectorRegistry
 
 from warmfleet.agent import peer_fill
@@ -131,27 +132,11 @@ async def test_a_file_that_fails_its_digest_withdraws_the_hashes_it_reported(
     assert vt.table == {0: good}
 
 
-class _HeldOrigin:
-    kind = SourceKind.HTTP
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.opened = 0
-        self.started = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def open_range(self, entry: FileEntry, start: int, end: int) -> AsyncIterator[bytes]:
-        self.opened += 1
-        self.started.set()
-        await self.release.wait()
-        yield self.data[start:end]
-
-
 async def _slow_origin_fill(tmp_path: Path, **config: Any) -> _InProcessTracker:
     """One piece whose origin fetch spans three asks, each 61 s (past the tracker's 60 s
     stall bound) after the one before."""
     data = os.urandom(3000)
-    held = _HeldOrigin(data)
+    held = HeldOrigin(data)
     stalled = 0
 
     def before(_body: dict[str, Any]) -> None:

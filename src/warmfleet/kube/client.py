@@ -155,11 +155,7 @@ class KubeClient:
         as in ``body`` (keys ``body`` lacks there are removed, an absent path is removed)."""
 
         def change(current: Obj) -> Obj:
-            patch = copy.deepcopy(body)
-            for path in exact:
-                merged = merge_patch(_get_path(current, path), _get_path(body, path))
-                _set_path(patch, path, merged)
-            return patch
+            return exact_patch(current, body, exact)
 
         name = body["metadata"]["name"]
         result = await self.update(resource, namespace, name, change, create=body)
@@ -225,6 +221,16 @@ def merge_patch(current: Any, desired: Any) -> Any:
         return desired
     patch = {k: merge_patch(current.get(k), v) for k, v in desired.items()}
     patch.update({k: None for k in current if k not in desired})
+    return patch
+
+
+def exact_patch(current: Obj, body: Obj, exact: Sequence[tuple[str, ...]]) -> Obj:
+    """The merge patch of ``apply``: ``body``, but at each ``exact`` path the merge patch that
+    turns ``current``'s value there into ``body``'s (keys only ``current`` has are removed)."""
+    patch = copy.deepcopy(body)
+    for path in exact:
+        merged = merge_patch(_get_path(current, path), _get_path(body, path))
+        _set_path(patch, path, merged)
     return patch
 
 

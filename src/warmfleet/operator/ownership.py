@@ -10,7 +10,6 @@ deletes only the objects of that endpoint. The refusals are logged; the planner'
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -82,11 +81,7 @@ async def apply_owned(
         held = held_name(kind, current)
         if not held.owned_by(endpoint.name, endpoint.uid):
             raise _NotOwned(held)
-        patch = copy.deepcopy(body)
-        for path in exact:
-            merged = kube.merge_patch(_get(current, path), _get(body, path))
-            _put(patch, path, merged)
-        return patch
+        return kube.exact_patch(current, body, exact)
 
     try:
         await client.update(resource, meta.get("namespace"), meta["name"], change, create=body)
@@ -114,17 +109,3 @@ def report_conflicts(actions: Sequence[Action], endpoints: dict[str, DesiredEndp
 
 def _conflict_message(conditions: Sequence[Condition]) -> str:
     return next((c.message for c in conditions if c.type == CONDITION), "")
-
-
-def _get(obj: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
-
-
-def _put(obj: Obj, path: tuple[str, ...], value: Any) -> None:
-    for key in path[:-1]:
-        obj = obj.setdefault(key, {})
-    obj[path[-1]] = value
