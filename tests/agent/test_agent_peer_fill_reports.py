@@ -26,7 +26,7 @@ from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
 from warmfleet.agent.sources.base import Source
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
 from warmfleet.cache.pieces import piece_digest
-from warmfleet.control.tracker import PlanRequest, TrackerOptions, VersionTracker, listed_pieces
+from warmfleet.control.tracker import PlanRequest, TrackerOptions, VersionTracker
 from warmfleet.core.clock import ManualClock
 from warmfleet.local.tracker_host import parse_request
 
@@ -34,8 +34,8 @@ PIECE = 4096
 
 
 class _InProcessTracker:
-    """``PeerFill.ask`` answered by a ``VersionTracker``; the body goes through the wire parser
-    (``parse_request``, plus ``listed_pieces`` for the new fields). ``before`` runs first."""
+    """``PeerFill.ask`` answered by a ``VersionTracker``; the body goes through the tracker
+    host's wire parser (``parse_request``). ``before`` runs first."""
 
     def __init__(self, pieces: int, before: Callable[[dict[str, Any]], None]) -> None:
         self.clock = ManualClock()
@@ -51,11 +51,6 @@ class _InProcessTracker:
         self.bodies.append(body)
         self.before(body)
         _, req = parse_request(body)
-        req = dataclasses.replace(
-            req,
-            withdrawn=listed_pieces(body, "withdrawn"),
-            fetching=listed_pieces(body, "fetching"),
-        )
         plan = self.tracker.plan(req)
         return {
             "assignments": [{"piece": a.piece, "peer": a.peer} for a in plan.assignments],
@@ -76,12 +71,14 @@ def _fill(ask: Callable[..., Any], **config: Any) -> PeerFill:
 
 
 class _Origin:
-    """Serves ``data`` with piece 0's first byte flipped; the last piece waits for ``release``."""
+    """Serves ``data`` with piece 0's first byte flipped (unless ``flip`` is False); the last
+    piece waits for ``release``."""
 
     kind = SourceKind.HTTP
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, *, flip: bool = True) -> None:
         self.data = data
+        self.flip = flip
         self.opened = 0
         self.started = asyncio.Event()
         self.release = asyncio.Event()
@@ -89,7 +86,7 @@ class _Origin:
     async def open_range(self, entry: FileEntry, start: int, end: int) -> AsyncIterator[bytes]:
         self.opened += 1
         body = bytearray(self.data[start:end])
-        if start == 0:
+        if start == 0 and self.flip:
             body[0] ^= 0xFF
         if end == len(self.data):
             self.started.set()
@@ -130,6 +127,42 @@ async def test_a_file_that_fails_its_digest_withdraws_the_hashes_it_reported(
     good = piece_digest(data[:PIECE])
     vt.plan(PlanRequest("m", "http://m", "s", have=(0,), hashes=((0, good),)))  # a good copy
     assert vt.table == {0: good}
+
+
+async def test_a_landed_piece_held_back_until_its_file_matches_is_renewed(
+    tmp_path: Path,
+) -> None:
+    """The retry of a file that failed its digests takes it from the origin only and reports
+    its pieces once the file matches: until then a landed piece is neither ``have`` nor being
+    fetched, yet still this node's assignment, so it is listed in ``fetching`` (else the stall
+    bound hands it out again, holding an origin stream for a fetch nobody makes)."""
+    data = os.urandom(2 * PIECE)
+    stalls = 0
+
+    def before(_body: dict[str, Any]) -> None:
+        nonlocal stalls
+        if stalls == 3:
+            origin.release.set()
+        elif origin.started.is_set():
+            tracker.clock.advance(61.0)  # past the tracker's stall bound each time
+            stalls += 1
+
+    tracker = _InProcessTracker(2, before)
+    fill = _fill(tracker.ask, concurrency=2)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    origin = _Origin(data)
+    origin.release.set()
+    with pytest.raises(FileCheckError):
+        await fill.download(cast("Source", origin), _manifest(data), staging, lambda _n: None)
+    released = tracker.tracker.stats().released
+    origin = _Origin(data, flip=False)  # the retry: piece 0 lands, piece 1 is slow
+    async with asyncio.timeout(60):  # a hang guard, not a measure
+        await fill.download(cast("Source", origin), _manifest(data), staging, lambda _n: None)
+    assert (staging / "f.bin").read_bytes() == data
+    assert stalls == 3
+    assert tracker.tracker.stats().released == released  # nothing handed out again
+    assert any(body["fetching"] == [0, 1] for body in tracker.bodies)
 
 
 async def _slow_origin_fill(tmp_path: Path, **config: Any) -> _InProcessTracker:

@@ -4,6 +4,7 @@ not write at the end of a run, a cache root that does not exist (never created b
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -195,6 +196,12 @@ def test_emulate_checks_its_ports_file_before_binding(tmp_path: Path) -> None:
     done = run_cli("emulate", "-n", "1", "--base-port", "0", "--ports-file", str(ports))
     assert "--ports-file" in assert_short_failure(done, 2)
     assert not (tmp_path / "d.tmp").exists()
+
+
+def test_a_ports_file_in_a_directory_not_made_yet_is_written(tmp_path: Path) -> None:
+    target = tmp_path / "new" / "ports.json"
+    _write_ports_file(target, {"urls": []})
+    assert json.loads(target.read_text()) == {"urls": []}
 
 
 def test_a_ports_file_that_cannot_be_replaced_leaves_nothing_beside_it(tmp_path: Path) -> None:

@@ -117,7 +117,11 @@ class KubeNodeSync:
     def _failed(self, err: BaseException, first: bool) -> None:
         self.errors += 1
         if first:
-            log.error("node sync failed (retrying every %.1f s): %s", self.spec.interval_s, err)
+            log.error(
+                "node sync failed (retrying with backoff from %.1f s): %s",
+                self.spec.interval_s,
+                err,
+            )
 
     async def _sync_when_due(self, http: aiohttp.ClientSession, path: str) -> None:
         """Wait for a change of the Node or ``interval_s``, then sync (once the Node is known)."""

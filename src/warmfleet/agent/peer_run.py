@@ -216,6 +216,13 @@ class Run:
                 self._finish(key, self.tasks.pop(task), task.result())
         await self.fill.ask(key, len(self.pieces), self.session_id, self.report, 0)
 
+    def _under_way(self) -> list[int]:
+        """The pieces this node's assignments still cover: fetches running, and pieces landed
+        but held back until their file matches (origin only: not yet ``have``), which the
+        tracker must not hand out again either."""
+        held = {piece.index for pieces in self.withheld.values() for piece, _ in pieces}
+        return sorted(self.busy | held)
+
     def _renew_in_s(self) -> float:
         """Until the next report is due with every slot busy (it renews the fetches)."""
         due = max(self.asked_s + self.fill.config.renew_s, self.alone_until_s)
@@ -224,7 +231,7 @@ class Run:
     async def _plan(self, key: str, want: int) -> list[Job]:
         doc = None
         if time.monotonic() >= self.alone_until_s:
-            self.report.fetching = sorted(self.busy)
+            self.report.fetching = self._under_way()
             self.asked_s = time.monotonic()
             doc = await self.fill.ask(key, len(self.pieces), self.session_id, self.report, want)
             if doc is None:

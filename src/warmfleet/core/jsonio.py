@@ -58,25 +58,24 @@ def loads_body_yielding(raw: bytes) -> Any:
     if value_bound(raw) <= FAST_PARSE_MAX_VALUES:
         return loads_body(raw)
     text = _utf8(raw)
-    decoder = json.JSONDecoder()  # one per call: the Python scanner's memo is not thread-safe
-    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
-    return _decoded(lambda: decoder.decode(text))
+    return _decoded(lambda: _python_decoder().decode(text))
 
 
 def loads_text_yielding(text: str) -> Any:
     """``json.loads(text)`` (its value and its ``ValueError``s), without holding the GIL for
     long when ``text`` may hold more than ``FAST_PARSE_MAX_VALUES`` values (a JSON string
     inside a body, such as a tool call's arguments)."""
-    bound = 1
-    for start in range(0, len(text), COUNT_STEP_BYTES):  # (in steps: see ``value_bound``)
-        end = start + COUNT_STEP_BYTES
-        bound += text.count(",", start, end) + text.count("{", start, end)
-        bound += text.count("[", start, end)
-    if bound <= FAST_PARSE_MAX_VALUES:
+    if value_bound(text.encode("utf-8", "surrogatepass")) <= FAST_PARSE_MAX_VALUES:
         return json.loads(text)
-    decoder = json.JSONDecoder()  # one per call, as above
+    return _python_decoder().decode(text)
+
+
+def _python_decoder() -> json.JSONDecoder:
+    """A decoder on the standard library's pure-Python scanner (a C call per string only); one
+    per call: that scanner's memo is not thread-safe."""
+    decoder = json.JSONDecoder()
     decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
-    return decoder.decode(text)
+    return decoder
 
 
 def _utf8(raw: bytes) -> str:

@@ -71,6 +71,7 @@ def _write_ports_file(path: Path, info: dict[str, Any]) -> None:
     """``info`` into ``path`` at once (written beside it, then renamed); the file beside it is
     removed when the rename fails (``--ports-file`` was checked before the start)."""
     tmp = path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)  # (the check allows a parent to be made)
     tmp.write_text(json.dumps(info) + "\n", encoding="utf-8")
     try:
         os.replace(tmp, path)

@@ -29,8 +29,9 @@ Names (all prefixed ``warmfleet_gateway_``; the engine instance is ``instance_id
   ``ejections_overflow_total{endpoint,variant,instance_id}`` (refused by
   ``max_ejection_percent``), ``instance_ejected`` and ``instance_on_probation`` (gauges).
 
-Every series with an ``instance_id`` goes when its instance leaves its variant: the gauges at
-once, the counters once no request is in flight to it (``gateway.departures``).
+The series above with an ``instance_id`` go when their instance leaves its variant: the gauges
+at once, the counters once no request is in flight to it (``gateway.departures``). (The models
+cache's ``models_answers_dropped_total`` and the engine probes' series are kept.)
 
 The metrics updated on every proxied request (requests, in-flight, decision/overhead/TTFT
 histograms, predicted hits, retries) are ``FastCounter`` / ``FastGauge`` / ``FastHistogram``:

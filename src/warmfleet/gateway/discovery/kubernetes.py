@@ -6,7 +6,8 @@ Per variant, one watcher task (``kube.watch.ListWatch`` on the Service's slices,
 variant. The slices are read at the ``discovery.k8s.io`` version the server serves (``v1``, else
 ``v1beta1`` as on Kubernetes 1.20), found by API discovery before the first list and again after
 an error. On an API error the variant keeps its instances, the error is logged once per streak
-and the watcher retries after ``retry_interval_s``.
+and the watcher retries after a backoff (``kube.access.api_loop``: from ``retry_interval_s``,
+doubling, capped, jittered).
 
 One supervisor task (owned by the runtime) starts, restarts and stops the watchers as config
 reloads add, change or drop Kubernetes discovery.
