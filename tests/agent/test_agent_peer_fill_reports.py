@@ -58,6 +58,24 @@ class _InProcessTracker:
         }
 
 
+class _Stalling:
+    """A tracker's ``before``: once ``origin``'s held fetch has started, every ask moves the
+    tracker's clock past its 60 s stall bound; after three such asks the origin answers."""
+
+    def __init__(self, origin: HeldOrigin | _Origin) -> None:
+        self.origin = origin
+        self.stalls = 0
+        self.tracker: _InProcessTracker | None = None
+
+    def __call__(self, _body: dict[str, Any]) -> None:
+        if self.stalls == 3:
+            self.origin.release.set()
+        elif self.origin.started.is_set():
+            assert self.tracker is not None
+            self.tracker.clock.advance(61.0)
+            self.stalls += 1
+
+
 def _fill(ask: Callable[..., Any], **config: Any) -> PeerFill:
     cfg = PeerConfig("http://t", "n", "http://n", "token", piece_bytes=PIECE, **config)
     fill = PeerFill(
@@ -137,30 +155,21 @@ async def test_a_landed_piece_held_back_until_its_file_matches_is_renewed(
     fetched, yet still this node's assignment, so it is listed in ``fetching`` (else the stall
     bound hands it out again, holding an origin stream for a fetch nobody makes)."""
     data = os.urandom(2 * PIECE)
-    stalls = 0
-
-    def before(_body: dict[str, Any]) -> None:
-        nonlocal stalls
-        if stalls == 3:
-            origin.release.set()
-        elif origin.started.is_set():
-            tracker.clock.advance(61.0)  # past the tracker's stall bound each time
-            stalls += 1
-
-    tracker = _InProcessTracker(2, before)
+    origin = _Origin(data)
+    stalling = _Stalling(origin)
+    tracker = stalling.tracker = _InProcessTracker(2, stalling)
     fill = _fill(tracker.ask, concurrency=2)
     staging = tmp_path / "staging"
     staging.mkdir()
-    origin = _Origin(data)
     origin.release.set()
     with pytest.raises(FileCheckError):
         await fill.download(cast("Source", origin), _manifest(data), staging, lambda _n: None)
     released = tracker.tracker.stats().released
-    origin = _Origin(data, flip=False)  # the retry: piece 0 lands, piece 1 is slow
+    origin = stalling.origin = _Origin(data, flip=False)  # the retry: piece 1 is slow
     async with asyncio.timeout(60):  # a hang guard, not a measure
         await fill.download(cast("Source", origin), _manifest(data), staging, lambda _n: None)
     assert (staging / "f.bin").read_bytes() == data
-    assert stalls == 3
+    assert stalling.stalls == 3
     assert tracker.tracker.stats().released == released  # nothing handed out again
     assert any(body["fetching"] == [0, 1] for body in tracker.bodies)
 
@@ -170,17 +179,8 @@ async def _slow_origin_fill(tmp_path: Path, **config: Any) -> _InProcessTracker:
     stall bound) after the one before."""
     data = os.urandom(3000)
     held = HeldOrigin(data)
-    stalled = 0
-
-    def before(_body: dict[str, Any]) -> None:
-        nonlocal stalled
-        if stalled == 3:
-            held.release.set()
-        elif held.started.is_set():
-            tracker.clock.advance(61.0)
-            stalled += 1
-
-    tracker = _InProcessTracker(1, before)
+    stalling = _Stalling(held)
+    tracker = stalling.tracker = _InProcessTracker(1, stalling)
     fill = _fill(tracker.ask, **config)
     (tmp_path / "staging").mkdir()
     manifest = Manifest(SourceKind.HTTP, "http://o/f", (FileEntry("f.bin", len(data), "/x"),))

@@ -74,11 +74,13 @@ class _Wanted:
         return ImageCacheSpec(image=image, node_selector=selector, parent_references=tuple(parents))
 
 
-def plan(desired: Sequence[DesiredEndpoint], observed: ObservedState) -> list[Action]:
+def plan(
+    desired: Sequence[DesiredEndpoint], observed: ObservedState, conflicts: Conflicts | None = None
+) -> list[Action]:
     endpoints = sorted(desired, key=lambda e: e.name)
     observed = _by_name(observed)
     wanted = _wanted(endpoints, observed)
-    conflicts = name_conflicts(endpoints, observed)  # names held elsewhere are left alone
+    conflicts = name_conflicts(endpoints, observed) if conflicts is None else conflicts
     actions: list[Action] = []
     actions += _model_cache_objects(wanted, observed)
     actions += _image_cache_objects(wanted, observed)
@@ -383,9 +385,7 @@ def _statuses(
 
 def _releases(endpoints: Sequence[DesiredEndpoint], observed: ObservedState) -> list[Action]:
     actions: list[Action] = []
-    for endpoint in endpoints:
-        if not endpoint.deleting:
-            continue
+    for endpoint in (e for e in endpoints if e.deleting):
         busy = (
             any(d.endpoint == endpoint.name for d in observed.deployments)
             or any(c.spec.owner == endpoint.name for c in observed.model_caches)

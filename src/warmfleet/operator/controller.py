@@ -98,8 +98,8 @@ class Controller:
             observed = observed_state(snap, now_s)
             desired = await self._autoscale(desired, observed, now_s)
             await self._mark_prepared(snap, observed)
-            actions = plan(desired, observed)
-            self._conflicts = name_conflicts(desired, observed)  # as the plan found them
+            self._conflicts = name_conflicts(desired, observed)  # the plan's, and the Services'
+            actions = plan(desired, observed, self._conflicts)
             result = PassResult(actions=actions)
             uids = {e.name: e for e in desired}
             ownership.report_conflicts(actions, uids)
