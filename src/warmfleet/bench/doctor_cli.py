@@ -68,55 +68,68 @@ def _diagnose(
     return result
 
 
+# The options of `doctor`, each longer than a line, so its signature reads as the option list.
+# Path options say readable=False: the command reads (and writes) them itself, so a refused read
+# is its one line, not click's box.
+_TraceArg = Annotated[
+    Path, typer.Argument(help="a trace in warmfleet's format (or Mooncake's)", readable=False)
+]
+_InstancesOpt = Annotated[
+    int | None,
+    typer.Option(min=1, max=MAX_INSTANCES, help="instances (else the trace header's, else 8)"),
+]
+_PresetOpt = Annotated[
+    str | None, typer.Option(help="engine preset (else the header's, else llama-3.1-70b-p5)")
+]
+_JsonOpt = Annotated[Path | None, typer.Option("--json", help="write the result", readable=False)]
+_ReportOpt = Annotated[
+    Path | None,
+    typer.Option(help="directory for doctor.md, doctor.json, waterfall.png", readable=False),
+]
+_TargetOpt = Annotated[
+    str | None, typer.Option(help="hit_rate=0.6 or p95_ttft_ms=800: size the fleet for it")
+]
+_ObjectiveOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="what the recommended strategy is best at: p95_ttft_ms (the lowest P95 TTFT) or "
+        "hit_rate (default: the target's metric, else p95_ttft_ms)"
+    ),
+]
+_GatewayReplicasOpt = Annotated[
+    int,
+    typer.Option(
+        min=1, max=MAX_INSTANCES, help="gateway replicas, each request reaching a random one"
+    ),
+]
+_SyncDelayOpt = Annotated[
+    str,
+    typer.Option(
+        help="the replicas' sync delay in ms ('none': replicas without sync; default: the "
+        "live gateway's batchIntervalMs)"
+    ),
+]
+_KvEventsDelayOpt = Annotated[
+    float | None,
+    typer.Option(
+        min=0.0,
+        help="the engines publish KV events, reaching the gateway this many ms later "
+        "(as vLLM with --kv-events-config; default: none)",
+    ),
+]
+
+
 def doctor(  # noqa: PLR0917 (one parameter per CLI option)
-    trace: Annotated[
-        Path, typer.Argument(help="a trace in warmfleet's format (or Mooncake's)", readable=False)
-    ],
-    instances: Annotated[
-        int | None,
-        typer.Option(min=1, max=MAX_INSTANCES, help="instances (else the trace header's, else 8)"),
-    ] = None,
-    preset: Annotated[
-        str | None, typer.Option(help="engine preset (else the header's, else llama-3.1-70b-p5)")
-    ] = None,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="write the result", readable=False)
-    ] = None,
-    report: Annotated[
-        Path | None,
-        typer.Option(help="directory for doctor.md, doctor.json, waterfall.png", readable=False),
-    ] = None,
-    target: Annotated[
-        str | None, typer.Option(help="hit_rate=0.6 or p95_ttft_ms=800: size the fleet for it")
-    ] = None,
-    objective: Annotated[
-        str | None,
-        typer.Option(
-            help="what the recommended strategy is best at: p95_ttft_ms (the lowest P95 TTFT) or "
-            "hit_rate (default: the target's metric, else p95_ttft_ms)"
-        ),
-    ] = None,
-    gateway_replicas: Annotated[
-        int,
-        typer.Option(
-            min=1, max=MAX_INSTANCES, help="gateway replicas, each request reaching a random one"
-        ),
-    ] = 1,
-    sync_delay_ms: Annotated[
-        str,
-        typer.Option(
-            help="the replicas' sync delay in ms ('none': replicas without sync; default: the "
-            "live gateway's batchIntervalMs)"
-        ),
-    ] = f"{DEFAULT_BATCH_INTERVAL_MS:g}",
-    kv_events_delay_ms: Annotated[
-        float | None,
-        typer.Option(
-            min=0.0,
-            help="the engines publish KV events, reaching the gateway this many ms later "
-            "(as vLLM with --kv-events-config; default: none)",
-        ),
-    ] = None,
+    trace: _TraceArg,
+    instances: _InstancesOpt = None,
+    preset: _PresetOpt = None,
+    json_out: _JsonOpt = None,
+    report: _ReportOpt = None,
+    target: _TargetOpt = None,
+    objective: _ObjectiveOpt = None,
+    gateway_replicas: _GatewayReplicasOpt = 1,
+    sync_delay_ms: _SyncDelayOpt = f"{DEFAULT_BATCH_INTERVAL_MS:g}",
+    kv_events_delay_ms: _KvEventsDelayOpt = None,
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,
 ) -> None:
@@ -132,7 +145,17 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
     except WarmfleetError as err:
         typer.echo(f"error: {one_line(str(err))}", err=True)  # one line, never wrapped
         raise typer.Exit(2) from err
-    document = result.report()
+    _emit(result.report(), json_out, report, fmt, wide)
+
+
+def _emit(
+    document: dict[str, object],
+    json_out: Path | None,
+    report: Path | None,
+    fmt: OutputFormat,
+    wide: bool,
+) -> None:
+    """The tables (or TSV/JSON on stdout), the findings under a table, then the files."""
     console = chatter_console(fmt)
     emit(doctor_tables(document), fmt, wide=wide, document=document)
     if fmt == OutputFormat.table:

@@ -111,6 +111,27 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+# The options that take more than a line, declared once here (module-level defaults, as B008
+# asks), so the signature of `emulate` reads as its option list.
+_SPEEDUP_OPTION = typer.Option(
+    None, "--time-scale", "--speedup", help="Engine seconds per wall second (2 = 2x faster)."
+)
+_FAULT_OPTION = typer.Option(
+    [], "--fault", help="Per-instance faults: INDEX:key=value[,key=value]; repeatable."
+)
+_KV_EVENTS_TOPIC_OPTION = typer.Option(
+    None, help="Topic template of KV events ({name}, {index}, {port}); default kv.{name}."
+)
+# Paths are read here (readable=False): a refused read is one line, not click's box.
+_CONFIG_OPTION = typer.Option(
+    None, "--config", "-c", help="kind: Emulator document.", readable=False
+)
+_PORTS_FILE_OPTION = typer.Option(None, help="Write the ready JSON here too.", readable=False)
+_LOAD_WEIGHTS_OPTION = typer.Option(
+    None, help="Read every byte of this directory or http(s) URL before becoming ready."
+)
+
+
 def emulate_command(  # noqa: PLR0917
     ctx: typer.Context,
     instances: int | None = typer.Option(None, "--instances", "-n", help="Instances (ports)."),
@@ -120,61 +141,65 @@ def emulate_command(  # noqa: PLR0917
     model: str | None = typer.Option(None, help="Served model name."),
     kv_capacity_tokens: int | None = typer.Option(None, help="Override the preset's KV size."),
     block_size: int | None = typer.Option(None, help="Override the KV block size (tokens)."),
-    speedup: float | None = typer.Option(
-        None, "--time-scale", "--speedup", help="Engine seconds per wall second (2 = 2x faster)."
-    ),
+    speedup: float | None = _SPEEDUP_OPTION,
     seed: int | None = typer.Option(None, help="Seed of the fault draws."),
     error_rate: float | None = typer.Option(None, help="Share of requests answered with 500."),
     latency_spike_prob: float | None = typer.Option(None, help="Share of requests delayed."),
     latency_spike_ms: float | None = typer.Option(None, help="Delay of a latency spike (ms)."),
     die_after_requests: int | None = typer.Option(None, help="Die on request N+1."),
     hang: bool | None = typer.Option(None, "--hang", help="Accept and never answer."),
-    fault: list[str] = typer.Option(  # noqa: B008
-        [], "--fault", help="Per-instance faults: INDEX:key=value[,key=value]; repeatable."
-    ),
+    fault: list[str] = _FAULT_OPTION,
     kv_events_endpoint: str | None = typer.Option(None, help="ZMQ endpoint to connect to."),
-    kv_events_topic: str | None = typer.Option(
-        None, help="Topic template of KV events ({name}, {index}, {port}); default kv.{name}."
-    ),
-    config: Path | None = typer.Option(  # noqa: B008 (read here: a refused read is one line)
-        None, "--config", "-c", help="kind: Emulator document.", readable=False
-    ),
-    ports_file: Path | None = typer.Option(  # noqa: B008
-        None, help="Write the ready JSON here too.", readable=False
-    ),
+    kv_events_topic: str | None = _KV_EVENTS_TOPIC_OPTION,
+    config: Path | None = _CONFIG_OPTION,
+    ports_file: Path | None = _PORTS_FILE_OPTION,
     log_level: LogLevel = typer.Option(LogLevel.warning, case_sensitive=False),  # noqa: B008
-    load_weights_from: str | None = typer.Option(
-        None, help="Read every byte of this directory or http(s) URL before becoming ready."
-    ),
+    load_weights_from: str | None = _LOAD_WEIGHTS_OPTION,
 ) -> None:
     """Serve an emulated vLLM fleet; prints one JSON line with the URLs once ready."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     overrides = {
-        "instances": instances,
-        "base_port": base_port,
-        "host": host,
-        "preset": preset,
-        "model": model,
-        "kv_capacity_tokens": kv_capacity_tokens,
-        "block_size": block_size,
-        "speedup": speedup,
-        "seed": seed,
-    }
+        "instances": instances, "base_port": base_port, "host": host, "preset": preset,
+        "model": model, "kv_capacity_tokens": kv_capacity_tokens, "block_size": block_size,
+        "speedup": speedup, "seed": seed,
+    }  # fmt: skip
     fault_overrides = {
-        "error_rate": error_rate,
-        "latency_spike_prob": latency_spike_prob,
-        "latency_spike_ms": latency_spike_ms,
-        "die_after_requests": die_after_requests,
+        "error_rate": error_rate, "latency_spike_prob": latency_spike_prob,
+        "latency_spike_ms": latency_spike_ms, "die_after_requests": die_after_requests,
         "hang": hang,
-    }
+    }  # fmt: skip
     if ports_file is not None:  # before any port is bound: one line (the root command's)
         check_output_file(ports_file, "--ports-file")
+    spec = _spec_or_exit(
+        ctx,
+        config=config,
+        overrides=overrides,
+        fault_overrides=fault_overrides,
+        fault_flags=fault,
+        kv_events_endpoint=kv_events_endpoint,
+        kv_events_topic=kv_events_topic,
+    )
+    _serve(ctx, spec, ports_file, load_weights_from)
+
+
+def _spec_or_exit(
+    ctx: typer.Context,
+    *,
+    config: Path | None,
+    overrides: dict[str, Any],
+    fault_overrides: dict[str, Any],
+    fault_flags: list[str],
+    kv_events_endpoint: str | None,
+    kv_events_topic: str | None,
+) -> EmulatorSpec:
+    """``build_cli_spec``; an invalid config is one line on stderr and the expected exit (its
+    traceback under ``warmfleet --debug``)."""
     try:
-        spec = build_cli_spec(
+        return build_cli_spec(
             config=config,
             overrides=overrides,
             fault_overrides=fault_overrides,
-            fault_flags=fault,
+            fault_flags=fault_flags,
             kv_events_endpoint=kv_events_endpoint,
             kv_events_topic=kv_events_topic,
         )
@@ -184,6 +209,12 @@ def emulate_command(  # noqa: PLR0917
         print(f"warmfleet emulate: invalid emulator config: {one_line(str(err))}", file=sys.stderr)
         raise typer.Exit(EXPECTED_EXIT) from err
 
+
+def _serve(
+    ctx: typer.Context, spec: EmulatorSpec, ports_file: Path | None, load_weights_from: str | None
+) -> None:
+    """``_run``; under ``warmfleet --debug``, an expected failure's traceback in place of its
+    one line."""
     try:
         _run(spec, ports_file, load_weights_from)
     except typer.Exit as done:  # an expected failure, told in one line
