@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from warmfleet.agent import peer_fill
 from warmfleet.agent.peer_fill import PeerFill
-from warmfleet.agent.peer_run import FileCheckError, PeerConfig, Report
+from warmfleet.agent.peer_run import FileCheckError, Job, PeerConfig, Report
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings
 from warmfleet.agent.sources.base import Source
 from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
@@ -145,6 +145,57 @@ async def test_a_file_that_fails_its_digest_withdraws_the_hashes_it_reported(
     good = piece_digest(data[:PIECE])
     vt.plan(PlanRequest("m", "http://m", "s", have=(0,), hashes=((0, good),)))  # a good copy
     assert vt.table == {0: good}
+
+
+class _FlipSecond:
+    """An origin serving ``data`` with the second piece's first byte flipped."""
+
+    kind = SourceKind.HTTP
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def open_range(self, entry: FileEntry, start: int, end: int) -> AsyncIterator[bytes]:
+        body = bytearray(self.data[start:end])
+        if start == PIECE:
+            body[0] ^= 0xFF
+        yield bytes(body)
+
+
+async def test_a_failed_file_withdraws_only_the_hashes_this_node_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The withdrawal is as precise as a whole-file digest allows: piece 0 came from peer m,
+    checked against m's hash before it was written, and this node never reported a hash for
+    it, so only the hashes of its own origin pieces (1, corrupt, and 2, good: a sha256 of the
+    whole file cannot tell which) are taken back, every one it sent; m's stays in the table."""
+    data = os.urandom(3 * PIECE)
+    tracker = _InProcessTracker(3, lambda _body: None)
+    vt = tracker.tracker
+    vt.plan(PlanRequest("m", "http://m", "s", want=1))  # m takes piece 0 from the origin
+    good = piece_digest(data[:PIECE])
+    vt.plan(PlanRequest("m", "http://m", "s", have=(0,), hashes=((0, good),)))
+    fill = _fill(tracker.ask)
+    from_peers: list[int] = []
+
+    async def fetch_peer(_key: str, job: Job, buf: memoryview) -> memoryview:
+        from_peers.append(job.piece.index)
+        buf[: job.piece.size_bytes] = data[job.piece.start : job.piece.end]
+        return buf[: job.piece.size_bytes]
+
+    monkeypatch.setattr(fill, "fetch_peer", fetch_peer)  # m's bytes, not over HTTP
+    (tmp_path / "staging").mkdir()
+    with pytest.raises(FileCheckError):
+        await fill.download(cast("Source", _FlipSecond(data)), _manifest(data),
+                            tmp_path / "staging", lambda _n: None)  # fmt: skip
+    assert from_peers == [0]
+    *fill_bodies, leave = tracker.bodies
+    withdrawn = set(leave["withdrawn"])
+    sent = {int(i) for body in fill_bodies for i in body["hashes"]}
+    assert sent <= withdrawn <= {1, 2}  # whichever landed before the check (1 or 2 may not)
+    assert withdrawn
+    assert vt.table.get(0) == good
+    assert vt.reporter.get(0) == "m"
 
 
 async def test_a_landed_piece_held_back_until_its_file_matches_is_renewed(

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from warmfleet.gateway.cli import check_config
 from warmfleet.gateway.config import GatewayConfig, GatewaySpec, VariantConfig
+from warmfleet.local.config import LocalFleet, LocalFleetSpec
 from warmfleet.routing.config import STRATEGY_NAMES, PrefixHashConfig, StrategyConfig
 from warmfleet.routing.key_spec import KeyMode
 
@@ -115,7 +116,10 @@ def test_readme_yaml_validates(
 _TABLES = (
     ("A `Gateway` document's settings", GatewaySpec),
     ("A variant's settings", VariantConfig),
+    ("A `LocalFleet` document's peer settings", LocalFleetSpec),
 )
+# Names below these are a LocalFleet's (its spec's peers table), checked against that model.
+_FLEET_NAMES = ("peers.", "spec.peers.")
 
 
 def _table_rows() -> list[tuple[str, type[BaseModel], list[str]]]:
@@ -202,10 +206,13 @@ def test_reference_names_are_config_names() -> None:
     vocabulary = _vocabulary()
     names = _reference_names() + _yaml_comment_names()
     assert len(names) >= 20
-    bad = [n for n in names if not set(n.split(".")) <= vocabulary]
+    fleet = [n for n in names if n.startswith(_FLEET_NAMES)]
+    for name in fleet:  # KeyError: not a LocalFleet setting
+        field_at(LocalFleet, name if name.startswith("spec.") else f"spec.{name}")
+    bad = [n for n in names if n not in fleet and not set(n.split(".")) <= vocabulary]
     assert not bad, f"docs/configuration.md names unknown settings: {bad}"
     for name in names:
-        if name.startswith("spec."):
+        if name.startswith("spec.") and name not in fleet:
             field_at(GatewayConfig, name)
 
 

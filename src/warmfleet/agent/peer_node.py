@@ -2,12 +2,14 @@
 
 Built by the agent's composition root (the embedded ``local.agent_proc``): ``server`` adds the
 piece route to the status API app; ``configure`` takes the ``peers`` part of the fleet's
-assignment (``{"tracker", "node", "url", "pieceBytes", "serveBps", "stallS"}``; absent: peer
-fills off) and sets the manager's ``fill_hook``. ``aclose`` closes its HTTP session.
+assignment (``{"tracker", "node", "url", "pieceBytes", "serveBps", "stallS", "renewS"}``;
+absent: peer fills off; a ``renewS`` that is not a positive number: ValueError) and sets the
+manager's ``fill_hook``. ``aclose`` closes its HTTP session.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import aiohttp
@@ -15,7 +17,7 @@ import aiohttp
 from warmfleet.agent.api_auth import ApiAuth
 from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.peer_fill import PeerFill
-from warmfleet.agent.peer_run import DEFAULT_STALL_S, PeerConfig
+from warmfleet.agent.peer_run import DEFAULT_RENEW_S, DEFAULT_STALL_S, PeerConfig
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings, PeerServer, ServeLimits
 from warmfleet.cache.pieces import DEFAULT_PIECE_BYTES
 
@@ -63,6 +65,7 @@ class Peers:
             token=self._token,
             piece_bytes=int(doc.get("pieceBytes") or DEFAULT_PIECE_BYTES),
             stall_s=float(doc.get("stallS") or DEFAULT_STALL_S),
+            renew_s=_renew_s(doc.get("renewS")),
             origin_min_bps=float(download.min_download_rate_bytes_per_s),
             origin_low_speed_s=download.low_speed_time_s,
         )
@@ -71,3 +74,14 @@ class Peers:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _renew_s(value: Any) -> float:
+    """The assignment's ``renewS`` (absent: the default); not a positive finite number: a
+    ValueError naming it (the fleet's config refuses such a value at load)."""
+    if value is None:
+        return DEFAULT_RENEW_S
+    renew_s = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+    if not (math.isfinite(renew_s) and renew_s > 0):
+        raise ValueError(f"peers.renewS must be a positive number of seconds, got {value!r}")
+    return renew_s

@@ -19,10 +19,13 @@ the table, and the origin pieces of one file are spread over several nodes (``or
 above a node's ``concurrency``), so hashes held back until each node's file matched would wait
 for one another for ever. The error names the pieces of that file whose hashes this run
 reported, and the fill's leave withdraws them (``Report.withdrawn``: the tracker drops an entry
-only for the node that reported it, and takes the next hash reported). A retry still does not
-take that file from peers, whose copies may match a hash of corrupt bytes another node reported:
-the fill that follows takes the files named in ``origin_only`` from the origin, whatever the
-plan says, and reports their pieces (held, hashed, served) only once the file matches.
+only for the node that reported it, and takes the next hash reported). All of them, the good
+too: the manifest gives one digest for the whole file, so a mismatch does not say which piece
+is bad; a peer piece's hash is not this node's (it was checked against another's report), so
+it is not among them. A retry still does not take that file from peers, whose copies may
+match a hash of corrupt bytes another node reported: the fill that follows takes the files
+named in ``origin_only`` from the origin, whatever the plan says, and reports their pieces
+(held, hashed, served) only once the file matches.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from warmfleet.core.errors import IntegrityError
 
 Digests = dict[str, dict[str, str]]
 DEFAULT_STALL_S = 2.0
+DEFAULT_RENEW_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +69,10 @@ class PeerConfig:
     # again): the node's download.minDownloadRateBytesPerS / lowSpeedTimeS. 0 turns it off.
     origin_min_bps: float = 16 * 2**10
     origin_low_speed_s: float = 30.0
-    # With every slot busy, a report at least this often (it renews the fetches under way):
-    # well under the tracker's stall bound (local tracker host: max(30 s, 10 x stallS)).
-    renew_s: float = 10.0
+    # With every slot busy, a report at least this often (it renews the fetches under way, and
+    # keeps this node's pieces offered): the fleet's peers.renewS, at most half the tracker's
+    # stall bound (local tracker host: max(30 s, 10 x stallS)).
+    renew_s: float = DEFAULT_RENEW_S
 
 
 class FillShell(Protocol):

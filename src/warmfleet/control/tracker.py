@@ -18,7 +18,13 @@ gets back that many assignments, each a peer that holds the piece or the origin:
   goes to the origin even past ``k`` (counted as a fallback);
 - an assignment not reported within ``stall_s`` is released (its node died) and handed out again;
   a node renews the assignments it is still fetching by listing them in each report
-  (``fetching``), so a slow fetch of a live node is not handed to a second one.
+  (``fetching``), so a slow fetch of a live node is not handed to a second one;
+- a node that has not reported for ``stall_s`` while it does not hold every piece is taken for
+  dead as well: its pieces are not offered (a filling node reports at least every ``renew_s``,
+  well within the bound) until it reports again in the same session. So a node that died
+  mid-fill, before its file checks, is a source for at most ``stall_s`` after its last report.
+  A node that holds every piece has finished its fill and reports no more: it stays offered
+  (a requester it fails drops it for that fill).
 
 A peer is offered for a piece only once the piece table has the piece's hash, so every peer
 piece is checked before it is written. The table keeps the first hash reported for a piece and
@@ -97,6 +103,7 @@ class _Node:
     have: set[int] = field(default_factory=set)
     dropped: set[str] = field(default_factory=set)
     in_flight: dict[int, tuple[str, float]] = field(default_factory=dict)  # piece -> source, t
+    seen_s: float = 0.0  # its last report
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +120,9 @@ class TrackerOptions:
     origin_fetches: int = 1  # k: origin copies of each piece
     max_uploads_per_peer: int = 4
     origin_streams: int = 4  # origin fetches under way over the fleet
-    stall_s: float = 60.0  # an assignment not reported for this long is handed out again
+    # An assignment not reported for this long is handed out again, and the pieces of a node
+    # silent this long (its fill not complete) are no longer offered.
+    stall_s: float = 60.0
 
     def __post_init__(self) -> None:
         if min(self.origin_fetches, self.max_uploads_per_peer, self.origin_streams) < 1:
@@ -145,7 +154,18 @@ class VersionTracker:
         return TrackerStats(s["origin"], s["fallback"], s["peer"], s["released"], s["withdrawn"])
 
     def holders(self, piece: int) -> list[str]:
-        return sorted(n for n, node in self.nodes.items() if piece in node.have)
+        """The nodes that may be offered as ``piece``'s source (live ones)."""
+        return sorted(n for n, node in self._live().items() if piece in node.have)
+
+    def _live(self) -> dict[str, _Node]:
+        """The nodes not taken for dead: heard from within ``stall_s``, or holding every
+        piece (a finished fill reports no more)."""
+        cutoff = self._clock.now_s() - self._stall_s
+        return {
+            n: node
+            for n, node in self.nodes.items()
+            if node.seen_s >= cutoff or len(node.have) == self.pieces
+        }
 
     def uploads(self, peer: str) -> int:
         return sum(1 for n in self.nodes.values() for src, _ in n.in_flight.values() if src == peer)
@@ -181,6 +201,7 @@ class VersionTracker:
                 self._forget_in_flight(node)
             node = self.nodes[req.node] = _Node(req.url, req.session)
         node.url = req.url
+        node.seen_s = self._clock.now_s()
         self._withdraw(req.node, node, req.withdrawn)  # before its hashes: it may report anew
         for piece, digest in req.hashes:
             if 0 <= piece < self.pieces and piece not in self.table:
@@ -234,6 +255,7 @@ class VersionTracker:
     def _assign(self, name: str, node: _Node, slots: int) -> list[Assignment]:
         missing = [p for p in range(self.pieces) if p not in node.have and p not in node.in_flight]
         load = {n: self.uploads(n) for n in self.nodes}
+        live = self._live()  # the nodes that may be offered as sources
         out: list[Assignment] = []
         streams = sum(1 for n in self.nodes.values() for s, _ in n.in_flight.values() if s == "")
         for piece in missing:  # keep the origin busy first: it is the scarce link
@@ -243,7 +265,7 @@ class VersionTracker:
                 out.append(self._origin(piece, fallback=False))
                 streams += 1
         taken = {a.piece for a in out}
-        out += self._from_peers(name, node, [p for p in missing if p not in taken], load,
+        out += self._from_peers(name, node, [p for p in missing if p not in taken], live, load,
                                 slots - len(out))  # fmt: skip
         taken = {a.piece for a in out}
         rest = [p for p in missing if p not in taken]
@@ -253,26 +275,34 @@ class VersionTracker:
             if (
                 piece not in taken
                 and self._origin_count[piece] >= self._k
-                and self._orphaned(name, node, piece)
+                and self._orphaned(name, node, piece, live)
             ):
                 out.append(self._origin(piece, fallback=True))
         return out
 
-    def _usable_holders(self, name: str, node: _Node, piece: int) -> list[str]:
+    def _usable_holders(
+        self, name: str, node: _Node, piece: int, live: dict[str, _Node]
+    ) -> list[str]:
         if piece not in self.table:
             return []
         return [
             n
-            for n, other in self.nodes.items()
+            for n, other in live.items()
             if n != name and piece in other.have and n not in node.dropped
         ]
 
-    def _from_peers(
-        self, name: str, node: _Node, missing: Iterable[int], load: dict[str, int], slots: int
+    def _from_peers(  # noqa: PLR0917
+        self,
+        name: str,
+        node: _Node,
+        missing: Iterable[int],
+        live: dict[str, _Node],
+        load: dict[str, int],
+        slots: int,
     ) -> list[Assignment]:
         ranked = []
         for piece in missing:
-            holders = self._usable_holders(name, node, piece)
+            holders = self._usable_holders(name, node, piece, live)
             if holders:
                 ranked.append((len(holders), self._rng.random(), piece, holders))
         ranked.sort()
@@ -295,12 +325,12 @@ class VersionTracker:
         self._stats["fallback" if fallback else "origin"] += 1
         return Assignment(piece)
 
-    def _orphaned(self, name: str, node: _Node, piece: int) -> bool:
+    def _orphaned(self, name: str, node: _Node, piece: int, live: dict[str, _Node]) -> bool:
         """No holder this node may use and no fetch of it under way elsewhere (one that could
         become a holder it may use): only the origin is left."""
-        if self._usable_holders(name, node, piece):
+        if self._usable_holders(name, node, piece, live):
             return False
-        if any(piece in n.have for n in self.nodes.values()) and piece not in self.table:
+        if any(piece in n.have for n in live.values()) and piece not in self.table:
             return False  # its hash is on the way (an origin fetch just reported)
         return not any(
             piece in other.in_flight and n not in node.dropped

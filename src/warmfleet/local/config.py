@@ -169,6 +169,34 @@ class PeersConfig(WireModel):
     max_uploads_per_peer: int = Field(default=6, ge=1)
     origin_streams: int = Field(default=12, ge=1, description="origin fetches at once, fleet-wide")
     stall_s: float = Field(default=2.0, gt=0, description="a peer silent this long is dropped")
+    # A filling node reports at least this often (it renews its fetches and shows it is alive).
+    renew_s: float = Field(default=10.0, gt=0, description="a filling node's longest silence")
+
+    @property
+    def tracker_stall_s(self) -> float:
+        """The tracker's stall bound: an assignment not renewed, or a filling node silent,
+        this long is taken for dead (``TrackerOptions.stall_s``)."""
+        return tracker_stall_s(self.stall_s)
+
+    @field_validator("renew_s")
+    @classmethod
+    def _renew_within_the_bound(cls, value: float, info: ValidationInfo) -> float:
+        stall_s = info.data.get("stall_s")
+        if stall_s is None:  # stallS itself is invalid: reported on its own
+            return value
+        bound = tracker_stall_s(stall_s)
+        if value > bound / 2:
+            raise ValueError(
+                f"must be at most half the tracker's stall bound, max(30, 10 x stallS) = "
+                f"{bound:g} s (a report may be late by a failed ask and its retry wait), "
+                f"got {value:g}"
+            )
+        return value
+
+
+def tracker_stall_s(stall_s: float) -> float:
+    """The embedded tracker's stall bound for a fleet whose ``peers.stallS`` is ``stall_s``."""
+    return max(30.0, 10 * stall_s)
 
 
 class EndpointEntry(WireModel):

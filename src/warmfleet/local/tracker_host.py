@@ -53,7 +53,7 @@ class TrackerHost:
             origin_fetches=config.origin_fetches,
             max_uploads_per_peer=config.max_uploads_per_peer,
             origin_streams=config.origin_streams,
-            stall_s=max(30.0, 10 * config.stall_s),
+            stall_s=config.tracker_stall_s,
         )
         self.tracker = Tracker(MonotonicClock(), random.Random(seed), options)
         self._runner: web.AppRunner | None = None
@@ -81,7 +81,7 @@ class TrackerHost:
             return {}
         c = self.config
         peers = {"tracker": self.url, "node": node, "url": agent_url, "pieceBytes": c.piece_bytes,
-                 "serveBps": c.serve_bps, "stallS": c.stall_s}  # fmt: skip
+                 "serveBps": c.serve_bps, "stallS": c.stall_s, "renewS": c.renew_s}  # fmt: skip
         return {"peers": peers}
 
     def app(self) -> web.Application:
