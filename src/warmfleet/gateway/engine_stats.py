@@ -10,8 +10,10 @@ that read them (``InstanceState.waiting_requests`` and ``kv_usage_frac``; today
 Queues of several engines behind one address (data-parallel ranks) add up; their KV usage is
 the highest. Owned by the app lifespan (``run``, cancelled on shutdown). Each round reads, at
 once, the ``/metrics`` of every instance address of the variants whose strategy asks for them
-(their router's ``engine_stats_interval_s``), then sleeps the shortest interval asked; no
-variant asks: nothing is read. Only the few lines named above are parsed (a vLLM ``/metrics``
+(their router's ``engine_stats_interval_s``), on the probe's own connection pool, each read
+timed from when it has its slot (``gateway.probes``: addresses whose ``/metrics`` hangs never
+fail the others' reads), then sleeps the shortest interval asked; no variant asks: nothing is
+read. Only the few lines named above are parsed (a vLLM ``/metrics``
 page is tens of kB of histograms, read up to 20 times a second). A read that fails changes
 nothing until the figures are ``STALE_AFTER_INTERVALS`` intervals (at least ``STALE_MIN_S``)
 old; then they are reset to unknown, as they are for an instance the health probes see down
@@ -117,5 +119,5 @@ class EngineStatsProbe(MetricsPoller):
 
     async def read(self, base_url: str, timeout_s: float) -> tuple[int, float] | None:
         """What ``base_url``'s metrics state; None if they could not be read or state nothing."""
-        text = await metrics_text(self.session, base_url, timeout_s)
+        text = await metrics_text(self.prober, base_url, timeout_s)
         return None if text is None else engine_stats(text)

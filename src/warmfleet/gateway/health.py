@@ -1,8 +1,9 @@
 """Active health checking: poll every instance's health path once per ``interval_s``.
 
-A round probes all instances concurrently, at most ``MAX_CONCURRENT_PROBES`` at once (and never
-more than the session's pool holds); rounds start ``interval_s`` apart. A probe's ``timeout_s``
-starts once it has its slot: it covers the probe's own exchange only, so a round in which many
+A round probes all instances concurrently, on a pool of their own, at most
+``gateway.probes.MAX_CONCURRENT_PROBES`` at once (and never more than the session's pool holds);
+rounds start ``interval_s`` apart. A probe's ``timeout_s`` starts once it has its slot
+(``gateway.probes.Prober``): it covers the probe's own exchange only, so a round in which many
 wedged instances hold every slot for their timeout delays the other probes but never fails
 them (waiting for a slot is not the instance's failure). An instance is ejected after
 ``unhealthy_threshold`` consecutive failed probes (with the default of 2, within two intervals
@@ -22,23 +23,14 @@ import asyncio
 import logging
 import time
 
-from aiohttp import ClientError, ClientSession, ClientTimeout
+from aiohttp import ClientError, ClientSession
 
 from warmfleet.gateway.instance import InstanceRuntime
+from warmfleet.gateway.probes import Prober
 from warmfleet.gateway.variant import VariantRuntime
 from warmfleet.gateway.world import GatewayState
 
 log = logging.getLogger(__name__)
-# Probes in flight at once: a bound on the sockets a round opens, well above the fleets the
-# probes' own pool serves at once (the runtime gives them a pool of their own, unlimited).
-MAX_CONCURRENT_PROBES = 256
-
-
-def probe_slots(session: ClientSession) -> int:
-    """How many probes may be in flight at once on ``session``: never more than its connector
-    holds (a probe would wait for a connection inside its timeout)."""
-    limit = session.connector.limit if session.connector is not None else 0
-    return min(limit, MAX_CONCURRENT_PROBES) if limit > 0 else MAX_CONCURRENT_PROBES
 
 
 class HealthMonitor:
@@ -47,7 +39,7 @@ class HealthMonitor:
     def __init__(self, state: GatewayState, session: ClientSession) -> None:
         self.state = state
         self.session = session
-        self._slots = asyncio.Semaphore(probe_slots(session))
+        self._prober = Prober(session)
         self.rounds_completed = 0
         self._round_done = asyncio.Event()
 
@@ -92,11 +84,10 @@ class HealthMonitor:
     async def check(self, url: str, timeout_s: float) -> bool:
         """Whether ``url`` answers 200 within ``timeout_s``, counted from when the probe has its
         slot (the wait for one is not the instance's time)."""
-        async with self._slots:
-            try:
-                async with self.session.get(url, timeout=ClientTimeout(total=timeout_s)) as resp:
-                    await resp.read()
-                    return resp.status == 200
-            except (ClientError, TimeoutError, OSError) as err:
-                log.debug("health probe %s failed: %r", url, err)
-                return False
+        try:
+            async with self._prober.get(url, timeout_s) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (ClientError, TimeoutError, OSError) as err:
+            log.debug("health probe %s failed: %r", url, err)
+            return False

@@ -25,10 +25,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiohttp import ClientError, ClientSession, ClientTimeout
+from aiohttp import ClientError, ClientSession
 from prometheus_client.parser import text_string_to_metric_families
 
 from warmfleet.gateway.instance import InstanceRuntime
+from warmfleet.gateway.probes import Prober
 from warmfleet.gateway.variant import VariantRuntime
 from warmfleet.gateway.world import GatewayState
 
@@ -65,12 +66,17 @@ def kv_capacity_tokens(text: str) -> int:
 @dataclass(eq=False)
 class MetricsPoller:
     """A lifespan task that reads the engines' ``/metrics`` (``metrics_text``) for ``state``'s
-    variants: this probe and ``gateway.engine_stats.EngineStatsProbe``."""
+    variants: this probe and ``gateway.engine_stats.EngineStatsProbe``, each on its own pool
+    (``session``), each read timed from when it has its slot (``gateway.probes``)."""
 
     state: GatewayState
     session: ClientSession
     clock: Callable[[], float] = field(default=time.monotonic, kw_only=True)
     rounds_completed: int = field(default=0, init=False)
+    prober: Prober = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prober = Prober(self.session)
 
 
 @dataclass(eq=False)
@@ -120,17 +126,16 @@ class KvCapacityProbe(MetricsPoller):
 
     async def read(self, base_url: str) -> int | None:
         """The capacity ``base_url``'s metrics state (0: none); None if they could not be read."""
-        text = await metrics_text(self.session, base_url, self.state.health.timeout_s)
+        text = await metrics_text(self.prober, base_url, self.state.health.timeout_s)
         return None if text is None else kv_capacity_tokens(text)
 
 
-async def metrics_text(session: ClientSession, base_url: str, timeout_s: float) -> str | None:
-    """``base_url``'s ``/metrics`` page; None if it could not be read in ``timeout_s``, was not
-    a 200 or was over ``MAX_METRICS_BYTES`` (also read by ``gateway.engine_stats``)."""
+async def metrics_text(prober: Prober, base_url: str, timeout_s: float) -> str | None:
+    """``base_url``'s ``/metrics`` page; None if it could not be read in ``timeout_s`` (from when
+    the read has its slot), was not a 200 or was over ``MAX_METRICS_BYTES`` (also read by
+    ``gateway.engine_stats``)."""
     try:
-        async with session.get(
-            base_url + METRICS_PATH, timeout=ClientTimeout(total=timeout_s)
-        ) as resp:
+        async with prober.get(base_url + METRICS_PATH, timeout_s) as resp:
             if resp.status != 200:
                 return None
             body = bytearray()

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientSession, DummyCookieJar, TCPConnector
+from aiohttp import ClientSession
 
 from warmfleet.core.config import parse_document
 from warmfleet.core.errors import ConfigError
@@ -47,6 +47,7 @@ from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import BodyWorker
 from warmfleet.gateway.openai.models import ModelsCache
+from warmfleet.gateway.probes import probe_session
 from warmfleet.gateway.proxy import Proxy
 from warmfleet.gateway.replica_sync.curve_secret import fleet_curve_key
 from warmfleet.gateway.replica_sync.service import ReplicaSync
@@ -161,11 +162,10 @@ class Gateway:
         self._pool = UpstreamPool(
             limits.upstream_connect_timeout_s, limits.max_upstream_connections, keepalive_s=60.0
         )
-        control = _session(limit=64)
-        # the health probes' own pool, unlimited (the monitor bounds them, and times each one
-        # from when it has its slot): other reads never make a probe wait, nor probes them
-        probes = _session(limit=0)
-        self._sessions = [control, probes]
+        # each reader of the instances its own pool (gateway/probes.py): unlimited, each bounds
+        # its reads and times each from when it has its slot, none makes another's reads wait
+        probes, models, capacity, stats = (probe_session() for _ in range(4))
+        self._sessions = [probes, models, capacity, stats]
         self.body_worker.start()
         self._proxy = Proxy(self.state, self._pool)
         self._proxy.hold = self.hold
@@ -173,9 +173,9 @@ class Gateway:
         self.capture.on_switch = self._capture_switched
         self.capture.apply(self.state.spec.capture)
         self._health = HealthMonitor(self.state, probes)
-        self._models = ModelsCache(self.state, control)
-        self._kv_capacity = KvCapacityProbe(self.state, control)
-        self._engine_stats = EngineStatsProbe(self.state, control)
+        self._models = ModelsCache(self.state, models)
+        self._kv_capacity = KvCapacityProbe(self.state, capacity)
+        self._engine_stats = EngineStatsProbe(self.state, stats)
         self.discovery.scan()  # instances from discovery files before the first request
         self._tasks = [
             asyncio.create_task(self._health.run(), name="warmfleet-gateway-health"),
@@ -380,11 +380,6 @@ class Gateway:
                 running[1].cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await running[1]
-
-
-def _session(limit: int) -> ClientSession:
-    connector = TCPConnector(limit=limit, keepalive_timeout=60.0)
-    return ClientSession(connector=connector, cookie_jar=DummyCookieJar())
 
 
 def _restart_only(config: GatewayConfig) -> tuple[str | None, ...]:

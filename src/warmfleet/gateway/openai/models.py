@@ -3,6 +3,10 @@
 A variant that lists its ``models`` in the config is advertised with exactly those (requests for
 other models would get 404 anyway); a variant serving any model advertises what its healthy
 instances report. Concurrent callers share one refresh (a lock, no extra task).
+
+The instances are asked on the cache's own connection pool, each read timed from when it has
+its slot (``gateway.probes``): instances whose ``/v1/models`` hangs delay a refresh by their
+timeout but never leave the others' models out.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ import time
 from typing import Any
 
 import orjson
-from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout
+from aiohttp import ClientError, ClientResponse, ClientSession
 from prometheus_client import Counter
 
 from warmfleet.core.jsonio import deepest_field
+from warmfleet.gateway.probes import Prober
 from warmfleet.gateway.variant import VariantRuntime
 from warmfleet.gateway.world import GatewayState
 
@@ -33,6 +38,7 @@ class ModelsCache:
     def __init__(self, state: GatewayState, session: ClientSession) -> None:
         self.state = state
         self.session = session
+        self._prober = Prober(session)
         self._body: bytes | None = None
         self._expires_s = 0.0
         self._lock = asyncio.Lock()
@@ -78,10 +84,10 @@ class ModelsCache:
         return list(merged.values())
 
     async def _variant_models(self, variant: VariantRuntime) -> list[dict[str, Any]]:
-        timeout = ClientTimeout(total=self.state.health.timeout_s)
+        timeout_s = self.state.health.timeout_s
         results = await asyncio.gather(
             *(
-                self._fetch(i.instance_id, i.base_url + "/v1/models", timeout)
+                self._fetch(i.instance_id, i.base_url + "/v1/models", timeout_s)
                 for i in variant.healthy
             )
         )
@@ -90,15 +96,13 @@ class ModelsCache:
             out.extend(entries)
         return out
 
-    async def _fetch(
-        self, instance_id: str, url: str, timeout: ClientTimeout
-    ) -> list[dict[str, Any]]:
+    async def _fetch(self, instance_id: str, url: str, timeout_s: float) -> list[dict[str, Any]]:
         """The instance's model entries; none if it is unreachable, answers an error, or its
         answer is malformed, over ``MAX_ANSWER_BYTES`` or nested deeper than
         ``MAX_ANSWER_DEPTH`` (those three are logged and counted): one instance's answer can
         only drop its own models, never fail the list."""
         try:
-            async with self.session.get(url, timeout=timeout) as resp:
+            async with self._prober.get(url, timeout_s) as resp:
                 if resp.status != 200:
                     return []
                 raw = await _read_capped(resp, MAX_ANSWER_BYTES)
