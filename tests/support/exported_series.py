@@ -4,8 +4,6 @@ against them: every series name (a counter's ``_total``, a histogram's ``_bucket
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
-
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -18,12 +16,8 @@ from warmfleet.gateway.flow_metrics import FlowCollector
 from warmfleet.gateway.hold import GatewayHold
 from warmfleet.gateway.kv_events.wiring import KvEventFeed
 from warmfleet.gateway.metrics import GatewayMetrics
-from warmfleet.gateway.openai.models import ModelsCache
 from warmfleet.gateway.replica_sync.metrics import SyncMetrics
 from warmfleet.gateway.world import GatewayState
-
-if TYPE_CHECKING:
-    from aiohttp import ClientSession
 
 _URL = "http://127.0.0.1:1"  # never asked
 _SUFFIXES = {
@@ -46,7 +40,8 @@ _GATEWAY = {
 
 def gateway_registry() -> CollectorRegistry:
     """A gateway's registry with every family it can export registered: its own metrics, the KV
-    events feed, replica sync, flow control, capture, the zero-ready hold, ``/v1/models``."""
+    events feed, replica sync, flow control, capture, the zero-ready hold (``/v1/models``'
+    counter is the gateway's own)."""
     metrics = GatewayMetrics()
     KvEventFeed("m").register_metrics(metrics.registry)
     SyncMetrics(metrics.registry)
@@ -54,7 +49,6 @@ def gateway_registry() -> CollectorRegistry:
     CaptureMetrics(metrics.registry)
     state = GatewayState(parse_gateway_config(_GATEWAY), default_router_factory, metrics)
     GatewayHold(state, metrics.registry, lambda: 0.0)
-    ModelsCache(state, cast("ClientSession", None))  # (registers its counter; never asks)
     return metrics.registry
 
 

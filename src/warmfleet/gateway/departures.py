@@ -12,6 +12,11 @@ count is lost); they go at the first ``sweep`` after the last such request ended
 the variant's instance set, and each health round). Nothing re-creates them afterwards: a request
 counts its outcome before it gives its load back, so an instance with no load has no count to
 come. None of this runs per request.
+
+The models cache's ``models_answers_dropped_total{instance_id,reason}`` is labelled with the id
+alone (one id may be in several variants): its series go once no variant has the id any more
+(``forget_models_answers``, each health round). No request counts into it: an answer the cache
+reads after its instance left is logged, not counted (``gateway.openai.models``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from warmfleet.gateway.instance import InstanceRuntime
-from warmfleet.gateway.metrics import FastValue, GatewayMetrics
+from warmfleet.gateway.metrics import FastValue, GatewayMetrics, label_sets
 
 
 class Departures:
@@ -60,3 +65,12 @@ class Departures:
             for key in [key for key in self.cache if key[0] in done]:
                 del self.cache[key]
         return bool(busy)
+
+
+def forget_models_answers(metrics: GatewayMetrics, live: set[str]) -> None:
+    """Drop the ``models_answers_dropped_total`` series of every instance id not in ``live``
+    (the ids in some variant)."""
+    dropped = metrics.models_dropped
+    for labels in label_sets(dropped, ("instance_id", "reason")):
+        if labels[0] not in live:
+            dropped.remove(*labels)

@@ -29,9 +29,13 @@ Names (all prefixed ``warmfleet_gateway_``; the engine instance is ``instance_id
   ``ejections_overflow_total{endpoint,variant,instance_id}`` (refused by
   ``max_ejection_percent``), ``instance_ejected`` and ``instance_on_probation`` (gauges).
 
+- ``models_answers_dropped_total{instance_id,reason}``: instances' ``/v1/models`` answers left
+  out of ``GET /v1/models`` (``gateway.openai.models``).
+
 The series above with an ``instance_id`` go when their instance leaves its variant: the gauges
-at once, the counters once no request is in flight to it (``gateway.departures``). (The models
-cache's ``models_answers_dropped_total`` and the engine probes' series are kept.)
+at once, the counters once no request is in flight to it (``gateway.departures``);
+``models_answers_dropped_total``, labelled with the id alone, once no variant has that id (at
+the next health round).
 
 The metrics updated on every proxied request (requests, in-flight, decision/overhead/TTFT
 histograms, predicted hits, retries) are ``FastCounter`` / ``FastGauge`` / ``FastHistogram``:
@@ -335,6 +339,13 @@ class GatewayMetrics:
         self.reloads = Counter(
             f"{_PREFIX}_config_reloads", "Configuration changes", ("source", "result"), registry=reg
         )
+        self.models_dropped = Counter(
+            f"{_PREFIX}_models_answers_dropped",
+            "Instances' /v1/models answers left out of GET /v1/models (malformed, too large "
+            "or too deep)",
+            ("instance_id", "reason"),
+            registry=reg,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -357,12 +368,12 @@ class GatewayMetrics:
                 with contextlib.suppress(KeyError):  # never counted (before 0.21: KeyError)
                     counter.remove(endpoint, variant, instance)
         for by_cause in (self.ejections, self.attempt_failures):
-            for labels in _label_sets(by_cause, ("endpoint", "variant", "instance_id", "cause")):
+            for labels in label_sets(by_cause, ("endpoint", "variant", "instance_id", "cause")):
                 if labels[0] == endpoint and labels[1] == variant and labels[2] in instances:
                     by_cause.remove(*labels)
 
 
-def _label_sets(counter: Counter, names: tuple[str, ...]) -> set[tuple[str, ...]]:
+def label_sets(counter: Counter, names: tuple[str, ...]) -> set[tuple[str, ...]]:
     """The label values of each child of ``counter`` (labels ``names``), read from its samples
     (``remove_by_labels`` needs prometheus-client 0.22)."""
     found: set[tuple[str, ...]] = set()

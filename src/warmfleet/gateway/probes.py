@@ -41,14 +41,12 @@ class Prober:
 
     def __init__(self, session: ClientSession) -> None:
         self.session = session
-        self._slots: asyncio.Semaphore | None = None  # made at the first read
+        self._slots = asyncio.Semaphore(probe_slots(session))
 
     @asynccontextmanager
     async def get(self, url: str, timeout_s: float) -> AsyncIterator[ClientResponse]:
         """``GET url`` once a slot is free; ``timeout_s`` bounds the exchange, the body's
         reading inside the ``async with`` included. Raises what ``session.get`` raises."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(probe_slots(self.session))
         async with self._slots:
             timeout = ClientTimeout(total=timeout_s)
             async with self.session.get(url, timeout=timeout) as resp:

@@ -14,6 +14,7 @@ from typing import Any
 from warmfleet.core.errors import ConfigError, NotFoundError
 from warmfleet.engine.presets import preset_names
 from warmfleet.gateway.config import GatewayConfig, GatewaySpec, check_origin
+from warmfleet.gateway.departures import forget_models_answers
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.server_config import HealthConfig, LimitsConfig
 from warmfleet.gateway.variant import RouterFactory, VariantRuntime
@@ -220,8 +221,11 @@ class GatewayState:
     def forget_departed(self) -> None:
         """Forget the series of the instances that left once their last request has ended
         (every health round; ``gateway.departures``)."""
+        live: set[str] = set()
         for variant in self.variants():
             variant.departures.sweep(variant.instances)
+            live.update(variant.instances)
+        forget_models_answers(self.metrics, live)
         retired: list[VariantRuntime] = []
         for old in self.retired:
             current = self.endpoints.get(old.endpoint)

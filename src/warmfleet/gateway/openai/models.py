@@ -2,7 +2,9 @@
 
 A variant that lists its ``models`` in the config is advertised with exactly those (requests for
 other models would get 404 anyway); a variant serving any model advertises what its healthy
-instances report. Concurrent callers share one refresh (a lock, no extra task).
+instances report. Concurrent callers share one refresh (a lock, no extra task). A bad answer
+is counted in ``models_answers_dropped_total{instance_id,reason}`` (``GatewayMetrics``; its
+series go once no variant has the id: ``gateway.departures``).
 
 The instances are asked on the cache's own connection pool, each read timed from when it has
 its slot (``gateway.probes``): instances whose ``/v1/models`` hangs delay a refresh by their
@@ -19,9 +21,9 @@ from typing import Any
 
 import orjson
 from aiohttp import ClientError, ClientResponse, ClientSession
-from prometheus_client import Counter
 
 from warmfleet.core.jsonio import deepest_field
+from warmfleet.gateway.instance import InstanceRuntime
 from warmfleet.gateway.probes import Prober
 from warmfleet.gateway.variant import VariantRuntime
 from warmfleet.gateway.world import GatewayState
@@ -42,13 +44,6 @@ class ModelsCache:
         self._body: bytes | None = None
         self._expires_s = 0.0
         self._lock = asyncio.Lock()
-        self.dropped = Counter(
-            "warmfleet_gateway_models_answers_dropped_total",
-            "Instances' /v1/models answers left out of GET /v1/models (malformed, too large "
-            "or too deep)",
-            ["instance_id", "reason"],
-            registry=state.metrics.registry,
-        )
 
     def invalidate(self) -> None:
         self._body = None
@@ -85,22 +80,18 @@ class ModelsCache:
 
     async def _variant_models(self, variant: VariantRuntime) -> list[dict[str, Any]]:
         timeout_s = self.state.health.timeout_s
-        results = await asyncio.gather(
-            *(
-                self._fetch(i.instance_id, i.base_url + "/v1/models", timeout_s)
-                for i in variant.healthy
-            )
-        )
+        results = await asyncio.gather(*(self._fetch(i, timeout_s) for i in variant.healthy))
         out: list[dict[str, Any]] = []
         for entries in results:
             out.extend(entries)
         return out
 
-    async def _fetch(self, instance_id: str, url: str, timeout_s: float) -> list[dict[str, Any]]:
+    async def _fetch(self, inst: InstanceRuntime, timeout_s: float) -> list[dict[str, Any]]:
         """The instance's model entries; none if it is unreachable, answers an error, or its
         answer is malformed, over ``MAX_ANSWER_BYTES`` or nested deeper than
         ``MAX_ANSWER_DEPTH`` (those three are logged and counted): one instance's answer can
         only drop its own models, never fail the list."""
+        url = inst.base_url + "/v1/models"
         try:
             async with self._prober.get(url, timeout_s) as resp:
                 if resp.status != 200:
@@ -110,22 +101,25 @@ class ModelsCache:
             log.debug("models from %s failed: %r", url, err)
             return []
         except _TooLargeError:
-            return self._dropped(instance_id, url, "too_large")
+            return self._dropped(inst, url, "too_large")
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return self._dropped(instance_id, url, "malformed")
+            return self._dropped(inst, url, "malformed")
         data = payload.get("data") if isinstance(payload, dict) else None
         if not isinstance(data, list):
-            return self._dropped(instance_id, url, "malformed")
+            return self._dropped(inst, url, "malformed")
         entries = [e for e in data if isinstance(e, dict) and isinstance(e.get("id"), str)]
         if any(deepest_field(e, MAX_ANSWER_DEPTH) is not None for e in entries):
-            return self._dropped(instance_id, url, "too_deep")
+            return self._dropped(inst, url, "too_deep")
         return entries
 
-    def _dropped(self, instance_id: str, url: str, reason: str) -> list[dict[str, Any]]:
-        log.warning("models from %s (%s) left out: answer %s", url, instance_id, reason)
-        self.dropped.labels(instance_id, reason).inc()
+    def _dropped(self, inst: InstanceRuntime, url: str, reason: str) -> list[dict[str, Any]]:
+        """Log and count a bad answer; one read after its instance left its variant is not
+        counted (that id's series may have gone: ``gateway.departures``)."""
+        log.warning("models from %s (%s) left out: answer %s", url, inst.instance_id, reason)
+        if not inst.removed:
+            self.state.metrics.models_dropped.labels(inst.instance_id, reason).inc()
         return []
 
 
