@@ -1,4 +1,4 @@
-"""The per-instance metric series of the instances that left a variant.
+"""The metric series of the instances that left a variant, and of the variants removed.
 
 An instance that leaves (a pod replaced by a rollout, a reload, an admin change) takes every
 series labelled with it along, so that a fleet whose pods churn does not grow ``/metrics`` and
@@ -12,6 +12,17 @@ count is lost); they go at the first ``sweep`` after the last such request ended
 the variant's instance set, and each health round). Nothing re-creates them afterwards: a request
 counts its outcome before it gives its load back, so an instance with no load has no count to
 come. None of this runs per request.
+
+A variant removed (a reload, an admin or InferenceEndpoint change) takes its series along too
+(``forget_variant``: ``requests_total`` with ``instance_id="none"``, ``decision_seconds``,
+``overhead_seconds``, ``ttft_seconds``, the predicted hits, ``retries_total``,
+``flow_wait_seconds``, ``flow_ttft_seconds``; flow control's and the hold's own series by their
+``forget_variant``), at the first health round after its last request ended: none on its
+instances, none parked in its flow gate, none held (``GatewayState.forget_departed``). A
+request that picked the variant before it went but held none of that (keying a large body off
+the loop) and counts later counts into a series of its own, never exported
+(``Departures.series_gone``; it is neither queued nor held any more): nothing re-creates them.
+A variant of that name added again before then keeps them (they are its own).
 
 The models cache's ``models_answers_dropped_total{instance_id,reason}`` is labelled with the id
 alone (one id may be in several variants): its series go once no variant has the id any more
@@ -43,6 +54,10 @@ class Departures:
         self.variant = variant
         self.cache = cache  # the variant's request counters by (instance, reason, status)
         self.draining: list[InstanceRuntime] = []
+        # the variant was removed and its series went (``forget_variant``): a request that still
+        # counts into it (it held none of its instances then) counts into a series of its own,
+        # never exported
+        self.series_gone = False
 
     def left(self, inst: InstanceRuntime, *, gone: bool) -> None:
         """``inst`` is no longer in the instance set: ``gone`` (its id too) or replaced by
@@ -74,3 +89,18 @@ def forget_models_answers(metrics: GatewayMetrics, live: set[str]) -> None:
     for labels in label_sets(dropped, ("instance_id", "reason")):
         if labels[0] not in live:
             dropped.remove(*labels)
+
+
+def forget_variant(metrics: GatewayMetrics, endpoint: str, variant: str) -> None:
+    """Drop every series labelled with the variant (removed, and no request left to it): the
+    request counters (``instance_id="none"`` too), the decision, overhead and TTFT histograms,
+    predicted hits, retries and flow control's histograms (the per-instance ones went with its
+    instances)."""
+    where = (endpoint, variant)
+    families = (metrics.requests, metrics.decision, metrics.overhead, metrics.ttft,
+                metrics.prefix_hits, metrics.cached_blocks, metrics.retries, metrics.flow_wait,
+                metrics.flow_ttft)  # fmt: skip
+    for family in families:
+        for key in family.label_sets():
+            if key[:2] == where:
+                family.remove(*key)

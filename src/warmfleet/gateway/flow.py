@@ -288,6 +288,7 @@ class GatewayFlow:
         self._wake = asyncio.Event()
         self._on_routable = self._routable  # one bound method (compared on every request)
         metrics.registry.register(FlowCollector(self._gates, lambda: self.cancelled_count))
+        state.series_owners.append(self)  # told when a removed variant's series go
 
     def flow_of(self, variant: VariantRuntime, config: FlowControlConfig) -> VariantFlow:
         flow = self.flows.get(variant)
@@ -381,6 +382,16 @@ class GatewayFlow:
             self._prune()
             for flow in self.all():
                 flow.drain()
+
+    def waiting(self, endpoint: str, variant: str) -> bool:
+        """Whether a flow of that variant (a retired one too) still has a request."""
+        where = (endpoint, variant)
+        return any(f.busy() for f in self.all() if (f.variant.endpoint, f.variant.name) == where)
+
+    def forget_variant(self, endpoint: str, variant: str) -> None:
+        """That variant is gone and its flows are idle: they leave now, its count too."""
+        self._prune()
+        self.cancelled_count.pop((endpoint, variant), None)
 
     def cancelled(self, flow: VariantFlow) -> None:
         key = (flow.variant.endpoint, flow.variant.name)

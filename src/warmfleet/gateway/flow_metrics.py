@@ -3,7 +3,8 @@ per (band, tenant) -- the demand the autoscaler reads (``control.load``) --, she
 served prompt tokens, cancellations and the TTFT predictor's calibration. Tenant labels are the
 configured tenants and ``other`` (bounded label sets); every configured flow has a depth sample,
 0 when empty. A gate replaced by a reload keeps counting until idle, then its counts leave (a
-counter reset)."""
+counter reset); a removed variant's cancellations go with its other series
+(``GatewayFlow.forget_variant``)."""
 
 from __future__ import annotations
 

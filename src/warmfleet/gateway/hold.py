@@ -42,6 +42,7 @@ class GatewayHold:
         self.queue = ZeroReadyHold(1, 1.0, clock)  # limits from spec.hold at each admission
         self._futures: dict[Waiter, asyncio.Future[None]] = {}
         registry.register(_HoldCollector(self))
+        state.series_owners.append(self)  # told when a removed variant's series go
 
     def active(self) -> bool:
         return self.state.spec.hold is not None
@@ -74,6 +75,14 @@ class GatewayHold:
             raise
         finally:
             self._futures.pop(waiter, None)
+
+    def waiting(self, endpoint: str, variant: str) -> bool:
+        """Whether a request for that variant is held."""
+        return self.queue.held((endpoint, variant)) > 0
+
+    def forget_variant(self, endpoint: str, variant: str) -> None:
+        """That variant is gone and none of its requests is held: its outcomes go."""
+        self.queue.forget((endpoint, variant))
 
     def release(self, variant: VariantRuntime) -> None:
         """``variant`` has a routable instance: its held requests go on."""

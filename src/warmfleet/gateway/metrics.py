@@ -35,7 +35,8 @@ Names (all prefixed ``warmfleet_gateway_``; the engine instance is ``instance_id
 The series above with an ``instance_id`` go when their instance leaves its variant: the gauges
 at once, the counters once no request is in flight to it (``gateway.departures``);
 ``models_answers_dropped_total``, labelled with the id alone, once no variant has that id (at
-the next health round).
+the next health round). A removed variant's series (``endpoint,variant``) go once its last
+request has ended (``gateway.departures.forget_variant``).
 
 The metrics updated on every proxied request (requests, in-flight, decision/overhead/TTFT
 histograms, predicted hits, retries) are ``FastCounter`` / ``FastGauge`` / ``FastHistogram``:

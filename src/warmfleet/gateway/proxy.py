@@ -90,12 +90,23 @@ class Proxy:
         ``router`` is the one that built ``key``: a strategy switch meanwhile applies to the
         next request, never to half of this one."""
         ticket: Ticket | None = None
-        if flow is not None and self.flow is not None and variant.routing_config.flow is not None:
+        # (a variant removed whose series went is neither queued nor held: it has no instance)
+        if (
+            flow is not None
+            and self.flow is not None
+            and variant.routing_config.flow is not None
+            and not variant.departures.series_gone
+        ):
             admitted = await self.flow.admit(variant, router, key, flow)
             if isinstance(admitted, Response):
                 return admitted
             ticket = admitted
-        elif not variant.routable and self.hold is not None and self.hold.active():
+        elif (
+            not variant.routable
+            and self.hold is not None
+            and self.hold.active()
+            and not variant.departures.series_gone
+        ):
             shed = await self.hold.wait(variant)  # scale from zero: until one is ready
             if shed is not None:
                 return shed

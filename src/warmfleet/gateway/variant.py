@@ -374,11 +374,12 @@ class VariantRuntime:
     def request_counter(self, instance: str, reason: str, status: str) -> FastValue:
         key = (instance, reason, status)
         child = self._requests.get(key)
-        if child is None:
-            child = self._metrics.requests.labels(
-                self.endpoint, self.name, instance, reason, status
+        if child is None:  # (removed and its series gone: one never exported, ``departures``)
+            labels = (self.endpoint, self.name, *key)
+            gone = self.departures.series_gone
+            child = self._requests[key] = (
+                FastValue() if gone else self._metrics.requests.labels(*labels)
             )
-            self._requests[key] = child
         return child
 
     def spill_counter(self, instance: str) -> Counter:

@@ -9,12 +9,12 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from itertools import accumulate
-from typing import Any
+from typing import Any, Protocol
 
 from warmfleet.core.errors import ConfigError, NotFoundError
 from warmfleet.engine.presets import preset_names
 from warmfleet.gateway.config import GatewayConfig, GatewaySpec, check_origin
-from warmfleet.gateway.departures import forget_models_answers
+from warmfleet.gateway.departures import forget_models_answers, forget_variant
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.server_config import HealthConfig, LimitsConfig
 from warmfleet.gateway.variant import RouterFactory, VariantRuntime
@@ -90,8 +90,10 @@ class GatewayState:
         self.factory = factory
         self.rng = random.Random(config.spec.seed)
         self.endpoints: dict[str, EndpointRuntime] = {}
-        # removed variants whose departed instances still have requests in flight
+        # removed variants, until their last request has ended (``forget_departed``)
         self.retired: list[VariantRuntime] = []
+        # what holds a variant's requests or series besides it (flow control, the hold)
+        self.series_owners: list[VariantSeries] = []
         self.config = config
         check_routers(config, factory)
         check_instances(config)
@@ -212,28 +214,65 @@ class GatewayState:
         self.endpoints = endpoints
 
     def _retire(self, variant: VariantRuntime) -> None:
-        """A variant removed: its instances leave (their series go once their requests have
-        ended: ``forget_departed``); in-flight requests keep their references."""
+        """A variant removed: its instances leave, and its series go once its last request has
+        ended (``forget_departed``); in-flight requests keep their references."""
         variant.set_instances([])
-        if variant.departures.draining:
-            self.retired.append(variant)
+        self.retired.append(variant)
 
     def forget_departed(self) -> None:
-        """Forget the series of the instances that left once their last request has ended
-        (every health round; ``gateway.departures``)."""
+        """Forget the series of the instances that left, and of the variants removed, once
+        their last request has ended (every health round; ``gateway.departures``)."""
         live: set[str] = set()
         for variant in self.variants():
             variant.departures.sweep(variant.instances)
             live.update(variant.instances)
         forget_models_answers(self.metrics, live)
+        holding = [self._in_flight(old) for old in self.retired]
+        busy = {
+            (old.endpoint, old.name)
+            for old, held in zip(self.retired, holding, strict=True)
+            if held
+        }
         retired: list[VariantRuntime] = []
+        gone: set[tuple[str, str]] = set()
         for old in self.retired:
-            current = self.endpoints.get(old.endpoint)
-            same = current.variants.get(old.name) if current is not None else None
-            # a variant of that name added again: its instances' series are its own
-            if old.departures.sweep(same.instances if same is not None else {}):
+            where = (old.endpoint, old.name)
+            if where in busy:  # (kept until every removed object of that name has drained)
                 retired.append(old)
+            elif self._variant(*where) is None:  # (else its series are the new one's)
+                old.departures.series_gone = True  # a late count goes nowhere
+                gone.add(where)
         self.retired = retired
+        for where in gone:
+            forget_variant(self.metrics, *where)
+            for owner in self.series_owners:
+                owner.forget_variant(*where)
+
+    def _in_flight(self, old: VariantRuntime) -> bool:
+        """Whether a request still holds removed variant ``old``: on one of its instances, in
+        its flow gate or held (a variant of that name added again: only the instances count,
+        the series are the new one's too)."""
+        same = self._variant(old.endpoint, old.name)
+        if old.departures.sweep(same.instances if same is not None else {}):
+            return True
+        return same is None and any(o.waiting(old.endpoint, old.name) for o in self.series_owners)
+
+    def _variant(self, endpoint: str, name: str) -> VariantRuntime | None:
+        current = self.endpoints.get(endpoint)
+        return current.variants.get(name) if current is not None else None
+
+
+class VariantSeries(Protocol):
+    """Keeps requests and series of variants besides ``VariantRuntime``: flow control, the
+    hold. Told when a removed variant's series go."""
+
+    def waiting(self, endpoint: str, variant: str) -> bool:
+        """Whether a request of that variant is still parked here."""
+        ...
+
+    def forget_variant(self, endpoint: str, variant: str) -> None:
+        """That variant is gone and none of its requests is left: drop what is kept of it."""
+        ...
 
 
 def build_router_or_raise(factory: RouterFactory, routing: RoutingConfig, where: str) -> None:

@@ -119,6 +119,14 @@ class ZeroReadyHold:
         self._count(waiter.key, outcome)
         return True
 
+    def forget(self, key: Hashable) -> None:
+        """``key`` is gone (no waiter left): its outcome counts and its line go."""
+        line = self._lines.get(key)
+        if line is not None and not line.waiters:
+            del self._lines[key]
+        for counted in [k for k in self.outcomes if k[0] == key]:
+            del self.outcomes[counted]
+
     def next_deadline_s(self) -> float | None:
         deadlines = [w.deadline_s for line in self._lines.values() for w in line.waiters.values()]
         return min(deadlines, default=None)
