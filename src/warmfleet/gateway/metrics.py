@@ -337,16 +337,7 @@ class GatewayMetrics:
             buckets=_TTFT_BUCKETS,
             registry=reg,
         )
-        self.reloads = Counter(
-            f"{_PREFIX}_config_reloads", "Configuration changes", ("source", "result"), registry=reg
-        )
-        self.models_dropped = Counter(
-            f"{_PREFIX}_models_answers_dropped",
-            "Instances' /v1/models answers left out of GET /v1/models (malformed, too large "
-            "or too deep)",
-            ("instance_id", "reason"),
-            registry=reg,
-        )
+        self.reloads, self.models_dropped = _control_counters(reg)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -372,6 +363,21 @@ class GatewayMetrics:
             for labels in label_sets(by_cause, ("endpoint", "variant", "instance_id", "cause")):
                 if labels[0] == endpoint and labels[1] == variant and labels[2] in instances:
                     by_cause.remove(*labels)
+
+
+def _control_counters(reg: CollectorRegistry) -> tuple[Counter, Counter]:
+    """The configuration reloads and the models cache's dropped answers (off the request path)."""
+    reloads = Counter(
+        f"{_PREFIX}_config_reloads", "Configuration changes", ("source", "result"), registry=reg
+    )
+    models_dropped = Counter(
+        f"{_PREFIX}_models_answers_dropped",
+        "Instances' /v1/models answers left out of GET /v1/models (malformed, too large "
+        "or too deep)",
+        ("instance_id", "reason"),
+        registry=reg,
+    )
+    return reloads, models_dropped
 
 
 def label_sets(counter: Counter, names: tuple[str, ...]) -> set[tuple[str, ...]]:

@@ -88,9 +88,8 @@ class Proxy:
         route it, or answer it 429/503.
 
         ``router`` is the one that built ``key``: a strategy switch meanwhile applies to the
-        next request, never to half of this one."""
+        next request, never to half of this one. (A removed variant is neither queued nor held.)"""
         ticket: Ticket | None = None
-        # (a variant removed whose series went is neither queued nor held: it has no instance)
         if (
             flow is not None
             and self.flow is not None
@@ -101,15 +100,8 @@ class Proxy:
             if isinstance(admitted, Response):
                 return admitted
             ticket = admitted
-        elif (
-            not variant.routable
-            and self.hold is not None
-            and self.hold.active()
-            and not variant.departures.series_gone
-        ):
-            shed = await self.hold.wait(variant)  # scale from zero: until one is ready
-            if shed is not None:
-                return shed
+        elif not variant.routable and (shed := await self._hold(variant)) is not None:
+            return shed
         try:
             return await self._route(
                 request,
@@ -125,6 +117,13 @@ class Proxy:
         finally:
             if ticket is not None:
                 ticket.done()
+
+    async def _hold(self, variant: VariantRuntime) -> Response | None:
+        """With ``spec.hold`` active, wait until one of ``variant``'s instances is ready (scale
+        from zero); the answer if the request is shed instead."""
+        if self.hold is None or not self.hold.active() or variant.departures.series_gone:
+            return None
+        return await self.hold.wait(variant)
 
     async def _route(
         self,
