@@ -1,17 +1,54 @@
 """Names two endpoints both derive (endpoint ``chat`` variant ``prod-a`` and endpoint
 ``chat-prod`` variant ``a`` name the same Deployment): the first to hold one keeps it, the
 other reports a ``NameConflict`` condition, keeps serving what it has, and takes the name once
-it is free; a backend's other objects (Services, objects it does not manage) count too."""
+it is free; a backend's other objects (Services, ModelCaches, objects it does not manage)
+count too."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from control_support import endpoint, nodes, run, spec
 
 from warmfleet.api import names
-from warmfleet.api.resources import Condition, InferenceEndpointSpec, ProductionVariant
-from warmfleet.control.actions import ApplyDeployment, DeleteDeployment, ScaleDeployment
-from warmfleet.control.claims import CONDITION, NameConflict, name_conflicts
-from warmfleet.control.observed import DesiredEndpoint, HeldName, ObservedState
+from warmfleet.api.resources import (
+    Condition,
+    ImageCacheSpec,
+    InferenceEndpointSpec,
+    ModelCacheSpec,
+    ModelSource,
+    ProductionVariant,
+)
+from warmfleet.control.actions import (
+    ApplyDeployment,
+    ApplyImageCache,
+    ApplyImagePuller,
+    ApplyModelCache,
+    AssignNodeCaches,
+    DeleteDeployment,
+    DeleteImageCache,
+    DeleteImagePuller,
+    DeleteModelCache,
+    ReleaseEndpoint,
+    ScaleDeployment,
+    UpdateEndpointStatus,
+    UpdateImageCacheStatus,
+    UpdateModelCacheStatus,
+)
+from warmfleet.control.claims import (
+    CONDITION,
+    IMAGE_CACHE,
+    MODEL_CACHE,
+    NameConflict,
+    name_conflicts,
+)
+from warmfleet.control.observed import (
+    DesiredEndpoint,
+    HeldName,
+    ObservedImageCache,
+    ObservedModelCache,
+    ObservedState,
+)
 from warmfleet.control.reconciler import plan
 from warmfleet.control.world import World
 
@@ -117,3 +154,63 @@ def test_services_and_objects_it_does_not_manage_are_contested_as_the_backend_re
     assert name_conflicts([other, chat], ObservedState(0.0, held=held)) == {
         "chat-prod": (NameConflict(names.DEPLOYMENT, dep, "Rollout r"),)
     }
+
+
+def test_a_model_cache_no_endpoint_holds_is_neither_written_deleted_nor_waited_for() -> None:
+    llama = endpoint("llama")
+    name = names.model_cache_name("llama", llama.spec)
+    source = ModelSource(uri="s3://theirs/model")
+    theirs = ModelCacheSpec(model_source=source, owner="llama")  # the owner field alone
+    caches = (ObservedModelCache(name, theirs, 0.0), ObservedModelCache("their-cache", theirs, 0.0))
+    kinds = frozenset({names.DEPLOYMENT, names.SERVICE, MODEL_CACHE})
+    held = tuple(_held(MODEL_CACHE, c.name, None) for c in caches)
+    observed = ObservedState(
+        0.0, nodes=tuple(nodes(2)), model_caches=caches, held=held, named_kinds=kinds
+    )
+    actions = plan([llama], observed)
+    cache_actions = (ApplyModelCache, DeleteModelCache, UpdateModelCacheStatus, ApplyDeployment)
+    assert [a for a in actions if isinstance(a, cache_actions)] == []
+    told = {c.cache for a in actions if isinstance(a, AssignNodeCaches) for c in a.caches}
+    assert name not in told  # its nodes are not filled under that name
+    (status,) = [a.status for a in actions if isinstance(a, UpdateEndpointStatus)]
+    conflict = next(c for c in status.conditions if c.type == CONDITION)
+    assert f"ModelCache {name} belongs to Rollout r" in conflict.message
+    deleting = replace(llama, deleting=True)  # not held up by a cache that is not its own
+    assert ReleaseEndpoint("llama") in plan([deleting], observed)
+
+    free = ObservedState(0.0, nodes=tuple(nodes(2)), named_kinds=kinds)
+    assert [a.name for a in plan([llama], free) if isinstance(a, ApplyModelCache)] == [name]
+
+
+def test_an_image_cache_warmfleet_does_not_manage_is_neither_written_pulled_nor_deleted() -> None:
+    """Its name the endpoint's or not, labelled on no node (what lets a cache of warmfleet's go):
+    the plan leaves it be, and the endpoints whose image cache name it has report it.
+    warmfleet's own image caches are shared: endpoints do not contest those."""
+    llama, other = endpoint("llama"), endpoint("other")
+    name = names.image_cache_name(llama.spec.image, llama.spec.node_selector)
+    theirs = ImageCacheSpec(image=llama.spec.image)
+    caches = (ObservedImageCache(name, theirs, 0.0), ObservedImageCache("their-img", theirs, 0.0))
+    kinds = frozenset({names.DEPLOYMENT, names.SERVICE, MODEL_CACHE, IMAGE_CACHE})
+    held = tuple(_held(IMAGE_CACHE, c.name, None) for c in caches)
+    observed = ObservedState(
+        0.0, tuple(nodes(2)), image_caches=caches, held=held, named_kinds=kinds
+    )
+    actions = plan([llama, other], observed)
+    cache_actions = (
+        ApplyImageCache,
+        ApplyImagePuller,
+        DeleteImageCache,
+        DeleteImagePuller,
+        UpdateImageCacheStatus,
+    )
+    assert [a for a in actions if isinstance(a, cache_actions)] == []
+    statuses = {a.name: a.status for a in actions if isinstance(a, UpdateEndpointStatus)}
+    for status in statuses.values():
+        conflict = next(c for c in status.conditions if c.type == CONDITION)
+        assert f"ImageCache {name} belongs to Rollout r" in conflict.message
+    assert any(isinstance(a, ApplyModelCache) for a in actions)  # the weights cache is not
+
+    free = ObservedState(0.0, tuple(nodes(2)), named_kinds=kinds)
+    assert name_conflicts([llama, other], free) == {}  # one cache for both
+    (made,) = [a for a in plan([llama, other], free) if isinstance(a, ApplyImageCache)]
+    assert [p.name for p in made.spec.parent_references] == ["llama", "other"]

@@ -11,7 +11,7 @@ ticking ``Clock``, ``create_endpoint`` (with the finalizer kopf adds) and ``conv
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import aiohttp
@@ -24,6 +24,7 @@ from warmfleet.operator.controller import Controller, PassResult
 Obj = dict[str, Any]
 NS = "default"
 TS = "2026-11-29T12:00:00+00:00"
+JSON = "application/json"
 
 RESOURCES = {
     "v1/nodes": ("Node", False, ()),
@@ -189,6 +190,41 @@ class FakeCluster:
             n: {k for k in (o["metadata"].get("labels") or {}) if names.is_managed_label(k)}
             for n, o in (await self.nodes()).items()
         }
+
+
+class ServerClient(kube.KubeClient):
+    """A client whose API server checks what kmock does not: it gives each object it creates
+    a uid and refuses a DELETE whose ``preconditions.uid`` is not the object's (409), as a real
+    API server does. ``race(path)``: another writer's work, done before each request of a
+    method in ``on`` (DELETE unless told) reaches the server until it says it acted (e.g. the
+    object deleted and created again)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        race: Callable[[str], Awaitable[bool]] | None = None,
+        on: Iterable[str] = ("DELETE",),
+    ) -> None:
+        super().__init__(session, url)
+        self._race = race
+        self._on = frozenset(on)
+        self._uids = 0
+
+    async def _call(
+        self, method: str, path: str, body: Obj | None = None, *, content_type: str = JSON
+    ) -> Obj:
+        if method == "POST" and body is not None and "uid" not in body["metadata"]:
+            self._uids += 1
+            body = {**body, "metadata": {**body["metadata"], "uid": f"server-{self._uids}"}}
+        if method in self._on and self._race is not None and await self._race(path):
+            self._race = None
+        wanted = ((body or {}).get("preconditions") or {}).get("uid")
+        if method == "DELETE" and wanted:
+            current = await super()._call("GET", path)
+            if current["metadata"].get("uid") != wanted:
+                raise kube.KubeError(f"DELETE {path}: HTTP 409: uid precondition", status=409)
+        return await super()._call(method, path, body, content_type=content_type)
 
 
 FINALIZER = "warmfleet.dev/finalizer"

@@ -1,11 +1,15 @@
 """Which endpoint a contested object name belongs to (pure).
 
 Names derived from an endpoint's and its variants' names can collide across endpoints
-(``names.derived_names``). The rules, those of a Kubernetes controller:
+(``names.derived_names``), and anyone may create an object of a name an endpoint derives (its
+weights cache's too: a user's own ModelCache, an earlier endpoint's of the same name; its image
+cache's: a user's own ImageCache). The rules, those of a Kubernetes controller:
 - an existing object belongs to whoever holds it: no other endpoint updates, adopts or deletes
   it (an object warmfleet does not manage is held by nobody it could give it to);
 - a name nobody holds yet goes to the first live endpoint, by name, that needs it (the order
-  the plan creates things in);
+  the plan creates things in), except an ImageCache's: warmfleet's ImageCaches are shared by
+  every endpoint that pulls that image onto those nodes (``SHARED``), only one warmfleet does
+  not manage is held elsewhere;
 - the others get a ``NameConflict`` condition naming the object and its holder, and get the
   name once it is free (level-triggered: recomputed every pass).
 """
@@ -21,6 +25,9 @@ from warmfleet.control.observed import DesiredEndpoint, HeldName, ObservedState
 
 CONDITION = "NameConflict"
 REASON = "NameHeldElsewhere"
+MODEL_CACHE = "ModelCache"
+IMAGE_CACHE = "ImageCache"
+SHARED = frozenset({IMAGE_CACHE})  # kinds whose objects warmfleet shares among endpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +50,8 @@ Conflicts = dict[str, tuple[NameConflict, ...]]  # endpoint name -> its conflict
 
 def holders(observed: ObservedState) -> dict[tuple[str, str], HeldName]:
     """(kind, name) -> its holder: the observed Deployments (held by the endpoint they were
-    made for), then what the backend reports besides (it knows more: controllers' uids)."""
+    made for), then what the backend reports besides (it knows more: controllers' uids; of a
+    ``SHARED`` kind, only the objects warmfleet does not manage)."""
     found = {
         (names.DEPLOYMENT, d.name): HeldName(names.DEPLOYMENT, d.name, d.endpoint)
         for d in observed.deployments
@@ -59,18 +67,39 @@ def name_conflicts(endpoints: Sequence[DesiredEndpoint], observed: ObservedState
     result: Conflicts = {}
     for endpoint in sorted((e for e in endpoints if not e.deleting), key=lambda e: e.name):
         found = []
-        for key in names.derived_names(endpoint.name, endpoint.spec):
+        for key in needed_names(endpoint):
             if key[0] not in observed.named_kinds:
                 continue
             holder = held.get(key)
             if holder is not None:
                 if not holder.owned_by(endpoint.name, endpoint.uid):
                     found.append(NameConflict(*key, holder.holder(endpoint.name)))
-            elif first.setdefault(key, endpoint.name) != endpoint.name:
+            elif key[0] not in SHARED and first.setdefault(key, endpoint.name) != endpoint.name:
                 found.append(NameConflict(*key, f"InferenceEndpoint {first[key]}"))
         if found:
             result[endpoint.name] = tuple(found)
     return result
+
+
+def needed_names(endpoint: DesiredEndpoint) -> list[tuple[str, str]]:
+    """(kind, name) of the objects the endpoint's current revision needs that another holder
+    may have: ``names.derived_names`` and, when it caches them, its ModelCache and ImageCache."""
+    spec = endpoint.spec
+    found = names.derived_names(endpoint.name, spec)
+    if spec.model_cache_config.weights_cache.enabled:
+        found.append((MODEL_CACHE, names.model_cache_name(endpoint.name, spec)))
+    if spec.model_cache_config.image_cache.enabled:
+        found.append((IMAGE_CACHE, names.image_cache_name(spec.image, spec.node_selector)))
+    return found
+
+
+def foreign(observed: ObservedState, kind: str) -> frozenset[str]:
+    """The names of the observed objects of ``kind`` that no endpoint holds (made by someone
+    else: warmfleet neither writes nor deletes them). Empty when the backend does not say who
+    holds that kind (``named_kinds``)."""
+    if kind not in observed.named_kinds:
+        return frozenset()
+    return frozenset(h.name for h in observed.held if h.kind == kind and h.endpoint is None)
 
 
 def blocked(conflicts: Sequence[NameConflict], kind: str) -> frozenset[str]:

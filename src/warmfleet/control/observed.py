@@ -167,9 +167,12 @@ class HeldName:
 
 @dataclass(frozen=True, slots=True)
 class ObservedState:
-    """``held``: existing objects beyond ``deployments`` (a backend's Services, objects it does
-    not manage) whose names endpoints derive; ``named_kinds``: the kinds of the objects the
-    backend names after endpoints (``names.derived_names``), those two endpoints may contest."""
+    """``held``: existing objects beyond ``deployments`` (a backend's Services and ModelCaches,
+    objects it does not manage) whose names endpoints derive (ImageCaches: only those warmfleet
+    does not manage, its own are shared, ``claims.SHARED``); ``named_kinds``: the kinds of the
+    objects the backend names after endpoints (``claims.needed_names``), those two endpoints
+    may contest (caches of a kind listed there that no endpoint holds are not the plan's:
+    ``claims.foreign``)."""
 
     now_s: float
     nodes: tuple[ObservedNode, ...] = ()

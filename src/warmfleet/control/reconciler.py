@@ -6,8 +6,11 @@ where every action already took effect is empty. Order of the returned actions: 
 node assignments first, then labels, deployments, deletions, statuses, finalizer releases.
 
 Rules (docs/fleet-controller.md has the reasoning):
-- a weights cache per endpoint revision, assigned to every ready node matching the selector;
-- an image cache per (image, node selector), shared, refcounted by ``parentReferences``;
+- a weights cache per endpoint revision, assigned to every ready node matching the selector
+  (``control.wanted``; none while another holds its name, ``control.claims``: ModelCaches no
+  endpoint holds are not the plan's at all);
+- an image cache per (image, node selector), shared, refcounted by ``parentReferences`` (none
+  while an ImageCache of its name is one warmfleet does not manage: those are not the plan's);
 - the first Deployment of a revision waits for the weights gate; images never gate;
 - rollover: new cache -> gate -> new Deployments -> all new replicas ready -> old Deployments
   deleted -> old cache unassigned -> its data gone -> old cache deleted; with a Rolling
@@ -20,15 +23,10 @@ Rules (docs/fleet-controller.md has the reasoning):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from warmfleet.api import names
-from warmfleet.api.resources import (
-    ImageCacheSpec,
-    ModelCacheSpec,
-    ParentReference,
-    ProductionVariant,
-)
+from warmfleet.api.resources import ProductionVariant
 from warmfleet.control.actions import (
     Action,
     ApplyDeployment,
@@ -48,39 +46,30 @@ from warmfleet.control.actions import (
     UpdateEndpointStatus,
 )
 from warmfleet.control.cache_status import cache_status_actions
-from warmfleet.control.claims import Conflicts, blocked, name_conflicts
+from warmfleet.control.claims import (
+    IMAGE_CACHE,
+    MODEL_CACHE,
+    Conflicts,
+    blocked,
+    foreign,
+    name_conflicts,
+)
 from warmfleet.control.endpoint_status import endpoint_status, variant_replicas
 from warmfleet.control.observed import DesiredEndpoint, ObservedDeployment, ObservedState
 from warmfleet.control.placement import preferences
 from warmfleet.control.rollout import rolling_step
 from warmfleet.control.status import count, gate_decision, target_nodes
-
-
-@dataclass(slots=True)
-class _Wanted:
-    model_caches: dict[str, ModelCacheSpec] = field(default_factory=dict)
-    image_images: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
-    image_parents: dict[str, set[ParentReference]] = field(default_factory=dict)
-
-    def want_image(
-        self, cache: str, image: str, selector: dict[str, str], parent: ParentReference
-    ) -> None:
-        self.image_images.setdefault(cache, (image, selector))
-        self.image_parents.setdefault(cache, set()).add(parent)
-
-    def image_spec(self, cache: str) -> ImageCacheSpec:
-        image, selector = self.image_images[cache]
-        parents = sorted(self.image_parents[cache], key=lambda p: (p.namespace, p.name, p.uid))
-        return ImageCacheSpec(image=image, node_selector=selector, parent_references=tuple(parents))
+from warmfleet.control.wanted import Wanted
+from warmfleet.control.wanted import wanted as wanted_caches
 
 
 def plan(
     desired: Sequence[DesiredEndpoint], observed: ObservedState, conflicts: Conflicts | None = None
 ) -> list[Action]:
     endpoints = sorted(desired, key=lambda e: e.name)
-    observed = _by_name(observed)
-    wanted = _wanted(endpoints, observed)
     conflicts = name_conflicts(endpoints, observed) if conflicts is None else conflicts
+    observed = _by_name(observed)
+    wanted = wanted_caches(endpoints, observed, conflicts)
     actions: list[Action] = []
     actions += _model_cache_objects(wanted, observed)
     actions += _image_cache_objects(wanted, observed)
@@ -97,66 +86,26 @@ def plan(
 
 def _by_name(observed: ObservedState) -> ObservedState:
     """The observed collections in name order: the plan (its action order included) must not
-    depend on the order a backend listed things in."""
+    depend on the order a backend listed things in. Caches no endpoint holds (a ModelCache of
+    no endpoint, an ImageCache warmfleet does not manage) are left out: warmfleet neither
+    writes, deletes, gives a status to nor waits for them (``claims.foreign``)."""
+    not_models = foreign(observed, MODEL_CACHE)
+    models = (c for c in observed.model_caches if c.name not in not_models)
+    not_images = foreign(observed, IMAGE_CACHE)
+    images = (c for c in observed.image_caches if c.name not in not_images)
     return replace(
         observed,
         nodes=tuple(sorted(observed.nodes, key=lambda n: n.name)),
-        model_caches=tuple(sorted(observed.model_caches, key=lambda c: c.name)),
-        image_caches=tuple(sorted(observed.image_caches, key=lambda c: c.name)),
+        model_caches=tuple(sorted(models, key=lambda c: c.name)),
+        image_caches=tuple(sorted(images, key=lambda c: c.name)),
         deployments=tuple(sorted(observed.deployments, key=lambda d: d.name)),
     )
-
-
-# ------------------------------------------------------------------------------ what is wanted
-
-
-def _parent(endpoint: DesiredEndpoint) -> ParentReference:
-    return ParentReference(name=endpoint.name, namespace=endpoint.namespace, uid=endpoint.uid)
-
-
-def _wanted(endpoints: Sequence[DesiredEndpoint], observed: ObservedState) -> _Wanted:
-    wanted = _Wanted()
-    live = {e.name: e for e in endpoints if not e.deleting}
-    for endpoint in live.values():
-        spec = endpoint.spec
-        cache_config = spec.model_cache_config
-        if cache_config.weights_cache.enabled:
-            wanted.model_caches[names.model_cache_name(endpoint.name, spec)] = ModelCacheSpec(
-                host_path=cache_config.weights_cache.host_path,
-                model_source=spec.model_source,
-                node_selector=dict(spec.node_selector),
-                owner=endpoint.name,
-            )
-        if cache_config.image_cache.enabled:
-            cache = names.image_cache_name(spec.image, spec.node_selector)
-            wanted.want_image(cache, spec.image, dict(spec.node_selector), _parent(endpoint))
-    listed = {e.name for e in endpoints}
-    for deployment in observed.deployments:  # caches still used by older revisions stay
-        endpoint_or_none = live.get(deployment.endpoint)
-        if endpoint_or_none is None and deployment.endpoint in listed:
-            continue  # deleting: its Deployments go in this pass, its caches after them
-        model = observed.model_cache(deployment.model_cache or "")
-        if model is not None and deployment.model_cache not in wanted.model_caches:
-            wanted.model_caches[model.name] = model.spec
-        image = observed.image_cache(deployment.image_cache or "")
-        if image is None:
-            continue
-        # an endpoint the backend did not list (e.g. its spec no longer validates) keeps the
-        # references it had: only a deleting endpoint gives its caches up
-        parents = (
-            [_parent(endpoint_or_none)]
-            if endpoint_or_none is not None
-            else [p for p in image.spec.parent_references if p.name == deployment.endpoint]
-        )
-        for parent in parents:
-            wanted.want_image(image.name, image.spec.image, dict(image.spec.node_selector), parent)
-    return wanted
 
 
 # ------------------------------------------------------------------------------ caches
 
 
-def _model_cache_objects(wanted: _Wanted, observed: ObservedState) -> list[Action]:
+def _model_cache_objects(wanted: Wanted, observed: ObservedState) -> list[Action]:
     actions: list[Action] = []
     for name, spec in sorted(wanted.model_caches.items()):
         current = observed.model_cache(name)
@@ -165,7 +114,7 @@ def _model_cache_objects(wanted: _Wanted, observed: ObservedState) -> list[Actio
     return actions
 
 
-def _image_cache_objects(wanted: _Wanted, observed: ObservedState) -> list[Action]:
+def _image_cache_objects(wanted: Wanted, observed: ObservedState) -> list[Action]:
     actions: list[Action] = []
     for name in sorted(wanted.image_images):
         spec = wanted.image_spec(name)
@@ -177,7 +126,7 @@ def _image_cache_objects(wanted: _Wanted, observed: ObservedState) -> list[Actio
     return actions
 
 
-def _assignments(wanted: _Wanted, observed: ObservedState) -> list[Action]:
+def _assignments(wanted: Wanted, observed: ObservedState) -> list[Action]:
     actions: list[Action] = []
     for node in observed.nodes:
         if not node.ready:
@@ -192,7 +141,7 @@ def _assignments(wanted: _Wanted, observed: ObservedState) -> list[Action]:
     return actions
 
 
-def _labels(wanted: _Wanted, observed: ObservedState) -> list[Action]:
+def _labels(wanted: Wanted, observed: ObservedState) -> list[Action]:
     actions: list[Action] = []
     for node in observed.nodes:
         target: dict[str, str] = {}
@@ -349,7 +298,7 @@ def _revision_ready(
 # ------------------------------------------------------------------------------ GC, status
 
 
-def _collect_garbage(wanted: _Wanted, observed: ObservedState) -> list[Action]:
+def _collect_garbage(wanted: Wanted, observed: ObservedState) -> list[Action]:
     actions: list[Action] = []
     for cache in observed.model_caches:
         if cache.name in wanted.model_caches:
@@ -372,7 +321,7 @@ def _collect_garbage(wanted: _Wanted, observed: ObservedState) -> list[Action]:
 
 
 def _statuses(
-    endpoints: Sequence[DesiredEndpoint], wanted: _Wanted, observed: ObservedState, c: Conflicts
+    endpoints: Sequence[DesiredEndpoint], wanted: Wanted, observed: ObservedState, c: Conflicts
 ) -> list[Action]:
     actions = cache_status_actions(set(wanted.model_caches), set(wanted.image_images), observed)
     for endpoint in endpoints:

@@ -20,7 +20,7 @@ from warmfleet.kube.endpointslices import served_versions, slice_version
 
 log = logging.getLogger(__name__)
 CONFLICT_ATTEMPTS = 5
-_CONFLICT = 409
+CONFLICT = 409
 
 Obj = dict[str, Any]
 
@@ -170,13 +170,15 @@ class KubeClient:
         change: Callable[[Obj], Obj],
         *,
         create: Obj | None = None,
+        sub: str | None = None,
     ) -> Obj | None:
         """Read-modify-write with optimistic concurrency: the merge patch ``change(current)``
         carries the ``resourceVersion`` it was computed from, so the API server refuses it
         (409) if the object changed since; then it is read and computed again, at most
         ``CONFLICT_ATTEMPTS`` times (``conflicts_retried`` counts the retries). A missing
         object is created from ``create`` (an object created meanwhile is a conflict too);
-        without ``create`` the result is ``None``."""
+        without ``create`` the result is ``None``. ``sub``: the patch goes to that subresource
+        (``status``; the server checks the version there too, before it takes the status)."""
         for attempt in range(1, CONFLICT_ATTEMPTS + 1):
             current = await self.get(resource, namespace, name)
             try:
@@ -188,9 +190,9 @@ class KubeClient:
                 version = (current.get("metadata") or {}).get("resourceVersion")
                 if version:  # an API emulator may not version objects
                     patch.setdefault("metadata", {})["resourceVersion"] = version
-                return await self.patch(resource, namespace, name, patch)
+                return await self.patch(resource, namespace, name, patch, sub=sub)
             except KubeError as err:
-                if err.status != _CONFLICT or attempt == CONFLICT_ATTEMPTS:
+                if err.status != CONFLICT or attempt == CONFLICT_ATTEMPTS:
                     raise
                 self.conflicts_retried += 1
                 log.info("%s %s changed since it was read (%s): read again", resource.plural,
@@ -206,9 +208,25 @@ class KubeClient:
             self._slices = replace(ENDPOINT_SLICES, version=version)
         return self._slices
 
-    async def delete(self, resource: Resource, namespace: str | None, name: str) -> None:
+    async def delete(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        *,
+        uid: str = "",
+        resource_version: str = "",
+    ) -> None:
+        """Delete (an object already gone is no error). ``uid`` / ``resource_version``: the
+        API server deletes only that very object, as read (``DeleteOptions.preconditions``);
+        one deleted and created again, or changed, since is refused with a 409
+        (``KubeError.status``), left to the caller."""
+        preconditions = {"uid": uid, "resourceVersion": resource_version}
+        preconditions = {k: v for k, v in preconditions.items() if v}
+        # no apiVersion/kind: the server reads a DeleteOptions of its own group version
+        body = {"preconditions": preconditions} if preconditions else None
         try:
-            await self._call("DELETE", resource.path(namespace, name))
+            await self._call("DELETE", resource.path(namespace, name), body)
         except KubeError as err:
             if err.status != 404:
                 raise

@@ -29,7 +29,13 @@ from warmfleet.control.actions import (
     UpdateModelCacheStatus,
 )
 from warmfleet.control.autoscaler import AutoscalerState
-from warmfleet.control.claims import Conflicts, blocked, name_conflicts
+from warmfleet.control.claims import (
+    IMAGE_CACHE,
+    MODEL_CACHE,
+    Conflicts,
+    blocked,
+    name_conflicts,
+)
 from warmfleet.control.load import VariantKey, autoscale, in_flight_by_variant
 from warmfleet.control.observed import DesiredEndpoint, ObservedState
 from warmfleet.control.reconciler import plan
@@ -75,6 +81,7 @@ class Controller:
         self._metrics = metrics
         self._scale_states: dict[VariantKey, AutoscalerState] = {}
         self._conflicts: Conflicts = {}  # this pass's (control.claims)
+        self._read: dict[tuple[str, str], Obj] = {}  # this pass's objects, (plural, name)
         self._lock = asyncio.Lock()
 
     async def snapshot(self) -> Snapshot:
@@ -93,6 +100,7 @@ class Controller:
     async def reconcile(self) -> PassResult:
         async with self._lock:
             snap = await self.snapshot()
+            self._read = _read_index(snap)
             now_s = self._clock()
             desired = desired_endpoints(snap)
             observed = observed_state(snap, now_s)
@@ -134,7 +142,7 @@ class Controller:
             if owner is None or part is None or part in variants[owner.name]:
                 continue
             if ownership.owned(names.SERVICE, service, owner):  # not another's of that name
-                await self._client.delete(kube.SERVICES, self._ns, meta["name"])
+                await ownership.delete_as_read(self._client, kube.SERVICES, self._ns, service)
 
     async def _apply_service(
         self, endpoint: DesiredEndpoint, port: int, variant: str | None
@@ -219,32 +227,47 @@ class Controller:
     ) -> None:
         c, ns = self._client, self._ns
         if isinstance(action, ApplyModelCache):
-            await self._apply_cache(
-                resource=kube.MODEL_CACHES,
-                kind="ModelCache",
-                name=action.name,
-                spec=_wire(action.spec),
-                now_s=now_s,
-                owner=endpoints.get(action.spec.owner),
-            )
+            await self._apply_model_cache(action, endpoints.get(action.spec.owner), now_s)
         elif isinstance(action, ApplyImageCache):
-            await self._apply_cache(
-                resource=kube.IMAGE_CACHES,
-                kind="ImageCache",
-                name=action.name,
-                spec=_wire(action.spec),
-                now_s=now_s,
-                owner=None,
-            )
+            spec = _wire(action.spec)
+            body = render.cache_object(IMAGE_CACHE, action.name, ns, spec, now_s=now_s)
+            # unless warmfleet did not make it (checked on the version patched)
+            await ownership.apply_shared(c, kube.IMAGE_CACHES, IMAGE_CACHE, body, _spec_patch(spec))
         elif isinstance(action, DeleteModelCache):
-            await c.delete(kube.MODEL_CACHES, ns, action.name)
+            await self._delete_read(kube.MODEL_CACHES, action.name)
         elif isinstance(action, DeleteImageCache):
-            await c.delete(kube.IMAGE_CACHES, ns, action.name)
+            await self._delete_read(kube.IMAGE_CACHES, action.name)
         elif isinstance(action, ApplyImagePuller):
             body = render.image_puller(action.cache, action.image, dict(action.node_selector), ns)
-            await c.apply(kube.DAEMONSETS, ns, body)
+            await ownership.apply_shared(c, kube.DAEMONSETS, "DaemonSet", body)  # not a user's
         elif isinstance(action, DeleteImagePuller):
-            await c.delete(kube.DAEMONSETS, ns, render.puller_name(action.cache))
+            await self._delete_read(kube.DAEMONSETS, render.puller_name(action.cache), False)
+
+    async def _apply_model_cache(
+        self, action: ApplyModelCache, owner: DesiredEndpoint | None, now_s: float
+    ) -> None:
+        """Create or update the endpoint's ModelCache, unless another holder has it (checked
+        on the version patched, ``ownership.apply_owned``)."""
+        if owner is None:  # the plan asks only for listed endpoints' caches
+            log.warning(
+                "ModelCache %s: %s is not listed: not written", action.name, action.spec.owner
+            )
+            return
+        spec = _wire(action.spec)
+        body = render.cache_object(
+            "ModelCache", action.name, self._ns, spec, now_s=now_s, owner=owner
+        )
+        await ownership.apply_owned(
+            self._client, kube.MODEL_CACHES, MODEL_CACHE, body, owner, patch=_spec_patch(spec)
+        )
+
+    async def _delete_read(self, resource: kube.Resource, name: str, version: bool = True) -> None:
+        """Delete ``name`` as this pass read it (``ownership.delete_as_read``)."""
+        obj = self._read.get((resource.plural, name))
+        if obj is None:  # the plan deletes only what the pass read
+            log.warning("%s %s: not read this pass: not deleted", resource.plural, name)
+            return
+        await ownership.delete_as_read(self._client, resource, self._ns, obj, version=version)
 
     async def _node_action(self, action: AssignNodeCaches | SetNodeLabels) -> None:
         if isinstance(action, AssignNodeCaches):
@@ -273,20 +296,35 @@ class Controller:
                 for variant in (None, plan.variant):
                     await self._apply_service(owner, plan.port, variant)
         elif isinstance(action, ScaleDeployment):
-            await c.patch(
-                kube.DEPLOYMENTS, ns, action.name, {"spec": {"replicas": action.replicas}}
-            )
+            await self._scale(action, endpoints)
         elif isinstance(action, DeleteDeployment):
-            await c.delete(kube.DEPLOYMENTS, ns, action.name)
+            await self._delete_read(kube.DEPLOYMENTS, action.name, False)  # its status moves
         else:
             # its Service and its variants' (ownerReferences would do it; kmock has no GC)
             endpoint = endpoints[action.name]
             for service in await c.list(kube.SERVICES, ns, {names.LABEL_ENDPOINT: action.name}):
                 if ownership.owned(names.SERVICE, service, endpoint):
-                    await c.delete(kube.SERVICES, ns, service["metadata"]["name"])
+                    await ownership.delete_as_read(c, kube.SERVICES, ns, service)
             result.released.add(action.name)
 
+    async def _scale(self, action: ScaleDeployment, endpoints: dict[str, DesiredEndpoint]) -> None:
+        """Scale the Deployment as this pass read it, while it is its endpoint's
+        (``ownership.patch_as_read``: not one made again since, by a user or another owner)."""
+        read = self._read.get((kube.DEPLOYMENTS.plural, action.name))
+        labels = ((read or {}).get("metadata") or {}).get("labels") or {}
+        owner = endpoints.get(str(labels.get(names.LABEL_ENDPOINT)))
+        if read is None or owner is None:  # the plan scales only what the pass read
+            log.warning("deployments %s: not read this pass: not scaled", action.name)
+            return
+        patch = {"spec": {"replicas": action.replicas}}
+        owned = (names.DEPLOYMENT, owner)
+        await ownership.patch_as_read(
+            self._client, kube.DEPLOYMENTS, self._ns, read, patch, owner=owned
+        )
+
     async def _status(self, action: Action) -> None:
+        """The status of the object as this pass read it (its uid: not to an object deleted
+        and created again since, ``ownership.patch_as_read``)."""
         if isinstance(action, UpdateEndpointStatus):
             resource, name, status = kube.ENDPOINTS, action.name, action.status
         elif isinstance(action, UpdateModelCacheStatus):
@@ -295,49 +333,33 @@ class Controller:
             resource, name, status = kube.IMAGE_CACHES, action.name, action.status  # type: ignore[assignment]
         else:
             raise TypeError(f"unknown action {action!r}")
+        read = self._read.get((resource.plural, name))
+        if read is None:  # the plan gives a status only to what the pass read
+            log.warning("%s %s: not read this pass: no status written", resource.plural, name)
+            return
         body = {"status": status.model_dump(mode="json", by_alias=True)}
-        try:
-            await self._client.patch(resource, self._ns, name, body, sub="status")
-        except kube.KubeError as err:
-            if err.status != 404:
-                raise
+        await ownership.patch_as_read(self._client, resource, self._ns, read, body, sub="status")
 
-    async def _apply_cache(
-        self,
-        *,
-        resource: kube.Resource,
-        kind: str,
-        name: str,
-        spec: Obj,
-        now_s: float,
-        owner: DesiredEndpoint | None,
-    ) -> None:
-        c, ns = self._client, self._ns
-        meta: Obj = {
-            "name": name,
-            "namespace": ns,
-            "labels": {names.LABEL_MANAGED_BY: names.MANAGER},
-            "annotations": {render.ANN_CREATED: f"{now_s:.3f}"},
-        }
-        if owner is not None:
-            meta["ownerReferences"] = [
-                render.owner_reference("InferenceEndpoint", owner.name, owner.uid)
-            ]
-        body = {
-            "apiVersion": "warmfleet.dev/v1alpha1",
-            "kind": kind,
-            "metadata": meta,
-            "spec": spec,
-        }
-        # the spec is ours: keys it no longer has are removed (computed from the object as read;
-        # a change meanwhile is a 409 and the patch is computed again)
-        await c.update(
-            resource,
-            ns,
-            name,
-            lambda current: {"spec": kube.merge_patch(current.get("spec"), spec)},
-            create=body,
-        )
+
+def _read_index(snap: Snapshot) -> dict[tuple[str, str], Obj]:
+    """The objects a pass may delete, scale or give a status to, as it read them, by (plural,
+    name)."""
+    found: dict[tuple[str, str], Obj] = {}
+    for resource, objs in (
+        (kube.ENDPOINTS, snap.endpoints),
+        (kube.MODEL_CACHES, snap.model_caches),
+        (kube.IMAGE_CACHES, snap.image_caches),
+        (kube.DEPLOYMENTS, snap.deployments),
+        (kube.DAEMONSETS, snap.daemonsets),
+    ):
+        for obj in objs:
+            found[resource.plural, str((obj.get("metadata") or {}).get("name"))] = obj
+    return found
+
+
+def _spec_patch(spec: Obj) -> Callable[[Obj], Obj]:
+    """The merge patch that makes a cache's ``spec`` exactly ``spec`` (keys it lacks go)."""
+    return lambda current: {"spec": kube.merge_patch(current.get("spec"), spec)}
 
 
 def _deployed_variants(deployments: list[Obj]) -> set[tuple[str, str]]:

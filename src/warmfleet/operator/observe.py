@@ -20,6 +20,7 @@ from warmfleet.api.resources import (
     InferenceEndpointSpec,
     ModelCacheSpec,
 )
+from warmfleet.control.claims import IMAGE_CACHE, MODEL_CACHE
 from warmfleet.control.observed import (
     DesiredEndpoint,
     NodeCacheReport,
@@ -42,8 +43,8 @@ M = TypeVar("M", bound=BaseModel)
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What one pass reads. ``deployments`` and ``services``: all of the namespace's (those
-    warmfleet does not manage hold names too, ``ownership``)."""
+    """What one pass reads. ``deployments``, ``services`` and the caches: all of the
+    namespace's (those warmfleet does not manage hold names too, ``ownership``)."""
 
     endpoints: list[Obj]
     nodes: list[Obj]
@@ -343,6 +344,8 @@ def observed_state(snapshot: Snapshot, now_s: float) -> ObservedState:
         model_caches=models,
         image_caches=images,
         deployments=_deployments(snapshot),
-        held=held_names(snapshot.deployments, snapshot.services),
-        named_kinds=frozenset({names.DEPLOYMENT, names.SERVICE}),
+        held=held_names(
+            snapshot.deployments, snapshot.services, snapshot.model_caches, snapshot.image_caches
+        ),
+        named_kinds=frozenset({names.DEPLOYMENT, names.SERVICE, MODEL_CACHE, IMAGE_CACHE}),
     )

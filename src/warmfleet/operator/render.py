@@ -17,6 +17,7 @@ from typing import Any
 
 from warmfleet.api import names
 from warmfleet.control.actions import DeploymentPlan, NodeCacheAssignment
+from warmfleet.control.observed import DesiredEndpoint
 
 ANN_ASSIGNED = names.ANN_ASSIGNED
 ANN_CACHE_STATUS = names.ANN_CACHE_STATUS
@@ -182,6 +183,28 @@ def service(
             "ports": [{"name": "http", "port": port, "targetPort": "http"}],
         },
     }
+
+
+def cache_object(
+    kind: str,
+    name: str,
+    namespace: str,
+    spec: Obj,
+    *,
+    now_s: float,
+    owner: DesiredEndpoint | None = None,
+) -> Obj:
+    """A ModelCache or ImageCache (``kind``) as created, stamped with its creation time (what
+    the weights gate's timeout counts from); ``owner``: the endpoint that controls it."""
+    meta: Obj = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {names.LABEL_MANAGED_BY: names.MANAGER},
+        "annotations": {ANN_CREATED: f"{now_s:.3f}"},
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner_reference(names.ENDPOINT_KIND, owner.name, owner.uid)]
+    return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": kind, "metadata": meta, "spec": spec}
 
 
 def puller_name(cache: str) -> str:

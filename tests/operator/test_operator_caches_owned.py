@@ -1,0 +1,252 @@
+"""ModelCaches and deletes against kmock: a ModelCache of the name an endpoint derives that
+warmfleet does not manage (a user's own, an earlier endpoint's of the same name) is never
+written, and one of any name is never deleted; what the operator deletes, it deletes as it read
+it (uid precondition): an object deleted and created again meanwhile stays, the pass goes on."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from kmock_cluster import (
+    NS,
+    Clock,
+    FakeCluster,
+    ServerClient,
+    converge,
+    create_endpoint,
+    declare_resources,
+    endpoint_body,
+    forget_requests,
+)
+
+from warmfleet.api import names
+from warmfleet.api.resources import InferenceEndpointSpec
+from warmfleet.control.claims import CONDITION
+from warmfleet.kube import client as kube
+from warmfleet.operator import render
+from warmfleet.operator.controller import Controller
+
+Obj = dict[str, Any]
+Env = tuple[FakeCluster, aiohttp.ClientSession, str]
+
+
+@pytest.fixture
+async def env(kmock: Any) -> AsyncIterator[Env]:
+    declare_resources(kmock)
+    async with aiohttp.ClientSession() as session:
+        cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))
+        for i in range(2):
+            await cluster.add_node(f"n{i}")
+        yield cluster, session, str(kmock.url)
+
+
+def _controller(env: Env, race: Callable[[str], Any] | None = None) -> Controller:
+    _, session, url = env
+    return Controller(ServerClient(session, url, race), NS, Clock())
+
+
+def _cache_name(body: Obj) -> str:
+    return names.model_cache_name("llama", InferenceEndpointSpec.model_validate(body["spec"]))
+
+
+async def _get(cluster: FakeCluster, resource: kube.Resource, name: str) -> Obj | None:
+    return await cluster.client.get(resource, NS, name)
+
+
+async def _conflict(cluster: FakeCluster) -> str | None:
+    endpoint = await _get(cluster, kube.ENDPOINTS, "llama")
+    assert endpoint is not None
+    found = [c for c in endpoint["status"]["conditions"] if c["type"] == CONDITION]
+    return found[0]["message"] if found else None
+
+
+async def _assigned(cluster: FakeCluster) -> set[str]:
+    found = set()
+    for node in (await cluster.nodes()).values():
+        raw = (node["metadata"].get("annotations") or {}).get(render.ANN_ASSIGNED, "[]")
+        found |= {a["cache"] for a in json.loads(raw)}
+    return found
+
+
+def _theirs(name: str, **meta: Any) -> Obj:
+    """A ModelCache someone else made (its spec even names the endpoint as owner)."""
+    spec = {"modelSource": {"uri": "s3://theirs/model"}, "hostPath": "/data", "owner": "llama"}
+    metadata = {"name": name, "namespace": NS, "uid": "uid-theirs", **meta}
+    kind = {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "ModelCache"}
+    return {**kind, "metadata": metadata, "spec": spec}
+
+
+async def test_a_model_cache_warmfleet_does_not_manage_is_left_alone(env: Env) -> None:
+    cluster, c = env[0], env[0].client
+    body = endpoint_body("llama", replicas=1)
+    name = _cache_name(body)
+    theirs, other = _theirs(name), _theirs("their-cache")
+    await c.create(kube.MODEL_CACHES, NS, theirs)
+    await c.create(kube.MODEL_CACHES, NS, other)
+    await create_endpoint(cluster, body)
+    controller = _controller(env)
+    await converge(cluster, controller)
+    for cache in (theirs, other):  # before: overwritten and owned; the other deleted
+        found = await _get(cluster, kube.MODEL_CACHES, cache["metadata"]["name"])
+        assert found is not None
+        assert found["spec"] == cache["spec"]
+        assert "ownerReferences" not in found["metadata"]
+        assert "status" not in found
+    assert name not in await _assigned(cluster)  # not filled on the nodes under that name
+    message = await _conflict(cluster)
+    assert message is not None
+    assert f"ModelCache {name} exists and is not managed by warmfleet" in message
+
+    await c.delete(kube.MODEL_CACHES, NS, name)  # the name is free: the endpoint takes it
+    await converge(cluster, controller)
+    mine = await _get(cluster, kube.MODEL_CACHES, name)
+    assert mine is not None
+    assert mine["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"
+    assert mine["spec"]["modelSource"]["uri"] == "s3://models/llama"
+    assert await _conflict(cluster) is None
+    assert await _get(cluster, kube.MODEL_CACHES, "their-cache") is not None
+
+
+async def test_a_model_cache_made_after_the_read_is_not_written(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pass planned to create the cache (it read none); one made meanwhile is left alone:
+    the check is made on the object as the write finds it."""
+    cluster, c = env[0], env[0].client
+    body = endpoint_body("llama", replicas=1)
+    theirs = _theirs(_cache_name(body))
+    await create_endpoint(cluster, body)
+    controller = _controller(env)
+    read = controller.snapshot
+
+    async def snapshot_then_theirs() -> Any:
+        snap = await read()
+        await c.create(kube.MODEL_CACHES, NS, theirs)
+        return snap
+
+    controller.snapshot = snapshot_then_theirs  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="warmfleet.operator"):
+        await controller.reconcile()
+    found = await _get(cluster, kube.MODEL_CACHES, theirs["metadata"]["name"])
+    assert found is not None
+    assert found["spec"] == theirs["spec"]  # before: patched to the endpoint's
+    assert "ownerReferences" not in found["metadata"]
+    assert any("is not managed by warmfleet: left alone" in m for m in caplog.messages)
+
+
+async def test_an_earlier_endpoints_model_cache_is_not_adopted(env: Env) -> None:
+    cluster, c = env[0], env[0].client
+    body = endpoint_body("llama", replicas=1)
+    name = _cache_name(body)
+    earlier = _theirs(name, labels={names.LABEL_MANAGED_BY: names.MANAGER})
+    earlier["metadata"]["ownerReferences"] = [
+        render.owner_reference(names.ENDPOINT_KIND, "llama", "uid-old")
+    ]
+    await c.create(kube.MODEL_CACHES, NS, earlier)
+    await create_endpoint(cluster, body)
+    controller = _controller(env)
+    await controller.reconcile()
+    message = await _conflict(cluster)
+    assert message is not None
+    assert f"ModelCache {name} belongs to an earlier InferenceEndpoint llama" in message
+    await converge(cluster, controller)  # its endpoint is gone: collected, then made anew
+    mine = await _get(cluster, kube.MODEL_CACHES, name)
+    assert mine is not None
+    assert mine["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"  # before: uid-old
+    assert mine["spec"]["modelSource"]["uri"] == "s3://models/llama"
+    assert await _conflict(cluster) is None
+
+
+async def _roll_with_a_race(
+    env: Env, resource: kube.Resource, old_name: Callable[[FakeCluster], Any]
+) -> tuple[str, Obj]:
+    """Roll llama v1 -> v2; the old revision's object of ``resource`` is deleted and created
+    again by someone else just before the operator's delete. (name, the object made again)."""
+    cluster = env[0]
+    await create_endpoint(cluster, endpoint_body("llama", replicas=1))
+    await converge(cluster, _controller(env))
+    name = await old_name(cluster)
+    again: Obj = {}
+
+    async def race(path: str) -> bool:
+        if not path.endswith(f"/{resource.plural}/{name}"):
+            return False
+        current = await _get(cluster, resource, name)
+        assert current is not None
+        meta = {"name": name, "namespace": NS, "uid": "uid-theirs"}
+        again.update({**current, "metadata": meta})
+        if resource == kube.DEPLOYMENTS:  # their pods, not llama's
+            template = {**again["spec"]["template"], "metadata": {"labels": {"app": "theirs"}}}
+            again["spec"] = {**again["spec"], "template": template}
+        await cluster.client.delete(resource, NS, name)
+        await cluster.client.create(resource, NS, again)
+        return True
+
+    patch = {"spec": {"modelSource": {"uri": "s3://models/llama", "revision": "v2"}}}
+    await cluster.client.patch(kube.ENDPOINTS, NS, "llama", patch)
+    await converge(cluster, _controller(env, race), rounds=16)
+    assert again, "the operator never deleted it"
+    return name, again
+
+
+async def _old_cache(cluster: FakeCluster) -> str:
+    (cache,) = await cluster.client.list(kube.MODEL_CACHES, NS)
+    return str(cache["metadata"]["name"])
+
+
+async def _old_deployment(cluster: FakeCluster) -> str:
+    (dep,) = await cluster.client.list(kube.DEPLOYMENTS, NS)
+    return str(dep["metadata"]["name"])
+
+
+@pytest.mark.parametrize(
+    ("resource", "old_name"),
+    [(kube.MODEL_CACHES, _old_cache), (kube.DEPLOYMENTS, _old_deployment)],
+    ids=["ModelCache", "Deployment"],
+)
+async def test_a_delete_spares_an_object_made_again_since_the_read(
+    env: Env,
+    resource: kube.Resource,
+    old_name: Callable[[FakeCluster], Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="warmfleet.operator"):
+        name, again = await _roll_with_a_race(env, resource, old_name)
+    found = await _get(env[0], resource, name)
+    assert found is not None  # before: the operator deleted the new object
+    assert found["metadata"]["uid"] == "uid-theirs"
+    assert found["spec"] == again["spec"]
+    said = f"{resource.plural} {name} changed since it was read: not deleted, read again"
+    assert any(m.startswith(said) for m in caplog.messages)
+    endpoint = await _get(env[0], kube.ENDPOINTS, "llama")
+    assert endpoint is not None
+    assert endpoint["status"]["phase"] == "Ready"  # the pass went on; the rollover ended
+
+
+async def test_a_removed_variants_service_made_again_since_the_read_stays(env: Env) -> None:
+    cluster = env[0]
+    body = endpoint_body("llama", replicas=1)
+    body["spec"]["variants"].append({"name": "b", "replicas": 1})
+    await create_endpoint(cluster, body)
+    await converge(cluster, _controller(env))
+    theirs = {"apiVersion": "v1", "kind": "Service", "spec": {"selector": {"app": "theirs"}}}
+    theirs["metadata"] = {"name": "llama-b", "namespace": NS, "uid": "uid-theirs"}
+
+    async def race(path: str) -> bool:
+        if not path.endswith("/services/llama-b"):
+            return False
+        await cluster.client.delete(kube.SERVICES, NS, "llama-b")
+        await cluster.client.create(kube.SERVICES, NS, theirs)
+        return True
+
+    patch = {"spec": {"variants": [{"name": "main", "replicas": 1}]}}
+    await cluster.client.patch(kube.ENDPOINTS, NS, "llama", patch)
+    await converge(cluster, _controller(env, race))
+    found = await _get(cluster, kube.SERVICES, "llama-b")
+    assert found is not None  # before: deleted with the variant it was not
+    assert found["metadata"]["uid"] == "uid-theirs"

@@ -1,0 +1,171 @@
+"""ImageCaches against kmock, as ModelCaches: one warmfleet does not manage (a user's own) is
+never written, pulled for, given a status nor deleted, whatever its name; one of the name an
+endpoint derives puts a ``NameConflict`` in that endpoint's status until it is gone, then the
+endpoint takes the name. warmfleet's own ImageCaches stay shared by the endpoints that pull
+the image (test_operator_kmock.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from kmock_cluster import (
+    NS,
+    Clock,
+    FakeCluster,
+    ServerClient,
+    converge,
+    create_endpoint,
+    declare_resources,
+    endpoint_body,
+    forget_requests,
+)
+
+from warmfleet.api import names
+from warmfleet.api.resources import InferenceEndpointSpec
+from warmfleet.control.claims import CONDITION
+from warmfleet.kube import client as kube
+from warmfleet.operator import render
+from warmfleet.operator.controller import Controller
+
+Obj = dict[str, Any]
+Env = tuple[FakeCluster, aiohttp.ClientSession, str]
+
+
+@pytest.fixture
+async def env(kmock: Any) -> AsyncIterator[Env]:
+    declare_resources(kmock)
+    async with aiohttp.ClientSession() as session:
+        cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))
+        for i in range(2):
+            await cluster.add_node(f"n{i}")
+        yield cluster, session, str(kmock.url)
+
+
+def _controller(env: Env) -> Controller:
+    _, session, url = env
+    return Controller(ServerClient(session, url), NS, Clock())
+
+
+def _image_name(body: Obj) -> str:
+    spec = InferenceEndpointSpec.model_validate(body["spec"])
+    return names.image_cache_name(spec.image, spec.node_selector)
+
+
+def _theirs(name: str, **meta: Any) -> Obj:
+    """An ImageCache someone else made (of the endpoint's image even: warmfleet's label says
+    who made it)."""
+    spec = {"image": "vllm/vllm-openai:v0.9", "nodeSelector": {}}
+    metadata = {"name": name, "namespace": NS, "uid": "uid-theirs", **meta}
+    kind = {"apiVersion": "warmfleet.dev/v1alpha1", "kind": "ImageCache"}
+    return {**kind, "metadata": metadata, "spec": spec}
+
+
+async def _get(cluster: FakeCluster, resource: kube.Resource, name: str) -> Obj | None:
+    return await cluster.client.get(resource, NS, name)
+
+
+async def _conflict(cluster: FakeCluster) -> str | None:
+    endpoint = await _get(cluster, kube.ENDPOINTS, "llama")
+    assert endpoint is not None
+    found = [c for c in endpoint["status"]["conditions"] if c["type"] == CONDITION]
+    return found[0]["message"] if found else None
+
+
+async def _assert_untouched(cluster: FakeCluster, cache: Obj) -> None:
+    found = await _get(cluster, kube.IMAGE_CACHES, cache["metadata"]["name"])
+    assert found is not None  # before: the one no node was labelled for was deleted
+    assert found["spec"] == cache["spec"]  # before: the endpoint's overwrote it
+    assert "status" not in found
+    assert (found["metadata"].get("labels") or {}).get(names.LABEL_MANAGED_BY) is None
+
+
+async def test_an_image_cache_warmfleet_does_not_manage_is_left_alone(env: Env) -> None:
+    cluster, c = env[0], env[0].client
+    body = endpoint_body("llama", replicas=1)
+    name = _image_name(body)
+    controlled = {"kind": "Rollout", "name": "r", "uid": "u", "controller": True}
+    theirs = _theirs(name)
+    other = _theirs("their-images", ownerReferences=[{"apiVersion": "x/v1", **controlled}])
+    await c.create(kube.IMAGE_CACHES, NS, theirs)
+    await c.create(kube.IMAGE_CACHES, NS, other)
+    await create_endpoint(cluster, body)
+    controller = _controller(env)
+    await converge(cluster, controller)
+    for cache in (other, theirs):  # before: the other deleted, theirs overwritten
+        await _assert_untouched(cluster, cache)
+    assert await _get(cluster, kube.DAEMONSETS, render.puller_name(name)) is None
+    labels = await cluster.managed_labels()
+    assert names.image_label(name) not in set().union(*labels.values())
+    message = await _conflict(cluster)
+    assert message is not None
+    assert f"ImageCache {name} exists and is not managed by warmfleet" in message
+    endpoint = await _get(cluster, kube.ENDPOINTS, "llama")
+    assert endpoint is not None
+    assert endpoint["status"]["phase"] == "Ready"  # images never gate
+
+    await c.delete(kube.IMAGE_CACHES, NS, name)  # the name is free: the endpoint takes it
+    await converge(cluster, controller)
+    mine = await _get(cluster, kube.IMAGE_CACHES, name)
+    assert mine is not None
+    assert mine["metadata"]["labels"][names.LABEL_MANAGED_BY] == names.MANAGER
+    assert await _get(cluster, kube.DAEMONSETS, render.puller_name(name)) is not None
+    assert await _conflict(cluster) is None
+    await _assert_untouched(cluster, other)
+
+
+async def test_an_image_cache_made_after_the_read_is_not_written(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pass planned to create the cache (it read none); one made meanwhile is left alone:
+    the check is made on the object as the write finds it."""
+    cluster, c = env[0], env[0].client
+    body = endpoint_body("llama", replicas=1)
+    theirs = _theirs(_image_name(body))
+    await create_endpoint(cluster, body)
+    controller = _controller(env)
+    read = controller.snapshot
+
+    async def snapshot_then_theirs() -> Any:
+        snap = await read()
+        await c.create(kube.IMAGE_CACHES, NS, theirs)
+        return snap
+
+    controller.snapshot = snapshot_then_theirs  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="warmfleet.operator"):
+        await controller.reconcile()
+    found = await _get(cluster, kube.IMAGE_CACHES, theirs["metadata"]["name"])
+    assert found is not None
+    assert found["spec"] == theirs["spec"]  # before: patched to the endpoint's
+    said = f"ImageCache {theirs['metadata']['name']} exists and is not managed by warmfleet"
+    assert f"{said}: left alone" in caplog.messages
+
+
+async def test_a_daemonset_of_the_puller_name_warmfleet_did_not_make_is_not_written(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster, c = env[0], env[0].client
+    body = endpoint_body("llama", replicas=1)
+    name = render.puller_name(_image_name(body))
+    labels = {"app": "theirs"}
+    pod = {"containers": [{"name": "theirs", "image": "theirs:1"}]}
+    template: Obj = {"metadata": {"labels": labels}, "spec": pod}
+    spec = {"selector": {"matchLabels": labels}, "template": template}
+    theirs: Obj = {"apiVersion": "apps/v1", "kind": "DaemonSet", "spec": spec}
+    theirs["metadata"] = {"name": name, "namespace": NS, "uid": "uid-theirs"}
+    await c.create(kube.DAEMONSETS, NS, theirs)
+    await create_endpoint(cluster, body)
+    controller = _controller(env)
+    with caplog.at_level(logging.WARNING, logger="warmfleet.operator"):
+        for _ in range(3):
+            await cluster.kubelet()
+            await controller.reconcile()
+    found = await _get(cluster, kube.DAEMONSETS, name)
+    assert found is not None
+    assert found["spec"] == spec  # before: made warmfleet's puller
+    assert "labels" not in found["metadata"]
+    said = f"DaemonSet {name} exists and is not managed by warmfleet: left alone"
+    assert said in caplog.messages
