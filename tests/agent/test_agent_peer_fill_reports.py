@@ -140,6 +140,10 @@ async def test_a_file_that_fails_its_digest_withdraws_the_hashes_it_reported(
     assert vt.table == {}
     leave = tracker.bodies[-1]
     assert sorted(leave["withdrawn"]) == [0, 1, 2]  # 2's hash was never sent: a no-op
+    sent = {k: v for body in tracker.bodies[:-1] for k, v in body["hashes"].items()}
+    assert leave["withdrawnHashes"] == {str(i): sent[str(i)] for i in (0, 1)} | {
+        "2": piece_digest(data[2 * PIECE :])
+    }  # each with the hash this fill reported (or computed: 2's)
     assert vt.stats().withdrawn == 2
     assert [vt.holders(i) for i in range(3)] == [[], [], []]
     good = piece_digest(data[:PIECE])
@@ -262,16 +266,17 @@ async def test_a_long_withdrawal_is_sent_in_batches_under_one_leave_session(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(peer_fill, "WITHDRAWN_PER_REPORT", 2)
-    asked: list[tuple[str, list[int], int]] = []
+    asked: list[tuple[str, dict[int, str], int]] = []
 
     async def ask(_key: str, _pieces: int, session: str, report: Report, want: int) -> None:
         asked.append((session, report.withdrawn, want))
 
     fill = _fill(ask)
-    await fill._leave("k", 9, FileCheckError("bad", "f.bin", (0, 1, 2, 3, 4)))
-    assert [w for _, w, _ in asked] == [[0, 1], [2, 3], [4]]
+    withdrawn = tuple((i, f"h{i}") for i in range(5))
+    await fill._leave("k", 9, FileCheckError("bad", "f.bin", withdrawn))
+    assert [w for _, w, _ in asked] == [{0: "h0", 1: "h1"}, {2: "h2", 3: "h3"}, {4: "h4"}]
     assert len({s for s, _, _ in asked}) == 1
     assert {want for _, _, want in asked} == {0}
     asked.clear()
     await fill._leave("k", 9, RuntimeError("not a digest"))
-    assert [w for _, w, _ in asked] == [[]]
+    assert [w for _, w, _ in asked] == [{}]

@@ -1,7 +1,7 @@
 """How long the tracker offers a node that has gone silent: a node that has not reported for
-the stall bound while its fill is not complete (it died, before its file checks could withdraw
-anything) is no longer a source, until it reports again; a node holding every piece has
-finished and reports no more, so it stays offered."""
+the stall bound (it died mid-fill, before its file checks could withdraw anything, or after its
+fill) is no longer a source, until it reports again; a node that serves a version after its
+fill keeps reporting, so it stays offered; a node that leaves is forgotten at once."""
 
 from __future__ import annotations
 
@@ -54,12 +54,44 @@ def test_a_silent_node_that_reports_again_is_offered_again() -> None:
     assert vt.plan(_req("d", want=2)).assignments[-1:] == (Assignment(0, "a", "http://a"),)
 
 
-def test_a_node_holding_every_piece_stays_offered_past_the_bound() -> None:
-    vt, clock = _tracker(2)
+def _finished(vt: VersionTracker) -> None:
+    """a takes both pieces from the origin and reports them: its fill is over."""
     vt.plan(_req("a", want=2))
     assert vt.plan(_req("a", have=(0, 1), hashes=((0, "h0"), (1, "h1")))).complete
-    clock.advance(100 * STALL_S)  # a finished: it reports no more
+
+
+def test_a_finished_node_silent_past_the_bound_is_no_longer_offered() -> None:
+    """a finished its fill, then died (or left the fleet without a word): after the bound it
+    is not handed to every later fill (each ask of it would fail and cost a stall)."""
+    vt, clock = _tracker(2)
+    _finished(vt)
+    clock.advance(STALL_S)
+    assert vt.holders(0) == vt.holders(1) == ["a"]
+    clock.advance(0.1)
+    assert vt.holders(0) == vt.holders(1) == []
+    plan = vt.plan(_req("c", want=2))
+    assert {a.peer for a in plan.assignments} == {""}  # the origin, past k
+    assert vt.stats().origin_fallbacks == 2
+
+
+def test_a_finished_node_that_keeps_reporting_stays_offered() -> None:
+    """A node that serves a version after its fill renews it every renewS with a report that
+    holds nothing (same session, want 0): it stays offered however long it serves."""
+    vt, clock = _tracker(2)
+    _finished(vt)
+    for _ in range(10):
+        clock.advance(STALL_S / 2)
+        assert vt.plan(_req("a")).complete  # the renewal: it still holds every piece
     assert vt.holders(0) == vt.holders(1) == ["a"]
     plan = vt.plan(_req("c", want=2))
     assert {a.peer for a in plan.assignments} == {"a"}
     assert plan.hashes == {0: "h0", 1: "h1"}
+
+
+def test_a_node_that_leaves_is_forgotten_at_once() -> None:
+    """A leave (a report in a new session holding nothing: a stopped agent, an evicted
+    version) takes the node off the list without waiting for the bound."""
+    vt, _ = _tracker(2)
+    _finished(vt)
+    vt.plan(PlanRequest("a", "http://a", "leave"))
+    assert vt.holders(0) == vt.holders(1) == []

@@ -17,6 +17,7 @@ from warmfleet.control.tracker import (
     Tracker,
     TrackerOptions,
     VersionTracker,
+    listed_hashes,
     listed_pieces,
 )
 from warmfleet.core.clock import ManualClock
@@ -67,6 +68,27 @@ def test_a_node_cannot_withdraw_a_hash_another_node_reported() -> None:
     assert vt.table == {0: "a0", 1: "a1"}
     assert vt.stats().withdrawn == 0
     assert vt.holders(0) == ["a"]  # b's copies are not offered any more
+
+
+def test_a_withdrawal_drops_an_entry_only_if_it_is_the_hash_withdrawn() -> None:
+    """a reported piece 0's hash in its first fill (h1, checked since: that fill failed on
+    another file); its retry took the piece from the origin again and got other bytes (h2,
+    not kept: h1 came first), and its file failed. The leave withdraws what the retry
+    reported: piece 1's entry is that hash and goes, piece 0's is not (h1) and stays."""
+    vt, _ = _tracker(2, origin_fetches=2)
+    vt.plan(_req("a", "s1", want=2))
+    vt.plan(_req("a", "s1", have=(0, 1), hashes=((0, "h1"), (1, "g"))))
+    vt.plan(_req("a", "s2", want=2))  # the retry (a new session: it holds nothing)
+    vt.plan(_req("a", "s2", have=(0, 1), hashes=((0, "h2"), (1, "g"))))
+    body = {"node": "a", "url": "http://a", "session": "s3", "pieces": 2,
+            "withdrawn": [0, 1], "withdrawnHashes": {"0": "h2", "1": "g"}}  # fmt: skip
+    _, req = parse_request(body)  # the wire form, as the tracker host reads it
+    vt.plan(req)
+    assert vt.table == {0: "h1"}
+    assert vt.reporter == {0: "a"}
+    assert vt.stats().withdrawn == 1
+    vt.plan(_req("a", "s4", withdrawn_hashes=((0, "h1"),)))  # without ``withdrawn``: the same
+    assert vt.table == {}
 
 
 def test_withdrawing_and_reporting_anew_in_one_report_keeps_the_new_hash() -> None:
@@ -139,6 +161,27 @@ def test_the_wire_form_of_a_listed_field_is_checked(name: str) -> None:
     for bad in ([1] * (MAX_LISTED + 1), "0,1", {"0": 1}, 3, ["1"], [1.0], [True], [None]):
         with pytest.raises(BadRequestError, match=name):
             listed_pieces({name: bad}, name)
+
+
+def test_the_wire_form_of_withdrawn_hashes_is_checked() -> None:
+    name = "withdrawnHashes"
+    assert listed_hashes({}, name) == ()
+    assert listed_hashes({name: None}, name) == ()
+    assert listed_hashes({name: {"0": "a", "12": "b"}}, name) == ((0, "a"), (12, "b"))
+    many = {str(i): "h" for i in range(MAX_LISTED + 1)}
+    for bad in (many, [0], "0", {"x": "h"}, {"-1": "h"}, {"1.0": "h"}, {"٣": "h"},
+                {"0": 1}, {"0": ""}, {"0": "h" * 129}, {"0": None}):  # fmt: skip
+        with pytest.raises(BadRequestError, match=name):
+            listed_hashes({name: bad}, name)
+    with pytest.raises(BadRequestError, match=name):
+        parse_request({"node": "a", "url": "u", "session": "s", "pieces": 1, name: {"0": 5}})
+
+
+def test_withdrawn_hashes_out_of_range_are_refused_before_anything_is_learnt() -> None:
+    vt, _ = _tracker(3)
+    with pytest.raises(BadRequestError, match="withdrawnHashes"):
+        vt.plan(_req("a", have=(0,), hashes=((0, "h"),), withdrawn_hashes=((3, "h"),)))
+    assert (vt.nodes, vt.table) == ({}, {})
 
 
 def test_an_old_report_still_plans() -> None:

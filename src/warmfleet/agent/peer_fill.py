@@ -13,6 +13,8 @@ matches). Each file is checked against the manifest as soon as its last piece la
 fails ends the fill, which then stops serving its pieces and leaves the tracker (a new, empty
 session: it forgets what this node held), withdrawing the hashes it reported for that file's
 pieces, and the next fill of that version takes the file from the origin only (``peer_run``).
+A fill over, the node's ``Presence`` (``peer_presence``) keeps the version offered while it is
+served, and leaves it once it is not.
 The manager then verifies the whole files against the manifest and publishes atomically exactly
 as after an ordinary download, retrying a failed one ``verify_attempts`` times.
 
@@ -43,6 +45,7 @@ from typing import Any
 import aiohttp
 
 from warmfleet.agent.downloader import next_block
+from warmfleet.agent.peer_presence import Presence
 from warmfleet.agent.peer_run import (
     Digests,
     FileCheckError,
@@ -75,11 +78,13 @@ class PeerFill:
         session: aiohttp.ClientSession,
         holdings: PeerHoldings,
         counters: PeerCounters,
+        presence: Presence | None = None,
     ) -> None:
         self.config = config
         self._session = session
         self._holdings = holdings
         self._counters = counters
+        self._presence = presence  # None: nothing kept up once a fill is over (one-shot fills)
         self._origin_only: dict[str, set[str]] = {}  # key -> files that failed their digests
 
     def hook(
@@ -104,6 +109,9 @@ class PeerFill:
         files = StagedFiles(staging, 64)
         origin_only = frozenset(self._origin_only.get(key, ()))
         run = Run(self, source, manifest, pieces, files, on_bytes, origin_only)
+        presence = self._presence
+        if presence is not None:
+            presence.filling(key, len(pieces), run.session_id)
         try:
             await asyncio.to_thread(_create_all, files, manifest)
             await run.run(key)
@@ -112,11 +120,15 @@ class PeerFill:
             self._holdings.forget(key)  # what it staged is going away: no longer served
             if isinstance(err, Exception):
                 await self._leave(key, len(pieces), err)
+                if presence is not None:
+                    presence.left(key, run.session_id)
             if isinstance(err, OSError):
                 raise CacheError(f"peer fill of {key[:16]}: {err}") from err
             raise
         finally:
             files.close()
+            if presence is not None:  # served on (or, cancelled, left) by its rounds
+                presence.over(key, run.session_id)
         self._origin_only.pop(key, None)
         return run.digests()
 
@@ -124,13 +136,13 @@ class PeerFill:
         """After a failed fill: the tracker forgets what this node held (a new session that
         holds nothing); a file that failed its digests has the hashes this node reported for
         its pieces withdrawn, and comes from the origin next time."""
-        withdrawn: list[int] = []
+        withdrawn: list[tuple[int, str]] = []
         if isinstance(err, FileCheckError):
             self._origin_only.setdefault(key, set()).add(err.path)
             withdrawn = list(err.withdrawn)
         session = secrets.token_hex(8)
         for start in range(0, max(len(withdrawn), 1), WITHDRAWN_PER_REPORT):
-            batch = withdrawn[start : start + WITHDRAWN_PER_REPORT]
+            batch = dict(withdrawn[start : start + WITHDRAWN_PER_REPORT])
             await self.ask(key, pieces, session, Report(withdrawn=batch), 0)
 
     # ----- the wire ----------------------------------------------------------------------

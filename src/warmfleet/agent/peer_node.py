@@ -4,11 +4,17 @@ Built by the agent's composition root (the embedded ``local.agent_proc``): ``ser
 piece route to the status API app; ``configure`` takes the ``peers`` part of the fleet's
 assignment (``{"tracker", "node", "url", "pieceBytes", "serveBps", "stallS", "renewS"}``;
 absent: peer fills off; a ``renewS`` that is not a positive number: ValueError) and sets the
-manager's ``fill_hook``. ``aclose`` closes its HTTP session.
+manager's ``fill_hook``. ``keep_offered`` (a task of the agent's, until its stop) renews, every
+``renewS``, the versions this node serves once their fills are over, and leaves those it no
+longer serves; at the stop it leaves the tracker for every version (``peer_presence``).
+``aclose`` closes its HTTP session.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import math
 from typing import Any
 
@@ -17,9 +23,15 @@ import aiohttp
 from warmfleet.agent.api_auth import ApiAuth
 from warmfleet.agent.manager import CacheManager
 from warmfleet.agent.peer_fill import PeerFill
+from warmfleet.agent.peer_presence import Presence
 from warmfleet.agent.peer_run import DEFAULT_RENEW_S, DEFAULT_STALL_S, PeerConfig
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings, PeerServer, ServeLimits
 from warmfleet.cache.pieces import DEFAULT_PIECE_BYTES
+from warmfleet.cache.state import ArtifactState
+from warmfleet.core.errors import WarmfleetError
+
+log = logging.getLogger("warmfleet.agent.peers")
+CONFIG_POLL_S = 1.0  # how long a renewal round may wait on settings since changed
 
 
 class Peers:
@@ -33,6 +45,8 @@ class Peers:
         )
         self._session: aiohttp.ClientSession | None = None
         self._config: PeerConfig | None = None
+        self._fill: PeerFill | None = None
+        self.presence = Presence(self._serves)
 
     @property
     def figures(self) -> dict[str, int]:
@@ -45,14 +59,16 @@ class Peers:
         self._config = config
         if config is None:
             self._manager.fill_hook = None
+            self._fill = None
             return
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=64, limit_per_host=8)
             )
         self.server.set_rate(float(doc.get("serveBps") or ServeLimits().serve_bps))
-        fill = PeerFill(config, self._session, self.holdings, self.counters)
+        fill = PeerFill(config, self._session, self.holdings, self.counters, self.presence)
         self._manager.fill_hook = fill.hook
+        self._fill = fill
 
     def _parse(self, doc: Any) -> PeerConfig | None:
         if not isinstance(doc, dict) or not doc.get("tracker") or self._token is None:
@@ -70,6 +86,38 @@ class Peers:
             origin_low_speed_s=download.low_speed_time_s,
         )
 
+    def _serves(self, key: str) -> bool:
+        """``key`` is served here: published, or staged while the manager checks it after
+        its fill (``VERIFYING``)."""
+        if self._manager.store.is_published(key):
+            return True
+        rec = self._manager.store.read_index().get(key)
+        return rec is not None and rec.state == ArtifactState.VERIFYING
+
+    async def keep_offered(self, stop: asyncio.Event) -> None:
+        """Until ``stop``: a round of ``presence.renew`` every ``renewS`` (after one left
+        unanswered, ``tracker_retry_s`` at most; the settings of the latest assignment, looked
+        at every ``CONFIG_POLL_S``); then every version is left."""
+        loop = asyncio.get_running_loop()
+        last_s, retry = loop.time(), False
+        while not stop.is_set():
+            fill = self._fill  # None: peer fills off, nothing to keep up
+            delay_s = DEFAULT_RENEW_S if fill is None else fill.config.renew_s
+            if retry and fill is not None:
+                delay_s = min(delay_s, fill.config.tracker_retry_s)
+            wait_s = last_s + delay_s - loop.time()
+            if wait_s > 0:
+                await _wait_stop(stop, min(wait_s, CONFIG_POLL_S))
+                continue
+            last_s = loop.time()
+            try:
+                retry = fill is not None and not await self.presence.renew(fill.ask)
+            except (OSError, WarmfleetError) as err:  # the cache index unreadable, for one
+                log.warning("peer renewals: %s", err)
+                retry = True
+        if self._fill is not None:
+            await self.presence.leave_all(self._fill.ask)
+
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -85,3 +133,9 @@ def _renew_s(value: Any) -> float:
     if not (math.isfinite(renew_s) and renew_s > 0):
         raise ValueError(f"peers.renewS must be a positive number of seconds, got {value!r}")
     return renew_s
+
+
+async def _wait_stop(stop: asyncio.Event, wait_s: float) -> None:
+    """Until ``stop`` is set, ``wait_s`` at most."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), wait_s)

@@ -18,8 +18,10 @@ hash is reported as it lands, because the tracker offers no peer a piece before 
 the table, and the origin pieces of one file are spread over several nodes (``originStreams``
 above a node's ``concurrency``), so hashes held back until each node's file matched would wait
 for one another for ever. The error names the pieces of that file whose hashes this run
-reported, and the fill's leave withdraws them (``Report.withdrawn``: the tracker drops an entry
-only for the node that reported it, and takes the next hash reported). All of them, the good
+reported, each with the hash it reported, and the fill's leave withdraws them (``Report.
+withdrawn``: the tracker drops an entry only for the node that reported it and only if it is
+that hash, not one this node reported in an earlier fill, and takes the next hash reported).
+All of them, the good
 too: the manifest gives one digest for the whole file, so a mismatch does not say which piece
 is bad; a peer piece's hash is not this node's (it was checked against another's report), so
 it is not among them. A retry still does not take that file from peers, whose copies may
@@ -70,8 +72,9 @@ class PeerConfig:
     origin_min_bps: float = 16 * 2**10
     origin_low_speed_s: float = 30.0
     # With every slot busy, a report at least this often (it renews the fetches under way, and
-    # keeps this node's pieces offered): the fleet's peers.renewS, at most half the tracker's
-    # stall bound (local tracker host: max(30 s, 10 x stallS)).
+    # keeps this node's pieces offered; after the fill, ``peer_presence`` renews at this rate):
+    # the fleet's peers.renewS, at most half the tracker's stall bound (local tracker host:
+    # max(30 s, 10 x stallS)).
     renew_s: float = DEFAULT_RENEW_S
 
 
@@ -99,9 +102,11 @@ class FillShell(Protocol):
 
 class FileCheckError(IntegrityError):
     """A staged file's digests, complete, differ from the manifest's; ``withdrawn``: the pieces
-    of that file whose hashes the fill reported (to be taken back)."""
+    of that file whose hashes the fill reported, each with that hash (to be taken back)."""
 
-    def __init__(self, message: str, path: str, withdrawn: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, message: str, path: str, withdrawn: tuple[tuple[int, str], ...] = ()
+    ) -> None:
         super().__init__(message)
         self.path = path
         self.withdrawn = withdrawn
@@ -113,17 +118,19 @@ class Report:
     hashes: dict[int, str] = field(default_factory=dict)
     failed: set[str] = field(default_factory=set)
     released: list[int] = field(default_factory=list)
-    withdrawn: list[int] = field(default_factory=list)  # hashes reported, taken back
+    withdrawn: dict[int, str] = field(default_factory=dict)  # hashes reported, taken back
     fetching: list[int] = field(default_factory=list)  # assignments still under way
 
     def body(self) -> dict[str, Any]:
-        """The wire form; a tracker that predates ``withdrawn``/``fetching`` ignores them."""
+        """The wire form; a tracker that predates ``withdrawn``/``fetching`` ignores them, one
+        that predates ``withdrawnHashes`` withdraws by ``withdrawn`` alone (the pieces)."""
         return {
             "have": self.have,
             "hashes": {str(k): v for k, v in self.hashes.items()},
             "failedPeers": sorted(self.failed),
             "released": self.released,
-            "withdrawn": self.withdrawn,
+            "withdrawn": sorted(self.withdrawn),
+            "withdrawnHashes": {str(k): v for k, v in self.withdrawn.items()},
             "fetching": self.fetching,
         }
 
@@ -182,7 +189,7 @@ class Run:
         self.busy: set[int] = set()  # the pieces of ``tasks``
         self.withheld: dict[str, list[tuple[Piece, str | None]]] = {}  # until the file matches
         self.checked: set[str] = set()  # files whose digests matched
-        self.hashed: dict[str, list[int]] = {}  # path -> pieces whose hashes were reported
+        self.hashed: dict[str, dict[int, str]] = {}  # path -> pieces -> the hashes reported
         self.hashes = {e.path: FrontHash(e) for e in manifest.files}
         self.buffers = _Buffers(max((p.size_bytes for p in pieces), default=0))
         self.staging = files.staging
@@ -332,7 +339,7 @@ class Run:
         self.report.have.append(piece.index)
         if digest is not None:
             self.report.hashes[piece.index] = digest
-            self.hashed.setdefault(piece.path, []).append(piece.index)
+            self.hashed.setdefault(piece.path, {})[piece.index] = digest
         self.fill.hold(key, piece)
 
     def _check_file(self, key: str, path: str) -> None:
@@ -347,7 +354,7 @@ class Run:
         except IntegrityError as err:
             how = "taken from the origin only" if path in self.origin_only else (
                 "a retry takes this file from the origin only")  # fmt: skip
-            withdrawn = tuple(self.hashed.pop(path, ()))
+            withdrawn = tuple(self.hashed.pop(path, {}).items())
             raise FileCheckError(f"{err} (peer fill: {how})", path, withdrawn) from err
         self.checked.add(path)
         for piece, digest in self.withheld.pop(path, []):

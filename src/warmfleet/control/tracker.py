@@ -19,19 +19,22 @@ gets back that many assignments, each a peer that holds the piece or the origin:
 - an assignment not reported within ``stall_s`` is released (its node died) and handed out again;
   a node renews the assignments it is still fetching by listing them in each report
   (``fetching``), so a slow fetch of a live node is not handed to a second one;
-- a node that has not reported for ``stall_s`` while it does not hold every piece is taken for
-  dead as well: its pieces are not offered (a filling node reports at least every ``renew_s``,
-  well within the bound) until it reports again in the same session. So a node that died
-  mid-fill, before its file checks, is a source for at most ``stall_s`` after its last report.
-  A node that holds every piece has finished its fill and reports no more: it stays offered
-  (a requester it fails drops it for that fill).
+- a node that has not reported for ``stall_s`` is taken for dead as well, whatever it holds:
+  its pieces are not offered until it reports again in the same session. A filling node reports
+  at least every ``renew_s`` (well within the bound), and so does a node that serves a version
+  after its fill (a report with nothing in it, ``want`` 0). So a node that died, mid-fill or
+  after, is a source for at most ``stall_s`` after its last report. A node that leaves reports
+  in a new session holding nothing: what it held is forgotten at once.
 
 A peer is offered for a piece only once the piece table has the piece's hash, so every peer
 piece is checked before it is written. The table keeps the first hash reported for a piece and
 who reported it: a node whose file failed its digests withdraws the hashes it reported for that
-file's pieces (``withdrawn``); the tracker drops a hash only for the node that reported it (a
-node cannot erase another's), hands the piece to the origin again and takes the next hash
-reported for it. Reports without ``withdrawn`` or ``fetching`` (older agents) mean what they did.
+file's pieces (``withdrawn``, each with the hash withdrawn: ``withdrawn_hashes``); the tracker
+drops an entry only if that node reported it and, the hash given, the entry is that hash (a node
+cannot erase another's, nor one it reported in an earlier fill that this fill's bytes did not
+match), hands the piece to the origin again and takes the next hash reported for it. Reports
+without ``withdrawn``, ``withdrawn_hashes`` or ``fetching`` (older agents) mean what they did: a
+piece withdrawn without its hash is matched by the node alone.
 Injected clock and seeded random; no I/O.
 """
 
@@ -46,7 +49,8 @@ from warmfleet.core.clock import Clock
 from warmfleet.core.errors import BadRequestError
 
 ORIGIN = ""  # the source name of the origin in an assignment
-MAX_LISTED = 1 << 16  # entries in a report's ``withdrawn`` or ``fetching`` list
+MAX_LISTED = 1 << 16  # entries in a report's ``withdrawn``, ``withdrawnHashes`` or ``fetching``
+MAX_HASH_CHARS = 128  # a piece hash in ``withdrawnHashes`` (BLAKE3 hex: 64)
 
 
 def listed_pieces(body: dict[str, Any], name: str) -> tuple[int, ...]:
@@ -61,6 +65,25 @@ def listed_pieces(body: dict[str, Any], name: str) -> tuple[int, ...]:
     if not all(isinstance(p, int) and not isinstance(p, bool) for p in value):
         raise BadRequestError(f"{name} must hold piece indexes (integers)")
     return tuple(value)
+
+
+def listed_hashes(body: dict[str, Any], name: str) -> tuple[tuple[int, str], ...]:
+    """A report's ``withdrawnHashes`` (wire form): absent or null is none; otherwise an object
+    of at most ``MAX_LISTED`` entries, each a piece index (decimal digits) to the hash withdrawn
+    (a string of at most ``MAX_HASH_CHARS``). BadRequestError names what is wrong."""
+    value = body.get(name)
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or len(value) > MAX_LISTED:
+        raise BadRequestError(f"{name} must map at most {MAX_LISTED} piece indexes to hashes")
+    out = []
+    for piece, digest in value.items():
+        if not (piece.isascii() and piece.isdigit() and len(piece) <= 12):
+            raise BadRequestError(f"{name} keys must be piece indexes (decimal digits)")
+        if not isinstance(digest, str) or not 0 < len(digest) <= MAX_HASH_CHARS:
+            raise BadRequestError(f"{name} values must be hashes (strings)")
+        out.append((int(piece), digest))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +107,10 @@ class PlanRequest:
     failed_peers: tuple[str, ...] = ()
     released: tuple[int, ...] = ()  # assignments given up (to be planned again)
     want: int = 0
-    # Hashes this node reported and takes back (its file failed the manifest's digests).
+    # Hashes this node reported and takes back (its file failed the manifest's digests): the
+    # pieces, and (newer agents) each with the hash withdrawn, matched against the table's.
     withdrawn: tuple[int, ...] = ()
+    withdrawn_hashes: tuple[tuple[int, str], ...] = ()
     fetching: tuple[int, ...] = ()  # assignments still under way here (renewed, not released)
 
 
@@ -121,7 +146,7 @@ class TrackerOptions:
     max_uploads_per_peer: int = 4
     origin_streams: int = 4  # origin fetches under way over the fleet
     # An assignment not reported for this long is handed out again, and the pieces of a node
-    # silent this long (its fill not complete) are no longer offered.
+    # silent this long are no longer offered.
     stall_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -158,14 +183,10 @@ class VersionTracker:
         return sorted(n for n, node in self._live().items() if piece in node.have)
 
     def _live(self) -> dict[str, _Node]:
-        """The nodes not taken for dead: heard from within ``stall_s``, or holding every
-        piece (a finished fill reports no more)."""
+        """The nodes not taken for dead: heard from within ``stall_s`` (a node that serves a
+        version reports at least every ``renew_s``, its fill over or not)."""
         cutoff = self._clock.now_s() - self._stall_s
-        return {
-            n: node
-            for n, node in self.nodes.items()
-            if node.seen_s >= cutoff or len(node.have) == self.pieces
-        }
+        return {n: node for n, node in self.nodes.items() if node.seen_s >= cutoff}
 
     def uploads(self, peer: str) -> int:
         return sum(1 for n in self.nodes.values() for src, _ in n.in_flight.values() if src == peer)
@@ -188,7 +209,12 @@ class VersionTracker:
         return Plan(tuple(out), hashes, len(node.have) == self.pieces)
 
     def _check_listed(self, req: PlanRequest) -> None:
-        for name, listed in (("withdrawn", req.withdrawn), ("fetching", req.fetching)):
+        hashed = tuple(piece for piece, _ in req.withdrawn_hashes)
+        for name, listed in (
+            ("withdrawn", req.withdrawn),
+            ("withdrawnHashes", hashed),
+            ("fetching", req.fetching),
+        ):
             if len(listed) > MAX_LISTED:
                 raise BadRequestError(f"{name} lists more than {MAX_LISTED} pieces")
             if any(not 0 <= p < self.pieces for p in listed):
@@ -202,7 +228,7 @@ class VersionTracker:
             node = self.nodes[req.node] = _Node(req.url, req.session)
         node.url = req.url
         node.seen_s = self._clock.now_s()
-        self._withdraw(req.node, node, req.withdrawn)  # before its hashes: it may report anew
+        self._withdraw(req, node)  # before its hashes: it may report anew
         for piece, digest in req.hashes:
             if 0 <= piece < self.pieces and piece not in self.table:
                 self.table[piece] = digest
@@ -221,14 +247,19 @@ class VersionTracker:
                 self._release(node, piece)
         return node
 
-    def _withdraw(self, name: str, node: _Node, pieces: Iterable[int]) -> None:
-        """``name`` takes back the hashes it reported for ``pieces`` (its copy failed): each
-        entry it reported leaves the table, and the piece may be fetched from the origin again
-        (its holders cannot be offered without a hash, and a new origin fetch brings one)."""
-        for piece in pieces:
+    def _withdraw(self, req: PlanRequest, node: _Node) -> None:
+        """``req.node`` takes back the hashes it reported for the pieces withdrawn (its copy
+        failed): each entry it reported, and that is the hash given (if one is), leaves the
+        table, and the piece may be fetched from the origin again (its holders cannot be
+        offered without a hash, and a new origin fetch brings one)."""
+        given: dict[int, str | None] = dict.fromkeys(req.withdrawn)
+        given.update(req.withdrawn_hashes)
+        for piece, digest in given.items():
             node.have.discard(piece)
-            if self.reporter.get(piece) != name:
+            if self.reporter.get(piece) != req.node:
                 continue  # reported by another node, or not at all: not this node's to take
+            if digest is not None and self.table[piece] != digest:
+                continue  # an entry it reported earlier, of other bytes: not what failed
             del self.table[piece], self.reporter[piece]
             if self._origin_count[piece] > 0:
                 self._origin_count[piece] -= 1

@@ -105,6 +105,8 @@ async def _run(
     peers.server.add_routes(app)
     _routes(app, node, peers)
     runner = await serve_announced(app, ready_file)
+    # Renews the versions this node serves at the tracker; at the stop, leaves it.
+    keeper = tg.create_task(_logged(peers.keep_offered(stop)))
     try:
         while not stop.is_set():
             try:
@@ -116,9 +118,11 @@ async def _run(
             except TimeoutError:
                 continue
     finally:
+        stop.set()  # whatever ended the loop: the keeper leaves the tracker and ends
         node.cancel()
         await runner.cleanup()
-        await peers.aclose()
+        await asyncio.wait([keeper])  # its reports sent (each within its timeout) ...
+        await peers.aclose()  # ... before their HTTP session closes
 
 
 def agent_command(

@@ -169,8 +169,9 @@ class PeersConfig(WireModel):
     max_uploads_per_peer: int = Field(default=6, ge=1)
     origin_streams: int = Field(default=12, ge=1, description="origin fetches at once, fleet-wide")
     stall_s: float = Field(default=2.0, gt=0, description="a peer silent this long is dropped")
-    # A filling node reports at least this often (it renews its fetches and shows it is alive).
-    renew_s: float = Field(default=10.0, gt=0, description="a filling node's longest silence")
+    # A filling node reports at least this often (it renews its fetches and shows it is alive),
+    # and a node serving a version after its fill renews it this often.
+    renew_s: float = Field(default=10.0, gt=0, description="a live node's longest silence")
 
     @property
     def tracker_stall_s(self) -> float:

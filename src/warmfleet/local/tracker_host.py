@@ -1,7 +1,8 @@
 """The embedded fleet's peer tracker over HTTP (127.0.0.1, the fleet's agent token).
 
 ``POST /v1/tracker/{key}/plan`` takes a filling node's report and wish (``warmfleet.agent.
-peer_fill`` speaks it) and answers ``warmfleet.control.tracker.Tracker.plan``'s assignments;
+peer_fill`` speaks it; a serving node's renewal or leave too, ``warmfleet.agent.peer_presence``)
+and answers ``warmfleet.control.tracker.Tracker.plan``'s assignments;
 ``GET /v1/tracker`` shows every version's piece holders and counts. When ``spec.peers`` is not
 enabled nothing is started and the agents fill from the origin as before.
 """
@@ -14,7 +15,13 @@ from typing import Any
 
 from aiohttp import web
 
-from warmfleet.control.tracker import PlanRequest, Tracker, TrackerOptions, listed_pieces
+from warmfleet.control.tracker import (
+    PlanRequest,
+    Tracker,
+    TrackerOptions,
+    listed_hashes,
+    listed_pieces,
+)
 from warmfleet.core.clock import MonotonicClock
 from warmfleet.core.errors import BadRequestError
 from warmfleet.local.config import PeersConfig
@@ -36,6 +43,7 @@ def parse_request(body: Any) -> tuple[int, PlanRequest]:
             released=tuple(int(p) for p in body.get("released") or ()),
             want=max(0, min(int(body.get("want") or 0), 64)),
             withdrawn=listed_pieces(body, "withdrawn"),
+            withdrawn_hashes=listed_hashes(body, "withdrawnHashes"),
             fetching=listed_pieces(body, "fetching"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as err:
