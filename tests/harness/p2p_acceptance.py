@@ -128,8 +128,12 @@ async def _kill_mid_transfer(fleet: EmbeddedFleet, victim: str, out: dict[str, A
 
 
 async def _advertise_bad(fleet: EmbeddedFleet, bad: list[BadPeer]) -> None:
-    while not advertise(fleet.tracker.tracker, bad):
-        await asyncio.sleep(0.02)
+    """Keep the bad peers offered until cancelled: they report like live nodes (a node silent
+    for the tracker's stall bound is no longer offered), once a version exists and every second
+    after."""
+    while True:
+        seen = advertise(fleet.tracker.tracker, bad)
+        await asyncio.sleep(1.0 if seen else 0.02)
 
 
 async def fill_run(
