@@ -19,6 +19,7 @@ from warmfleet.cache.config import load_node_config
 from warmfleet.control.reconciler import deployment_plan
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.discovery.inference_endpoints import derive_endpoints
+from warmfleet.kube.owners import endpoint_service_problem
 from warmfleet.operator import render
 from warmfleet.operator.manifest_parts import Values
 from warmfleet.operator.manifests import agent_objects, operator_objects, rendered_files
@@ -166,6 +167,7 @@ def test_installed_gateway_config_follows_the_example_endpoints_variant_services
     endpoint = InferenceEndpoint.model_validate(example)
     name = endpoint.metadata.name
     assert source.namespace == endpoint.metadata.namespace
+    example["metadata"]["uid"] = "uid-1"  # the API server's; the Services' owner references
     (derived,) = derive_endpoints([example], source, endpoint.metadata.namespace)
     assert derived.name == name
     for gw_variant, variant in zip(derived.variants, endpoint.spec.variants, strict=True):
@@ -174,11 +176,17 @@ def test_installed_gateway_config_follows_the_example_endpoints_variant_services
         service = render.service(name, 8000, "default", "uid-1", variant.name)
         assert disc.service == service["metadata"]["name"] == names.service_name(name, variant.name)
         assert disc.port == service["spec"]["ports"][0]["name"]
+        assert endpoint_service_problem(service, disc.service, "uid-1") is None
+        assert disc.service_owner_uid == "uid-1"
         assert gw_variant.routing == variant.routing
         assert gw_variant.models == [name]
     assert f"--served-model-name {name}" in " ".join(endpoint.spec.args)
     assert doc["metadata"]["name"] == "warmfleet-gateway"
     assert gateway.spec.listen.host == "0.0.0.0"  # reachable from outside the pod
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]  # the owner check reads Services
+    assert {"get", "list", "watch"} <= {
+        v for r in role["rules"] if "services" in r["resources"] for v in r["verbs"]
+    }
 
 
 def test_installed_gateway_replicas_share_routing_state_through_their_service(

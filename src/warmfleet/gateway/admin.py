@@ -17,6 +17,9 @@ which the whole document would no longer validate (``kvEvents`` needs exactly on
 until the next reload from the file (the file stays the source of truth); a change of the
 InferenceEndpoints (``spec.inference_endpoints``) leaves them alone. The endpoints derived from
 InferenceEndpoints are changed through the objects: their routing and instances answer 409.
+A variant, in the endpoints' list and alone, has ``discovery_problem``: why its Kubernetes
+discovery gives it no instances (its Service is another InferenceEndpoint's, or missing), else
+``null``.
 """
 
 from __future__ import annotations
@@ -102,11 +105,22 @@ class AdminApi:
 
         return guarded
 
+    def _described(self, endpoint: str, variant: dict[str, Any]) -> dict[str, Any]:
+        """A variant as ``describe`` has it, plus why its Kubernetes discovery gives it no
+        instances (``discovery_problem``; ``None``: nothing to say)."""
+        variant["discovery_problem"] = self.gw.kube_discovery.problem(endpoint, variant["name"])
+        return variant
+
     async def list_endpoints(self, _request: Request) -> Response:
-        return _json(self.gw.state.describe())
+        described = self.gw.state.describe()
+        for endpoint in described["endpoints"]:
+            for variant in endpoint["variants"]:
+                self._described(endpoint["name"], variant)
+        return _json(described)
 
     async def get_variant(self, request: Request) -> Response:
-        return _json(self._variant(request).describe())
+        variant = self._variant(request)
+        return _json(self._described(variant.endpoint, variant.describe()))
 
     async def get_routing(self, request: Request) -> Response:
         return _json(self._variant(request).routing_config.model_dump(mode="json"))

@@ -114,11 +114,15 @@ class FileDiscovery(StrictModel):
 class KubernetesDiscovery(KubeWatchSpec):
     """The ready endpoints of a Kubernetes Service, from its EndpointSlices (list, then watch).
     The fleet controller creates a Service per ``InferenceEndpoint`` variant,
-    ``<endpoint>-<variant>``."""
+    ``<endpoint>-<variant>``. ``service_owner_uid`` (set by the gateway on the variants it
+    derives from InferenceEndpoints, the object's ``metadata.uid``): the slices are followed only
+    while the Service's controller ``ownerReference`` is the InferenceEndpoint of that uid (two
+    endpoints can derive one Service name; the other one's engines are not this variant's)."""
 
     type: Literal["kubernetes"] = "kubernetes"
     service: str = Field(pattern=DNS_LABEL)
     scheme: Literal["http", "https"] = "http"
+    service_owner_uid: str | None = Field(default=None, min_length=1, max_length=128)
 
     @property
     def source(self) -> str:

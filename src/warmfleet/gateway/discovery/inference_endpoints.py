@@ -4,8 +4,10 @@
 ``derive_endpoints`` (pure) maps each object to a gateway endpoint of the same name, one variant
 per production variant (name, ``trafficWeight``, ``routing``; it serves the model named like the
 endpoint) whose instances come from the Service the operator makes for it,
-``<endpoint>-<variant>`` (``discovery: {type: kubernetes}``). Objects that are being deleted,
-invalid, or named like an endpoint of the document are left out (the caller gets why).
+``<endpoint>-<variant>`` (``discovery: {type: kubernetes}``), followed only while that Service's
+controller is this very object (``service_owner_uid``: its ``metadata.uid``; another endpoint can
+derive the same Service name, and the operator leaves it to its holder). Objects that are being
+deleted, invalid, or named like an endpoint of the document are left out (the caller gets why).
 
 ``InferenceEndpointSync`` lists, then watches, the objects (``kube.watch.ListWatch``) and hands
 every new set to the runtime, which applies the document plus these endpoints. Unchanged
@@ -47,6 +49,8 @@ def derive_endpoint(
     if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
         return None
     shared = source.model_dump(include=set(KubeWatchSpec.model_fields))
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    owner = {"service_owner_uid": uid} if isinstance(uid, str) and uid else {}
     try:
         spec = InferenceEndpointSpec.model_validate(obj.get("spec") or {})
         variants = [
@@ -56,7 +60,8 @@ def derive_endpoint(
                 models=[name],
                 routing=v.routing,
                 discovery=KubernetesDiscovery(
-                    service=service_name(name, v.name), **{**shared, "namespace": namespace}
+                    service=service_name(name, v.name),
+                    **{**shared, "namespace": namespace, **owner},
                 ),
             )
             for v in spec.variants

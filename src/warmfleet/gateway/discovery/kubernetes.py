@@ -3,7 +3,14 @@ EndpointSlices of their Service.
 
 Per variant, one watcher task (``kube.watch.ListWatch`` on the Service's slices,
 ``labelSelector=kubernetes.io/service-name``): every change of the set is applied to the
-variant. The slices are read at the ``discovery.k8s.io`` version the server serves (``v1``, else
+variant. A variant derived from an InferenceEndpoint has ``service_owner_uid``: its task also
+watches the Service itself (``fieldSelector=metadata.name``; both watches in one TaskGroup) and
+applies the slices only while the Service's controller ``ownerReference`` is the
+InferenceEndpoint of that uid; otherwise (another endpoint holds the name, or there is no
+Service) the variant has no instances, the reason is logged once per change and shown by the
+admin API (``KubeDiscovery.problem``).
+
+The slices are read at the ``discovery.k8s.io`` version the server serves (``v1``, else
 ``v1beta1`` as on Kubernetes 1.20), found by API discovery before the first list and again after
 an error. On an API error the variant keeps its instances, the error is logged once per streak
 and the watcher retries after a backoff (``kube.access.api_loop``: from ``retry_interval_s``,
@@ -34,10 +41,12 @@ from warmfleet.kube.endpointslices import (
     endpoints_from_slices,
     slice_version,
 )
-from warmfleet.kube.watch import ListWatch
+from warmfleet.kube.owners import endpoint_service_problem
+from warmfleet.kube.watch import ListWatch, object_name
 
 log = logging.getLogger(__name__)
 _SLICES = "/apis/" + SLICE_GROUP + "/{version}/namespaces/{namespace}/endpointslices"
+_SERVICES = "/api/v1/namespaces/{namespace}/services"
 _TICK_S = 0.5
 
 WatchKey = tuple[str, str, str]  # endpoint, variant, discovery config (JSON)
@@ -93,8 +102,83 @@ def service_slice_watch(
     return watch
 
 
-def slice_watch(owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery) -> SliceWatch:
-    """The watch of one variant's Service slices, reporting to ``owner``."""
+def service_watch(
+    spec: KubeWatchSpec,
+    service: str,
+    on_change: Callable[[Mapping[str, Any] | None], None],
+    on_error: Callable[[BaseException, bool], None],
+) -> ListWatch:
+    """The watch of the one Service ``service`` (``fieldSelector=metadata.name``, also checked
+    here): ``on_change`` gets the object, ``None`` while there is none, at each change."""
+
+    def path() -> str:
+        namespace = spec.namespace or read_own(spec.namespace_path, "discovery.namespace")
+        return _SERVICES.format(namespace=namespace)
+
+    return ListWatch(
+        spec,
+        path,
+        on_change=lambda services: on_change(services.get(service)),
+        on_error=on_error,
+        keep=lambda obj: object_name(obj) == service,
+        selectors={"fieldSelector": f"metadata.name={service}"},
+        watch_timeout_s=spec.watch_timeout_s,
+        retry_interval_s=spec.retry_interval_s,
+    )
+
+
+class OwnedSliceWatch:
+    """A variant's slices, followed only while its Service's controller is the InferenceEndpoint
+    of ``disc.service_owner_uid``: the Service and its slices are watched side by side (one
+    TaskGroup). Nothing is applied before the Service was listed; while it is another's (or
+    missing) the variant has no instances and ``owner`` has the reason, else the slices apply
+    once listed."""
+
+    def __init__(self, owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery) -> None:
+        self.owner, self.key, self.disc = owner, key, disc
+        self.uid = disc.service_owner_uid or ""
+        self.service_known = False
+        self.problem: str | None = None
+        self.slices: list[Mapping[str, Any]] | None = None  # None: not listed yet
+
+        def failed(err: BaseException, first: bool) -> None:
+            owner.failed(key, err, first=first)
+
+        self.service = service_watch(disc, disc.service, self.service_changed, failed)
+        self.slice_watch = service_slice_watch(disc, disc.service, self.slices_changed, failed)
+
+    def service_changed(self, service: Mapping[str, Any] | None) -> None:
+        problem = endpoint_service_problem(service, self.disc.service, self.uid)
+        if not self.service_known or problem != self.problem:
+            self.owner.owner_checked(self.key, self.disc.service, problem, absent=service is None)
+        self.service_known, self.problem = True, problem
+        self.push()
+
+    def slices_changed(self, slices: Iterable[Mapping[str, Any]]) -> None:
+        self.slices = list(slices)
+        self.push()
+
+    def push(self) -> None:
+        if not self.service_known:
+            return
+        if self.problem is not None:
+            self.owner.apply(self.key, self.disc, [])
+        elif self.slices is not None:
+            self.owner.apply(self.key, self.disc, self.slices)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.service.run(), name=f"{self.key[0]}-{self.key[1]}-service")
+            group.create_task(self.slice_watch.run(), name=f"{self.key[0]}-{self.key[1]}-slices")
+
+
+def slice_watch(
+    owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery
+) -> SliceWatch | OwnedSliceWatch:
+    """The watch of one variant's Service slices, reporting to ``owner`` (with
+    ``service_owner_uid``: only while the Service is that InferenceEndpoint's)."""
+    if disc.service_owner_uid is not None:
+        return OwnedSliceWatch(owner, key, disc)
     return service_slice_watch(
         disc,
         disc.service,
@@ -111,6 +195,8 @@ class KubeDiscovery:
         self.loads = 0
         self.errors = 0
         self._tasks: dict[WatchKey, asyncio.Task[None]] = {}
+        # why a variant's Service is not followed (service_owner_uid): shown by the admin API
+        self.problems: dict[WatchKey, str] = {}
 
     def wanted(self) -> dict[WatchKey, KubernetesDiscovery]:
         wanted: dict[WatchKey, KubernetesDiscovery] = {}
@@ -125,6 +211,7 @@ class KubeDiscovery:
         wanted = self.wanted()
         for key in [k for k in self._tasks if k not in wanted]:
             self._tasks.pop(key).cancel()
+            self.problems.pop(key, None)
         for key in [k for k, task in self._tasks.items() if task.done()]:
             crashed = self._tasks.pop(key)  # a bug, not an API error: log it, start afresh
             if not crashed.cancelled() and crashed.exception() is not None:
@@ -163,6 +250,30 @@ class KubeDiscovery:
         self.loads += 1
         self.state.metrics.reloads.labels("kubernetes", "ok").inc()
         log.info("kubernetes %s: %d ready instances for %s/%s", disc.source, len(specs), *key[:2])
+
+    def owner_checked(
+        self, key: WatchKey, service: str, problem: str | None, *, absent: bool = False
+    ) -> None:
+        """The variant's Service was found not to be its own (``problem``: why; ``absent``: there
+        is none, as before the operator makes it: logged at INFO), or its own (again): logged
+        once per change, the reason kept for the admin API."""
+        before = self.problems.pop(key, None)
+        if problem is not None:
+            self.problems[key] = problem
+            level = logging.INFO if absent else logging.WARNING
+            log.log(level, "kubernetes discovery for %s/%s: no instances: %s", *key[:2], problem)
+        elif before is not None:
+            log.info("kubernetes discovery for %s/%s: Service %s is its own", *key[:2], service)
+
+    def problem(self, endpoint: str, variant: str) -> str | None:
+        """Why the variant's Kubernetes discovery gives it no instances (``None``: no reason
+        known), for its discovery config in force."""
+        found = self.state.endpoints.get(endpoint)
+        runtime = found.variants.get(variant) if found is not None else None
+        disc = runtime.config.kubernetes_discovery() if runtime is not None else None
+        if disc is None:
+            return None
+        return self.problems.get((endpoint, variant, disc.model_dump_json()))
 
     def failed(self, key: WatchKey, err: BaseException, *, first: bool) -> None:
         self.errors += 1
