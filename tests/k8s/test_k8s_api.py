@@ -255,6 +255,7 @@ def test_rbac_in_force(
         (operator, ["delete", "modelcaches.warmfleet.dev", "-n", "default"], True),
         (operator, ["delete", "nodes"], False),
         (gateway, ["list", "endpointslices.discovery.k8s.io", "-n", "default"], True),
+        (gateway, ["watch", "services", "-n", "default"], True),  # a derived variant's owner
         (gateway, ["create", "deployments.apps", "-n", "default"], False),
     ]
     failed = can_i_failures(control_plane, checks)
