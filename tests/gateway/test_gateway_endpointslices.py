@@ -17,7 +17,7 @@ from warmfleet.gateway.config import (
     parse_gateway_config,
 )
 from warmfleet.gateway.discovery.inference_endpoints import derive_endpoints
-from warmfleet.gateway.discovery.kubernetes import instances_from_slices, slice_watch
+from warmfleet.gateway.discovery.kubernetes import SliceWatch, instances_from_slices, slice_watch
 from warmfleet.kube.endpointslices import belongs_to
 from warmfleet.routing.config import RoutingConfig
 
@@ -166,6 +166,7 @@ def test_watch_events_update_the_slices_and_410_restarts_from_a_list() -> None:
     disc = KubernetesDiscovery(service="llama", namespace="default")
     owner = _Owner()
     watcher = slice_watch(owner, ("main", "v1", "{}"), disc)  # type: ignore[arg-type]
+    assert isinstance(watcher, SliceWatch)  # no owner uid: the plain slice watch
     a, b = slice_of(name="llama-a"), slice_of(name="llama-b")
     assert watcher.event({"type": "ADDED", "object": a})
     assert watcher.event({"type": "MODIFIED", "object": b})
