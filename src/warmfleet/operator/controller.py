@@ -314,7 +314,8 @@ class Controller:
         labels = ((read or {}).get("metadata") or {}).get("labels") or {}
         owner = endpoints.get(str(labels.get(names.LABEL_ENDPOINT)))
         if read is None or owner is None:  # the plan scales only what the pass read
-            log.warning("deployments %s: not read this pass: not scaled", action.name)
+            why = "not read this pass" if read is None else "no listed endpoint's"
+            log.warning("deployments %s: %s: not scaled", action.name, why)
             return
         patch = {"spec": {"replicas": action.replicas}}
         owned = (names.DEPLOYMENT, owner)
