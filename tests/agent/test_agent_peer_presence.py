@@ -6,12 +6,14 @@ embedded fleet's tracker host (real HTTP), its clock a manual one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from cache_support import manager_for
@@ -21,6 +23,8 @@ from harness.origin import Blob, Origin
 from warmfleet.agent.peer_node import Peers
 from warmfleet.agent.peer_presence import Presence
 from warmfleet.agent.peer_run import Report
+from warmfleet.agent.sources.base import Source
+from warmfleet.cache.manifest import FileEntry, Manifest, SourceKind
 from warmfleet.control.tracker import Tracker, VersionTracker
 from warmfleet.core.clock import ManualClock
 from warmfleet.local.config import PeersConfig
@@ -145,15 +149,15 @@ EMPTY = Report().body()
 async def test_only_fills_that_are_over_are_renewed_and_only_while_served() -> None:
     served = {"k1", "k2"}
     asked = _Asked()
-    presence = Presence(served.__contains__)
+    presence = Presence()
     for key, pieces, session in (("k1", 3, "s1"), ("k2", 4, "s2"), ("k3", 5, "s3")):
         presence.filling(key, pieces, session)
-    assert await presence.renew(asked)
+    assert await presence.renew(asked, presence.ended(), served)
     assert asked.calls == []  # fills under way report by themselves
     presence.over("k1", "s1")
     presence.over("k3", "s3")  # k3: cancelled, not served
     presence.over("k2", "an earlier fill")  # not k2's fill under way: no effect
-    assert await presence.renew(asked)
+    assert await presence.renew(asked, presence.ended(), served)
     renewal, leave = sorted(asked.calls)
     assert renewal == ("k1", 3, "s1", EMPTY, 0)
     assert leave[:2] == ("k3", 5)
@@ -162,7 +166,7 @@ async def test_only_fills_that_are_over_are_renewed_and_only_while_served() -> N
     assert sorted(presence.versions) == ["k1", "k2"]
     presence.filling("k1", 3, "s4")  # a new fill of k1: it reports by itself again
     asked.calls.clear()
-    assert await presence.renew(asked)
+    assert await presence.renew(asked, presence.ended(), served)
     assert asked.calls == []
     presence.left("k2", "s2")  # its fill failed and left by itself
     assert sorted(presence.versions) == ["k1"]
@@ -170,15 +174,173 @@ async def test_only_fills_that_are_over_are_renewed_and_only_while_served() -> N
 
 async def test_an_unanswered_renewal_says_so_and_a_stop_leaves_every_version() -> None:
     asked = _Asked()
-    presence = Presence(lambda _key: True)
+    presence = Presence()
     presence.filling("k1", 3, "s1")
     presence.over("k1", "s1")
     presence.filling("k2", 2, "s2")  # still filling when the agent stops
     asked.answer = None
-    assert not await presence.renew(asked)
+    assert not await presence.renew(asked, presence.ended(), {"k1", "k2"})
     assert presence.versions["k1"].session == "s1"  # kept: the next round tries again
     asked.calls.clear()
     await presence.leave_all(asked)
     assert sorted((k, p) for k, p, *_ in asked.calls) == [("k1", 3), ("k2", 2)]
     assert not {s for _, _, s, _, _ in asked.calls} & {"s1", "s2"}
     assert presence.versions == {}
+
+
+class _HeldFirst:
+    """Wraps a node's ``ask``: the first call once ``hold`` is set waits for ``release``;
+    ``passed``: a report of pieces held got through meanwhile; ``done``: the held call was
+    answered."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.hold = False
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+        self.passed = asyncio.Event()
+        self.done = asyncio.Event()
+
+    async def __call__(
+        self, key: str, pieces: int, session: str, report: Report, want: int
+    ) -> dict[str, Any] | None:
+        mine, self.hold = self.hold, False
+        if mine:
+            self.held.set()
+            await self.release.wait()
+        elif self.held.is_set() and report.have:
+            self.passed.set()
+        answer = await self.real(key, pieces, session, report, want)
+        if mine:
+            self.done.set()
+        return answer  # type: ignore[no-any-return]
+
+
+async def test_a_new_fill_waits_for_a_leave_still_on_its_way(
+    origin: tuple[Origin, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leave of an evicted version is held on its way to the tracker while a new fill of
+    that version starts: reaching the tracker after the fill's reports, it would switch the
+    node's session there and back, and the tracker would forget the pieces the fill reported
+    (reports are incremental). The fill waits for it, so every piece stays held there."""
+    org, base = origin
+    org.put("w.bin", Blob(data=os.urandom(3 * PIECE + 1000)))
+    monkeypatch.setenv("WARMFLEET_AGENT_TOKEN", TOKEN)
+    async with (
+        _tracker_host() as (host, _clock),
+        manager_for(tmp_path / "a") as a,
+        serving(a) as (peers, url),
+    ):
+        uri = f"{base}/files/w.bin"
+        key = _key(host, await _filled(host, peers, url, uri))
+        assert peers._fill is not None
+        asked = _HeldFirst(peers._fill.ask)
+        monkeypatch.setattr(peers._fill, "ask", asked)
+        a.gc(evict_all_unreferenced=True)  # no longer served: the next round leaves it
+        asked.hold = True
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(peers.keep_offered(stop))
+            await until(asked.held.is_set)  # the leave, on its way
+            again = tg.create_task(a.prefetch(uri, name="w"))
+            # Fixed: nothing gets through until the leave is answered; without the wait the
+            # new fill's reports of the pieces it holds get through at once (the bound only
+            # ends the fixed case).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asked.passed.wait(), 1.0)
+            asked.release.set()
+            await again
+            await until(asked.done.is_set)
+            session = peers.presence.versions[key].session  # the new fill's
+            vt = host.tracker.versions[key]
+            await until(lambda: vt.nodes["a"].session == session)
+            assert vt.nodes["a"].have == set(range(vt.pieces))
+            assert _offered(vt)
+            stop.set()
+
+
+class _FirstPieceOnly:
+    """An origin that serves a file's first piece; the others wait until cancelled."""
+
+    kind = SourceKind.HTTP
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def open_range(self, entry: FileEntry, start: int, end: int) -> AsyncIterator[bytes]:
+        if start > 0:
+            await asyncio.Event().wait()
+        yield self.data[start:end]
+
+
+async def test_a_cancelled_fill_is_left_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fill cancelled once it reported a piece stops being offered at once, not at the next
+    renewal round (renewS: an hour here), so no peer is sent to a node that refuses it."""
+    data = os.urandom(2 * PIECE)
+    manifest = Manifest(SourceKind.HTTP, "http://o/f", (FileEntry("f.bin", len(data), "/x"),))
+    (tmp_path / "staging").mkdir()
+    monkeypatch.setenv("WARMFLEET_AGENT_TOKEN", TOKEN)
+    async with (
+        _tracker_host() as (host, _clock),
+        manager_for(tmp_path / "a") as a,
+        serving(a) as (peers, url),
+    ):
+        peers.configure({**host.assignment_extra("a", url)["peers"], "renewS": 3600.0})
+        fill = peers._fill
+        assert fill is not None
+        source = cast("Source", _FirstPieceOnly(data))
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(peers.keep_offered(stop))
+            filling = tg.create_task(
+                fill.download(source, manifest, tmp_path / "staging", lambda _n: None)
+            )
+            versions = host.tracker.versions
+            await until(
+                lambda: manifest.key() in versions and bool(versions[manifest.key()].holders(0))
+            )
+            vt = versions[manifest.key()]
+            session = vt.nodes["a"].session
+            filling.cancel()
+            await until(lambda: vt.nodes["a"].session != session)  # left, without a round due
+            assert _forgotten(vt)
+            assert not peers.presence.versions
+            stop.set()
+
+
+async def test_a_round_reads_the_index_once_and_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which versions are still served is read from the cache index (under its file lock):
+    once per round, whatever the number of versions, and in a worker thread."""
+    monkeypatch.setenv("WARMFLEET_AGENT_TOKEN", TOKEN)
+    async with manager_for(tmp_path / "a") as a:
+        peers = Peers(a)
+        peers.configure({"tracker": "http://127.0.0.1:9", "node": "a", "url": "http://a",
+                         "renewS": RENEW_S})  # fmt: skip
+        assert peers._fill is not None
+        asked = _Asked()
+        monkeypatch.setattr(peers._fill, "ask", asked)
+        read_index = a.store.read_index
+        threads: list[int] = []
+
+        def counted() -> Any:
+            threads.append(threading.get_ident())
+            return read_index()
+
+        monkeypatch.setattr(a.store, "read_index", counted)
+        for key in ("k1", "k2", "k3"):
+            peers.presence.filling(key, 2, f"s-{key}")
+            peers.presence.over(key, f"s-{key}")
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(peers.keep_offered(stop))
+            await until(lambda: not peers.presence.versions)  # one round: each one left
+            await asyncio.sleep(5 * RENEW_S)  # rounds with nothing to renew read nothing
+            stop.set()
+        await peers.aclose()
+        assert sorted(k for k, *_ in asked.calls) == ["k1", "k2", "k3"]
+        assert len(threads) == 1
+        assert threads[0] != threading.get_ident()

@@ -10,6 +10,7 @@ ticking ``Clock``, ``create_endpoint`` (with the finalizer kopf adds) and ``conv
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -192,12 +193,19 @@ class FakeCluster:
         }
 
 
+_VERSIONS = itertools.count(1)  # resourceVersions, one sequence for every ServerClient
+
+
 class ServerClient(kube.KubeClient):
-    """A client whose API server checks what kmock does not: it gives each object it creates
-    a uid and refuses a DELETE whose ``preconditions.uid`` is not the object's (409), as a real
-    API server does. ``race(path)``: another writer's work, done before each request of a
-    method in ``on`` (DELETE unless told) reaches the server until it says it acted (e.g. the
-    object deleted and created again)."""
+    """A client whose API server checks what kmock does not, as a real API server does: it
+    gives each object it creates a uid; it versions what it writes (each create or merge patch
+    gets a new ``resourceVersion``, one sequence over every ServerClient: another writer's
+    change through one of its own is seen); it refuses (409) a DELETE whose
+    ``preconditions.uid`` or ``preconditions.resourceVersion`` is not the object's, and a
+    patch whose ``metadata.resourceVersion`` is not the object's. (A write through a plain
+    client, such as ``FakeCluster.client``, changes no version.) ``race(path)``: another
+    writer's work, done before each request of a method in ``on`` (DELETE unless told) reaches
+    the server until it says it acted (e.g. the object deleted and created again)."""
 
     def __init__(
         self,
@@ -219,12 +227,29 @@ class ServerClient(kube.KubeClient):
             body = {**body, "metadata": {**body["metadata"], "uid": f"server-{self._uids}"}}
         if method in self._on and self._race is not None and await self._race(path):
             self._race = None
-        wanted = ((body or {}).get("preconditions") or {}).get("uid")
-        if method == "DELETE" and wanted:
-            current = await super()._call("GET", path)
-            if current["metadata"].get("uid") != wanted:
-                raise kube.KubeError(f"DELETE {path}: HTTP 409: uid precondition", status=409)
+        if method == "DELETE":
+            await self._check(method, path, (body or {}).get("preconditions") or {})
+        elif method in {"POST", "PATCH"} and isinstance(body, dict):
+            meta = body.get("metadata") or {}
+            if method == "PATCH":
+                await self._check(method, path, {"resourceVersion": meta.get("resourceVersion")})
+            body = {**body, "metadata": {**meta, "resourceVersion": str(next(_VERSIONS))}}
         return await super()._call(method, path, body, content_type=content_type)
+
+    async def _check(self, method: str, path: str, wanted: Obj) -> None:
+        """409 unless the object at ``path`` has the uid and resourceVersion ``wanted``."""
+        wanted = {k: v for k, v in wanted.items() if k in {"uid", "resourceVersion"} and v}
+        if not wanted:
+            return
+        try:
+            current = await super()._call("GET", path.removesuffix("/status"))
+        except kube.KubeError as err:
+            if err.status != 404:
+                raise
+            return  # gone: the request itself says so
+        for field, value in wanted.items():
+            if current["metadata"].get(field) != value:
+                raise kube.KubeError(f"{method} {path}: HTTP 409: {field} precondition", status=409)
 
 
 FINALIZER = "warmfleet.dev/finalizer"

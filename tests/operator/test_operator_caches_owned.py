@@ -250,3 +250,39 @@ async def test_a_removed_variants_service_made_again_since_the_read_stays(env: E
     found = await _get(cluster, kube.SERVICES, "llama-b")
     assert found is not None  # before: deleted with the variant it was not
     assert found["metadata"]["uid"] == "uid-theirs"
+
+
+async def test_a_model_cache_changed_since_the_read_is_deleted_by_the_next_pass(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The old revision's ModelCache is changed (not made again: same uid) by another writer
+    between the pass's read and its delete: the API server refuses the delete on its
+    resourceVersion (409); the next pass reads it again and deletes it."""
+    cluster, session, url = env
+    await create_endpoint(cluster, endpoint_body("llama", replicas=1))
+    await converge(cluster, _controller(env))
+    name = await _old_cache(cluster)
+    old = await _get(cluster, kube.MODEL_CACHES, name)
+    assert old is not None
+    uids: list[str] = []
+
+    async def race(path: str) -> bool:
+        if not path.endswith(f"/{kube.MODEL_CACHES.plural}/{name}"):
+            return False
+        other = ServerClient(session, url)  # another writer: its change is a new version
+        touched = {"metadata": {"annotations": {"example.com/touched": "yes"}}}
+        changed = await other.patch(kube.MODEL_CACHES, NS, name, touched)
+        uids.append(changed["metadata"]["uid"])
+        return True
+
+    patch = {"spec": {"modelSource": {"uri": "s3://models/llama", "revision": "v2"}}}
+    await cluster.client.patch(kube.ENDPOINTS, NS, "llama", patch)
+    with caplog.at_level(logging.INFO, logger="warmfleet.operator"):
+        await converge(cluster, _controller(env, race), rounds=16)
+    assert uids == [old["metadata"]["uid"]], "the operator never deleted it"  # changed, not new
+    said = f"modelcaches {name} changed since it was read: not deleted, read again"
+    assert any(m.startswith(said) for m in caplog.messages)  # before: deleted as it was
+    assert await _get(cluster, kube.MODEL_CACHES, name) is None  # the next pass deleted it
+    endpoint = await _get(cluster, kube.ENDPOINTS, "llama")
+    assert endpoint is not None
+    assert endpoint["status"]["phase"] == "Ready"

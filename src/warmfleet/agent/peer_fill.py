@@ -14,7 +14,8 @@ fails ends the fill, which then stops serving its pieces and leaves the tracker 
 session: it forgets what this node held), withdrawing the hashes it reported for that file's
 pieces, and the next fill of that version takes the file from the origin only (``peer_run``).
 A fill over, the node's ``Presence`` (``peer_presence``) keeps the version offered while it is
-served, and leaves it once it is not.
+served, and leaves it once it is not; a cancelled fill is left at once (the round it wakes). A fill
+starts once no renewal or leave of an earlier fill of its version is on its way to the tracker.
 The manager then verifies the whole files against the manifest and publishes atomically exactly
 as after an ordinary download, retrying a failed one ``verify_attempts`` times.
 
@@ -110,9 +111,10 @@ class PeerFill:
         origin_only = frozenset(self._origin_only.get(key, ()))
         run = Run(self, source, manifest, pieces, files, on_bytes, origin_only)
         presence = self._presence
-        if presence is not None:
-            presence.filling(key, len(pieces), run.session_id)
         try:
+            if presence is not None:  # a round's report of an earlier fill reaches it first
+                await presence.settled(key)
+                presence.filling(key, len(pieces), run.session_id)
             await asyncio.to_thread(_create_all, files, manifest)
             await run.run(key)
             await asyncio.to_thread(files.sync)
@@ -122,12 +124,14 @@ class PeerFill:
                 await self._leave(key, len(pieces), err)
                 if presence is not None:
                     presence.left(key, run.session_id)
+            elif presence is not None:  # cancelled: left at once by the round it wakes
+                presence.cancelled(key, run.session_id)
             if isinstance(err, OSError):
                 raise CacheError(f"peer fill of {key[:16]}: {err}") from err
             raise
         finally:
             files.close()
-            if presence is not None:  # served on (or, cancelled, left) by its rounds
+            if presence is not None:  # served on (or left) by its rounds
                 presence.over(key, run.session_id)
         self._origin_only.pop(key, None)
         return run.digests()

@@ -6,8 +6,9 @@ assignment (``{"tracker", "node", "url", "pieceBytes", "serveBps", "stallS", "re
 absent: peer fills off; a ``renewS`` that is not a positive number: ValueError) and sets the
 manager's ``fill_hook``. ``keep_offered`` (a task of the agent's, until its stop) renews, every
 ``renewS``, the versions this node serves once their fills are over, and leaves those it no
-longer serves; at the stop it leaves the tracker for every version (``peer_presence``).
-``aclose`` closes its HTTP session.
+longer serves (what is served is read off the event loop, once per round), and leaves a
+cancelled fill's version at once (``Presence.wake``); at the stop it leaves the tracker for every
+version (``peer_presence``). ``aclose`` closes its HTTP session.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Peers:
         self._session: aiohttp.ClientSession | None = None
         self._config: PeerConfig | None = None
         self._fill: PeerFill | None = None
-        self.presence = Presence(self._serves)
+        self.presence = Presence()
 
     @property
     def figures(self) -> dict[str, int]:
@@ -86,37 +87,58 @@ class Peers:
             origin_low_speed_s=download.low_speed_time_s,
         )
 
-    def _serves(self, key: str) -> bool:
-        """``key`` is served here: published, or staged while the manager checks it after
-        its fill (``VERIFYING``)."""
-        if self._manager.store.is_published(key):
-            return True
-        rec = self._manager.store.read_index().get(key)
-        return rec is not None and rec.state == ArtifactState.VERIFYING
+    def _served(self, keys: list[str]) -> set[str]:
+        """(Worker thread: the index is read under its lock.) Those of ``keys`` served here:
+        published, or staged while the manager checks them after their fill (``VERIFYING``);
+        the index read once at most."""
+        store = self._manager.store
+        out = {key for key in keys if store.is_published(key)}
+        if len(out) < len(keys):
+            index = store.read_index()
+            for key in keys:
+                rec = index.get(key)
+                if rec is not None and rec.state == ArtifactState.VERIFYING:
+                    out.add(key)
+        return out
 
     async def keep_offered(self, stop: asyncio.Event) -> None:
         """Until ``stop``: a round of ``presence.renew`` every ``renewS`` (after one left
         unanswered, ``tracker_retry_s`` at most; the settings of the latest assignment, looked
-        at every ``CONFIG_POLL_S``); then every version is left."""
+        at every ``CONFIG_POLL_S``), and the cancelled fills left as soon as ``presence.wake``
+        is set; then every version is left."""
         loop = asyncio.get_running_loop()
         last_s, retry = loop.time(), False
         while not stop.is_set():
             fill = self._fill  # None: peer fills off, nothing to keep up
+            if self.presence.wake.is_set():
+                if fill is None:
+                    self.presence.wake.clear()
+                else:
+                    await self.presence.leave_cancelled(fill.ask)
+                continue
             delay_s = DEFAULT_RENEW_S if fill is None else fill.config.renew_s
             if retry and fill is not None:
                 delay_s = min(delay_s, fill.config.tracker_retry_s)
             wait_s = last_s + delay_s - loop.time()
             if wait_s > 0:
-                await _wait_stop(stop, min(wait_s, CONFIG_POLL_S))
+                await _wait_either(stop, self.presence.wake, min(wait_s, CONFIG_POLL_S))
                 continue
             last_s = loop.time()
-            try:
-                retry = fill is not None and not await self.presence.renew(fill.ask)
-            except (OSError, WarmfleetError) as err:  # the cache index unreadable, for one
-                log.warning("peer renewals: %s", err)
-                retry = True
+            retry = fill is not None and await self._round(fill)
         if self._fill is not None:
             await self.presence.leave_all(self._fill.ask)
+
+    async def _round(self, fill: PeerFill) -> bool:
+        """One round of renewals; True if it should be tried again sooner."""
+        ended = self.presence.ended()
+        if not ended:
+            return False
+        try:  # what is served is read off the event loop, once for the round
+            served = await asyncio.to_thread(self._served, [key for key, _ in ended])
+            return not await self.presence.renew(fill.ask, ended, served)
+        except (OSError, WarmfleetError) as err:  # the cache index unreadable, for one
+            log.warning("peer renewals: %s", err)
+            return True
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -135,7 +157,16 @@ def _renew_s(value: Any) -> float:
     return renew_s
 
 
-async def _wait_stop(stop: asyncio.Event, wait_s: float) -> None:
-    """Until ``stop`` is set, ``wait_s`` at most."""
+async def _wait_either(stop: asyncio.Event, wake: asyncio.Event, wait_s: float) -> None:
+    """Until ``stop`` or ``wake`` is set, ``wait_s`` at most."""
+    tasks: list[asyncio.Task[None]] = []
+
+    async def until(event: asyncio.Event) -> None:
+        await event.wait()
+        for task in tasks:  # the other one
+            if task is not asyncio.current_task():
+                task.cancel()
+
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), wait_s)
+        async with asyncio.timeout(wait_s), asyncio.TaskGroup() as tg:
+            tasks += [tg.create_task(until(stop)), tg.create_task(until(wake))]
