@@ -1,7 +1,7 @@
 """Active health checking: poll every instance's health path once per ``interval_s``.
 
 A round probes all instances concurrently, on a pool of their own, at most
-``gateway.probes.MAX_CONCURRENT_PROBES`` at once (and never more than the session's pool holds);
+``gateway.probes.READ_SLOTS["health"]`` at once (as many as the session's pool holds);
 rounds start ``interval_s`` apart. A probe's ``timeout_s`` starts once it has its slot
 (``gateway.probes.Prober``): it covers the probe's own exchange only, so a round in which many
 wedged instances hold every slot for their timeout delays the other probes but never fails

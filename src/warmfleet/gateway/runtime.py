@@ -47,7 +47,7 @@ from warmfleet.gateway.kv_events.service import KvEventService
 from warmfleet.gateway.metrics import GatewayMetrics
 from warmfleet.gateway.openai.body import BodyWorker
 from warmfleet.gateway.openai.models import ModelsCache
-from warmfleet.gateway.probes import probe_session
+from warmfleet.gateway.probes import ReaderPools
 from warmfleet.gateway.proxy import Proxy
 from warmfleet.gateway.replica_sync.curve_secret import fleet_curve_key
 from warmfleet.gateway.replica_sync.service import ReplicaSync
@@ -162,20 +162,20 @@ class Gateway:
         self._pool = UpstreamPool(
             limits.upstream_connect_timeout_s, limits.max_upstream_connections, keepalive_s=60.0
         )
-        # each reader of the instances its own pool (gateway/probes.py): unlimited, each bounds
-        # its reads and times each from when it has its slot, none makes another's reads wait
-        probes, models, capacity, stats = (probe_session() for _ in range(4))
-        self._sessions = [probes, models, capacity, stats]
+        # each reader of the instances its own pool (gateway/probes.py), each its share of the
+        # 320 reads in flight, each read timed from when it has its slot: none makes another wait
+        pools = ReaderPools.open()
+        self._sessions = pools.sessions()
         self.body_worker.start()
         self._proxy = Proxy(self.state, self._pool)
         self._proxy.hold = self.hold
         self._proxy.flow = self.flow
         self.capture.on_switch = self._capture_switched
         self.capture.apply(self.state.spec.capture)
-        self._health = HealthMonitor(self.state, probes)
-        self._models = ModelsCache(self.state, models)
-        self._kv_capacity = KvCapacityProbe(self.state, capacity)
-        self._engine_stats = EngineStatsProbe(self.state, stats)
+        self._health = HealthMonitor(self.state, pools.health)
+        self._models = ModelsCache(self.state, pools.models)
+        self._kv_capacity = KvCapacityProbe(self.state, pools.kv_capacity)
+        self._engine_stats = EngineStatsProbe(self.state, pools.engine_stats)
         self.discovery.scan()  # instances from discovery files before the first request
         self._tasks = [
             asyncio.create_task(self._health.run(), name="warmfleet-gateway-health"),
