@@ -225,3 +225,50 @@ def test_the_service_owner_check(owners: list[dict[str, Any]], expected: str | N
     found = endpoint_service_problem(service_object(SHARED, owners), SHARED, UID["chat"])
     assert found == expected if expected is None else expected in str(found)
     assert endpoint_service_problem(None, SHARED, UID["chat"]) == f"Service {SHARED} does not exist"
+
+
+async def test_a_service_the_gateway_may_not_read_is_the_variants_problem(
+    kmock: Any, session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RBAC without ``services`` (the API answers 403): the derived variants get no instances
+    and say why in the admin API (one warning each, however many retries); once the Service
+    can be read, its owner's variant gets its engines and the reason goes."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    api = str(kmock.url).rstrip("/")
+    readable = False
+
+    def forbidden() -> dict[str, Any]:
+        if readable:
+            raise StopAsyncIteration  # this reaction is spent: the emulator answers from now on
+        return {"kind": "Status", "code": 403, "reason": "Forbidden", "message": "forbidden"}
+
+    kmock[f"get {SERVICES}"] << 403 << forbidden
+    async with backends_running("a") as (a,):
+        await session.post(api + SERVICES, json=service_object(SHARED, controller("chat-prod")))
+        gw = await started(kmock, session, a)
+        try:
+            await wait_until(lambda: len(gw.gateway.kube_discovery.problems) == 2)
+            assert gw.gateway.kube_discovery.errors >= 2
+            found = str(await problem(session, gw, "chat-prod/main"))
+            assert found.startswith(f"cannot read Service {NS}/{SHARED}: ")
+            assert "HTTP 403" in found
+            assert served(gw) == {"chat/prod-main": [], "chat-prod/main": []}
+            errors = gw.gateway.kube_discovery.errors
+            await wait_until(lambda: gw.gateway.kube_discovery.errors >= errors + 4)  # retried
+            logged = [r for r in caplog.records if r.name == LOGGER and "/main" in r.getMessage()]
+            assert [r.levelno for r in logged] == [logging.WARNING], logged
+
+            readable = True
+            await wait_until(
+                lambda: served(gw) == {"chat/prod-main": [], "chat-prod/main": ["pod-a"]}
+            )
+            assert await problem(session, gw, "chat-prod/main") is None
+            await wait_until(  # (its own watch's backoff may end later)
+                lambda: (
+                    "belongs to InferenceEndpoint chat-prod"
+                    in str(gw.gateway.kube_discovery.problem("chat", "prod-main"))
+                )
+            )
+            assert served(gw)["chat/prod-main"] == []
+        finally:
+            await gw.stop()

@@ -7,8 +7,8 @@ variant. A variant derived from an InferenceEndpoint has ``service_owner_uid``: 
 watches the Service itself (``fieldSelector=metadata.name``; both watches in one TaskGroup) and
 applies the slices only while the Service's controller ``ownerReference`` is the
 InferenceEndpoint of that uid; otherwise (another endpoint holds the name, or there is no
-Service) the variant has no instances, the reason is logged once per change and shown by the
-admin API (``KubeDiscovery.problem``).
+Service, or the gateway may not read it) the variant has no instances, the reason is logged
+once per change and shown by the admin API (``KubeDiscovery.problem``).
 
 The slices are read at the ``discovery.k8s.io`` version the server serves (``v1``, else
 ``v1beta1`` as on Kubernetes 1.20), found by API discovery before the first list and again after
@@ -33,7 +33,7 @@ import aiohttp
 from warmfleet.gateway.config import InstanceSpec, KubernetesDiscovery
 from warmfleet.gateway.kube_watch_config import KubeWatchSpec
 from warmfleet.gateway.world import GatewayState
-from warmfleet.kube.access import read_own, served_versions_of
+from warmfleet.kube.access import KubeAccessError, read_own, served_versions_of
 from warmfleet.kube.endpointslices import (
     SERVICE_NAME_LABEL,
     SLICE_GROUP,
@@ -131,8 +131,8 @@ class OwnedSliceWatch:
     """A variant's slices, followed only while its Service's controller is the InferenceEndpoint
     of ``disc.service_owner_uid``: the Service and its slices are watched side by side (one
     TaskGroup). Nothing is applied before the Service was listed; while it is another's (or
-    missing) the variant has no instances and ``owner`` has the reason, else the slices apply
-    once listed."""
+    missing, or cannot be read) the variant has no instances and ``owner`` has the reason, else
+    the slices apply once listed."""
 
     def __init__(self, owner: KubeDiscovery, key: WatchKey, disc: KubernetesDiscovery) -> None:
         self.owner, self.key, self.disc = owner, key, disc
@@ -144,8 +144,21 @@ class OwnedSliceWatch:
         def failed(err: BaseException, first: bool) -> None:
             owner.failed(key, err, first=first)
 
-        self.service = service_watch(disc, disc.service, self.service_changed, failed)
+        self.service = service_watch(disc, disc.service, self.service_changed, self.service_failed)
         self.slice_watch = service_slice_watch(disc, disc.service, self.slices_changed, failed)
+
+    def service_failed(self, err: BaseException, first: bool) -> None:
+        """Until the Service has been read (RBAC without ``services``: a 403), its read's error
+        is why the variant has no instances: kept as ``owner``'s problem (logged once per
+        change, there). Once read, an error keeps the variant as it was (``owner.failed``)."""
+        if self.service_known:
+            self.owner.failed(self.key, err, first=first)
+            return
+        self.owner.failed(self.key, err, first=False)  # counted; logged as the problem
+        problem = f"cannot read Service {_where(self.disc)}: {err}"
+        if problem != self.problem:
+            self.owner.owner_checked(self.key, self.disc.service, problem)
+        self.problem = problem
 
     def service_changed(self, service: Mapping[str, Any] | None) -> None:
         problem = endpoint_service_problem(service, self.disc.service, self.uid)
@@ -170,6 +183,15 @@ class OwnedSliceWatch:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.service.run(), name=f"{self.key[0]}-{self.key[1]}-service")
             group.create_task(self.slice_watch.run(), name=f"{self.key[0]}-{self.key[1]}-slices")
+
+
+def _where(disc: KubernetesDiscovery) -> str:
+    """``namespace/service`` (the namespace may be unknown: its file unreadable)."""
+    try:
+        namespace = disc.namespace or read_own(disc.namespace_path, "discovery.namespace")
+    except KubeAccessError:
+        namespace = "?"
+    return f"{namespace}/{disc.service}"
 
 
 def slice_watch(
