@@ -28,6 +28,7 @@ from warmfleet.api.resources import InferenceEndpointSpec
 from warmfleet.control.claims import CONDITION
 from warmfleet.control.observed import DesiredEndpoint
 from warmfleet.kube import client as kube
+from warmfleet.kube.owners import endpoint_service_problem
 from warmfleet.operator import ownership, render
 from warmfleet.operator.controller import Controller
 
@@ -221,3 +222,26 @@ def test_who_holds_an_object() -> None:
     assert foreign.holder("chat") == ""
     not_controller = {**ref, "controller": False}
     assert ownership.held_name(names.SERVICE, obj(ours, [not_controller])).owned_by("chat", "")
+
+
+@pytest.mark.parametrize(
+    "refs",
+    [
+        [render.owner_reference("InferenceEndpoint", "chat", "u1")],
+        [render.owner_reference("InferenceEndpoint", "chat-prod", "u2")],
+        [{**render.owner_reference("InferenceEndpoint", "chat", "u1"), "controller": False}],
+        [{**render.owner_reference("InferenceEndpoint", "chat", "u1"), "controller": "true"}],
+        [{**render.owner_reference("InferenceEndpoint", "chat", "u1"), "controller": 1}],
+        [{**render.owner_reference("InferenceEndpoint", "chat", "u1"), "apiVersion": "x.io/v1"}],
+        [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "controller": True}],
+        [],
+    ],
+)
+def test_the_operator_and_the_gateway_agree_on_a_services_controller(refs: list[Obj]) -> None:
+    """One reading of a controller reference (``kube.owners``: ``controller: true``, the boolean
+    Kubernetes defines; the operator took any truthy value): the operator takes a Service for
+    InferenceEndpoint chat's (uid u1) exactly when the gateway follows it for that endpoint."""
+    service = {"metadata": {"name": "chat-prod", "ownerReferences": refs}}
+    operator_says = ownership.held_name(names.SERVICE, service).owned_by("chat", "u1")
+    gateway_says = endpoint_service_problem(service, "chat-prod", "u1") is None
+    assert operator_says == gateway_says

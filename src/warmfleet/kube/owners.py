@@ -13,18 +13,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from warmfleet.api.names import ENDPOINT_KIND
+from warmfleet.api.resources import API_GROUP
 
-API_GROUP = "warmfleet.dev/"
+# How the apiVersion of a reference to a warmfleet object starts (any version of the group).
+WARMFLEET_API_VERSION_PREFIX = API_GROUP + "/"
 
 
 def controller_reference(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The object's controller ``ownerReference`` (``None``: it has none)."""
+    """The object's controller ``ownerReference``: the first with ``controller: true`` (Kubernetes
+    allows one; ``None``: it has none)."""
     meta = obj.get("metadata")
     refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
     for ref in refs if isinstance(refs, list) else ():
         if isinstance(ref, Mapping) and ref.get("controller") is True:
             return ref
     return None
+
+
+def is_endpoint_reference(ref: Mapping[str, Any]) -> bool:
+    """Whether the ``ownerReference`` ``ref`` names an InferenceEndpoint (of any version)."""
+    api_version = str(ref.get("apiVersion", ""))
+    return ref.get("kind") == ENDPOINT_KIND and api_version.startswith(WARMFLEET_API_VERSION_PREFIX)
 
 
 def endpoint_service_problem(service: Mapping[str, Any] | None, name: str, uid: str) -> str | None:
@@ -36,7 +45,7 @@ def endpoint_service_problem(service: Mapping[str, Any] | None, name: str, uid: 
     if ref is None:
         return f"Service {name} has no controller (not made by the operator for this endpoint)"
     kind, ref_uid = ref.get("kind"), ref.get("uid")
-    if kind == ENDPOINT_KIND and str(ref.get("apiVersion", "")).startswith(API_GROUP):
+    if is_endpoint_reference(ref):
         if ref_uid == uid:
             return None
         return (

@@ -27,10 +27,10 @@ from warmfleet.control.actions import Action, UpdateEndpointStatus
 from warmfleet.control.claims import CONDITION, IMAGE_CACHE, MODEL_CACHE, NameConflict
 from warmfleet.control.observed import DesiredEndpoint, HeldName
 from warmfleet.kube import client as kube
+from warmfleet.kube.owners import controller_reference, is_endpoint_reference
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
-_API_GROUP = "warmfleet.dev/"
 
 
 def held_name(kind: str, obj: Obj) -> HeldName:
@@ -39,12 +39,9 @@ def held_name(kind: str, obj: Obj) -> HeldName:
     knows (``owner`` says what it is)."""
     meta = obj.get("metadata") or {}
     name = str(meta.get("name", ""))
-    refs = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
-    if refs:
-        ref = refs[0]
-        if ref.get("kind") == names.ENDPOINT_KIND and str(ref.get("apiVersion", "")).startswith(
-            _API_GROUP
-        ):
+    ref = controller_reference(obj)
+    if ref is not None:
+        if is_endpoint_reference(ref):
             return HeldName(kind, name, str(ref.get("name")), str(ref.get("uid") or ""))
         return HeldName(kind, name, None, owner=f"{ref.get('kind')} {ref.get('name')}")
     labels = meta.get("labels") or {}
@@ -62,10 +59,10 @@ def shared_holder(kind: str, obj: Obj) -> HeldName | None:
     label, no controller); else nobody warmfleet could give it to (``owner``: its controller,
     if it has one)."""
     meta = obj.get("metadata") or {}
-    refs = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
-    if not refs and (meta.get("labels") or {}).get(names.LABEL_MANAGED_BY) == names.MANAGER:
+    ref = controller_reference(obj)
+    if ref is None and (meta.get("labels") or {}).get(names.LABEL_MANAGED_BY) == names.MANAGER:
         return None
-    owner = f"{refs[0].get('kind')} {refs[0].get('name')}" if refs else ""
+    owner = f"{ref.get('kind')} {ref.get('name')}" if ref is not None else ""
     return HeldName(kind, str(meta.get("name", "")), None, owner=owner)
 
 
