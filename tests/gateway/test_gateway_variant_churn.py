@@ -8,6 +8,7 @@ keeps its own."""
 from __future__ import annotations
 
 import asyncio
+from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 
 import aiohttp
@@ -16,6 +17,7 @@ from gateway_support import CHAT, backends_running, chat, gateway_doc, gateway_r
 from support.waiting import wait_until
 from warmfleet.core.types import RoutingKey
 from warmfleet.flow.model import FlowRequest
+from warmfleet.gateway import variant as variant_module
 from warmfleet.gateway.app import default_router_factory
 from warmfleet.gateway.config import parse_gateway_config
 from warmfleet.gateway.runtime import Gateway
@@ -163,6 +165,23 @@ def test_a_late_count_on_a_forgotten_variant_brings_nothing_back() -> None:
     gateway.state.forget_departed()
     old.request_counter("none", "unavailable", "503").inc()
     assert "v" not in _variants_with_series(gateway)
+
+
+def test_the_flag_each_request_reads_is_a_native_attribute_of_the_compiled_variant() -> None:
+    """Every flow-controlled or held request asks whether its variant's series went: the flag is
+    a field of ``VariantRuntime`` (compiled by mypyc: a native attribute read), not of the
+    interpreted ``Departures`` (a dictionary lookup on each request). It is set once the
+    removed variant's series go, never before."""
+    assert str(variant_module.__file__).endswith(tuple(EXTENSION_SUFFIXES))
+    assert "series_gone" in VariantRuntime.__dict__  # mypyc's descriptor of a native field
+    gateway = _gateway()
+    old = gateway.state.endpoint("e").variant("v")
+    assert old.series_gone is False
+    _remove(gateway, "w")
+    assert old.series_gone is False  # removed; its series still there
+    gateway.state.forget_departed()
+    assert old.series_gone is True
+    assert gateway.state.endpoint("e").variant("w").series_gone is False
 
 
 def test_a_variant_added_again_keeps_its_series() -> None:

@@ -21,7 +21,8 @@ A variant removed (a reload, an admin or InferenceEndpoint change) takes its ser
 instances, none parked in its flow gate, none held (``GatewayState.forget_departed``). A
 request that picked the variant before it went but held none of that (keying a large body off
 the loop) and counts later counts into a series of its own, never exported
-(``Departures.series_gone``; it is neither queued nor held any more): nothing re-creates them.
+(``VariantRuntime.series_gone``, read per request; such a variant is neither queued nor held
+any more): nothing re-creates them.
 A variant of that name added again before then keeps them (they are its own).
 
 The models cache's ``models_answers_dropped_total{instance_id,reason}`` is labelled with the id
@@ -54,10 +55,6 @@ class Departures:
         self.variant = variant
         self.cache = cache  # the variant's request counters by (instance, reason, status)
         self.draining: list[InstanceRuntime] = []
-        # the variant was removed and its series went (``forget_variant``): a request that still
-        # counts into it (it held none of its instances then) counts into a series of its own,
-        # never exported
-        self.series_gone = False
 
     def left(self, inst: InstanceRuntime, *, gone: bool) -> None:
         """``inst`` is no longer in the instance set: ``gone`` (its id too) or replaced by

@@ -94,7 +94,7 @@ class Proxy:
             flow is not None
             and self.flow is not None
             and variant.routing_config.flow is not None
-            and not variant.departures.series_gone
+            and not variant.series_gone
         ):
             admitted = await self.flow.admit(variant, router, key, flow)
             if isinstance(admitted, Response):
@@ -121,7 +121,7 @@ class Proxy:
     async def _hold(self, variant: VariantRuntime) -> Response | None:
         """With ``spec.hold`` active, wait until one of ``variant``'s instances is ready (scale
         from zero); the answer if the request is shed instead."""
-        if self.hold is None or not self.hold.active() or variant.departures.series_gone:
+        if self.hold is None or not self.hold.active() or variant.series_gone:
             return None
         return await self.hold.wait(variant)
 

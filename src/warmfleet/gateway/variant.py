@@ -96,6 +96,7 @@ class VariantRuntime:
         self.on_routable: Callable[[VariantRuntime], None] | None = None  # hold, flow
         self._requests: dict[tuple[str, str, str], FastValue] = {}
         self.departures = Departures(metrics, endpoint, self.name, self._requests)  # their series
+        self.series_gone = False  # removed, its series gone: a late count goes to an unexported one
         self.m_decision = metrics.decision.labels(endpoint, self.name)
         self.m_overhead = metrics.overhead.labels(endpoint, self.name)
         self.m_ttft = {s: metrics.ttft.labels(endpoint, self.name, s) for s in ("true", "false")}
@@ -376,9 +377,8 @@ class VariantRuntime:
         child = self._requests.get(key)
         if child is None:  # (removed and its series gone: one never exported, ``departures``)
             labels = (self.endpoint, self.name, *key)
-            gone = self.departures.series_gone
             child = self._requests[key] = (
-                FastValue() if gone else self._metrics.requests.labels(*labels)
+                FastValue() if self.series_gone else self._metrics.requests.labels(*labels)
             )
         return child
 

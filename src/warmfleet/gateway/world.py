@@ -240,7 +240,7 @@ class GatewayState:
             if where in busy:  # (kept until every removed object of that name has drained)
                 retired.append(old)
             elif self._variant(*where) is None:  # (else its series are the new one's)
-                old.departures.series_gone = True  # a late count goes nowhere
+                old.series_gone = True  # a late count goes nowhere
                 gone.add(where)
         self.retired = retired
         for where in gone:
