@@ -24,9 +24,12 @@ from warmfleet.gateway.engine_stats import EngineStatsProbe
 from warmfleet.gateway.openai.models import ModelsCache
 from warmfleet.gateway.runtime import Gateway
 
-# Half a second: room for a healthy read on a loaded 2-core box (no duration is asserted).
-HEALTH = {"intervalS": 1.0, "timeoutS": 0.5, "unhealthyThreshold": 1, "healthyThreshold": 1}
-STATS = {"type": "llmd_approx", "refreshMetricsIntervalMs": 200}  # reads timed out at 0.5 s
+# Two seconds, and three failed probes to eject: room for a healthy read on a loaded 2-core box
+# (no duration is asserted; at 0.5 s and one failure, a CI run under load ejected the good
+# instances and listed no model). A read queued behind the wedged ones for a shared connection
+# still waits a whole timeout before any frees.
+HEALTH = {"intervalS": 2.0, "timeoutS": 2.0, "unhealthyThreshold": 3, "healthyThreshold": 1}
+STATS = {"type": "llmd_approx", "refreshMetricsIntervalMs": 200}  # reads timed out at 2 s
 ANSWER_S = 0.2  # a good engine's answer
 METRICS = "vllm:num_requests_waiting 3\nvllm:kv_cache_usage_perc 0.5\n"
 
