@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -283,3 +284,29 @@ async def converge(cluster: FakeCluster, controller: Controller, rounds: int = 1
 async def create_endpoint(cluster: FakeCluster, body: dict[str, Any]) -> None:
     body["metadata"]["finalizers"] = [FINALIZER]  # kopf adds it on a real cluster
     await cluster.client.create(kube.ENDPOINTS, NS, body)
+
+
+Env = tuple[FakeCluster, aiohttp.ClientSession, str]
+
+
+@asynccontextmanager
+async def server_env(kmock: Any, nodes: int = 2) -> AsyncIterator[Env]:
+    """A FakeCluster of ``nodes`` nodes on kmock (its resources declared), with the session and
+    URL a ``server_controller`` talks to it through."""
+    declare_resources(kmock)
+    async with aiohttp.ClientSession() as session:
+        cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))
+        for i in range(nodes):
+            await cluster.add_node(f"n{i}")
+        yield cluster, session, str(kmock.url)
+
+
+def server_controller(
+    env: Env,
+    race: Callable[[str], Awaitable[bool]] | None = None,
+    on: Iterable[str] = ("DELETE",),
+) -> Controller:
+    """An operator whose client plays the API server (``ServerClient``: uids, preconditions),
+    ``race`` run before its first ``on`` request to an object."""
+    _, session, url = env
+    return Controller(ServerClient(session, url, race, on), NS, Clock())

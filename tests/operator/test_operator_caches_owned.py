@@ -10,18 +10,17 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 from kmock_cluster import (
     NS,
-    Clock,
+    Env,
     FakeCluster,
     ServerClient,
     converge,
     create_endpoint,
-    declare_resources,
     endpoint_body,
-    forget_requests,
+    server_controller,
+    server_env,
 )
 
 from warmfleet.api import names
@@ -29,25 +28,14 @@ from warmfleet.api.resources import InferenceEndpointSpec
 from warmfleet.control.claims import CONDITION
 from warmfleet.kube import client as kube
 from warmfleet.operator import render
-from warmfleet.operator.controller import Controller
 
 Obj = dict[str, Any]
-Env = tuple[FakeCluster, aiohttp.ClientSession, str]
 
 
 @pytest.fixture
 async def env(kmock: Any) -> AsyncIterator[Env]:
-    declare_resources(kmock)
-    async with aiohttp.ClientSession() as session:
-        cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))
-        for i in range(2):
-            await cluster.add_node(f"n{i}")
-        yield cluster, session, str(kmock.url)
-
-
-def _controller(env: Env, race: Callable[[str], Any] | None = None) -> Controller:
-    _, session, url = env
-    return Controller(ServerClient(session, url, race), NS, Clock())
+    async with server_env(kmock) as made:
+        yield made
 
 
 def _cache_name(body: Obj) -> str:
@@ -89,7 +77,7 @@ async def test_a_model_cache_warmfleet_does_not_manage_is_left_alone(env: Env) -
     await c.create(kube.MODEL_CACHES, NS, theirs)
     await c.create(kube.MODEL_CACHES, NS, other)
     await create_endpoint(cluster, body)
-    controller = _controller(env)
+    controller = server_controller(env)
     await converge(cluster, controller)
     for cache in (theirs, other):  # before: overwritten and owned; the other deleted
         found = await _get(cluster, kube.MODEL_CACHES, cache["metadata"]["name"])
@@ -121,7 +109,7 @@ async def test_a_model_cache_made_after_the_read_is_not_written(
     body = endpoint_body("llama", replicas=1)
     theirs = _theirs(_cache_name(body))
     await create_endpoint(cluster, body)
-    controller = _controller(env)
+    controller = server_controller(env)
     read = controller.snapshot
 
     async def snapshot_then_theirs() -> Any:
@@ -149,7 +137,7 @@ async def test_an_earlier_endpoints_model_cache_is_not_adopted(env: Env) -> None
     ]
     await c.create(kube.MODEL_CACHES, NS, earlier)
     await create_endpoint(cluster, body)
-    controller = _controller(env)
+    controller = server_controller(env)
     await controller.reconcile()
     message = await _conflict(cluster)
     assert message is not None
@@ -169,7 +157,7 @@ async def _roll_with_a_race(
     again by someone else just before the operator's delete. (name, the object made again)."""
     cluster = env[0]
     await create_endpoint(cluster, endpoint_body("llama", replicas=1))
-    await converge(cluster, _controller(env))
+    await converge(cluster, server_controller(env))
     name = await old_name(cluster)
     again: Obj = {}
 
@@ -189,7 +177,7 @@ async def _roll_with_a_race(
 
     patch = {"spec": {"modelSource": {"uri": "s3://models/llama", "revision": "v2"}}}
     await cluster.client.patch(kube.ENDPOINTS, NS, "llama", patch)
-    await converge(cluster, _controller(env, race), rounds=16)
+    await converge(cluster, server_controller(env, race), rounds=16)
     assert again, "the operator never deleted it"
     return name, again
 
@@ -233,7 +221,7 @@ async def test_a_removed_variants_service_made_again_since_the_read_stays(env: E
     body = endpoint_body("llama", replicas=1)
     body["spec"]["variants"].append({"name": "b", "replicas": 1})
     await create_endpoint(cluster, body)
-    await converge(cluster, _controller(env))
+    await converge(cluster, server_controller(env))
     theirs = {"apiVersion": "v1", "kind": "Service", "spec": {"selector": {"app": "theirs"}}}
     theirs["metadata"] = {"name": "llama-b", "namespace": NS, "uid": "uid-theirs"}
 
@@ -246,7 +234,7 @@ async def test_a_removed_variants_service_made_again_since_the_read_stays(env: E
 
     patch = {"spec": {"variants": [{"name": "main", "replicas": 1}]}}
     await cluster.client.patch(kube.ENDPOINTS, NS, "llama", patch)
-    await converge(cluster, _controller(env, race))
+    await converge(cluster, server_controller(env, race))
     found = await _get(cluster, kube.SERVICES, "llama-b")
     assert found is not None  # before: deleted with the variant it was not
     assert found["metadata"]["uid"] == "uid-theirs"
@@ -260,7 +248,7 @@ async def test_a_model_cache_changed_since_the_read_is_deleted_by_the_next_pass(
     resourceVersion (409); the next pass reads it again and deletes it."""
     cluster, session, url = env
     await create_endpoint(cluster, endpoint_body("llama", replicas=1))
-    await converge(cluster, _controller(env))
+    await converge(cluster, server_controller(env))
     name = await _old_cache(cluster)
     old = await _get(cluster, kube.MODEL_CACHES, name)
     assert old is not None
@@ -278,7 +266,7 @@ async def test_a_model_cache_changed_since_the_read_is_deleted_by_the_next_pass(
     patch = {"spec": {"modelSource": {"uri": "s3://models/llama", "revision": "v2"}}}
     await cluster.client.patch(kube.ENDPOINTS, NS, "llama", patch)
     with caplog.at_level(logging.INFO, logger="warmfleet.operator"):
-        await converge(cluster, _controller(env, race), rounds=16)
+        await converge(cluster, server_controller(env, race), rounds=16)
     assert uids == [old["metadata"]["uid"]], "the operator never deleted it"  # changed, not new
     said = f"modelcaches {name} changed since it was read: not deleted, read again"
     assert any(m.startswith(said) for m in caplog.messages)  # before: deleted as it was

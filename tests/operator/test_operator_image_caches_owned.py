@@ -10,18 +10,16 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
 from kmock_cluster import (
     NS,
-    Clock,
+    Env,
     FakeCluster,
-    ServerClient,
     converge,
     create_endpoint,
-    declare_resources,
     endpoint_body,
-    forget_requests,
+    server_controller,
+    server_env,
 )
 
 from warmfleet.api import names
@@ -29,25 +27,14 @@ from warmfleet.api.resources import InferenceEndpointSpec
 from warmfleet.control.claims import CONDITION
 from warmfleet.kube import client as kube
 from warmfleet.operator import render
-from warmfleet.operator.controller import Controller
 
 Obj = dict[str, Any]
-Env = tuple[FakeCluster, aiohttp.ClientSession, str]
 
 
 @pytest.fixture
 async def env(kmock: Any) -> AsyncIterator[Env]:
-    declare_resources(kmock)
-    async with aiohttp.ClientSession() as session:
-        cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))
-        for i in range(2):
-            await cluster.add_node(f"n{i}")
-        yield cluster, session, str(kmock.url)
-
-
-def _controller(env: Env) -> Controller:
-    _, session, url = env
-    return Controller(ServerClient(session, url), NS, Clock())
+    async with server_env(kmock) as made:
+        yield made
 
 
 def _image_name(body: Obj) -> str:
@@ -93,7 +80,7 @@ async def test_an_image_cache_warmfleet_does_not_manage_is_left_alone(env: Env) 
     await c.create(kube.IMAGE_CACHES, NS, theirs)
     await c.create(kube.IMAGE_CACHES, NS, other)
     await create_endpoint(cluster, body)
-    controller = _controller(env)
+    controller = server_controller(env)
     await converge(cluster, controller)
     for cache in (other, theirs):  # before: the other deleted, theirs overwritten
         await _assert_untouched(cluster, cache)
@@ -126,7 +113,7 @@ async def test_an_image_cache_made_after_the_read_is_not_written(
     body = endpoint_body("llama", replicas=1)
     theirs = _theirs(_image_name(body))
     await create_endpoint(cluster, body)
-    controller = _controller(env)
+    controller = server_controller(env)
     read = controller.snapshot
 
     async def snapshot_then_theirs() -> Any:
@@ -158,7 +145,7 @@ async def test_a_daemonset_of_the_puller_name_warmfleet_did_not_make_is_not_writ
     theirs["metadata"] = {"name": name, "namespace": NS, "uid": "uid-theirs"}
     await c.create(kube.DAEMONSETS, NS, theirs)
     await create_endpoint(cluster, body)
-    controller = _controller(env)
+    controller = server_controller(env)
     with caplog.at_level(logging.WARNING, logger="warmfleet.operator"):
         for _ in range(3):
             await cluster.kubelet()

@@ -9,18 +9,16 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 from kmock_cluster import (
     NS,
-    Clock,
+    Env,
     FakeCluster,
-    ServerClient,
     converge,
     create_endpoint,
-    declare_resources,
     endpoint_body,
-    forget_requests,
+    server_controller,
+    server_env,
 )
 
 from warmfleet.api import names
@@ -29,24 +27,18 @@ from warmfleet.kube import client as kube
 from warmfleet.operator.controller import Controller
 
 Obj = dict[str, Any]
-Env = tuple[FakeCluster, aiohttp.ClientSession, str]
 Race = Callable[[str], Awaitable[bool]]
 WRITES = ("GET", "PATCH")  # the first request of a write to the object: the race goes first
 
 
 @pytest.fixture
 async def env(kmock: Any) -> AsyncIterator[Env]:
-    declare_resources(kmock)
-    async with aiohttp.ClientSession() as session:
-        cluster = FakeCluster(session, str(kmock.url), on_round=lambda: forget_requests(kmock))
-        for i in range(2):
-            await cluster.add_node(f"n{i}")
-        yield cluster, session, str(kmock.url)
+    async with server_env(kmock) as made:
+        yield made
 
 
 def _controller(env: Env, race: Race | None = None) -> Controller:
-    _, session, url = env
-    return Controller(ServerClient(session, url, race, on=WRITES), NS, Clock())
+    return server_controller(env, race, on=WRITES)
 
 
 def _made_again(
