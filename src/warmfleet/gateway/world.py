@@ -227,12 +227,7 @@ class GatewayState:
             variant.departures.sweep(variant.instances)
             live.update(variant.instances)
         forget_models_answers(self.metrics, live)
-        holding = [self._in_flight(old) for old in self.retired]
-        busy = {
-            (old.endpoint, old.name)
-            for old, held in zip(self.retired, holding, strict=True)
-            if held
-        }
+        busy = {(old.endpoint, old.name) for old in self.retired if self._in_flight(old)}
         retired: list[VariantRuntime] = []
         gone: set[tuple[str, str]] = set()
         for old in self.retired:
