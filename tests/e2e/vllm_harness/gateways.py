@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +183,50 @@ async def wait_caught_up(replicas: Sequence[Replica], timeout_s: float = 30.0) -
             raise RuntimeError(f"replicas not caught up after {timeout_s:.0f} s")
         await asyncio.sleep(0.05)
     return time.monotonic() - start
+
+
+def delivered(states: Sequence[Mapping[str, Any]]) -> bool:
+    """Every replica's notes so far were heard by every peer: none queued, and each peer's last
+    batch heard from it is its last sent (``states``: ``ReplicaSync.describe`` of each)."""
+    return all(
+        s["notes_queued"] == 0
+        and all(
+            t["last_batch_heard"].get(s["origin"], 0) >= s["batches_sent"]
+            for t in states
+            if t is not s
+        )
+        for s in states
+    )
+
+
+class DeliveryWaits:
+    """The client's think time in the synced runs: after each request, until what it made the
+    replicas send reached every peer (``delivered``; the peers read their socket on their
+    ``applyDelayMs``), at most ``timeout_s``. A routing on a state a stalled note has not
+    reached yet is the staleness the simulator's ``--sync-delay-ms`` sweep measures; on these 2
+    shared cores a note has waited ~300 ms for a ZeroMQ I/O thread, and one cold start placed
+    on that stale view costs the e2e's tight caches ~2 points (docs/real-vllm.md)."""
+
+    def __init__(self, replicas: Sequence[Replica], timeout_s: float = 2.0) -> None:
+        self.syncs = [r.gateway.replica_sync for r in replicas if r.gateway.replica_sync]
+        self.timeout_s = timeout_s
+        self.waits_s: list[float] = []
+        self.timeouts = 0
+
+    async def __call__(self) -> None:
+        start = time.monotonic()
+        while not delivered([sync.describe() for sync in self.syncs]):
+            if time.monotonic() - start >= self.timeout_s:
+                self.timeouts += 1
+                break
+            await asyncio.sleep(0.005)
+        self.waits_s.append(time.monotonic() - start)
+
+    def summary_ms(self) -> dict[str, float]:
+        """The waits: p50, p99, max (ms), how many, and how many ran out of time."""
+        waits = _quantiles_ms(self.waits_s)
+        waits["requests"] = waits.pop("batches", 0)
+        return {**waits, "timeouts": self.timeouts}
 
 
 def sync_delays_ms(replicas: Sequence[Replica]) -> dict[str, float]:

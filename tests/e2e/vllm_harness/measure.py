@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -56,22 +56,20 @@ async def run_workload(
     engines: Sequence[EngineSpec],
     workload: Workload,
     rng: random.Random | None = None,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """Send the workload one request at a time (round-robin over ``gateways``; with ``rng``,
     each to a random one, so a session's turns reach random replicas, and each multi-turn
-    request names its chat in ``x-warmfleet-session``); hit rate from the engines' own
-    prefix-cache counters."""
+    request names its chat in ``x-warmfleet-session``), awaiting ``settle`` after each; hit
+    rate from the engines' own prefix-cache counters."""
     before = [await prefix_counters(session, e.url) for e in engines]
     targets = itertools.cycle(gateways)
-    ttfts = [
-        await send_chat(
-            session,
-            rng.choice(gateways) if rng else next(targets),
-            m,
-            workload.session_of(i) if rng else None,
-        )
-        for i, m in enumerate(workload.requests)
-    ]
+    ttfts = []
+    for i, m in enumerate(workload.requests):
+        target = rng.choice(gateways) if rng else next(targets)
+        ttfts.append(await send_chat(session, target, m, workload.session_of(i) if rng else None))
+        if settle is not None:
+            await settle()
     after = [await prefix_counters(session, e.url) for e in engines]
     hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
@@ -108,3 +106,16 @@ def summarize(
             for name, p in parts.items()
         },
     }
+
+
+def progress(label: str, result: dict[str, Any], timings_s: dict[str, float]) -> None:
+    events = result.get("kv_event_delay_ms") or {}
+    late = f", KV events p50 {events['p50']} p99 {events['p99']} ms late" if events else ""
+    waits = result.get("replica_sync", {}).get("delivery_wait_ms") or {}
+    waited = f", notes delivered in p50 {waits['p50']} max {waits['max']} ms" if waits else ""
+    print(
+        f"e2e-vllm: {label}: hit {result['hit_rate']:.3f} (ideal {result['ideal_reuse']:.3f}), "
+        f"TTFT p50 {result['ttft_ms']['p50']:.0f} ms, {timings_s[label]} s, "
+        f"reasons {result['reasons']}{late}{waited}",
+        flush=True,
+    )

@@ -35,6 +35,7 @@ from vllm_harness.engines import (
 )
 from vllm_harness.gateways import (
     BLOCK_SIZE,
+    DeliveryWaits,
     LoopLag,
     Replica,
     decision_reasons,
@@ -47,7 +48,7 @@ from vllm_harness.gateways import (
     sync_exact,
     wait_caught_up,
 )
-from vllm_harness.measure import run_workload, summarize
+from vllm_harness.measure import progress, run_workload, summarize
 from vllm_harness.workloads import ideal_reuse, multi_turn, shared_document
 from warmfleet.bench.conformance import run_conformance
 from warmfleet.bench.live_fleet import consecutive_free_ports
@@ -120,12 +121,11 @@ class E2E:
                 sync_s = await sync_exact(started, self.engines, session) if exact else 0.0
                 catch_up_s = await wait_caught_up(started) if synced else 0.0
                 rng = random.Random(f"replicas/{self.args.seed}") if random_replica else None
-                urls = [r.url for r in started]
+                urls, waits = [r.url for r in started], DeliveryWaits(started)
                 parts = {
-                    w.name: await run_workload(session, urls, self.engines, w, rng)
+                    w.name: await run_workload(session, urls, self.engines, w, rng, waits)
                     for w in self.workloads
                 }
-                await asyncio.sleep(0.05)  # the last ends reach the peers
                 delays_ms = sync_delays_ms(started)
                 event_delays_ms = kv_event_delays_ms(started)
             result = summarize(parts, self.ideal)
@@ -141,6 +141,7 @@ class E2E:
                 result["replica_sync"] = {
                     "catch_up_s": round(catch_up_s, 2),
                     "propagation_delay_ms": delays_ms,
+                    "delivery_wait_ms": waits.summary_ms(),  # the client's, after each request
                     "loop_lag_ms": lag.summary_ms(),  # the shared event loop's stalls
                     "replicas": [
                         r.gateway.replica_sync.describe() for r in started if r.gateway.replica_sync
@@ -261,17 +262,6 @@ async def run(args: argparse.Namespace, procs: ProcessSet) -> dict[str, Any]:
         "instances": [e.instance_id for e in e2e.engines],
     }
     return out
-
-
-def progress(label: str, result: dict[str, Any], timings_s: dict[str, float]) -> None:
-    events = result.get("kv_event_delay_ms") or {}
-    late = f", KV events p50 {events['p50']} p99 {events['p99']} ms late" if events else ""
-    print(
-        f"e2e-vllm: {label}: hit {result['hit_rate']:.3f} (ideal {result['ideal_reuse']:.3f}), "
-        f"TTFT p50 {result['ttft_ms']['p50']:.0f} ms, {timings_s[label]} s, "
-        f"reasons {result['reasons']}{late}",
-        flush=True,
-    )
 
 
 def claim_counts(feeds: Sequence[dict[str, Any]]) -> dict[str, int]:

@@ -169,6 +169,8 @@ class ReplicaSync:
             "open_requests": {k: dict(v.open_requests()) for k, v in self.views.items()},
             "last_heard_s_ago": {o: round(now - t, 3) for o, t in self._heard.items()},
             "last_batch_heard": dict(self._last_batch),  # over the sync socket, not catch-up
+            "batches_sent": self._batches,  # heartbeats included: a peer heard all at this number
+            "notes_queued": len(self._pending),  # waiting for the next batch
         }
 
     def send(self, note: SyncNote) -> None:
