@@ -178,7 +178,9 @@ async def start_replica(
 
 
 def instance_file(workdir: Path, endpoint: str, variant: str) -> Path:
-    return workdir / "gateway" / f"{endpoint}--{variant}.json"
+    """A directory per endpoint: names are DNS labels (no ``/``), so no two pairs share a file,
+    as endpoint ``a--b`` variant ``c`` and endpoint ``a`` variant ``b--c`` did in one name."""
+    return workdir / "gateway" / endpoint / f"{variant}.json"
 
 
 def write_instances(path: Path, instances: list[dict[str, str]]) -> bool:
