@@ -224,9 +224,7 @@ class DeliveryWaits:
 
     def summary_ms(self) -> dict[str, float]:
         """The waits: p50, p99, max (ms), how many, and how many ran out of time."""
-        waits = _quantiles_ms(self.waits_s)
-        waits["requests"] = waits.pop("batches", 0)
-        return {**waits, "timeouts": self.timeouts}
+        return {**_quantiles_ms(self.waits_s, counted="requests"), "timeouts": self.timeouts}
 
 
 def sync_delays_ms(replicas: Sequence[Replica]) -> dict[str, float]:
@@ -245,7 +243,7 @@ def kv_event_delays_ms(replicas: Sequence[Replica]) -> dict[str, float]:
     return _quantiles_ms(d for r in replicas if r.feed is not None for d in r.feed.recent_delays_s)
 
 
-def _quantiles_ms(delays_s: Iterable[float]) -> dict[str, float]:
+def _quantiles_ms(delays_s: Iterable[float], counted: str = "batches") -> dict[str, float]:
     delays = sorted(d * 1000.0 for d in delays_s)
     if not delays:
         return {}
@@ -253,7 +251,7 @@ def _quantiles_ms(delays_s: Iterable[float]) -> dict[str, float]:
     def at(q: float) -> float:
         return round(delays[min(len(delays) - 1, int(q * (len(delays) - 1)))], 2)
 
-    return {"p50": at(0.5), "p99": at(0.99), "max": round(delays[-1], 2), "batches": len(delays)}
+    return {"p50": at(0.5), "p99": at(0.99), "max": round(delays[-1], 2), counted: len(delays)}
 
 
 def _exact_ids(replica: Replica) -> set[str]:
