@@ -86,6 +86,27 @@ def test_ipv6_fqdn_first_address_and_ids_without_pods() -> None:
     }
 
 
+def test_long_pod_names_stay_distinct_instances_within_63_characters() -> None:
+    """Two pods whose names share their first 63 characters (a long LeaderWorkerSet or bare pod
+    name) are two instances, each id a valid instance name; a name of 63 is kept whole."""
+    stem = "llama-3-70b-instruct-tensor-parallel-8-us-east-1-production-group"
+    pods = [f"{stem}-0", f"{stem}-1", "a" * 63]
+    slices = [slice_of(*(endpoint(f"10.0.0.{n}", pod) for n, pod in enumerate(pods, 1)))]
+    specs = instances_from_slices(slices, "http")
+    ids = {s.url: s.id for s in specs}
+    assert len(set(ids.values())) == 3
+    assert ids["http://10.0.0.3:8000"] == "a" * 63
+    for url in ("http://10.0.0.1:8000", "http://10.0.0.2:8000"):
+        assert len(ids[url]) == 63
+        assert ids[url].startswith(stem[:54] + "-")
+    assert instances_from_slices(slices, "http") == specs  # the same ids every time
+    fqdn = "x" * 60 + ".engines.default.svc"  # an address-named id past 63 characters too
+    long_named = slice_of(endpoint(fqdn), address_type="FQDN", name="sf")
+    (spec,) = instances_from_slices([long_named], "http")
+    assert len(spec.id) == 63
+    assert spec.url == f"http://{fqdn}:8000"
+
+
 def test_an_endpoint_in_two_slices_is_one_instance_and_bad_entries_are_skipped() -> None:
     a = slice_of(endpoint("10.0.0.1", "pod-a"), name="s1")
     moved = slice_of(endpoint("10.0.0.1", "pod-a"), endpoint("10.0.0.2", "pod-b"), name="s2")

@@ -90,7 +90,7 @@ def test_config_defaults_and_errors_name_the_field() -> None:
 
 
 def test_peers_from_slices_and_files() -> None:
-    slices = [
+    slices: list[dict[str, Any]] = [
         {
             "metadata": {"labels": {"kubernetes.io/service-name": "gw"}},
             "addressType": "IPv4",
@@ -105,6 +105,9 @@ def test_peers_from_slices_and_files() -> None:
         }
     ]
     assert peers_from_slices(slices, "sync", "gw-1") == {"tcp://10.0.0.2:9470"}
+    long_pod = "gateway-" + "x" * 70  # its id is cut and hashed: still left out
+    slices[0]["endpoints"][0]["targetRef"] = {"kind": "Pod", "name": long_pod}
+    assert peers_from_slices(slices, "sync", long_pod) == {"tcp://10.0.0.2:9470"}
     assert peers_from_slices(slices, "http", "gw-3") == {
         "tcp://10.0.0.1:8080",
         "tcp://10.0.0.2:8080",

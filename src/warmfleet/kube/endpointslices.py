@@ -12,7 +12,9 @@ Follows the ``discovery.k8s.io/v1`` semantics a kube-proxy user expects:
   endpoint is skipped; IPv6 addresses are bracketed;
 - the instance id is the backing Pod's name (``targetRef``), so a restarted pod (new name) is a
   new instance with an empty cache, and a pod keeps its id if its slice is split or merged; an
-  endpoint without a Pod reference is named after its address and port;
+  endpoint without a Pod reference is named after its address and port; an id is at most 63
+  characters (``instance_id``: a longer name keeps its first 54 and a hash of the whole, so two
+  long names that share their first 63 characters stay two instances);
 - an endpoint listed in two slices (a slice being split) is one instance, and so is a pod of a
   dual-stack Service (in an IPv4 and an IPv6 slice). Its URL must not depend on the order the
   slices come in (a re-created slice moves; a new URL under the same id would rebuild the
@@ -26,6 +28,7 @@ Follows the ``discovery.k8s.io/v1`` semantics a kube-proxy user expects:
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -37,6 +40,8 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SLICE_GROUP = "discovery.k8s.io"
 SLICE_VERSIONS = ("v1", "v1beta1")  # preferred first
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+MAX_ID_CHARS = 63  # an instance id (``gateway.config.Name``)
+_ID_HASH_BYTES = 4  # 8 hex digits after the kept part of a longer name
 _ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")  # preferred first (see above)
 _DNS_NAME = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -82,11 +87,22 @@ def _host(address: str, address_type: str) -> str | None:
     return None
 
 
+def instance_id(name: str) -> str:
+    """The instance id of a pod (or address) ``name``: itself up to ``MAX_ID_CHARS``; past it,
+    its first characters, ``-`` and 8 hex digits of its BLAKE2b digest (the same in every
+    replica and process; a name cut short instead would give two pods one id, and one of them
+    no traffic)."""
+    if len(name) <= MAX_ID_CHARS:
+        return name
+    digest = hashlib.blake2b(name.encode(), digest_size=_ID_HASH_BYTES).hexdigest()
+    return f"{name[: MAX_ID_CHARS - 1 - len(digest)]}-{digest}"
+
+
 def _instance_id(endpoint: Mapping[str, Any], address: str, number: int) -> str:
     ref = endpoint.get("targetRef")
     if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and isinstance(ref.get("name"), str):
-        return str(ref["name"])[:63]
-    return _ID_UNSAFE.sub("-", f"{address}-{number}").strip("-.")[:63]
+        return instance_id(str(ref["name"]))
+    return instance_id(_ID_UNSAFE.sub("-", f"{address}-{number}").strip("-."))
 
 
 def _ready_urls(

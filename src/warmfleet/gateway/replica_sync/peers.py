@@ -25,7 +25,7 @@ from warmfleet.gateway.replica_sync.config import (
     Peers,
     StaticPeers,
 )
-from warmfleet.kube.endpointslices import endpoints_from_slices
+from warmfleet.kube.endpointslices import endpoints_from_slices, instance_id
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,10 @@ def peers_from_slices(
     slices: Iterable[Mapping[str, Any]], port: str | int, own_id: str
 ) -> frozenset[str]:
     """The sync endpoints of the Service's ready endpoints, this replica (``own_id``, its pod
-    name) left out."""
+    name, however long) left out."""
     found = endpoints_from_slices(slices, port, lambda iid, url: (iid, url), "tcp")
-    return frozenset(url for iid, url in found if iid != own_id)
+    own = instance_id(own_id)
+    return frozenset(url for iid, url in found if iid != own)
 
 
 class PeerWatch:
