@@ -39,6 +39,7 @@ from warmfleet.control.claims import (
     CONDITION,
     IMAGE_CACHE,
     MODEL_CACHE,
+    PULLER,
     NameConflict,
     name_conflicts,
 )
@@ -214,3 +215,32 @@ def test_an_image_cache_warmfleet_does_not_manage_is_neither_written_pulled_nor_
     assert name_conflicts([llama, other], free) == {}  # one cache for both
     (made,) = [a for a in plan([llama, other], free) if isinstance(a, ApplyImageCache)]
     assert [p.name for p in made.spec.parent_references] == ["llama", "other"]
+
+
+def test_a_puller_name_held_elsewhere_is_reported_and_orphan_pullers_are_deleted() -> None:
+    """A DaemonSet of the puller's name warmfleet did not make: no puller is planned and every
+    endpoint of that image reports it; warmfleet's pullers whose ImageCache is not warmfleet's
+    (gone, or a user's now) are deleted, those of wanted caches kept."""
+    llama, other = endpoint("llama"), endpoint("other")
+    cache = names.image_cache_name(llama.spec.image, llama.spec.node_selector)
+    puller = names.puller_name(cache)
+    kinds = frozenset({names.DEPLOYMENT, IMAGE_CACHE, PULLER})
+    held = (_held(PULLER, puller, None),)
+    observed = ObservedState(0.0, tuple(nodes(2)), held=held, named_kinds=kinds)
+    actions = plan([llama, other], observed)
+    assert [a for a in actions if isinstance(a, ApplyImagePuller)] == []  # before: one a pass
+    assert any(isinstance(a, ApplyImageCache) for a in actions)  # the cache itself is made
+    statuses = [a.status for a in actions if isinstance(a, UpdateEndpointStatus)]
+    assert len(statuses) == 2
+    for status in statuses:
+        conflict = next(c for c in status.conditions if c.type == CONDITION)
+        assert f"DaemonSet {puller} belongs to Rollout r" in conflict.message
+
+    mine = ObservedImageCache(cache, ImageCacheSpec(image=llama.spec.image), 0.0, puller=True)
+    pullers = frozenset({cache, "img-gone", "img-theirs"})
+    theirs = (_held(IMAGE_CACHE, "img-theirs", None),)
+    observed = ObservedState(
+        0.0, tuple(nodes(2)), image_caches=(mine,), held=theirs, named_kinds=kinds, pullers=pullers
+    )
+    deleted = [a.cache for a in plan([llama], observed) if isinstance(a, DeleteImagePuller)]
+    assert deleted == ["img-gone", "img-theirs"]  # before: none

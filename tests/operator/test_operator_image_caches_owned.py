@@ -26,7 +26,6 @@ from warmfleet.api import names
 from warmfleet.api.resources import InferenceEndpointSpec
 from warmfleet.control.claims import CONDITION
 from warmfleet.kube import client as kube
-from warmfleet.operator import render
 
 Obj = dict[str, Any]
 
@@ -84,7 +83,7 @@ async def test_an_image_cache_warmfleet_does_not_manage_is_left_alone(env: Env) 
     await converge(cluster, controller)
     for cache in (other, theirs):  # before: the other deleted, theirs overwritten
         await _assert_untouched(cluster, cache)
-    assert await _get(cluster, kube.DAEMONSETS, render.puller_name(name)) is None
+    assert await _get(cluster, kube.DAEMONSETS, names.puller_name(name)) is None
     labels = await cluster.managed_labels()
     assert names.image_label(name) not in set().union(*labels.values())
     message = await _conflict(cluster)
@@ -99,7 +98,7 @@ async def test_an_image_cache_warmfleet_does_not_manage_is_left_alone(env: Env) 
     mine = await _get(cluster, kube.IMAGE_CACHES, name)
     assert mine is not None
     assert mine["metadata"]["labels"][names.LABEL_MANAGED_BY] == names.MANAGER
-    assert await _get(cluster, kube.DAEMONSETS, render.puller_name(name)) is not None
+    assert await _get(cluster, kube.DAEMONSETS, names.puller_name(name)) is not None
     assert await _conflict(cluster) is None
     await _assert_untouched(cluster, other)
 
@@ -131,18 +130,26 @@ async def test_an_image_cache_made_after_the_read_is_not_written(
     assert f"{said}: left alone" in caplog.messages
 
 
-async def test_a_daemonset_of_the_puller_name_warmfleet_did_not_make_is_not_written(
-    env: Env, caplog: pytest.LogCaptureFixture
-) -> None:
-    cluster, c = env[0], env[0].client
-    body = endpoint_body("llama", replicas=1)
-    name = render.puller_name(_image_name(body))
+def _their_daemonset(name: str) -> Obj:
     labels = {"app": "theirs"}
     pod = {"containers": [{"name": "theirs", "image": "theirs:1"}]}
     template: Obj = {"metadata": {"labels": labels}, "spec": pod}
     spec = {"selector": {"matchLabels": labels}, "template": template}
     theirs: Obj = {"apiVersion": "apps/v1", "kind": "DaemonSet", "spec": spec}
     theirs["metadata"] = {"name": name, "namespace": NS, "uid": "uid-theirs"}
+    return theirs
+
+
+async def test_a_daemonset_of_the_puller_name_warmfleet_did_not_make_is_reported_not_written(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user's DaemonSet of the puller's name: never written, the endpoint's status names it
+    (before: a refused write and a warning every pass, and nothing in any status); once it is
+    gone the puller is made."""
+    cluster, c = env[0], env[0].client
+    body = endpoint_body("llama", replicas=1)
+    name = names.puller_name(_image_name(body))
+    theirs = _their_daemonset(name)
     await c.create(kube.DAEMONSETS, NS, theirs)
     await create_endpoint(cluster, body)
     controller = server_controller(env)
@@ -152,7 +159,64 @@ async def test_a_daemonset_of_the_puller_name_warmfleet_did_not_make_is_not_writ
             await controller.reconcile()
     found = await _get(cluster, kube.DAEMONSETS, name)
     assert found is not None
-    assert found["spec"] == spec  # before: made warmfleet's puller
+    assert found["spec"] == theirs["spec"]  # before: made warmfleet's puller
+    assert "labels" not in found["metadata"]
+    assert not [m for m in caplog.messages if m.endswith(": left alone")]  # no write tried
+    message = await _conflict(cluster)
+    assert message is not None
+    assert f"DaemonSet {name} exists and is not managed by warmfleet" in message
+
+    await c.delete(kube.DAEMONSETS, NS, name)  # the name is free: the puller is made
+    await converge(cluster, controller)
+    mine = await _get(cluster, kube.DAEMONSETS, name)
+    assert mine is not None
+    assert mine["metadata"]["labels"][names.LABEL_MANAGED_BY] == names.MANAGER
+    assert await _conflict(cluster) is None
+
+
+async def test_a_puller_daemonset_made_after_the_read_is_not_written(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pass planned the puller (it read none); a user's made meanwhile is left alone."""
+    cluster, c = env[0], env[0].client
+    body = endpoint_body("llama", replicas=1)
+    name = names.puller_name(_image_name(body))
+    await create_endpoint(cluster, body)
+    controller = server_controller(env)
+    read = controller.snapshot
+
+    async def snapshot_then_theirs() -> Any:
+        snap = await read()
+        await c.create(kube.DAEMONSETS, NS, _their_daemonset(name))
+        return snap
+
+    controller.snapshot = snapshot_then_theirs  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="warmfleet.operator"):
+        await controller.reconcile()
+    found = await _get(cluster, kube.DAEMONSETS, name)
+    assert found is not None
     assert "labels" not in found["metadata"]
     said = f"DaemonSet {name} exists and is not managed by warmfleet: left alone"
     assert said in caplog.messages
+
+
+async def test_the_puller_of_an_image_cache_replaced_by_a_users_is_deleted(env: Env) -> None:
+    """warmfleet's ImageCache deleted and a user's made under its name: warmfleet's puller,
+    which kept the old image pulled, goes (before: it stayed for good)."""
+    cluster, c = env[0], env[0].client
+    body = endpoint_body("llama", replicas=1)
+    cache = _image_name(body)
+    await create_endpoint(cluster, body)
+    controller = server_controller(env)
+    await converge(cluster, controller)
+    assert await _get(cluster, kube.DAEMONSETS, names.puller_name(cache)) is not None
+    await c.delete(kube.IMAGE_CACHES, NS, cache)
+    await c.create(kube.IMAGE_CACHES, NS, _theirs(cache))
+    await converge(cluster, controller)
+    assert await _get(cluster, kube.DAEMONSETS, names.puller_name(cache)) is None
+    found = await _get(cluster, kube.IMAGE_CACHES, cache)
+    assert found is not None
+    assert found["metadata"]["uid"] == "uid-theirs"
+    message = await _conflict(cluster)
+    assert message is not None
+    assert f"ImageCache {cache} exists and is not managed by warmfleet" in message

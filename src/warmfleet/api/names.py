@@ -25,6 +25,7 @@ MANAGER = "warmfleet"
 ENDPOINT_KIND = "InferenceEndpoint"
 DEPLOYMENT = "Deployment"
 SERVICE = "Service"
+DAEMONSET = "DaemonSet"  # an image cache's puller (``puller_name``)
 # The node protocol (operator <-> node agent), as Node annotations: the caches a node must hold
 # (JSON list of {cache, uri, revision, hostPath}) and what it holds (JSON map cache -> report).
 ANN_ASSIGNED = "warmfleet.dev/assigned-caches"
@@ -74,6 +75,11 @@ def image_cache_name(image: str, node_selector: dict[str, str]) -> str:
     """Shared by every endpoint with the same image and node selector."""
     selector = ",".join(f"{k}={v}" for k, v in sorted(node_selector.items()))
     return f"img-{short_hash(image, selector, length=12)}"
+
+
+def puller_name(image_cache: str) -> str:
+    """The DaemonSet that keeps an image cache's image pulled."""
+    return f"{image_cache}-puller"
 
 
 def deployment_name(endpoint: str, variant: str, rev: str) -> str:

@@ -3,13 +3,14 @@
 Names derived from an endpoint's and its variants' names can collide across endpoints
 (``names.derived_names``), and anyone may create an object of a name an endpoint derives (its
 weights cache's too: a user's own ModelCache, an earlier endpoint's of the same name; its image
-cache's: a user's own ImageCache). The rules, those of a Kubernetes controller:
+cache's: a user's own ImageCache, or a DaemonSet of its puller's name). The rules, those of a
+Kubernetes controller:
 - an existing object belongs to whoever holds it: no other endpoint updates, adopts or deletes
   it (an object warmfleet does not manage is held by nobody it could give it to);
 - a name nobody holds yet goes to the first live endpoint, by name, that needs it (the order
-  the plan creates things in), except an ImageCache's: warmfleet's ImageCaches are shared by
-  every endpoint that pulls that image onto those nodes (``SHARED``), only one warmfleet does
-  not manage is held elsewhere;
+  the plan creates things in), except an ImageCache's and its puller's: warmfleet's are shared
+  by every endpoint that pulls that image onto those nodes (``SHARED``), only one warmfleet
+  does not manage is held elsewhere (then the image is not pulled for it);
 - the others get a ``NameConflict`` condition naming the object and its holder, and get the
   name once it is free (level-triggered: recomputed every pass).
 """
@@ -27,7 +28,8 @@ CONDITION = "NameConflict"
 REASON = "NameHeldElsewhere"
 MODEL_CACHE = "ModelCache"
 IMAGE_CACHE = "ImageCache"
-SHARED = frozenset({IMAGE_CACHE})  # kinds whose objects warmfleet shares among endpoints
+PULLER = names.DAEMONSET  # an ImageCache's puller
+SHARED = frozenset({IMAGE_CACHE, PULLER})  # kinds whose objects warmfleet shares among endpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +85,15 @@ def name_conflicts(endpoints: Sequence[DesiredEndpoint], observed: ObservedState
 
 def needed_names(endpoint: DesiredEndpoint) -> list[tuple[str, str]]:
     """(kind, name) of the objects the endpoint's current revision needs that another holder
-    may have: ``names.derived_names`` and, when it caches them, its ModelCache and ImageCache."""
+    may have: ``names.derived_names`` and, when it caches them, its ModelCache, and its
+    ImageCache and that cache's puller DaemonSet."""
     spec = endpoint.spec
     found = names.derived_names(endpoint.name, spec)
     if spec.model_cache_config.weights_cache.enabled:
         found.append((MODEL_CACHE, names.model_cache_name(endpoint.name, spec)))
     if spec.model_cache_config.image_cache.enabled:
-        found.append((IMAGE_CACHE, names.image_cache_name(spec.image, spec.node_selector)))
+        image = names.image_cache_name(spec.image, spec.node_selector)
+        found += [(IMAGE_CACHE, image), (PULLER, names.puller_name(image))]
     return found
 
 

@@ -181,6 +181,9 @@ class ObservedState:
     deployments: tuple[ObservedDeployment, ...] = ()
     held: tuple[HeldName, ...] = ()
     named_kinds: frozenset[str] = frozenset({names.DEPLOYMENT})
+    # the image caches (by name) whose puller DaemonSet warmfleet made, their ImageCache
+    # observed or not (one gone, or someone else's now, leaves its puller to be deleted)
+    pullers: frozenset[str] = frozenset()
 
     def node(self, name: str) -> ObservedNode | None:
         return next((n for n in self.nodes if n.name == name), None)

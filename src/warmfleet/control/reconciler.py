@@ -49,6 +49,7 @@ from warmfleet.control.cache_status import cache_status_actions
 from warmfleet.control.claims import (
     IMAGE_CACHE,
     MODEL_CACHE,
+    PULLER,
     Conflicts,
     blocked,
     foreign,
@@ -115,13 +116,16 @@ def _model_cache_objects(wanted: Wanted, observed: ObservedState) -> list[Action
 
 
 def _image_cache_objects(wanted: Wanted, observed: ObservedState) -> list[Action]:
+    """The wanted ImageCaches and their pullers (not one whose name someone else's DaemonSet
+    has: the endpoints report it, ``claims``)."""
     actions: list[Action] = []
+    theirs = foreign(observed, PULLER)
     for name in sorted(wanted.image_images):
         spec = wanted.image_spec(name)
         current = observed.image_cache(name)
         if current is None or current.spec != spec:
             actions.append(ApplyImageCache(name, spec))
-        if current is None or not current.puller:
+        if (current is None or not current.puller) and names.puller_name(name) not in theirs:
             actions.append(ApplyImagePuller(name, spec.image, dict(spec.node_selector)))
     return actions
 
@@ -317,6 +321,9 @@ def _collect_garbage(wanted: Wanted, observed: ObservedState) -> list[Action]:
         label = names.image_label(image.name)
         if not any(label in n.labels for n in observed.nodes):
             actions.append(DeleteImageCache(image.name))
+    ours = {image.name for image in observed.image_caches} | wanted.image_images.keys()
+    orphans = sorted(observed.pullers - ours)  # their ImageCache gone, or someone else's now
+    actions += [DeleteImagePuller(name) for name in orphans]
     return actions
 
 

@@ -92,7 +92,7 @@ class Controller:
             model_caches=await c.list(kube.MODEL_CACHES, ns),
             image_caches=await c.list(kube.IMAGE_CACHES, ns),
             deployments=await c.list(kube.DEPLOYMENTS, ns),
-            daemonsets=await c.list(kube.DAEMONSETS, ns, {names.LABEL_MANAGED_BY: names.MANAGER}),
+            daemonsets=await c.list(kube.DAEMONSETS, ns),  # a user's of a puller's name too
             pods=await c.list(kube.PODS, ns),
             services=await c.list(kube.SERVICES, ns),
         )
@@ -241,7 +241,7 @@ class Controller:
             body = render.image_puller(action.cache, action.image, dict(action.node_selector), ns)
             await ownership.apply_shared(c, kube.DAEMONSETS, "DaemonSet", body)  # not a user's
         elif isinstance(action, DeleteImagePuller):
-            await self._delete_read(kube.DAEMONSETS, render.puller_name(action.cache), False)
+            await self._delete_read(kube.DAEMONSETS, names.puller_name(action.cache), False)
 
     async def _apply_model_cache(
         self, action: ApplyModelCache, owner: DesiredEndpoint | None, now_s: float

@@ -20,7 +20,7 @@ from warmfleet.api.resources import (
     InferenceEndpointSpec,
     ModelCacheSpec,
 )
-from warmfleet.control.claims import IMAGE_CACHE, MODEL_CACHE
+from warmfleet.control.claims import IMAGE_CACHE, MODEL_CACHE, PULLER
 from warmfleet.control.observed import (
     DesiredEndpoint,
     NodeCacheReport,
@@ -33,7 +33,7 @@ from warmfleet.control.observed import (
     ObservedState,
 )
 from warmfleet.operator import render
-from warmfleet.operator.ownership import held_names
+from warmfleet.operator.ownership import held_names, shared_holder
 
 log = logging.getLogger(__name__)
 ANN_AUTOSCALED = "warmfleet.dev/autoscaled-replicas"
@@ -245,6 +245,18 @@ def _created(obj: Obj, now_s: float) -> float:
     return parse_time(_meta(obj).get("creationTimestamp")) or now_s
 
 
+def pulled_caches(daemonsets: Sequence[Obj]) -> frozenset[str]:
+    """The image caches whose puller is among ``daemonsets`` (those warmfleet made: a user's
+    DaemonSet of a puller's name is no puller)."""
+    return frozenset(
+        cache
+        for d in daemonsets
+        if shared_holder(PULLER, d) is None
+        and isinstance(cache := (_meta(d).get("labels") or {}).get(render.LABEL_IMAGE_CACHE), str)
+        and _meta(d).get("name") == names.puller_name(cache)
+    )
+
+
 def _caches(
     snapshot: Snapshot, now_s: float
 ) -> tuple[tuple[ObservedModelCache, ...], tuple[ObservedImageCache, ...]]:
@@ -256,14 +268,14 @@ def _caches(
             models.append(
                 ObservedModelCache(_meta(obj)["name"], spec, _created(obj, now_s), status)
             )
-    pullers = {_meta(d)["name"] for d in snapshot.daemonsets}
+    pullers = pulled_caches(snapshot.daemonsets)
     images = []
     for obj in snapshot.image_caches:
         name = _meta(obj)["name"]
         image_spec = _optional(ImageCacheSpec, obj.get("spec"))
         if image_spec is not None:
             image_status = _optional(ImageCacheStatus, obj.get("status"))
-            puller = render.puller_name(name) in pullers
+            puller = name in pullers
             images.append(
                 ObservedImageCache(name, image_spec, _created(obj, now_s), image_status, puller)
             )
@@ -345,7 +357,12 @@ def observed_state(snapshot: Snapshot, now_s: float) -> ObservedState:
         image_caches=images,
         deployments=_deployments(snapshot),
         held=held_names(
-            snapshot.deployments, snapshot.services, snapshot.model_caches, snapshot.image_caches
+            snapshot.deployments,
+            snapshot.services,
+            snapshot.model_caches,
+            snapshot.image_caches,
+            snapshot.daemonsets,
         ),
-        named_kinds=frozenset({names.DEPLOYMENT, names.SERVICE, MODEL_CACHE, IMAGE_CACHE}),
+        named_kinds=frozenset({names.DEPLOYMENT, names.SERVICE, MODEL_CACHE, IMAGE_CACHE, PULLER}),
+        pullers=pulled_caches(snapshot.daemonsets),
     )

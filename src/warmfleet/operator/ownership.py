@@ -24,7 +24,7 @@ from typing import Any
 from warmfleet.api import names
 from warmfleet.api.resources import Condition
 from warmfleet.control.actions import Action, UpdateEndpointStatus
-from warmfleet.control.claims import CONDITION, IMAGE_CACHE, MODEL_CACHE, NameConflict
+from warmfleet.control.claims import CONDITION, IMAGE_CACHE, MODEL_CACHE, PULLER, NameConflict
 from warmfleet.control.observed import DesiredEndpoint, HeldName
 from warmfleet.kube import client as kube
 from warmfleet.kube.owners import controller_reference, is_endpoint_reference
@@ -71,10 +71,13 @@ def held_names(
     services: Sequence[Obj],
     model_caches: Sequence[Obj] = (),
     image_caches: Sequence[Obj] = (),
+    daemonsets: Sequence[Obj] = (),
 ) -> tuple[HeldName, ...]:
-    """The holders of the objects whose names endpoints derive (of the ImageCaches, those
-    warmfleet did not make: its own are every endpoint's that references them)."""
-    theirs = (shared_holder(IMAGE_CACHE, c) for c in image_caches)
+    """The holders of the objects whose names endpoints derive (of the ImageCaches and
+    DaemonSets, those warmfleet did not make: its own are every endpoint's that references
+    them)."""
+    theirs = [shared_holder(IMAGE_CACHE, c) for c in image_caches]
+    theirs += [shared_holder(PULLER, d) for d in daemonsets]
     return (
         tuple(held_name(names.DEPLOYMENT, d) for d in deployments)
         + tuple(held_name(names.SERVICE, s) for s in services)

@@ -207,10 +207,6 @@ def cache_object(
     return {"apiVersion": "warmfleet.dev/v1alpha1", "kind": kind, "metadata": meta, "spec": spec}
 
 
-def puller_name(cache: str) -> str:
-    return f"{cache}-puller"
-
-
 def image_puller(cache: str, image: str, node_selector: dict[str, str], namespace: str) -> Obj:
     """A DaemonSet that keeps ``image`` pulled *and in use* on every matching node.
 
@@ -222,7 +218,7 @@ def image_puller(cache: str, image: str, node_selector: dict[str, str], namespac
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": {"name": puller_name(cache), "namespace": namespace, "labels": labels},
+        "metadata": {"name": names.puller_name(cache), "namespace": namespace, "labels": labels},
         "spec": {
             "selector": {"matchLabels": {LABEL_IMAGE_CACHE: cache}},
             "template": {
