@@ -129,6 +129,45 @@ async def test_a_stopping_node_leaves_the_tracker_at_once(
         assert a.store.is_published(_key(host, vt))  # still on disk; just not offered
 
 
+async def test_a_version_published_before_a_restart_is_offered_again(
+    origin: tuple[Origin, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent stops (it leaves the tracker) and starts again on the same cache: its first
+    round joins the version on disk with every piece, in a session of its own, and then keeps
+    it offered (before: nothing of it was offered until a fill of it, which never comes)."""
+    org, base = origin
+    org.put("w.bin", Blob(data=os.urandom(3 * PIECE + 1000)))
+    monkeypatch.setenv("WARMFLEET_AGENT_TOKEN", TOKEN)
+    async with _tracker_host() as (host, clock):
+        async with manager_for(tmp_path / "a") as a, serving(a) as (peers, url):
+            vt = await _filled(host, peers, url, f"{base}/files/w.bin")
+            first = vt.nodes["a"].session
+            stop = asyncio.Event()
+            keeper = asyncio.create_task(peers.keep_offered(stop))
+            stop.set()
+            await keeper
+            assert _forgotten(vt)
+        async with (
+            manager_for(tmp_path / "a") as restarted,  # the same cache, a new agent
+            serving(restarted) as (again, url),
+        ):
+            again.configure({**host.assignment_extra("a", url)["peers"], "renewS": RENEW_S})
+            stop = asyncio.Event()
+            keeper = asyncio.create_task(again.keep_offered(stop))
+            try:
+                await until(lambda: _offered(vt))
+                assert vt.nodes["a"].session not in (first, "")
+                assert vt.nodes["a"].url == url
+                clock.advance(STALL_S / 2)  # renewed as any served version
+                await until(lambda: vt.nodes["a"].seen_s == clock.now_s())
+                assert _offered(vt)
+                assert list(again.presence.versions) == [_key(host, vt)]
+            finally:
+                stop.set()
+                await keeper
+            assert _forgotten(vt)
+
+
 class _Asked:
     """A recording ``ask``; ``answer`` None plays an unreachable tracker."""
 

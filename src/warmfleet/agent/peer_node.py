@@ -6,7 +6,9 @@ assignment (``{"tracker", "node", "url", "pieceBytes", "serveBps", "stallS", "re
 absent: peer fills off; a ``renewS`` that is not a positive number: ValueError) and sets the
 manager's ``fill_hook``. ``keep_offered`` (a task of the agent's, until its stop) renews, every
 ``renewS``, the versions this node serves once their fills are over, and leaves those it no
-longer serves (what is served is read off the event loop, once per round), and leaves a
+longer serves (what is served is read off the event loop, once per round); a version published
+here that the tracker does not know from this node (published before a restart) joins with
+every piece, and leaves a
 cancelled fill's version at once (``Presence.wake``); at the stop it leaves the tracker for every
 version (``peer_presence``). ``aclose`` closes its HTTP session.
 """
@@ -27,7 +29,8 @@ from warmfleet.agent.peer_fill import PeerFill
 from warmfleet.agent.peer_presence import Presence
 from warmfleet.agent.peer_run import DEFAULT_RENEW_S, DEFAULT_STALL_S, PeerConfig
 from warmfleet.agent.peer_serve import PeerCounters, PeerHoldings, PeerServer, ServeLimits
-from warmfleet.cache.pieces import DEFAULT_PIECE_BYTES
+from warmfleet.cache.manifest import Manifest
+from warmfleet.cache.pieces import DEFAULT_PIECE_BYTES, plan_pieces
 from warmfleet.cache.state import ArtifactState
 from warmfleet.core.errors import WarmfleetError
 
@@ -129,16 +132,37 @@ class Peers:
             await self.presence.leave_all(self._fill.ask)
 
     async def _round(self, fill: PeerFill) -> bool:
-        """One round of renewals; True if it should be tried again sooner."""
-        ended = self.presence.ended()
-        if not ended:
-            return False
+        """One round: the versions served here but unknown to the tracker from this node
+        joined, then the renewals; True if it should be tried again sooner."""
         try:  # what is served is read off the event loop, once for the round
+            known = set(self.presence.versions)
+            unknown = await asyncio.to_thread(self._unoffered, known, fill.config.piece_bytes)
+            joined = [await self.presence.adopt(fill.ask, k, n) for k, n in unknown.items()]
+            ended = self.presence.ended()
+            if not ended:
+                return not all(joined)
             served = await asyncio.to_thread(self._served, [key for key, _ in ended])
-            return not await self.presence.renew(fill.ask, ended, served)
+            return not (await self.presence.renew(fill.ask, ended, served) and all(joined))
         except (OSError, WarmfleetError) as err:  # the cache index unreadable, for one
             log.warning("peer renewals: %s", err)
             return True
+
+    def _unoffered(self, known: set[str], piece_bytes: int) -> dict[str, int]:
+        """(Worker thread.) The published versions not in ``known``, each with its number of
+        pieces (none of an empty version, or of one whose marker is unreadable: the manager's
+        check answers for those)."""
+        store, found = self._manager.store, {}
+        for key in store.published_keys():
+            if key in known:
+                continue
+            try:
+                manifest = Manifest.from_json(store.read_marker(key)["manifest"])
+            except (WarmfleetError, KeyError, TypeError, ValueError) as err:
+                log.debug("peer renewals: %s not offered: %s", key[:16], err)
+                continue
+            if pieces := len(plan_pieces(manifest, piece_bytes)):
+                found[key] = pieces
+        return found
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -7,9 +7,12 @@ while the manager checks it, then published), so it says so: every ``renew_s`` (
 keep_offered``), one report per version served, in that fill's session and with nothing in it
 (``want`` 0), which keeps its pieces offered. A version this node no longer serves (evicted,
 unpublished, failed the manager's check) is left at the next round: a report in a new session
-that holds nothing, after which the tracker forgets what this node held. A cancelled fill is left
-at once: ``cancelled`` wakes the rounds (``wake``), and the round it wakes leaves it, served or
-not. The agent's clean stop leaves every version at once (``leave_all``).
+that holds nothing, after which the tracker forgets what this node held. A version published
+here that no fill of this agent reported (it was published before the agent restarted, or by
+another process on this node) joins at the next round, every piece held (``adopt``). A
+cancelled fill is left at once: ``cancelled`` wakes the rounds (``wake``), and the round it
+wakes leaves it, served or not. The agent's clean stop leaves every version at once
+(``leave_all``).
 
 A round's report (a renewal in the old session, a leave in a new one) may still be on its way
 when a new fill of the same version starts; reaching the tracker after that fill's first report,
@@ -92,6 +95,20 @@ class Presence:
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(self._renew(ask, k, s, k in served)) for k, s in ended]
         return all(task.result() for task in tasks)
+
+    async def adopt(self, ask: Ask, key: str, pieces: int) -> bool:
+        """Join the tracker for ``key``, served here with every piece but unknown to it from
+        this node (published before this agent started, or by another process): a new session
+        holding all ``pieces``, renewed by the rounds from then on. False if unanswered."""
+        if key in self.versions:
+            return True
+        session = secrets.token_hex(8)
+        with self._sending_report(key):  # a fill of ``key`` starting now waits for it
+            report = Report(have=list(range(pieces)))
+            if await ask(key, pieces, session, report, 0) is None:
+                return False
+            self.versions.setdefault(key, Standing(pieces, session, filling=False))
+        return True
 
     async def leave_cancelled(self, ask: Ask) -> None:
         """The round ``wake`` asks for: the versions whose fills were cancelled are left."""
