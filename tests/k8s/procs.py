@@ -4,6 +4,7 @@ each stopped by its PID (SIGTERM, then SIGKILL) in the fixture's ``finally``."""
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import subprocess
 import sys
@@ -25,12 +26,12 @@ _STARTS = itertools.count(1)
 class Proc:
     """A warmfleet process we started; stopped by its PID (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, name: str, argv: list[str]) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.log_path = LOG_DIR / f"{name}.log"
         self._log = self.log_path.open("wb")
         self.popen = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, env=None if env is None else {**os.environ, **env},
         )  # fmt: skip
 
     def kill(self) -> None:
@@ -82,9 +83,9 @@ def start_gateway(plane: ControlPlane, endpoint: str, service: str, namespace: s
     return serve_gateway(endpoint, {"endpoints": [{"name": endpoint, "variants": variants}]})
 
 
-def serve_gateway(name: str, spec: dict[str, Any]) -> Gateway:
+def serve_gateway(name: str, spec: dict[str, Any], env: dict[str, str] | None = None) -> Gateway:
     """``warmfleet serve`` of a Gateway document with ``spec`` (listening on a free port of
-    127.0.0.1)."""
+    127.0.0.1; ``env`` added to the environment)."""
     port = free_port()
     document = {
         "apiVersion": "warmfleet.dev/v1alpha1",
@@ -93,6 +94,6 @@ def serve_gateway(name: str, spec: dict[str, Any]) -> Gateway:
     }
     config = LOG_DIR / f"gateway-{name}.yaml"
     config.write_text(yaml.safe_dump(document))
-    gateway = Gateway(f"gateway-{name}", [*CLI, "serve", "--config", str(config)])
+    gateway = Gateway(f"gateway-{name}", [*CLI, "serve", "--config", str(config)], env)
     gateway.url = f"http://127.0.0.1:{port}"
     return gateway

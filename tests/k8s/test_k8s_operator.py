@@ -25,8 +25,17 @@ from k8s.controlplane import ControlPlane
 from k8s.endpoints import emulator_args, inference_endpoint
 from k8s.k8s_results import ENABLED, LOG_DIR, SKIP_REASON, Results
 from k8s.kubelet_stub import StubKubelet, register_node, wait_for
-from k8s.procs import CLI, Proc, serve_gateway, start_gateway, start_operator
+from k8s.procs import CLI, Gateway, Proc, serve_gateway, start_gateway, start_operator
 from k8s.serviceaccounts import service_account_kubeconfig
+from k8s.sync_replicas import (
+    SERVICE,
+    create_service,
+    publish,
+    start_replica,
+    sync_figures,
+    sync_ports,
+    turn,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)]
 
@@ -186,6 +195,67 @@ def test_gateway_follows_the_inference_endpoints(
     finally:
         gateway.stop()
     results.record(gateway_inference_endpoints_ok=seen in pods)
+
+
+def test_gateway_replicas_find_each_other_through_their_services_endpointslices(
+    control_plane: ControlPlane, operator: Proc, results: Results
+) -> None:
+    """Two replicas with ``replicaSync.peers: {type: kubernetes}`` (sync_replicas.py): each
+    subscribes to the other through their Service's slices, leaving itself out by its pod name;
+    a conversation's next turn reaching the other replica goes to the instance its first turn
+    warmed, as a prefix hit (a replica that had not heard of it would have had no match); a
+    replica whose slice goes is dropped by the other."""
+    pods = {p["metadata"]["name"] for p in pods_of(control_plane, "alpha")}
+    create_service(control_plane, NS)
+    ports = {"gw-0": sync_ports()}
+    while abs((second := sync_ports()) - ports["gw-0"]) < 2:
+        pass
+    ports["gw-1"] = second
+    slices = {pod: publish(control_plane, NS, pod, port) for pod, port in ports.items()}
+    replicas: dict[str, Gateway] = {}
+    try:
+        for pod, port in ports.items():
+            replicas[pod] = start_replica(control_plane, NS, pod, port, "alpha")
+            wait_for(f"{pod} answering", _answers(replicas[pod].url, pods), 60)
+        first, other = replicas["gw-0"].url, replicas["gw-1"].url
+        for url in (first, other):
+            wait_for("one peer, heard", _sync_is(url, "peers_connected", 1))
+            assert _sync_is(url, "peers", 1)()  # itself left out (before: 2)
+        heard = (sync_figures(other) or {})["notes_received_total"]
+        turns = []
+        for n in range(4):
+            user = {"role": "user", "content": f"conversation {n}: " + "tell me more. " * 90}
+            instance, _reason, reply = turn(first, "alpha", [user])
+            turns.append((instance, [user, {"role": "assistant", "content": reply}]))
+        # a routing and an end a turn
+        wait_for("gw-0's notes at gw-1", _sync_is(other, "notes_received_total", heard + 8))
+        for instance, history in turns:
+            follow = {"role": "user", "content": "and then?"}
+            assert turn(other, "alpha", [*history, follow])[:2] == (instance, "prefix_hit")
+        control_plane.request("DELETE", slices["gw-1"])
+        wait_for("gw-0 to drop gw-1", _sync_is(first, "peers", 0))
+    finally:
+        for replica in replicas.values():
+            replica.stop()
+        for path in slices.values():
+            control_plane.request("DELETE", path)
+        control_plane.request("DELETE", f"/api/v1/namespaces/{NS}/services/{SERVICE}")
+    results.record(replica_sync_endpointslice_peers=True, replica_sync_cross_replica_hits=4)
+
+
+def _answers(url: str, pods: set[str]) -> Callable[[], str | None]:
+    return lambda: answered_by(url, pods)
+
+
+def _sync_is(url: str, name: str, value: float) -> Callable[[], bool]:
+    """A probe: the replica's ``warmfleet_gateway_replica_sync_<name>`` is ``value`` (a
+    counter: at least ``value``)."""
+
+    def probe() -> bool:
+        found = (sync_figures(url) or {}).get(name)
+        return found is not None and (found >= value if name.endswith("_total") else found == value)
+
+    return probe
 
 
 def answered_by(url: str, pods: set[str]) -> str | None:
