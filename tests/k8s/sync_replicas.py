@@ -50,7 +50,10 @@ def create_service(plane: ControlPlane, ns: str) -> None:
 
 
 def publish(plane: ControlPlane, ns: str, pod: str, port: int) -> str:
-    """A ready endpoint of the Service for ``pod`` at 127.0.0.1:``port``; the slice's path."""
+    """A ready endpoint of the Service for ``pod`` at 127.0.0.1:``port`` (the replica listens
+    as ``tcp://localhost:port``: not the URL listed, so it leaves itself out by its pod name
+    alone, as in a pod, where it listens on 0.0.0.0 and is listed at its pod IP); the slice's
+    path."""
     name = f"{SERVICE}-{pod}"
     body: Obj = {
         "apiVersion": "discovery.k8s.io/v1beta1",
@@ -85,7 +88,7 @@ def start_replica(plane: ControlPlane, ns: str, pod: str, port: int, engines: st
     routing = {"strategy": {"type": "prefix_affinity"}}
     variants = [{"name": "main", "discovery": discovery, "routing": routing}]
     sync = {
-        "listen": {"host": "127.0.0.1", "port": port},
+        "listen": {"host": "localhost", "port": port},  # loopback, named otherwise (publish)
         "peers": {"type": "kubernetes", "service": SERVICE, "port": "sync", **api},
         "catchUpTimeoutS": 5,
     }

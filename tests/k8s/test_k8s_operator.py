@@ -201,26 +201,28 @@ def test_gateway_replicas_find_each_other_through_their_services_endpointslices(
     control_plane: ControlPlane, operator: Proc, results: Results
 ) -> None:
     """Two replicas with ``replicaSync.peers: {type: kubernetes}`` (sync_replicas.py): each
-    subscribes to the other through their Service's slices, leaving itself out by its pod name;
+    subscribes to the other through their Service's slices, leaving itself out by its pod name
+    (one of 71 characters);
     a conversation's next turn reaching the other replica goes to the instance its first turn
     warmed, as a prefix hit (a replica that had not heard of it would have had no match); a
     replica whose slice goes is dropped by the other."""
     pods = {p["metadata"]["name"] for p in pods_of(control_plane, "alpha")}
     create_service(control_plane, NS)
+    long_name = "gw-1-" + "x" * 66  # over 63 characters: its instance id is cut and hashed
     ports = {"gw-0": sync_ports()}
     while abs((second := sync_ports()) - ports["gw-0"]) < 2:
         pass
-    ports["gw-1"] = second
+    ports[long_name] = second
     slices = {pod: publish(control_plane, NS, pod, port) for pod, port in ports.items()}
     replicas: dict[str, Gateway] = {}
     try:
         for pod, port in ports.items():
             replicas[pod] = start_replica(control_plane, NS, pod, port, "alpha")
             wait_for(f"{pod} answering", _answers(replicas[pod].url, pods), 60)
-        first, other = replicas["gw-0"].url, replicas["gw-1"].url
+        first, other = replicas["gw-0"].url, replicas[long_name].url
         for url in (first, other):
             wait_for("one peer, heard", _sync_is(url, "peers_connected", 1))
-            assert _sync_is(url, "peers", 1)()  # itself left out (before: 2)
+            assert _sync_is(url, "peers", 1)()  # itself left out, long name too (before: 2)
         heard = (sync_figures(other) or {})["notes_received_total"]
         turns = []
         for n in range(4):
@@ -232,8 +234,8 @@ def test_gateway_replicas_find_each_other_through_their_services_endpointslices(
         for instance, history in turns:
             follow = {"role": "user", "content": "and then?"}
             assert turn(other, "alpha", [*history, follow])[:2] == (instance, "prefix_hit")
-        control_plane.request("DELETE", slices["gw-1"])
-        wait_for("gw-0 to drop gw-1", _sync_is(first, "peers", 0))
+        control_plane.request("DELETE", slices[long_name])
+        wait_for("gw-0 to drop the other", _sync_is(first, "peers", 0))
     finally:
         for replica in replicas.values():
             replica.stop()
