@@ -18,6 +18,7 @@ from typing import Any
 from k8s.controlplane import ControlPlane
 from k8s.procs import Gateway, serve_gateway
 from k8s.serviceaccounts import service_account_kubeconfig
+from support.slices import endpoint_slice
 from warmfleet.edge import free_port
 
 SERVICE = "gw-sync"
@@ -55,24 +56,7 @@ def publish(plane: ControlPlane, ns: str, pod: str, port: int) -> str:
     alone, as in a pod, where it listens on 0.0.0.0 and is listed at its pod IP); the slice's
     path."""
     name = f"{SERVICE}-{pod}"
-    body: Obj = {
-        "apiVersion": "discovery.k8s.io/v1beta1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "labels": {"kubernetes.io/service-name": SERVICE},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "sync", "port": port, "protocol": "TCP"}],
-        "endpoints": [
-            {
-                "addresses": ["127.0.0.1"],
-                "conditions": {"ready": True},
-                "targetRef": {"kind": "Pod", "name": pod, "namespace": ns},
-            }
-        ],
-    }
+    body = endpoint_slice(name, SERVICE, ns, port, {pod: True}, port_name="sync", version="v1beta1")
     path = SLICES.format(ns=ns)
     status, answer = plane.request("POST", path, body)
     assert status == 201, answer

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from warmfleet.api import names
+from warmfleet.control.claims import CONDITION
 from warmfleet.kube import client as kube
 from warmfleet.operator import render
 from warmfleet.operator.controller import Controller, PassResult
@@ -284,6 +285,30 @@ async def converge(cluster: FakeCluster, controller: Controller, rounds: int = 1
 async def create_endpoint(cluster: FakeCluster, body: dict[str, Any]) -> None:
     body["metadata"]["finalizers"] = [FINALIZER]  # kopf adds it on a real cluster
     await cluster.client.create(kube.ENDPOINTS, NS, body)
+
+
+async def get_object(cluster: FakeCluster, resource: kube.Resource, name: str) -> Obj | None:
+    return await cluster.client.get(resource, NS, name)
+
+
+async def conflict_message(cluster: FakeCluster, endpoint: str = "llama") -> str | None:
+    """The message of the endpoint's ``NameConflict`` condition (None: it has none)."""
+    obj = await get_object(cluster, kube.ENDPOINTS, endpoint)
+    assert obj is not None
+    found = [c for c in obj["status"]["conditions"] if c["type"] == CONDITION]
+    return found[0]["message"] if found else None
+
+
+async def taken_once_free(
+    cluster: FakeCluster, controller: Controller, resource: kube.Resource, name: str
+) -> Obj:
+    """Someone else's object ``name`` deleted: the endpoint makes its own, its conflict gone."""
+    await cluster.client.delete(resource, NS, name)
+    await converge(cluster, controller)
+    mine = await get_object(cluster, resource, name)
+    assert mine is not None
+    assert await conflict_message(cluster) is None
+    return mine
 
 
 Env = tuple[FakeCluster, aiohttp.ClientSession, str]

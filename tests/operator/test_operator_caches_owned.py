@@ -16,16 +16,18 @@ from kmock_cluster import (
     Env,
     FakeCluster,
     ServerClient,
+    conflict_message,
     converge,
     create_endpoint,
     endpoint_body,
+    get_object,
     server_controller,
     server_env,
+    taken_once_free,
 )
 
 from warmfleet.api import names
 from warmfleet.api.resources import InferenceEndpointSpec
-from warmfleet.control.claims import CONDITION
 from warmfleet.kube import client as kube
 from warmfleet.operator import render
 
@@ -40,17 +42,6 @@ async def env(kmock: Any) -> AsyncIterator[Env]:
 
 def _cache_name(body: Obj) -> str:
     return names.model_cache_name("llama", InferenceEndpointSpec.model_validate(body["spec"]))
-
-
-async def _get(cluster: FakeCluster, resource: kube.Resource, name: str) -> Obj | None:
-    return await cluster.client.get(resource, NS, name)
-
-
-async def _conflict(cluster: FakeCluster) -> str | None:
-    endpoint = await _get(cluster, kube.ENDPOINTS, "llama")
-    assert endpoint is not None
-    found = [c for c in endpoint["status"]["conditions"] if c["type"] == CONDITION]
-    return found[0]["message"] if found else None
 
 
 async def _assigned(cluster: FakeCluster) -> set[str]:
@@ -80,24 +71,20 @@ async def test_a_model_cache_warmfleet_does_not_manage_is_left_alone(env: Env) -
     controller = server_controller(env)
     await converge(cluster, controller)
     for cache in (theirs, other):  # before: overwritten and owned; the other deleted
-        found = await _get(cluster, kube.MODEL_CACHES, cache["metadata"]["name"])
+        found = await get_object(cluster, kube.MODEL_CACHES, cache["metadata"]["name"])
         assert found is not None
         assert found["spec"] == cache["spec"]
         assert "ownerReferences" not in found["metadata"]
         assert "status" not in found
     assert name not in await _assigned(cluster)  # not filled on the nodes under that name
-    message = await _conflict(cluster)
+    message = await conflict_message(cluster)
     assert message is not None
     assert f"ModelCache {name} exists and is not managed by warmfleet" in message
 
-    await c.delete(kube.MODEL_CACHES, NS, name)  # the name is free: the endpoint takes it
-    await converge(cluster, controller)
-    mine = await _get(cluster, kube.MODEL_CACHES, name)
-    assert mine is not None
+    mine = await taken_once_free(cluster, controller, kube.MODEL_CACHES, name)
     assert mine["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"
     assert mine["spec"]["modelSource"]["uri"] == "s3://models/llama"
-    assert await _conflict(cluster) is None
-    assert await _get(cluster, kube.MODEL_CACHES, "their-cache") is not None
+    assert await get_object(cluster, kube.MODEL_CACHES, "their-cache") is not None
 
 
 async def test_a_model_cache_made_after_the_read_is_not_written(
@@ -120,7 +107,7 @@ async def test_a_model_cache_made_after_the_read_is_not_written(
     controller.snapshot = snapshot_then_theirs  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="warmfleet.operator"):
         await controller.reconcile()
-    found = await _get(cluster, kube.MODEL_CACHES, theirs["metadata"]["name"])
+    found = await get_object(cluster, kube.MODEL_CACHES, theirs["metadata"]["name"])
     assert found is not None
     assert found["spec"] == theirs["spec"]  # before: patched to the endpoint's
     assert "ownerReferences" not in found["metadata"]
@@ -139,15 +126,15 @@ async def test_an_earlier_endpoints_model_cache_is_not_adopted(env: Env) -> None
     await create_endpoint(cluster, body)
     controller = server_controller(env)
     await controller.reconcile()
-    message = await _conflict(cluster)
+    message = await conflict_message(cluster)
     assert message is not None
     assert f"ModelCache {name} belongs to an earlier InferenceEndpoint llama" in message
     await converge(cluster, controller)  # its endpoint is gone: collected, then made anew
-    mine = await _get(cluster, kube.MODEL_CACHES, name)
+    mine = await get_object(cluster, kube.MODEL_CACHES, name)
     assert mine is not None
     assert mine["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"  # before: uid-old
     assert mine["spec"]["modelSource"]["uri"] == "s3://models/llama"
-    assert await _conflict(cluster) is None
+    assert await conflict_message(cluster) is None
 
 
 async def _roll_with_a_race(
@@ -164,7 +151,7 @@ async def _roll_with_a_race(
     async def race(path: str) -> bool:
         if not path.endswith(f"/{resource.plural}/{name}"):
             return False
-        current = await _get(cluster, resource, name)
+        current = await get_object(cluster, resource, name)
         assert current is not None
         meta = {"name": name, "namespace": NS, "uid": "uid-theirs"}
         again.update({**current, "metadata": meta})
@@ -205,13 +192,13 @@ async def test_a_delete_spares_an_object_made_again_since_the_read(
 ) -> None:
     with caplog.at_level(logging.INFO, logger="warmfleet.operator"):
         name, again = await _roll_with_a_race(env, resource, old_name)
-    found = await _get(env[0], resource, name)
+    found = await get_object(env[0], resource, name)
     assert found is not None  # before: the operator deleted the new object
     assert found["metadata"]["uid"] == "uid-theirs"
     assert found["spec"] == again["spec"]
     said = f"{resource.plural} {name} changed since it was read: not deleted, read again"
     assert any(m.startswith(said) for m in caplog.messages)
-    endpoint = await _get(env[0], kube.ENDPOINTS, "llama")
+    endpoint = await get_object(env[0], kube.ENDPOINTS, "llama")
     assert endpoint is not None
     assert endpoint["status"]["phase"] == "Ready"  # the pass went on; the rollover ended
 
@@ -235,7 +222,7 @@ async def test_a_removed_variants_service_made_again_since_the_read_stays(env: E
     patch = {"spec": {"variants": [{"name": "main", "replicas": 1}]}}
     await cluster.client.patch(kube.ENDPOINTS, NS, "llama", patch)
     await converge(cluster, server_controller(env, race))
-    found = await _get(cluster, kube.SERVICES, "llama-b")
+    found = await get_object(cluster, kube.SERVICES, "llama-b")
     assert found is not None  # before: deleted with the variant it was not
     assert found["metadata"]["uid"] == "uid-theirs"
 
@@ -250,7 +237,7 @@ async def test_a_model_cache_changed_since_the_read_is_deleted_by_the_next_pass(
     await create_endpoint(cluster, endpoint_body("llama", replicas=1))
     await converge(cluster, server_controller(env))
     name = await _old_cache(cluster)
-    old = await _get(cluster, kube.MODEL_CACHES, name)
+    old = await get_object(cluster, kube.MODEL_CACHES, name)
     assert old is not None
     uids: list[str] = []
 
@@ -270,7 +257,7 @@ async def test_a_model_cache_changed_since_the_read_is_deleted_by_the_next_pass(
     assert uids == [old["metadata"]["uid"]], "the operator never deleted it"  # changed, not new
     said = f"modelcaches {name} changed since it was read: not deleted, read again"
     assert any(m.startswith(said) for m in caplog.messages)  # before: deleted as it was
-    assert await _get(cluster, kube.MODEL_CACHES, name) is None  # the next pass deleted it
-    endpoint = await _get(cluster, kube.ENDPOINTS, "llama")
+    assert await get_object(cluster, kube.MODEL_CACHES, name) is None  # the next pass deleted it
+    endpoint = await get_object(cluster, kube.ENDPOINTS, "llama")
     assert endpoint is not None
     assert endpoint["status"]["phase"] == "Ready"

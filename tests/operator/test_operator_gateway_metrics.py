@@ -23,10 +23,10 @@ from kmock_cluster import (
 )
 
 from support.servers import Handler, serving
+from support.slices import endpoint_slice
 from warmfleet.control.load import in_flight_by_variant
 from warmfleet.kube import client as kube
 from warmfleet.kube.access import read_token
-from warmfleet.kube.endpointslices import SERVICE_NAME_LABEL as SERVICE_LABEL
 from warmfleet.operator.controller import Controller
 from warmfleet.operator.gateway_metrics import GatewayService, scraper
 
@@ -64,25 +64,6 @@ async def test_autoscaling_from_gateway_metrics(kmock: Any) -> None:
         )
 
 
-def gateway_slice(name: str, port: int, pods: dict[str, bool], service: str) -> dict[str, Any]:
-    """One EndpointSlice of ``service``: every pod on 127.0.0.1 at ``port``, ready or not."""
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": NS, "labels": {SERVICE_LABEL: service}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-        "endpoints": [
-            {
-                "addresses": ["127.0.0.1"],
-                "conditions": {"ready": ready},
-                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS},
-            }
-            for pod, ready in pods.items()
-        ],
-    }
-
-
 async def test_a_gateway_service_is_scraped_pod_by_pod(kmock: Any) -> None:
     """A Service URL reaches one gateway replica per request; --gateway-service lists the
     Service's ready pods and scrapes each, and a pod that cannot be read is reported as such
@@ -107,14 +88,16 @@ async def test_a_gateway_service_is_scraped_pod_by_pod(kmock: Any) -> None:
         client = kube.KubeClient(session, str(kmock.url))
         for i, url in enumerate((first, second)):
             port = int(url.rsplit(":", 1)[1])
-            body = gateway_slice(f"gw-{i}", port, {f"gw-{i}": True}, "warmfleet-gateway")
+            body = endpoint_slice(f"gw-{i}", "warmfleet-gateway", NS, port, {f"gw-{i}": True})
             await client.create(kube.ENDPOINT_SLICES, NS, body)
         for name, pods, service in (
             ("gw-off", {"gw-starting": False}, "warmfleet-gateway"),  # not ready: skipped
             ("gw-dead", {"gw-dead": True}, "warmfleet-gateway"),  # ready but not answering
             ("other", {"other": True}, "another-service"),
         ):
-            await client.create(kube.ENDPOINT_SLICES, NS, gateway_slice(name, 9, pods, service))
+            await client.create(
+                kube.ENDPOINT_SLICES, NS, endpoint_slice(name, service, NS, 9, pods)
+            )
         gateway = GatewayService.parse(f"{NS}/warmfleet-gateway:http")
         texts = await scraper(session, [], [gateway], client, timeout_s=2.0)()
     assert sorted(t is None for t in texts) == [False, False, True]

@@ -15,16 +15,18 @@ from kmock_cluster import (
     NS,
     Env,
     FakeCluster,
+    conflict_message,
     converge,
     create_endpoint,
     endpoint_body,
+    get_object,
     server_controller,
     server_env,
+    taken_once_free,
 )
 
 from warmfleet.api import names
 from warmfleet.api.resources import InferenceEndpointSpec
-from warmfleet.control.claims import CONDITION
 from warmfleet.kube import client as kube
 
 Obj = dict[str, Any]
@@ -50,19 +52,8 @@ def _theirs(name: str, **meta: Any) -> Obj:
     return {**kind, "metadata": metadata, "spec": spec}
 
 
-async def _get(cluster: FakeCluster, resource: kube.Resource, name: str) -> Obj | None:
-    return await cluster.client.get(resource, NS, name)
-
-
-async def _conflict(cluster: FakeCluster) -> str | None:
-    endpoint = await _get(cluster, kube.ENDPOINTS, "llama")
-    assert endpoint is not None
-    found = [c for c in endpoint["status"]["conditions"] if c["type"] == CONDITION]
-    return found[0]["message"] if found else None
-
-
 async def _assert_untouched(cluster: FakeCluster, cache: Obj) -> None:
-    found = await _get(cluster, kube.IMAGE_CACHES, cache["metadata"]["name"])
+    found = await get_object(cluster, kube.IMAGE_CACHES, cache["metadata"]["name"])
     assert found is not None  # before: the one no node was labelled for was deleted
     assert found["spec"] == cache["spec"]  # before: the endpoint's overwrote it
     assert "status" not in found
@@ -83,23 +74,19 @@ async def test_an_image_cache_warmfleet_does_not_manage_is_left_alone(env: Env) 
     await converge(cluster, controller)
     for cache in (other, theirs):  # before: the other deleted, theirs overwritten
         await _assert_untouched(cluster, cache)
-    assert await _get(cluster, kube.DAEMONSETS, names.puller_name(name)) is None
+    assert await get_object(cluster, kube.DAEMONSETS, names.puller_name(name)) is None
     labels = await cluster.managed_labels()
     assert names.image_label(name) not in set().union(*labels.values())
-    message = await _conflict(cluster)
+    message = await conflict_message(cluster)
     assert message is not None
     assert f"ImageCache {name} exists and is not managed by warmfleet" in message
-    endpoint = await _get(cluster, kube.ENDPOINTS, "llama")
+    endpoint = await get_object(cluster, kube.ENDPOINTS, "llama")
     assert endpoint is not None
     assert endpoint["status"]["phase"] == "Ready"  # images never gate
 
-    await c.delete(kube.IMAGE_CACHES, NS, name)  # the name is free: the endpoint takes it
-    await converge(cluster, controller)
-    mine = await _get(cluster, kube.IMAGE_CACHES, name)
-    assert mine is not None
+    mine = await taken_once_free(cluster, controller, kube.IMAGE_CACHES, name)
     assert mine["metadata"]["labels"][names.LABEL_MANAGED_BY] == names.MANAGER
-    assert await _get(cluster, kube.DAEMONSETS, names.puller_name(name)) is not None
-    assert await _conflict(cluster) is None
+    assert await get_object(cluster, kube.DAEMONSETS, names.puller_name(name)) is not None
     await _assert_untouched(cluster, other)
 
 
@@ -123,7 +110,7 @@ async def test_an_image_cache_made_after_the_read_is_not_written(
     controller.snapshot = snapshot_then_theirs  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="warmfleet.operator"):
         await controller.reconcile()
-    found = await _get(cluster, kube.IMAGE_CACHES, theirs["metadata"]["name"])
+    found = await get_object(cluster, kube.IMAGE_CACHES, theirs["metadata"]["name"])
     assert found is not None
     assert found["spec"] == theirs["spec"]  # before: patched to the endpoint's
     said = f"ImageCache {theirs['metadata']['name']} exists and is not managed by warmfleet"
@@ -157,21 +144,17 @@ async def test_a_daemonset_of_the_puller_name_warmfleet_did_not_make_is_reported
         for _ in range(3):
             await cluster.kubelet()
             await controller.reconcile()
-    found = await _get(cluster, kube.DAEMONSETS, name)
+    found = await get_object(cluster, kube.DAEMONSETS, name)
     assert found is not None
     assert found["spec"] == theirs["spec"]  # before: made warmfleet's puller
     assert "labels" not in found["metadata"]
     assert not [m for m in caplog.messages if m.endswith(": left alone")]  # no write tried
-    message = await _conflict(cluster)
+    message = await conflict_message(cluster)
     assert message is not None
     assert f"DaemonSet {name} exists and is not managed by warmfleet" in message
 
-    await c.delete(kube.DAEMONSETS, NS, name)  # the name is free: the puller is made
-    await converge(cluster, controller)
-    mine = await _get(cluster, kube.DAEMONSETS, name)
-    assert mine is not None
+    mine = await taken_once_free(cluster, controller, kube.DAEMONSETS, name)  # the puller
     assert mine["metadata"]["labels"][names.LABEL_MANAGED_BY] == names.MANAGER
-    assert await _conflict(cluster) is None
 
 
 async def test_a_puller_daemonset_made_after_the_read_is_not_written(
@@ -193,7 +176,7 @@ async def test_a_puller_daemonset_made_after_the_read_is_not_written(
     controller.snapshot = snapshot_then_theirs  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="warmfleet.operator"):
         await controller.reconcile()
-    found = await _get(cluster, kube.DAEMONSETS, name)
+    found = await get_object(cluster, kube.DAEMONSETS, name)
     assert found is not None
     assert "labels" not in found["metadata"]
     said = f"DaemonSet {name} exists and is not managed by warmfleet: left alone"
@@ -209,14 +192,14 @@ async def test_the_puller_of_an_image_cache_replaced_by_a_users_is_deleted(env: 
     await create_endpoint(cluster, body)
     controller = server_controller(env)
     await converge(cluster, controller)
-    assert await _get(cluster, kube.DAEMONSETS, names.puller_name(cache)) is not None
+    assert await get_object(cluster, kube.DAEMONSETS, names.puller_name(cache)) is not None
     await c.delete(kube.IMAGE_CACHES, NS, cache)
     await c.create(kube.IMAGE_CACHES, NS, _theirs(cache))
     await converge(cluster, controller)
-    assert await _get(cluster, kube.DAEMONSETS, names.puller_name(cache)) is None
-    found = await _get(cluster, kube.IMAGE_CACHES, cache)
+    assert await get_object(cluster, kube.DAEMONSETS, names.puller_name(cache)) is None
+    found = await get_object(cluster, kube.IMAGE_CACHES, cache)
     assert found is not None
     assert found["metadata"]["uid"] == "uid-theirs"
-    message = await _conflict(cluster)
+    message = await conflict_message(cluster)
     assert message is not None
     assert f"ImageCache {cache} exists and is not managed by warmfleet" in message
