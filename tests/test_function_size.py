@@ -37,12 +37,9 @@ OVER_THE_LIMIT = {
     "gateway/http/wire.py::ServerConnection._serve": 55,
     "agent/downloader.py::Downloader._run": 55,
     "gateway/replica_sync/metrics.py::SyncMetrics.__init__": 54,
-    "bench/conformance.py::run_conformance": 54,
     "emulator/app.py::Handlers._generate": 53,
     "bench/peers.py::peers_command": 53,
     "bench/peers.py::run_peers": 52,
-    "bench/live_demo.py::run_live_demo": 51,
-    "agent/cli.py::prefetch": 51,
 }
 
 

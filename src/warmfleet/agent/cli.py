@@ -192,15 +192,18 @@ def prefetch(  # noqa: PLR0917 (typer maps parameters to options)
         rec = await task
         return rec.to_json()
 
-    doc = _run(lambda: _with_manager(spec, go))
+    _print_ready(_run(lambda: _with_manager(spec, go)), Path(spec.root), as_json)
+
+
+def _print_ready(doc: dict[str, Any], root: Path, as_json: bool) -> None:
+    """The prefetched artifact's record: as JSON, or one line naming where it is."""
     if as_json:
         typer.echo(json.dumps(doc))
-    else:
-        Console().print(
-            f"[green]ready[/green] {doc['name']} {doc['key'][:16]} -> "
-            f"{Path(spec.root) / 'objects' / doc['key']}",
-            soft_wrap=True,  # one line (a path cut in two cannot be copied)
-        )
+        return
+    Console().print(
+        f"[green]ready[/green] {doc['name']} {doc['key'][:16]} -> {root / 'objects' / doc['key']}",
+        soft_wrap=True,  # one line (a path cut in two cannot be copied)
+    )
 
 
 LS_COLUMNS = (

@@ -35,7 +35,7 @@ import typer
 from warmfleet.core.errors import WarmfleetError
 from warmfleet.edge import check_output_file
 from warmfleet.gateway.tokenizer import HfChatTokenizer
-from warmfleet.routing.key_modes import key_builder
+from warmfleet.routing.key_modes import KeyBuilder, key_builder
 from warmfleet.routing.key_spec import KeySpec
 from warmfleet.routing.parse import parse_chat
 
@@ -230,26 +230,37 @@ async def run_conformance(
             if turn == 0:
                 report.tokens_match, causes = await _diagnose_tokens(client, tok, model, messages)
                 report.causes.extend(causes)
-            body = {"model": model, "messages": messages, "max_tokens": 2, "ignore_eos": True}
-            key = keys.key(parse_chat(body))
-            usage, _latency_ms = await client.chat({**body, "temperature": 0.0})
-            engine_prompt = int(usage.get("prompt_tokens") or 0)
-            report.turns.append(
-                TurnResult(
-                    turn,
-                    key.prompt_tokens,
-                    engine_prompt,
-                    predicted_cached(key.block_hashes, seen, key.prompt_tokens, keys.block_size),
-                    cached_tokens_of(usage),
-                )
-            )
-            if engine_prompt != key.prompt_tokens and not report.causes:
-                report.causes.append(
-                    f"prompt length: gateway {key.prompt_tokens} tokens, engine {engine_prompt}"
-                )
-            seen.update(key.block_hashes)
+            await _turn(client, keys, model, messages, seen=seen, report=report)
             messages.append({"role": "assistant", "content": filler_text(rng, 30)})
         return report
+
+
+async def _turn(
+    client: EngineClient,
+    keys: KeyBuilder,
+    model: str,
+    messages: list[dict[str, Any]],
+    *,
+    seen: set[int],
+    report: ConformanceReport,
+) -> None:
+    """One turn: the gateway's key and prediction beside the engine's answer, in ``report``;
+    its blocks join ``seen`` (what the engine has cached by the next turn)."""
+    body = {"model": model, "messages": messages, "max_tokens": 2, "ignore_eos": True}
+    key = keys.key(parse_chat(body))
+    usage, _latency_ms = await client.chat({**body, "temperature": 0.0})
+    engine_prompt = int(usage.get("prompt_tokens") or 0)
+    predicted = predicted_cached(key.block_hashes, seen, key.prompt_tokens, keys.block_size)
+    report.turns.append(
+        TurnResult(
+            len(report.turns), key.prompt_tokens, engine_prompt, predicted, cached_tokens_of(usage)
+        )
+    )
+    if engine_prompt != key.prompt_tokens and not report.causes:
+        report.causes.append(
+            f"prompt length: gateway {key.prompt_tokens} tokens, engine {engine_prompt}"
+        )
+    seen.update(key.block_hashes)
 
 
 def conformance_command(

@@ -154,8 +154,17 @@ async def run_live_demo(
             activity.log(f"writing the report to {report_dir}")
     finally:
         procs.stop_all()
+    report = comparison_report(_report_meta(config, requests, capacity, logs), runs)
+    write_report(report, loads, report_dir, "warmfleet live demo: strategies on an emulated fleet")
+    return report
+
+
+def _report_meta(
+    config: DemoConfig, requests: Sequence[WorkloadRequest], capacity: int, logs: Path
+) -> dict[str, Any]:
+    """The report's ``meta``, shaped as ``warmfleet sim --json``'s."""
     working = shared_prefix_tokens(requests) / capacity
-    meta = {
+    return {
         "scenario": "aws-long-context-live",
         "workload": "generated",
         "mode": "live",
@@ -175,9 +184,6 @@ async def run_live_demo(
         "speedup": config.speedup,
         "logs": str(logs),
     }
-    report = comparison_report(meta, runs)
-    write_report(report, loads, report_dir, "warmfleet live demo: strategies on an emulated fleet")
-    return report
 
 
 def main_live_demo(
