@@ -35,7 +35,6 @@ OVER_THE_LIMIT = {
     "gateway/proxy.py::Proxy._attempt": 57,
     "operator/render.py::deployment": 56,
     "gateway/http/wire.py::ServerConnection._serve": 55,
-    "agent/downloader.py::Downloader._run": 55,
     "gateway/replica_sync/metrics.py::SyncMetrics.__init__": 54,
     "emulator/app.py::Handlers._generate": 53,
     "bench/peers.py::peers_command": 53,

@@ -190,18 +190,10 @@ class Downloader:
             dirty.set()
             hasher.poke()  # unused with a copier: its copy is compared with the source's bytes
 
-        async def flusher() -> None:
-            while not finished.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(finished.wait(), self._spec.fsync_every_s)
-                if dirty.is_set() and not finished.is_set():
-                    dirty.clear()
-                    await asyncio.to_thread(self._flush, staging, state.to_json(), files)
-
         copier = self._copier(source, manifest, files, state, chunk_done)
         try:
             async with asyncio.TaskGroup() as tg:
-                flush_task = tg.create_task(flusher())
+                flush_task = tg.create_task(self._flusher(dirty, finished, staging, state, files))
                 if copier is not None:  # one read of the source, hashed and compared
                     await copier.copy_all(list(manifest.files))
                     self.digests = copier.digests
@@ -216,6 +208,23 @@ class Downloader:
             await self._flush_quietly(staging, state, files)
             raise group.exceptions[0] from None
         await asyncio.to_thread(self._flush, staging, state.to_json(), files)
+
+    async def _flusher(
+        self,
+        dirty: asyncio.Event,
+        finished: asyncio.Event,
+        staging: Path,
+        state: ResumeState,
+        files: StagedFiles,
+    ) -> None:
+        """Until ``finished``: every ``fsync_every_s``, the resume state and the files flushed
+        if a chunk landed since (``dirty``)."""
+        while not finished.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), self._spec.fsync_every_s)
+            if dirty.is_set() and not finished.is_set():
+                dirty.clear()
+                await asyncio.to_thread(self._flush, staging, state.to_json(), files)
 
     def _copier(
         self,
