@@ -116,21 +116,25 @@ def agent_objects(v: Values) -> list[Obj]:
         metrics_port=AGENT_PORT,
         updateStrategy=update,
     )
-    # The status API on the pod's address, for Prometheus and the probe: read-only routes are
-    # open, changes need the agent's token (none is set here: refused off loopback).
+    return [*rbac("warmfleet-node-agent", v, "node-agent", rules), _agent_config(v), daemonset]
+
+
+def _agent_config(v: Values) -> Obj:
+    """The agent's ConfigMap (``node.yaml``). The status API on the pod's address, for
+    Prometheus and the probe: read-only routes are open, changes need the agent's token (none
+    is set here: refused off loopback)."""
     node_yaml = (
         "apiVersion: warmfleet.dev/v1alpha1\nkind: NodeCacheConfig\n"
         "spec:\n  root: /cache\n  capacity:\n    budget: 1TiB\n    reserve: 50GiB\n"
         f"  status:\n    host: 0.0.0.0\n    port: {AGENT_PORT}\n"
         f"  kubernetes:\n    hostPath: {v.host_path}\n"
     )
-    config = {
+    return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": meta("warmfleet-node-agent", v, "node-agent"),
         "data": {"node.yaml": node_yaml},
     }
-    return [*rbac("warmfleet-node-agent", v, "node-agent", rules), config, daemonset]
 
 
 def install_objects(v: Values) -> list[Obj]:

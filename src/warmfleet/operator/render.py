@@ -112,19 +112,6 @@ def deployment(plan: DeploymentPlan, namespace: str, owner_uid: str) -> Obj:
         ANN_MODEL_CACHE: plan.model_cache or "",
         ANN_IMAGE_CACHE: plan.image_cache or "",
     }
-    pod_spec: Obj = {
-        "containers": [_engine_container(plan)],
-        "nodeSelector": dict(plan.node_selector),
-        "affinity": _affinity(plan),
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-    }
-    if plan.model_cache is not None and plan.host_path is not None:
-        pod_spec["volumes"] = [
-            {
-                "name": "model-cache",
-                "hostPath": {"path": plan.host_path, "type": "DirectoryOrCreate"},
-            }
-        ]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -152,10 +139,29 @@ def deployment(plan: DeploymentPlan, namespace: str, owner_uid: str) -> Obj:
                     "labels": {**labels, LABEL_ROLE: "engine"},
                     "annotations": annotations,
                 },
-                "spec": pod_spec,
+                "spec": _engine_pod(plan),
             },
         },
     }
+
+
+def _engine_pod(plan: DeploymentPlan) -> Obj:
+    """The engine pod's spec: its container, node selector, affinity for warm nodes, GPU
+    toleration and, with a weights cache, the node's cache directory."""
+    pod_spec: Obj = {
+        "containers": [_engine_container(plan)],
+        "nodeSelector": dict(plan.node_selector),
+        "affinity": _affinity(plan),
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    if plan.model_cache is not None and plan.host_path is not None:
+        pod_spec["volumes"] = [
+            {
+                "name": "model-cache",
+                "hostPath": {"path": plan.host_path, "type": "DirectoryOrCreate"},
+            }
+        ]
+    return pod_spec
 
 
 def service(
