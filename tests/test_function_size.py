@@ -25,7 +25,6 @@ OVER_THE_LIMIT = {
     "sim/doctor_run.py::run_doctor": 75,
     "operator/handlers.py::build_registry": 75,
     "emulator/metrics.py::InstanceMetrics.__init__": 69,
-    "sim/runner.py::run_strategy": 63,
     "gateway/capture_file.py::RecordMaker.line_bytes": 63,
     "bench/routing_bench.py::routing_bench_command": 62,
     "gateway/proxy.py::Proxy._route": 61,

@@ -191,37 +191,22 @@ def run_strategy(
 ) -> StrategyRun:
     """One strategy's run; ``gateways``: several gateway replicas in sync (default: one);
     ``config``: other parameters than the strategy's defaults; ``label`` names the run (default:
-    ``name``); ``flow``: flow control in front of the strategy (one gateway only);
-    ``placements``: replayed instances by request index in ``prepared.requests``
-    (``sim.placements``; a request without one is the strategy's to choose);
-    ``progress`` gets a phase named after the run and one unit per finished request."""
-    progress = progress or NoProgress()
-    label = label or name
+    ``name``); ``flow``: flow control before the strategy (one gateway only); ``placements``:
+    replayed instances by request index in ``prepared.requests`` (``sim.placements``; one
+    without is the strategy's); ``progress``: a phase, one unit a finished request."""
+    progress, label = progress or NoProgress(), label or name
     progress.phase(label, len(prepared.requests))
     config = config or strategy_config(name)
     keys = routing_keys(prepared, prefix_length_of(config), sessions=scenario.sessions)
     sim_config = SimConfig(
-        instances=scenario.instances,
-        engine=spec,
+        instances=scenario.instances, engine=spec,
         router_overhead_s=scenario.router_overhead_ms / 1000.0,
-        concurrency=workload.closed_loop_concurrency,
-        scale_events=scale_events(scenario),
-        check_invariants=check_invariants,
-        kv_events=kv_events_of(scenario),
-    )
+        concurrency=workload.closed_loop_concurrency, scale_events=scale_events(scenario),
+        check_invariants=check_invariants, kv_events=kv_events_of(scenario),
+    )  # fmt: skip
     started = time.perf_counter()
-    if gateways is None:
-        routing: Strategy | Gateways = build_strategy(config, strategy_rng(scenario.seed, name))
-    else:
-        routing = gateways.build(
-            lambda r: build_strategy(config, replica_rng(scenario.seed, name, r)),
-            random.Random(hash_str("gateway-replicas", scenario.seed)),
-        )
-    gate = None
-    if flow is not None:
-        if isinstance(routing, Gateways):
-            raise ConfigError("flow control: the simulator runs it with one gateway replica")
-        gate = FlowGate(flow, routing.choose, TtftPredictor(spec))
+    routing = _routing(name, config, scenario.seed, gateways)
+    gate = None if flow is None else _flow_gate(flow, routing, spec)
     simulator = Simulator(
         sim_config, routing, prepared.requests, keys, on_finished=progress.advance, flow=gate,
         placements=placements,
@@ -232,11 +217,30 @@ def run_strategy(
     metrics = compute_metrics(result, keys, spec.block_tokens, fleet_blocks)
     scale = [(r.before_ids, r.after_ids) for r in result.scale_records]
     metrics.moved_fraction = _moved(config, scenario.seed, keys, scale)
-    metrics.tenants = tenant_figures(prepared.requests, result.records)
-    conserved = all(r.done for r in result.records) and metrics.completed + metrics.rejected == len(
-        result.records
+    records = result.records
+    metrics.tenants = tenant_figures(prepared.requests, records)
+    ended = metrics.completed + metrics.rejected == len(records)
+    return StrategyRun(label, metrics, wall_s, ended and all(r.done for r in records),
+                       result.time_trace_ok)  # fmt: skip
+
+
+def _flow_gate(flow: FlowControlConfig, routing: Strategy | Gateways, spec: EngineSpec) -> FlowGate:
+    """Flow control before ``routing`` (one gateway replica only)."""
+    if isinstance(routing, Gateways):
+        raise ConfigError("flow control: the simulator runs it with one gateway replica")
+    return FlowGate(flow, routing.choose, TtftPredictor(spec))
+
+
+def _routing(
+    name: str, config: StrategyConfig, seed: int, gateways: GatewaySync | None
+) -> Strategy | Gateways:
+    """The run's strategy, or its gateway replicas (one strategy each, its own seeded random)."""
+    if gateways is None:
+        return build_strategy(config, strategy_rng(seed, name))
+    return gateways.build(
+        lambda r: build_strategy(config, replica_rng(seed, name, r)),
+        random.Random(hash_str("gateway-replicas", seed)),
     )
-    return StrategyRun(label, metrics, wall_s, conserved, result.time_trace_ok)
 
 
 def run_comparison(
