@@ -156,6 +156,20 @@ def _run(name: str, hit_rate: float, p95_ms: float) -> StrategyRun:
     return StrategyRun(name, metrics, 0.0, True, True)
 
 
+def test_the_captured_strategy_is_kept_when_it_ties_the_best() -> None:
+    """Tied with the best (hit rate within a tenth of a point, P95 within 1 %), the strategy the
+    capture ran is recommended (before: whichever came first, a change for nothing); a real
+    difference still wins over it."""
+    first, captured = _run("prefix_hash", 0.792, 40.1), _run("prefix_affinity", 0.792, 40.3)
+    assert best_of([first, captured], "p95_ttft_ms") is first
+    assert best_of([first, captured], "p95_ttft_ms", prefer="prefix_affinity") is captured
+    assert best_of([first, captured], "hit_rate", prefer="prefix_affinity") is captured
+    behind = _run("prefix_affinity", 0.78, 40.3)  # 1.2 points less reuse: not a tie
+    assert best_of([first, behind], "p95_ttft_ms", prefer="prefix_affinity") is first
+    slower = _run("prefix_affinity", 0.792, 41.0)  # a P95 1.7 % longer: not a tie
+    assert best_of([first, slower], "hit_rate", prefer="prefix_affinity") is first
+
+
 def test_the_best_replay_for_each_objective() -> None:
     """The lowest P95 TTFT, its near-ties (1 %) broken by the hit rate; or the highest hit rate,
     its ties broken by the P95. A hit rate bought with a longer queue is not the best replay."""

@@ -89,9 +89,11 @@ def doctor_tables(doc: Mapping[str, Any]) -> list[Grid]:
 def _recommendation(rec: Mapping[str, Any]) -> str:
     kind = rec["kind"]
     if kind == "strategy":
+        keep = "keep the captured " if rec.get("captured") else ""
         return (
-            f"strategy: {rec['strategy']} ({OBJECTIVE_TITLES[rec['objective']]} in replay: hit "
-            f"rate {pct(rec['hit_rate'])}, TTFT P95 {fixed(rec['ttft_ms']['p95'], 0)} ms)"
+            f"strategy: {keep}{rec['strategy']} ({OBJECTIVE_TITLES[rec['objective']]} in replay"
+            f"{', or tied with it' if keep else ''}: hit rate {pct(rec['hit_rate'])}, TTFT P95 "
+            f"{fixed(rec['ttft_ms']['p95'], 0)} ms)"
         )
     if kind == "parameter" and rec["value"] == rec["default"]:
         tried = ", ".join(f"{v['value']:g}" for v in rec["sweep"])

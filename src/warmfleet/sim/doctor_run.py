@@ -162,7 +162,7 @@ class DoctorResult:
         best = self.run(self.best)
         out: list[dict[str, object]] = [
             {"kind": "strategy", "strategy": self.best, "objective": self.objective,
-             **figures(best)}
+             "captured": self.best == self.captured, **figures(best)}
         ]  # fmt: skip
         if self.knob is not None:
             out.append({"kind": "parameter", "strategy": self.best, **self.knob})
@@ -233,7 +233,7 @@ def run_doctor(
         configs[captured_name] = captured
     ideal, ceiling = doctor.reuse_bounds(prepared, spec.capacity_blocks * scenario.instances)
     reuse = best_of(comparison.runs, "hit_rate")
-    best = best_of(comparison.runs, objective)
+    best = best_of(comparison.runs, objective, prefer=captured_name)
     chosen = Chosen(best, *configs[best.name])
     fresh = None if captured_name is None else comparison_run(comparison, captured_name)
     replayed = placed or fresh

@@ -32,6 +32,9 @@ OBJECTIVES: tuple[Objective, ...] = ("p95_ttft_ms", "hit_rate")
 # P95 TTFTs within this fraction of the lowest are a tie, which the higher hit rate breaks: a
 # tail 1 % shorter is not worth reuse given up (a judgment; a replay of a trace is deterministic)
 P95_TIE_FRAC = 0.01
+# Hit rates this close are a tie too (a tenth of a point): with the P95s tied, the strategy the
+# capture ran is kept (``best_of``'s ``prefer``): a recommendation to change needs a difference
+HIT_TIE = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +48,25 @@ class Target:
         return p95_ms(run) <= self.value
 
 
-def best_of(runs: Sequence[StrategyRun], objective: Objective) -> StrategyRun:
+def best_of(
+    runs: Sequence[StrategyRun], objective: Objective, prefer: str | None = None
+) -> StrategyRun:
     """The best of ``runs`` (not empty) for ``objective``: the highest hit rate (ties: the lower
-    P95 TTFT), or the lowest P95 TTFT (within ``P95_TIE_FRAC``: the higher hit rate). The
-    first of equals wins."""
+    P95 TTFT), or the lowest P95 TTFT (within ``P95_TIE_FRAC``: the higher hit rate). The run
+    named ``prefer`` (the captured strategy) wins when it ties the best (hit rate within
+    ``HIT_TIE``, P95 within ``P95_TIE_FRAC``); else the first of equals."""
     if objective == "p95_ttft_ms":
         bound_ms = min(p95_ms(r) for r in runs) * (1.0 + P95_TIE_FRAC)
         runs = [r for r in runs if p95_ms(r) <= bound_ms]
-    return max(runs, key=lambda r: (r.metrics.hit_rate, -p95_ms(r)))
+    best = max(runs, key=lambda r: (r.metrics.hit_rate, -p95_ms(r)))
+    for run in runs:
+        if (
+            run.name == prefer
+            and run.metrics.hit_rate >= best.metrics.hit_rate - HIT_TIE
+            and p95_ms(run) <= p95_ms(best) * (1.0 + P95_TIE_FRAC)
+        ):
+            return run
+    return best
 
 
 def objective_for(target: Target | None) -> Objective:
