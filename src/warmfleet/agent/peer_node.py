@@ -6,11 +6,11 @@ assignment (``{"tracker", "node", "url", "pieceBytes", "serveBps", "stallS", "re
 absent: peer fills off; a ``renewS`` that is not a positive number: ValueError) and sets the
 manager's ``fill_hook``. ``keep_offered`` (a task of the agent's, until its stop) renews, every
 ``renewS``, the versions this node serves once their fills are over, and leaves those it no
-longer serves (what is served is read off the event loop, once per round); a version published
-here that the tracker does not know from this node (published before a restart) joins with
-every piece, and leaves a
-cancelled fill's version at once (``Presence.wake``); at the stop it leaves the tracker for every
-version (``peer_presence``). ``aclose`` closes its HTTP session.
+longer serves (what is served is read off the event loop, once per round), joins those
+published here that the tracker does not know from this node (published before a restart)
+with every piece, and leaves a cancelled fill's version at once (``Presence.wake``); at the
+stop it leaves the tracker for every version (``peer_presence``). ``aclose`` closes its HTTP
+session.
 """
 
 from __future__ import annotations
@@ -134,11 +134,11 @@ class Peers:
     async def _round(self, fill: PeerFill) -> bool:
         """One round: the versions served here but unknown to the tracker from this node
         joined, then the renewals; True if it should be tried again sooner."""
+        ended = self.presence.ended()  # (a version joined in this round is not renewed in it)
         try:  # what is served is read off the event loop, once for the round
             known = set(self.presence.versions)
             unknown = await asyncio.to_thread(self._unoffered, known, fill.config.piece_bytes)
             joined = [await self.presence.adopt(fill.ask, k, n) for k, n in unknown.items()]
-            ended = self.presence.ended()
             if not ended:
                 return not all(joined)
             served = await asyncio.to_thread(self._served, [key for key, _ in ended])
