@@ -119,3 +119,19 @@ def test_bad_replica_options_are_refused(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, ["doctor", str(trace), *args])
         assert result.exit_code == 2, (args, result.output)
         assert args[0] in result.output
+
+
+def test_requests_replays_the_first_n_of_a_capture(tmp_path: Path) -> None:
+    """``--requests N``: the first N records, for every figure (the replays, the captured
+    placements, the live hit rate); the same as a capture cut at N lines."""
+    lines = capture_lines(300, rate_rps=2.0)
+    trace, cut = tmp_path / "capture.jsonl", tmp_path / "cut.jsonl"
+    write_capture(trace, lines)
+    write_capture(cut, lines[:41])  # the header and 40 records
+    doc = _doctor(str(trace), "--requests", "40")
+    assert doc["requests"] == 40  # before: no such option
+    assert doc["captured"]["placed_requests"] == 40
+    whole = _doctor(str(cut))
+    for name in ("requests", "waterfall", "strategies", "best_strategy", "sessions"):
+        assert doc[name] == whole[name], name
+    assert _doctor(str(trace), "--requests", "1000")["requests"] == 300  # a trace shorter

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from warmfleet.api.replica_sync import DEFAULT_BATCH_INTERVAL_MS
-from warmfleet.api.trace_format import MAX_INSTANCES
+from warmfleet.api.trace_format import MAX_INSTANCES, TraceFile
 from warmfleet.bench.doctor_report import doctor_lines, doctor_tables, write_doctor_report
 from warmfleet.bench.progress import PhasedProgress, activity_for
 from warmfleet.bench.report import write_json
@@ -50,17 +50,22 @@ def _diagnose(
     gateways: GatewaySync | None,
     kv_events_delay_ms: float | None = None,
     objective: str | None = None,
+    requests: int | None = None,
 ) -> DoctorResult:
     goal = parse_target(target) if target is not None else None
     aim = parse_objective(objective) if objective is not None else None
     data = Trace(read_text_file(trace), str(trace))
     parsed = parse_trace_text(data)
+    if requests is not None:  # the first N, in the file's order (the replay takes as many)
+        parsed = TraceFile(parsed.header, parsed.records[:requests], parsed.has_header)
     churn = churn_of(parsed.records)
     at_start = churn.instances_seen - len(churn.joins)
     spec = trace_scenario(
         data, parsed.header, instances=instances, preset=preset, seen_instances=at_start or None
     )
     spec = with_kv_events(spec, kv_events_delay_ms)
+    if requests is not None:
+        spec = spec.model_copy(update={"requests": requests})
     with activity_for(fmt) as activity:
         progress = PhasedProgress(activity)
         result = run_doctor(spec, data, parsed, goal, progress, gateways=gateways, objective=aim)
@@ -109,6 +114,14 @@ _SyncDelayOpt = Annotated[
         "live gateway's batchIntervalMs)"
     ),
 ]
+_RequestsOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="replay the first N requests of the trace (the replays' memory grows with the "
+        "requests: docs/doctor.md)",
+    ),
+]
 _KvEventsDelayOpt = Annotated[
     float | None,
     typer.Option(
@@ -130,6 +143,7 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
     gateway_replicas: _GatewayReplicasOpt = 1,
     sync_delay_ms: _SyncDelayOpt = f"{DEFAULT_BATCH_INTERVAL_MS:g}",
     kv_events_delay_ms: _KvEventsDelayOpt = None,
+    requests: _RequestsOpt = None,
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,
 ) -> None:
@@ -140,7 +154,7 @@ def doctor(  # noqa: PLR0917 (one parameter per CLI option)
         check_outputs(json_out, report)  # before the replays, not after them
         result = _diagnose(
             trace, instances, preset, target, fmt, gateways=gateways,
-            kv_events_delay_ms=kv_events_delay_ms, objective=objective,
+            kv_events_delay_ms=kv_events_delay_ms, objective=objective, requests=requests,
         )  # fmt: skip
     except WarmfleetError as err:
         typer.echo(f"error: {one_line(str(err))}", err=True)  # one line, never wrapped
