@@ -24,18 +24,11 @@ OVER_THE_LIMIT = {
     "gateway/metrics.py::GatewayMetrics.__init__": 114,
     "sim/doctor_run.py::run_doctor": 75,
     "operator/handlers.py::build_registry": 75,
-    "emulator/metrics.py::InstanceMetrics.__init__": 69,
     "gateway/capture_file.py::RecordMaker.line_bytes": 63,
-    "bench/routing_bench.py::routing_bench_command": 62,
     "gateway/proxy.py::Proxy._route": 61,
-    "agent/metrics.py::CacheMetrics.__init__": 58,
     "sim/simulator.py::Simulator.__init__": 57,
     "gateway/proxy.py::Proxy._attempt": 57,
     "gateway/http/wire.py::ServerConnection._serve": 55,
-    "gateway/replica_sync/metrics.py::SyncMetrics.__init__": 54,
-    "emulator/app.py::Handlers._generate": 53,
-    "bench/peers.py::peers_command": 53,
-    "bench/peers.py::run_peers": 52,
 }
 
 

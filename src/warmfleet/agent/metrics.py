@@ -8,7 +8,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 class CacheMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        self._downloads(self.registry)
+        self._store(self.registry)
+        self._failures(self.registry)
+
+    def _downloads(self, r: CollectorRegistry) -> None:
+        """Prefetches: bytes, results, durations, retries."""
         self.downloaded_bytes = Counter(
             "warmfleet_cache_downloaded_bytes", "Bytes written to staging", ["source"], registry=r
         )
@@ -25,11 +30,9 @@ class CacheMetrics:
         self.retries = Counter(
             "warmfleet_cache_retries", "Chunk retries by reason", ["reason"], registry=r
         )
-        self.integrity_failures = Counter(
-            "warmfleet_cache_integrity_failures",
-            "Verification failures (never published)",
-            registry=r,
-        )
+
+    def _store(self, r: CollectorRegistry) -> None:
+        """The store: its budget and use, artifacts by state and each one's progress."""
         self.evictions = Counter("warmfleet_cache_evictions", "Evicted artifacts", registry=r)
         self.evicted_bytes = Counter("warmfleet_cache_evicted_bytes", "Evicted bytes", registry=r)
         self.used_bytes = Gauge("warmfleet_cache_used_bytes", "Bytes held or reserved", registry=r)
@@ -51,6 +54,13 @@ class CacheMetrics:
             registry=r,
         )
 
+    def _failures(self, r: CollectorRegistry) -> None:
+        """Verification failures, and prefetches that failed before admission."""
+        self.integrity_failures = Counter(
+            "warmfleet_cache_integrity_failures",
+            "Verification failures (never published)",
+            registry=r,
+        )
         self.unadmitted = Gauge(
             "warmfleet_cache_unadmitted_artifacts",
             "Configured or assigned artifacts whose latest prefetch failed before admission "

@@ -282,23 +282,38 @@ async def run_peers(
         procs.stop_all()
     rows = median_rows([build_rows(r, INSTANCES) for r in overhead])
     rows += median_rows([build_rows(r, INSTANCES) for r in quality])
-    document = {
+    ran = {"overhead": len(overhead), "quality": len(quality)}
+    document = _document(rows, skipped, switchback, ran, scale=scale, logs=logs, started_s=started)
+    write_json(document, out)
+    return document
+
+
+def _document(
+    rows: list[dict[str, Any]],
+    skipped: list[str],
+    switchback: dict[str, Any] | None,
+    rounds: dict[str, int],
+    *,
+    scale: float,
+    logs: Path,
+    started_s: float,
+) -> dict[str, Any]:
+    """``bench-results/peers.json``: ``rounds`` each part ran."""
+    return {
         "machine": {"cpus": _cpus(), "python": platform.python_version()},
         "instances": INSTANCES,
         "overhead_fleet": FAST_FLEET,
         "quality_fleet": {"preset": QUALITY.preset, "speedup": QUALITY.speedup},
         "load_points": [p.__dict__ for p in (*OVERHEAD_POINTS, *QUALITY_POINTS)],
         "scale": scale,
-        "rounds": {"overhead": len(overhead), "quality": len(quality)},
+        "rounds": rounds,
         "skipped": skipped,
-        "wall_s": time.perf_counter() - started,
+        "wall_s": time.perf_counter() - started_s,
         "rows": rows,
         "acceptance": acceptance(rows),
         "switchback": switchback,
         "logs": str(logs),
     }
-    write_json(document, out)
-    return document
 
 
 def _cpus() -> int:
@@ -342,6 +357,11 @@ def peers_command(  # noqa: PLR0917 (one parameter per CLI option)
             rounds=max(1, rounds),
         )
         document = run_async(main_run)
+    _summary(document, out, wide=wide)
+
+
+def _summary(document: dict[str, Any], out: Path, *, wide: bool) -> None:
+    """The run's tables, its noisy rows and what was skipped, on the terminal."""
     term = output_console()
     grids = [rows_table(document["rows"]), acceptance_table(document["acceptance"])]
     if document["switchback"] is not None:

@@ -278,6 +278,22 @@ def measure_claims(prompt_chars: int, repeats: int, seed: int) -> dict[str, floa
     return {"without": without, "with": with_claims, "added": with_claims - without}
 
 
+def _decisions(small: dict[str, float], large: dict[str, float]) -> dict[str, Any]:
+    """A whole decision's wall and CPU time at 8k and 128k characters (median and p90)."""
+    return {
+        f"decision{name}": {
+            "chars_8k": round(small[field], 1),
+            "chars_128k": round(large[field], 1),
+        }
+        for name, field in (
+            ("_us_median", "median"),
+            ("_us_p90", "p90"),
+            ("_cpu_us_median", "cpu_median"),
+            ("_cpu_us_p90", "cpu_p90"),
+        )
+    }
+
+
 def routing_bench_command(
     out: Annotated[Path, typer.Option(help="JSON results")] = Path("bench-results/routing.json"),
     repeats_8k: Annotated[int, typer.Option(help="decisions measured at 8k chars")] = 2000,
@@ -287,26 +303,11 @@ def routing_bench_command(
     """Routing-overhead benchmark: one full prefix_affinity decision on a large index."""
     small = measure(8_000, repeats_8k, seed)
     large = measure(128_000, repeats_128k, seed)
+    result = _decisions(small, large)
     sync = measure_sync(8_000, repeats_8k, seed)
     moving = measure_moving_fleet(8_000, repeats_8k, seed)
     claims = measure_claims(8_000, repeats_8k, seed)
-    result: dict[str, Any] = {
-        "decision_us_median": {
-            "chars_8k": round(small["median"], 1),
-            "chars_128k": round(large["median"], 1),
-        },
-        "decision_us_p90": {
-            "chars_8k": round(small["p90"], 1),
-            "chars_128k": round(large["p90"], 1),
-        },
-        "decision_cpu_us_median": {
-            "chars_8k": round(small["cpu_median"], 1),
-            "chars_128k": round(large["cpu_median"], 1),
-        },
-        "decision_cpu_us_p90": {
-            "chars_8k": round(small["cpu_p90"], 1),
-            "chars_128k": round(large["cpu_p90"], 1),
-        },
+    result |= {
         "choose_cpu_us_median": {k: round(v, 1) for k, v in moving.items()},
         "replica_sync_cpu_us": {
             "chars_8k": {k: round(v, 1) for k, v in sync.items() if not k.endswith("_blocks")}

@@ -131,21 +131,10 @@ class Handlers:
         if action.error:
             rt.metrics.faults.labels("error").inc()
             return _error("injected fault: internal server error", 500)
-        try:
-            body = await _read_json(request)
-            call: ResponsesCall | None = None
-            if responses:
-                call = responses_call(body, rt.ctx)
-                job = call.job
-            else:
-                if kind is None:
-                    kind = "chat" if isinstance(body, dict) and "messages" in body else "completion"
-                job = parse_job(body, kind, rt.ctx)
-            self._check_fits(job)
-        except BadRequestError as err:
-            return _error(str(err), 400, err.param)
-        except NotFoundError as err:
-            return _error(str(err), 404, "model")
+        parsed = await self._job(request, kind, responses=responses)
+        if isinstance(parsed, web.Response):
+            return parsed
+        job, call = parsed
         if action.spike_s > 0:
             rt.metrics.faults.labels("latency_spike").inc()
             await asyncio.sleep(action.spike_s)
@@ -166,6 +155,27 @@ class Handlers:
             return await serve_full(gen)
         finally:
             rt.driver.cancel(*streams)  # no-op once finished; cancels on client disconnect
+
+    async def _job(
+        self, request: web.Request, kind: Kind | None, *, responses: bool
+    ) -> tuple[Job, ResponsesCall | None] | web.Response:
+        """The request's job (and its Responses call), or the 400/404 answer."""
+        try:
+            body = await _read_json(request)
+            call: ResponsesCall | None = None
+            if responses:
+                call = responses_call(body, self.rt.ctx)
+                job = call.job
+            else:
+                if kind is None:
+                    kind = "chat" if isinstance(body, dict) and "messages" in body else "completion"
+                job = parse_job(body, kind, self.rt.ctx)
+            self._check_fits(job)
+        except BadRequestError as err:
+            return _error(str(err), 400, err.param)
+        except NotFoundError as err:
+            return _error(str(err), 404, "model")
+        return job, call
 
     def _check_fits(self, job: Job) -> None:
         """Each choice is an engine request of its own: the longest must fit the KV cache."""

@@ -107,6 +107,11 @@ class InstanceMetrics:
             [*_LABELS, "finished_reason"],
             registry=reg,
         )
+        self._latency_histograms()
+        self._token_histograms(token_buckets(spec.max_model_len))
+        self._info(spec)
+
+    def _latency_histograms(self) -> None:
         self.ttft_s = self._histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
@@ -122,7 +127,8 @@ class InstanceMetrics:
             "Histogram of the n request parameter.",
             REQUEST_PARAMS_N_BUCKETS,
         )
-        tokens = token_buckets(spec.max_model_len)
+
+    def _token_histograms(self, tokens: tuple[float, ...]) -> None:
         self.request_prompt_tokens = self._histogram(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
         )
@@ -139,6 +145,10 @@ class InstanceMetrics:
             "Histogram of the max_tokens request parameter.",
             tokens,
         )
+
+    def _info(self, spec: EngineSpec) -> None:
+        """vLLM's cache config (an info gauge) and the emulator's own fault counter."""
+        reg = self.registry
         cache_info = Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",

@@ -37,6 +37,12 @@ def _fast_counter(name: str, documentation: str, registry: CollectorRegistry) ->
 
 class SyncMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._traffic(registry)
+        self._peers(registry)
+        self._catch_up(registry)
+
+    def _traffic(self, registry: CollectorRegistry) -> None:
+        """Notes, batches and bytes both ways, and how late they arrive."""
         self.sent = _fast_counter("notes_sent", "Notes sent to the peers", registry)
         self.batches = _fast_counter("batches_sent", "Batches sent", registry)
         self.bytes_sent = _fast_counter(
@@ -54,6 +60,17 @@ class SyncMetrics:
         self.dropped = Counter(
             f"{_P}_notes_dropped", "Messages or batches dropped", ("reason",), registry=registry
         )
+        self.delay = FastHistogram(
+            f"{_P}_propagation_delay_seconds",
+            "A batch's oldest note: queued on its replica to arrived here",
+            (),
+            buckets=_DELAY_BUCKETS,
+            registry=registry,
+        ).labels()
+        self.recent_delays_s: deque[float] = deque(maxlen=4096)  # the last ones, for reports
+
+    def _peers(self, registry: CollectorRegistry) -> None:
+        """The peers subscribed to, heard, forgotten and refused."""
         self.peers = Gauge(f"{_P}_peers", "Peer endpoints subscribed to", registry=registry)
         self.connected = Gauge(
             f"{_P}_peers_connected", "Peers heard within peer_timeout_s", registry=registry
@@ -63,14 +80,14 @@ class SyncMetrics:
             "Peers gone silent whose open requests were forgotten",
             registry=registry,
         )
-        self.delay = FastHistogram(
-            f"{_P}_propagation_delay_seconds",
-            "A batch's oldest note: queued on its replica to arrived here",
-            (),
-            buckets=_DELAY_BUCKETS,
+        self.refused = Counter(
+            f"{_P}_handshakes_refused",
+            "Connections to the sync sockets refused: no CURVE key, or not the fleet's",
             registry=registry,
-        ).labels()
-        self.recent_delays_s: deque[float] = deque(maxlen=4096)  # the last ones, for reports
+        )
+
+    def _catch_up(self, registry: CollectorRegistry) -> None:
+        """A starting or returning replica's catch-up from its peers' logs."""
         self.caught_up = Gauge(
             f"{_P}_caught_up", "1 once caught up (or given up)", registry=registry
         )
@@ -84,11 +101,6 @@ class SyncMetrics:
         )
         self.catch_up_notes = Counter(
             f"{_P}_catch_up_notes", "Notes received in catch-up answers", registry=registry
-        )
-        self.refused = Counter(
-            f"{_P}_handshakes_refused",
-            "Connections to the sync sockets refused: no CURVE key, or not the fleet's",
-            registry=registry,
         )
 
     def drop(self, reason: str) -> None:
