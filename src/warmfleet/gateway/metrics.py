@@ -63,18 +63,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 _PREFIX = "warmfleet_gateway"
-_FAST_BUCKETS = (
-    0.00005,
-    0.0001,
-    0.0002,
-    0.0003,
-    0.0005,
-    0.001,
-    0.002,
-    0.005,
-    0.01,
-    0.05,
-)
+_FAST_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -221,18 +210,27 @@ class FastHistogram(_FastFamily[FastHistogramChild]):
         family.add_metric(labels, buckets, child.total)
 
 
+_VARIANT = ("endpoint", "variant")
+_INSTANCE = ("endpoint", "variant", "instance_id")
+
+
 class GatewayMetrics:
     """All gateway metrics; one instance per app."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        reg = self.registry
-        variant = ("endpoint", "variant")
-        instance = ("endpoint", "variant", "instance_id")
+        self.registry = reg = CollectorRegistry(auto_describe=True)
+        self._traffic(reg)
+        self._decisions(reg)
+        self._outliers(reg)
+        self._flow(reg)
+        self.reloads, self.models_dropped = _control_counters(reg)
+
+    def _traffic(self, reg: CollectorRegistry) -> None:
+        """Requests by outcome, in flight, and the instances' health and KV capacity."""
         self.requests = FastCounter(
             f"{_PREFIX}_requests",
             "Proxied requests by outcome",
-            (*instance, "reason", "status"),
+            (*_INSTANCE, "reason", "status"),
             reg,
         )
         self.rejected = Counter(
@@ -242,102 +240,110 @@ class GatewayMetrics:
             registry=reg,
         )
         self.in_flight = FastGauge(
-            f"{_PREFIX}_in_flight_requests", "Requests in flight per instance", instance, reg
+            f"{_PREFIX}_in_flight_requests", "Requests in flight per instance", _INSTANCE, reg
         )
         self.healthy = FastGauge(
-            f"{_PREFIX}_instance_healthy", "1 if the instance takes traffic", instance, reg
+            f"{_PREFIX}_instance_healthy", "1 if the instance takes traffic", _INSTANCE, reg
         )
         self.kv_capacity = FastGauge(
             f"{_PREFIX}_instance_kv_capacity_blocks",
             "KV capacity read from the engine's metrics, in routing-key blocks (0: unknown)",
-            instance,
+            _INSTANCE,
             reg,
         )
+
+    def _decisions(self, reg: CollectorRegistry) -> None:
+        """Decision and relay timings, what the decisions predicted, spills and retries."""
         self.decision = FastHistogram(
             f"{_PREFIX}_decision_seconds",
             "Time spent choosing an instance",
-            variant,
+            _VARIANT,
             buckets=_FAST_BUCKETS,
             registry=reg,
         )
         self.overhead = FastHistogram(
             f"{_PREFIX}_overhead_seconds",
             "Request received to upstream request issued",
-            variant,
+            _VARIANT,
             buckets=_FAST_BUCKETS,
             registry=reg,
         )
         self.ttft = FastHistogram(
             f"{_PREFIX}_ttft_seconds",
             "Request received to first upstream body byte",
-            (*variant, "stream"),
+            (*_VARIANT, "stream"),
             buckets=_TTFT_BUCKETS,
             registry=reg,
         )
         self.spills = Counter(
             f"{_PREFIX}_spills",
             "Decisions that spilled off the preferred instance",
-            instance,
+            _INSTANCE,
             registry=reg,
         )
         self.prefix_hits = FastCounter(
             f"{_PREFIX}_predicted_prefix_hits",
             "Decisions predicting cached prefix blocks on the chosen instance",
-            variant,
+            _VARIANT,
             reg,
         )
         self.cached_blocks = FastCounter(
             f"{_PREFIX}_predicted_cached_blocks",
             "Sum of predicted cached blocks over decisions",
-            variant,
+            _VARIANT,
             reg,
         )
         self.retries = FastCounter(
-            f"{_PREFIX}_retries", "Attempts retried on another instance", variant, reg
+            f"{_PREFIX}_retries", "Attempts retried on another instance", _VARIANT, reg
         )
+
+    def _outliers(self, reg: CollectorRegistry) -> None:
+        """Passive outlier detection: failures, ejections, probation, readmissions."""
         self.ejections = Counter(
-            f"{_PREFIX}_ejections", "Instances ejected", (*instance, "cause"), registry=reg
+            f"{_PREFIX}_ejections", "Instances ejected", (*_INSTANCE, "cause"), registry=reg
         )
         self.attempt_failures = Counter(
             f"{_PREFIX}_attempt_failures",
             "Attempts that failed on an instance (gateway failures: connect, timeout, "
             "disconnect, 502/503/504 status, broken stream)",
-            (*instance, "cause"),
+            (*_INSTANCE, "cause"),
             registry=reg,
         )
         self.ejections_overflow = Counter(
             f"{_PREFIX}_ejections_overflow",
             "Passive ejections refused by max_ejection_percent",
-            instance,
+            _INSTANCE,
             registry=reg,
         )
         self.ejected = FastGauge(
-            f"{_PREFIX}_instance_ejected", "1 while passively ejected", instance, reg
+            f"{_PREFIX}_instance_ejected", "1 while passively ejected", _INSTANCE, reg
         )
         self.probation = FastGauge(
             f"{_PREFIX}_instance_on_probation",
             "1 while on probation after a passive ejection",
-            instance,
+            _INSTANCE,
             reg,
         )
         self.readmissions = Counter(
-            f"{_PREFIX}_readmissions", "Instances readmitted", instance, registry=reg
+            f"{_PREFIX}_readmissions", "Instances readmitted", _INSTANCE, registry=reg
         )
+
+    def _flow(self, reg: CollectorRegistry) -> None:
+        """Flow control: queue waits, predicted and observed TTFT."""
         self.flow_wait = FastHistogram(
             f"{_PREFIX}_flow_wait_seconds",
             "Time a request waited in the flow-control queue (to its dispatch or shed)",
-            (*variant, "band", "tenant", "outcome"),
+            (*_VARIANT, "band", "tenant", "outcome"),
             buckets=_TTFT_BUCKETS,
             registry=reg,
         )
         self.flow_ttft = FastHistogram(
             f"{_PREFIX}_flow_ttft_seconds",
             "Engine-side TTFT of flow-controlled streamed requests: predicted and observed",
-            (*variant, "kind"),
+            (*_VARIANT, "kind"),
             buckets=_TTFT_BUCKETS,
             registry=reg,
         )
-        self.reloads, self.models_dropped = _control_counters(reg)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
