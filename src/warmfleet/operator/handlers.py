@@ -72,7 +72,6 @@ def build_registry(
     account's token, CA and the API's env vars; ``api.kubeconfig``: outside one)."""
     registry = kopf.OperatorRegistry()
     state: dict[str, Any] = {}
-    resource = (GROUP, VERSION, PLURAL)
     pod = KubeAccess(api or KubeApiSpec())
 
     def controller() -> Controller:
@@ -81,25 +80,15 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-        settings.persistence.finalizer = f"{GROUP}/finalizer"
-        settings.posting.enabled = False
-        settings.watching.server_timeout = 60
-        settings.networking.request_timeout = 30
+        _configure(settings)
         base, bearer = (server, token) if server is not None else in_cluster_server(pod)
         session = aiohttp.ClientSession() if server is not None else pod.session()
         state["session"] = session
         client = kube.KubeClient(
-            session,
-            base,
-            token=bearer if server is not None else pod.bearer_token,
+            session, base, token=bearer if server is not None else pod.bearer_token
         )
-        metrics = (
-            scraper(session, gateway_metrics, gateway_services, client)
-            if gateway_metrics or gateway_services
-            else None
-        )
+        watched = gateway_metrics or gateway_services
+        metrics = scraper(session, gateway_metrics, gateway_services, client) if watched else None
         state["controller"] = Controller(client, namespace, clock, metrics=metrics)
 
     @kopf.on.cleanup(registry=registry)
@@ -113,6 +102,28 @@ def build_registry(
         if server is None:
             return connection_info(pod)
         return kopf.ConnectionInfo(server=server, token=token)
+
+    _watch(registry, controller, interval_s)
+    return registry
+
+
+def _configure(settings: kopf.OperatorSettings) -> None:
+    """kopf's settings: state in annotations under our group, no events posted, bounded
+    watches and requests."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.enabled = False
+    settings.watching.server_timeout = 60
+    settings.networking.request_timeout = 30
+
+
+def _watch(
+    registry: kopf.OperatorRegistry, controller: Callable[[], Controller], interval_s: float
+) -> None:
+    """Every change of an InferenceEndpoint, and a timer, reconcile; a deletion waits for its
+    garbage collection."""
+    resource = (GROUP, VERSION, PLURAL)
 
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry)
@@ -129,8 +140,6 @@ def build_registry(
         result = await controller().reconcile()
         if name not in result.released:
             raise kopf.TemporaryError("garbage collection in progress", delay=interval_s)
-
-    return registry
 
 
 async def _preflight(api: KubeApiSpec, namespace: str) -> None:
