@@ -207,7 +207,47 @@ def run_doctor(
     sessions = doctor.session_count(parsed.records)
     scenario = replay_scenario(scenario, churn).model_copy(update={"sessions": sessions > 0})
     comparison, prepared = _prepared(scenario, trace, progress)
-    spec, workload = comparison.engine, comparison.workload
+    spec = comparison.engine
+    run = _replayer(comparison, prepared, progress, gateways)
+    configs = _strategy_configs(sessions)
+    comparison.runs.extend(run(name, config, label) for label, (name, config) in configs.items())
+    captured, captured_name, placed = _captured_runs(comparison, parsed, churn, run)
+    if captured is not None and captured_name is not None:
+        configs[captured_name] = captured
+    ideal, ceiling = doctor.reuse_bounds(prepared, spec.capacity_blocks * scenario.instances)
+    reuse = best_of(comparison.runs, "hit_rate")
+    best = best_of(comparison.runs, objective, prefer=captured_name)
+    chosen = Chosen(best, *configs[best.name])
+    fresh = None if captured_name is None else comparison_run(comparison, captured_name)
+    replayed = placed or fresh
+    waterfall: dict[str, float | None] = {
+        "ideal": ideal, "fleet_ceiling": ceiling, "best_replay": reuse.metrics.hit_rate,
+        "captured_replay": None if replayed is None else replayed.metrics.hit_rate,
+        "delivered": doctor.delivered(parsed.records),
+    }  # fmt: skip
+    result = DoctorResult(
+        comparison, parsed, churn, waterfall, captured_name, best.name,
+        gateways=gateways, sessions=sessions, placed=placed, objective=objective,
+        best_reuse=reuse.name, sync=_sync_traffic(prepared, sessions, gateways, best),
+    )  # fmt: skip
+    result.knob = sweep_knob(chosen, run, objective)
+    if target is not None:
+        result.target = target
+        result.sizing = sizing(
+            target, best=chosen, scenario=scenario, spec=spec, run=run, ideal=ideal
+        )
+    return result
+
+
+def _replayer(
+    comparison: Comparison,
+    prepared: Prepared,
+    progress: RunProgress,
+    gateways: GatewaySync | None,
+) -> RunFn:
+    """The doctor's ``RunFn``: one replay of the trace, on the comparison's fleet unless told
+    otherwise; every run but the captured placements' behind ``gateways``."""
+    scenario, spec, workload = comparison.scenario, comparison.engine, comparison.workload
 
     def run(
         name: str,
@@ -223,45 +263,29 @@ def run_doctor(
             label=label, placements=placements, gateways=None if placements else gateways,
         )  # fmt: skip
 
+    return run
+
+
+def _strategy_configs(sessions: int) -> dict[str, tuple[str, StrategyConfig]]:
+    """Every strategy with its defaults, by run name; with sessions in the trace,
+    ``prefix_affinity`` placing them by hash too (replicas without sync, docs/routing.md)."""
     configs = {name: (name, strategy_config(name)) for name in STRATEGY_NAMES}
-    if sessions:  # the placement for replicas without sync, docs/routing.md
+    if sessions:
         hashed = strategy_config("prefix_affinity", session_placement="hash")
         configs[SESSION_HASH_RUN] = ("prefix_affinity", hashed)
-    comparison.runs.extend(run(name, config, label) for label, (name, config) in configs.items())
-    captured, captured_name, placed = _captured_runs(comparison, parsed, churn, run)
-    if captured is not None and captured_name is not None:
-        configs[captured_name] = captured
-    ideal, ceiling = doctor.reuse_bounds(prepared, spec.capacity_blocks * scenario.instances)
-    reuse = best_of(comparison.runs, "hit_rate")
-    best = best_of(comparison.runs, objective, prefer=captured_name)
-    chosen = Chosen(best, *configs[best.name])
-    fresh = None if captured_name is None else comparison_run(comparison, captured_name)
-    replayed = placed or fresh
-    waterfall: dict[str, float | None] = {
-        "ideal": ideal,
-        "fleet_ceiling": ceiling,
-        "best_replay": reuse.metrics.hit_rate,
-        "captured_replay": None if replayed is None else replayed.metrics.hit_rate,
-        "delivered": doctor.delivered(parsed.records),
-    }
-    result = DoctorResult(
-        comparison, parsed, churn, waterfall, captured_name, best.name,
-        gateways=gateways, sessions=sessions, placed=placed, objective=objective,
-        best_reuse=reuse.name,
-        sync=sync_traffic(
-            workload.requests,
-            routing_keys(prepared, DEFAULT_PREFIX_LENGTH, sessions=sessions > 0),
-            1 if gateways is None else gateways.replicas,
-            reuse=_hit_reuse(prepared, best),
-        ),
-    )  # fmt: skip
-    result.knob = sweep_knob(chosen, run, objective)
-    if target is not None:
-        result.target = target
-        result.sizing = sizing(
-            target, best=chosen, scenario=scenario, spec=spec, run=run, ideal=ideal
-        )
-    return result
+    return configs
+
+
+def _sync_traffic(
+    prepared: Prepared, sessions: int, gateways: GatewaySync | None, best: StrategyRun
+) -> SyncTraffic:
+    """The replica-sync notes' traffic behind ``gateways`` (``sim.doctor_sync``)."""
+    return sync_traffic(
+        prepared.requests,
+        routing_keys(prepared, DEFAULT_PREFIX_LENGTH, sessions=sessions > 0),
+        1 if gateways is None else gateways.replicas,
+        reuse=_hit_reuse(prepared, best),
+    )
 
 
 def _hit_reuse(prepared: Prepared, run: StrategyRun) -> HitReuse:
