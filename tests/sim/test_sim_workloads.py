@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,23 @@ def test_prefix_block_hasher_equals_prompt_blocks() -> None:
             Segment(rng.randrange(5), rng.randrange(1, 90)) for _ in range(rng.randrange(6))
         )
         assert hasher.blocks(segments) == prompt_blocks(segments, 32, 11)
+
+
+def test_prefix_block_hasher_memory_is_linear_in_a_prompts_segments() -> None:
+    """A prompt of one-block segments (a Mooncake row: one per hash id) is remembered at each
+    segment's end; those states share the prompt's blocks (a copy each: 2,000 blocks would be
+    ~16 MB, quadratic)."""
+    segments = tuple(Segment(i, 32) for i in range(2_000))
+    hasher = PrefixBlockHasher(32, 11)
+    tracemalloc.start()
+    try:
+        blocks = hasher.blocks(segments)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert blocks == prompt_blocks(segments, 32, 11)
+    assert peak_bytes < 4 << 20
+    assert hasher.blocks(segments[:1_500]) == blocks[:1_500]  # resumed from a state
 
 
 def _requests(count: int) -> list[WorkloadRequest]:

@@ -206,7 +206,7 @@ def run_doctor(
     churn = doctor.churn_of(parsed.records)
     sessions = doctor.session_count(parsed.records)
     scenario = replay_scenario(scenario, churn).model_copy(update={"sessions": sessions > 0})
-    comparison, prepared = _prepared(scenario, trace, progress)
+    comparison, prepared = _prepared(scenario, trace, parsed, progress)
     spec = comparison.engine
     run = _replayer(comparison, prepared, progress, gateways)
     configs = _strategy_configs(sessions)
@@ -299,11 +299,12 @@ def _hit_reuse(prepared: Prepared, run: StrategyRun) -> HitReuse:
 
 
 def _prepared(
-    scenario: ScenarioSpec, trace: Trace, progress: RunProgress
+    scenario: ScenarioSpec, trace: Trace, parsed: TraceFile, progress: RunProgress
 ) -> tuple[Comparison, Prepared]:
-    """The trace's workload on ``scenario``'s engines, hashed, and an empty comparison."""
+    """The trace's workload (its records: ``parsed``) on ``scenario``'s engines, hashed, and
+    an empty comparison."""
     spec = engine_spec(scenario)
-    workload = build_workload(scenario, spec, trace=trace)
+    workload = build_workload(scenario, spec, trace=trace, parsed=parsed)
     spec = spec.with_block_tokens(workload.block_tokens)
     progress.phase("hashing the trace's blocks", len(workload.requests))
     prepared = prepare(workload.requests, workload.block_tokens, progress)

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from warmfleet.api.trace_format import MAX_INSTANCES
+from warmfleet.api.trace_format import MAX_INSTANCES, TraceFile
 from warmfleet.core.config import StrictModel, load_yaml_text, parse_document, validate_fields
 from warmfleet.core.errors import ConfigError
 from warmfleet.engine.presets import get_preset
@@ -207,7 +207,7 @@ def trace_path(scenario: ScenarioSpec, trace: Path | None, traces_dir: Path | No
 
 
 def _raw_requests(
-    scenario: ScenarioSpec, spec: EngineSpec, trace: Trace | None
+    scenario: ScenarioSpec, spec: EngineSpec, trace: Trace | None, parsed: TraceFile | None
 ) -> tuple[tuple[WorkloadRequest, ...], int | None]:
     """The requests, and the block size their trace's hash ids are in (None: the engine's)."""
     workload = scenario.workload
@@ -215,7 +215,7 @@ def _raw_requests(
     if isinstance(workload, TraceFileConfig):
         if trace is None:
             raise ConfigError("trace: a warmfleet-trace workload needs --trace or workload.trace")
-        parsed = parse_trace_text(trace)
+        parsed = parse_trace_text(trace) if parsed is None else parsed
         return trace_file_requests(parsed, seed), parsed.header.block_tokens
     if isinstance(workload, MooncakeConfig):  # the trace's hash ids are 512-token blocks
         if trace is None:
@@ -250,11 +250,13 @@ def build_workload(
     *,
     trace: Trace | None = None,
     rate_rps: float | None = None,
+    parsed: TraceFile | None = None,
 ) -> BuiltWorkload:
     """The scenario's requests, timed by its arrival process; ``rate_rps`` overrides the rate.
     A trace-driven scenario replays ``trace`` (the edge read ``trace_path``'s file), or without
-    one its synthetic equivalent (``workloads.equivalents``; ``source`` says so)."""
-    requests, trace_block_tokens = _raw_requests(scenario, spec, trace)
+    one its synthetic equivalent (``workloads.equivalents``; ``source`` says so). ``parsed``:
+    a warmfleet trace's records already parsed (``parse_trace_text``), not parsed again."""
+    requests, trace_block_tokens = _raw_requests(scenario, spec, trace, parsed)
     if trace is not None and not requests:  # else every table is zeros and the exit status 0
         raise ConfigError(f"trace: {trace.source}: no requests (an empty trace)")
     arrival = scenario.arrival or default_arrival(scenario)

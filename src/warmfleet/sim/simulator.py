@@ -100,9 +100,8 @@ class Simulator:
             raise ValueError("KV events come from the engine model: no other servers")
         self._config = config
         self._gateways = strategy if isinstance(strategy, Gateways) else Gateways([strategy])
-        self._requests = requests
-        self._keys = keys
-        self._new_server = (lambda _iid: servers()) if servers is not None else self._engine
+        self._requests, self._keys = requests, keys
+        self._servers = servers  # (not a bound method of self: a cycle kept each run's engines)
         self._controller = controller
         self._on_finished = on_finished  # called as each request finishes (a progress display)
         self._block_tokens = config.engine.block_tokens
@@ -119,8 +118,7 @@ class Simulator:
         ]
         self._next_turn: dict[int, int] = {}  # request index -> next turn of its session
         self._units: deque[int] = deque()  # closed loop: first turns not started yet
-        self._now_s = 0.0
-        self._time_ok = True
+        self._now_s, self._time_ok = 0.0, True
         self._scale_records: list[ScaleRecord] = []
         self._joins: list[JoinRecord] = []
         self._created_ids: list[InstanceId] = []
@@ -141,12 +139,14 @@ class Simulator:
         return instance_id
 
     def _activate(self, instance_id: InstanceId) -> None:
-        self._engines[instance_id] = self._new_server(instance_id)
+        self._engines[instance_id] = self._engine(instance_id)
         self._fleet_version += 1
         self._active.append(instance_id)
         self._in_flight_requests[instance_id] = 0
 
     def _engine(self, instance_id: InstanceId) -> Server:
+        if self._servers is not None:
+            return self._servers()
         listener = None if self._kv is None else self._kv.listener(instance_id)
         return EngineModel(self._config.engine, block_listener=listener)
 

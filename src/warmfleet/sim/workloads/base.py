@@ -113,8 +113,10 @@ class PrefixBlockHasher:
         self.block_tokens = block_tokens
         self.seed = seed
         self._max_states = max_states
-        # segment-prefix id -> (blocks so far, chain value, pending pieces, tokens pending)
-        self._states: dict[int, tuple[tuple[int, ...], int, tuple[bytes, ...], int]] = {}
+        # segment-prefix id -> (a prompt's blocks, how many of them are this prefix's, chain
+        # value, pending pieces, tokens pending); a prompt's states share its list of blocks
+        # (a copy each was quadratic: 160 kB for a prompt of 200 one-block segments)
+        self._states: dict[int, tuple[list[int], int, int, tuple[bytes, ...], int]] = {}
 
     def blocks(self, segments: Sequence[Segment]) -> tuple[int, ...]:
         ids: list[int] = []
@@ -123,15 +125,15 @@ class PrefixBlockHasher:
             prefix_id = hash_bytes(b"%d:%d" % (seg.content_id, seg.tokens), prefix_id)
             ids.append(prefix_id)
         start = len(segments)
-        state: tuple[tuple[int, ...], int, tuple[bytes, ...], int] = ((), self.seed, (), 0)
+        state: tuple[list[int], int, int, tuple[bytes, ...], int] = ([], 0, self.seed, (), 0)
         while start > 0:
             found = self._states.get(ids[start - 1])
             if found is not None:
                 state = found
                 break
             start -= 1
-        out, prev, pieces_t, filled = state
-        out_l = list(out)
+        out, held, prev, pieces_t, filled = state
+        out_l = out[:held]  # (never appended to: another prompt's states hold it)
         pieces = list(pieces_t)
         for index in range(start, len(segments)):
             seg = segments[index]
@@ -147,5 +149,5 @@ class PrefixBlockHasher:
                     pieces.clear()
                     filled = 0
             if len(self._states) < self._max_states:
-                self._states[ids[index]] = (tuple(out_l), prev, tuple(pieces), filled)
+                self._states[ids[index]] = (out_l, len(out_l), prev, tuple(pieces), filled)
         return tuple(out_l)
