@@ -214,23 +214,7 @@ class RecordMaker:
             "output_length": key.output_tokens_hint if completion is None else completion,
             "hash_ids": key.block_hashes,
         }
-        if item.tenant:
-            fields["tenant"] = self.tenant_hash(item.tenant, item.salt)
-        if key.session is not None:
-            fields["session"] = f"{key.session:016x}"
-        if item.priority is not None:
-            fields["priority"] = item.priority
-        if deadline_ms is not None:
-            fields["deadline_ms"] = deadline_ms
-        if model is not None and len(model) <= _MAX_MODEL:
-            fields["model"] = model
-        if len(variant) <= _MAX_VARIANT:
-            fields["variant"] = variant
-        if len(instance) <= _MAX_INSTANCE:
-            fields["instance"] = instance
-        fields["reason"] = reason = str(item.decision.reason)
-        if len(reason) > _MAX_REASON:
-            del fields["reason"]
+        self._add_labels(fields, item, deadline_ms)
         fields["predicted_cached_tokens"] = item.decision.predicted_cached_blocks * key.block_size
         if cached is not None:
             fields["engine_cached_tokens"] = cached
@@ -245,6 +229,29 @@ class RecordMaker:
             return orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE)
         except orjson.JSONEncodeError:  # an integer past 64 bits: the standard library's
             return (self._slow_line(item, t0_s) + "\n").encode()
+
+    def _add_labels(
+        self, fields: dict[str, Any], item: Captured, deadline_ms: float | None
+    ) -> None:
+        """``line_bytes``' fields after ``hash_ids``, through ``reason``, in ``record``'s order."""
+        model, variant, instance = item.model, item.variant, item.instance
+        if item.tenant:
+            fields["tenant"] = self.tenant_hash(item.tenant, item.salt)
+        if item.key.session is not None:
+            fields["session"] = f"{item.key.session:016x}"
+        if item.priority is not None:
+            fields["priority"] = item.priority
+        if deadline_ms is not None:
+            fields["deadline_ms"] = deadline_ms
+        if model is not None and len(model) <= _MAX_MODEL:
+            fields["model"] = model
+        if len(variant) <= _MAX_VARIANT:
+            fields["variant"] = variant
+        if len(instance) <= _MAX_INSTANCE:
+            fields["instance"] = instance
+        reason = str(item.decision.reason)
+        if len(reason) <= _MAX_REASON:
+            fields["reason"] = reason
 
     def _slow_line(self, item: Captured, t0_s: float) -> str:
         """``line`` by the standard library (the ids of a shared prefix converted once)."""
