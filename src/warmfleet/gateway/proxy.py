@@ -233,17 +233,22 @@ class Proxy:
             call.failed(FailureCause.DISCONNECT, "failed", closed)
         finally:
             conn.on_pause = None
-        # The instance is done: its load is released now, not when the client has read the
-        # answer (the server holds the connection's next request until then).
-        status = ex.status
+        self._answered(call, relay, ex.status)
+        return None
+
+    def _answered(self, call: Attempt, relay: Relay, status: int) -> None:
+        """The instance answered ``status`` and the relay has passed it on: its outlier
+        standing, the request's count and its capture. (Its load is released by the caller
+        now, not when the client has read the answer: the server holds the connection's next
+        request until then.)"""
+        inst = call.inst
         if status in _GATEWAY_FAILURE_STATUSES:  # relayed, but counts against the instance
             call.variant.passive_failure(inst, FailureCause.STATUS, prompt_id(call.key))
         elif inst.outlier.consecutive_failures or inst.outlier.standing is not IN:
             call.variant.passive_success(inst)  # resets its count, or ends its probation
-        call.count("client_disconnect" if conn.closed else str(status))
+        call.count("client_disconnect" if relay.conn.closed else str(status))
         if self.capture is not None:
             self.capture.offer(call, relay, status)
-        return None
 
     async def _acquire(self, call: Attempt) -> UpstreamConnection | Response:
         """A new or freed connection to the call's instance (none was idle), or the answer:
