@@ -64,8 +64,6 @@ def _diagnose(
         data, parsed.header, instances=instances, preset=preset, seen_instances=at_start or None
     )
     spec = with_kv_events(spec, kv_events_delay_ms)
-    if requests is not None:
-        spec = spec.model_copy(update={"requests": requests})
     with activity_for(fmt) as activity:
         progress = PhasedProgress(activity)
         result = run_doctor(spec, data, parsed, goal, progress, gateways=gateways, objective=aim)

@@ -258,8 +258,9 @@ def pulled_caches(daemonsets: Sequence[Obj]) -> frozenset[str]:
 
 
 def _caches(
-    snapshot: Snapshot, now_s: float
+    snapshot: Snapshot, now_s: float, pullers: frozenset[str]
 ) -> tuple[tuple[ObservedModelCache, ...], tuple[ObservedImageCache, ...]]:
+    """The caches observed; ``pullers``: the image caches whose puller warmfleet made."""
     models = []
     for obj in snapshot.model_caches:
         spec = _optional(ModelCacheSpec, obj.get("spec"))
@@ -268,7 +269,6 @@ def _caches(
             models.append(
                 ObservedModelCache(_meta(obj)["name"], spec, _created(obj, now_s), status)
             )
-    pullers = pulled_caches(snapshot.daemonsets)
     images = []
     for obj in snapshot.image_caches:
         name = _meta(obj)["name"]
@@ -349,7 +349,8 @@ def _update_bounds(deployment: Obj) -> tuple[int | str, int | str] | None:
 
 
 def observed_state(snapshot: Snapshot, now_s: float) -> ObservedState:
-    models, images = _caches(snapshot, now_s)
+    pullers = pulled_caches(snapshot.daemonsets)
+    models, images = _caches(snapshot, now_s, pullers)
     return ObservedState(
         now_s=now_s,
         nodes=_nodes(snapshot),
@@ -364,5 +365,5 @@ def observed_state(snapshot: Snapshot, now_s: float) -> ObservedState:
             snapshot.daemonsets,
         ),
         named_kinds=frozenset({names.DEPLOYMENT, names.SERVICE, MODEL_CACHE, IMAGE_CACHE, PULLER}),
-        pullers=pulled_caches(snapshot.daemonsets),
+        pullers=pullers,
     )
